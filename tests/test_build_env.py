@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.build.environment import build_environment
-from harness.build.interpreter import InterpreterBuild, build_interpreter
+from harness.realize.environment import build_environment
+from harness.realize.interpreter import InterpreterBuild, build_interpreter
 from harness.errors import HarnessError
 from harness.lock.document import LockedInterpreter
 from harness.resolve.interpreter import host_platform

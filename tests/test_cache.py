@@ -811,8 +811,8 @@ def test_real_interpreter_and_environment_run_from_another_home(homes, tmp_path:
     """A host interpreter copy and a uv-built venv, pushed from A and pulled into B, run in B."""
     import platform
 
-    from harness.build.environment import build_environment
-    from harness.build.interpreter import build_interpreter
+    from harness.realize.environment import build_environment
+    from harness.realize.interpreter import build_interpreter
     from harness.errors import HarnessError
     from harness.lock.document import LockedInterpreter
     from harness.resolve.interpreter import host_platform

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.build.realize import lock_objects
+from harness.realize.builder import lock_objects
 from harness.cli import main
 from harness.lock.lockfile import read
 from harness.lock.storepaths import weights_view_path

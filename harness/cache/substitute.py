@@ -78,7 +78,7 @@ def expected_from_locks(locks: Iterable[object]) -> dict[str, ExpectedContent]:
     Interpreters, environments and weights views are built, so they are absent here and
     need a signature.
     """
-    from harness.build.realize import chosen_file
+    from harness.realize.builder import chosen_file
     from harness.lock.document import Lock
 
     expected: dict[str, ExpectedContent] = {}

@@ -156,7 +156,7 @@ def push(
     :class:`HarnessError`) after publishing every narinfo whose archive and references made
     it, so a failed push never leaves a half-described closure and a rerun does the rest.
     """
-    from harness.build.fetch import FetchJob, fetch_all
+    from harness.realize.fetch import FetchJob, fetch_all
 
     if not backend.writable:
         raise CacheError(f"cache {backend.url} is read-only")
@@ -438,7 +438,7 @@ def _fetch_and_register(store: Store, order: list[str], found: Mapping[str, tupl
                         expected: Mapping[str, ExpectedContent], cache_dir: Path, jobs: int,
                         show_progress: bool, result: PullResult) -> None:
     """Download (in parallel) and register (references first) every path of ``order``."""
-    from harness.build.fetch import FetchJob, fetch_all
+    from harness.realize.fetch import FetchJob, fetch_all
 
     done = {name: threading.Event() for name in order}
     lock = threading.Lock()

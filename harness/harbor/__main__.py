@@ -50,7 +50,7 @@ def pin(task: Path) -> str:
 
 
 def check(task: Path, home: Path) -> tuple[bool, str]:
-    from harness.build.realize import lock_objects
+    from harness.realize.builder import lock_objects
     from harness.store.store import Store
 
     spec, lock = _lock_of(task)

@@ -71,7 +71,7 @@ def _realize_lock(root: Path) -> threading.Lock:
 
 def _resolve_lock(spec: EnvironmentSpec, home: Path, store: Any, *, realize: bool, offline: bool,
                   task_dir: Path | None, log: Any) -> ResolvedEnvironment:
-    from harness.build.realize import lock_objects
+    from harness.realize.builder import lock_objects
     from harness.lock.lockfile import lock_path, read
     from harness.manifests.project import Project
     from harness.runs.record import closure_of
@@ -129,12 +129,12 @@ def _resolve_lock(spec: EnvironmentSpec, home: Path, store: Any, *, realize: boo
 
 def _realize(spec: EnvironmentSpec, home: Path, project: Any, lock: Any, *, offline: bool) -> None:
     if spec.manifest:
-        from harness.build.install import realize_names
+        from harness.realize.install import realize_names
 
         realize_names(_State(home, project), [spec.manifest], offline=offline, jobs=8,
                       lock_missing=False, show_progress=False)
     else:
-        from harness.build.install import realize as realize_locks
+        from harness.realize.install import realize as realize_locks
         from harness.config import load_settings
 
         realize_locks(home, project.root, [lock], settings=load_settings(home, project.root),
@@ -217,7 +217,7 @@ def _common_root(lock_file: Path, root: Path) -> Path:
 
 
 class _State:
-    """What :func:`harness.build.install.realize_names` needs of the CLI's state."""
+    """What :func:`harness.realize.install.realize_names` needs of the CLI's state."""
 
     def __init__(self, home: Path, project: Any) -> None:
         self.home = home

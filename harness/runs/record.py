@@ -100,7 +100,7 @@ def closure_of(store: Any, locks: dict[str, Any], lock_files: dict[str, Path], p
     checkout itself: not store paths, so their sha256 is recorded (the caller names them as
     an impurity).
     """
-    from harness.build.realize import lock_objects
+    from harness.realize.builder import lock_objects
     from harness.store.hashing import file_blake3, file_sha256
 
     closure = Closure()

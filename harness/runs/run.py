@@ -51,7 +51,8 @@ def run(
 ) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) with the closure's services; record it."""
     from harness.runtime.broker import Broker
-    from harness.runtime.session import prepare, realize_project_files, service_files
+    from harness.realize.project_code import realize_project_files, service_files
+    from harness.runtime.session import prepare
     from harness.store.store import Store
 
     started = time.time()

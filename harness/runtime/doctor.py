@@ -9,7 +9,7 @@ def diagnose(state: Any, *, agent: str | None = None, sets: tuple[str, ...] = ()
     """Per manifest: lock state (missing, stale, ok) and whether its store paths are realized;
     the GPUs (NVML, empty without a driver); what a run of ``agent`` would install; and the
     store's health (existence and references; ``store verify --check-contents`` re-hashes)."""
-    from harness.build.realize import missing
+    from harness.realize.builder import missing
     from harness.errors import HarnessError
     from harness.lock.check import check_locks
     from harness.lock.lockfile import lock_path, read

@@ -115,6 +115,7 @@ def prepare(
     specs: dict[str, Any] = {}
     impurities: list[str] = []
     from harness.lock.storepaths import weights_view_path
+    from harness.realize.project_code import realize_project_files, service_files
 
     code: dict[str, str] = {}
     for name in launched:
@@ -157,8 +158,8 @@ def _store(home: Path) -> Any:
 def ensure_realized(state: Any, names: list[str], *, offline: bool, realize: bool) -> dict[str, Any]:
     """The locks of ``names``, realized (install on first use) unless ``realize`` is off,
     in which case anything missing is an error naming it."""
-    from harness.build.install import realize_names
-    from harness.build.realize import missing
+    from harness.realize.install import realize_names
+    from harness.realize.builder import missing
     from harness.lock.lockfile import lock_path, read
 
     project = state.project()
@@ -175,52 +176,3 @@ def ensure_realized(state: Any, names: list[str], *, offline: bool, realize: boo
             raise HarnessError(f"{name} is not realized ({len(absent)} store paths missing)",
                                hint=f"run `harness install {name}`")
     return locks
-
-
-def service_files(project_root: Path, argv: list[str]) -> list[Path]:
-    """Files and folders of the project that a command names by relative path
-    (``services/servers/serve_kinematics.py``): code that must run from the store too."""
-    found: list[Path] = []
-    root = project_root.resolve()
-    for part in argv:
-        if "{" in part or part.startswith("-") or Path(part).is_absolute():
-            continue
-        candidate = project_root / part
-        if candidate.exists() and candidate.resolve().is_relative_to(root):
-            found.append(candidate)
-    return found
-
-
-def realize_project_files(store: Any, project_root: Path, name: str, files: list[Path]) -> str:
-    """Register ``files`` (at their project-relative paths) as one content-addressed store
-    path and return its name. The path is fixed by the files' content (like a git source),
-    so the same code is the same path in every home, and a changed file is a new path."""
-    import shutil
-    import tempfile
-
-    from harness.store.hashing import content_hash, sanitize_name, store_hash, store_path_name
-    from harness.store.store import BuildResult
-
-    def stage(out: Path) -> None:
-        out.mkdir()
-        for file in files:
-            rel = file.relative_to(project_root)
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            if file.is_dir():
-                shutil.copytree(file, out / rel, symlinks=False)
-            else:
-                shutil.copy2(file, out / rel)
-
-    with tempfile.TemporaryDirectory(prefix="harness-code-") as scratch:
-        staged = Path(scratch) / "out"
-        stage(staged)
-        tree = content_hash(staged)
-    label = sanitize_name(name)
-    path = store_path_name(store_hash("source", label, {"tree": tree}), label)
-
-    def build(out: Path) -> BuildResult:
-        stage(out)
-        return BuildResult(obtained=f"project files {', '.join(str(f.relative_to(project_root)) for f in files)}")
-
-    store.add(path, "source", build, expected_content=tree)
-    return path

@@ -14,7 +14,7 @@ from harness.cli import State
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, as_json: bool) -> None:
-    from harness.build.install import realize_names
+    from harness.realize.install import realize_names
     from harness.cli.commands.realize import _print
 
     reports = realize_names(state, list(names), offline=offline, jobs=jobs, lock_missing=True,

@@ -34,7 +34,7 @@ def _state_word(entry: dict) -> str:
 def _add_states(entries: list[dict], project, home) -> None:  # type: ignore[no-untyped-def]
     """Each manifest's lock state (ok, stale, missing) and whether its store paths are all
     registered in this home. No network: path weights are re-hashed through a stat cache."""
-    from harness.build.realize import missing
+    from harness.realize.builder import missing
     from harness.lock.check import check_locks
     from harness.lock.lockfile import lock_path, read
     from harness.store.store import Store

@@ -80,7 +80,7 @@ def verify(state: State, names: tuple[str, ...], check_contents: bool, repair: b
     bad = [f for f in findings if f.status != "ok"]
     repaired: list[str] = []
     if repair and bad:
-        from harness.build.realize import repair_paths
+        from harness.realize.builder import repair_paths
 
         repaired = repair_paths(state, store, [f.name for f in bad])
     if as_json:
@@ -178,7 +178,7 @@ def _is_store_name(text: str) -> bool:
 def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
     """Store path names from arguments: a store path (or its name) stands for itself, a
     manifest name for the paths its lock realizes; no arguments: every lock of the project."""
-    from harness.build.realize import lock_objects
+    from harness.realize.builder import lock_objects
     from harness.errors import HarnessError
 
     locks = _project_locks(state)

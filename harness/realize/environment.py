@@ -36,7 +36,7 @@ the store, ``<store>/<hash>-cpython-3.11.7`` and ``<store>/<hash>-<name>-env``. 
 * installer metadata is not written (``UV_NO_INSTALLER_METADATA``): ``direct_url.json`` would
   name the scratch copy, and ``uv_cache.json`` holds a timestamp.
 * the environment's own ``.py`` files are compiled to unchecked-hash pycs with relative file
-  names (:func:`harness.build.interpreter.compile_bytecode`), not with uv's
+  names (:func:`harness.realize.interpreter.compile_bytecode`), not with uv's
   ``--compile-bytecode``, whose timestamp pycs embed the build path and go stale when the
   store fixes mtimes.
 
@@ -75,7 +75,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from harness.build.interpreter import compile_bytecode, replace_file_bytes
+from harness.realize.interpreter import compile_bytecode, replace_file_bytes
 from harness.errors import HarnessError
 from harness.resolve.uvtool import run_uv
 from harness.store.hashing import STORE_HASH_CHARS, NIX_BASE32_ALPHABET, file_sha256

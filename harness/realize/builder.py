@@ -218,7 +218,7 @@ def _check_offline(ctx: Context, locks: list[Lock]) -> None:
 
 
 def _fetch(ctx: Context, locks: list[Lock]) -> None:
-    from harness.build.fetch import FetchJob, fetch_all
+    from harness.realize.fetch import FetchJob, fetch_all
 
     wanted = _files_to_fetch(ctx, locks)
     if not wanted:
@@ -258,8 +258,8 @@ def _file_urls(ctx: Context, wanted: list[tuple[str, str, LockedFile]]) -> dict[
 
 
 def _file_job(ctx: Context, file: LockedFile, url: str) -> Any:
-    from harness.build.download import download
-    from harness.build.fetch import FetchJob
+    from harness.realize.download import download
+    from harness.realize.fetch import FetchJob
 
     def run(progress: Any) -> None:
         with ctx.download_lock(file.sha256):
@@ -272,7 +272,7 @@ def _file_job(ctx: Context, file: LockedFile, url: str) -> Any:
 
 
 def _weight_job(ctx: Context, weights: LockedWeights, item: LockedWeightFile) -> Any:
-    from harness.build.fetch import FetchJob
+    from harness.realize.fetch import FetchJob
     from harness.resolve.pins import WeightFile, WeightSet
     from harness.resolve.weights import fetch_weight_file
 
@@ -414,7 +414,7 @@ def _add_weights_view(ctx: Context, lock: Lock, view: str) -> None:
 
 
 def _add_interpreter(ctx: Context, lock: Lock) -> Any:
-    from harness.build.interpreter import build_interpreter
+    from harness.realize.interpreter import build_interpreter
 
     def build(out: Path) -> BuildResult:
         out.mkdir()
@@ -427,7 +427,7 @@ def _add_interpreter(ctx: Context, lock: Lock) -> Any:
 
 
 def _add_environment(ctx: Context, lock: Lock) -> None:
-    from harness.build.environment import build_environment
+    from harness.realize.environment import build_environment
 
     store = ctx.store
     def file_in_store(package: LockedPackage) -> Path:

@@ -96,7 +96,7 @@ def realize(home: Path, project_root: Path, locks: list[Any], *, settings: Any, 
             trusted_keys: tuple[str, ...] | None = None) -> list[Any]:
     """Realize already-read locks into ``home``'s store, asking binary caches first
     (``substituters``; default: the settings' ``[cache]``)."""
-    from harness.build.realize import Context, realize_locks
+    from harness.realize.builder import Context, realize_locks
     from harness.store.store import Store
 
     ctx = Context(store=Store.in_home(home), project_root=project_root, settings=settings,
@@ -131,7 +131,7 @@ class _Stamp:
             return None
         if not isinstance(data, dict) or data.get("fingerprint") != self.fingerprint:
             return None
-        from harness.build.realize import Report
+        from harness.realize.builder import Report
         from harness.store.gc import register_project
         from harness.store.store import Store
 
@@ -153,7 +153,7 @@ class _Stamp:
         """Record that the fingerprint taken before the full path left nothing to do."""
         if self.fingerprint is None or self._racy:
             return
-        from harness.build.realize import lock_objects
+        from harness.realize.builder import lock_objects
         from harness.lock.lockfile import lock_path, read
 
         entries = []
