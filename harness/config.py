@@ -17,6 +17,17 @@ carry ``?priority=N``), ``trusted-keys`` (``name:base64`` public keys) and
 A later layer's list replaces an earlier one's; the environment's ``HARNESS_SUBSTITUTERS``
 and ``HARNESS_TRUSTED_KEYS`` (whitespace-separated) and ``HARNESS_SECRET_KEY_FILE`` win.
 
+Interpreter downloads (``[python]``): ``downloads-json-url`` (a download list in uv's
+``--python-downloads-json-url`` format: an http(s):// or file:// address or a path; a relative
+path is relative to the file that names it) and ``install-mirror`` (a mirror of the
+python-build-standalone releases, uv's ``UV_PYTHON_INSTALL_MIRROR``). realize passes them to
+uv when it installs a lock's interpreter; they say where the bytes come from, never which
+bytes (the lock pins the version; the list's sha256 checks the archive). The environment's
+``HARNESS_PYTHON_DOWNLOADS_JSON_URL`` and ``HARNESS_PYTHON_INSTALL_MIRROR`` win, and uv's own
+``UV_PYTHON_DOWNLOADS_JSON_URL`` / ``UV_PYTHON_INSTALL_MIRROR`` are read when harness's are
+unset. Locking ignores them: whether a lock's interpreter is ``uv-managed`` follows uv's
+built-in list, the same on every machine.
+
 The index named ``pypi`` with no configured address means uv's own default index, so harness
 never writes a registry address anywhere.
 """
@@ -51,6 +62,19 @@ class Settings:
     trusted_keys: tuple[str, ...] = ()
     #: ``[cache] secret-key-file``: the key ``harness store push`` signs with.
     secret_key_file: Path | None = None
+    #: ``[python] downloads-json-url``: the interpreter download list uv installs from.
+    python_downloads_json_url: str | None = None
+    #: ``[python] install-mirror``: where uv fetches python-build-standalone archives.
+    python_install_mirror: str | None = None
+
+    def python_download_env(self) -> dict[str, str]:
+        """The variables that point uv's interpreter downloads where the settings say."""
+        env: dict[str, str] = {}
+        if self.python_downloads_json_url:
+            env["UV_PYTHON_DOWNLOADS_JSON_URL"] = self.python_downloads_json_url
+        if self.python_install_mirror:
+            env["UV_PYTHON_INSTALL_MIRROR"] = self.python_install_mirror
+        return env
 
     def index_url(self, name: str) -> str | None:
         """The address of index ``name``; None for ``pypi`` left at uv's default.
@@ -90,6 +114,7 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
     lock_platform: str | None = None
     python_pins: dict[str, str] = {}
     cache: dict[str, Any] = {}
+    python: dict[str, str] = {}
     layers = []
     if project_root is not None and (project_root / "harness.toml").is_file():
         layers.append(project_root / "harness.toml")
@@ -120,6 +145,7 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
             raise InputError(f"{path}: lock.python: expected \"3.X\" = \"3.X.Y\" entries")
         python_pins.update(pins)
         cache.update(_cache_table(data, path))
+        python.update(_python_table(data, path))
     for key, value in os.environ.items():
         if key.startswith("HARNESS_INDEX_") and value:
             indexes[key.removeprefix("HARNESS_INDEX_").lower().replace("_", "-")] = value
@@ -133,8 +159,49 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
         cache["trusted_keys"] = tuple(os.environ["HARNESS_TRUSTED_KEYS"].split())
     if os.environ.get("HARNESS_SECRET_KEY_FILE"):
         cache["secret_key_file"] = Path(os.environ["HARNESS_SECRET_KEY_FILE"]).expanduser()
+    for field_name, variables in (("python_downloads_json_url", ("HARNESS_PYTHON_DOWNLOADS_JSON_URL",
+                                                                 "UV_PYTHON_DOWNLOADS_JSON_URL")),
+                                  ("python_install_mirror", ("HARNESS_PYTHON_INSTALL_MIRROR",
+                                                             "UV_PYTHON_INSTALL_MIRROR"))):
+        harness_var, uv_var = variables
+        if os.environ.get(harness_var):
+            python[field_name] = _python_location(os.environ[harness_var], harness_var, Path.cwd())
+        elif os.environ.get(uv_var) and field_name not in python:
+            python[field_name] = os.environ[uv_var]
     return Settings(indexes=indexes, hubs=hubs, lock_platform=lock_platform, python_pins=python_pins,
-                    **cache)
+                    python_downloads_json_url=python.get("python_downloads_json_url"),
+                    python_install_mirror=python.get("python_install_mirror"), **cache)
+
+
+def _python_table(data: dict[str, Any], path: Path) -> dict[str, str]:
+    """``[python]`` of one settings file, as Settings keyword arguments."""
+    table = data.get("python", {})
+    if not isinstance(table, dict):
+        raise InputError(f"{path}: python: expected a table")
+    known = {"downloads-json-url": "python_downloads_json_url", "install-mirror": "python_install_mirror"}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise InputError(f"{path}: python.{unknown[0]}: unknown key; valid keys: {', '.join(known)}")
+    out: dict[str, str] = {}
+    for key, field_name in known.items():
+        if key in table:
+            value = table[key]
+            if not isinstance(value, str) or not value:
+                raise InputError(f"{path}: python.{key}: expected an address or a path")
+            if key == "install-mirror" and not re.match(r"^(https?|file)://\S+$", value):
+                raise InputError(f"{path}: python.install-mirror: expected an http(s):// or file:// address")
+            out[field_name] = _python_location(value, f"{path}: python.{key}", path.parent)
+    return out
+
+
+def _python_location(value: str, where: str, base: Path) -> str:
+    """A download list's or mirror's address as uv takes it: a URL as is, a path made absolute
+    (relative to ``base``, the folder of the file that names it)."""
+    if re.match(r"^(https?|file)://\S+$", value):
+        return value
+    if "://" in value:
+        raise InputError(f"{where}: expected an http(s):// or file:// address or a path, got {value!r}")
+    return str((base / Path(value).expanduser()).resolve())
 
 
 def _cache_table(data: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -161,6 +161,13 @@ def push(
     if not backend.writable:
         raise CacheError(f"cache {backend.url} is read-only")
     paths = closure(store, names)
+    for name in paths:
+        record = store.record(name)
+        problem = host_copy_problem(name, record.kind, record.impure) if record is not None else None
+        if problem:
+            raise CacheError(f"{name}: {problem}; not pushing it",
+                             hint="realize again: harness replaces it with the lock's own interpreter or a "
+                                  "host copy under a name of its own")
     result = PushResult()
     _, wrote_info = ensure_cache_info(backend)
     result.puts += int(wrote_info)
@@ -317,6 +324,18 @@ def open_substituters(urls: Sequence[str], *, jobs: int = 8,
     return subs, problems
 
 
+def host_copy_problem(name: str, kind: str, impure: str | None) -> str | None:
+    """Why a path may not go through a cache because it is a host interpreter under an
+    interpreter's own (uv-managed) name, or None. Host copies have names of their own
+    (``…-cpython-3.X.Y-host``, harness/realize/standin.py); one under the lock's name is what
+    an older harness registered, and would serve one machine's bytes as everyone's."""
+    from harness.lock.storepaths import is_host_interpreter
+
+    if kind == "python" and impure and not is_host_interpreter(name):
+        return f"a host interpreter ({impure}) under the name of a lock's own interpreter"
+    return None
+
+
 def trust_problem(info: NarInfo, expected: ExpectedContent | None,
                   trusted: Mapping[str, list[PublicKey]]) -> str | None:
     """Why ``info`` may not be used, or None when it may (module docstring: trust)."""
@@ -387,7 +406,8 @@ def pull(
             if info.store_path != name:
                 problems.append(f"{sub.url}/{key} describes {info.store_path}, not {name}")
                 continue
-            problem = trust_problem(info, expected.get(name), trusted)
+            problem = host_copy_problem(name, info.kind, info.impure) or trust_problem(info, expected.get(name),
+                                                                                        trusted)
             if problem:
                 problems.append(f"{sub.url}: {problem}")
                 continue

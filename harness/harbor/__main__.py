@@ -60,9 +60,12 @@ def check(task: Path, home: Path) -> tuple[bool, str]:
         return ok, f"{task}: {spec.describe()} ({'realized' if ok else 'not realized'})"
     if spec.environment and spec.environment != lock.environment.store:
         return False, f"{task}: drifted: pins {spec.environment}, the lock realizes to {lock.environment.store}"
-    missing = [n for n in lock_objects(lock) if not store.is_registered(n)]
+    from harness.realize.standin import realized_lock
+
+    here = realized_lock(store, lock)  # a host interpreter may stand in for the lock's
+    missing = [n for n in lock_objects(here) if not store.is_registered(n)]
     state = "realized" if not missing else f"{len(missing)} store path(s) not realized (realized on first use)"
-    return not missing, f"{task}: {spec.describe()} -> {lock.environment.store}: {state}"
+    return not missing, f"{task}: {spec.describe()} -> {here.environment.store}: {state}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,6 +101,12 @@ def _resolve_lock(spec: EnvironmentSpec, home: Path, store: Any, *, realize: boo
             f"but {path} now realizes to {lock.environment.store}",
             hint="re-pin the task (python -m harness.harbor pin TASK) if the change is intended; "
                  "the pin is part of Harbor's task digest, so jobs recorded before refuse to resume")
+    from harness.realize.standin import realized_lock
+
+    # As realized in this store: a host interpreter may stand in for the lock's own
+    # (harness/realize/standin.py), with the environment built on it.
+    own = lock
+    lock = realized_lock(store, own)
     wanted = lock_objects(lock)
     missing = [name for name in wanted if not store.is_registered(name)]
     realized: list[str] = []
@@ -113,10 +119,12 @@ def _resolve_lock(spec: EnvironmentSpec, home: Path, store: Any, *, realize: boo
         if log is not None:
             log(f"harness: realizing {spec.describe()} ({len(missing)} missing store paths) into {store.root}")
         try:
-            _realize(spec, home, project, lock, offline=offline)
+            _realize(spec, home, project, own, offline=offline)
         except HarnessError as exc:
             raise EnvironmentUnavailable(f"realizing {spec.describe()} failed: {exc}") from None
-        realized = [name for name in missing if store.is_registered(name)]
+        lock = realized_lock(store, own)
+        wanted = lock_objects(lock)
+        realized = [name for name in wanted if name in missing or name not in lock_objects(own)]
         still = [name for name in wanted if not store.is_registered(name)]
         if still:
             raise EnvironmentUnavailable(f"realizing {spec.describe()} left {', '.join(still)} missing")

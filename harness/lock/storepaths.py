@@ -6,7 +6,12 @@ The scheme (specified with golden vectors in ``store/README.md``):
   a wheel on its file name and sha256, a source on its tree hash, a weight set on its files'
   paths, sizes and sha256. Where the bytes came from (which index, hub or mirror) is not an
   input, so a mirror realizes the same paths.
-* the interpreter depends on implementation, version and platform;
+* the interpreter depends on implementation, version and platform (and, for a lock whose
+  interpreter can only come from the host, on that: ``source = "host"``);
+* a **host copy** standing in for the lock's interpreter on one machine (realize's fallback,
+  see ``harness/realize/standin.py``) is named by its own content, ``<hash>-cpython-<version>-host``:
+  never the lock's name, so a store or a binary cache can never hold two contents under one
+  name; the environment built on it gets its own path too (:func:`with_interpreter`);
 * the environment depends on the store paths of everything in it, how sources are installed,
   and the uv version that builds it (uv writes the venv's files).
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 from harness.lock.document import (
     Lock,
     LockedFile,
+    LockedInterpreter,
     LockedPackage,
     LockedSource,
     LockedWeights,
@@ -45,12 +51,38 @@ def weights_path(lock_name: str, weights: LockedWeights) -> str:
     return store_path_name(store_hash("weights", name, {"files": files}), name)
 
 
+#: The suffix of a host copy's name (``<hash>-cpython-3.11.7-host``).
+HOST_SUFFIX = "-host"
+
+
 def interpreter_path(lock: Lock) -> str:
+    """The lock's own interpreter: fixed by implementation, version and platform.
+
+    A ``source = "host"`` lock (a version uv cannot download) gets ``source`` as one more
+    input, so its name never equals the uv-managed interpreter's of the same version; no
+    store ever registers it (realize always stands a content-named host copy in for it)."""
     python = lock.python
     name = f"{python.implementation}-{python.version}"
-    inputs = {"implementation": python.implementation, "version": python.version,
-              "platform": python.platform}
+    inputs: dict[str, object] = {"implementation": python.implementation, "version": python.version,
+                                 "platform": python.platform}
+    if python.source != "uv-managed":
+        inputs["source"] = python.source
     return store_path_name(store_hash("python", name, inputs), name)
+
+
+def host_interpreter_path(python: LockedInterpreter, content: str) -> str:
+    """The store path of a host copy of CPython ``python.version`` whose content hash is
+    ``content`` (``blake3:…``): the copy is fixed-output, named by what it is, so two machines
+    whose host interpreters copy to the same bytes share it and no other bytes can take it."""
+    name = f"{python.implementation}-{python.version}{HOST_SUFFIX}"
+    inputs = {"implementation": python.implementation, "version": python.version,
+              "platform": python.platform, "content": content}
+    return store_path_name(store_hash("python", name, inputs), name)
+
+
+def is_host_interpreter(store_name: str) -> bool:
+    """Whether a ``python`` store path name is a host copy's (:func:`host_interpreter_path`)."""
+    return store_name.endswith(HOST_SUFFIX)
 
 
 def _with_file_paths(package: LockedPackage) -> LockedPackage:
@@ -82,25 +114,39 @@ def assign_store_paths(lock: Lock) -> Lock:
         ordered = weight_set.model_copy(update={"files": files})
         weights.append(ordered.model_copy(update={"store": weights_path(lock.name, ordered)}))
     python = lock.python.model_copy(update={"store": interpreter_path(lock)})
+    assigned = lock.model_copy(
+        update={"python": python, "packages": packages, "build_packages": build_packages,
+                "sources": sources, "weights": weights}
+    )
+    return with_interpreter(assigned, python.store)
+
+
+def _environment_path(lock: Lock, python_store: str) -> str:
+    """The environment's store path when built on interpreter ``python_store`` (the lock's
+    packages and sources must already carry their store paths)."""
     env_inputs = {
         "scheme": ENVIRONMENT_SCHEME,
         "uv": lock.uv,
-        "python": python.store,
-        "packages": sorted((_package_key(p) for p in packages), key=repr),
-        "build": sorted((_package_key(p) for p in build_packages), key=repr),
+        "python": python_store,
+        "packages": sorted((_package_key(p) for p in lock.packages), key=repr),
+        "build": sorted((_package_key(p) for p in lock.build_packages), key=repr),
         "sources": [
             {"store": s.store, "install": s.install, "subdirectory": s.subdirectory or ""}
-            for s in sources
+            for s in lock.sources
         ],
     }
     env_name = f"{lock.name}-env"
-    environment = lock.environment.model_copy(
-        update={"store": store_path_name(store_hash("environment", env_name, env_inputs), env_name)}
-    )
-    return lock.model_copy(
-        update={"python": python, "packages": packages, "build_packages": build_packages,
-                "sources": sources, "weights": weights, "environment": environment}
-    )
+    return store_path_name(store_hash("environment", env_name, env_inputs), env_name)
+
+
+def with_interpreter(lock: Lock, python_store: str) -> Lock:
+    """``lock`` (store paths assigned) as built on interpreter ``python_store``: that
+    interpreter's path and the environment path that follows from it. Pure. With the lock's
+    own interpreter path this is the lock itself; with a host copy's it is what one machine
+    realizes in its place (``harness/realize/standin.py``)."""
+    python = lock.python.model_copy(update={"store": python_store})
+    environment = lock.environment.model_copy(update={"store": _environment_path(lock, python_store)})
+    return lock.model_copy(update={"python": python, "environment": environment})
 
 
 def weights_view_path(lock: Lock) -> str | None:

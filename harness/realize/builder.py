@@ -11,6 +11,13 @@ Two phases, so the network is touched once and registration is fast and local:
    already-verified bytes into its build folder (or building offline from realized
    parts), so a crash at any point leaves the store consistent (see Store.add).
 
+The interpreter is the lock's own (uv-managed: from a binary cache, else installed through
+uv from the configured download list or mirror) whenever that can be had. When it cannot, a
+host copy stands in under a store path of its own and the environment is built on it under
+another path (``harness/realize/standin.py``); the report says so and why. A realize that
+does any work tries for the lock's own interpreter again, so a host copy is replaced as soon
+as a cache or the network can provide the real one.
+
 ``--offline`` never touches the network: anything that would need it is listed, all at
 once, before anything is built.
 """
@@ -44,7 +51,8 @@ class OfflineMissing(HarnessError):
 
 @dataclass
 class Report:
-    """What one lock's realize did."""
+    """What one lock's realize did. ``environment`` is the environment realized here (another
+    path than the lock's when a host interpreter stands in; ``impure`` then says so)."""
 
     name: str
     environment: str
@@ -118,18 +126,31 @@ def lock_objects(lock: Lock) -> list[str]:
 
 
 def missing(store: Store, lock: Lock) -> list[str]:
-    """The store paths of ``lock`` that are not registered."""
-    return [name for name in lock_objects(lock) if not store.is_registered(name)]
+    """The store paths of ``lock`` as this store realizes it (a host interpreter may stand
+    in: ``harness/realize/standin.py``) that are not registered."""
+    from harness.realize.standin import realized_lock
+
+    return [name for name in lock_objects(realized_lock(store, lock)) if not store.is_registered(name)]
+
+
+def _wants_work(store: Store, lock: Lock) -> bool:
+    """Whether a realize has anything to do for ``lock``: a path missing, or a host copy
+    standing in for a uv-managed interpreter that may be had now (module doc)."""
+    from harness.realize.standin import own_interpreter_registered
+
+    if missing(store, lock):
+        return True
+    return lock.python.source == "uv-managed" and not own_interpreter_registered(store, lock)
 
 
 def realize_locks(ctx: Context, locks: list[Lock]) -> list[Report]:
     """Realize several locks: fetch everything first (one progress display), then build."""
     from harness.store.gc import register_project
 
-    todo = [lock for lock in locks if missing(ctx.store, lock)]
+    todo = [lock for lock in locks if _wants_work(ctx.store, lock)]
     if todo and ctx.substituters:
         _substitute(ctx, todo)
-        todo = [lock for lock in locks if missing(ctx.store, lock)]
+        todo = [lock for lock in locks if _wants_work(ctx.store, lock)]
     if ctx.offline:
         _check_offline(ctx, todo)
     if todo:  # leftovers matter only to a build (Store.add clears its own path's anyway)
@@ -155,7 +176,13 @@ def _substitute(ctx: Context, locks: list[Lock]) -> None:
 
     usable = [url for url in ctx.substituters
               if not ctx.offline or not url.split("?", 1)[0].startswith(("http://", "https://", "s3://"))]
-    names = [name for lock in locks for name in missing(ctx.store, lock)]
+    # The lock's own paths first (a cache may hold the uv-managed interpreter and the
+    # environment built on it, which replace a host copy standing in), then whatever the
+    # paths realized here still lack.
+    names = [name for lock in locks for name in lock_objects(lock) if not ctx.store.is_registered(name)
+             and (name != lock.python.store or lock.python.source == "uv-managed")]
+    names += [name for lock in locks for name in missing(ctx.store, lock)]
+    names = list(dict.fromkeys(names))
     if not usable or not names:
         return
     substitute(ctx.store, names, substituters=usable, trusted_keys=list(ctx.trusted_keys),
@@ -166,11 +193,23 @@ def _substitute(ctx: Context, locks: list[Lock]) -> None:
 
 def _complete(ctx: Context, lock: Lock) -> Report:
     """The report of a lock whose every path is registered: nothing to build or fetch."""
-    report = Report(lock.name, lock.environment.store, present=sorted(lock_objects(lock)))
-    python = ctx.store.record(lock.python.store)
-    if python is not None and python.impure:
-        report.impure.append(f"{lock.python.store}: {python.impure}")
+    from harness.realize.standin import realized_lock
+
+    realized = realized_lock(ctx.store, lock)
+    report = Report(lock.name, realized.environment.store, present=sorted(lock_objects(realized)))
+    report.impure += interpreter_notes(ctx.store, lock, realized)
     return report
+
+
+def interpreter_notes(store: Store, lock: Lock, realized: Lock) -> list[str]:
+    """What a report says about the interpreter realized for ``lock``: nothing when it is the
+    lock's own; the host copy, what it stands in for and why, when one stands in."""
+    from harness.realize.standin import standin_note
+
+    if realized.python.store != lock.python.store:
+        return [standin_note(store, lock, realized)]
+    record = store.record(lock.python.store)
+    return [f"{lock.python.store}: {record.impure}"] if record is not None and record.impure else []
 
 
 # -- phase 1: fetch --------------------------------------------------------------------
@@ -209,8 +248,8 @@ def _check_offline(ctx: Context, locks: list[Lock]) -> None:
         for source in lock.sources:
             if not ctx.store.is_registered(source.store) and not mirror_path(ctx.cache_dir, source.repo).is_dir():
                 problems.append(f"source {source.repo} at {source.commit[:12]}")
-        if not ctx.store.is_registered(lock.python.store) and lock.python.source == "uv-managed":
-            pass  # the interpreter builder falls back to a host interpreter offline
+        # The interpreter is not listed: offline, uv installs from its archive cache or a
+        # host copy stands in (realize says so); neither needs the network.
     if problems:
         listed = "\n  ".join(sorted(set(problems)))
         raise OfflineMissing(f"offline, and the store lacks {len(set(problems))} thing(s):\n  {listed}",
@@ -329,8 +368,11 @@ def _drop_downloads(ctx: Context, locks: list[Lock]) -> None:
 
 def _register(ctx: Context, lock: Lock) -> Report:
     store = ctx.store
+    from harness.realize.standin import realized_lock
+
     report = Report(lock.name, lock.environment.store)
-    present = {name for name in lock_objects(lock) if store.is_registered(name)}
+    candidates = {*lock_objects(lock), *lock_objects(realized_lock(store, lock))}
+    present = {name for name in candidates if store.is_registered(name)}
     report.present = sorted(present)
     wanted_once: dict[str, tuple[str, LockedFile]] = {}
     for package in [*lock.packages, *lock.build_packages]:
@@ -364,11 +406,15 @@ def _register(ctx: Context, lock: Lock) -> Report:
     view = weights_view_path(lock)
     if view:
         _add_weights_view(ctx, lock, view)
-    python_record = _add_interpreter(ctx, lock)
-    if python_record.impure:
-        report.impure.append(f"{lock.python.store}: {python_record.impure}")
-    _add_environment(ctx, lock)
-    report.built = sorted(set(lock_objects(lock)) - present)
+    from harness.lock.storepaths import with_interpreter
+
+    python_store = _add_interpreter(ctx, lock)
+    realized = lock if python_store == lock.python.store else with_interpreter(lock, python_store)
+    report.environment = realized.environment.store
+    report.impure += interpreter_notes(store, lock, realized)
+    _add_environment(ctx, realized)
+    report.built = sorted(set(lock_objects(realized)) - present)
+    report.present = sorted(set(lock_objects(realized)) & present)
     return report
 
 
@@ -413,17 +459,86 @@ def _add_weights_view(ctx: Context, lock: Lock, view: str) -> None:
     ctx.store.add(view, "weights-view", build, references=tuple(w.store for w in lock.weights))
 
 
-def _add_interpreter(ctx: Context, lock: Lock) -> Any:
-    from harness.realize.interpreter import build_interpreter
+def _add_interpreter(ctx: Context, lock: Lock) -> str:
+    """Register the interpreter ``lock`` is built on here; return its store path name.
 
-    def build(out: Path) -> BuildResult:
-        out.mkdir()
-        result = build_interpreter(lock.python, out, cache_dir=ctx.cache_dir, offline=ctx.offline)
-        note = f"; {result.fallback_reason}" if result.fallback_reason else ""
-        return BuildResult(obtained=result.source + note,
-                           impure=result.source if result.is_host else None)
+    The lock's own when it is registered or uv can install it now; else the host copy that
+    already stands in for it, else a new host copy (module doc, ``standin.py``)."""
+    from harness.realize.interpreter import DownloadUnavailable, build_uv_managed
+    from harness.realize.standin import own_interpreter_registered, remember_standin, standin_for
 
-    return ctx.store.add(lock.python.store, "python", build)
+    store, python = ctx.store, lock.python
+    if own_interpreter_registered(store, lock):
+        return python.store
+    if python.source == "uv-managed":
+        _drop_legacy_host_copy(store, python.store)
+
+        def build(out: Path) -> BuildResult:
+            out.mkdir()
+            result = build_uv_managed(python, out, cache_dir=ctx.cache_dir, offline=ctx.offline,
+                                      uv_env=ctx.settings.python_download_env())
+            return BuildResult(obtained=result.source)
+
+        try:
+            store.add(python.store, "python", build)
+            return python.store
+        except DownloadUnavailable as exc:
+            reason = exc.reason
+    else:
+        reason = (f"the lock's interpreter is a host one (source = \"host\": uv offers no download of "
+                  f"CPython {python.version} for {python.platform})")
+    host = standin_for(store, python.store)
+    if host is None:
+        host = _add_host_copy(ctx, lock)
+    remember_standin(store, python.store, host, reason)
+    return host
+
+
+def _add_host_copy(ctx: Context, lock: Lock) -> str:
+    """Copy this machine's CPython of the lock's version into the store under a name fixed by
+    the copy's content (``host_interpreter_path``); return that name. The copy is built and
+    hashed first, since its name depends on what it is, then moved into the store."""
+    import tempfile
+
+    from harness.lock.storepaths import host_interpreter_path
+    from harness.realize.interpreter import build_host_copy
+    from harness.store.hashing import nar_digest
+    from harness.store.store import remove_tree
+
+    scratch_root = ctx.cache_dir / "host-python"
+    scratch_root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"cpython-{lock.python.version}.", dir=scratch_root))
+    try:
+        built = scratch / "out"
+        built.mkdir()
+        result = build_host_copy(lock.python, built)
+        content = nar_digest(built).hash
+        name = host_interpreter_path(lock.python, content)
+
+        def build(out: Path) -> BuildResult:
+            shutil.move(os.fspath(built), os.fspath(out))
+            return BuildResult(obtained=result.source, impure=result.source)
+
+        ctx.store.add(name, "python", build, expected_content=content)
+        return name
+    finally:
+        remove_tree(scratch)
+
+
+def _drop_legacy_host_copy(store: Store, python_store: str) -> None:
+    """Remove a host copy that an older harness registered under the lock's own interpreter
+    name, with every environment built on it: that name belongs to the uv-managed build."""
+    record = store.record(python_store)
+    if record is None or not record.impure:
+        return
+    import sys
+
+    print(f"warning: removing {python_store}: a host interpreter registered under the lock's "
+          "uv-managed name by an older harness, and the environments built on it", file=sys.stderr)
+    for other in list(store.records()):
+        if other.kind == "environment" and python_store in other.references:
+            store.delete(other.name)
+    store.delete(python_store)
 
 
 def _add_environment(ctx: Context, lock: Lock) -> None:
@@ -464,7 +579,10 @@ def repair_paths(state: Any, store: Store, names: list[str]) -> list[str]:
 
     project = state.project()
     locks = [read(p) for p in sorted(project.locks_dir.glob("*.lock.toml"))]
-    affected = [lock for lock in locks if set(names) & set(lock_objects(lock))]
+    from harness.realize.standin import realized_lock
+
+    affected = [lock for lock in locks
+                if set(names) & {*lock_objects(lock), *lock_objects(realized_lock(store, lock))}]
     for name in names:
         store.delete(name)
     ctx = Context(store=store, project_root=project.root,

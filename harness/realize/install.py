@@ -31,7 +31,7 @@ from typing import Any
 from harness.errors import HarnessError
 
 #: Bump when what the stamp records or means changes.
-_STAMP_VERSION = 1
+_STAMP_VERSION = 2
 #: Inputs changed this recently get no stamp (see the module doc).
 _RACY_NS = 2_000_000_000
 
@@ -142,9 +142,7 @@ class _Stamp:
             if not all(store.is_registered(name) for name in objects):
                 return None  # deleted or collected since: the full path rebuilds it
             report = Report(entry["name"], entry["environment"], present=sorted(objects))
-            python = store.record(entry["python"])
-            if python is not None and python.impure:
-                report.impure.append(f"{entry['python']}: {python.impure}")
+            report.impure = list(entry.get("notes", []))
             reports.append(report)
         register_project(store, self.project.root)
         return reports
@@ -153,16 +151,22 @@ class _Stamp:
         """Record that the fingerprint taken before the full path left nothing to do."""
         if self.fingerprint is None or self._racy:
             return
-        from harness.realize.builder import lock_objects
         from harness.lock.lockfile import lock_path, read
+        from harness.realize.builder import lock_objects
+        from harness.realize.standin import realized_lock
+        from harness.store.store import Store
 
+        store = Store.in_home(self.home)
         entries = []
         for report in reports:
-            lock = read(lock_path(self.project.locks_dir, report.name))
+            lock = realized_lock(store, read(lock_path(self.project.locks_dir, report.name)))
             if lock.environment.store != report.environment:
                 return  # the lock changed while realizing: no stamp
+            # A host interpreter standing in is part of what is up to date; its note is
+            # repeated by every quick report, so a realize never hides it.
             entries.append({"name": report.name, "environment": report.environment,
-                            "python": lock.python.store, "objects": lock_objects(lock)})
+                            "python": lock.python.store, "objects": lock_objects(lock),
+                            "notes": list(report.impure)})
         if sorted(e["name"] for e in entries) != self.names:
             return
         data = {"version": _STAMP_VERSION, "fingerprint": self.fingerprint, "locks": entries}

@@ -169,6 +169,15 @@ class _Probe:
 # --------------------------------------------------------------------------- entry point
 
 
+class DownloadUnavailable(HarnessError):
+    """uv cannot provide the lock's interpreter here; ``reason`` says why in one line (no
+    addresses: it is recorded in store records and run records)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 def build_interpreter(
     python: LockedInterpreter,
     out: Path,
@@ -184,31 +193,68 @@ def build_interpreter(
     ``out`` is later moved, and no file in ``out`` names ``out`` or any scratch path, so two
     builds from the same origin have the same content hash. ``cache_dir`` is uv's cache;
     downloaded Python archives are kept in ``cache_dir/python-archives`` so a later offline
-    build finds them. ``uv_env`` adds variables for uv (a download mirror, say). With
+    build finds them. ``uv_env`` adds variables for uv (a download list or mirror, say). With
     ``offline`` nothing is downloaded. ``allow_host=False`` refuses the host fallback.
+
+    This is :func:`build_uv_managed` with :func:`build_host_copy` as the fallback, for callers
+    that do not care which they get; realize calls the two itself, since a host copy goes to
+    a store path of its own.
 
     Raises :class:`HarnessError` when neither way works, naming the version and what was
     searched; ``out`` is then left for the caller to delete.
     """
     out = out.absolute()
-    _check_empty(out)
-    if python.implementation != "cpython":
-        raise HarnessError(f"interpreter {python.implementation} {python.version}: harness builds CPython only")
     reason: str | None = None
     if python.source == "uv-managed":
-        reason = _why_no_download()
-        if reason is None:
-            try:
-                return _build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env)
-            except UvError as exc:
-                reason = f"uv could not install it: {_last_line(exc.stderr) or exc}"
-                _empty(out)
+        try:
+            return build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env)
+        except DownloadUnavailable as exc:
+            reason = exc.reason
+            _empty(out)
         if not allow_host:
             raise HarnessError(f"CPython {python.version}: {reason}",
                                hint="realize once with network access, or allow a host interpreter")
-    build = _build_host(python, out)
+    build = build_host_copy(python, out)
     return build if reason is None else InterpreterBuild(
         build.source, build.executable, build.version, build.shared_libpython, fallback_reason=reason)
+
+
+def build_uv_managed(python: LockedInterpreter, out: Path, *, cache_dir: Path, offline: bool,
+                     uv_env: Mapping[str, str] | None = None) -> InterpreterBuild:
+    """Fill the empty directory ``out`` with the uv-managed CPython the lock names (module doc).
+
+    Raises :class:`DownloadUnavailable` when uv may not or cannot install it (downloads
+    forbidden, offline without the archive in uv's cache, no such download, a network
+    failure), leaving ``out`` for the caller to empty; other errors as :class:`HarnessError`.
+    """
+    out = out.absolute()
+    _check_empty(out)
+    _check_cpython(python)
+    reason = _why_no_download()
+    if reason is not None:
+        raise DownloadUnavailable(reason)
+    try:
+        return _build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env)
+    except UvError as exc:
+        detail = _last_line(exc.stderr) or str(exc)
+        if offline:
+            raise DownloadUnavailable(f"offline, and uv's archive cache lacks it ({detail})") from None
+        raise DownloadUnavailable(f"uv could not install it: {detail}") from None
+
+
+def build_host_copy(python: LockedInterpreter, out: Path) -> InterpreterBuild:
+    """Fill the empty directory ``out`` with a relocatable copy of an installed CPython of
+    exactly ``python.version`` (module doc); :class:`HarnessError` naming what was searched
+    when there is none."""
+    out = out.absolute()
+    _check_empty(out)
+    _check_cpython(python)
+    return _build_host(python, out)
+
+
+def _check_cpython(python: LockedInterpreter) -> None:
+    if python.implementation != "cpython":
+        raise HarnessError(f"interpreter {python.implementation} {python.version}: harness builds CPython only")
 
 
 def _why_no_download() -> str | None:

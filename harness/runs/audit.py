@@ -78,6 +78,12 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
     result_file = run_dir / "result.json"
     if result_file.is_file():
         impurities += [i for i in read_json(result_file).get("impurities", []) if i not in impurities]
+    for name, info in sorted(closure.get("locks", {}).items()):
+        # A host copy stood in for the lock's interpreter: named even when the run's own list
+        # of impurities (written by an older harness, or edited) does not say so.
+        interpreter, own = info.get("interpreter"), info.get("standing_in_for")
+        if own and not any(interpreter in line for line in impurities):
+            impurities.append(f"{name}: host interpreter {interpreter} stood in for the lock's {own}")
     return AuditReport(run_dir.name, tuple(items), tuple(impurities))
 
 
@@ -118,6 +124,8 @@ def diff_runs(a: Path, b: Path) -> list[str]:
         la, lb = locks_a[name], locks_b[name]
         if la.get("python") != lb.get("python"):
             lines.append(f"{name}: python {la.get('python')} → {lb.get('python')}")
+        if la.get("interpreter") != lb.get("interpreter"):
+            lines.append(f"{name}: interpreter {_interpreter(la)} → {_interpreter(lb)}")
         if la.get("code") != lb.get("code"):
             lines.append(f"{name}: code {la.get('code') or '(none)'} → {lb.get('code') or '(none)'}")
         lines += _mapping_diff(f"{name}: package", la.get("packages", {}), lb.get("packages", {}))
@@ -142,6 +150,13 @@ def diff_runs(a: Path, b: Path) -> list[str]:
         if config_a.get(key) != config_b.get(key):
             lines.append(f"configuration {key}: {_short(config_a.get(key))} → {_short(config_b.get(key))}")
     return lines
+
+
+def _interpreter(info: dict[str, Any]) -> str:
+    """A run's interpreter store path, marked when it was a host copy standing in."""
+    path = str(info.get("interpreter") or "(not recorded)")
+    own = info.get("standing_in_for")
+    return f"{path} (host copy, standing in for {own})" if own else path
 
 
 def _mapping_diff(label: str, a: dict[str, Any], b: dict[str, Any]) -> list[str]:

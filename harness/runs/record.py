@@ -100,6 +100,7 @@ def closure_of(store: Any, locks: dict[str, Any], lock_files: dict[str, Path], p
     checkout itself: not store paths, so their sha256 is recorded (the caller names them as
     an impurity).
     """
+    from harness.lock.storepaths import interpreter_path
     from harness.realize.builder import lock_objects
     from harness.store.hashing import file_blake3, file_sha256
 
@@ -128,6 +129,9 @@ def closure_of(store: Any, locks: dict[str, Any], lock_files: dict[str, Path], p
             "manifest_digest": lock.manifest_digest,
             "python": f"{lock.python.implementation} {lock.python.version} {lock.python.platform}",
             "environment": lock.environment.store,
+            "interpreter": lock.python.store,
+            # The lock's own interpreter when a host copy stood in for it (realize/standin.py).
+            "standing_in_for": own if (own := interpreter_path(lock)) != lock.python.store else None,
             "packages": {p.name: p.version for p in lock.packages},
             "sources": {s.name: {"repo": s.repo, "commit": s.commit, "tree": s.tree} for s in lock.sources},
             "weights": {w.dir: {f.path: f.sha256 for f in w.files} for w in lock.weights},

@@ -10,6 +10,7 @@ def diagnose(state: Any, *, agent: str | None = None, sets: tuple[str, ...] = ()
     the GPUs (NVML, empty without a driver); what a run of ``agent`` would install; and the
     store's health (existence and references; ``store verify --check-contents`` re-hashes)."""
     from harness.realize.builder import missing
+    from harness.realize.standin import realized_lock
     from harness.errors import HarnessError
     from harness.lock.check import check_locks
     from harness.lock.lockfile import lock_path, read
@@ -30,8 +31,9 @@ def diagnose(state: Any, *, agent: str | None = None, sets: tuple[str, ...] = ()
             continue
         lock = read(lock_path(project.locks_dir, name))
         absent = missing(store, lock)
+        here = realized_lock(store, lock)  # a host interpreter may stand in for the lock's
         manifests[name] = {"state": "realized" if not absent else "not realized",
-                           "detail": lock.environment.store if not absent else f"{len(absent)} store paths to build"}
+                           "detail": here.environment.store if not absent else f"{len(absent)} store paths to build"}
     would_install = None
     if agent is not None:
         from harness.manifests.agent import parse_override, services_needed

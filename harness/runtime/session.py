@@ -138,10 +138,14 @@ def prepare(
     for placement in plan.services:
         if placement.mode == "external":
             impurities.append(f"{placement.name}: external service at {placement.url} (not built by harness)")
+    from harness.lock.storepaths import interpreter_path
+
     for name, lock in locks.items():
         record = (_store(home)).record(lock.python.store)
         if record is not None and record.impure:
-            impurities.append(f"{name}: interpreter {lock.python.store} is {record.impure}")
+            own = interpreter_path(lock)
+            instead = f", standing in for the lock's {own}" if own != lock.python.store else ""
+            impurities.append(f"{name}: interpreter {lock.python.store} is {record.impure}{instead}")
     bench_manifest = benchmarks.get(closure.benchmark) if closure.benchmark else None
     prepared = Prepared(project, home, state_dir, deploy, deploy_path, manifests, closure.benchmark,
                         bench_manifest, plan, specs, locks, skills, sorted(set(impurities)))
@@ -159,8 +163,9 @@ def ensure_realized(state: Any, names: list[str], *, offline: bool, realize: boo
     """The locks of ``names``, realized (install on first use) unless ``realize`` is off,
     in which case anything missing is an error naming it."""
     from harness.realize.install import realize_names
-    from harness.realize.builder import missing
     from harness.lock.lockfile import lock_path, read
+    from harness.realize.builder import missing
+    from harness.realize.standin import realized_lock
 
     project = state.project()
     if realize:
@@ -170,7 +175,8 @@ def ensure_realized(state: Any, names: list[str], *, offline: bool, realize: boo
         path = lock_path(project.locks_dir, name)
         if not path.is_file():
             raise HarnessError(f"{name} has no lock", hint=f"run `harness install {name}`")
-        locks[name] = read(path)
+        # As realized here: a host interpreter may stand in for the lock's (realize/standin.py).
+        locks[name] = realized_lock(_store(state.home), read(path))
         absent = missing(_store(state.home), locks[name])
         if absent:
             raise HarnessError(f"{name} is not realized ({len(absent)} store paths missing)",

@@ -54,6 +54,7 @@ def roots(store: Store) -> list[Root]:
     """Every root and the store paths it names directly."""
     from harness.errors import HarnessError
     from harness.lock.lockfile import read
+    from harness.realize.standin import realized_lock
 
     found: list[Root] = []
     for entry in sorted((store.roots_dir / "projects").glob("*")) if (store.roots_dir / "projects").is_dir() else []:
@@ -64,7 +65,10 @@ def roots(store: Store) -> list[Root]:
             continue  # the project is gone: it roots nothing any more
         for lock_file in sorted(locks.glob("*.lock.toml")):
             try:
-                names |= lock_store_paths(read(lock_file))
+                lock = read(lock_file)
+                # What this store realized it to: a host interpreter standing in for the
+                # lock's, and the environment built on it, are as live as the lock's own.
+                names |= lock_store_paths(lock) | lock_store_paths(realized_lock(store, lock))
             except HarnessError:
                 continue
         found.append(Root("project", str(project), frozenset(names)))

@@ -55,11 +55,13 @@ def path(state: State, name: str, weights: bool) -> None:
     lock_file = lock_path(project.locks_dir, name)
     if not lock_file.is_file():
         raise HarnessError(f"no lock for {name!r}", hint=f"run `harness lock {name}`")
-    lock = read(lock_file)
+    from harness.realize.standin import realized_lock
+
+    store = _store(state)
+    lock = realized_lock(store, read(lock_file))  # a host interpreter may stand in here
     target = weights_view_path(lock) if weights else lock.environment.store
     if target is None:
         raise HarnessError(f"{name} has no weights")
-    store = _store(state)
     if not store.is_registered(target):
         raise HarnessError(f"{name} is not realized ({target})", hint=f"run `harness realize {name}`")
     click.echo(str(store.root / target))
@@ -178,10 +180,13 @@ def _is_store_name(text: str) -> bool:
 def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
     """Store path names from arguments: a store path (or its name) stands for itself, a
     manifest name for the paths its lock realizes; no arguments: every lock of the project."""
-    from harness.realize.builder import lock_objects
     from harness.errors import HarnessError
+    from harness.realize.builder import lock_objects
+    from harness.realize.standin import realized_lock
 
-    locks = _project_locks(state)
+    store = _store(state)
+    # What this store realized each lock to (a host interpreter may stand in, under its own name).
+    locks = {name: realized_lock(store, lock) for name, lock in _project_locks(state).items()}
     if not names:
         if not locks:
             raise HarnessError("no names given and no locks in a project here",
