@@ -1,0 +1,216 @@
+"""The interpreter real users get, end to end on the built-in example.
+
+* **uv-managed** (the path every user with internet takes): uv installs the lock's CPython
+  from a download list served on loopback (tests/pythondownloads.py: this machine's CPython
+  repackaged as a python-build-standalone ``install_only`` archive), realize registers it
+  under the lock's own name, builds the environments on it, and the example runs with no
+  impurity; two homes agree on every path and hash; ``realize --offline`` needs nothing.
+* **the offline cluster**: a machine with "internet" (the download list) realizes and pushes
+  to a directory cache; a machine without it pulls and runs, with no impurity either.
+* **host fallback**: without downloads, a host copy stands in under a name of its own with
+  environments of their own, every report and record says so, and a later realize that can
+  download replaces it.
+
+The example's one wheel (numpy) comes from the real package index, like scripts/example.sh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.lock.lockfile import read
+from harness.lock.storepaths import is_host_interpreter
+from harness.store.store import Store
+from tests.conftest import REPO, run_harness_process
+from tests.pythondownloads import python_downloads
+
+pytestmark = [pytest.mark.network,
+              pytest.mark.skipif(platform.system() != "Linux", reason="host copies (the archive's source) are Linux-only")]
+
+NAMES = ("kinematics", "reach")
+LOCK = read(REPO / "locks" / "kinematics.lock.toml")
+VERSION = LOCK.python.version
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the repository's built-in example project (manifests, configs, locks)."""
+    root = tmp_path_factory.mktemp("example")
+    for rel in ("harness.toml", "services", "benchmarks", "configs", "locks"):
+        source = REPO / rel
+        if source.is_dir():
+            shutil.copytree(source, root / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, root / rel)
+    for deploy in (root / "configs" / "deploy").glob("*.toml") if (root / "configs" / "deploy").is_dir() else []:
+        if not deploy.name.startswith("example-"):
+            deploy.unlink()  # a developer's own deploy file stays out of the test
+    return root
+
+
+@pytest.fixture(scope="module")
+def downloads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a download list offering the lock's CPython, served on loopback."""
+    try:
+        with python_downloads(VERSION, tmp_path_factory.mktemp("python-downloads")) as url:
+            yield url
+    except HarnessError as exc:
+        if "no installed CPython" in str(exc):
+            pytest.skip(f"no CPython {VERSION} on this machine to repackage: {exc}")
+        raise
+
+
+def _env(**extra: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("UV_PYTHON_DOWNLOADS", "UV_PYTHON_DOWNLOADS_JSON_URL", "HARNESS_PYTHON_DOWNLOADS_JSON_URL",
+                        "HARNESS_SUBSTITUTERS", "HARNESS_TRUSTED_KEYS", "HARNESS_DEPLOY")}
+    env.update({k: v for k, v in extra.items() if v is not None})
+    return env
+
+
+def harness(project: Path, home: Path, *args: str, env: dict[str, str], ok: bool = True,
+            timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    result = run_harness_process("--project", str(project), "--home", str(home), *args, env=env,
+                                 timeout=timeout, cwd=project)
+    assert "Traceback" not in result.stderr, result.stderr
+    if ok:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _last_run(home: Path) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    run_dir = sorted((home / "runs").iterdir())[-1]
+    return (json.loads((run_dir / "config.json").read_text()), json.loads((run_dir / "lock.json").read_text()))
+
+
+def _python_paths(home: Path) -> dict[str, str]:
+    """Every registered interpreter: name → content hash."""
+    return {r.name: r.content for r in Store.in_home(home).records() if r.kind == "python"}
+
+
+def _pure_run(project: Path, home: Path, env: dict[str, str], *extra: str) -> None:
+    """The example runs, its record names the lock's own interpreter and environments and no
+    impurity, and a strict audit passes."""
+    result = harness(project, home, "run", "--agent", "kinematics-only", *extra, env=env)
+    assert "success rate 1.00" in result.stdout
+    config, closure = _last_run(home)
+    assert config["impurities"] == []
+    for name in NAMES:
+        lock = read(project / "locks" / f"{name}.lock.toml")
+        info = closure["locks"][name]
+        assert info["interpreter"] == lock.python.store and info["standing_in_for"] is None
+        assert info["environment"] == lock.environment.store
+    assert not any(entry["impure"] for entry in closure["store_paths"])
+    harness(project, home, "audit", "--strict", "latest", env=env)
+
+
+@pytest.fixture(scope="module")
+def online(example: Path, downloads: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A home realized "with internet": the interpreter through uv from the download list."""
+    home = tmp_path_factory.mktemp("online") / "home"
+    result = harness(example, home, "realize", *NAMES, env=_env(HARNESS_PYTHON_DOWNLOADS_JSON_URL=downloads))
+    assert "impure" not in result.stdout and "stands in" not in result.stdout, result.stdout
+    return home
+
+
+def test_uv_managed_interpreter_end_to_end(example: Path, online: Path, downloads: str,
+                                           tmp_path: Path) -> None:
+    store = Store.in_home(online)
+    record = store.record(LOCK.python.store)
+    assert record is not None and record.impure is None and record.obtained == "uv-managed"
+    assert list(_python_paths(online)) == [LOCK.python.store], "no host copy anywhere"
+    for name in NAMES:
+        assert store.is_registered(read(example / "locks" / f"{name}.lock.toml").environment.store)
+    # The built environment runs on the uv-managed interpreter, from inside the store.
+    env_python = store.root / LOCK.environment.store / "bin" / "python"
+    probe = subprocess.run([env_python, "-c", "import sys, numpy; print(sys.base_prefix)"],
+                           capture_output=True, text=True, check=True)
+    assert os.path.realpath(probe.stdout.strip()) == os.path.realpath(store.root / LOCK.python.store)
+
+    _pure_run(example, online, _env())
+
+    # Another home, somewhere else: the same interpreter path with the same content hash.
+    other = tmp_path / "elsewhere" / "home"
+    harness(example, other, "realize", *NAMES, env=_env(HARNESS_PYTHON_DOWNLOADS_JSON_URL=downloads))
+    assert _python_paths(other) == _python_paths(online)
+    realized_there = {r.name: r.content for r in Store.in_home(other).records()}
+    assert realized_there.items() <= {r.name: r.content for r in store.records()}.items()
+    assert LOCK.environment.store in realized_there
+
+    # Afterwards nothing needs the network: no download list, the full path (no stamp).
+    shutil.rmtree(online / "cache" / "up-to-date", ignore_errors=True)
+    again = harness(example, online, "realize", "--offline", *NAMES, env=_env(UV_PYTHON_DOWNLOADS="never"))
+    assert again.stdout.count("up to date") == len(NAMES) and "impure" not in again.stdout, again.stdout
+
+
+def test_offline_cluster_pulls_the_uv_managed_closure(example: Path, online: Path, tmp_path: Path) -> None:
+    """The README's offline cluster: realize and push where there is internet; pull and run
+    where there is none (no download list, downloads forbidden, --offline)."""
+    keys = tmp_path / "keys"
+    env = _env()
+    harness(example, online, "store", "keygen", "--dir", str(keys), "lab", env=env)
+    cache = tmp_path / "cache"
+    harness(example, online, "store", "push", "--key", str(keys / "lab.secret"), str(cache), *NAMES, env=env)
+
+    node = tmp_path / "node" / "home"
+    offline = _env(UV_PYTHON_DOWNLOADS="never", HARNESS_SUBSTITUTERS=str(cache),
+                   HARNESS_TRUSTED_KEYS=(keys / "lab.public").read_text().strip())
+    result = harness(example, node, "realize", "--offline", *NAMES, env=offline)
+    assert "impure" not in result.stdout and "stands in" not in result.stdout, result.stdout
+    assert _python_paths(node) == _python_paths(online)
+    _pure_run(example, node, offline, "--offline")
+
+
+def test_host_copy_stands_in_under_its_own_name_until_uv_can_install(example: Path, downloads: str,
+                                                                      tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    no_downloads = _env(UV_PYTHON_DOWNLOADS="never")
+    result = harness(example, home, "realize", *NAMES, env=no_downloads)
+    store = Store.in_home(home)
+    [host] = _python_paths(home)
+    assert is_host_interpreter(host) and host != LOCK.python.store and not store.is_registered(LOCK.python.store)
+    assert store.record(host).impure.startswith("host: ")  # type: ignore[union-attr]
+    # realize says plainly what stands in for what, and why.
+    assert f"host interpreter {host}" in result.stdout and f"stands in for the lock's {LOCK.python.store}" in result.stdout
+    assert "UV_PYTHON_DOWNLOADS=never forbids downloading it" in result.stdout
+    # The environments built on it have paths of their own.
+    for name in NAMES:
+        lock = read(example / "locks" / f"{name}.lock.toml")
+        assert not store.is_registered(lock.environment.store)
+        assert f"{name}: built" in result.stdout and lock.environment.store not in result.stdout
+    path = harness(example, home, "store", "path", "kinematics", env=no_downloads).stdout.strip()
+    assert Path(path).name != LOCK.environment.store and store.record(Path(path).name).references == (host,)
+
+    # The example still runs (this is how it runs offline here), and its record names the copy.
+    run = harness(example, home, "run", "--agent", "kinematics-only", env=no_downloads)
+    assert "success rate 1.00" in run.stdout
+    config, closure = _last_run(home)
+    assert any(host in line and LOCK.python.store in line for line in config["impurities"])
+    assert closure["locks"]["kinematics"]["interpreter"] == host
+    assert closure["locks"]["kinematics"]["standing_in_for"] == LOCK.python.store
+    audit = harness(example, home, "audit", "latest", env=no_downloads)
+    assert "impure" in audit.stdout and host in audit.stdout
+    assert harness(example, home, "audit", "--strict", "latest", env=no_downloads, ok=False).returncode == 1
+    host_run = sorted((home / "runs").iterdir())[-1].name
+
+    # With downloads possible again, realize installs the lock's own interpreter, and the
+    # runtime uses it: the host copy is garbage now.
+    with_downloads = _env(HARNESS_PYTHON_DOWNLOADS_JSON_URL=downloads)
+    shutil.rmtree(home / "cache" / "up-to-date", ignore_errors=True)
+    replaced = harness(example, home, "realize", *NAMES, env=with_downloads)
+    assert "impure" not in replaced.stdout and store.is_registered(LOCK.python.store), replaced.stdout
+    _pure_run(example, home, with_downloads)
+    diff = harness(example, home, "diff", host_run, "latest", env=with_downloads)
+    assert f"kinematics: interpreter {host} (host copy, standing in for {LOCK.python.store}) → " \
+           f"{LOCK.python.store}" in diff.stdout, diff.stdout
+    harness(example, home, "store", "gc", env=with_downloads)
+    assert not store.is_registered(host)
