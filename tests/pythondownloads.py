@@ -17,6 +17,7 @@ against the sha256, unpacked, patched.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.server
 import json
@@ -85,15 +86,14 @@ def download_list(archive: Path, url: str, version: str, folder: Path) -> Path:
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
 @contextmanager
 def serve(folder: Path) -> Iterator[str]:
     """Serve ``folder`` over HTTP on loopback; yields the base URL (no trailing slash)."""
-    handler = lambda *args: _Quiet(*args, directory=os.fspath(folder))  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=os.fspath(folder)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

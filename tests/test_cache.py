@@ -99,7 +99,7 @@ def populate(store: Store, *, weight_bytes: int = 200_000, seed: int = 0) -> Clo
     source = _name("source", "demo-src", {"seed": seed})
     weights = _name("weights", "demo-model", {"files": sorted(weights_sha.items())})
     view = _name("weights-view", "demo-weights", {"links": {"model": weights}})
-    python = _name("python", "cpython-3.11.7", {"seed": seed})
+    python = _name("python", "cpython-3.11.7-host", {"seed": seed})  # a host copy: a name of its own
     env = _name("environment", "demo-env", {"python": python, "source": source})
 
     def build_wheel(out: Path) -> BuildResult:
@@ -528,7 +528,7 @@ def _nar(node: bytes) -> bytes:
 
 def publish(cache: Path, name: str, nar: bytes, *, kind: str = "environment", refs: tuple[str, ...] = (),
             content: str | None = None, nar_size: int | None = None, archive: bytes | None = None,
-            key=KEY) -> NarInfo:  # type: ignore[no-untyped-def]
+            key=KEY, impure: str | None = None) -> NarInfo:  # type: ignore[no-untyped-def]
     """Write one path into a directory cache by hand (cache-info, archive, signed narinfo)."""
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "harness-cache-info").write_text("Format: harness-cache-1\nCompression: zstd\nPriority: 40\n")
@@ -539,7 +539,8 @@ def publish(cache: Path, name: str, nar: bytes, *, kind: str = "environment", re
     info = NarInfo(store_path=name, kind=kind, url=archive_key(file_hash), file_hash=file_hash,
                    file_size=len(archive if archive is not None else compressed),
                    content=content or f"blake3:{blake3.blake3(nar).hexdigest()}",
-                   nar_size=len(nar) if nar_size is None else nar_size, references=tuple(sorted(refs)))
+                   nar_size=len(nar) if nar_size is None else nar_size, references=tuple(sorted(refs)),
+                   impure=impure)
     if key is not None:
         info = info.with_signatures([key.sign(info)])
     (cache / narinfo_key(name)).write_text(info.render())
@@ -821,7 +822,7 @@ def test_real_interpreter_and_environment_run_from_another_home(homes, tmp_path:
     home_a, home_b = homes
     a = Store.in_home(home_a)
     version = platform.python_version()
-    python = _name("python", f"cpython-{version}", {"real": True})
+    python = _name("python", f"cpython-{version}-host", {"real": True})
     wheel_file = "alpha-1.0-py3-none-any.whl"
     wheel = _name("file", wheel_file, {"real": True})
     env = _name("environment", "real-env", {"python": python, "wheel": wheel})
@@ -898,3 +899,32 @@ def test_reference_cycle_in_cache_metadata_is_refused(tmp_path: Path) -> None:
     pulled = _pull(b, [str(cache)], [BAD], cache_dir=tmp_path / "dl")
     assert "cycle" in pulled.failed[BAD] and pulled.registered == []
     _assert_untouched(b)
+
+
+def test_a_host_interpreter_never_travels_under_a_locks_own_name(homes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A host copy under an interpreter's canonical name (what an older harness registered) is
+    neither pushed nor pulled, even signed; under its own ``…-host`` name it travels."""
+    nar = _nar(_dir(("bin", _dir(("python3.11", _file(b"#!/bin/sh\n", executable=True))))))
+    canonical = _name("python", "cpython-3.11.7", {"legacy": True})
+    own = _name("python", "cpython-3.11.7-host", {"legacy": True})
+    cache = tmp_path / "cache"
+    for name in (canonical, own):
+        publish(cache, name, nar, kind="python", impure="host: /usr/bin/python3.11")
+    b = Store(tmp_path / "b" / "store")
+    pulled = _pull(b, [str(cache)], [canonical, own], cache_dir=tmp_path / "dl")
+    assert pulled.registered == [own]
+    assert "a host interpreter (host: /usr/bin/python3.11) under the name of a lock's own interpreter" \
+        in pulled.failed[canonical]
+    assert b.record(own).impure == "host: /usr/bin/python3.11"  # type: ignore[union-attr]
+
+    home_a, _ = homes
+    a = Store.in_home(home_a)
+
+    def build(out: Path) -> BuildResult:
+        (out / "bin").mkdir(parents=True)
+        (out / "bin" / "python3.11").write_text("#!/bin/sh\n")
+        return BuildResult(obtained="host: /usr/bin/python3.11", impure="host: /usr/bin/python3.11")
+
+    a.add(canonical, "python", build)
+    with pytest.raises(CacheError, match=rf"{canonical}: a host interpreter .* not pushing it"):
+        push(a, [canonical], open_backend(str(tmp_path / "out")), secret=KEY, cache_dir=home_a / "cache")

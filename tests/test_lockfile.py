@@ -107,3 +107,54 @@ def test_weights_repo_type_written_only_for_datasets(tmp_path: Path) -> None:
     path = tmp_path / "demo.lock.toml"
     write(path, as_dataset)
     assert read(path) == as_dataset
+
+
+def test_host_copies_and_host_locks_never_take_the_uv_managed_name() -> None:
+    from harness.lock.storepaths import host_interpreter_path, interpreter_path, is_host_interpreter, with_interpreter
+
+    lock = _lock()
+    assert with_interpreter(lock, lock.python.store) == lock
+    copy = host_interpreter_path(lock.python, "blake3:" + "3" * 64)
+    other = host_interpreter_path(lock.python, "blake3:" + "4" * 64)
+    assert copy.endswith("-cpython-3.11.7-host") and is_host_interpreter(copy)
+    assert len({copy, other, lock.python.store}) == 3, "a host copy is named by its content"
+    assert not is_host_interpreter(lock.python.store)
+    on_host = with_interpreter(lock, copy)
+    assert on_host.python.store == copy and on_host.environment.store != lock.environment.store
+    assert on_host.environment.store.endswith("-demo-env")
+    assert [p.store for p in on_host.sources] == [p.store for p in lock.sources]
+    # A lock whose interpreter can only come from a host (source = "host") names another path
+    # than the uv-managed interpreter of the same version.
+    host_lock = _lock(python=lock.python.model_copy(update={"source": "host", "store": ""}))
+    assert host_lock.python.store != lock.python.store == interpreter_path(lock)
+    assert host_lock.environment.store != lock.environment.store
+
+
+def test_python_download_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.config import load_settings
+
+    for name in ("HARNESS_PYTHON_DOWNLOADS_JSON_URL", "UV_PYTHON_DOWNLOADS_JSON_URL",
+                 "HARNESS_PYTHON_INSTALL_MIRROR", "UV_PYTHON_INSTALL_MIRROR"):
+        monkeypatch.delenv(name, raising=False)
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    assert load_settings(home, project).python_download_env() == {}
+    (project / "harness.toml").write_text('[python]\ndownloads-json-url = "pythons/list.json"\n')
+    (home / "config.toml").write_text('[python]\ninstall-mirror = "http://mirror.invalid/pbs"\n')
+    settings = load_settings(home, project)
+    assert settings.python_download_env() == {
+        "UV_PYTHON_DOWNLOADS_JSON_URL": str(project / "pythons" / "list.json"),
+        "UV_PYTHON_INSTALL_MIRROR": "http://mirror.invalid/pbs"}
+    monkeypatch.setenv("UV_PYTHON_DOWNLOADS_JSON_URL", "http://uv.invalid/list.json")
+    assert load_settings(home, project).python_downloads_json_url == str(project / "pythons" / "list.json"), \
+        "uv's own variable only fills in what harness's settings leave unset"
+    monkeypatch.setenv("HARNESS_PYTHON_DOWNLOADS_JSON_URL", "http://lab.invalid/list.json")
+    assert load_settings(home, project).python_downloads_json_url == "http://lab.invalid/list.json"
+    (home / "config.toml").write_text('[python]\nmirror = "x"\n')
+    with pytest.raises(InputError, match=r"config.toml: python.mirror: unknown key; valid keys: "
+                                         r"downloads-json-url, install-mirror"):
+        load_settings(home, project)
+    (home / "config.toml").write_text('[python]\ninstall-mirror = "ftp://x"\n')
+    with pytest.raises(InputError, match=r"python.install-mirror: expected an http\(s\):// or file:// address"):
+        load_settings(home, project)

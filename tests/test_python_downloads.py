@@ -88,7 +88,7 @@ def harness(project: Path, home: Path, *args: str, env: dict[str, str], ok: bool
 
 
 def _last_run(home: Path) -> tuple[dict, dict]:  # type: ignore[type-arg]
-    run_dir = sorted((home / "runs").iterdir())[-1]
+    run_dir = max((home / "runs").iterdir())
     return (json.loads((run_dir / "config.json").read_text()), json.loads((run_dir / "lock.json").read_text()))
 
 
@@ -188,7 +188,8 @@ def test_host_copy_stands_in_under_its_own_name_until_uv_can_install(example: Pa
         assert not store.is_registered(lock.environment.store)
         assert f"{name}: built" in result.stdout and lock.environment.store not in result.stdout
     path = harness(example, home, "store", "path", "kinematics", env=no_downloads).stdout.strip()
-    assert Path(path).name != LOCK.environment.store and store.record(Path(path).name).references == (host,)
+    env_record = store.record(Path(path).name)
+    assert Path(path).name != LOCK.environment.store and env_record is not None and env_record.references == (host,)
 
     # The example still runs (this is how it runs offline here), and its record names the copy.
     run = harness(example, home, "run", "--agent", "kinematics-only", env=no_downloads)
@@ -200,7 +201,7 @@ def test_host_copy_stands_in_under_its_own_name_until_uv_can_install(example: Pa
     audit = harness(example, home, "audit", "latest", env=no_downloads)
     assert "impure" in audit.stdout and host in audit.stdout
     assert harness(example, home, "audit", "--strict", "latest", env=no_downloads, ok=False).returncode == 1
-    host_run = sorted((home / "runs").iterdir())[-1].name
+    host_run = max((home / "runs").iterdir()).name
 
     # With downloads possible again, realize installs the lock's own interpreter, and the
     # runtime uses it: the host copy is garbage now.

@@ -487,10 +487,13 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
     else:
         reason = (f"the lock's interpreter is a host one (source = \"host\": uv offers no download of "
                   f"CPython {python.version} for {python.platform})")
-    host = standin_for(store, python.store)
-    if host is None:
-        host = _add_host_copy(ctx, lock)
-    remember_standin(store, python.store, host, reason)
+    # One host copy at a time per lock interpreter: concurrent realizes wait for the first
+    # rather than each copying and compiling the same interpreter.
+    with store.lock(f"{python.store}.standin"):
+        host = standin_for(store, python.store)
+        if host is None:
+            host = _add_host_copy(ctx, lock)
+        remember_standin(store, python.store, host, reason)
     return host
 
 
