@@ -203,10 +203,11 @@ def test_host_copy_stands_in_under_its_own_name_until_uv_can_install(example: Pa
     assert harness(example, home, "audit", "--strict", "latest", env=no_downloads, ok=False).returncode == 1
     host_run = max((home / "runs").iterdir()).name
 
-    # With downloads possible again, realize installs the lock's own interpreter, and the
-    # runtime uses it: the host copy is garbage now.
+    # Every realize says it again (the fast path too)...
+    assert "stands in" in harness(example, home, "realize", *NAMES, env=no_downloads).stdout
+    # ...and `harness realize` tries again for the lock's own: with downloads possible, it
+    # installs it through uv, and the runtime uses it; the host copy is garbage now.
     with_downloads = _env(HARNESS_PYTHON_DOWNLOADS_JSON_URL=downloads)
-    shutil.rmtree(home / "cache" / "up-to-date", ignore_errors=True)
     replaced = harness(example, home, "realize", *NAMES, env=with_downloads)
     assert "impure" not in replaced.stdout and store.is_registered(LOCK.python.store), replaced.stdout
     _pure_run(example, home, with_downloads)

@@ -37,8 +37,13 @@ _RACY_NS = 2_000_000_000
 
 
 def realize_names(state: Any, names: list[str], *, offline: bool, jobs: int, lock_missing: bool,
-                  show_progress: bool = True) -> list[Any]:
-    """Realize the named manifests (all locked ones when none named); returns reports."""
+                  show_progress: bool = True, retry_standins: bool = False) -> list[Any]:
+    """Realize the named manifests (all locked ones when none named); returns reports.
+
+    ``retry_standins`` (``harness realize`` itself) skips the no-op fast path while a host
+    interpreter stands in for a lock's own, so the realize tries again to obtain the lock's
+    interpreter (from a cache, or through uv); install on first use (``harness run``) keeps
+    the stand-in without asking again."""
     project = state.project()
     home: Path = state.home
     if not names:
@@ -46,7 +51,7 @@ def realize_names(state: Any, names: list[str], *, offline: bool, jobs: int, loc
         if not names:
             raise HarnessError("no locks to realize", hint="run `harness lock` first")
     stamp = _Stamp(home, project, names)
-    quick = stamp.reports()
+    quick = stamp.reports(retry_standins=retry_standins)
     if quick is not None:
         return quick
     reports = _realize_names(state, project, home, names, offline=offline, jobs=jobs,
@@ -121,8 +126,9 @@ class _Stamp:
         except (OSError, ValueError, KeyError, TypeError):
             self.fingerprint = None
 
-    def reports(self) -> list[Any] | None:
-        """The reports of a realize with nothing to do, or None when that is not certain."""
+    def reports(self, *, retry_standins: bool = False) -> list[Any] | None:
+        """The reports of a realize with nothing to do, or None when that is not certain (or
+        when ``retry_standins`` and a host interpreter stands in: see :func:`realize_names`)."""
         if self.fingerprint is None:
             return None
         try:
@@ -130,6 +136,8 @@ class _Stamp:
         except (OSError, ValueError):
             return None
         if not isinstance(data, dict) or data.get("fingerprint") != self.fingerprint:
+            return None
+        if retry_standins and any(entry.get("standin") for entry in data["locks"]):
             return None
         from harness.realize.builder import Report
         from harness.store.gc import register_project
@@ -159,14 +167,15 @@ class _Stamp:
         store = Store.in_home(self.home)
         entries = []
         for report in reports:
-            lock = realized_lock(store, read(lock_path(self.project.locks_dir, report.name)))
+            own = read(lock_path(self.project.locks_dir, report.name))
+            lock = realized_lock(store, own)
             if lock.environment.store != report.environment:
                 return  # the lock changed while realizing: no stamp
             # A host interpreter standing in is part of what is up to date; its note is
             # repeated by every quick report, so a realize never hides it.
             entries.append({"name": report.name, "environment": report.environment,
                             "python": lock.python.store, "objects": lock_objects(lock),
-                            "notes": list(report.impure)})
+                            "notes": list(report.impure), "standin": lock is not own})
         if sorted(e["name"] for e in entries) != self.names:
             return
         data = {"version": _STAMP_VERSION, "fingerprint": self.fingerprint, "locks": entries}
