@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.lock.lockfile import read
+from harness.realize.standin import realized_lock
 from harness.store.store import Store, remove_tree
 from harness.store.verify import verify_store
 from tests.conftest import run_harness_process
@@ -61,8 +62,9 @@ def realized(project: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_realize_builds_every_object_and_the_environment_runs(project: Path, realized: Path) -> None:
-    lock = read(project / "locks" / "svc.lock.toml")
     store = Store.in_home(realized)
+    # As realized here: without interpreter downloads a host copy stands in for the lock's.
+    lock = realized_lock(store, read(project / "locks" / "svc.lock.toml"))
     assert store.is_registered(lock.environment.store)
     assert store.is_registered(lock.python.store)
     for source in lock.sources:
@@ -92,7 +94,7 @@ def test_two_homes_same_hashes_and_a_copied_env_runs(project: Path, realized: Pa
     assert snapshot(other) == snapshot(realized)
     # The environment (with its interpreter and sources, its siblings) copied into a third
     # home at another path runs there.
-    lock = read(project / "locks" / "svc.lock.toml")
+    lock = realized_lock(Store.in_home(realized), read(project / "locks" / "svc.lock.toml"))
     third = tmp_path / "third" / "store"
     third.mkdir(parents=True)
     for name in [lock.environment.store, lock.python.store, *[s.store for s in lock.sources]]:
@@ -183,14 +185,15 @@ def test_concurrent_realizes_build_once(project: Path, tmp_path: Path) -> None:
     results = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [r[1] for r in results]
     assert all(f.status == "ok" for f in verify_store(Store.in_home(home), check_contents=True))
-    lock = read(project / "locks" / "svc.lock.toml")
+    lock = realized_lock(Store.in_home(home), read(project / "locks" / "svc.lock.toml"))
+    assert lock.python.store != read(project / "locks" / "svc.lock.toml").python.store, "a host copy stands in"
     assert Store.in_home(home).is_registered(lock.environment.store)
 
 
 def test_sigkill_during_realize_never_corrupts_the_store(project: Path, realized: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     rng = random.Random(11)
-    lock = read(project / "locks" / "svc.lock.toml")
+    lock = realized_lock(Store.in_home(realized), read(project / "locks" / "svc.lock.toml"))
     for attempt in range(20):
         proc = subprocess.Popen([sys.executable, "-m", "harness", "--project", str(project), "--home",
                                  str(home), "realize"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -231,3 +234,33 @@ def test_realize_substitutes_from_a_signed_cache_without_upstreams(project: Path
     assert result.returncode == 0, result.stderr
     assert "signature" in result.stderr or "trusted" in result.stderr
     assert snapshot(third) == snapshot(realized)
+
+
+def test_a_host_copy_left_under_a_locks_own_name_is_removed_with_what_was_built_on_it(tmp_path: Path) -> None:
+    """An older harness registered host copies under the lock's uv-managed name; realize drops
+    such a path and the environments built on it before installing the real interpreter."""
+    from harness.realize.builder import _drop_legacy_host_copy
+    from harness.store.hashing import store_hash, store_path_name
+    from harness.store.store import BuildResult
+
+    store = Store(tmp_path / "store")
+    python = store_path_name(store_hash("python", "cpython-3.11.7", {"t": 1}), "cpython-3.11.7")
+    names = {kind: store_path_name(store_hash(kind, f"x-{kind}", {"t": 1}), f"x-{kind}")
+             for kind in ("environment", "source")}
+
+    def folder(impure: str | None = None):  # type: ignore[no-untyped-def]
+        def build(out: Path) -> BuildResult:
+            out.mkdir()
+            (out / "f").write_text("x")
+            return BuildResult(impure=impure)
+        return build
+
+    store.add(python, "python", folder("host: /usr/bin/python3.11"))
+    store.add(names["environment"], "environment", folder(), references=(python,))
+    store.add(names["source"], "source", folder())
+    _drop_legacy_host_copy(store, python)
+    assert {r.name for r in store.records()} == {names["source"]}
+    # A uv-managed interpreter (no impurity) under that name is the real one: kept.
+    store.add(python, "python", folder())
+    _drop_legacy_host_copy(store, python)
+    assert store.is_registered(python)

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from harness.lock.lockfile import read
+from harness.realize.standin import realized_lock
+from harness.store.store import Store
 from tests.conftest import run_harness_process
 from tests.upstreams import Upstreams, make_project
 
@@ -95,9 +97,12 @@ def test_run_records_and_audits_ok(project: Path, up: Upstreams, tmp_path: Path,
     closure = json.loads((run_dir / "lock.json").read_text())
     outcome = json.loads((run_dir / "result.json").read_text())
     assert outcome["exit_status"] == 0 and outcome["ended"] >= outcome["started"]
-    lock = read(project / "locks" / "svc.lock.toml")
+    own = read(project / "locks" / "svc.lock.toml")
+    lock = realized_lock(Store.in_home(home), own)  # a host copy stands in here (no downloads)
     paths = {e["path"]: e for e in closure["store_paths"]}
     assert lock.environment.store in paths and lock.python.store in paths
+    assert closure["locks"]["svc"]["interpreter"] == lock.python.store
+    assert closure["locks"]["svc"]["standing_in_for"] == own.python.store != lock.python.store
     assert closure["locks"]["svc"]["packages"] == {"alpha": "1.0"}
     # The service's code from services/servers/ runs from a store path of its own, which
     # the closure names and the audit re-hashes like any other.
@@ -120,7 +125,7 @@ def test_changed_closure_file_fails_the_audit_naming_it(project: Path, tmp_path:
     home = tmp_path / "home"
     result, run_dir = _run(project, home)
     assert result.returncode == 0, result.stderr
-    lock = read(project / "locks" / "svc.lock.toml")
+    lock = realized_lock(Store.in_home(home), read(project / "locks" / "svc.lock.toml"))
     env = home / "store" / lock.environment.store
     target = next((env / "lib").glob("python3.*/site-packages/alpha/__init__.py"))
     target.parent.chmod(0o755)

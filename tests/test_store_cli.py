@@ -24,6 +24,7 @@ import pytest
 from harness.realize.builder import lock_objects
 from harness.cli import main
 from harness.lock.lockfile import read
+from harness.realize.standin import realized_lock
 from harness.lock.storepaths import weights_view_path
 from harness.store.store import BuildResult, Store, remove_tree
 from tests.upstreams import LOCAL_FILES, Upstreams, make_project, service
@@ -82,8 +83,9 @@ def run(harness_cli, project: Path, home: Path):  # type: ignore[no-untyped-def]
     return call
 
 
-def svc_lock(project: Path):  # type: ignore[no-untyped-def]
-    return read(project / "locks" / "svc.lock.toml")
+def svc_lock(project: Path, home: Path):  # type: ignore[no-untyped-def]
+    """The svc lock as ``home`` realizes it (downloads are off here: a host copy stands in)."""
+    return realized_lock(Store.in_home(home), read(project / "locks" / "svc.lock.toml"))
 
 
 def flip_one_byte(path: Path) -> None:
@@ -110,7 +112,7 @@ def add_object(store: Store, name: str, references: tuple[str, ...] = ()) -> str
 
 
 def test_ls_table_and_json(run, project: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    lock = svc_lock(project)
+    lock = svc_lock(project, home)
     wanted = set(lock_objects(lock))
     result = run("store", "ls", "--json")
     assert result.code == 0, result.err
@@ -141,7 +143,7 @@ def test_ls_table_and_json(run, project: Path, home: Path, monkeypatch: pytest.M
 
 def test_path_prints_the_realized_environment_and_weights(run, project: Path, home: Path,  # type: ignore[no-untyped-def]
                                                           tmp_path: Path) -> None:
-    lock = svc_lock(project)
+    lock = svc_lock(project, home)
     result = run("store", "path", "svc")
     assert result.code == 0, result.err
     env = Path(result.out.strip())
@@ -164,7 +166,7 @@ def test_path_prints_the_realized_environment_and_weights(run, project: Path, ho
 
 
 def test_verify_names_every_change_and_repair_restores(run, project: Path, home: Path) -> None:  # type: ignore[no-untyped-def]
-    lock = svc_lock(project)
+    lock = svc_lock(project, home)
     store = Store.in_home(home)
     clean = run("store", "verify", "--check-contents")
     assert clean.code == 0, clean.out + clean.err
@@ -219,7 +221,7 @@ def test_verify_of_unknown_name_and_unrepairable_path(run, home: Path) -> None: 
 
 def test_gc_collects_only_unreachable_paths(run, project: Path, home: Path) -> None:  # type: ignore[no-untyped-def]
     store = Store.in_home(home)
-    lock_paths = set(lock_objects(svc_lock(project)))
+    lock_paths = set(lock_objects(svc_lock(project, home)))
     junk = add_object(store, "0" * 32 + "-junk")
     pinned = add_object(store, "1" * 32 + "-pinned")
     run_leaf = add_object(store, "2" * 32 + "-run-leaf")
@@ -242,8 +244,8 @@ def test_gc_collects_only_unreachable_paths(run, project: Path, home: Path) -> N
                       and not line.endswith("path(s)")) == [junk, dead_run]
         assert store.is_registered(junk) and store.is_registered(dead_run)
 
-        why_python = run("store", "why", str(store.path(svc_lock(project).python.store)) + "/")
-        assert f"referenced by {svc_lock(project).environment.store}" in why_python.out
+        why_python = run("store", "why", str(store.path(svc_lock(project, home).python.store)) + "/")
+        assert f"referenced by {svc_lock(project, home).environment.store}" in why_python.out
         assert f"root project {project}" in why_python.out
         assert run("store", "why", pinned).out.strip() == f"root pin {pinned}"
         assert run("store", "why", run_leaf).out.strip() == f"referenced by {run_top}"
@@ -283,7 +285,7 @@ def test_install_locks_a_missing_lock_then_realizes(run, project: Path, home: Pa
 
     installed = run("install", "later", "--json", project_root=copy)
     assert installed.code == 0, installed.err
-    lock = read(copy / "locks" / "later.lock.toml")
+    lock = realized_lock(Store.in_home(home), read(copy / "locks" / "later.lock.toml"))
     [report] = json.loads(installed.out)
     assert report["environment"] == str(home / "store" / lock.environment.store)
     assert lock.environment.store in report["built"]
@@ -332,7 +334,7 @@ def test_noop_realize_notices_every_change(run, project: Path, home: Path, tmp_p
     weight or store."""
     copy = tmp_path / "project"
     shutil.copytree(project, copy)
-    lock = svc_lock(copy)
+    lock = svc_lock(copy, home)
     # Files changed in the last two seconds get no stamp (their stat could yet change
     # unseen within one clock tick): let the copy's age past that.
     time.sleep(2.1)
@@ -390,8 +392,8 @@ def test_a_second_environment_of_the_same_wheels_shares_its_files(run, project: 
     (copy / "services" / "twin.toml").write_text(service(["beta==1.0", "delta==1.0"]))
     assert run("install", "twin", project_root=copy).code == 0
     store = Store.in_home(home)
-    first = store.path(svc_lock(copy).environment.store)
-    twin = store.path(read(copy / "locks" / "twin.lock.toml").environment.store)
+    first = store.path(svc_lock(copy, home).environment.store)
+    twin = store.path(realized_lock(store, read(copy / "locks" / "twin.lock.toml")).environment.store)
 
     def files(root: Path) -> dict[str, os.stat_result]:
         return {str(p.relative_to(root)): p.lstat() for p in root.rglob("*") if p.is_file() and not p.is_symlink()}

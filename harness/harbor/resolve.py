@@ -109,6 +109,7 @@ def _resolve_lock(spec: EnvironmentSpec, home: Path, store: Any, *, realize: boo
     lock = realized_lock(store, own)
     wanted = lock_objects(lock)
     missing = [name for name in wanted if not store.is_registered(name)]
+    before = {name for name in [*lock_objects(own), *wanted] if store.is_registered(name)}
     realized: list[str] = []
     if missing:
         if not realize:
@@ -124,7 +125,7 @@ def _resolve_lock(spec: EnvironmentSpec, home: Path, store: Any, *, realize: boo
             raise EnvironmentUnavailable(f"realizing {spec.describe()} failed: {exc}") from None
         lock = realized_lock(store, own)
         wanted = lock_objects(lock)
-        realized = [name for name in wanted if name in missing or name not in lock_objects(own)]
+        realized = [name for name in wanted if name not in before]
         still = [name for name in wanted if not store.is_registered(name)]
         if still:
             raise EnvironmentUnavailable(f"realizing {spec.describe()} left {', '.join(still)} missing")

@@ -15,7 +15,10 @@ what a manifest means). The next realize of the same names in the same project t
 the same fingerprint and every store path still registered reports "up to date" without
 loading a model or a resolver; any difference takes the full path, which decides (and
 errors) exactly as before. Settings are not an input: they only say where missing things
-are fetched from. Files changed within two seconds of the fingerprint do not get a stamp
+are fetched from. The one exception: while a host interpreter stands in for a lock's own
+(``harness/realize/standin.py``), the stamp also holds a digest of the binary caches and the
+interpreter download settings, so configuring a cache or a download list makes the next
+realize try again for the lock's own interpreter. Files changed within two seconds of the fingerprint do not get a stamp
 (a second write in the same clock tick could leave their stat unchanged).
 """
 
@@ -32,26 +35,25 @@ from harness.errors import HarnessError
 
 #: Bump when what the stamp records or means changes.
 _STAMP_VERSION = 2
+#: The variables that say where a lock's interpreter may come from (see _Stamp._sources).
+_SOURCE_VARIABLES = ("HARNESS_SUBSTITUTERS", "HARNESS_TRUSTED_KEYS", "HARNESS_PYTHON_DOWNLOADS_JSON_URL",
+                     "HARNESS_PYTHON_INSTALL_MIRROR", "UV_PYTHON_DOWNLOADS_JSON_URL", "UV_PYTHON_INSTALL_MIRROR",
+                     "UV_PYTHON_DOWNLOADS")
 #: Inputs changed this recently get no stamp (see the module doc).
 _RACY_NS = 2_000_000_000
 
 
 def realize_names(state: Any, names: list[str], *, offline: bool, jobs: int, lock_missing: bool,
-                  show_progress: bool = True, retry_standins: bool = False) -> list[Any]:
-    """Realize the named manifests (all locked ones when none named); returns reports.
-
-    ``retry_standins`` (``harness realize`` itself) skips the no-op fast path while a host
-    interpreter stands in for a lock's own, so the realize tries again to obtain the lock's
-    interpreter (from a cache, or through uv); install on first use (``harness run``) keeps
-    the stand-in without asking again."""
+                  show_progress: bool = True) -> list[Any]:
+    """Realize the named manifests (all locked ones when none named); returns reports."""
     project = state.project()
     home: Path = state.home
     if not names:
         names = sorted(p.name[: -len(".lock.toml")] for p in project.locks_dir.glob("*.lock.toml"))
         if not names:
             raise HarnessError("no locks to realize", hint="run `harness lock` first")
-    stamp = _Stamp(home, project, names)
-    quick = stamp.reports(retry_standins=retry_standins)
+    stamp = _Stamp(home, project, names, getattr(state, "deploy_path", None))
+    quick = stamp.reports()
     if quick is not None:
         return quick
     reports = _realize_names(state, project, home, names, offline=offline, jobs=jobs,
@@ -114,9 +116,10 @@ def realize(home: Path, project_root: Path, locks: list[Any], *, settings: Any, 
 class _Stamp:
     """The no-op fast path's record for one (home, project, names); see the module doc."""
 
-    def __init__(self, home: Path, project: Any, names: list[str]) -> None:
+    def __init__(self, home: Path, project: Any, names: list[str], deploy_path: Path | None = None) -> None:
         self.home = home
         self.project = project
+        self.deploy_path = deploy_path
         self.names = sorted(set(names))
         self._racy = False
         key = hashlib.sha256(json.dumps([str(project.root), self.names]).encode()).hexdigest()[:32]
@@ -126,9 +129,8 @@ class _Stamp:
         except (OSError, ValueError, KeyError, TypeError):
             self.fingerprint = None
 
-    def reports(self, *, retry_standins: bool = False) -> list[Any] | None:
-        """The reports of a realize with nothing to do, or None when that is not certain (or
-        when ``retry_standins`` and a host interpreter stands in: see :func:`realize_names`)."""
+    def reports(self) -> list[Any] | None:
+        """The reports of a realize with nothing to do, or None when that is not certain."""
         if self.fingerprint is None:
             return None
         try:
@@ -137,8 +139,8 @@ class _Stamp:
             return None
         if not isinstance(data, dict) or data.get("fingerprint") != self.fingerprint:
             return None
-        if retry_standins and any(entry.get("standin") for entry in data["locks"]):
-            return None
+        if any(entry.get("standin") for entry in data["locks"]) and data.get("sources") != self._sources():
+            return None  # a host copy stands in, and a cache or download may provide the real one now
         from harness.realize.builder import Report
         from harness.store.gc import register_project
         from harness.store.store import Store
@@ -178,7 +180,8 @@ class _Stamp:
                             "notes": list(report.impure), "standin": lock is not own})
         if sorted(e["name"] for e in entries) != self.names:
             return
-        data = {"version": _STAMP_VERSION, "fingerprint": self.fingerprint, "locks": entries}
+        data = {"version": _STAMP_VERSION, "fingerprint": self.fingerprint, "locks": entries,
+                "sources": self._sources()}
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
             temp = self.file.with_name(f".{self.file.name}.{os.getpid()}")
@@ -186,6 +189,23 @@ class _Stamp:
             os.replace(temp, self.file)
         except OSError:
             pass  # no stamp: the next no-op takes the full path
+
+    def _sources(self) -> str:
+        """A digest of what decides whether a lock's own interpreter can be had instead of a
+        host copy standing in: the settings files and the deploy (binary caches, trusted keys,
+        interpreter downloads), and the variables that override them or ``UV_PYTHON_DOWNLOADS``.
+        Any change sends a realize whose stand-in is otherwise up to date down the full path,
+        which tries again. Raw bytes, not parsed settings: the fast path loads no models."""
+        digest = hashlib.sha256(b"harness-standin-sources-v1\0")
+        for path in (self.project.root / "harness.toml", self.home / "config.toml", self.deploy_path):
+            try:
+                data = path.read_bytes() if path is not None else b""
+            except OSError:
+                data = b""
+            digest.update(hashlib.sha256(data).digest())
+        for key in _SOURCE_VARIABLES:
+            digest.update(f"{key}={os.environ.get(key, '')}\0".encode())
+        return digest.hexdigest()
 
     def _fingerprint(self) -> str | None:
         """A digest of every input of the "nothing to do" decision; None when a lock is missing."""

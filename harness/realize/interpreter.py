@@ -11,8 +11,10 @@ the directory; nothing inside it names the directory). Two ways to get one:
   their ``_sysconfigdata`` and ``.pc`` files to the absolute folder it installed into; that
   folder is a scratch path, so it is rewritten back to ``/install`` (and ``.pc`` prefixes to
   ``${pcfiledir}/../..``) before the paths are made dynamic (below).
-  When uv cannot download (``offline``, ``UV_PYTHON_DOWNLOADS=never`` in the caller's
-  environment, or the download fails), the builder falls back to a host interpreter.
+  When uv cannot download (``offline`` without the archive in uv's cache,
+  ``UV_PYTHON_DOWNLOADS=never`` in the caller's environment, or the download fails),
+  :func:`build_uv_managed` raises :class:`DownloadUnavailable`; realize then registers a host
+  copy under a store path of its own (``harness/realize/standin.py``), never the lock's.
 * **host**: an installed interpreter of exactly the locked version (uv's discovery, pyenv's
   ``versions/`` folders, ``PATH``, common prefixes), copied minimally:
 

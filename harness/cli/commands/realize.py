@@ -18,7 +18,7 @@ def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, as_j
     from harness.realize.install import realize_names
 
     reports = realize_names(state, list(names), offline=offline, jobs=jobs, lock_missing=False,
-                            show_progress=not as_json, retry_standins=True)
+                            show_progress=not as_json)
     _print(reports, as_json, state)
 
 
