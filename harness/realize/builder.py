@@ -465,7 +465,8 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
     The lock's own when it is registered or uv can install it now; else the host copy that
     already stands in for it, else a new host copy (module doc, ``standin.py``)."""
     from harness.realize.interpreter import DownloadUnavailable, build_uv_managed
-    from harness.realize.standin import own_interpreter_registered, remember_standin, standin_for
+    from harness.realize.standin import own_interpreter_registered
+    from harness.store.standins import remember_standin, standin_for
 
     store, python = ctx.store, lock.python
     if own_interpreter_registered(store, lock):

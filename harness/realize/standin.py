@@ -12,8 +12,7 @@ instead. That copy is **not** the lock's interpreter, so it never takes the lock
 * the environment built on it is the lock's environment with that interpreter
   (:func:`harness.lock.storepaths.with_interpreter`): another path;
 * the store remembers, per lock interpreter, which host copy stands in for it on this machine
-  and why: ``store/.standins/<lock interpreter name>`` holds ``{"host": <name>, "reason": …}``
-  (a plain file, like the rest of the store's bookkeeping). The runtime, run records, ``store path`` and ``gc``
+  and why (``store/.standins/<lock interpreter name>``, ``harness/store/standins.py``). The runtime, run records, ``store path`` and ``gc``
   read it through :func:`realized_lock`.
 
 The lock's own interpreter always wins: once it is registered (installed through uv, or
@@ -23,50 +22,13 @@ only garbage for ``gc``.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
+from harness.store.standins import standin_for, standin_reason
 from harness.store.store import Store
 
 if TYPE_CHECKING:
     from harness.lock.document import Lock
-
-#: The store's folder of stand-in notes (see the module doc).
-STANDINS = ".standins"
-
-
-def standin_for(store: Store, python_store: str) -> str | None:
-    """The registered host copy standing in for interpreter ``python_store`` here, or None."""
-    note = _read_note(store, python_store)
-    name = note.get("host", "")
-    return name if name and "/" not in name and store.is_registered(name) else None
-
-
-def standin_reason(store: Store, python_store: str) -> str:
-    """Why a host copy stands in for ``python_store`` (as realize found it), or ""."""
-    return _read_note(store, python_store).get("reason", "")
-
-
-def _read_note(store: Store, python_store: str) -> dict[str, str]:
-    import json
-
-    try:
-        data = json.loads((store.root / STANDINS / python_store).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
-
-
-def remember_standin(store: Store, python_store: str, host_store: str, reason: str) -> None:
-    """Note that ``host_store`` stands in for ``python_store`` in this store, and why
-    (atomically: a JSON object ``{"host": …, "reason": …}``)."""
-    import json
-
-    folder = store.root / STANDINS
-    folder.mkdir(parents=True, exist_ok=True)
-    temp = folder / f".{python_store}.{os.getpid()}"
-    temp.write_text(json.dumps({"host": host_store, "reason": reason}, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(temp, folder / python_store)
 
 
 def own_interpreter_registered(store: Store, lock: Lock) -> bool:

@@ -54,7 +54,8 @@ def roots(store: Store) -> list[Root]:
     """Every root and the store paths it names directly."""
     from harness.errors import HarnessError
     from harness.lock.lockfile import read
-    from harness.realize.standin import realized_lock
+    from harness.lock.storepaths import with_interpreter
+    from harness.store.standins import standin_for
 
     found: list[Root] = []
     for entry in sorted((store.roots_dir / "projects").glob("*")) if (store.roots_dir / "projects").is_dir() else []:
@@ -67,8 +68,13 @@ def roots(store: Store) -> list[Root]:
             try:
                 lock = read(lock_file)
                 # What this store realized it to: a host interpreter standing in for the
-                # lock's, and the environment built on it, are as live as the lock's own.
-                names |= lock_store_paths(lock) | lock_store_paths(realized_lock(store, lock))
+                # lock's, and the environment built on it, are live while they stand in
+                # (harness/realize/standin.py); once the lock's own is here they are garbage.
+                names |= lock_store_paths(lock)
+                own = store.record(lock.python.store)
+                host = standin_for(store, lock.python.store)
+                if host is not None and (lock.python.source != "uv-managed" or own is None or own.impure):
+                    names |= lock_store_paths(with_interpreter(lock, host))
             except HarnessError:
                 continue
         found.append(Root("project", str(project), frozenset(names)))
