@@ -36,7 +36,8 @@ from harness.realize.interpreter import InterpreterBuild, build_host_copy
 from harness.resolve.interpreter import host_platform
 
 
-def _writable(root: Path) -> None:
+def writable(root: Path) -> None:
+    """Make every folder under ``root`` writable again (store paths are read-only)."""
     for folder, _, _ in os.walk(root):
         Path(folder).chmod(Path(folder).stat().st_mode | stat.S_IWUSR)
 
@@ -47,7 +48,7 @@ def install_only_archive(copy: Path, build: InterpreterBuild, folder: Path) -> P
     as the build prefix in sysconfig, no bytecode (uv's archives ship none either way)."""
     staging = folder / "staging" / "python"
     shutil.copytree(copy, staging, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    _writable(staging)
+    writable(staging)
     host_prefix = os.path.dirname(os.path.dirname(build.source.removeprefix("host: ")))
     for data in staging.glob("lib/python*/_sysconfigdata_*.py"):
         text = data.read_text().split("\n\n# Added by harness")[0]
@@ -67,7 +68,7 @@ def host_archive(version: str, folder: Path) -> Path:
     locked = LockedInterpreter(implementation="cpython", version=version, platform=host_platform(), source="host")
     build = build_host_copy(locked, copy)
     archive = install_only_archive(copy, build, folder)
-    _writable(copy)
+    writable(copy)
     shutil.rmtree(copy)
     return archive
 

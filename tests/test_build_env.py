@@ -19,7 +19,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tarfile
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from harness.errors import HarnessError
 from harness.lock.document import LockedInterpreter
 from harness.resolve.interpreter import host_platform
 from harness.store.hashing import content_hash, store_hash, store_path_name
+from tests.pythondownloads import download_list, install_only_archive, writable
 from tests.localindex import BUILD_EDITABLE, LocalIndex, pyproject_text, sdist_bytes, wheel_bytes, write_source_tree
 
 # Host copies are ELF-only, and the checks read /proc/self/maps.
@@ -89,11 +89,6 @@ def _read_only(root: Path) -> None:
             if not path.is_symlink():
                 path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
     root.chmod(root.stat().st_mode & ~stat.S_IWUSR)
-
-
-def _writable(root: Path) -> None:
-    for folder, dirs, _ in os.walk(root):
-        Path(folder).chmod(Path(folder).stat().st_mode | stat.S_IWUSR)
 
 
 @dataclass
@@ -201,7 +196,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Inputs, Pa
     _read_only(interpreter)
     yield inputs, env
     for path in (env, interpreter, inputs.editable, inputs.regular):
-        _writable(path)
+        writable(path)
 
 
 # --------------------------------------------------------------------------- interpreter
@@ -317,7 +312,7 @@ def test_builds_are_reproducible_across_homes(built: tuple[Inputs, Path], tmp_pa
     assert content_hash(interpreter) == content_hash(inputs.interpreter)
     assert content_hash(second) == content_hash(env)
     for path in (store / inputs.editable.name, store / inputs.regular.name):
-        _writable(path)
+        writable(path)
 
 
 def _locked_hashes(*paths: Path) -> dict[str, str]:
@@ -385,31 +380,12 @@ def test_environment_refuses_an_editable_that_cannot_move(built: tuple[Inputs, P
 
 
 def _fake_download(built: tuple[Inputs, Path], folder: Path) -> Path:
-    """A python-build-standalone-style ``install_only`` archive of the host copy (``python/``
-    at its root, ``/install`` as the build prefix in sysconfig) and a downloads list naming
-    it, which uv accepts instead of its built-in one: uv's real install path, offline."""
+    """A python-build-standalone-style ``install_only`` archive of the host copy and a
+    downloads list naming it (tests/pythondownloads.py), which uv accepts instead of its
+    built-in one: uv's real install path, offline."""
     inputs, _ = built
-    staging = folder / "python"
-    shutil.copytree(inputs.interpreter, staging, symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    _writable(staging)
-    host_prefix = os.path.dirname(os.path.dirname(inputs.build.source.removeprefix("host: ")))
-    for data in staging.glob("lib/python*/_sysconfigdata_*.py"):
-        text = data.read_text().split("\n\n# Added by harness")[0]
-        data.write_text(text.replace(host_prefix, "/install"))
-    archive = folder / f"cpython-{VERSION}-test-install_only.tar.gz"
-    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
-        tar.add(staging, arcname="python")
-    major, minor, patch = (int(x) for x in VERSION.split("."))
-    arch = platform.machine()
-    key = f"cpython-{VERSION}-linux-{arch}-gnu"
-    listing = folder / "downloads.json"
-    listing.write_text(json.dumps({key: {
-        "name": "cpython", "arch": {"family": arch, "variant": None}, "os": "linux", "libc": "gnu",
-        "major": major, "minor": minor, "patch": patch, "prerelease": "", "variant": None, "build": "test",
-        "url": archive.as_uri(), "sha256": hashlib.sha256(archive.read_bytes()).hexdigest(),
-    }}))
-    return listing
+    archive = install_only_archive(inputs.interpreter, inputs.build, folder)
+    return download_list(archive, archive.as_uri(), VERSION, folder)
 
 
 def test_uv_managed_interpreter_is_relocatable_and_reproducible(built: tuple[Inputs, Path], tmp_path: Path) -> None:

@@ -93,6 +93,16 @@ def home(project: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) ->
     return home
 
 
+def _realized_env(home: Path, project: tuple[Path, str]) -> str:
+    """The environment the project's ``reach`` lock realized to in ``home``: downloads are off
+    here, so a host copy stands in for the lock's interpreter, with an environment of its own."""
+    from harness.lock.lockfile import read
+    from harness.realize.standin import realized_lock
+    from harness.store.store import Store
+
+    return realized_lock(Store.in_home(home), read(project[0] / "locks" / "reach.lock.toml")).environment.store
+
+
 def _closure(home: Path, pin: str) -> list[Path]:
     from harness.cache.transfer import closure
     from harness.store.store import Store
@@ -201,7 +211,7 @@ def _env(home: Path, pin: str) -> dict[str, str]:
 
 @needs_sandbox
 def test_store_and_usr_are_read_only(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
-    pin = project[1]
+    pin = _realized_env(home, project)
 
     async def scenario() -> list[str]:
         box = _sandbox(tmp_path, home, pin, network=False)
@@ -235,7 +245,7 @@ def test_store_and_usr_are_read_only(tmp_path: Path, project: tuple[Path, str], 
 
 @needs_sandbox
 def test_timeout_kills_the_whole_process_group(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
-    pin = project[1]
+    pin = _realized_env(home, project)
     marker = f"{os.getpid() % 1000 + 3000}"
 
     async def scenario() -> None:
@@ -274,7 +284,7 @@ def test_nothing_is_written_outside_the_session_root(tmp_path: Path, project: tu
                                                      home: Path) -> None:
     """Every directory the sandbox sees (the store paths, /usr and /etc to depth 3, the root's
     own folders) is tried; whatever could be created exists only under the session root."""
-    pin = project[1]
+    pin = _realized_env(home, project)
     token = f"harness-probe-{os.getpid()}"
     script = (
         "for d in / $(find / -maxdepth 3 \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o -type d -print) "
@@ -309,7 +319,7 @@ def test_nothing_is_written_outside_the_session_root(tmp_path: Path, project: tu
 
 @needs_sandbox
 def test_transfers_stay_inside(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
-    pin = project[1]
+    pin = _realized_env(home, project)
     (tmp_path / "up").mkdir()
     (tmp_path / "up" / "a.txt").write_text("a")
     (tmp_path / "up" / "sub").mkdir()
@@ -353,7 +363,7 @@ def test_broker_reachable_without_network(tmp_path: Path, project: tuple[Path, s
     from harness.runtime.broker import Broker
     from harness.runtime.plan import Plan
 
-    pin = project[1]
+    pin = _realized_env(home, project)
     other = socket.socket()
     other.bind(("127.0.0.1", 0))
     other.listen()
