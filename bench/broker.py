@@ -197,7 +197,7 @@ def swaps(label: str, make, runs: int) -> dict[str, float | str]:
     swapped: list[float] = []
     stops: list[float] = []
     with Broker(Plan((a_where, b_where)), {a_spec.name: a_spec, b_spec.name: b_spec}, state) as broker:
-        client = Client(broker.serve_in_thread())
+        client = Client(broker.serve_in_thread(), token=broker.token)
         direct_start(b_spec)  # warm-up: page cache, imports
         for _ in range(runs):
             client.release(client.acquire(a_spec.name))  # A loaded and idle; B stopped
