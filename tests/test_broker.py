@@ -781,3 +781,59 @@ for method, path, body in (("GET", "/status", None), ("POST", "/shutdown", b"{}"
     finally:
         broker.shutdown()
         shutil.rmtree(state, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- lease limits, GPU memory
+
+
+def test_a_lease_held_past_its_limit_is_reclaimed_and_its_holder_told(make_broker, tmp_path: Path) -> None:
+    from harness.client import LeaseExpired
+
+    a, b = (fake(f"{tmp_path.name}-{x}", tmp_path) for x in "ab")
+    broker, client = make_broker([placement(s, swap="g") for s in (a, b)], [a, b], lease_seconds=0.5)
+    forgotten = client.acquire(a.name)  # a caller that hangs, holding its lease
+    with client.use(b.name, timeout=30) as lease:  # the group moves on once it is reclaimed
+        assert lease.incarnation == 1
+    assert service_status(broker, a.name)["state"] == "stopped"
+    with pytest.raises(LeaseExpired, match=r"reclaimed: held [0-9.]+ s, longer than the broker's lease limit") as info:
+        client.release(forgotten)
+    assert info.value.status == 410 and info.value.code == "lease_expired"
+
+
+class FakeInventory:
+    """GPU free memory as a test sets it: NVML's answer, injected."""
+
+    def __init__(self, free_gb: float) -> None:
+        self.free_gb = free_gb
+        self.calls = 0
+
+    def __call__(self, index: int) -> float | None:
+        assert index == 0
+        self.calls += 1
+        return self.free_gb
+
+
+def test_after_a_swap_the_next_member_waits_for_gpu_memory(make_broker, tmp_path: Path) -> None:
+    a, b = (fake(f"{tmp_path.name}-{x}", tmp_path) for x in "ab")
+    inventory = FakeInventory(free_gb=2.0)
+    broker, client = make_broker([placement(s, swap="g", vram_gb=6.0) for s in (a, b)], [a, b],
+                                 gpu_free=inventory, gpu_wait_seconds=60.0)
+    with client.use(a.name):
+        pass
+    assert inventory.calls == 0  # a first start waits for nothing: the planner made room
+    result: list[Lease] = []
+    thread = threading.Thread(target=lambda: result.append(client.acquire(b.name)))
+    thread.start()
+    wait_until(lambda: inventory.calls >= 3, what="the broker asking for free memory")
+    # a is gone, b not started: the driver has not released a's memory yet.
+    assert fake_processes({a.name, b.name}) == {} and service_status(broker, b.name)["state"] == "starting"
+    inventory.free_gb = 8.0
+    thread.join(30)
+    assert result and result[0].incarnation == 1
+    client.release(result[0])
+    # Memory that never comes back: a clear error after the limit, naming GPU and sizes.
+    broker.gpu_wait_seconds = 0.2
+    inventory.free_gb = 1.5
+    with pytest.raises(ServiceFailed, match=r"GPU 0 has 1.5 GB free after the swap and .*-a needs 6 GB") as info:
+        client.acquire(a.name)
+    assert info.value.code == "start_failed" and fake_processes({a.name}) == {}

@@ -78,7 +78,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
@@ -140,11 +140,15 @@ class Broker:
         grace: tuple[float, float] = supervisor.DEFAULT_GRACE,
         tick: float = 0.1,
         die_with_owner: bool = False,
+        gpu_free: Callable[[int], float | None] | None = None,
+        gpu_wait_seconds: float = 120.0,
     ) -> None:
         self.plan = plan
         self.state_dir = Path(state_dir)
         self.grace = grace
         self.tick = tick
+        self.gpu_wait_seconds = gpu_wait_seconds
+        self._gpu_free = gpu_free or nvml_free_gb
         self._sched = Scheduler(plan.services, specs, crash_limit=crash_limit, crash_window=crash_window,
                                 lease_seconds=lease_seconds, new_id=lambda: secrets.token_hex(8))
         self.specs = {name: specs[name] for name, svc in self._sched.services.items() if svc.local}
@@ -281,6 +285,8 @@ class Broker:
             if isinstance(action, Start):
                 proc = None
                 try:
+                    if action.after_swap and action.gpu is not None and action.vram_gb > 0:
+                        self._wait_for_gpu(action)
                     if supervisor.port_in_use(spec.port):
                         # Someone else holds the port. One that answers the service's health
                         # check is used as is (never stopped); anything else is refused.
@@ -319,6 +325,27 @@ class Broker:
             self._procs.pop(name, None)
             self._sched.stopped(name, now)
         self._conds[group.name].notify_all()
+
+    def _wait_for_gpu(self, action: Start) -> None:
+        """After a swap, wait until the GPU can hold ``action``'s service: a stopped process's
+        memory is released by the driver a moment after the process is gone. Raises
+        :class:`supervisor.ServiceStartError` after :attr:`gpu_wait_seconds`."""
+        assert action.gpu is not None
+        began = time.monotonic()
+        interval = 0.02
+        while True:
+            free = self._gpu_free(action.gpu)
+            if free is None or free >= action.vram_gb:  # None: no inventory to ask
+                return
+            waited = time.monotonic() - began
+            if waited >= self.gpu_wait_seconds:
+                raise supervisor.ServiceStartError(
+                    f"{action.service}: GPU {action.gpu} has {free:.1f} GB free after the swap and "
+                    f"{action.service} needs {action.vram_gb:g} GB; waited {waited:.0f} s for the memory "
+                    "to be released",
+                    hint="another process holds memory on that GPU (see nvidia-smi); or correct vram_gb")
+            time.sleep(interval)
+            interval = min(interval * 1.5, 0.5)
 
     # -------------------------------------------------------------- housekeeping
 
@@ -928,6 +955,13 @@ def status(state_dir: Path) -> dict[str, Any]:
             pass
     return {"broker": None, "brokers": brokers,
             "services": [r.as_json() for r in supervisor.read_pidfiles(Path(state_dir))]}
+
+
+def nvml_free_gb(index: int) -> float | None:
+    """Free memory (GB) of GPU ``index`` as NVML reports it now; None without NVML or GPU."""
+    from harness.runtime.inventory import detect_gpus
+
+    return next((gpu.free_gb for gpu in detect_gpus() if gpu.index == index), None)
 
 
 def port_holder(port: int) -> str:
