@@ -300,7 +300,7 @@ class Broker:
                         extra = self.client_env() if self._server is not None else None
                         proc = supervisor.start(spec, self.state_dir, extra_env=extra)
                         supervisor.wait_healthy(spec, proc)
-                except Exception as exc:  # noqa: BLE001 - whatever happened, the group must not stay busy
+                except Exception as exc:  # whatever happened, the group must not stay busy
                     failure = exc if isinstance(exc, supervisor.ServiceStartError) else \
                         supervisor.ServiceStartError(f"{name}: cannot start: {type(exc).__name__}: {exc}")
                     if proc is not None:  # timed out while still running: it is ours to stop
@@ -491,7 +491,8 @@ class Broker:
         """The broker's base URL (``http://127.0.0.1:PORT``); binds the socket if needed."""
         server = self._bind()
         host, port = server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        # An AF_INET server's address is (str, int); typeshed allows bytes for AF_UNIX.
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     def _bind(self) -> ThreadingHTTPServer:
         if self._server is None:
@@ -721,7 +722,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise BrokerError(404, "not_found", f"no such endpoint: GET {self.path}")
         except BrokerError as exc:
             self._refuse(exc)
-        except Exception as exc:  # noqa: BLE001 - a bug: answer rather than drop the connection
+        except Exception as exc:  # a bug: answer rather than drop the connection
             self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
 
     def do_POST(self) -> None:
@@ -754,7 +755,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise BrokerError(404, "not_found", f"no such endpoint: POST {self.path}")
         except BrokerError as exc:
             self._refuse(exc)
-        except Exception as exc:  # noqa: BLE001 - a bug: answer rather than drop the connection
+        except Exception as exc:  # a bug: answer rather than drop the connection
             self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
 
     def _acquire(self, broker: Broker, data: Mapping[str, Any]) -> None:
