@@ -81,6 +81,40 @@ def fake_spec(name: str, state: Path, load: float) -> tuple[LaunchSpec, ServiceP
 # ----------------------------------------------------------------------------- latency
 
 
+def in_process(requests: int) -> dict[str, list[float]]:
+    """The broker's own cost without HTTP: ``Broker.acquire``/``release`` called directly
+    (the scheduler and its lock), and the access check every request passes (Host, Origin,
+    the token compared in constant time), timed on a handler built without a socket."""
+    import email.message
+    import types
+
+    from harness.runtime.broker import _Handler
+
+    state = Path(tempfile.mkdtemp(prefix="bench-broker-direct-"))
+    remote = ServicePlacement("remote", "external", None, None, "http://10.0.0.1:9")
+    times: dict[str, list[float]] = {"direct_acquire": [], "direct_release": [], "access_check": []}
+    with Broker(Plan((remote,)), {}, state) as broker:
+        for _ in range(requests):
+            t0 = time.perf_counter()
+            lease = broker.acquire("remote", "bench")
+            t1 = time.perf_counter()
+            broker.release(lease["lease"])
+            times["direct_acquire"].append(t1 - t0)
+            times["direct_release"].append(time.perf_counter() - t1)
+        handler = _Handler.__new__(_Handler)
+        handler.server = types.SimpleNamespace(  # type: ignore[assignment]
+            token=broker.token.encode(), allowed_hosts=frozenset({"127.0.0.1:8000"}))
+        headers = email.message.Message()
+        headers["Host"] = "127.0.0.1:8000"
+        headers["Authorization"] = f"Bearer {broker.token}"
+        handler.headers = headers  # type: ignore[assignment]
+        for _ in range(requests):
+            t0 = time.perf_counter()
+            handler._check_access()
+            times["access_check"].append(time.perf_counter() - t0)
+    return times
+
+
 def latency(requests: int) -> dict[str, list[float]]:
     """Broker in its own process, as ``harness up`` runs it; the client here."""
     state = Path(tempfile.mkdtemp(prefix="bench-broker-"))
@@ -221,6 +255,7 @@ def main() -> None:
     args = parser.parse_args()
 
     times = latency(args.requests)
+    times.update(in_process(args.requests))
     print(f"latency, {args.requests} requests each, interleaved (ms)")
     print(f"{'request':<42} {'p50':>7} {'p99':>7}")
     rows = [
@@ -231,6 +266,9 @@ def main() -> None:
         ("release, back to back", "release_b2b"),
         ("GET /health to the service, keep-alive", "get_keepalive"),
         ("floor: TCP echo to another process", "echo"),
+        ("Broker.acquire in process (no HTTP)", "direct_acquire"),
+        ("Broker.release in process (no HTTP)", "direct_release"),
+        ("access check (Host, Origin, token)", "access_check"),
     ]
     for title, key in rows:
         print(f"{title:<42} {pct(times[key], 0.5) * 1e3:7.3f} {pct(times[key], 0.99) * 1e3:7.3f}")
