@@ -176,6 +176,21 @@ def test_concurrent_ups_give_exactly_one_broker(project: Path, home: Path) -> No
         harness(project, home, "down")
 
 
+def test_the_deploy_sets_the_brokers_limits(project: Path, home: Path, tmp_path: Path) -> None:
+    deploy = tmp_path / "machine.toml"
+    deploy.write_text("[broker]\nlease_seconds = 30\ngpu_wait_seconds = 5\n")
+    try:
+        result = harness(project, home, "--deploy", str(deploy), "up", "--json")
+        assert result.returncode == 0, result.stderr
+        broker = json.loads(result.stdout)["broker"]
+        assert broker["lease_seconds"] == 30 and broker["gpu_wait_seconds"] == 5
+        deploy.write_text("[broker]\nlease_secs = 30\n")
+        bad = harness(project, home, "--deploy", str(deploy), "status")
+        assert bad.returncode == 2 and "lease_secs" in bad.stderr
+    finally:
+        harness(project, home, "down")  # the same state folder: the deploy names none
+
+
 def test_up_fails_when_a_service_crashes_on_start_and_shows_its_log(project: Path, home: Path) -> None:
     try:
         # The stand-in model reads FAKE_FAIL_LOAD from the environment harness passes on.

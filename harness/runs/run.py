@@ -52,7 +52,7 @@ def run(
     """Run ``command`` (or the benchmark's worker) with the closure's services; record it."""
     from harness.realize.project_code import realize_project_files, service_files
     from harness.runtime.broker import Broker, SharedBroker
-    from harness.runtime.session import default_state_dir, prepare
+    from harness.runtime.session import broker_options, default_state_dir, prepare
     from harness.store.store import Store
 
     started = time.time()
@@ -130,7 +130,10 @@ def run(
             shared.start(residents, timeout=30.0 + sum(s.load_seconds for s in prepared.specs.values()))
             address, broker_env = shared.url, shared.client_env()
         else:
-            broker = Broker(prepared.plan, prepared.specs, run_dir / "services", die_with_owner=True)
+            limits = broker_options(prepared.deploy)
+            broker = Broker(prepared.plan, prepared.specs, run_dir / "services", die_with_owner=True,
+                            lease_seconds=limits.get("lease_seconds"),
+                            gpu_wait_seconds=limits.get("gpu_wait_seconds", 120.0))
             address = broker.serve_in_thread()
             broker.start()  # resident services up before the command starts
             broker_env = broker.client_env()

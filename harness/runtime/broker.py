@@ -479,6 +479,7 @@ class Broker:
                 "url": self.address if self._server is not None else None, "pid": os.getpid(),
                 "started": self._started_at, "state_dir": str(self.state_dir),
                 "up": self._up_state, "up_errors": self._up_errors, "closing": self._closing,
+                "lease_seconds": self._sched.lease_seconds, "gpu_wait_seconds": self.gpu_wait_seconds,
             },
             "services": services,
         }

@@ -21,7 +21,7 @@ def command(state: State, names: tuple[str, ...], agent: str | None, sets: tuple
 
     from harness.cli.output import print_json
     from harness.runtime.broker import spawn
-    from harness.runtime.session import prepare
+    from harness.runtime.session import broker_options, prepare
 
     prepared = prepare(state, agent=agent, sets=sets, gpus=gpus, offline=offline, only=names)
     for note in prepared.plan.notes:
@@ -31,7 +31,7 @@ def command(state: State, names: tuple[str, ...], agent: str | None, sets: tuple
     # stay out of its plan, and a run needing them says so.
     plan = dataclasses.replace(prepared.plan, services=tuple(
         p for p in prepared.plan.services if p.name in prepared.specs or p.mode not in ("resident", "on_demand")))
-    status = spawn(plan, prepared.specs, prepared.state_dir, names=wanted)
+    status = spawn(plan, prepared.specs, prepared.state_dir, names=wanted, options=broker_options(prepared.deploy))
     if as_json:
         print_json(status)
     else:
