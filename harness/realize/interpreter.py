@@ -492,7 +492,8 @@ def _verify(out: Path, exe: str, *, version: str, shared: bool) -> None:
     shared builds) its libpython mapped from ``out``, not from the original installation."""
     code = ("import json, platform, sys\n"
             "maps = open('/proc/self/maps').read() if sys.platform == 'linux' else ''\n"
-            "libs = sorted({l.split()[-1] for l in maps.splitlines() if 'libpython' in l})\n"
+            # address perms offset dev inode path: the path (6th field) may hold spaces
+            "libs = sorted({l.split(None, 5)[5] for l in maps.splitlines() if 'libpython' in l})\n"
             "print(json.dumps([platform.python_version(), sys.prefix, sys.exec_prefix, libs]))")
     try:
         proc = subprocess.run([os.fspath(out / exe), "-I", "-S", "-B", "-c", code], check=False, capture_output=True,
