@@ -325,7 +325,10 @@ def _build_host(python: LockedInterpreter, out: Path) -> InterpreterBuild:
     exe = layout["exe"]
     _finish(out, exe, minor=minor, old_prefix=os.fspath(found.base_prefix), version=python.version,
             shared=found.shared)
-    return InterpreterBuild(f"host: {found.executable}", exe, python.version, found.shared)
+    # Py_ENABLE_SHARED alone does not say the executable loads libpython: Debian's python3.X
+    # links it statically and ships the shared library for embedders only.
+    return InterpreterBuild(f"host: {found.executable}", exe, python.version,
+                            found.shared and _needs_libpython(out / exe))
 
 
 def _candidates(version: str, platform_name: str, searched: list[str]) -> Iterator[str]:
