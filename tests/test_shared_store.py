@@ -29,14 +29,14 @@ import pytest
 
 # Everything the children use is imported here, before any fork: a child runs as a user who
 # may not be able to read this interpreter's files (CI keeps Python in root's home).
-import harness.cli.commands.store  # noqa: F401
-import harness.cli.output  # noqa: F401
-import harness.lock.lockfile  # noqa: F401
-import harness.lock.storepaths  # noqa: F401
-import harness.realize.builder  # noqa: F401
+import harness.cli.commands.store
+import harness.cli.output
+import harness.lock.lockfile
+import harness.lock.storepaths
+import harness.realize.builder
 import harness.store.gc
 import harness.store.shared
-import harness.store.verify  # noqa: F401
+import harness.store.verify
 from harness.cli import main
 from harness.errors import HarnessError
 from harness.store.store import BuildResult, Store, StoreError
@@ -196,7 +196,7 @@ def test_another_member_reuses_a_path_but_cannot_change_or_remove_it(lab: tuple[
                 refused[what] = ""
             except PermissionError as exc:
                 refused[what] = str(exc)
-        code, _, err = cli(home, "store", "verify", "--repair")
+        code, _, _ = cli(home, "store", "verify", "--repair")
         return {"content": record.content, "ok": [f.status for f in findings], "refused": refused,
                 "repair": code, "read": (store.root / P1 / "data.txt").read_text()}
 
