@@ -114,11 +114,16 @@ def cli(ctx: click.Context, home: str | None, deploy: str | None, project: str |
     """
     ctx.obj = State(home, deploy, project)
     if ctx.invoked_subcommand is not None:
-        # A home shared by a group (``store init --group``) must stay usable by the group
-        # whatever this member's umask: one stat, no import.
-        from harness.store.shared import apply_group_umask
+        # A home shared by a group (``store init --group``: its store is setgid) must stay
+        # usable by the group whatever this member's umask. One stat; an import only there.
+        try:
+            shared = bool(os.stat(ctx.obj.home / "store").st_mode & 0o2000)
+        except OSError:
+            shared = False
+        if shared:
+            from harness.store.shared import apply_group_umask
 
-        apply_group_umask(ctx.obj.home)
+            apply_group_umask(ctx.obj.home)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -119,11 +119,14 @@ def verify(state: State, names: tuple[str, ...], check_contents: bool, repair: b
 def gc(state: State, dry_run: bool) -> None:
     from harness.store.gc import collect
 
+    from harness.store.shared import is_shared
+
     dead = collect(_store(state), dry_run=dry_run)
     verb = "would delete" if dry_run else "deleted"
     for name in dead:
         click.echo(f"{verb} {name}")
-    click.echo(f"{verb} {len(dead)} path(s)")
+    mine = " of those you registered (a shared home)" if is_shared(state.home) else ""
+    click.echo(f"{verb} {len(dead)} path(s){mine}")
 
 
 @command.command("why", help="Say what keeps a store path alive.")
