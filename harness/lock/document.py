@@ -15,7 +15,7 @@ import re
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
 from harness.manifests.model import Strict
 
@@ -131,7 +131,8 @@ class Lock(Strict):
     sources: list[LockedSource] = Field(default_factory=list)
     weights: list[LockedWeights] = Field(default_factory=list)
 
-    model_config = Strict.model_config | {"populate_by_name": True}
+    # Spelled out (not Strict.model_config | {...}) so the pydantic mypy plugin sees it.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, populate_by_name=True)
 
     @field_validator("lock_version")
     @classmethod
