@@ -30,7 +30,7 @@ def init(state: State, group: str) -> None:
                "or HARNESS_HOME; each can delete only the paths they registered")
 
 
-@command.command("ls", help="List registered store paths: path, kind, size, who registered it.")
+@command.command("ls", help="List registered store paths: path, kind, size (and who registered it).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def ls(state: State, as_json: bool) -> None:
@@ -44,6 +44,12 @@ def ls(state: State, as_json: bool) -> None:
     if as_json:
         print_json([{**r.as_json(), "path": str(store.root / r.name), "size": r.nar_size,
                      "owner": names.get(owners[r.name])} for r in records])
+        return
+    from harness.store.shared import is_shared
+
+    if not is_shared(state.home):  # a private home: every path is the caller's
+        print_table(None, ["path", "kind", "size", "impure"],
+                    [[r.name, r.kind, _size(r.nar_size), r.impure] for r in records])
         return
     print_table(None, ["path", "kind", "size", "impure", "owner"],
                 [[r.name, r.kind, _size(r.nar_size), r.impure, names.get(owners[r.name])] for r in records])
