@@ -10,11 +10,17 @@
 #   4. the tests of the store, realize, the runtime and the caches with that venv
 #      ($HARNESS_CI_USER_TESTS adds more test files or pytest arguments);
 #   5. when HARNESS_CI_USER_HARBOR=1, tests/test_harbor.py in a Python 3.12 venv of the user's.
-# Tests that need root (a tmpfs mount, `unshare -n`) skip there, saying so; the root run of
-# the whole suite in .ci/run covers them.
+# Tests that need root (a tmpfs mount, `unshare -n`, creating users) are marked `root` and skip
+# there, saying so; .ci/run runs them as root.
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 user="${HARNESS_CI_USER:-harness-ci}"
+# The test files this user runs. .ci/run runs them as root only for their tests marked
+# `root` (`.ci/as-user.sh --list-tests` prints them), so nothing runs twice.
+user_tests="tests/test_store.py tests/test_store_cli.py tests/test_store_hashing.py tests/test_realize.py \
+tests/test_cache.py tests/test_build_env.py tests/test_broker.py tests/test_up_down.py tests/test_runs.py \
+tests/test_shared_store.py tests/test_bad_input.py tests/test_home_paths.py"
+if [ "${1:-}" = --list-tests ]; then echo $user_tests; exit 0; fi
 [ "$(id -u)" = 0 ] || { echo "ci: .ci/as-user.sh needs root (it creates the user)" >&2; exit 2; }
 id -u "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user"
 home="$(getent passwd "$user" | cut -d: -f6)"
@@ -78,12 +84,9 @@ echo "$out"
 [ "$(grep -c ': up to date' <<<"$out")" = 2 ] || { echo "ci: the second member built again" >&2; exit 1; }
 as_user ".venv/bin/harness store verify --check-contents | tail -n 1"
 
-# 4. The store, realize, runtime and cache tests.
-user_tests="tests/test_store.py tests/test_store_cli.py tests/test_store_hashing.py tests/test_realize.py \
-tests/test_cache.py tests/test_build_env.py tests/test_broker.py tests/test_up_down.py tests/test_runs.py \
-tests/test_shared_store.py tests/test_bad_input.py ${HARNESS_CI_USER_TESTS:-}"
-echo "ci: as $user: pytest $user_tests"
-as_user ".venv/bin/python -m pytest -q -p no:randomly $user_tests"
+# 4. The store, realize, runtime and cache tests (those marked `root` skip, saying why).
+echo "ci: as $user: pytest $user_tests ${HARNESS_CI_USER_TESTS:-}"
+as_user ".venv/bin/python -m pytest -q -p no:randomly $user_tests ${HARNESS_CI_USER_TESTS:-}"
 
 # 5. Harbor as the user (a 3.12 venv of the user's own): on once the network-namespace fix
 #    for unprivileged sessions lands (issue 12); HARNESS_CI_USER_HARBOR=1 turns it on.

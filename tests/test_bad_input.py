@@ -184,6 +184,7 @@ needs_mount = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is N
                                  reason="needs root to mount a small tmpfs (the root run of CI covers it)")
 
 
+@pytest.mark.root
 @needs_mount
 def test_full_disk_during_realize_is_a_short_failure_and_the_store_verifies(svc: Path, tmp_path: Path,
                                                                             harness_cli) -> None:
@@ -203,6 +204,7 @@ def test_full_disk_during_realize_is_a_short_failure_and_the_store_verifies(svc:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+@pytest.mark.root  # by mount as root; the unprivileged run checks it by mode
 def test_read_only_home_is_a_short_failure(svc: Path, tmp_path: Path, harness_cli) -> None:
     """Read-only by mount as root (permissions do not stop root), by mode otherwise."""
     home = tmp_path / "ro" / "home"

@@ -41,10 +41,10 @@ from harness.cli import main
 from harness.errors import HarnessError
 from harness.store.store import BuildResult, Store, StoreError
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.root, pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None,
     reason="needs root and useradd: it creates two users in one group (the root run of CI covers it)",
-)
+)]
 
 GROUP = "harness-lab-test"
 NAMES = ("harness-lab-a", "harness-lab-b")
