@@ -14,7 +14,6 @@ export default defineConfig({
       description:
         "Declarative, content-addressed environments and a thin runtime for robot-agent model services.",
       sidebar: [
-        { label: "Start here", items: [{ label: "Getting started", slug: "guides/getting-started" }] },
         { label: "Guides", autogenerate: { directory: "guides" } },
         { label: "Reference", autogenerate: { directory: "reference" } },
       ],
