@@ -52,6 +52,7 @@ def install_only_archive(copy: Path, build: InterpreterBuild, folder: Path) -> P
     host_prefix = os.path.dirname(os.path.dirname(build.source.removeprefix("host: ")))
     for data in staging.glob("lib/python*/_sysconfigdata_*.py"):
         text = data.read_text().split("\n\n# Added by harness")[0]
+        data.unlink()  # read-only, as in the store: only root could write it in place
         data.write_text(text.replace(host_prefix, "/install"))
     archive = folder / f"cpython-{build.version}-install_only.tar.gz"
     with tarfile.open(archive, "w:gz", compresslevel=1) as tar:

@@ -306,7 +306,10 @@ def test_builds_are_reproducible_across_homes(built: tuple[Inputs, Path], tmp_pa
     store = tmp_path / "second-home-at-a-longer-path" / "store"
     store.mkdir(parents=True)
     interpreter, build = _interpreter(store, source="uv-managed")
-    assert build.is_host and build.fallback_reason and "offline" in build.fallback_reason.lower()
+    # Offline here; a host version uv never offered (Debian's 3.11.2, as an unprivileged CI
+    # user has it) says so instead.
+    reason = (build.fallback_reason or "").lower()
+    assert build.is_host and ("offline" in reason or "no download found" in reason), reason
     assert "://" not in build.fallback_reason  # addresses elided
     second = _build_env(_inputs(store, interpreter, build), cache=store.parent / "uv-cache")
     assert content_hash(interpreter) == content_hash(inputs.interpreter)

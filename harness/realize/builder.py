@@ -85,10 +85,10 @@ class Context:
 
     def download_lock(self, sha256: str) -> Any:
         """Serializes everything that touches one download among concurrent realizes."""
-        from filelock import FileLock
+        from harness.store.store import lock_file
 
         self.downloads.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.downloads / f"{sha256}.lock"))
+        return lock_file(self.downloads / f"{sha256}.lock")
 
 
 def chosen_file(package: LockedPackage, lock: Lock) -> LockedFile:
@@ -159,7 +159,11 @@ def realize_locks(ctx: Context, locks: list[Lock]) -> list[Report]:
     building = {id(lock) for lock in todo}
     reports = [_register(ctx, lock) if id(lock) in building else _complete(ctx, lock) for lock in locks]
     _drop_downloads(ctx, locks)
-    register_project(ctx.store, ctx.project_root)
+    from harness.realize.standin import realized_lock
+
+    # What this store realized (a host copy and its environments, where one stands in).
+    register_project(ctx.store, ctx.project_root,
+                     [n for lock in locks for n in lock_objects(realized_lock(ctx.store, lock))])
     return reports
 
 
