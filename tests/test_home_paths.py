@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.lock.lockfile import read
+from harness.realize.standin import realized_lock
 from harness.store.store import Store
 from harness.store.verify import verify_store
 from tests.conftest import run_harness_process
@@ -23,8 +24,9 @@ def _realize_and_run(project: Path, home: Path, env: dict[str, str] | None = Non
     result = run_harness_process("--project", str(project), "--home", str(home), "realize", env=env, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    lock = read(project / "locks" / "svc.lock.toml")
     store = Store.in_home(home)
+    # As realized here: without interpreter downloads a host copy stands in for the lock's.
+    lock = realized_lock(store, read(project / "locks" / "svc.lock.toml"))
     python = store.root / lock.environment.store / "bin" / "python"
     ran = subprocess.run([str(python), "-c", "import alpha, gamma, toolkit, sys; print(sys.prefix)"],
                          capture_output=True, text=True, timeout=60, check=False)

@@ -20,8 +20,10 @@ import psutil
 import pytest
 
 from harness.lock.lockfile import read
+from harness.realize.standin import realized_lock
 from harness.runtime.broker import find_brokers
 from harness.runtime.session import default_state_dir
+from harness.store.store import Store
 from tests.conftest import run_harness_process
 from tests.test_runs import SERVICE, _project, _run, harness
 from tests.upstreams import Upstreams
@@ -69,7 +71,7 @@ def test_up_status_down_from_the_store(project: Path, home: Path) -> None:
         service = _service(_status(project, home))
         assert service["state"] == "ready" and service["mode"] == "resident"
         pid = service["pid"]
-        lock = read(project / "locks" / "svc.lock.toml")
+        lock = realized_lock(Store.in_home(home), read(project / "locks" / "svc.lock.toml"))  # a host copy here
         cmdline = " ".join(psutil.Process(pid).cmdline())
         assert str(home / "store" / lock.environment.store) in cmdline, "launched from the store"
         table = harness(project, home, "status")
