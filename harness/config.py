@@ -165,7 +165,10 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
                                                              "UV_PYTHON_INSTALL_MIRROR"))):
         harness_var, uv_var = variables
         if os.environ.get(harness_var):
-            python[field_name] = _python_location(os.environ[harness_var], harness_var, Path.cwd())
+            value = os.environ[harness_var]
+            if field_name == "python_install_mirror" and not re.match(r"^(https?|file)://\S+$", value):
+                raise InputError(f"{harness_var}: expected an http(s):// or file:// address, got {value!r}")
+            python[field_name] = _python_location(value, harness_var, Path.cwd())
         elif os.environ.get(uv_var) and field_name not in python:
             python[field_name] = os.environ[uv_var]
     return Settings(indexes=indexes, hubs=hubs, lock_platform=lock_platform, python_pins=python_pins,

@@ -158,3 +158,7 @@ def test_python_download_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     (home / "config.toml").write_text('[python]\ninstall-mirror = "ftp://x"\n')
     with pytest.raises(InputError, match=r"python.install-mirror: expected an http\(s\):// or file:// address"):
         load_settings(home, project)
+    (home / "config.toml").unlink()
+    monkeypatch.setenv("HARNESS_PYTHON_INSTALL_MIRROR", "mirror/pbs")
+    with pytest.raises(InputError, match=r"HARNESS_PYTHON_INSTALL_MIRROR: expected an http\(s\):// or file:// address"):
+        load_settings(home, project)
