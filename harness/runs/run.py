@@ -20,6 +20,8 @@ from typing import Any
 from harness.errors import HarnessError
 from harness.runs.record import (
     closure_of,
+    command_launch,
+    service_launch,
     host_facts,
     new_run_id,
     read_json,
@@ -53,6 +55,8 @@ def run(
     from harness.runtime.broker import Broker
     from harness.realize.project_code import realize_project_files, service_files
     from harness.runtime.session import prepare
+    from harness.realize.builder import lock_objects
+    from harness.store.roots import TempRoots
     from harness.store.store import Store
 
     started = time.time()
@@ -80,6 +84,10 @@ def run(
             code[prepared.benchmark] = realize_project_files(store, project.root,
                                                              f"{prepared.benchmark}-code", worker_files)
             cwd = store.root / code[prepared.benchmark]
+    # The run's closure is rooted before it is read, for the whole run (however it ends: the
+    # kernel drops a dead process's roots). Realizing already rooted it for this process.
+    run_roots = TempRoots(store, f"harness run {run_id}")
+    run_roots.add([*(n for lock in prepared.locks.values() for n in lock_objects(lock)), *code.values()])
     closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=code)
     deploy_text = prepared.deploy_path.read_text() if prepared.deploy_path else None
     config = {
@@ -99,12 +107,14 @@ def run(
         "host": host_facts(),
         "versions": tool_versions(),
         "impurities": list(prepared.impurities),
+        # Everything that shapes what the services and the command compute, as launched.
+        "launch": {
+            "services": {name: service_launch(spec, store.root) for name, spec in sorted(prepared.specs.items())},
+            "command": None,  # filled in below, once the broker's address is known
+        },
     }
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", closure.as_json())
-    # A live run roots its store paths against `harness store gc`.
-    root = store.roots_dir / "runs" / run_id
-    write_json(root, {"pid": os.getpid(), "paths": [e.path for e in closure.entries]})
 
     # Ctrl-C must stop the run and still record it, even when this process inherited an
     # ignored SIGINT (background jobs of a non-interactive shell do).
@@ -120,6 +130,8 @@ def run(
         address = broker.serve_in_thread()
         broker.start()  # resident services up before the command starts
         env = _command_env(address, prepared, run_dir)
+        config["launch"]["command"] = command_launch(argv, cwd, env, store.root)
+        write_json(run_dir / "config.json", config)
         echo(f"broker {address}; running: {' '.join(argv)}")
         exit_status = _run_command(argv, env, cwd, logs / "command.log", echo)
     except KeyboardInterrupt:
@@ -141,7 +153,7 @@ def run(
             "id": run_id, "started": started, "ended": ended, "duration_s": round(ended - started, 3),
             "exit_status": exit_status, "score": score, "impurities": impurities,
         })
-        root.unlink(missing_ok=True)
+        run_roots.close()  # the record's lock.json roots it now (the last N runs are kept)
     return RunOutcome(run_id, run_dir, exit_status, score)
 
 
