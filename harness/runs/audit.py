@@ -146,7 +146,8 @@ def diff_runs(a: Path, b: Path) -> list[str]:
                 moved.setdefault(service, set()).add(key)
     launch_a, launch_b = config_a.get("launch"), config_b.get("launch")
     if isinstance(launch_a, dict) and isinstance(launch_b, dict):  # records before launch specs have none
-        lines += _launch_diff(_with_project(launch_a, config_a), _with_project(launch_b, config_b), moved)
+        lines += _launch_diff(_with_project(launch_a, config_a), _with_project(launch_b, config_b), moved,
+                              asked_differs=config_a.get("command") != config_b.get("command"))
     for key in ("command", "agent", "overrides", "deploy", "benchmark"):
         if config_a.get(key) != config_b.get(key):
             lines.append(f"configuration {key}: {_short(config_a.get(key))} → {_short(config_b.get(key))}")
@@ -186,15 +187,18 @@ def _lock_diff(name: str, la: dict[str, Any], lb: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _launch_diff(la: dict[str, Any], lb: dict[str, Any], moved: dict[str, set[str]]) -> list[str]:
-    """What differs in how the services and the command were launched (``config.launch``)."""
+def _launch_diff(la: dict[str, Any], lb: dict[str, Any], moved: dict[str, set[str]], *,
+                 asked_differs: bool) -> list[str]:
+    """What differs in how the services and the command were launched (``config.launch``).
+    ``asked_differs``: the command as asked differs (its line says so; the argv it became
+    is not repeated)."""
     lines: list[str] = []
     sa, sb = la.get("services") or {}, lb.get("services") or {}
     for service in sorted(set(sa) & set(sb)):
         xa, xb = sa[service], sb[service]
         argv_a, argv_b = _normal(xa.get("argv", []), xa), _normal(xb.get("argv", []), xb)
         if argv_a != argv_b:
-            lines.append(f"{service}: command {_short(argv_a)} → {_short(argv_b)}")
+            lines.append(f"{service}: command {_argv(argv_a)} → {_argv(argv_b)}")
         if _normal([xa.get("cwd", "")], xa) != _normal([xb.get("cwd", "")], xb):
             lines.append(f"{service}: working directory {_normal([xa.get('cwd', '')], xa)[0]} → "
                          f"{_normal([xb.get('cwd', '')], xb)[0]}")
@@ -207,8 +211,8 @@ def _launch_diff(la: dict[str, Any], lb: dict[str, Any], moved: dict[str, set[st
     ca, cb = la.get("command") or {}, lb.get("command") or {}
     if ca and cb:
         argv_a, argv_b = _normal(ca.get("argv", []), ca), _normal(cb.get("argv", []), cb)
-        if argv_a != argv_b:
-            lines.append(f"run command: argv {_short(argv_a)} → {_short(argv_b)}")
+        if argv_a != argv_b and not asked_differs:
+            lines.append(f"run command: argv {_argv(argv_a)} → {_argv(argv_b)}")
         if _normal([ca.get("cwd", "")], ca) != _normal([cb.get("cwd", "")], cb):
             lines.append(f"run command: working directory {_normal([ca.get('cwd', '')], ca)[0]} → "
                          f"{_normal([cb.get('cwd', '')], cb)[0]}")
@@ -270,6 +274,11 @@ def _mapping_diff(label: str, a: dict[str, Any], b: dict[str, Any]) -> list[str]
         if a.get(key) != b.get(key):
             lines.append(f"{label} {key}: {a.get(key, '(none)')} → {b.get(key, '(none)')}")
     return lines
+
+
+def _argv(argv: list[str]) -> str:
+    """A command line, whole (the difference may be at its end); a part with spaces quoted."""
+    return " ".join(repr(part) if not part or any(c.isspace() for c in part) else part for part in argv)
 
 
 def _short(value: Any) -> str:
