@@ -34,7 +34,7 @@ PORT = 18951
 
 #: ``python -c GC_LOOP HOME STOP``: collect until STOP exists; print a JSON summary.
 GC_LOOP = r"""
-import json, shutil, sys, traceback
+import json, sys, time, traceback
 from pathlib import Path
 from harness.store.gc import collect
 from harness.store.store import Store
@@ -42,12 +42,14 @@ home, stop = Path(sys.argv[1]), Path(sys.argv[2])
 store = Store.in_home(home)
 rounds, deleted, errors = 0, 0, []
 while not stop.exists() or rounds == 0:
-    shutil.rmtree(store.roots_dir / "projects", ignore_errors=True)
+    for root in (store.roots_dir / "projects").glob("*.json"):
+        root.unlink(missing_ok=True)
     try:
         deleted += len(collect(store, dry_run=False, runs_dir=home / "runs", keep_runs=0).dead)
     except Exception:
         errors.append(traceback.format_exc())
     rounds += 1
+    time.sleep(0.02)  # leave the cores to the process under test
 print(json.dumps({"rounds": rounds, "deleted": deleted, "errors": errors}))
 """
 
