@@ -103,7 +103,7 @@ def test_gc_racing_runs_never_breaks_them(project: Path, tmp_path: Path) -> None
     home = tmp_path / "home"
     with gc_loop(home, tmp_path) as summary:
         for _ in range(3):
-            result, run_dir = _run(project, home)
+            result, _ = _run(project, home)
             assert result.returncode == 0, result.stderr
             assert "service answered svc" in result.stdout
     # Every run realized its closure again after the previous one was collected.

@@ -21,11 +21,11 @@ from harness.errors import HarnessError
 from harness.runs.record import (
     closure_of,
     command_launch,
-    service_launch,
     host_facts,
     new_run_id,
     read_json,
     runs_dir,
+    service_launch,
     tool_versions,
     write_json,
 )
@@ -52,10 +52,10 @@ def run(
     echo: Any = print,
 ) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) with the closure's services; record it."""
-    from harness.runtime.broker import Broker
-    from harness.realize.project_code import realize_project_files, service_files
-    from harness.runtime.session import prepare
     from harness.realize.builder import lock_objects
+    from harness.realize.project_code import realize_project_files, service_files
+    from harness.runtime.broker import Broker
+    from harness.runtime.session import prepare
     from harness.store.roots import TempRoots
     from harness.store.store import Store
 

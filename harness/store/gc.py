@@ -225,8 +225,8 @@ def _project_root(data: dict[str, Any], entry: Path, now: float, *, forget_missi
         out.roots.append(Root("project", str(project), frozenset(detail), tuple(sorted(detail.items()))))
         return
     # The folder is gone: keep what it last named, say so, and drop it only when asked.
-    for lock_name, paths in sorted(recorded_locks.items()):
-        for path in paths:
+    for lock_name, named in sorted(recorded_locks.items()):
+        for path in named:
             detail.setdefault(path, f"lock {lock_name}, recorded")
     for label, path in sorted(recorded_code.items()):
         detail.setdefault(path, f"{label}, recorded")

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from harness.store.store import Store
 
@@ -56,7 +56,8 @@ def gc_lock(store: Store, *, exclusive: bool) -> Iterator[None]:
     """The store's gc lock: exclusive for a collection, shared while a root is added."""
     folder = _roots_dir(store)
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / "gc.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    # Read-only is enough for flock, and lets every member of a group-shared store lock it.
+    fd = os.open(folder / "gc.lock", os.O_RDONLY | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
@@ -101,7 +102,7 @@ class TempRoots:
             folder = _temp_dir(self.store)
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"{os.getpid()}-{secrets.token_hex(4)}"
-            handle = open(path, "a", encoding="utf-8")
+            handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open: its flock is the liveness
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             handle.write(f"# {self.label} (pid {os.getpid()})\n")
             self._file, self.path = handle, path
@@ -122,7 +123,7 @@ class TempRoots:
                 self._file = None
             self._names.clear()
 
-    def __enter__(self) -> TempRoots:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:

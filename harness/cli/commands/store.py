@@ -207,8 +207,8 @@ def _is_store_name(text: str) -> bool:
 def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
     """Store path names from arguments: a store path (or its name) stands for itself, a
     manifest name for the paths its lock realizes; no arguments: every lock of the project."""
-    from harness.realize.builder import lock_objects
     from harness.errors import HarnessError
+    from harness.realize.builder import lock_objects
 
     locks = _project_locks(state)
     if not names:
