@@ -405,3 +405,29 @@ def test_diff_names_a_changed_service_command(project: Path, tmp_path: Path) -> 
     assert len(lines) == 1 and lines[0].startswith("svc: command ") and "--exit-code" in lines[0], lines
     manifest.write_text(text)
 
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_gc_settings_and_their_bad_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.config import load_settings
+    from harness.errors import InputError
+
+    monkeypatch.delenv("HARNESS_GC_KEEP_RUNS", raising=False)
+    assert load_settings(tmp_path).gc_keep_runs == 10
+    (tmp_path / "config.toml").write_text("[gc]\nkeep-runs = 3\nmissing-project-days = 0\n")
+    settings = load_settings(tmp_path)
+    assert settings.gc_keep_runs == 3 and settings.gc_missing_project_days == 0
+    monkeypatch.setenv("HARNESS_GC_KEEP_RUNS", "5")
+    assert load_settings(tmp_path).gc_keep_runs == 5
+    for text, key in (('keep-runs = "ten"', "gc.keep-runs"), ("missing-project-days = -1", "gc.missing-project-days"),
+                      ("keep = 1", "gc.keep: unknown key")):
+        (tmp_path / "config.toml").write_text(f"[gc]\n{text}\n")
+        with pytest.raises(InputError, match=key) as info:
+            load_settings(tmp_path)
+        assert str(tmp_path / "config.toml") in str(info.value)
+    monkeypatch.setenv("HARNESS_GC_KEEP_RUNS", "many")
+    (tmp_path / "config.toml").unlink()
+    with pytest.raises(InputError, match="HARNESS_GC_KEEP_RUNS"):
+        load_settings(tmp_path)
