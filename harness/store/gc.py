@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,11 +197,16 @@ def lock_store_paths(lock: Any) -> set[str]:
     return {n for n in names if n}
 
 
+#: Project folder -> the code store paths its checkout would launch, by manifest name. The
+#: realize stage knows how (``harness.realize.project_code.checkout_code_paths``); gc is below
+#: it, so the caller hands it in.
+CheckoutCode = Callable[[Path], Mapping[str, str]]
+
+
 def _project_root(data: dict[str, Any], entry: Path, now: float, *, forget_missing: bool,
-                  grace_days: float, out: Roots, write: bool) -> None:
+                  grace_days: float, out: Roots, write: bool, checkout_code: CheckoutCode | None) -> None:
     from harness.errors import HarnessError
     from harness.lock.lockfile import read
-    from harness.realize.project_code import checkout_code_paths
 
     project = Path(data["root"])
     recorded_locks: dict[str, list[str]] = data.get("locks") or {}
@@ -217,8 +222,12 @@ def _project_root(data: dict[str, Any], entry: Path, now: float, *, forget_missi
                 paths = set(recorded_locks.get(lock_name, ()))  # unreadable now: keep what it named
             for path in sorted(paths):
                 detail.setdefault(path, f"lock {lock_name}")
-        for manifest, path in checkout_code_paths(project).items():
-            detail.setdefault(path, f"code of {manifest}")
+        if checkout_code is not None:
+            for manifest, path in checkout_code(project).items():
+                detail.setdefault(path, f"code of {manifest}")
+        else:  # without the realize stage's help: the code it last registered
+            for label, path in sorted(recorded_code.items()):
+                detail.setdefault(path, f"{label}, recorded")
         if write and data.get("missing_since") is not None:
             data.pop("missing_since", None)
             _write_project_file(entry, data)
@@ -250,11 +259,12 @@ def _write_project_file(entry: Path, data: dict[str, Any]) -> None:
 
 def gather_roots(store: Store, *, runs_dir: Path | None = None, keep_runs: int = DEFAULT_KEEP_RUNS,
                  forget_missing: bool = False, grace_days: float = DEFAULT_MISSING_PROJECT_DAYS,
-                 now: float | None = None, write: bool = False) -> Roots:
+                 now: float | None = None, write: bool = False, checkout_code: CheckoutCode | None = None) -> Roots:
     """Every root and the store paths it names directly.
 
     ``write`` lets it record when a project was first found missing (a real collection
-    does; ``--dry-run`` and ``why`` do not).
+    does; ``--dry-run`` and ``why`` do not). ``checkout_code`` says which code paths a
+    present project's checkout would launch (without it: the code it last registered).
     """
     from harness.store.roots import live_holders
 
@@ -267,7 +277,7 @@ def gather_roots(store: Store, *, runs_dir: Path | None = None, keep_runs: int =
         data = _read_project(entry)
         if data is not None:
             _project_root(data, entry, now, forget_missing=forget_missing, grace_days=grace_days,
-                          out=out, write=write)
+                          out=out, write=write, checkout_code=checkout_code)
     folder = store.roots_dir / "pins"
     for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
         out.roots.append(Root("pin", entry.name, frozenset({entry.name})))
@@ -332,14 +342,14 @@ class GcResult:
 
 def collect(store: Store, *, dry_run: bool, runs_dir: Path | None = None, keep_runs: int = DEFAULT_KEEP_RUNS,
             forget_missing: bool = False, grace_days: float = DEFAULT_MISSING_PROJECT_DAYS,
-            now: float | None = None) -> GcResult:
+            now: float | None = None, checkout_code: CheckoutCode | None = None) -> GcResult:
     """Delete every registered path no root reaches (module docstring); returns them sorted,
     each with the reason it goes. ``dry_run`` deletes and writes nothing."""
     from harness.store.roots import gc_lock
 
     with gc_lock(store, exclusive=True):
         found = gather_roots(store, runs_dir=runs_dir, keep_runs=keep_runs, forget_missing=forget_missing,
-                             grace_days=grace_days, now=now, write=not dry_run)
+                             grace_days=grace_days, now=now, write=not dry_run, checkout_code=checkout_code)
         live = closure_of(store, [n for root in found.roots for n in root.names])
         # A record whose path was deleted behind the store's back is dead weight too.
         dead = sorted(r.name for r in store.records(even_if_gone=True) if r.name not in live)

@@ -102,7 +102,7 @@ class TempRoots:
             folder = _temp_dir(self.store)
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"{os.getpid()}-{secrets.token_hex(4)}"
-            handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open: its flock is the liveness
+            handle = open(path, "a", encoding="utf-8")  # held open: its flock is the liveness
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             handle.write(f"# {self.label} (pid {os.getpid()})\n")
             self._file, self.path = handle, path

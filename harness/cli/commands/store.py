@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from harness.cli import State
@@ -13,7 +15,7 @@ def command() -> None:
     pass
 
 
-def _store(state: State):  # type: ignore[no-untyped-def]
+def _store(state: State):
     from harness.store.store import Store
 
     return Store.in_home(state.home)
@@ -98,14 +100,16 @@ def verify(state: State, names: tuple[str, ...], check_contents: bool, repair: b
         raise SystemExit(1)
 
 
-def _gc_options(state: State) -> dict:  # type: ignore[type-arg]
+def _gc_options(state: State) -> dict[str, Any]:
     """Where runs are and how many to keep, from the settings (``[gc]``)."""
     from harness.config import load_settings
 
     project = _project_or_none(state)
     settings = load_settings(state.home, project.root if project else None)
+    from harness.realize.project_code import checkout_code_paths
+
     return {"runs_dir": state.home / "runs", "keep_runs": settings.gc_keep_runs,
-            "grace_days": settings.gc_missing_project_days}
+            "grace_days": settings.gc_missing_project_days, "checkout_code": checkout_code_paths}
 
 
 @command.command("gc", help="Delete paths no root reaches (projects, pins, the last runs, pinned runs, "
@@ -175,7 +179,7 @@ def pin_command(state: State, name: str, remove: bool) -> None:
 # -- binary caches (harness/cache) ------------------------------------------------------
 
 
-def _project_or_none(state: State):  # type: ignore[no-untyped-def]
+def _project_or_none(state: State):
     from harness.errors import ProjectNotFound
 
     try:
@@ -184,7 +188,7 @@ def _project_or_none(state: State):  # type: ignore[no-untyped-def]
         return None
 
 
-def _project_locks(state: State) -> dict:  # type: ignore[type-arg]
+def _project_locks(state: State) -> dict:
     """The project's locks by manifest name ({} outside a project)."""
     from harness.lock.lockfile import read
 
@@ -229,7 +233,7 @@ def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _secret(state: State, key: str | None):  # type: ignore[no-untyped-def]
+def _secret(state: State, key: str | None):
     from pathlib import Path
 
     from harness.cache.signing import load_secret
@@ -257,7 +261,7 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def _do_push(state: State, backend, names: tuple[str, ...], all_paths: bool, key: str | None,  # type: ignore[no-untyped-def]
+def _do_push(state: State, backend, names: tuple[str, ...], all_paths: bool, key: str | None,
              jobs: int):
     from harness.cache.transfer import push
 
@@ -314,7 +318,7 @@ def pull_command(state: State, cache: str, names: tuple[str, ...], all_paths: bo
     _do_pull(state, cache, None, names, all_paths, trusted_keys, jobs)
 
 
-def _do_pull(state: State, cache: str, backend, names: tuple[str, ...], all_paths: bool,  # type: ignore[no-untyped-def]
+def _do_pull(state: State, cache: str, backend, names: tuple[str, ...], all_paths: bool,
              trusted_keys: tuple[str, ...], jobs: int) -> None:
     from harness.cache.format import CacheError
     from harness.cache.signing import parse_trusted
@@ -343,7 +347,7 @@ def _do_pull(state: State, cache: str, backend, names: tuple[str, ...], all_path
         raise SystemExit(1)
 
 
-def _all_in_cache(backend, store) -> list[str]:  # type: ignore[no-untyped-def]
+def _all_in_cache(backend, store) -> list[str]:
     """Every store path a cache describes (its narinfos' StorePath lines)."""
     from harness.cache.format import NarInfo
 
