@@ -294,6 +294,8 @@ def test_diff_names_exactly_each_change(project: Path, tmp_path: Path) -> None:
     assert set(launch["store_paths"]) == {lock.environment.store, code}
     assert config["launch"]["command"]["env"]["HARNESS_SERVICE_SVC_URL"].endswith(str(PORT))
     assert config["launch"]["command"]["argv"] == [sys.executable, "caller.py"]
+    # The broker's token is named among the variables harness set, never recorded.
+    assert config["launch"]["command"]["env"].get("HARNESS_BROKER_TOKEN") in (None, "(secret)")
 
     # Two runs with one and the same record differ in nothing.
     assert diff_runs(run_dir, _mutated(run_dir, tmp_path, "same", lambda c, k: None)) == []

@@ -77,10 +77,10 @@ class Context:
 
     def download_lock(self, sha256: str) -> Any:
         """Serializes everything that touches one download among concurrent realizes."""
-        from filelock import FileLock
+        from harness.store.store import lock_file
 
         self.downloads.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.downloads / f"{sha256}.lock"))
+        return lock_file(self.downloads / f"{sha256}.lock")
 
 
 def chosen_file(package: LockedPackage, lock: Lock) -> LockedFile:

@@ -169,12 +169,18 @@ def service_launch(spec: Any, store_root: Path) -> dict[str, Any]:
     }
 
 
+#: Variables harness sets whose values a record must never hold.
+SECRET_VARIABLES = frozenset({"HARNESS_BROKER_TOKEN"})
+
+
 def command_launch(argv: list[str], cwd: Path, env: dict[str, str], store_root: Path) -> dict[str, Any]:
     """The run's own command or benchmark worker as launched (``launch.command``): argv,
-    working directory, the ``HARNESS_*`` variables harness sets, the store paths named."""
+    working directory, the ``HARNESS_*`` variables harness sets (never a secret: the
+    broker's token is named, not recorded), the store paths named."""
     return {
         "argv": list(argv), "cwd": str(cwd),
-        "env": {k: v for k, v in sorted(env.items()) if k.startswith("HARNESS_")},
+        "env": {k: ("(secret)" if k in SECRET_VARIABLES else v) for k, v in sorted(env.items())
+                if k.startswith("HARNESS_")},
         "store_paths": store_paths_named([*argv, str(cwd)], store_root),
     }
 

@@ -16,7 +16,9 @@ garbage. The kinds of root:
   pushes or pulls, and the paths held for ``harness up``'s broker while it lives
   (:mod:`harness.store.roots`).
 
-Collection runs under the exclusive gc lock, so no root can be added between reading the
+In a shared store (``harness store init --group``) a member deletes only the paths they
+registered; a project folder another member cannot read counts as present and keeps what it
+last recorded. Collection runs under the exclusive gc lock, so no root can be added between reading the
 roots and deleting (see :mod:`harness.store.roots`). Deletion unregisters first, so a crash
 mid-collection leaves only debris that the next ``clean`` removes.
 """
@@ -56,7 +58,9 @@ def _read_project(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(text)
     except ValueError:
-        return {"root": text.strip(), "locks": {}, "code": {}} if text.strip() else None
+        # Older harness: the folder on the first line, then the store paths it realized.
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return {"root": lines[0], "locks": {"(recorded)": lines[1:]}, "code": {}} if lines else None
     return data if isinstance(data, dict) and isinstance(data.get("root"), str) else None
 
 
@@ -212,22 +216,35 @@ def _project_root(data: dict[str, Any], entry: Path, now: float, *, forget_missi
     recorded_locks: dict[str, list[str]] = data.get("locks") or {}
     recorded_code: dict[str, str] = data.get("code") or {}
     detail: dict[str, str] = {}
-    if project.is_dir():
-        locks = project / "locks"
-        for lock_file in sorted(locks.glob("*.lock.toml")) if locks.is_dir() else []:
-            lock_name = lock_file.name[: -len(".lock.toml")]
-            try:
-                paths = lock_store_paths(read(lock_file))
-            except HarnessError:
-                paths = set(recorded_locks.get(lock_name, ()))  # unreadable now: keep what it named
-            for path in sorted(paths):
-                detail.setdefault(path, f"lock {lock_name}")
-        if checkout_code is not None:
-            for manifest, path in checkout_code(project).items():
-                detail.setdefault(path, f"code of {manifest}")
-        else:  # without the realize stage's help: the code it last registered
-            for label, path in sorted(recorded_code.items()):
-                detail.setdefault(path, f"{label}, recorded")
+    try:
+        present = project.is_dir()
+        if present:
+            locks = project / "locks"
+            for lock_file in sorted(locks.glob("*.lock.toml")) if locks.is_dir() else []:
+                lock_name = lock_file.name[: -len(".lock.toml")]
+                try:
+                    paths = lock_store_paths(read(lock_file))
+                except HarnessError:
+                    paths = set(recorded_locks.get(lock_name, ()))  # unreadable now: keep what it named
+                for path in sorted(paths):
+                    detail.setdefault(path, f"lock {lock_name}")
+            if checkout_code is not None:
+                for manifest, path in checkout_code(project).items():
+                    detail.setdefault(path, f"code of {manifest}")
+            else:  # without the realize stage's help: the code it last registered
+                for label, path in sorted(recorded_code.items()):
+                    detail.setdefault(path, f"{label}, recorded")
+    except PermissionError:
+        # Another member's project this user cannot read (a shared store): it is there, so
+        # it is not missing; keep what it last recorded.
+        for lock_name, named in sorted(recorded_locks.items()):
+            for path in named:
+                detail.setdefault(path, f"lock {lock_name}, recorded")
+        for label, path in sorted(recorded_code.items()):
+            detail.setdefault(path, f"{label}, recorded")
+        out.roots.append(Root("project", f"{project} (unreadable)", frozenset(detail), tuple(sorted(detail.items()))))
+        return
+    if present:
         if write and data.get("missing_since") is not None:
             data.pop("missing_since", None)
             _write_project_file(entry, data)
@@ -252,9 +269,14 @@ def _project_root(data: dict[str, Any], entry: Path, now: float, *, forget_missi
 
 
 def _write_project_file(entry: Path, data: dict[str, Any]) -> None:
+    """Rewrite a project root (when gc first finds it missing, or back); another member's
+    root in a shared store may not be ours to rewrite, and then stays as it is."""
     temp = entry.with_name(f".{entry.name}.{os.getpid()}")
-    temp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(temp, entry)
+    try:
+        temp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(temp, entry)
+    except OSError:
+        temp.unlink(missing_ok=True)
 
 
 def gather_roots(store: Store, *, runs_dir: Path | None = None, keep_runs: int = DEFAULT_KEEP_RUNS,
@@ -353,6 +375,8 @@ def collect(store: Store, *, dry_run: bool, runs_dir: Path | None = None, keep_r
         live = closure_of(store, [n for root in found.roots for n in root.names])
         # A record whose path was deleted behind the store's back is dead weight too.
         dead = sorted(r.name for r in store.records(even_if_gone=True) if r.name not in live)
+        # In a shared store only the member who registered a path (or root) deletes it.
+        dead = [name for name in dead if store.may_remove(name)]
         result = GcResult(missing_projects=found.missing, kept=len(live))
         reasons = _reasons(store, dead, found, keep_runs)
         result.dead = [(name, reasons[name]) for name in dead]

@@ -259,8 +259,16 @@ def live_holders(store: Store) -> list[LiveHolder]:
             found.append(LiveHolder("services", str(data.get("label", "")), pid,
                                     frozenset(str(n) for n in data.get("paths", []))))
         else:
-            path.unlink(missing_ok=True)
+            _remove(path)
     return found
+
+
+def _remove(path: Path) -> None:
+    """Remove a dead holder's file; in a shared store another member's may not be ours to."""
+    try:
+        path.unlink(missing_ok=True)
+    except PermissionError:
+        pass
 
 
 def _read_temp(path: Path) -> LiveHolder | None:
@@ -275,7 +283,7 @@ def _read_temp(path: Path) -> LiveHolder | None:
         except BlockingIOError:
             pass  # locked: its holder lives
         else:
-            path.unlink(missing_ok=True)  # nobody holds it: a dead process's leftovers
+            _remove(path)  # nobody holds it: a dead process's leftovers
             return None
         with os.fdopen(os.dup(fd), encoding="utf-8") as handle:
             lines = handle.read().splitlines()
