@@ -145,8 +145,15 @@ def _wants_work(store: Store, lock: Lock) -> bool:
 
 def realize_locks(ctx: Context, locks: list[Lock]) -> list[Report]:
     """Realize several locks: fetch everything first (one progress display), then build."""
+    from harness.realize.standin import realized_lock
     from harness.store.gc import register_project
+    from harness.store.roots import hold
 
+    # Rooted before anything is looked up: a concurrent `store gc` can no longer take an
+    # input (a wheel, a source) between "found registered" and "used by the build". A host
+    # copy standing in, and the environments on it, are inputs too.
+    hold(ctx.store, [name for lock in locks for name in {*lock_objects(lock),
+                                                         *lock_objects(realized_lock(ctx.store, lock))}])
     todo = [lock for lock in locks if _wants_work(ctx.store, lock)]
     if todo and ctx.substituters:
         _substitute(ctx, todo)
@@ -159,11 +166,9 @@ def realize_locks(ctx: Context, locks: list[Lock]) -> list[Report]:
     building = {id(lock) for lock in todo}
     reports = [_register(ctx, lock) if id(lock) in building else _complete(ctx, lock) for lock in locks]
     _drop_downloads(ctx, locks)
-    from harness.realize.standin import realized_lock
-
     # What this store realized (a host copy and its environments, where one stands in).
     register_project(ctx.store, ctx.project_root,
-                     [n for lock in locks for n in lock_objects(realized_lock(ctx.store, lock))])
+                     {lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks})
     return reports
 
 
@@ -470,6 +475,7 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
     already stands in for it, else a new host copy (module doc, ``standin.py``)."""
     from harness.realize.interpreter import DownloadUnavailable, build_uv_managed
     from harness.realize.standin import own_interpreter_registered
+    from harness.store.roots import hold
     from harness.store.standins import remember_standin, standin_for
 
     store, python = ctx.store, lock.python
@@ -498,6 +504,7 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
         host = standin_for(store, python.store)
         if host is None:
             host = _add_host_copy(ctx, lock)
+        hold(store, [host])  # rooted like the lock's paths: the environment is built on it next
         remember_standin(store, python.store, host, reason)
     return host
 

@@ -175,8 +175,9 @@ def ensure_realized(state: Any, names: list[str], *, offline: bool, realize: boo
     in which case anything missing is an error naming it."""
     from harness.realize.install import realize_names
     from harness.lock.lockfile import lock_path, read
-    from harness.realize.builder import missing
+    from harness.realize.builder import lock_objects, missing
     from harness.realize.standin import realized_lock
+    from harness.store.roots import hold
 
     project = state.project()
     if realize:
@@ -188,6 +189,8 @@ def ensure_realized(state: Any, names: list[str], *, offline: bool, realize: boo
             raise HarnessError(f"{name} has no lock", hint=f"run `harness install {name}`")
         # As realized here: a host interpreter may stand in for the lock's (realize/standin.py).
         locks[name] = realized_lock(_store(state.home), read(path))
+        # What this process launches stays rooted for as long as it lives (a run, `up`).
+        hold(_store(state.home), lock_objects(locks[name]))
         absent = missing(_store(state.home), locks[name])
         if absent:
             raise HarnessError(f"{name} is not realized ({len(absent)} store paths missing)",
