@@ -214,5 +214,6 @@ def test_host_copy_stands_in_under_its_own_name_until_uv_can_install(example: Pa
     diff = harness(example, home, "diff", host_run, "latest", env=with_downloads)
     assert f"kinematics: interpreter {host} (host copy, standing in for {LOCK.python.store}) → " \
            f"{LOCK.python.store}" in diff.stdout, diff.stdout
-    harness(example, home, "store", "gc", env=with_downloads)
-    assert not store.is_registered(host)
+    # gc keeps what recent runs used: once only the pure run counts, the copy goes.
+    harness(example, home, "store", "gc", env={**with_downloads, "HARNESS_GC_KEEP_RUNS": "1"})
+    assert not store.is_registered(host) and store.is_registered(LOCK.python.store)
