@@ -5,6 +5,14 @@ same one registration recorded) and each project file it recorded, and reports e
 modified or missing, plus the impurities the run named. A modified path names the files
 inside it that changed where it can: store files are canonical (mtime 1, mode 0444/0555),
 so a file whose metadata is not canonical was touched after registration.
+
+A run is judged as it ran: every store path a service or the benchmark worker started from
+was checked at launch (:mod:`harness.store.launchcheck`, kept in the run's
+``services/launch-checks.jsonl``). For such a path the verdict is the launch's — ``ok`` when
+it was verified, ``modified`` when the launch was refused — and today's store only adds a
+note (``store_now``): a store tampered with or repaired after the run does not change what
+the run computed with. Paths no launch checked (wheels, a service never started, records
+from before launch checks) are judged by re-hashing today's store, as before.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ class AuditItem:
     path: str
     status: str  # ok | modified | missing
     detail: str = ""
+    at_launch: str = ""  # "stat" / "hash" (verified when launched), "refused", "" (not launched)
+    store_now: str = ""  # for a path judged at launch: how today's store differs, "" if it does not
 
 
 @dataclass(frozen=True)
@@ -43,28 +53,23 @@ class AuditReport:
 
 def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> AuditReport:
     """Re-check every path and project file of a recorded run."""
-    from harness.store.hashing import file_sha256, nar_digest
+    from harness.store.hashing import file_sha256
 
     closure = read_json(run_dir / "lock.json")
     config = read_json(run_dir / "config.json")
+    launched = launch_verdicts(run_dir)
     items: list[AuditItem] = []
-    for entry in closure.get("store_paths", []):
-        path = store_root / entry["path"]
-        if not os.path.lexists(path):
-            items.append(AuditItem(entry["path"], "missing", "not in the store"))
-            continue
-        try:
-            digest = nar_digest(path)
-        except Exception as exc:  # unreadable or odd files count as modified, with the reason
-            items.append(AuditItem(entry["path"], "modified", str(exc)))
-            continue
-        if digest.hash != entry["content"]:
-            touched = touched_files(path)
-            where = f"changed: {', '.join(touched)}" if touched else "content changed"
-            items.append(AuditItem(entry["path"], "modified",
-                                   f"{where} (expected {entry['content']}, found {digest.hash})"))
+    names = [entry["path"] for entry in closure.get("store_paths", [])]
+    contents = {entry["path"]: entry["content"] for entry in closure.get("store_paths", [])}
+    for name in names + sorted(set(launched) - set(names)):
+        expected = contents.get(name) or launched[name][2]
+        now = _store_now(store_root / name, expected)
+        if name in launched:
+            how, detail, _ = launched[name]
+            status = "modified" if how == "refused" else "ok"
+            items.append(AuditItem(name, status, detail, at_launch=how, store_now=now[1] if now[0] != "ok" else ""))
         else:
-            items.append(AuditItem(entry["path"], "ok"))
+            items.append(AuditItem(name, *now))
     root = Path(config.get("project", {}).get("root") or project_root or ".")
     for rel, expected in sorted(closure.get("project_files", {}).items()):
         file = root / rel
@@ -79,6 +84,44 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
     if result_file.is_file():
         impurities += [i for i in read_json(result_file).get("impurities", []) if i not in impurities]
     return AuditReport(run_dir.name, tuple(items), tuple(impurities))
+
+
+def launch_verdicts(run_dir: Path) -> dict[str, tuple[str, str, str]]:
+    """Store path → (how it was checked at launch, detail, registered content hash), from
+    the run's launch checks. A refusal outweighs any verification of the same path."""
+    from harness.store.launchcheck import read_launches
+
+    verdicts: dict[str, tuple[str, str, str]] = {}
+    for entry in read_launches(run_dir / "services"):
+        refused = entry.get("refused")
+        if isinstance(refused, dict) and isinstance(refused.get("path"), str):
+            files = ", ".join(str(f) for f in refused.get("files") or []) or "its content"
+            verdicts[refused["path"]] = ("refused", f"refused at launch of {entry.get('launch')}: changed {files} "
+                                         f"(expected {refused.get('expected')}, found {refused.get('found')})",
+                                         str(refused.get("expected", "")))
+        for name, check in (entry.get("paths") or {}).items():
+            if verdicts.get(name, ("",))[0] != "refused" and isinstance(check, dict):
+                how = str(check.get("verified", ""))
+                verdicts[name] = (how, f"verified at launch of {entry.get('launch')} ({how})",
+                                  str(check.get("content", "")))
+    return verdicts
+
+
+def _store_now(path: Path, expected: str) -> tuple[str, str]:
+    """(status, detail) of today's copy of a store path against its registered hash."""
+    from harness.store.hashing import nar_digest
+
+    if not os.path.lexists(path):
+        return "missing", "not in the store"
+    try:
+        digest = nar_digest(path)
+    except Exception as exc:  # unreadable or odd files count as modified, with the reason
+        return "modified", str(exc)
+    if digest.hash != expected:
+        touched = touched_files(path)
+        where = f"changed: {', '.join(touched)}" if touched else "content changed"
+        return "modified", f"{where} (expected {expected}, found {digest.hash})"
+    return "ok", ""
 
 
 def touched_files(path: Path, limit: int = 20) -> list[str]:

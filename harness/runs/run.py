@@ -116,6 +116,9 @@ def run(
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     try:
+        exit_status = 1  # if the launch check refuses, the run failed before anything started
+        _check_launches(prepared, store, code.get(prepared.benchmark) if not command else None,
+                        run_dir / "services", worker=prepared.benchmark is not None and not command)
         broker = Broker(prepared.plan, prepared.specs, run_dir / "services")
         address = broker.serve_in_thread()
         broker.start()  # resident services up before the command starts
@@ -143,6 +146,24 @@ def run(
         })
         root.unlink(missing_ok=True)
     return RunOutcome(run_id, run_dir, exit_status, score)
+
+
+def _check_launches(prepared: Any, store: Any, worker_code: str | None, state_dir: Path, *, worker: bool) -> None:
+    """Check every store path the run's services and benchmark worker start from before
+    anything starts (:func:`harness.store.launchcheck.checked_launch`, logged in the run's
+    ``services/launch-checks.jsonl``), so a changed path fails the run at once, naming its
+    files. The supervisor checks a service again right before each start of its process."""
+    from harness.runtime.session import launch_closure
+    from harness.store.launchcheck import IntegrityError, checked_launch
+
+    launches = {name: spec.closure for name, spec in sorted(prepared.specs.items())}
+    if worker:
+        launches[prepared.benchmark] = launch_closure(store.root, prepared.locks[prepared.benchmark], worker_code)
+    for name, closure in launches.items():
+        try:
+            checked_launch(state_dir, name, closure)
+        except IntegrityError as exc:
+            raise HarnessError(f"{name}: refusing to start the run: {exc.message}", hint=exc.hint) from None
 
 
 def _benchmark_command(prepared: Any, store: Any) -> list[str]:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from harness.errors import InputError
 from harness.runtime.inventory import describe, visible
+from harness.runtime.launch import local_url as launch_url
 from harness.runtime.plan import Gpu, Mode, Plan, ServicePlacement, SimWorker
 
 if TYPE_CHECKING:
@@ -51,9 +52,9 @@ def gb(value: float) -> str:
     return f"{round(value, 2):g}"
 
 
-def local_url(port: int) -> str:
-    """The URL of a service this machine runs."""
-    return f"http://{LOCALHOST}:{port}"
+def local_url(port: int, protocol: str = "http") -> str:
+    """The URL of a service this machine runs (``ws://`` for WebSocket protocols)."""
+    return launch_url(port, protocol)
 
 
 def swap_group_for_gpu(index: int) -> str:
@@ -412,7 +413,7 @@ class _Planner:
         port = entry.port if entry is not None and entry.port is not None else self.services[name].port
         idle = entry.idle_seconds if entry is not None and mode == "on_demand" else None
         self.placements[name] = ServicePlacement(
-            name=name, mode=mode, gpu=gpu, port=port, url=local_url(port),
+            name=name, mode=mode, gpu=gpu, port=port, url=local_url(port, self.services[name].protocol),
             vram_gb=self.vram[name], swap=swap, idle_seconds=idle,
             scoped=self.services[name].scoped, reason=reason,
         )

@@ -8,6 +8,7 @@ all go through :func:`prepare`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,12 +130,13 @@ def prepare(
         if files:
             code[name] = realize_project_files(_store(home), project.root, f"{name}-code", files)
             cwd = store_root / code[name]
-        specs[name] = launch_spec(
+        spec = launch_spec(
             name, manifests[name], plan.service(name),
             python=store_root / lock.environment.store / "bin" / "python",
             weights=store_root / view if view else None,
             cwd=cwd, state_dir=state_dir, sources=sources,
         )
+        specs[name] = dataclasses.replace(spec, closure=launch_closure(store_root, lock, code.get(name)))
     for placement in plan.services:
         if placement.mode == "external":
             impurities.append(f"{placement.name}: external service at {placement.url} (not built by harness)")
@@ -147,6 +149,18 @@ def prepare(
                         bench_manifest, plan, specs, locks, skills, sorted(set(impurities)))
     prepared.code = code
     return prepared
+
+
+def launch_closure(store_root: Path, lock: Any, code: str | None) -> tuple[str, ...]:
+    """The store paths a process of ``lock`` runs from (absolute): its environment, weights
+    view, sources and project code. The launch check adds what they reference (the
+    interpreter, the weight sets); wheels are left out, being copied into the environment."""
+    from harness.lock.storepaths import weights_view_path
+
+    view = weights_view_path(lock)
+    names = [lock.environment.store, *([view] if view else []), *(s.store for s in lock.sources),
+             *([code] if code else [])]
+    return tuple(str(store_root / n) for n in dict.fromkeys(names))
 
 
 def _store(home: Path) -> Any:

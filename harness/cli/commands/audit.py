@@ -25,6 +25,8 @@ def command(state: State, run_id: str, strict: bool, as_json: bool) -> None:
         for item in report.items:
             detail = f": {item.detail}" if item.detail else ""
             click.echo(f"{item.status:<9} {item.path}{detail}")
+            if item.store_now:  # the run is judged as it ran; today's copy differs
+                click.echo(f"{'':<9} the store's copy now: {item.store_now}")
         for impurity in report.impurities:
             click.echo(f"impure    {impurity}")
         verdict = "FAILED" if report.failed else "ok"
