@@ -21,7 +21,7 @@ from harness.manifests.model import BenchmarkManifest, ServiceManifest
 from harness.manifests.project import Project
 from harness.runtime.deploywrite import assign_ports, default_path, write_deploy
 from harness.runtime.inventory import detect_gpus, parse_gpus, visible
-from harness.runtime.placement import closure_plan, plan
+from harness.runtime.placement import agent_plan, closure_plan, plan
 from harness.runtime.plan import Gpu, Plan
 from tests.conftest import REPO
 
@@ -296,6 +296,25 @@ def test_the_agents_models_fit_one_24_gb_gpu_resident() -> None:
         {n: m.kind for n, m in SERVICES.items()})
     result = closure_plan(SERVICES, closure, None, parse_gpus("1x24"))
     assert {p.mode for p in result.services} == {"resident"}
+
+
+def test_a_skill_whose_service_the_plan_turns_off_for_room_drops_out() -> None:
+    services = {"seg": service(7, 9101, kind="segmenter"), "wam": service(40, 9102, kind="world_model"),
+                "kin": service(0, 9103, kind="kinematics"), "helper": service(1, 9104, kind="helper")}
+    config = AgentConfig.model_validate({"agent": {"skills": {
+        "segment": {"needs": ["segmenter"], "summary": "Segment objects"},
+        "imagine": {"needs": ["world_model", "helper"], "summary": "Imagine the future"},
+        "kinematics": {"needs": ["kinematics"]}}}})
+    closure, result = agent_plan(services, config, None, parse_gpus("1x24"), {})
+    assert closure.skills_on == ("kinematics", "segment")
+    assert [s for s, _ in closure.skills_dropped] == ["imagine"]
+    # The helper only the dropped skill needed is gone too; the plan still says why wam is off.
+    assert closure.services == {"seg", "kin"}
+    assert {p.name: p.mode for p in result.services} == {"kin": "resident", "seg": "resident", "wam": "off"}
+    assert any(n.startswith("wam is off: no GPU with 40 GB free") for n in result.notes)
+    # With room, nothing drops.
+    closure, result = agent_plan(services, config, None, parse_gpus("1x80"), {})
+    assert closure.skills_dropped == () and closure.services == {"seg", "wam", "kin", "helper"}
 
 
 # --- inventory -----------------------------------------------------------------------------------------

@@ -41,6 +41,9 @@ class AuditReport:
     run: str
     items: tuple[AuditItem, ...]
     impurities: tuple[str, ...]
+    #: resets of scoped services during the run (see :mod:`harness.runs.resets`): not
+    #: failures, but the one way a swap changed what the run computed
+    scoped_resets: tuple[dict[str, Any], ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -48,7 +51,8 @@ class AuditReport:
 
     def as_json(self) -> dict[str, Any]:
         return {"run": self.run, "ok": not self.failed,
-                "items": [i.__dict__ for i in self.items], "impurities": list(self.impurities)}
+                "items": [i.__dict__ for i in self.items], "impurities": list(self.impurities),
+                "scoped_resets": list(self.scoped_resets)}
 
 
 def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> AuditReport:
@@ -83,7 +87,29 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
     result_file = run_dir / "result.json"
     if result_file.is_file():
         impurities += [i for i in read_json(result_file).get("impurities", []) if i not in impurities]
-    return AuditReport(run_dir.name, tuple(items), tuple(impurities))
+    return AuditReport(run_dir.name, tuple(items), tuple(impurities), tuple(scoped_resets(run_dir)))
+
+
+def scoped_resets(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's scoped resets: ``result.json``'s, else (a run still going, or killed) the log's."""
+    from harness.runs.resets import RESETS_FILE, read_resets
+
+    result_file = run_dir / "result.json"
+    if result_file.is_file():
+        recorded = read_json(result_file).get("scoped_resets")
+        if isinstance(recorded, list):
+            return [r for r in recorded if isinstance(r, dict)]
+    return read_resets(run_dir / RESETS_FILE)
+
+
+def describe_reset(reset: dict[str, Any]) -> str:
+    """One line for a reset: which service, when, which lease saw it fresh."""
+    import time
+
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(reset.get("at") or 0)))
+    return (f"{reset.get('service')} reset at {when}: lease {reset.get('lease')} of client "
+            f"{reset.get('client')} saw it fresh (incarnation {reset.get('previous_incarnation')} → "
+            f"{reset.get('incarnation')})")
 
 
 def launch_verdicts(run_dir: Path) -> dict[str, tuple[str, str, str]]:
@@ -181,10 +207,21 @@ def diff_runs(a: Path, b: Path) -> list[str]:
             va, vb = (pa.get(service) or {}).get(key), (pb.get(service) or {}).get(key)
             if va != vb:
                 lines.append(f"placement {service}.{key}: {va} → {vb}")
+    resets_a, resets_b = _reset_counts(a), _reset_counts(b)
+    for service in sorted(set(resets_a) | set(resets_b)):
+        if resets_a.get(service, 0) != resets_b.get(service, 0):
+            lines.append(f"scoped resets of {service}: {resets_a.get(service, 0)} → {resets_b.get(service, 0)}")
     for key in ("command", "agent", "overrides", "deploy", "benchmark"):
         if config_a.get(key) != config_b.get(key):
             lines.append(f"configuration {key}: {_short(config_a.get(key))} → {_short(config_b.get(key))}")
     return lines
+
+
+def _reset_counts(run_dir: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for reset in scoped_resets(run_dir):
+        counts[str(reset.get("service"))] = counts.get(str(reset.get("service")), 0) + 1
+    return counts
 
 
 def _mapping_diff(label: str, a: dict[str, Any], b: dict[str, Any]) -> list[str]:

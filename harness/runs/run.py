@@ -8,6 +8,7 @@ broker runs in this process and stops every service it started when the run ends
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -50,7 +51,7 @@ def run(
     echo: Any = print,
 ) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) with the closure's services; record it."""
-    from harness.runtime.broker import Broker
+    from harness.runs.resets import RESETS_FILE, RecordingBroker, ResetLog, read_resets
     from harness.realize.project_code import realize_project_files, service_files
     from harness.runtime.session import prepare
     from harness.store.store import Store
@@ -119,7 +120,8 @@ def run(
         exit_status = 1  # if the launch check refuses, the run failed before anything started
         _check_launches(prepared, store, code.get(prepared.benchmark) if not command else None,
                         run_dir / "services", worker=prepared.benchmark is not None and not command)
-        broker = Broker(prepared.plan, prepared.specs, run_dir / "services")
+        broker = RecordingBroker(prepared.plan, prepared.specs, run_dir / "services",
+                                 resets=ResetLog(run_dir / RESETS_FILE))
         address = broker.serve_in_thread()
         broker.start()  # resident services up before the command starts
         env = _command_env(address, prepared, run_dir)
@@ -143,6 +145,7 @@ def run(
         write_json(run_dir / "result.json", {
             "id": run_id, "started": started, "ended": ended, "duration_s": round(ended - started, 3),
             "exit_status": exit_status, "score": score, "impurities": impurities,
+            "scoped_resets": read_resets(run_dir / RESETS_FILE),
         })
         root.unlink(missing_ok=True)
     return RunOutcome(run_id, run_dir, exit_status, score)
@@ -187,6 +190,8 @@ def _command_env(address: str, prepared: Any, run_dir: Path) -> dict[str, str]:
         env.pop(key, None)  # the benchmark's own environment must not see ours
     env["HARNESS_BROKER"] = address
     env["HARNESS_RUN_DIR"] = str(run_dir)
+    if prepared.skills:  # the skills on and their text: a dropped skill is absent from the prompt
+        env["HARNESS_SKILLS"] = json.dumps(prepared.skills.get("text", {}), sort_keys=True)
     for placement in prepared.plan.services:
         key = "HARNESS_SERVICE_" + placement.name.upper().replace("-", "_").replace(".", "_") + "_URL"
         if placement.url:

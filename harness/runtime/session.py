@@ -65,10 +65,10 @@ def prepare(
     every manifest; plus the benchmark (``benchmark``, else the agent's). ``only`` limits
     which of the planned services get launch specs (``harness up NAME``).
     """
-    from harness.manifests.agent import Closure, parse_override, services_needed
+    from harness.manifests.agent import Closure, parse_override
     from harness.runtime.inventory import detect_gpus, parse_gpus
     from harness.runtime.launch import launch_spec
-    from harness.runtime.placement import closure_plan
+    from harness.runtime.placement import agent_plan, closure_plan
 
     project = state.project()
     home: Path = state.home
@@ -76,16 +76,16 @@ def prepare(
     benchmarks = project.load_benchmarks()
     deploy_path = state.deploy_path
     deploy = project.load_deploy(deploy_path) if deploy_path is not None else None
-    off = frozenset(n for n, s in deploy.services.items() if s.mode == "off") if deploy else frozenset()
 
     skills: dict[str, Any] = {}
+    inventory = parse_gpus(gpus) if gpus else detect_gpus()
     if agent is not None:
         config = project.load_agent(agent, [parse_override(s) for s in sets])
-        closure = services_needed(config, {n: m.kind for n, m in manifests.items()}, off=off,
-                                  benchmarks=frozenset(benchmarks))
-        skills = {"on": list(closure.skills_on), "dropped": [list(d) for d in closure.skills_dropped]}
-        if benchmark is not None:
-            closure = Closure(closure.services, benchmark, closure.skills_on, closure.skills_dropped)
+        # A service the plan turns off for lack of room drops its skills as a deploy's off does.
+        closure, plan = agent_plan(manifests, config, deploy, inventory, benchmarks, benchmark=benchmark)
+        skills = {"on": list(closure.skills_on), "dropped": [list(d) for d in closure.skills_dropped],
+                  # What the agent's prompt may say of its skills: only the ones on.
+                  "text": {s: config.agent.skills[s].summary or "" for s in closure.skills_on}}
     else:
         if sets:
             raise HarnessError("--set changes an agent config: give --agent too")
@@ -97,8 +97,8 @@ def prepare(
     if closure.benchmark is not None and closure.benchmark not in benchmarks:
         raise HarnessError(f"no benchmark manifest benchmarks/{closure.benchmark}.toml")
 
-    inventory = parse_gpus(gpus) if gpus else detect_gpus()
-    plan = closure_plan(manifests, closure, deploy, inventory, benchmarks)
+    if agent is None:
+        plan = closure_plan(manifests, closure, deploy, inventory, benchmarks)
     launched = [p.name for p in plan.services if p.mode in ("resident", "on_demand")
                 and (not only or p.name in only)]
     unknown_only = [n for n in only if n not in {p.name for p in plan.services}]

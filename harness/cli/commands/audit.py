@@ -29,6 +29,10 @@ def command(state: State, run_id: str, strict: bool, as_json: bool) -> None:
                 click.echo(f"{'':<9} the store's copy now: {item.store_now}")
         for impurity in report.impurities:
             click.echo(f"impure    {impurity}")
+        from harness.runs.audit import describe_reset
+
+        for reset in report.scoped_resets:  # not a failure: the seed's one documented exception
+            click.echo(f"reset     {describe_reset(reset)}")
         verdict = "FAILED" if report.failed else "ok"
         click.echo(f"audit of run {report.run}: {verdict} ({len(report.items)} checked, "
                    f"{len(report.impurities)} impurities)")
