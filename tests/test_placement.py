@@ -435,16 +435,40 @@ def test_cli_plan_infeasible_deploy_exits_2(harness_cli, tmp_path: Path) -> None
     assert "need 43.2 GB on GPU 0, which has 24 GB" in result.err
 
 
+def test_cli_deploy_write_gives_every_instance_ports_of_its_own(harness_cli, tmp_path: Path) -> None:
+    home = ("--home", str(tmp_path / "home"))
+
+    def write(name: str, *extra: str) -> dict[str, int]:
+        out = tmp_path / f"{name}.toml"
+        result = harness_cli("--project", str(REPO), *home, "deploy", "write", "-o", str(out), "--gpus", "1x24",
+                             *extra)
+        assert result.code == 0, result.err
+        return {n: s.port for n, s in PROJECT.load_deploy(out).services.items() if s.port is not None}
+
+    first = write("first")
+    second = write("second")  # nothing of the first runs: only the registry keeps them apart
+    assert first and set(first) == set(second)
+    assert not set(first.values()) & set(second.values())
+    assert len(set(second.values())) == len(second)
+    assert write("second", "--force") == second, "rewriting a deploy keeps its ports"
+    registry = json.loads((tmp_path / "home" / "state" / "ports.json").read_text())
+    assert set(registry["deploys"]) == {str(tmp_path / "first.toml"), str(tmp_path / "second.toml")}
+    (tmp_path / "first.toml").unlink()  # a deploy that is gone gives its ports back
+    assert write("third") == first
+
+
 def test_cli_deploy_write(harness_cli, tmp_path: Path) -> None:
     out = tmp_path / "box.toml"
-    result = harness_cli("--project", str(REPO), "deploy", "write", "-o", str(out), "--gpus", "1x24",
-                         "--agent", "default")
+    result = harness_cli("--project", str(REPO), "--home", str(tmp_path / "home"), "deploy", "write", "-o",
+                         str(out), "--gpus", "1x24", "--agent", "default")
     assert result.code == 0, result.err
     written = PROJECT.load_deploy(out)
     assert written.services["sam3"].mode == "resident" and written.services["openwam"].mode == "off"
-    again = harness_cli("--project", str(REPO), "deploy", "write", "-o", str(out), "--gpus", "1x24")
+    again = harness_cli("--project", str(REPO), "--home", str(tmp_path / "home"), "deploy", "write", "-o", str(out),
+                        "--gpus", "1x24")
     assert again.code == 2 and "--force" in again.err
-    forced = harness_cli("--project", str(REPO), "deploy", "write", "-o", str(out), "--gpus", "1x24", "--force")
+    forced = harness_cli("--project", str(REPO), "--home", str(tmp_path / "home"), "deploy", "write", "-o", str(out),
+                         "--gpus", "1x24", "--force")
     assert forced.code == 0, forced.err
     assert PROJECT.load_deploy(out).services["openwam"].mode == "on_demand"
     planned = harness_cli("--project", str(REPO), "--deploy", str(out), "plan", "--gpus", "1x24", "--json")
