@@ -183,4 +183,4 @@ def test_an_xpolicylab_policy_serves_actions_over_websocket_through_the_broker(u
     checks = [json.loads(line) for line in (run_dir / "services" / "launch-checks.jsonl").read_text().splitlines()]
     assert all(source in c["paths"] and lock.environment.store in c["paths"] for c in checks)
     assert subprocess.run(["git", "-C", str(tmp_path / "XPolicyLab"), "status", "--porcelain"],
-                          capture_output=True, text=True).stdout == "", "the checkout itself was not used"
+                          check=True, capture_output=True, text=True).stdout == "", "the checkout itself was not used"

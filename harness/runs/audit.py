@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.errors import HarnessError
 from harness.runs.record import read_json
 from harness.store.store import FIXED_MTIME
 
@@ -122,9 +123,9 @@ def launch_verdicts(run_dir: Path) -> dict[str, tuple[str, str, str]]:
         refused = entry.get("refused")
         if isinstance(refused, dict) and isinstance(refused.get("path"), str):
             files = ", ".join(str(f) for f in refused.get("files") or []) or "its content"
-            verdicts[refused["path"]] = ("refused", f"refused at launch of {entry.get('launch')}: changed {files} "
-                                         f"(expected {refused.get('expected')}, found {refused.get('found')})",
-                                         str(refused.get("expected", "")))
+            detail = (f"refused at launch of {entry.get('launch')}: changed {files} "
+                      f"(expected {refused.get('expected')}, found {refused.get('found')})")
+            verdicts[refused["path"]] = ("refused", detail, str(refused.get("expected", "")))
         for name, check in (entry.get("paths") or {}).items():
             if verdicts.get(name, ("",))[0] != "refused" and isinstance(check, dict):
                 how = str(check.get("verified", ""))
@@ -141,7 +142,7 @@ def _store_now(path: Path, expected: str) -> tuple[str, str]:
         return "missing", "not in the store"
     try:
         digest = nar_digest(path)
-    except Exception as exc:  # unreadable or odd files count as modified, with the reason
+    except (HarnessError, OSError) as exc:  # unreadable or odd files count as modified, with the reason
         return "modified", str(exc)
     if digest.hash != expected:
         touched = touched_files(path)

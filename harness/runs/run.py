@@ -51,8 +51,8 @@ def run(
     echo: Any = print,
 ) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) with the closure's services; record it."""
-    from harness.runs.resets import RESETS_FILE, RecordingBroker, ResetLog, read_resets
     from harness.realize.project_code import realize_project_files, service_files
+    from harness.runs.resets import RESETS_FILE, RecordingBroker, ResetLog, read_resets
     from harness.runtime.session import prepare
     from harness.store.store import Store
 
@@ -118,7 +118,7 @@ def run(
     logs.mkdir(parents=True, exist_ok=True)
     try:
         exit_status = 1  # if the launch check refuses, the run failed before anything started
-        _check_launches(prepared, store, code.get(prepared.benchmark) if not command else None,
+        _check_launches(prepared, store, code.get(prepared.benchmark or "") if not command else None,
                         run_dir / "services", worker=prepared.benchmark is not None and not command)
         broker = RecordingBroker(prepared.plan, prepared.specs, run_dir / "services",
                                  resets=ResetLog(run_dir / RESETS_FILE))

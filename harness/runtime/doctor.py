@@ -13,11 +13,11 @@ def diagnose(state: Any, *, agent: str | None = None, sets: tuple[str, ...] = ()
     GPUs under the deploy, plus its benchmark: services external, off in the deploy or off
     for lack of room are never installed (``run_skips`` says which and why); and the store's
     health (existence and references; ``store verify --check-contents`` re-hashes)."""
-    from harness.realize.builder import missing
     from harness.errors import HarnessError
     from harness.lock.check import check_locks
-    from harness.lock.lockfile import lock_path, read
     from harness.lock.generate import load_manifests
+    from harness.lock.lockfile import lock_path, read
+    from harness.realize.builder import missing
     from harness.runtime.inventory import detect_gpus, parse_gpus
     from harness.store.store import Store
     from harness.store.verify import verify_store

@@ -22,8 +22,9 @@ import json
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 

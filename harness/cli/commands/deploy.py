@@ -36,11 +36,10 @@ def write(
     force: bool,
 ) -> None:
     import socket
+    import tomllib
 
     from harness.errors import InputError
     from harness.manifests.loading import display_path
-    import tomllib
-
     from harness.runtime.deploywrite import default_path, port_in_use, write_deploy
     from harness.runtime.portregistry import reserve
 
