@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.store.launchcheck import check_closure, fingerprint_path
-from harness.store.store import Store
+from harness.store.launchcheck import check_closure, fingerprint_path  # noqa: E402
+from harness.store.store import Store  # noqa: E402
 
 
 def build_store(root: Path, size_gb: float, files: int, small: int) -> list[str]:
@@ -50,6 +50,8 @@ def build_store(root: Path, size_gb: float, files: int, small: int) -> list[str]
         (out / "bin" / "python3").write_bytes(b"\x7fELF" + b"\0" * 4096)
 
     def environment(out: Path) -> None:
+        out.mkdir()
+        (out / "pyvenv.cfg").write_text("home = ../python/bin\n")
         per_dir = 50
         for i in range(small):
             folder = out / "lib" / "site-packages" / f"pkg{i // per_dir:04d}"
