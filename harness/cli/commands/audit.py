@@ -9,7 +9,7 @@ from harness.cli import State
 
 @click.command(help="Re-check every store path a run used; exit 1 if any changed.")
 @click.argument("run_id", default="latest")
-@click.option("--strict", is_flag=True, help="Also fail when the run had impurities.")
+@click.option("--strict", is_flag=True, help="Also fail when the run had impurities or a scoped service was reset.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def command(state: State, run_id: str, strict: bool, as_json: bool) -> None:
@@ -36,5 +36,5 @@ def command(state: State, run_id: str, strict: bool, as_json: bool) -> None:
         verdict = "FAILED" if report.failed else "ok"
         click.echo(f"audit of run {report.run}: {verdict} ({len(report.items)} checked, "
                    f"{len(report.impurities)} impurities)")
-    if report.failed or (strict and report.impurities):
+    if report.failed or (strict and (report.impurities or report.scoped_resets)):
         raise SystemExit(1)
