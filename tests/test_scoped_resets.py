@@ -21,8 +21,8 @@ def test_a_scoped_service_swapped_out_and_back_is_recorded_as_reset(tmp_path: Pa
                              {policy.name: policy, seg.name: seg}, tmp_path, tick=0.05, grace=(2.0, 2.0),
                              resets=ResetLog(log))
     try:
-        agent = Client(broker.serve_in_thread(), client_id="agent")
-        other = Client(agent.address, client_id="other")
+        agent = Client(broker.serve_in_thread(), client_id="agent", token=broker.token)
+        other = Client(agent.address, client_id="other", token=broker.token)
         leases = []
         for client, name in ((agent, policy.name), (agent, policy.name), (agent, seg.name),
                              (other, policy.name), (agent, policy.name)):
