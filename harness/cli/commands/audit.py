@@ -31,8 +31,11 @@ def command(state: State, run_id: str, strict: bool, as_json: bool) -> None:
             click.echo(f"impure    {impurity}")
         from harness.runs.audit import describe_reset
 
-        for reset in report.scoped_resets:  # not a failure: the seed's one documented exception
+        for reset in report.scoped_resets:  # not a failure without --strict: the seed's documented exception
             click.echo(f"reset     {describe_reset(reset)}")
+        gone = [item.path for item in report.items if item.status == "missing"]
+        if gone:
+            click.echo(f"{len(gone)} path(s) of this run are gone from the store: {', '.join(gone)}")
         verdict = "FAILED" if report.failed else "ok"
         click.echo(f"audit of run {report.run}: {verdict} ({len(report.items)} checked, "
                    f"{len(report.impurities)} impurities)")
