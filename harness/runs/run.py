@@ -48,18 +48,27 @@ def run(
     gpus: str | None,
     offline: bool,
     echo: Any = print,
+    shard: tuple[int, int] | None = None,
+    run_id: str | None = None,
+    run_dir: Path | None = None,
+    ports: dict[str, int] | None = None,
 ) -> RunOutcome:
-    """Run ``command`` (or the benchmark's worker) with the closure's services; record it."""
+    """Run ``command`` (or the benchmark's worker) with the closure's services; record it.
+
+    A cluster shard (:mod:`harness.runs.cluster`) takes this same path with ``shard``
+    (I, N), exported to the command as ``HARNESS_SHARD=I/N``, its record written to
+    ``run_dir`` under the cluster run's id, and its services on ``ports`` free on its node.
+    """
     from harness.runtime.broker import Broker
     from harness.realize.project_code import realize_project_files, service_files
     from harness.runtime.session import prepare
     from harness.store.store import Store
 
     started = time.time()
-    run_id = new_run_id(started)
-    run_dir = runs_dir(state.home) / run_id
+    run_id = run_id or new_run_id(started)
+    run_dir = run_dir or runs_dir(state.home) / run_id
     prepared = prepare(state, agent=agent, sets=sets, services=services, benchmark=benchmark,
-                       gpus=gpus, offline=offline, state_dir=run_dir / "services")
+                       gpus=gpus, offline=offline, state_dir=run_dir / "services", ports=ports)
     echo(f"run {run_id}: services {', '.join(sorted(prepared.specs)) or '(none)'}"
          + (f", benchmark {prepared.benchmark}" if prepared.benchmark else ""))
     for note in prepared.plan.notes:
@@ -100,10 +109,12 @@ def run(
         "versions": tool_versions(),
         "impurities": list(prepared.impurities),
     }
+    if shard is not None:
+        config["shard"] = f"{shard[0]}/{shard[1]}"
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", closure.as_json())
     # A live run roots its store paths against `harness store gc`.
-    root = store.roots_dir / "runs" / run_id
+    root = store.roots_dir / "runs" / (run_id if shard is None else f"{run_id}-shard-{shard[0]}")
     write_json(root, {"pid": os.getpid(), "paths": [e.path for e in closure.entries]})
 
     # Ctrl-C must stop the run and still record it, even when this process inherited an
@@ -120,6 +131,8 @@ def run(
         address = broker.serve_in_thread()
         broker.start()  # resident services up before the command starts
         env = _command_env(address, prepared, run_dir)
+        if shard is not None:
+            env["HARNESS_SHARD"] = f"{shard[0]}/{shard[1]}"
         echo(f"broker {address}; running: {' '.join(argv)}")
         exit_status = _run_command(argv, env, cwd, logs / "command.log", echo)
     except KeyboardInterrupt:
