@@ -41,7 +41,7 @@ shard = os.environ["HARNESS_SHARD"].replace("/", "-")
 (gates / f"started-{shard}-{os.getpid()}").write_text(os.environ.get("HARNESS_RUN_DIR", ""))
 while not (gates / "open").exists():
     time.sleep(0.1)
-episodes = os.path.join(os.environ["REACH_DIR"], "episodes.py")
+episodes = sys.argv[2]
 sys.argv = [episodes, "--episodes", "20", "--seed", "0"]
 runpy.run_path(episodes, run_name="__main__")
 """
@@ -171,11 +171,11 @@ def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> Non
 def _gated(setup: Setup, tag: str, shards: int) -> tuple[subprocess.Popen[str], Path]:
     gates = setup.gates / tag
     gates.mkdir()
-    env = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home), "RAY_ADDRESS": setup.cluster.address,
-           "REACH_DIR": str(REPO / "benchmarks" / "reach")}
+    env = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home), "RAY_ADDRESS": setup.cluster.address}
     proc = subprocess.Popen([sys.executable, "-m", "harness", "--project", str(REPO), "run", "--agent",
                              "kinematics-only", "--cluster", "ray", "--shards", str(shards), "--",
-                             sys.executable, str(setup.gates / "gate.py"), str(gates)],
+                             sys.executable, str(setup.gates / "gate.py"), str(gates),
+                             str(REPO / "benchmarks" / "reach" / "episodes.py")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, gates
 
@@ -211,6 +211,20 @@ def test_ctrl_c_cancels_every_shard_and_stops_their_services(setup: Setup) -> No
     for port in ports:
         with socket.socket() as sock:
             assert sock.connect_ex(("127.0.0.1", port)) != 0, f"a service still answers on port {port}"
+
+
+def test_slurm_array_through_submitit_local(setup: Setup) -> None:
+    """``--cluster slurm-local``: the same shards as one submitit array job, on this machine
+    (submitit's local executor; a real Slurm takes ``--cluster slurm``)."""
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install 'harness[slurm]'")
+    result = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "slurm-local", "--shards", "2")
+    assert result.returncode == 0, result.stderr
+    assert "submitted array job" in result.stderr
+    run_dir = _run_dir(setup, result.stderr)
+    outcome = json.loads((run_dir / "result.json").read_text())
+    assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"]
+    assert json.loads((run_dir / "benchmark.json").read_text())["episodes"] == 20
+    assert _harness(setup, "audit", run_dir.name).returncode == 0
 
 
 def test_second_node_killed_mid_run_is_retried_on_the_head(setup: Setup) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -183,6 +184,10 @@ def run_on_cluster(
     ) for i in range(shards)]
     results: list[dict[str, Any]] = []
     interrupted = False
+    # Ctrl-C must cancel the shards even when this process inherited an ignored SIGINT (as
+    # background jobs of a non-interactive shell do), as in a local run.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         results = engine.run(jobs, cpus=cpus, gpus=gpu_count, retries=retries, folder=run_dir / "engine",
                              echo=echo)
@@ -412,7 +417,12 @@ class RayEngine:
                 while pending and time.time() < deadline:
                     done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
                     for ref in done:
-                        results[refs[ref]] = self._result(ref, refs[ref], len(jobs))
+                        result = self._result(ref, refs[ref], len(jobs))
+                        if result.get("status") != "ok":  # stopped by the cancel, whatever its exit
+                            result["status"] = "cancelled"
+                            result["reason"] = (f"cancelled by Ctrl-C on the head; it stopped its services "
+                                                f"and recorded itself (exit {result.get('exit_status')})")
+                        results[refs[ref]] = result
             except KeyboardInterrupt:
                 pass
             for ref in pending:

@@ -117,6 +117,22 @@ def _environment(values: dict[str, str]) -> Any:
                 os.environ[key] = value
 
 
+@contextmanager
+def _sigint_unblocked() -> Any:
+    """SIGINT deliverable in this thread, and so in the processes and threads it starts.
+
+    A Ray worker blocks SIGINT, and a blocked mask survives fork and exec: without this the
+    services and the command of a cancelled shard could not be interrupted, only killed.
+    """
+    import signal
+
+    previous = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run ``job`` on this node and return its record (see the module docstring).
 
@@ -142,7 +158,7 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
 
         state = NodeState(home, Path(job.deploy_path) if job.deploy_path else None, Path(job.project_root))
         ports = dict(zip(job.local_services, free_ports(len(job.local_services)), strict=True))
-        with _environment(env):
+        with _environment(env), _sigint_unblocked():
             outcome = run(state, list(job.command), agent=job.agent, sets=job.sets, services=job.services,
                           benchmark=job.benchmark, gpus=job.gpus, offline=job.offline, echo=lines.append,
                           shard=(job.index, job.count), run_id=job.run_id, run_dir=folder, ports=ports)

@@ -33,9 +33,9 @@ def command(state: State, agent: str | None, sets: tuple[str, ...], services: tu
             raise InputError("--gpus plans for this machine; a cluster shard plans for the GPUs its node has")
         from harness.runs.cluster import run_on_cluster
 
-        outcome = run_on_cluster(state, list(command), cluster=cluster, shards=shards or 1, retries=retries,
-                                 agent=agent, sets=sets, services=services, benchmark=benchmark, gpus=None,
-                                 offline=offline, echo=echo)
+        outcome = run_on_cluster(state, list(command), cluster=cluster, shards=1 if shards is None else shards,
+                                 retries=retries, agent=agent, sets=sets, services=services,
+                                 benchmark=benchmark, gpus=None, offline=offline, echo=echo)
     else:
         if shards is not None:
             raise InputError("--shards splits a run over a cluster: give --cluster too")
