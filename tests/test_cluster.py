@@ -224,7 +224,6 @@ def test_slurm_array_through_submitit_local(setup: Setup) -> None:
     outcome = json.loads((run_dir / "result.json").read_text())
     assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"]
     assert json.loads((run_dir / "benchmark.json").read_text())["episodes"] == 20
-    assert _harness(setup, "audit", run_dir.name).returncode == 0
 
 
 def test_second_node_killed_mid_run_is_retried_on_the_head(setup: Setup) -> None:

@@ -174,6 +174,9 @@ def run_on_cluster(
     }
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", closure)
+    # As a local run does: the closure is rooted against `harness store gc` while shards run.
+    root = store.roots_dir / "runs" / run_id
+    write_json(root, {"pid": os.getpid(), "paths": [e["path"] for e in closure["store_paths"]]})
     local = tuple(p.name for p in prepared.plan.services if p.mode in ("resident", "on_demand"))
     jobs = [ShardJob(
         run_id=run_id, index=i, count=shards, project_root=str(project.root),
@@ -196,6 +199,7 @@ def run_on_cluster(
         results = list(getattr(exc, "results", []))
     finally:
         outcome = record_cluster_run(run_dir, config, results, jobs, interrupted=interrupted)
+        root.unlink(missing_ok=True)
     for shard in outcome["shards"]:
         retried = f", after {len(shard['attempts']) - 1} retries" if len(shard.get("attempts", [])) > 1 else ""
         why = f": {shard['reason']}" if shard.get("reason") else ""
