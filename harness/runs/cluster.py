@@ -180,7 +180,7 @@ def run_on_cluster(
     local = tuple(p.name for p in prepared.plan.services if p.mode in ("resident", "on_demand"))
     jobs = [ShardJob(
         run_id=run_id, index=i, count=shards, project_root=str(project.root),
-        deploy_path=str(prepared.deploy_path) if prepared.deploy_path else None, command=tuple(command),
+        deploy_path=str(prepared.deploy_path.resolve()) if prepared.deploy_path else None, command=tuple(command),
         agent=agent, sets=tuple(sets), services=tuple(services), benchmark=benchmark, gpus=None,
         offline=offline, substituters=tuple(settings.substituters) if pushed.get("cache") else (),
         trusted_keys=tuple(settings.trusted_keys), local_services=local, expected_digest=digest,

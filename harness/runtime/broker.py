@@ -16,7 +16,8 @@ HTTP on loopback (JSON bodies; errors are ``{"error": msg, "code": code}``)::
     GET  /health                          -> {"status": "ok"}
     POST /shutdown                        -> 200, then every service it started is stopped
 
-Semantics:
+Semantics (the decisions are :class:`harness.runtime.scheduling.Scheduler`'s, a pure state
+machine tested on its own; this module carries them out with processes, threads and HTTP):
 
 * **on_demand** services start on the first acquire and are healthy (health URL 2xx, or the
   port accepting connections) before it is answered, bounded by ``load_seconds``. Callers
@@ -64,8 +65,11 @@ when it died, and stops only what harness started.
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
+import math
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -74,126 +78,47 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 
 import psutil
+from filelock import FileLock, Timeout
 
 from harness.errors import HarnessError
-from harness.runtime import supervisor
+from harness.runtime import supervisor, watchdog
 from harness.runtime.launch import LaunchSpec, specs_from_json, specs_to_json
 from harness.runtime.plan import Gpu, Plan, ServicePlacement, SimWorker
+from harness.runtime.scheduling import STATES, Action, BrokerError, GroupState, Scheduler, Start, Stop
+
+__all__ = ["STATES", "Broker", "BrokerError", "broker_address", "down", "read_state", "spawn", "status"]
 
 #: Marks the broker's state file.
 STATE_MARKER = "harness-broker/1"
 STATE_FILE = "broker.json"
+#: The broker's secret (0600): every request but ``GET /health`` carries it as
+#: ``Authorization: Bearer <token>``. A new one per broker process.
+TOKEN_FILE = "broker.token"
+#: Largest request body accepted (a lease request is a few hundred bytes).
+MAX_BODY = 1 << 20
+#: Held while a broker of the state folder is being looked for or started (one per folder).
+LOCK_FILE = "broker.lock"
 #: The configuration a detached broker (:func:`spawn`) reads at start.
 CONFIG_FILE = "broker-config.json"
 #: Client id used by :meth:`Broker.start` to bring services up (no lease outlives it).
 SYSTEM_CLIENT = "harness-up"
-
-STATES = ("stopped", "starting", "ready", "stopping", "crashed", "external", "off")
-
-
-class BrokerError(HarnessError):
-    """An acquire or release the broker refuses; ``status`` is the HTTP status it answers."""
-
-    def __init__(self, status: int, code: str, message: str, *, log_tail: str = "",
-                 hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.status = status
-        self.code = code
-        self.log_tail = log_tail
-
-    def as_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"error": str(self), "code": self.code}
-        if self.log_tail:
-            data["log_tail"] = self.log_tail
-        return data
-
-
-# ------------------------------------------------------------------------------ state
-
-
-@dataclass(eq=False)
-class _Ticket:
-    """One caller waiting in a group's queue."""
-
-    service: str
-    client: str
-    client_pid: int | None
-    result: dict[str, Any] | None = None
-    error: BrokerError | None = None
-
-
-@dataclass(eq=False)
-class _Group:
-    """Services that share one load slot: a swap group, or a single service on its own.
-
-    Every field is guarded by ``cond``. ``active`` is the member that has (or is getting)
-    a process; ``busy`` is true while one thread starts or stops a member with ``cond``
-    released, so nobody else changes the group meanwhile.
-    """
-
-    name: str
-    members: list[str]
-    cond: threading.Condition = field(default_factory=threading.Condition)
-    queue: deque[_Ticket] = field(default_factory=deque)
-    active: str | None = None
-    busy: bool = False
-
-
-@dataclass(eq=False)
-class _Lease:
-    id: str
-    service: str
-    client: str
-    client_pid: int | None
-    client_create_time: float | None
-    incarnation: int
-    granted: float
-
-
-@dataclass(eq=False)
-class _Service:
-    """A service's runtime state; guarded by its group's ``cond``."""
-
-    placement: ServicePlacement
-    spec: LaunchSpec | None
-    group: _Group
-    state: str
-    proc: subprocess.Popen[bytes] | None = None
-    foreign: bool = False
-    incarnation: int = 0
-    served: set[str] = field(default_factory=set)  # client ids this incarnation has served
-    inflight: set[str] = field(default_factory=set)  # lease ids of this incarnation
-    last_used: float = 0.0  # monotonic
-    ready_since: float | None = None  # wall clock
-    starts: int = 0
-    failures: deque[float] = field(default_factory=deque)  # monotonic times of crashes and failed starts
-    crashes: int = 0
-    error: str | None = None
-    error_tail: str = ""
-    stop_reason: str | None = None
-
-    @property
-    def name(self) -> str:
-        return self.placement.name
-
-    @property
-    def url(self) -> str | None:
-        return self.spec.url if self.spec is not None else self.placement.url
-
 
 # ----------------------------------------------------------------------------- broker
 
 
 class Broker:
     """Owns the services of ``plan``: starts, swaps, restarts and stops them; serves leases.
+
+    The decisions are :class:`~harness.runtime.scheduling.Scheduler`'s; this class is the
+    shell that carries them out (processes through :mod:`harness.runtime.supervisor`,
+    threads waiting on conditions, the clock) and serves them over HTTP. One lock guards
+    the scheduler; it is released while a process starts or stops.
 
     ``specs`` holds a :class:`LaunchSpec` for every ``resident`` and ``on_demand`` service
     of the plan (a missing one is an error at construction). ``state_dir`` receives
@@ -211,21 +136,29 @@ class Broker:
         port: int = 0,
         crash_limit: int = 3,
         crash_window: float = 300.0,
+        lease_seconds: float | None = None,
         grace: tuple[float, float] = supervisor.DEFAULT_GRACE,
         tick: float = 0.1,
+        die_with_owner: bool = False,
+        gpu_free: Callable[[int], float | None] | None = None,
+        gpu_wait_seconds: float = 120.0,
     ) -> None:
         self.plan = plan
         self.state_dir = Path(state_dir)
-        self.crash_limit = crash_limit
-        self.crash_window = crash_window
         self.grace = grace
         self.tick = tick
+        self.gpu_wait_seconds = gpu_wait_seconds
+        self._gpu_free = gpu_free or nvml_free_gb
+        self._sched = Scheduler(plan.services, specs, crash_limit=crash_limit, crash_window=crash_window,
+                                lease_seconds=lease_seconds, new_id=lambda: secrets.token_hex(8))
+        self.specs = {name: specs[name] for name, svc in self._sched.services.items() if svc.local}
+        self._lock = threading.Lock()
+        self._conds = {name: threading.Condition(self._lock) for name in self._sched.groups}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._host, self._port = host, port
         self._closing = False
         self._closed = threading.Event()
-        self._leases: dict[str, _Lease] = {}
         self._client_times: dict[int, float] = {}  # client pid → create time (for the reaper)
-        self._services: dict[str, _Service] = {}
         self._server: ThreadingHTTPServer | None = None
         self._serving = False  # serve_forever is running (server.shutdown() waits for it)
         self._threads: list[threading.Thread] = []
@@ -233,22 +166,11 @@ class Broker:
         self._started_at = time.time()
         self._up_state = "idle"  # idle → starting → ready (Broker.start), for `harness up`
         self._up_errors: dict[str, str] = {}
-
-        groups: dict[str, _Group] = {}
-        missing = []
-        for placement in plan.services:
-            spec = specs.get(placement.name)
-            local = placement.mode in ("resident", "on_demand")
-            if local and spec is None:
-                missing.append(placement.name)
-            key = f"swap:{placement.swap}" if (placement.swap and local) else f"service:{placement.name}"
-            group = groups.setdefault(key, _Group(name=key, members=[]))
-            group.members.append(placement.name)
-            state = {"external": "external", "off": "off"}.get(placement.mode, "stopped")
-            self._services[placement.name] = _Service(placement, spec if local else None, group, state)
-        if missing:
-            raise HarnessError(f"no launch spec for {', '.join(sorted(missing))}")
-        self._groups = list(groups.values())
+        #: The secret every request but ``/health`` must carry; written to ``broker.token``.
+        self.token = secrets.token_urlsafe(32)
+        # A broker inside a run's process: its services must not outlive that process,
+        # even killed with SIGKILL (see harness.runtime.watchdog).
+        self._watchdog = watchdog.spawn(self.state_dir, grace) if die_with_owner and self.specs else None
 
     # ---------------------------------------------------------------- context manager
 
@@ -269,240 +191,167 @@ class Broker:
         Raises :class:`BrokerError` (unknown_service, off, start_failed, crashing,
         closing, timeout).
         """
-        svc = self._services.get(service)
-        if svc is None:
-            known = ", ".join(sorted(self._services))
-            raise BrokerError(404, "unknown_service", f"no service {service!r} in the plan (known: {known})")
-        if svc.placement.mode == "off":
-            why = f": {svc.placement.reason}" if svc.placement.reason else ""
-            raise BrokerError(409, "off", f"{service} is off in this run's plan{why}")
-        group = svc.group
+        create_time = self._client_create_time(client_pid) if client_pid is not None else None
+        if create_time is None:
+            client_pid = None  # not a local process we can watch
         deadline = None if timeout is None else time.monotonic() + timeout
-        with group.cond:
-            if self._closing:
-                raise BrokerError(503, "closing", "the broker is shutting down")
-            if svc.placement.mode == "external":
-                return self._grant(svc, client, client_pid)
-            # Fast path: loaded, nobody queued ahead of us.
-            if not group.queue and not group.busy and svc.state == "ready" and self._alive(svc):
-                return self._grant(svc, client, client_pid)
-            ticket = _Ticket(service, client, client_pid)
-            group.queue.append(ticket)
+        with self._lock:
+            ticket = self._sched.enqueue(service, client, time.monotonic(), client_pid=client_pid,
+                                         client_create_time=create_time)
+            if ticket.lease is not None:
+                return ticket.lease.as_json()
+            group = self._sched.group_of(service)
+            cond = self._conds[group.name]
             try:
                 while True:
-                    self._advance(group)
-                    if ticket.result is not None:
-                        return ticket.result
+                    self._drive(group)
+                    if ticket.lease is not None:
+                        return ticket.lease.as_json()
                     if ticket.error is not None:
                         raise ticket.error
-                    if self._closing:
-                        raise BrokerError(503, "closing", "the broker is shutting down")
                     wait = self.tick * 5  # a safety net: changes notify the condition
                     if deadline is not None:
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             raise BrokerError(504, "timeout", f"{service} was not available within {timeout:g} s")
                         wait = min(wait, remaining)
-                    group.cond.wait(wait)
+                    cond.wait(wait)
             finally:
-                if ticket in group.queue:
-                    group.queue.remove(ticket)
-                    group.cond.notify_all()  # the head may have changed
+                if self._sched.withdraw(ticket):
+                    cond.notify_all()  # the head may have changed
 
     def release(self, lease_id: str) -> None:
-        """End a lease. Raises :class:`BrokerError` (unknown_lease) for an unknown id."""
-        lease = self._leases.pop(lease_id, None)
-        if lease is None:
-            raise BrokerError(404, "unknown_lease", f"no lease {lease_id!r} (released already?)")
-        svc = self._services[lease.service]
-        with svc.group.cond:
-            svc.inflight.discard(lease_id)
-            svc.last_used = time.monotonic()
+        """End a lease. Raises :class:`BrokerError` (unknown_lease, lease_expired)."""
+        with self._lock:
+            lease, wake = self._sched.release(lease_id, time.monotonic())
             # Only the last lease's release can let the queue move (a peer becomes
             # evictable); waking every waiter on each release costs O(waiters) per call.
-            if svc.group.queue and not svc.inflight:
-                svc.group.cond.notify_all()
+            if wake:
+                self._conds[self._sched.service(lease.service).group].notify_all()
 
-    # -------------------------------------------------------------- group machinery
-
-    def _grant(self, svc: _Service, client: str, client_pid: int | None) -> dict[str, Any]:
-        """Record a lease on ``svc`` (group lock held) and return its JSON."""
-        lease_id = secrets.token_hex(8)
-        fresh = client not in svc.served
-        svc.served.add(client)
-        create_time = None
-        if client_pid is not None:
-            create_time = self._client_times.get(client_pid)
-            if create_time is None:
-                try:
-                    create_time = psutil.Process(client_pid).create_time()
-                    self._client_times[client_pid] = create_time  # a pid's start never changes
-                except psutil.Error:
-                    client_pid = None  # not a local process we can watch
-        self._leases[lease_id] = _Lease(lease_id, svc.name, client, client_pid, create_time,
-                                        svc.incarnation, time.monotonic())
-        svc.inflight.add(lease_id)
-        svc.last_used = time.monotonic()
-        return {
-            "lease": lease_id, "service": svc.name, "url": svc.url, "fresh": fresh,
-            "incarnation": svc.incarnation, "scoped": svc.placement.scoped, "foreign": svc.foreign,
-        }
-
-    def _alive(self, svc: _Service) -> bool:
-        """Whether a ready service's process still runs (foreign ones are checked by ticks)."""
-        return svc.proc is None or svc.proc.poll() is None
-
-    def _advance(self, group: _Group) -> None:
-        """Move ``group``'s queue forward as far as possible (group lock held).
-
-        May release the lock while it starts or stops a process (``group.busy`` is set
-        meanwhile, so only one thread ever does that per group).
-        """
-        while group.queue and not group.busy and not self._closing:
-            if group.active is not None:
-                self._notice_exit(group, self._services[group.active])
-                if group.busy:  # stopping what was left of a crashed process
-                    return
-            head = self._services[group.queue[0].service]
-            if head.state == "ready" and (head.foreign or group.active == head.name):
-                self._admit_all(group, head)
-                continue
-            if group.active is not None and group.active != head.name:
-                peer = self._services[group.active]
-                if peer.inflight:
-                    return  # never evict mid-call; its release notifies us
-                self._stop_locked(group, peer, reason="swap")
-                continue
-            refusal = self._crash_refusal(head)
-            if refusal is not None:
-                self._fail_all(group, head, refusal)
-                continue
-            self._start_locked(group, head)
-
-    def _admit_all(self, group: _Group, svc: _Service) -> None:
-        """Grant every waiting ticket for ``svc`` (it is loaded: admitting them costs no swap)."""
-        kept: deque[_Ticket] = deque()
-        for ticket in group.queue:
-            if ticket.service == svc.name:
-                ticket.result = self._grant(svc, ticket.client, ticket.client_pid)
-            else:
-                kept.append(ticket)
-        group.queue = kept
-        group.cond.notify_all()
-
-    def _fail_all(self, group: _Group, svc: _Service, error: BrokerError) -> None:
-        kept: deque[_Ticket] = deque()
-        for ticket in group.queue:
-            if ticket.service == svc.name:
-                ticket.error = error
-            else:
-                kept.append(ticket)
-        group.queue = kept
-        group.cond.notify_all()
-
-    def _crash_refusal(self, svc: _Service) -> BrokerError | None:
-        now = time.monotonic()
-        while svc.failures and now - svc.failures[0] > self.crash_window:
-            svc.failures.popleft()
-        if len(svc.failures) < self.crash_limit:
+    def _client_create_time(self, pid: int) -> float | None:
+        """The create time of local process ``pid`` (cached: a pid's start never changes)."""
+        known = self._client_times.get(pid)
+        if known is not None:
+            return known
+        try:
+            known = psutil.Process(pid).create_time()
+        except (psutil.Error, ValueError, OverflowError):
             return None
-        retry = self.crash_window - (now - svc.failures[0])
-        return BrokerError(
-            503, "crashing",
-            f"{svc.name} keeps crashing: {len(svc.failures)} failures in the last "
-            f"{self.crash_window:g} s; not starting it again for {retry:.0f} s. Last: {svc.error}",
-            log_tail=svc.error_tail, hint=f"see its log: {svc.spec.log_path if svc.spec else '-'}",
-        )
+        self._client_times[pid] = known
+        return known
 
-    def _start_locked(self, group: _Group, svc: _Service) -> None:
-        """Start ``svc`` with the group lock released; record the outcome (lock held again)."""
-        assert svc.spec is not None
-        spec = svc.spec
-        group.busy = True
-        group.active = svc.name
-        svc.state = "starting"
-        svc.error, svc.error_tail = None, ""
-        proc: subprocess.Popen[bytes] | None = None
+    # ------------------------------------------------------------ carrying out decisions
+
+    def _drive(self, group: GroupState) -> None:
+        """Let the scheduler move ``group`` on, carrying out its actions (lock held)."""
+        cond = self._conds[group.name]
+        while True:
+            action: Action | None = self._check_exit(group)
+            if action is None:
+                step = self._sched.advance(group, time.monotonic())
+                if step.resolved:
+                    cond.notify_all()
+                action = step.action
+            if action is None:
+                return
+            self._execute(group, action)
+
+    def _check_exit(self, group: GroupState) -> Stop | None:
+        """Report a member whose process exited on its own (lock held); the crash's stop."""
+        if group.busy:
+            return None
+        for name in group.members:
+            proc = self._procs.get(name)
+            if proc is None:
+                continue
+            code = proc.poll()
+            if code is None:
+                continue
+            spec = self.specs[name]
+            message = f"{name} exited with {supervisor._describe_exit(code)} while serving; log: {spec.log_path}"
+            return self._sched.exited(name, time.monotonic(), message, supervisor.log_tail(spec.log_path))
+        return None
+
+    def _execute(self, group: GroupState, action: Action) -> None:
+        """Carry out a start or stop with the lock released; report its outcome (lock held)."""
+        name = action.service
+        spec = self.specs[name]
+        proc = self._procs.get(name)
         foreign = False
         failure: supervisor.ServiceStartError | None = None
-        group.cond.release()
+        self._lock.release()
         try:
-            if supervisor.port_in_use(spec.port):
-                foreign = True  # someone else serves this port: use it as is, never stop it
+            if isinstance(action, Start):
+                proc = None
+                try:
+                    if action.after_swap and action.gpu is not None and action.vram_gb > 0:
+                        self._wait_for_gpu(action)
+                    if supervisor.port_in_use(spec.port):
+                        # Someone else holds the port. One that answers the service's health
+                        # check is used as is (never stopped); anything else is refused.
+                        if not supervisor.probe(spec):
+                            raise supervisor.ServiceStartError(
+                                f"{name}: port {spec.port} is held by {port_holder(spec.port)}, which does "
+                                f"not answer {spec.health_url or 'connections'} as {name} would",
+                                hint=f"stop that process, or give {name} another port in the deploy")
+                        foreign = True
+                    else:
+                        extra = self.client_env() if self._server is not None else None
+                        proc = supervisor.start(spec, self.state_dir, extra_env=extra)
+                        supervisor.wait_healthy(spec, proc)
+                except Exception as exc:  # whatever happened, the group must not stay busy
+                    failure = exc if isinstance(exc, supervisor.ServiceStartError) else \
+                        supervisor.ServiceStartError(f"{name}: cannot start: {type(exc).__name__}: {exc}")
+                    if proc is not None:  # timed out while still running: it is ours to stop
+                        supervisor.stop(proc.pid, proc=proc, grace=self.grace)
+                    supervisor.remove_pidfile(self.state_dir, name)
+            elif proc is not None:
+                try:
+                    supervisor.stop(proc.pid, proc=proc, grace=self.grace)
+                finally:
+                    supervisor.remove_pidfile(self.state_dir, name)
+        finally:
+            self._lock.acquire()
+        now = time.monotonic()
+        if isinstance(action, Start):
+            if failure is not None:
+                self._sched.start_failed(name, now, failure.message, failure.log_tail)
             else:
-                extra = {"HARNESS_BROKER": self.address} if self._server is not None else None
-                proc = supervisor.start(spec, self.state_dir, extra_env=extra)
-                supervisor.wait_healthy(spec, proc)
-        except supervisor.ServiceStartError as exc:
-            failure = exc
-            if proc is not None:  # timed out while still running: it is ours to stop
-                supervisor.stop(proc.pid, proc=proc, grace=self.grace)
-            supervisor.remove_pidfile(self.state_dir, spec.name)
-        finally:
-            group.cond.acquire()
-        group.busy = False
-        if failure is not None:
-            svc.state, svc.proc = "crashed", None
-            svc.error = failure.message
-            svc.error_tail = failure.log_tail
-            svc.failures.append(time.monotonic())
-            svc.crashes += 1
-            group.active = None
-            self._fail_all(group, svc, BrokerError(503, "start_failed", failure.message, log_tail=failure.log_tail))
-        elif foreign:
-            svc.state, svc.foreign, svc.proc = "ready", True, None
-            svc.ready_since = time.time()
-            group.active = None  # not ours: it does not hold the group's slot
+                if proc is not None:
+                    self._procs[name] = proc
+                self._sched.started(name, now, foreign=foreign)
         else:
-            svc.state, svc.proc, svc.foreign = "ready", proc, False
-            svc.incarnation += 1
-            svc.starts += 1
-            svc.served = set()
-            svc.inflight = set()  # leases of an earlier incarnation no longer pin this one
-            svc.ready_since = time.time()
-            svc.last_used = time.monotonic()
-        group.cond.notify_all()
+            self._procs.pop(name, None)
+            self._sched.stopped(name, now)
+        self._conds[group.name].notify_all()
 
-    def _stop_locked(self, group: _Group, svc: _Service, *, reason: str, final: str = "stopped") -> None:
-        """Stop ``svc``'s process group with the group lock released (lock held again after)."""
-        proc = svc.proc
-        group.busy = True
-        svc.state = "stopping"
-        group.cond.release()
-        try:
-            if proc is not None:
-                supervisor.stop(proc.pid, proc=proc, grace=self.grace)
-                supervisor.remove_pidfile(self.state_dir, svc.name)
-        finally:
-            group.cond.acquire()
-        group.busy = False
-        svc.proc = None
-        svc.state = final
-        svc.stop_reason = reason
-        svc.ready_since = None
-        if group.active == svc.name:
-            group.active = None
-        group.cond.notify_all()
-
-    def _notice_exit(self, group: _Group, svc: _Service) -> None:
-        """If ``svc``'s process exited on its own, record a crash and clean up its group."""
-        if svc.proc is None or svc.state != "ready":
-            return
-        code = svc.proc.poll()
-        if code is None:
-            return
-        assert svc.spec is not None
-        svc.crashes += 1
-        svc.failures.append(time.monotonic())
-        svc.error = f"{svc.name} exited with {supervisor._describe_exit(code)} while serving; log: {svc.spec.log_path}"
-        svc.error_tail = supervisor.log_tail(svc.spec.log_path)
-        # Children it left behind may still hold memory (GPU memory, say): stop the group.
-        self._stop_locked(group, svc, reason="crash", final="crashed")
+    def _wait_for_gpu(self, action: Start) -> None:
+        """After a swap, wait until the GPU can hold ``action``'s service: a stopped process's
+        memory is released by the driver a moment after the process is gone. Raises
+        :class:`supervisor.ServiceStartError` after :attr:`gpu_wait_seconds`."""
+        assert action.gpu is not None
+        began = time.monotonic()
+        interval = 0.02
+        while True:
+            free = self._gpu_free(action.gpu)
+            if free is None or free >= action.vram_gb:  # None: no inventory to ask
+                return
+            waited = time.monotonic() - began
+            if waited >= self.gpu_wait_seconds:
+                raise supervisor.ServiceStartError(
+                    f"{action.service}: GPU {action.gpu} has {free:.1f} GB free after the swap and "
+                    f"{action.service} needs {action.vram_gb:g} GB; waited {waited:.0f} s for the memory "
+                    "to be released",
+                    hint="another process holds memory on that GPU (see nvidia-smi); or correct vram_gb")
+            time.sleep(interval)
+            interval = min(interval * 1.5, 0.5)
 
     # -------------------------------------------------------------- housekeeping
 
     def _housekeeping(self) -> None:
-        """Notice crashes, stop idle services, drop leases of dead clients (a thread)."""
+        """Notice crashes, stop idle services, reclaim overdue leases and those of dead
+        clients (a thread)."""
         last_slow = 0.0
         while not self._closed.wait(self.tick):
             if self._closing:
@@ -512,34 +361,34 @@ class Broker:
             if slow:
                 last_slow = now
                 self._reap_dead_clients()
-            for group in self._groups:
-                with group.cond:
+            with self._lock:
+                for lease in self._sched.reclaim_overdue(now):
+                    self._conds[self._sched.service(lease.service).group].notify_all()
+            for group in self._sched.groups.values():
+                with self._lock:
                     if group.busy or self._closing:
                         continue
-                    for name in group.members:
-                        svc = self._services[name]
-                        self._notice_exit(group, svc)
-                        if slow and svc.foreign and svc.state == "ready" and svc.spec is not None \
-                                and not supervisor.port_in_use(svc.spec.port):
-                            svc.state, svc.foreign, svc.stop_reason = "stopped", False, "foreign service went away"
-                        if self._idle(group, svc, now):
-                            self._stop_locked(group, svc, reason="idle")
+                    action: Action | None = self._check_exit(group)
+                    if action is not None:
+                        self._execute(group, action)
+                    if slow:
+                        for name in group.members:
+                            svc = self._sched.service(name)
+                            if svc.foreign and svc.state == "ready" and not supervisor.port_in_use(self.specs[name].port):
+                                self._sched.foreign_gone(name)
+                    action = self._sched.idle(group, time.monotonic())
+                    if action is not None:
+                        self._execute(group, action)
                     if group.queue:
-                        group.cond.notify_all()
-
-    def _idle(self, group: _Group, svc: _Service, now: float) -> bool:
-        idle = svc.placement.idle_seconds
-        return (
-            idle is not None and svc.placement.mode == "on_demand" and svc.state == "ready"
-            and not svc.foreign and not svc.inflight and not group.busy
-            and now - svc.last_used >= idle
-            and not any(t.service == svc.name for t in group.queue)
-        )
+                        self._conds[group.name].notify_all()
 
     def _reap_dead_clients(self) -> None:
-        for lease in list(self._leases.values()):
-            if lease.client_pid is None:
-                continue
+        """Release the leases whose client process has exited (a crashed caller must not pin
+        a swap group forever)."""
+        with self._lock:
+            held = list(self._sched.leases_with_pids())
+        for lease in held:
+            assert lease.client_pid is not None
             try:
                 same = abs(psutil.Process(lease.client_pid).create_time() - (lease.client_create_time or 0)) < 0.05
             except psutil.NoSuchProcess:
@@ -555,22 +404,16 @@ class Broker:
 
     # --------------------------------------------------------------------- start / up
 
-    def start(self, names: Iterable[str] | None = None) -> dict[str, str | None]:
+    def start(self, names: Iterable[str] | None = None, *, check_leftovers: bool = True) -> dict[str, str | None]:
         """Bring services up: the plan's resident ones, or those named; wait until ready.
 
         Returns service name → None (ready) or the error message. Services of different
         groups start in parallel. Refuses (HarnessError) when pid files show services that
-        an earlier broker started still running: ``harness down`` first.
+        an earlier broker started still running: ``harness down`` first (not checked with
+        ``check_leftovers=False``: a later ``harness up`` joining this broker).
         """
-        ours: set[int] = set()
-        for group in self._groups:
-            with group.cond:
-                ours |= {proc.pid for n in group.members if (proc := self._services[n].proc) is not None}
-        leftovers = [r for r in supervisor.read_pidfiles(self.state_dir) if r.alive and r.pid not in ours]
-        if leftovers:
-            listed = ", ".join(f"{r.name} (pid {r.pid})" for r in leftovers)
-            raise HarnessError(f"services started by an earlier harness are still running: {listed}",
-                               hint="harness down")
+        if check_leftovers:
+            self.check_leftovers()
         if names is None:
             wanted = [p.name for p in self.plan.services if p.mode == "resident"]
         else:
@@ -592,46 +435,55 @@ class Broker:
             thread.start()
         for thread in threads:
             thread.join()
-        self._up_errors = {n: e for n, e in results.items() if e is not None}
+        self._up_errors.update({n: e for n, e in results.items() if e is not None})
+        for name in wanted:
+            if results.get(name) is None:
+                self._up_errors.pop(name, None)
         self._up_state = "ready"
         return {n: results.get(n) for n in wanted}
+
+    def check_leftovers(self) -> None:
+        """Refuse (HarnessError) when pid files show services that an earlier broker of this
+        state folder started and that still run: ``harness down`` first."""
+        with self._lock:
+            ours = {proc.pid for proc in self._procs.values()}
+        leftovers = [r for r in supervisor.read_pidfiles(self.state_dir) if r.alive and r.pid not in ours]
+        if leftovers:
+            listed = ", ".join(f"{r.name} (pid {r.pid})" for r in leftovers)
+            raise HarnessError(f"services started by an earlier harness are still running: {listed}",
+                               hint="harness down")
+
+    def launches(self) -> dict[str, dict[str, Any]]:
+        """What each local service runs (``GET /plan``): argv, working folder and port, so a
+        caller can tell whether this broker serves the very store paths it would launch."""
+        return {name: launch_identity(spec) for name, spec in self.specs.items()}
 
     # ------------------------------------------------------------------------- status
 
     def status(self) -> dict[str, Any]:
         """The broker and every service, as ``GET /status`` answers."""
-        services: list[dict[str, Any]] = []
-        now = time.time()
-        for group in self._groups:
-            with group.cond:
-                for name in group.members:
-                    svc = self._services[name]
-                    p = svc.placement
-                    pid = svc.proc.pid if svc.proc is not None else None
-                    services.append({
-                        "name": name, "mode": p.mode, "gpu": p.gpu, "swap": p.swap,
-                        "state": svc.state, "foreign": svc.foreign, "pid": pid,
-                        "port": svc.spec.port if svc.spec else p.port, "url": svc.url,
-                        "uptime_s": None if svc.ready_since is None else round(now - svc.ready_since, 3),
-                        "leases": len(svc.inflight),
-                        "waiting": sum(1 for t in group.queue if t.service == name),
-                        "starts": svc.starts, "restarts": max(0, svc.starts - 1), "crashes": svc.crashes,
-                        "incarnation": svc.incarnation, "scoped": p.scoped,
-                        "idle_seconds": p.idle_seconds,
-                        "memory_bytes": supervisor.tree_memory(pid) if pid is not None else None,
-                        "stop_reason": svc.stop_reason, "error": svc.error,
-                        "log": str(svc.spec.log_path) if svc.spec else None,
-                    })
-        order = {p.name: i for i, p in enumerate(self.plan.services)}
-        services.sort(key=lambda s: order[s["name"]])
+        now = time.monotonic()
+        with self._lock:
+            services = []
+            for name in self._sched.order:
+                row = self._sched.status_row(name, now)
+                proc = self._procs.get(name)
+                spec = self.specs.get(name)
+                row["pid"] = proc.pid if proc is not None else None
+                row["port"] = spec.port if spec is not None else self._sched.service(name).placement.port
+                services.append(row)
+        for row in services:
+            row["memory_bytes"] = supervisor.tree_memory(row["pid"]) if row["pid"] is not None else None
         return {
             "broker": {
                 "url": self.address if self._server is not None else None, "pid": os.getpid(),
                 "started": self._started_at, "state_dir": str(self.state_dir),
                 "up": self._up_state, "up_errors": self._up_errors, "closing": self._closing,
+                "lease_seconds": self._sched.lease_seconds, "gpu_wait_seconds": self.gpu_wait_seconds,
             },
             "services": services,
         }
+
 
     # ------------------------------------------------------------------------ serving
 
@@ -653,6 +505,13 @@ class Broker:
                 )
             server = _Server((self._host, self._port), _Handler)
             server.broker = self
+            server.token = self.token.encode()
+            port = server.server_address[1]
+            loopback = self._host in ("127.0.0.1", "localhost", "::1")
+            # Loopback only answers requests addressed to loopback: a web page that rebinds
+            # a name of its own to 127.0.0.1 sends its own name as Host and is refused.
+            server.allowed_hosts = frozenset({f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}) \
+                if loopback else None
             self._server = server
         return self._server
 
@@ -661,7 +520,12 @@ class Broker:
             self._house = threading.Thread(target=self._housekeeping, name="broker-housekeeping", daemon=True)
             self._house.start()
 
+    def client_env(self) -> dict[str, str]:
+        """What a process needs to reach this broker: ``HARNESS_BROKER`` and its token."""
+        return {"HARNESS_BROKER": self.address, "HARNESS_BROKER_TOKEN": self.token}
+
     def _write_state(self) -> None:
+        write_token(self.state_dir, self.token)  # before broker.json: whoever finds one finds both
         create_time = psutil.Process().create_time()
         supervisor._write_json_atomically(self.state_dir / STATE_FILE, {
             "harness": STATE_MARKER, "url": self.address, "pid": os.getpid(),
@@ -708,28 +572,40 @@ class Broker:
             self._closed.wait()
             return
         self._closing = True
+        with self._lock:
+            self._sched.close()  # waiters are refused with "closing"
+            for cond in self._conds.values():
+                cond.notify_all()
         stoppers = []
-        for group in self._groups:
-            def stop_group(group: _Group = group) -> None:
-                with group.cond:
-                    group.cond.notify_all()  # waiters see _closing and give up
-                    while group.busy:
-                        group.cond.wait(0.1)
+        for group in self._sched.groups.values():
+            def stop_group(group: GroupState = group) -> None:
+                cond = self._conds[group.name]
+                with cond:
+                    while group.busy:  # a start in progress ends within its load_seconds
+                        cond.wait(0.1)
                     for name in group.members:
-                        svc = self._services[name]
-                        if svc.proc is not None:
-                            self._stop_locked(group, svc, reason="shutdown")
+                        if name in self._procs:
+                            self._execute(group, self._sched.stop(name, "shutdown"))
             thread = threading.Thread(target=stop_group, name=f"stop-{group.name}")
             thread.start()
             stoppers.append(thread)
         for thread in stoppers:
             thread.join()
+        if self._watchdog is not None and self._watchdog.stdin is not None:
+            try:
+                self._watchdog.stdin.write(watchdog.CLEAN_EXIT)
+                self._watchdog.stdin.close()
+                self._watchdog.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
         state = self.state_dir / STATE_FILE
         try:
             if json.loads(state.read_text()).get("pid") == os.getpid():
                 state.unlink()
         except (OSError, ValueError):
             pass
+        if read_token(self.state_dir) == self.token:
+            (self.state_dir / TOKEN_FILE).unlink(missing_ok=True)
         if self._server is not None:
             if self._serving:
                 self._server.shutdown()
@@ -746,9 +622,26 @@ class _Server(ThreadingHTTPServer):
     # whose dropped SYNs a client only retries after a second.
     request_queue_size = 1024
     broker: Broker
+    token: bytes
+    allowed_hosts: frozenset[str] | None  # None: not on loopback, any Host (the token still counts)
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """One HTTP request: access checks, then the broker's answer.
+
+    Every refusal is a JSON error with a 4xx status (never 500 for what a caller sent):
+    403 for a request from a web page (``Origin``) or to a name that is not loopback
+    (``Host``), 401 without the broker's token, 400 for a malformed body or field.
+    """
+
     protocol_version = "HTTP/1.1"  # keep-alive: a lease round trip costs no TCP handshake
     disable_nagle_algorithm = True  # headers and body go in separate writes
     timeout = 300  # an idle keep-alive connection's thread ends after this
@@ -763,20 +656,53 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            if status == 401:
+                self.send_header("WWW-Authenticate", 'Bearer realm="harness broker"')
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
             return True
         except OSError:
             return False  # the caller went away
 
+    def _refuse(self, exc: BrokerError) -> None:
+        if exc.status in (400, 401, 403, 413):
+            self.close_connection = True  # the body may be unread: the stream is not trusted
+        self._reply(exc.status, exc.as_json())
+
+    def _check_access(self) -> None:
+        """Host, then Origin, then the token; raises :class:`BrokerError` (403, 401)."""
+        allowed = self.server.allowed_hosts
+        host = self.headers.get("Host")
+        if allowed is not None and host not in allowed:
+            raise BrokerError(403, "forbidden", f"Host {host!r} is not this broker's loopback address")
+        origin = self.headers.get("Origin")
+        if origin is not None:
+            raise BrokerError(403, "forbidden", f"requests from a web page (Origin {origin!r}) are refused")
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode("utf-8", "surrogateescape"), self.server.token):
+            raise BrokerError(401, "unauthorized",
+                              "this broker answers only its owner: send 'Authorization: Bearer TOKEN' "
+                              f"with the token of {TOKEN_FILE} in its state folder "
+                              "(the client reads it, or $HARNESS_BROKER_TOKEN)")
+
     def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > 1 << 20:
-            raise BrokerError(413, "bad_request", "request body too large")
+        if self.headers.get("Transfer-Encoding"):
+            raise BrokerError(400, "bad_request", "send the body with Content-Length, not Transfer-Encoding")
+        raw_length = (self.headers.get("Content-Length") or "0").strip()
+        if not re.fullmatch(r"[0-9]{1,12}", raw_length):
+            raise BrokerError(400, "bad_request", f"bad Content-Length {raw_length[:40]!r}")
+        length = int(raw_length)
+        if length > MAX_BODY:
+            raise BrokerError(413, "bad_request", f"request body too large ({length} bytes; at most {MAX_BODY})")
         raw = self.rfile.read(length) if length else b"{}"
+        if len(raw) < length:
+            raise BrokerError(400, "bad_request", f"the body ended after {len(raw)} of {length} bytes")
         try:
             data = json.loads(raw or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise BrokerError(400, "bad_request", "the body is not JSON") from None
         if not isinstance(data, dict):
             raise BrokerError(400, "bad_request", "the body must be a JSON object")
@@ -784,46 +710,71 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         broker = self.server.broker
-        if self.path == "/status":
-            self._reply(200, broker.status())
-        elif self.path == "/health":
+        if self.path == "/health":  # open: readiness probes carry no secret
             self._reply(200, {"status": "ok", "pid": os.getpid()})
-        else:
-            self._reply(404, {"error": f"no such endpoint: GET {self.path}", "code": "not_found"})
+            return
+        try:
+            self._check_access()
+            if self.path == "/status":
+                self._reply(200, broker.status())
+            elif self.path == "/plan":
+                self._reply(200, {"plan": broker.plan.as_json(), "launch": broker.launches()})
+            else:
+                raise BrokerError(404, "not_found", f"no such endpoint: GET {self.path}")
+        except BrokerError as exc:
+            self._refuse(exc)
+        except Exception as exc:  # a bug: answer rather than drop the connection
+            self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
 
     def do_POST(self) -> None:
         broker = self.server.broker
         try:
+            self._check_access()
             data = self._body()
             if self.path == "/acquire":
-                service = data.get("service")
-                if not isinstance(service, str):
-                    raise BrokerError(400, "bad_request", "acquire needs {\"service\": name}")
-                timeout = data.get("timeout")
-                pid = data.get("pid")
-                lease = broker.acquire(
-                    service, str(data.get("client") or "anonymous"),
-                    client_pid=int(pid) if isinstance(pid, int) else None,
-                    timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
-                )
-                if not self._reply(200, lease):
-                    broker.release(lease["lease"])  # nobody will ever release it
+                self._acquire(broker, data)
             elif self.path == "/release":
                 lease_id = data.get("lease")
-                if not isinstance(lease_id, str):
+                if not isinstance(lease_id, str) or not 0 < len(lease_id) <= 200:
                     raise BrokerError(400, "bad_request", "release needs {\"lease\": id}")
                 broker.release(lease_id)
                 self._reply(200, {"released": lease_id})
+            elif self.path == "/start":
+                names = data.get("names")
+                if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                    raise BrokerError(400, "bad_request", "start needs {\"names\": [service, ...]}")
+                unknown = sorted(set(names) - set(broker.specs))
+                if unknown:
+                    raise BrokerError(404, "unknown_service", f"this broker launches no {', '.join(unknown)}")
+                results = broker.start(names, check_leftovers=False)
+                self._reply(200, {"results": results, "status": broker.status()})
             elif self.path == "/shutdown":
                 self._reply(200, {"shutting_down": True})
                 # Not on this thread: shutdown() waits for serve_forever, which waits for us.
                 threading.Thread(target=broker.shutdown, name="broker-shutdown").start()
             else:
-                self._reply(404, {"error": f"no such endpoint: POST {self.path}", "code": "not_found"})
+                raise BrokerError(404, "not_found", f"no such endpoint: POST {self.path}")
         except BrokerError as exc:
-            self._reply(exc.status, exc.as_json())
-        except Exception as exc:
+            self._refuse(exc)
+        except Exception as exc:  # a bug: answer rather than drop the connection
             self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
+
+    def _acquire(self, broker: Broker, data: Mapping[str, Any]) -> None:
+        service = data.get("service")
+        if not isinstance(service, str) or not service:
+            raise BrokerError(400, "bad_request", "acquire needs {\"service\": name}")
+        client = data.get("client", "anonymous")
+        if not isinstance(client, str) or len(client) > 200:
+            raise BrokerError(400, "bad_request", "\"client\" must be a string of at most 200 characters")
+        pid, timeout = data.get("pid"), data.get("timeout")
+        if pid is not None and not _positive_int(pid):
+            raise BrokerError(400, "bad_request", f"\"pid\" must be a positive integer, not {pid!r}")
+        if timeout is not None and not _number(timeout):
+            raise BrokerError(400, "bad_request", f"\"timeout\" must be a number of seconds >= 0, not {timeout!r}")
+        lease = broker.acquire(service, client or "anonymous", client_pid=pid,
+                               timeout=None if timeout is None else float(timeout))
+        if not self._reply(200, lease):
+            broker.release(lease["lease"])  # nobody will ever release it
 
 
 # ---------------------------------------------------------------- state-folder helpers
@@ -858,10 +809,34 @@ def broker_address(state_dir: Path) -> str | None:
     return None if state is None else str(state["url"])
 
 
-def _http_json(method: str, url: str, data: Mapping[str, Any] | None = None, timeout: float = 5.0) -> Any:
+def write_token(state_dir: Path, token: str) -> Path:
+    """Write ``<state>/broker.token`` readable by its owner only (0600), atomically."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / TOKEN_FILE
+    tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.unlink(missing_ok=True)  # O_EXCL below: never write through someone's link or wider file
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_token(state_dir: Path) -> str | None:
+    """The token of the broker of ``state_dir`` (None when missing or not readable)."""
+    try:
+        return (Path(state_dir) / TOKEN_FILE).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _http_json(method: str, url: str, data: Mapping[str, Any] | None = None, timeout: float = 5.0,
+               token: str | None = None) -> Any:
     body = None if data is None else json.dumps(data).encode()
-    request = urllib.request.Request(url, data=body, method=method,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
 
@@ -881,63 +856,208 @@ def stop_all_from_pidfiles(state_dir: Path, *, grace: tuple[float, float] = supe
     return results
 
 
-def down(state_dir: Path, *, timeout: float = 60.0, grace: tuple[float, float] = supervisor.DEFAULT_GRACE) -> dict[str, Any]:
-    """Stop the broker of ``state_dir`` and every service harness started there.
+def find_brokers(state_dir: Path) -> list[psutil.Process]:
+    """Every detached broker process of ``state_dir`` (``python -m harness.runtime.broker
+    STATE_DIR``) this user runs, found in the process table, not only the one ``broker.json``
+    names: so no broker can run that ``status`` does not show and ``down`` does not stop."""
+    wanted = str(Path(state_dir).resolve())
+    found = []
+    me = os.getpid()
+    for process in psutil.process_iter(["cmdline", "uids", "status"]):
+        try:
+            cmd = process.info["cmdline"] or []
+            if process.pid == me or process.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if "harness.runtime.broker" not in cmd or process.info["uids"].real != os.getuid():
+                continue
+            at = cmd.index("harness.runtime.broker")
+            if at + 1 < len(cmd) and str(Path(cmd[at + 1]).resolve()) == wanted and cmd[at - 1] == "-m":
+                found.append(process)
+        except (psutil.Error, ValueError, IndexError, AttributeError, OSError):
+            continue
+    return found
 
-    Asks a live broker to shut down (it stops its services) and waits for its process to
-    exit, signalling it (SIGTERM, then SIGKILL) if it does not within ``timeout``; then
+
+def down(state_dir: Path, *, timeout: float = 60.0, grace: tuple[float, float] = supervisor.DEFAULT_GRACE) -> dict[str, Any]:
+    """Stop every broker of ``state_dir`` and every service harness started there.
+
+    Asks the live broker to shut down (it stops its services) and waits for its process to
+    exit, signalling it (SIGTERM, then SIGKILL) if it does not within ``timeout``; signals
+    any other broker process of the folder (SIGTERM: it stops its services and exits); then
     stops whatever pid files still name (what a dead broker left running) and removes a
-    stale ``broker.json``. Returns ``{"broker": outcome, "services": [...]}`` where outcome
-    is "shutdown", "signalled" or "not running".
+    stale ``broker.json``. Returns ``{"broker": outcome, "brokers": [pid, ...],
+    "services": [...]}`` where outcome is "shutdown", "signalled" or "not running".
     """
     state_dir = Path(state_dir)
     outcome = "not running"
     state = read_state(state_dir)
+    stopped_brokers: list[int] = []
     if state is not None:
         pid = int(state["pid"])
         try:
-            _http_json("POST", f"{state['url']}/shutdown", {}, timeout=5.0)
+            _http_json("POST", f"{state['url']}/shutdown", {}, timeout=5.0, token=read_token(state_dir))
             asked = True
         except (OSError, ValueError):
             asked = False
+        outcome = "shutdown" if _wait_or_signal(pid, timeout if asked else 0.1, grace) else "signalled"
+        stopped_brokers.append(pid)
+    for process in find_brokers(state_dir):  # brokers broker.json does not name
+        if process.pid in stopped_brokers:
+            continue
         try:
-            process = psutil.Process(pid)
-            try:
-                process.wait(timeout if asked else 0.1)
-                outcome = "shutdown"
-            except psutil.TimeoutExpired:
-                if read_state(state_dir) is not None:  # still the same broker process
-                    process.terminate()
-                    try:
-                        process.wait(grace[1])
-                    except psutil.TimeoutExpired:
-                        process.kill()
-                outcome = "signalled"
-        except psutil.NoSuchProcess:
-            outcome = "shutdown"
+            process.terminate()  # its handler stops its services, then it exits
+        except psutil.Error:
+            continue
+        _wait_or_signal(process.pid, timeout, grace)
+        stopped_brokers.append(process.pid)
+        if outcome == "not running":
+            outcome = "signalled"
     stopped = stop_all_from_pidfiles(state_dir, grace=grace)
-    stale = state_dir / STATE_FILE
     if read_state(state_dir) is None:
+        (state_dir / STATE_FILE).unlink(missing_ok=True)
+        (state_dir / TOKEN_FILE).unlink(missing_ok=True)
+    return {"broker": outcome, "brokers": stopped_brokers, "services": stopped}
+
+
+def _wait_or_signal(pid: int, timeout: float, grace: tuple[float, float]) -> bool:
+    """Wait for process ``pid`` to exit; SIGTERM then SIGKILL it after ``timeout``.
+    True when it exited on its own."""
+    try:
+        process = psutil.Process(pid)
         try:
-            stale.unlink()
-        except FileNotFoundError:
-            pass
-    return {"broker": outcome, "services": stopped}
+            process.wait(timeout)
+            return True
+        except psutil.TimeoutExpired:
+            process.terminate()
+            try:
+                process.wait(grace[1])
+            except psutil.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+            return False
+    except psutil.NoSuchProcess:
+        return True
 
 
 def status(state_dir: Path) -> dict[str, Any]:
     """What runs for ``state_dir``: the broker's ``/status``, or the pid files without one.
 
     Without a live broker the answer is ``{"broker": None, "services": [...]}`` with, per
-    pid file, its name, pid, port, whether it is alive and its log.
+    pid file, its name, pid, port, whether it is alive and its log. ``brokers`` lists every
+    broker process of the folder found in the process table (normally the one).
     """
     state = read_state(state_dir)
+    brokers = [p.pid for p in find_brokers(state_dir)]
     if state is not None:
         try:
-            return _http_json("GET", f"{state['url']}/status", timeout=10.0)
+            current = _http_json("GET", f"{state['url']}/status", timeout=10.0, token=read_token(state_dir))
+            current["brokers"] = brokers
+            return dict(current)
         except (OSError, ValueError):
             pass
-    return {"broker": None, "services": [r.as_json() for r in supervisor.read_pidfiles(Path(state_dir))]}
+    return {"broker": None, "brokers": brokers,
+            "services": [r.as_json() for r in supervisor.read_pidfiles(Path(state_dir))]}
+
+
+def nvml_free_gb(index: int) -> float | None:
+    """Free memory (GB) of GPU ``index`` as NVML reports it now; None without NVML or GPU."""
+    from harness.runtime.inventory import detect_gpus
+
+    return next((gpu.free_gb for gpu in detect_gpus() if gpu.index == index), None)
+
+
+def port_holder(port: int) -> str:
+    """Who listens on TCP ``port``: "pid N (command line)" where the process table shows it."""
+    try:
+        connections = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        connections = []
+    for conn in connections:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            if conn.pid is None:
+                break
+            try:
+                command = " ".join(psutil.Process(conn.pid).cmdline())[:200]
+            except psutil.Error:
+                command = "?"
+            return f"pid {conn.pid} ({command})"
+    return "a process harness cannot see (another user's?)"
+
+
+def launch_identity(spec: LaunchSpec) -> dict[str, Any]:
+    """What makes two launches of a service the same process: its argv (every store path of
+    its interpreter, weights and sources), working folder (its code's store path) and port."""
+    return {"argv": list(spec.argv), "cwd": str(spec.cwd), "port": spec.port}
+
+
+def launch_differences(served: Mapping[str, Any], specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> list[str]:
+    """Why a broker whose ``GET /plan`` launches are ``served`` cannot serve ``names`` as
+    ``specs`` would launch them (one line per service; empty when it can)."""
+    problems = []
+    for name in sorted(names):
+        mine = launch_identity(specs[name])
+        theirs = served.get(name)
+        if theirs is None:
+            problems.append(f"{name}: not among the services it launches")
+            continue
+        for key in ("argv", "cwd", "port"):
+            if theirs.get(key) != mine[key]:
+                problems.append(f"{name}: it runs {key} {theirs.get(key)!r}, this project wants {mine[key]!r}")
+                break
+    return problems
+
+
+class SharedBroker:
+    """A live broker of a state folder that a run or a later ``harness up`` joins."""
+
+    def __init__(self, state_dir: Path, state: Mapping[str, Any]) -> None:
+        self.state_dir = Path(state_dir)
+        self.url = str(state["url"])
+        self.pid = int(state["pid"])
+        token = read_token(self.state_dir)
+        if token is None:
+            raise HarnessError(f"a broker (pid {self.pid}) serves {self.state_dir}, but its token "
+                               f"{self.state_dir / TOKEN_FILE} cannot be read",
+                               hint="it belongs to another user: use a state folder of your own")
+        self.token = token
+
+    @classmethod
+    def find(cls, state_dir: Path) -> SharedBroker | None:
+        """The live broker of ``state_dir``, or None."""
+        state = read_state(state_dir)
+        return None if state is None else cls(state_dir, state)
+
+    def request(self, method: str, path: str, data: Mapping[str, Any] | None = None,
+                timeout: float = 10.0) -> Any:
+        try:
+            return _http_json(method, self.url + path, data, timeout=timeout, token=self.token)
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read()).get("error", str(exc))
+            except (OSError, ValueError, AttributeError):
+                message = str(exc)
+            raise HarnessError(f"the broker of {self.state_dir} refused {method} {path}: {message}") from None
+        except (OSError, ValueError) as exc:
+            raise HarnessError(f"the broker of {self.state_dir} at {self.url} does not answer: {exc}") from None
+
+    def client_env(self) -> dict[str, str]:
+        return {"HARNESS_BROKER": self.url, "HARNESS_BROKER_TOKEN": self.token}
+
+    def check_serves(self, specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> None:
+        """Raise HarnessError unless this broker launches ``names`` exactly as ``specs`` do."""
+        problems = launch_differences(self.request("GET", "/plan").get("launch", {}), specs, names)
+        if problems:
+            raise HarnessError(
+                f"the broker of {self.state_dir} (pid {self.pid}, started by harness up) does not serve "
+                "what this project would launch:\n  " + "\n  ".join(problems),
+                hint="harness down, then harness up (or run) again with this project")
+
+    def start(self, names: list[str], timeout: float) -> dict[str, Any]:
+        """Bring ``names`` up in this broker; its ``/status`` with this call's errors."""
+        answer = self.request("POST", "/start", {"names": names}, timeout=timeout)
+        status = dict(answer["status"])
+        status["broker"]["up_errors"] = {n: e for n, e in answer["results"].items() if e is not None}
+        return status
 
 
 # ---------------------------------------------------------- a broker in its own process
@@ -956,39 +1076,42 @@ def plan_from_json(data: Mapping[str, Any]) -> Plan:
 def spawn(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path, *,
           names: Iterable[str] | None = None, python: str = sys.executable,
           timeout: float | None = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Start a detached broker process for ``state_dir`` and bring services up (``harness up``).
+    """Bring services up in the broker of ``state_dir``, starting it if none runs (``harness up``).
 
-    The broker runs ``python -m harness.runtime.broker STATE_DIR`` in its own session (so
-    it outlives the caller), logs to ``<state>/logs/broker.log``, serves at once and then
-    starts the plan's resident services (or ``names``). Returns its ``/status`` once they
-    are up (or failed: see each service's ``error`` and ``broker.up_errors``). ``timeout``
-    defaults to the sum of the services' ``load_seconds`` plus 30 s. Raises HarnessError
-    when a broker already serves ``state_dir`` or this one does not come up.
+    One broker per state folder: a lock file (``broker.lock``) makes concurrent callers
+    agree, and whoever finds a live broker joins it — it must launch ``names`` exactly as
+    ``specs`` do (else HarnessError) and is asked to bring them up. A new broker runs
+    ``python -m harness.runtime.broker STATE_DIR`` in its own session (so it outlives the
+    caller), logs to ``<state>/logs/broker.log``, serves at once and then starts the plan's
+    resident services (or ``names``). Returns its ``/status`` once they are up or failed:
+    ``broker.up_errors`` names each failure of this call. ``timeout`` defaults to the sum
+    of the services' ``load_seconds`` plus 30 s.
     """
     state_dir = Path(state_dir)
-    existing = read_state(state_dir)
-    if existing is not None:
-        raise HarnessError(f"a broker already runs for {state_dir} at {existing['url']} (pid {existing['pid']})",
-                           hint="harness down first, or harness status")
     state_dir.mkdir(parents=True, exist_ok=True)
-    config = {
-        "plan": plan.as_json(), "specs": json.loads(specs_to_json(specs)),
-        "names": None if names is None else list(names), "options": dict(options or {}),
-    }
-    supervisor._write_json_atomically(state_dir / CONFIG_FILE, config)
-    log = state_dir / "logs" / "broker.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     if timeout is None:
         timeout = 30.0 + sum(s.load_seconds for s in specs.values())
-    # The broker imports harness: run it from the interpreter and import path we run on.
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([python, "-m", "harness.runtime.broker", str(state_dir)],
-                                cwd=state_dir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    wanted = list(names) if names is not None else [p.name for p in plan.services if p.mode == "resident"]
+    log = state_dir / "logs" / "broker.log"
+    try:
+        with FileLock(str(state_dir / LOCK_FILE), timeout=60):
+            shared = SharedBroker.find(state_dir)
+            if shared is None:
+                strays = find_brokers(state_dir)
+                if strays:
+                    raise HarnessError(
+                        f"broker processes run for {state_dir} without its broker.json: "
+                        + ", ".join(f"pid {p.pid}" for p in strays), hint="harness down")
+                proc = _start_detached(plan, specs, state_dir, wanted, python, options, log)
+                _wait_serving(proc, state_dir, log, timeout)
+    except Timeout:
+        raise HarnessError(f"another harness up holds {state_dir / LOCK_FILE} for over 60 s",
+                           hint="wait for it, or harness down") from None
+    if shared is not None:
+        shared.check_serves(specs, wanted)
+        return shared.start(wanted, timeout)
     deadline = time.monotonic() + timeout
+    token = read_token(state_dir)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise supervisor.ServiceStartError(
@@ -997,13 +1120,47 @@ def spawn(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path, *,
         state = read_state(state_dir)
         if state is not None and state.get("pid") == proc.pid:
             try:
-                current = _http_json("GET", f"{state['url']}/status", timeout=5.0)
+                current = _http_json("GET", f"{state['url']}/status", timeout=5.0, token=token)
             except (OSError, ValueError):
                 current = None
             if current is not None and current["broker"]["up"] == "ready":
-                return current
+                return dict(current)
         time.sleep(0.05)
     raise HarnessError(f"the broker did not bring its services up within {timeout:g} s; log: {log}")
+
+
+def _start_detached(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path, names: list[str],
+                    python: str, options: Mapping[str, Any] | None, log: Path) -> subprocess.Popen[bytes]:
+    config = {
+        "plan": plan.as_json(), "specs": json.loads(specs_to_json(specs)),
+        "names": names, "options": dict(options or {}),
+    }
+    supervisor._write_json_atomically(state_dir / CONFIG_FILE, config)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # The broker imports harness: run it from the interpreter and import path we run on.
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(log, "ab") as out:
+        return subprocess.Popen([python, "-m", "harness.runtime.broker", str(state_dir)],
+                                cwd=state_dir, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_serving(proc: subprocess.Popen[bytes], state_dir: Path, log: Path, timeout: float) -> None:
+    """Wait until the new broker has written ``broker.json`` (it serves: others may join)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise supervisor.ServiceStartError(
+                f"the broker exited with {supervisor._describe_exit(proc.returncode)}; log: {log}",
+                log_tail=supervisor.log_tail(log))
+        state = read_state(state_dir)
+        if state is not None and state.get("pid") == proc.pid:
+            return
+        time.sleep(0.02)
+    proc.terminate()
+    raise HarnessError(f"the broker did not start serving within {timeout:g} s; log: {log}")
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -1023,10 +1180,15 @@ def _main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    try:
+        broker.check_leftovers()  # before serving: a later `up` may start services once we do
+    except HarnessError as exc:
+        print(f"broker: {exc}", flush=True)
+        return 1
     address = broker.serve_in_thread()
     print(f"broker: serving on {address} (pid {os.getpid()})", flush=True)
     try:
-        results = broker.start(config.get("names"))
+        results = broker.start(config.get("names"), check_leftovers=False)
     except HarnessError as exc:
         print(f"broker: {exc}", flush=True)
         broker.shutdown()
