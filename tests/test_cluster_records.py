@@ -7,6 +7,7 @@ record and audit logic is checked on records written by hand, and the CLI's refu
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,13 @@ def test_closure_digest_depends_on_paths_and_content_only(tmp_path: Path) -> Non
     changed = json.loads(json.dumps(closure))
     changed["store_paths"][1]["content"] = "blake3:3"
     assert closure_digest(changed) != closure_digest(closure)
+
+
+@pytest.mark.parametrize(("cluster", "module", "extra"), [("ray", "ray", "harness[ray]"),
+                                                         ("slurm", "submitit", "harness[slurm]")])
+def test_a_missing_engine_says_which_extra_to_install(harness_cli: Any, monkeypatch: pytest.MonkeyPatch,
+                                                      cluster: str, module: str, extra: str) -> None:
+    """Before anything is realized: the optional engine is not importable (as without the extra)."""
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
+    result = harness_cli("run", "--agent", "kinematics-only", "--cluster", cluster, "--shards", "2")
+    assert result.code == 1 and f"pip install '{extra}'" in result.err and "Traceback" not in result.err
