@@ -543,3 +543,151 @@ def test_bad_environments_fail_their_trial_only_and_resume_refuses_drift(
     result = _harbor("job", "resume", "-p", str(tmp_path / "jobs" / "mixed"), home=home, cwd=tmp_path)
     assert result.returncode != 0
     assert "does not match" in result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------- users, limits, host
+
+
+def test_task_users_plan_and_files() -> None:
+    from harness.harbor.ids import IdMap, UserTable
+
+    multi = IdMap("root", 0, 0, 100000, 100000, 65536)
+    table = UserTable.plan(["agent", "verifier", "agent", 1500, "root"], multi)
+    assert {n: (u.uid, u.gid) for n, u in table.users.items()} == {
+        "root": (0, 0), "agent": (1000, 1000), "verifier": (1001, 1001), "1500": (1500, 1500)}
+    assert table.get(None) is None and table.get("root") is None and table.get(0) is None
+    assert table.get("agent").uid == 1000 and table.get(1500).uid == 1500  # type: ignore[union-attr]
+    assert "agent:x:1000:1000:agent:/home/agent:/bin/bash" in table.passwd().splitlines()
+    assert "verifier:x:1001:" in table.group().splitlines()
+    assert multi.uid_lines() == "0 0 1\n1 100000 65536\n" and multi.host_uid(1000) == 100999
+    with pytest.raises(ValueError, match="outside"):
+        UserTable.plan([70000], multi)
+    single = IdMap("single", 1000, 1000, reason="task users need newuidmap")
+    assert list(UserTable.plan(["agent"], single).users) == ["root"]
+
+
+def test_subid_ranges_are_read_per_user(tmp_path: Path) -> None:
+    from harness.harbor.ids import _subid_range
+
+    (tmp_path / "subuid").write_text("alice:100000:65536\nbob:165536:0\n1001:231072:1000\n")
+    assert _subid_range(tmp_path / "subuid", ("alice", "1000")) == (100000, 65536)
+    assert _subid_range(tmp_path / "subuid", ("bob", "1002")) is None  # an empty range is none
+    assert _subid_range(tmp_path / "subuid", ("carol", "1001")) == (231072, 1000)
+    assert _subid_range(tmp_path / "missing", ("alice",)) is None
+
+
+def test_limits_fall_back_to_per_process_limits_and_say_so() -> None:
+    from harness.harbor.limits import enforce
+
+    none = enforce("s", None, None)
+    assert (none.cpu_enforced, none.memory_enforced, none.procs) == (False, False, [])
+    out = enforce("s", 0.5, 256, use_cgroups=False)
+    assert out.address_space == 256 * 1024 * 1024 and out.memory_enforced
+    assert "per process only" in out.memory_how and "cgroups not used" in out.memory_how
+    assert out.affinity and len(out.affinity) == 1 and "whole CPUs: 0.5 asked" in out.cpu_how
+    outer, inner = out.wrap("/bin/sh", "/usr/bin/prlimit", "/usr/bin/taskset")
+    assert outer == [] and inner[:2] == ["/usr/bin/prlimit", f"--as={256 << 20}:{256 << 20}"]
+    assert inner[3:5] == ["/usr/bin/taskset", "-c"]
+    record = out.as_json()
+    assert record["cpus"] == 0.5 and record["cgroups"] == []
+
+
+def test_limits_read_cgroup_v1_and_v2_layouts(tmp_path: Path) -> None:
+    """A fake /proc/self and cgroup tree: v2 without controllers falls back to v1, which sets
+    exact quotas; the cgroup is removed on release."""
+    from harness.harbor.limits import PERIOD_US, enforce
+
+    v1cpu, v1mem, v2 = tmp_path / "cpu", tmp_path / "memory", tmp_path / "unified"
+    for folder in (v1cpu / "a", v1mem / "b", v2):
+        folder.mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("")  # hybrid: no controllers on the v2 tree
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "mountinfo").write_text(
+        f"32 31 0:29 / {v1cpu} rw,relatime - cgroup cgroup rw,cpu\n"
+        f"35 31 0:32 / {v1mem} rw,relatime - cgroup cgroup rw,memory\n"
+        f"41 31 0:38 / {v2} rw,relatime - cgroup2 cgroup2 rw\n")
+    (proc / "cgroup").write_text("4:memory:/b\n1:cpu:/a\n0::/\n")
+    out = enforce("trial__env", 1.5, 512, proc=proc)
+    assert out.cpu_enforced and out.memory_enforced, out.as_json()
+    cpu_dir, mem_dir = out.cgroups
+    assert cpu_dir.parent == v1cpu / "a" and mem_dir.parent == v1mem / "b"
+    assert (cpu_dir / "cpu.cfs_quota_us").read_text() == str(int(1.5 * PERIOD_US))
+    assert (mem_dir / "memory.limit_in_bytes").read_text() == str(512 << 20)
+    assert out.address_space is None and out.affinity is None
+    assert [p.name for p in out.procs] == ["cgroup.procs", "cgroup.procs"]
+    for folder in out.cgroups:  # a real cgroup folder's files vanish with it
+        for f in folder.iterdir():
+            f.unlink()
+    out.release()
+    assert not cpu_dir.exists() and not mem_dir.exists()
+
+
+def test_dockerfile_translation_lists_every_step_it_cannot_translate() -> None:
+    from harness.harbor.dockerfile import translate
+
+    text = ("FROM python:3.12-slim AS base\n# a comment\n"
+            "RUN apt-get update && apt-get install -y git \\\n    && rm -rf /var/lib/apt/lists/*\n"
+            "COPY requirements.txt /tmp/req.txt\n"
+            "RUN pip install --no-cache-dir -r /tmp/req.txt && python -m pip install 'numpy==2.1.0' requests\n"
+            "RUN uv pip install --system pyyaml>=6 ./local_pkg\nWORKDIR /app\nUSER agent\nENV A=1\n"
+            "RUN curl -L x | sh\n")
+    out = translate(text, lambda path: "attrs==24.2.0\n# c\nsix\n--hash x\n" if path == "requirements.txt" else None)
+    assert out.python == "3.12"
+    assert out.requirements == ["attrs==24.2.0", "six", "numpy==2.1.0", "requests", "pyyaml>=6"]
+    steps = "\n".join(out.untranslated)
+    for expected in ("line 1: FROM python:3.12-slim", "line 3: RUN apt-get install -y git", "line 5: COPY",
+                     "--hash x", "./local_pkg", "WORKDIR /app", "USER agent", "ENV A=1", "RUN curl -L x | sh"):
+        assert expected in steps, (expected, steps)
+    assert (out.workdir, out.user) == ("/app", "agent")
+    other = translate("FROM ubuntu:22.04\nRUN pip3 install flask\n")
+    assert other.python is None and other.requirements == ["flask"]
+    assert "not a python:X base" in other.untranslated[0]
+
+
+def test_init_writes_manifest_and_harness_toml(tmp_path: Path) -> None:
+    from harness.harbor.__main__ import main
+    from harness.harbor.spec import read_spec
+    from harness.manifests.project import Project
+
+    root = tmp_path / "proj"
+    task = root / "tasks" / "My Task"
+    (task / "environment").mkdir(parents=True)
+    (task / "task.toml").write_text("[environment]\n")
+    (task / "environment" / "Dockerfile").write_text(
+        "FROM python:3.11\nCOPY requirements.txt .\nRUN pip install -r requirements.txt\nRUN make\n")
+    (task / "environment" / "requirements.txt").write_text("six==1.16.0\n")
+    assert main(["init", str(task), "--project", str(root)]) == 0
+    manifest = Project(root).load_benchmarks()["my-task"]
+    assert manifest.environment.python == "3.11" and manifest.environment.requirements == ["six==1.16.0"]
+    assert "not translated: line 4: RUN make" in (root / "benchmarks" / "my-task.toml").read_text()
+    spec = read_spec(task / "environment")
+    assert spec.manifest == "my-task" and spec.project is not None and spec.project.resolve() == root
+    assert main(["init", str(task), "--project", str(root)]) == 2  # exists: refused without --force
+    assert main(["init", str(tmp_path / "nowhere")]) == 2  # not a task
+
+
+def test_host_summary_and_executables_cache(tmp_path: Path) -> None:
+    from harness.harbor import host
+
+    summary = host.summary()
+    assert summary["kernel"] == platform.release() and summary["machine"] == platform.machine()
+    if platform.libc_ver()[0] == "glibc":
+        assert summary["libc"].startswith("glibc ")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "tool"
+    tool.write_text("#!/bin/sh\necho 1\n")
+    tool.chmod(0o755)
+    (bin_dir / "data.txt").write_text("not executable")
+    (bin_dir / "link").symlink_to("tool")
+    first = host.executables(tmp_path / "cache", dirs=(str(bin_dir),))
+    import hashlib
+
+    sha = hashlib.sha256(tool.read_bytes()).hexdigest()
+    assert first == {str(tool): sha, str(bin_dir / "link"): sha}
+    assert (tmp_path / "cache" / host.CACHE_NAME).is_file()
+    tool.write_text("#!/bin/sh\necho 2\n")  # changed: hashed again, not served from the cache
+    second = host.executables(tmp_path / "cache", dirs=(str(bin_dir),))
+    assert second[str(tool)] == hashlib.sha256(tool.read_bytes()).hexdigest() != sha
+    assert host.digest(first) != host.digest(second)
