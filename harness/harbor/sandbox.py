@@ -268,7 +268,7 @@ class Sandbox:
         args += ["--die-with-parent", "--cap-drop", "ALL", "--bind", str(c.root), "/"]
         for path in c.read_only:
             args += ["--ro-bind", path, path]
-        if len(self.users.users) > 1:  # task users get names inside
+        if self.idmap.multi:  # task users get names inside
             args += ["--ro-bind", str(self.etc_dir / "passwd"), "/etc/passwd",
                      "--ro-bind", str(self.etc_dir / "group"), "/etc/group"]
         args += ["--ro-bind-try", "/sys", "/sys", *_top_level_args(), "--proc", "/proc", "--dev", "/dev"]
@@ -325,10 +325,8 @@ class Sandbox:
         for folder in (*BASE_DIRS, *(d.lstrip("/") for d in self.config.dirs)):
             (root / inside_path("/" + folder).lstrip("/")).mkdir(parents=True, exist_ok=True)
         os.chmod(root / "tmp", 0o1777)
-        if len(self.users.users) > 1:
-            self.etc_dir.mkdir(parents=True, exist_ok=True)
-            (self.etc_dir / "passwd").write_text(self.users.passwd(), encoding="utf-8")
-            (self.etc_dir / "group").write_text(self.users.group(), encoding="utf-8")
+        if self.idmap.multi:
+            self._write_etc()
         holder: asyncio.subprocess.Process | None = None
         userns_fd: int | None = None
         if self.idmap.multi:
@@ -375,14 +373,38 @@ class Sandbox:
         if not self.config.network and self.config.forward_ports:
             await self._forward(self.config.forward_ports)
 
-    async def _setup(self) -> None:
+    def _write_etc(self) -> None:
+        # Written in place: the bind mounts inside see the new contents.
+        self.etc_dir.mkdir(parents=True, exist_ok=True)
+        (self.etc_dir / "passwd").write_text(self.users.passwd(), encoding="utf-8")
+        (self.etc_dir / "group").write_text(self.users.group(), encoding="utf-8")
+
+    async def ensure_user(self, user: str | int) -> TaskUser | None:
+        """The task user ``user`` (a name or uid), added to the session (ids, ``/etc/passwd``,
+        home) if it is new; None where the namespace holds one id (commands run as root)."""
+        if not self.idmap.multi or user in (None, "root", 0, "0"):
+            return None
+        known = self.users.get(user)
+        if known is not None:
+            return known
+        names: list[str | int] = [u.name for u in self.users.users.values() if u.uid != 0]
+        try:
+            self.users = UserTable.plan([*names, user], self.idmap)
+        except ValueError as exc:
+            raise SandboxError(f"task user {user!r}: {exc}") from None
+        self._write_etc()
+        added = self.users.get(user)
+        await self._setup(only=added)
+        return added
+
+    async def _setup(self, only: TaskUser | None = None) -> None:
         """As the sandbox's root: task users' homes, and the folders ``owners`` gives them."""
         lines = ["set -e"]
         for user in self.users.users.values():
-            if user.uid != 0:
+            if user.uid != 0 and (only is None or user is only):
                 lines.append(f"mkdir -p {shlex.quote(user.home)} && chown {user.uid}:{user.gid} "
                              f"{shlex.quote(user.home)} && chmod 0750 {shlex.quote(user.home)}")
-        for folder, name in self.config.owners.items():
+        for folder, name in self.config.owners.items() if only is None else ():
             user = self.users.get(name)
             if user is not None:
                 lines.append(f"chown {user.uid}:{user.gid} {shlex.quote(inside_path(folder))}")
