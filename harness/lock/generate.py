@@ -22,7 +22,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 from harness.config import Settings
 from harness.errors import HarnessError, InputError
@@ -218,25 +219,25 @@ def _lock_manifest(
     lock = Lock(
         lock_version=LOCK_VERSION,
         name=name,
-        type=kind,  # type: ignore[arg-type]
+        type=kind,
         manifest=f"{'services' if kind == 'service' else 'benchmarks'}/{name}.toml",
         manifest_digest=manifest_digest(manifest),
         uv=uv,
         python=LockedInterpreter(
             implementation=interpreter.implementation, version=interpreter.version,
-            platform=interpreter.platform, source=interpreter.source,  # type: ignore[arg-type]
+            platform=interpreter.platform, source=interpreter.source,
         ),
         packages=[_package(p) for p in packages],
         build_packages=[_package(p) for p in build_packages],
         sources=[
             LockedSource(name=p.name, repo=p.repo, rev=p.rev, commit=p.commit, tree=p.tree,
-                         install=p.install, subdirectory=p.subdirectory)  # type: ignore[arg-type]
+                         install=p.install, subdirectory=p.subdirectory)
             for p in pins
         ],
         weights=[
             LockedWeights(
-                dir=w.dir, provider=w.provider, repo=w.repo, revision=w.revision,  # type: ignore[arg-type]
-                repo_type=w.repo_type,  # type: ignore[arg-type]
+                dir=w.dir, provider=w.provider, repo=w.repo, revision=w.revision,
+                repo_type=w.repo_type,
                 files=[LockedWeightFile(path=f.path, size=f.size, sha256=f.sha256, revision=f.revision)
                        for f in w.files],
             )
@@ -247,7 +248,7 @@ def _lock_manifest(
 
 
 def _python(
-    environment,  # type: ignore[no-untyped-def]
+    environment,
     interpreter: Interpreter,
     pool: ThreadPoolExecutor,
     *,
@@ -267,7 +268,7 @@ def _python(
         pins = [lock_source(source, cache_dir, offline=options.offline) for source in environment.sources]
     previous_packages = _to_pins(previous.packages) if previous and not options.upgrade else None
     previous_build = _to_pins(previous.build_packages) if previous and not options.upgrade else None
-    common = dict(interpreter=interpreter, indexes=list(environment.indexes), settings=settings,
+    common: dict[str, Any] = dict(interpreter=interpreter, indexes=list(environment.indexes), settings=settings,
                   cache_dir=cache_dir, offline=options.offline, upgrade=options.upgrade,
                   upgrade_packages=list(options.upgrade_packages))
     with tempfile.TemporaryDirectory(prefix="harness-lock-") as scratch:

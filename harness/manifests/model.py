@@ -54,7 +54,7 @@ def check_templates(text: str, allowed: frozenset[str] | None = None) -> str:
     try:
         fields = [field for _, field, _, _ in string.Formatter().parse(text) if field is not None]
     except ValueError as exc:
-        raise ValueError(f"malformed template in {text!r}: {exc} (write '{{{{' for a brace)")
+        raise ValueError(f"malformed template in {text!r}: {exc} (write '{{{{' for a brace)") from None
     for field in fields:
         if field not in names:
             known = ", ".join("{" + n + "}" for n in sorted(names))
@@ -207,7 +207,7 @@ class Weights(Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_provider(self) -> "Weights":
+    def _one_provider(self) -> Weights:
         given = [key for key in WEIGHT_PROVIDERS if getattr(self, key) is not None]
         if len(given) != 1:
             listed = ", ".join(WEIGHT_PROVIDERS)
@@ -314,7 +314,7 @@ class ServiceManifest(Strict):
         return None if values is None else _check_command(values)
 
     @model_validator(mode="after")
-    def _protocol_keys(self) -> "ServiceManifest":
+    def _protocol_keys(self) -> ServiceManifest:
         if self.protocol == "http" and self.command is None:
             raise ValueError("protocol 'http' needs a command")
         if self.protocol == "xpolicylab":
@@ -349,7 +349,7 @@ class BenchmarkManifest(Strict):
     weights: list[Weights] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _weights_unique(self) -> "BenchmarkManifest":
+    def _weights_unique(self) -> BenchmarkManifest:
         _unique_dirs(self.weights)
         return self
 

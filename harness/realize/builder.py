@@ -197,7 +197,7 @@ def _check_offline(ctx: Context, locks: list[Lock]) -> None:
     from harness.resolve.git import mirror_path
 
     problems: list[str] = []
-    for sha, (what, data) in sorted(_files_to_fetch(ctx, locks).items(), key=lambda kv: str(kv[1])):
+    for _sha, (what, data) in sorted(_files_to_fetch(ctx, locks).items(), key=lambda kv: str(kv[1])):
         if what == "file":
             index, project, file = data
             problems.append(f"wheel {file.file} (index {index})")
@@ -226,7 +226,7 @@ def _fetch(ctx: Context, locks: list[Lock]) -> None:
     ctx.downloads.mkdir(parents=True, exist_ok=True)
     jobs: list[FetchJob] = []
     file_urls = _file_urls(ctx, [data for what, data in wanted.values() if what == "file"])
-    for sha, (what, data) in sorted(wanted.items()):
+    for _sha, (what, data) in sorted(wanted.items()):
         if what == "file":
             _, _, file = data
             jobs.append(_file_job(ctx, file, file_urls[file.file]))
@@ -258,7 +258,7 @@ def _file_urls(ctx: Context, wanted: list[tuple[str, str, LockedFile]]) -> dict[
 
 
 def _file_job(ctx: Context, file: LockedFile, url: str) -> Any:
-    from harness.realize.download import download
+    from harness.download import download
     from harness.realize.fetch import FetchJob
 
     def run(progress: Any) -> None:

@@ -493,7 +493,8 @@ def _check_paths(out: Path, site_packages: Path, from_sources: Iterable[str], ro
     # A very short path ("/tmp") would match unrelated text; build paths are never that short.
     needles = sorted({os.fsencode(p) for root in roots for p in (root.absolute(), Path(os.path.realpath(root)))
                       if len(os.fsencode(p)) >= 8}, key=len, reverse=True)
-    offenders, binaries = [], []
+    offenders: list[str] = []
+    binaries: list[str] = []
     for path in _scanned(out, site_packages, from_sources):
         data = path.read_bytes()
         if any(needle in data for needle in needles):

@@ -562,10 +562,10 @@ class Broker:
         groups start in parallel. Refuses (HarnessError) when pid files show services that
         an earlier broker started still running: ``harness down`` first.
         """
-        ours = set()
+        ours: set[int] = set()
         for group in self._groups:
             with group.cond:
-                ours |= {self._services[n].proc.pid for n in group.members if self._services[n].proc is not None}
+                ours |= {proc.pid for n in group.members if (proc := self._services[n].proc) is not None}
         leftovers = [r for r in supervisor.read_pidfiles(self.state_dir) if r.alive and r.pid not in ours]
         if leftovers:
             listed = ", ".join(f"{r.name} (pid {r.pid})" for r in leftovers)
@@ -600,7 +600,7 @@ class Broker:
 
     def status(self) -> dict[str, Any]:
         """The broker and every service, as ``GET /status`` answers."""
-        services = []
+        services: list[dict[str, Any]] = []
         now = time.time()
         for group in self._groups:
             with group.cond:
@@ -640,7 +640,8 @@ class Broker:
         """The broker's base URL (``http://127.0.0.1:PORT``); binds the socket if needed."""
         server = self._bind()
         host, port = server.server_address[:2]
-        return f"http://{host}:{port}"
+        # An AF_INET server's address is (str, int); typeshed allows bytes for AF_UNIX.
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     def _bind(self) -> ThreadingHTTPServer:
         if self._server is None:
@@ -821,7 +822,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(404, {"error": f"no such endpoint: POST {self.path}", "code": "not_found"})
         except BrokerError as exc:
             self._reply(exc.status, exc.as_json())
-        except Exception as exc:  # noqa: BLE001 - a bug: answer rather than drop the connection
+        except Exception as exc:
             self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
 
 

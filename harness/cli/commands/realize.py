@@ -22,7 +22,7 @@ def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, as_j
     _print(reports, as_json, state)
 
 
-def _print(reports, as_json: bool, state: State) -> None:  # type: ignore[no-untyped-def]
+def _print(reports, as_json: bool, state: State) -> None:
     from harness.cli.output import print_json
 
     root = state.home / "store"
