@@ -118,7 +118,8 @@ def _load(path: Path) -> None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         for target, (key, sha) in data.items():
-            _MEMO[target] = (tuple(key), sha)  # type: ignore[assignment]
+            dev, ino, size, mtime = (int(k) for k in key)
+            _MEMO[target] = ((dev, ino, size, mtime), str(sha))
     except (OSError, ValueError, TypeError):
         pass  # a missing or damaged cache is rebuilt
 

@@ -405,9 +405,9 @@ class Sandbox:
                 lines.append(f"mkdir -p {shlex.quote(user.home)} && chown {user.uid}:{user.gid} "
                              f"{shlex.quote(user.home)} && chmod 0750 {shlex.quote(user.home)}")
         for folder, name in self.config.owners.items() if only is None else ():
-            user = self.users.get(name)
-            if user is not None:
-                lines.append(f"chown {user.uid}:{user.gid} {shlex.quote(inside_path(folder))}")
+            owner = self.users.get(name)
+            if owner is not None:
+                lines.append(f"chown {owner.uid}:{owner.gid} {shlex.quote(inside_path(folder))}")
         if len(lines) == 1:
             return
         rc, err = await self._run_io([self.tools.shell, "-c", "\n".join(lines)], privileged=True)
