@@ -48,6 +48,7 @@ class Enforcement:
     memory_mb: int | None
     cpu_how: str = "not asked"
     memory_how: str = "not asked"
+    no_cgroup: str = ""  # why no cgroup enforces what the cgroup lines do not say
     cgroups: list[Path] = field(default_factory=list)  # folders this session made
     procs: list[Path] = field(default_factory=list)  # cgroup.procs files every command joins
     address_space: int | None = None  # RLIMIT_AS, bytes
@@ -68,7 +69,7 @@ class Enforcement:
         if self.address_space is not None and prlimit:
             inner += [prlimit, f"--as={self.address_space}:{self.address_space}", "--"]
         if self.affinity and taskset:
-            inner += [taskset, "-c", ",".join(map(str, self.affinity)), "--"]
+            inner += [taskset, "-c", ",".join(map(str, self.affinity))]  # taskset takes no "--"
         return outer, inner
 
     def release(self) -> None:
@@ -90,10 +91,11 @@ class Enforcement:
         return {"cpus": self.cpus, "memory_mb": self.memory_mb,
                 "cpus_enforced": self.cpu_enforced, "memory_enforced": self.memory_enforced,
                 "cpus_how": self.cpu_how, "memory_how": self.memory_how,
-                "cgroups": [str(p) for p in self.cgroups]}
+                "cgroups": [str(p) for p in self.cgroups], "no_cgroup_because": self.no_cgroup or None}
 
     def describe(self) -> str:
-        return f"cpus: {self.cpu_how}; memory: {self.memory_how}"
+        text = f"cpus {self.cpus}: {self.cpu_how}; memory_mb {self.memory_mb}: {self.memory_how}"
+        return text + (f" (no cgroup: {self.no_cgroup})" if self.no_cgroup else "")
 
 
 # ----------------------------------------------------------------------------- discovery
@@ -230,16 +232,17 @@ def enforce(session: str, cpus: float | None, memory_mb: int | None, *, use_cgro
         out = Enforcement(cpus, memory_mb)
     reason = "; ".join(r for r in reasons if r) or "no cgroup"
     if memory_mb is not None and not out.memory_how.startswith("cgroup"):
+        out.no_cgroup = reason
         out.address_space = memory_mb * 1024 * 1024
-        out.memory_how = (f"per process only (RLIMIT_AS {memory_mb} MiB each; the session's total is "
-                          f"not limited): {reason}")
+        out.memory_how = f"per process only (RLIMIT_AS {memory_mb} MiB each; the session's total is not limited)"
     if cpus is not None and not out.cpu_how.startswith("cgroup"):
+        out.no_cgroup = reason
         out.affinity = _cpus(math.ceil(cpus))
         if out.affinity is None:
-            out.cpu_how = f"not enforced: {reason}, and no CPU affinity possible"
+            out.cpu_how = "not enforced (no CPU affinity possible)"
         else:
-            exact = "" if float(cpus).is_integer() else f" (whole CPUs: {cpus} asked)"
-            out.cpu_how = f"CPU affinity {len(out.affinity)} CPU(s) {out.affinity}{exact}: {reason}"
+            exact = "" if float(cpus).is_integer() else f", whole CPUs: {cpus} asked"
+            out.cpu_how = f"CPU affinity {len(out.affinity)} CPU(s) {out.affinity}{exact}"
     return out
 
 

@@ -37,7 +37,9 @@ user namespace can hold more ids (Harbor runs as root, or the user has a subordi
 range and ``newuidmap``), the namespace is made first (``unshare --user``, its maps written
 by us or by ``newuidmap``) and bubblewrap is started inside it (``--userns``); each task
 user then runs under its own uid and gid (``setpriv --reuid``), and ``/etc/passwd`` and
-``/etc/group`` inside name them. Harness's own setup (owners and modes of the session's
+``/etc/group`` inside name them. The sandbox's root then keeps Docker's default capabilities
+(:data:`ROOT_CAPS`: it owns every file of the session, as a container's root does, but can
+never remount); task users have none. Harness's own setup (owners and modes of the session's
 folders) runs as the sandbox's root. When the session stops, everything under its root is
 given back to the sandbox's root (the invoking user), so it can be deleted or kept.
 
@@ -76,6 +78,11 @@ TOP_LEVEL_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 READ_ONLY = ("/usr", "/etc")
 #: Made as real (writable) folders of every root.
 BASE_DIRS = ("tmp", "root", "run", "var/tmp", "home")
+#: What the sandbox's root may do where task users have ids of their own: Docker's default
+#: capabilities (own any file, change owners and modes, switch users, signal), never
+#: CAP_SYS_ADMIN (so nothing can remount the read-only binds) nor ptrace. Task users have none.
+ROOT_CAPS = ("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap", "setfcap",
+             "net_bind_service", "net_raw", "sys_chroot", "mknod", "audit_write")
 #: Paths that belong to the kernel, never to transfers.
 SPECIAL = ("/proc", "/dev", "/sys")
 
@@ -485,7 +492,10 @@ class Sandbox:
             return argv
         switch = (["--reuid", str(user.uid), "--regid", str(user.gid), "--clear-groups"]
                   if user is not None and self.idmap.multi else [])
-        return [*argv, self.tools.setpriv, *switch, "--bounding-set", "-all", "--inh-caps", "-all",
+        # Root keeps Docker's default set where other users exist to own files (module doc);
+        # a task user loses every capability with its uid.
+        bounding = "-all" + ("".join(f",+{c}" for c in ROOT_CAPS) if self.idmap.multi and not switch else "")
+        return [*argv, self.tools.setpriv, *switch, "--bounding-set", bounding, "--inh-caps", "-all",
                 "--ambient-caps", "-all", "--no-new-privs", "--"]
 
     def command_args(self, command: str, cwd: str, user: TaskUser | None = None) -> list[str]:
