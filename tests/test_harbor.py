@@ -695,3 +695,63 @@ def test_host_summary_and_executables_cache(tmp_path: Path) -> None:
     second = host.executables(tmp_path / "cache", dirs=(str(bin_dir),))
     assert second[str(tool)] == hashlib.sha256(tool.read_bytes()).hexdigest() != sha
     assert host.digest(first) != host.digest(second)
+
+
+@needs_harbor
+@needs_sandbox
+def test_task_users_limits_and_host_in_a_job_with_network(tmp_path: Path, project: tuple[Path, str],
+                                                          home: Path) -> None:
+    """tests/harbor/reach-users: [agent] user and [verifier] user under ids of their own with
+    Docker's permissions where this machine can map them (else the record and the trial log
+    say why not), cpus = 0.5 (fractional: the job must run) and memory_mb enforced as the
+    record says, network on (the host's namespace, which an unprivileged session must not
+    try to join), the host and the ignored storage_mb in the record."""
+    from harness.harbor.ids import probe
+
+    root, pin = project
+    task = _task("reach-users", tmp_path / "tasks", root, pin)
+    result = _harbor("run", "-p", str(task), "-a", "oracle", "-e", ENV, "-o", str(tmp_path / "jobs"),
+                     "--job-name", "users", home=home, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trial = _trials(tmp_path / "jobs" / "users")["reach-users"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    rewards = _reward(trial) or {}
+    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
+    sandbox = record["sandbox"]
+    log = (trial["_dir"] / "trial.log").read_text()
+    assert sandbox["network"] == "host"
+    idmap = probe()
+    assert sandbox["users"]["enforced"] is idmap.multi
+    if idmap.multi:
+        assert rewards and all(v == 1.0 for v in rewards.values()), rewards
+        table = {u["name"]: u["uid"] for u in sandbox["users"]["table"]}
+        assert table == {"root": 0, "agent": 1000, "checker": 1001}
+        assert "users: root uid 0, agent uid 1000, checker uid 1001" in log
+    else:  # one id: every command ran as root, and both the record and the log say why
+        assert rewards["answer"] == 1.0 and rewards["agent_is_not_root"] == 0.0, rewards
+        assert sandbox["users"]["ids"]["reason"].startswith("task users need")
+        assert "runs every command as the sandbox's root, not as agent, checker" in log
+    limits = sandbox["limits"]
+    assert (limits["cpus"], limits["memory_mb"]) == (0.5, 512)
+    assert limits["cpus_enforced"] and limits["memory_enforced"]
+    assert f"cpus 0.5: {limits['cpus_how']}" in log
+    if limits["cpus_how"].startswith("cgroup"):
+        assert limits["cgroups"] and not any(Path(p).exists() for p in limits["cgroups"])  # removed at stop
+    else:
+        assert "whole CPUs: 0.5 asked" in limits["cpus_how"] and limits["no_cgroup_because"]
+        assert limits["memory_how"].startswith("per process only (RLIMIT_AS 512 MiB")
+    assert sandbox["storage"]["storage_mb"] == 1024 and sandbox["storage"]["enforced"] is False
+    assert sandbox["storage"]["used_mb_at_stop"] is not None
+    assert any("storage_mb = 1024" in line for line in sandbox["ignored"])
+    hostinfo = record["host"]
+    assert hostinfo["kernel"] == platform.release() and hostinfo["executables"]["count"] > 10
+    listing = (trial["_dir"] / "harness" / hostinfo["executables"]["list"]).read_text().splitlines()
+    assert len(listing) == hostinfo["executables"]["count"]
+    bash = next(line for line in listing if line.endswith("  /usr/bin/bash") or line.endswith("  /bin/bash"))
+    import hashlib
+
+    assert bash.split()[0] == hashlib.sha256(Path("/bin/bash").read_bytes()).hexdigest()
+    env = record["commands_env"]
+    assert env["base"]["HARNESS_ENVIRONMENT"] == str(home / "store" / pin)
+    assert env["given_by_harbor"] == sorted(env["given_by_harbor"])  # names only: values may be secrets
+    assert all("=" not in name for name in env["given_by_harbor"])

@@ -281,6 +281,15 @@ class Sandbox:
         args += ["--ro-bind-try", "/sys", "/sys", *_top_level_args(), "--proc", "/proc", "--dev", "/dev"]
         for device in c.devices:
             args += ["--dev-bind", device, device]
+        # The folders above the store paths, made readable by every user of the session (bwrap
+        # would otherwise make them 0700, leaving the environment to the sandbox's root alone).
+        made: set[str] = set()
+        for store_path in c.store_paths:
+            for parent in reversed(PurePosixPath(store_path).parents[:-1]):
+                text = str(parent)
+                if text not in made and not (c.root / text.lstrip("/")).exists():
+                    args += ["--perms", "0755", "--dir", text]
+                made.add(text)
         for store_path in c.store_paths:
             args += ["--ro-bind", str(store_path), str(store_path)]
         # The init: says it is ready (the root is built), then lives while we hold its stdin.
