@@ -755,3 +755,94 @@ def test_task_users_limits_and_host_in_a_job_with_network(tmp_path: Path, projec
     assert env["base"]["HARNESS_ENVIRONMENT"] == str(home / "store" / pin)
     assert env["given_by_harbor"] == sorted(env["given_by_harbor"])  # names only: values may be secrets
     assert all("=" not in name for name in env["given_by_harbor"])
+
+
+# ------------------------------------------------------- machines without user namespaces
+
+_NO_USERNS = ["unshare", "--user", "--map-root-user", "--", "sh", "-c",
+              'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "no-userns"]
+
+
+def _no_userns_reason() -> str | None:
+    """Why the Landlock + PRoot tests cannot run here (None when they can)."""
+    from harness.harbor import confine
+
+    if _SANDBOX_REASON is not None:
+        return f"no user namespace to set user.max_user_namespaces = 0 in: {_SANDBOX_REASON}"
+    return confine.unavailable_reason()
+
+
+needs_confine = pytest.mark.skipif(_no_userns_reason() is not None, reason=f"{_no_userns_reason()}")
+
+_CONFINED_SCRIPT = r'''
+import asyncio, json, sys
+from pathlib import Path
+from harness.harbor import confine
+from harness.harbor.sandbox import SandboxConfig, unavailable_reason
+out = {"bwrap": unavailable_reason(), "confine": confine.unavailable_reason()}
+root, env_dir, store_paths = Path(sys.argv[1]), sys.argv[2], [Path(p) for p in sys.argv[3:]]
+async def main():
+    box = confine.ConfinedSandbox(SandboxConfig(root=root, store_paths=store_paths, dirs=["/app"], network=False))
+    await box.start()
+    env = {"PATH": env_dir + "/bin:/usr/bin:/bin", "HOME": "/root", "HARNESS_ENVIRONMENT": env_dir}
+    runs = {}
+    try:
+        for name, cmd in {
+            "python": "python -c 'import sys; print(sys.prefix)'",
+            "usr": "echo x > /usr/harness-probe",
+            "store": f"echo x > {store_paths[0]}/probe",
+            "app": "echo ok > /app/w && cat /app/w && ls -d /app",
+            "status": "exit 7",
+            "background": "nohup sleep 3217 >/dev/null 2>&1 & echo started",
+            "tcp": "python -c \"import socket; s=socket.socket(); s.settimeout(3); print(s.connect_ex(('127.0.0.1', 9)))\"",
+            "host_tree": "ls /work /home/* 2>&1 | head -3; cat /dev/sda 2>&1 | head -1",
+        }.items():
+            r = await box.exec(cmd, cwd="/app", env=env, timeout=60)
+            runs[name] = [r.return_code, r.stdout, r.stderr]
+        await box.upload_file(Path(sys.argv[0]), "/app/uploaded.py")
+        await box.download_file("/app/w", root.parent / "downloaded")
+        out["describe"] = box.describe()
+        out["marked"] = len(confine._marked(box.marker))
+    finally:
+        await box.stop(delete=False)
+    out["runs"] = runs
+    out["marked_after_stop"] = len(confine._marked(box.marker))
+asyncio.run(main())
+print(json.dumps(out))
+'''
+
+
+@needs_confine
+def test_landlock_proot_confinement_without_user_namespaces(tmp_path: Path, project: tuple[Path, str],
+                                                            home: Path) -> None:
+    """With user.max_user_namespaces = 0 (in a user namespace of the test's own, so nothing
+    else on the machine notices, and restored when it ends), bubblewrap cannot start and the
+    Landlock + PRoot confinement runs the session: store and /usr read-only, writes land in
+    the session root, the status of each command, TCP refused without network, transfers
+    inside, and every process of the session gone after stop."""
+    pin = project[1]
+    script = tmp_path / "confined.py"
+    script.write_text(_CONFINED_SCRIPT)
+    closure = [str(p) for p in _closure(home, pin)]
+    result = subprocess.run([*_NO_USERNS, sys.executable, str(script), str(tmp_path / "root"),
+                             str(home / "store" / pin), *closure], capture_output=True, text=True, timeout=300,
+                            cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert "cannot create namespaces" in out["bwrap"] and out["confine"] is None
+    runs = out["runs"]
+    assert runs["python"][:2] == [0, f"{home}/store/{pin}\n"]
+    assert runs["usr"][0] != 0 and "Permission denied" in runs["usr"][2]
+    assert runs["store"][0] != 0 and "Permission denied" in runs["store"][2]
+    assert runs["app"][:2] == [0, "ok\n/app\n"], runs["app"]
+    assert (tmp_path / "root" / "app" / "w").read_text() == "ok\n"
+    assert runs["status"][0] == 7
+    assert runs["background"][:2] == [0, "started\n"]
+    assert runs["tcp"][1].strip() == "13"  # EACCES: Landlock refuses the connection
+    assert "No such file or directory" in runs["host_tree"][1]
+    assert (tmp_path / "root" / "app" / "uploaded.py").read_text() == _CONFINED_SCRIPT
+    assert (tmp_path / "downloaded").read_text() == "ok\n"
+    assert out["describe"]["landlock_abi"] >= 1 and out["describe"]["pid_namespace"] is False
+    assert out["marked"] >= 1 and out["marked_after_stop"] == 0  # the background sleep was killed
+    assert not Path("/usr/harness-probe").exists()
+    assert not _processes_with("sleep 3217")

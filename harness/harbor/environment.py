@@ -166,8 +166,16 @@ class HarnessEnvironment(BaseEnvironment):
             raise EnvironmentUnavailable(str(self._spec_error))
         assert self._spec is not None
         reason = await asyncio.to_thread(unavailable_reason)
-        if reason is not None:
-            raise SandboxError(f"cannot sandbox this trial: {reason}")
+        confined = False
+        if reason is not None:  # no namespaces here: the second confinement, if it can run
+            from harness.harbor import confine
+
+            why_not = await asyncio.to_thread(confine.unavailable_reason)
+            if why_not is not None:
+                raise SandboxError(f"cannot sandbox this trial: {reason}; nor confine it with Landlock and "
+                                   f"PRoot: {why_not}")
+            confined = True
+            self.logger.warning(f"harness: {self.session_id}: {reason}: confined with Landlock and PRoot instead")
         self._resolved = await asyncio.to_thread(
             resolve, self._spec, self.home, realize=self.options.realize, offline=self.options.offline,
             task_dir=self.environment_dir.parent, log=self.logger.info)
@@ -206,7 +214,12 @@ class HarnessEnvironment(BaseEnvironment):
 
             await asyncio.to_thread(remove_root, self.session_dir)
         self.session_dir.mkdir(parents=True)
-        self._sandbox = Sandbox(config, log=self.logger.info)
+        if confined:
+            from harness.harbor.confine import ConfinedSandbox
+
+            self._sandbox = ConfinedSandbox(config, log=self.logger.info)
+        else:
+            self._sandbox = Sandbox(config, log=self.logger.info)
         await self._sandbox.start()
         if self._sandbox.idmap.multi:
             self.logger.info(f"harness: {self.session_id} users: " + ", ".join(
@@ -338,7 +351,9 @@ class HarnessEnvironment(BaseEnvironment):
                             "executable": f"{resolved.environment_path}/bin/python"},
             "closure": resolved.closure,
             "sandbox": {
-                "backend": "bwrap+nsenter" + ("+userns-map" if self._sandbox.idmap.multi else ""),
+                "backend": ("landlock+proot" if not self._sandbox.namespaces else
+                            "bwrap+nsenter" + ("+userns-map" if self._sandbox.idmap.multi else "")),
+                "confinement": getattr(self._sandbox, "describe", lambda: None)(),
                 "network": "host" if config.network else "none",
                 "forwarded_ports": list(self._sandbox.forwarded), "broker": broker,
                 "read_only": [*config.read_only, "/sys"], "store_paths_bound": len(config.store_paths),

@@ -135,17 +135,19 @@ _PROBE: dict[str, Any] = {}
 _PROBE_LOCK = threading.Lock()
 
 
-def find_tools() -> Tools:
-    """The tools a sandbox needs, or :class:`SandboxError` naming what is missing."""
+def find_tools(*, namespaces: bool = True) -> Tools:
+    """The tools a sandbox needs (``namespaces=False``: those of the Landlock + PRoot
+    confinement, which needs no bubblewrap), or :class:`SandboxError` naming what is missing."""
+    needed = ("bwrap", "nsenter", "setpriv", "cat", "tar", "unshare") if namespaces else ("cat", "tar")
     found = {name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
              for name in ("bwrap", "nsenter", "setpriv", "cat", "tar", "unshare")}
-    missing = [name for name, path in found.items() if not path]
+    missing = [name for name in needed if not found[name]]
     if missing:
         hint = "apt-get install bubblewrap" if "bwrap" in missing else "install util-linux"
         raise SandboxError(f"the native sandbox needs {', '.join(missing)} on PATH", hint=hint)
     shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-    resolved = {k: str(v) for k, v in found.items()}
-    for name in ("cat", "tar", "setpriv"):
+    resolved = {k: str(v or "") for k, v in found.items()}
+    for name in ("cat", "tar", "setpriv") if namespaces else ("cat", "tar"):
         if not resolved[name].startswith(("/usr/", "/bin/", "/sbin/")):
             raise SandboxError(f"{name} is at {resolved[name]}, outside /usr: the sandbox cannot run it")
     optional = {name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
@@ -242,9 +244,11 @@ class ExecOutcome:
 class Sandbox:
     """One running session; see the module doc. Async: call from one event loop."""
 
+    namespaces = True  # False: harness.harbor.confine's Landlock + PRoot session
+
     def __init__(self, config: SandboxConfig, *, log: Callable[[str], None] | None = None) -> None:
         self.config = config
-        self.tools = find_tools()
+        self.tools = find_tools(namespaces=self.namespaces)
         self._log = log or (lambda _line: None)
         self._outer: asyncio.subprocess.Process | None = None
         self._init_pid: int | None = None
