@@ -846,3 +846,26 @@ def test_landlock_proot_confinement_without_user_namespaces(tmp_path: Path, proj
     assert out["marked"] >= 1 and out["marked_after_stop"] == 0  # the background sleep was killed
     assert not Path("/usr/harness-probe").exists()
     assert not _processes_with("sleep 3217")
+
+
+@needs_harbor
+@needs_confine
+def test_harbor_job_without_user_namespaces(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
+    """`harbor run` where no namespace can be made: the trial runs confined by Landlock and
+    PRoot, scores 1.0, and its record and log say so."""
+    root, pin = project
+    task = _task("reach-python", tmp_path / "tasks", root, pin)
+    env = {**os.environ, "HARNESS_HOME": str(home), "UV_PYTHON_DOWNLOADS": "never",
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "COLUMNS": "200"}
+    result = subprocess.run([*_NO_USERNS, str(_HARBOR_BIN), "run", "-p", str(task), "-a", "oracle", "-e", ENV,
+                             "-o", str(tmp_path / "jobs"), "--job-name", "confined"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trial = _trials(tmp_path / "jobs" / "confined")["reach-python"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    assert _reward(trial) == {"reward": 1.0}
+    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
+    assert record["sandbox"]["backend"] == "landlock+proot"
+    assert record["sandbox"]["confinement"]["pid_namespace"] is False
+    assert record["sandbox"]["users"]["enforced"] is False
+    assert "confined with Landlock and PRoot instead" in (trial["_dir"] / "trial.log").read_text()
