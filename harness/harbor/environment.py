@@ -306,6 +306,11 @@ class HarnessEnvironment(BaseEnvironment):
         await self._require().download_file(source_path, Path(target_path))
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        if self._sandbox is None and self._record == {}:
+            # Never started (the start failed, and said why first): Harbor's recovery of the
+            # logs finds nothing, rather than burying that error under a second traceback.
+            Path(target_dir).mkdir(parents=True, exist_ok=True)
+            return
         await self._require().download_dir(source_dir, Path(target_dir))
 
     def _require(self) -> Sandbox:
