@@ -153,10 +153,14 @@ class HarnessEnvironment(BaseEnvironment):
     async def start(self, force_build: bool) -> None:
         try:
             await self._start()
-        except HarnessError as exc:
-            # The message first, on its own line: Harbor's log would bury it under a traceback.
-            self.logger.error(f"harness: {self.session_id} cannot start: {exc}")
-            if self._limits is not None:
+        except BaseException as exc:
+            if isinstance(exc, HarnessError):
+                # The message first, on its own line: Harbor's log would bury it under a traceback.
+                self.logger.error(f"harness: {self.session_id} cannot start: {exc}")
+            sandbox, self._sandbox = self._sandbox, None
+            if sandbox is not None:  # started, then something after it failed
+                await sandbox.stop(delete=False)
+            elif self._limits is not None:
                 self._limits.release()
             raise
 

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -81,19 +82,19 @@ def executables(cache_dir: Path | None = None, dirs: tuple[str, ...] = BIN_DIRS)
                 continue
             seen.add(real)
             try:
-                names = sorted(os.listdir(real))
+                entries = sorted(os.scandir(real), key=lambda e: e.name)
             except OSError:
                 continue
-            for name in names:
-                path = os.path.join(real, name)
+            for entry in entries:  # scandir: one stat per file, a realpath only for links
+                path = entry.path
                 try:
-                    st = os.stat(path)
+                    st = entry.stat()
                 except OSError:
                     continue  # a dangling link
-                if not (st.st_mode & 0o111) or not os.path.isfile(path):
+                if not (st.st_mode & 0o111) or not stat.S_ISREG(st.st_mode):
                     continue
                 key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-                target = os.path.realpath(path)
+                target = os.path.realpath(path) if entry.is_symlink() else path
                 memo = _MEMO.get(target)
                 if memo is None or memo[0] != key:
                     try:
