@@ -12,9 +12,11 @@ No Docker. Linux namespaces through two standard tools:
   a ``cat`` reading a pipe this process holds: the session lives exactly as long as we
   hold it (and ``--die-with-parent`` covers a crash).
 * **nsenter** and **setpriv** (util-linux) run each command inside that session: join its
-  namespaces and root, drop every capability (bounding, inheritable and ambient sets, and
-  ``no_new_privs``) so nothing can remount the read-only binds, ``cd`` to the working
-  folder, ``bash -c`` the command. Commands run in a new process group; a timeout or a
+  namespaces (the network one only when the session made its own: a task with network stays
+  in the host's, which only the host's root may join) and root, switch to the task user,
+  drop capabilities (every one, or all but :data:`ROOT_CAPS` for root where task users have
+  ids; bounding, inheritable and ambient sets, and ``no_new_privs``) so nothing can remount
+  the read-only binds, ``cd`` to the working folder, ``bash -c`` the command. Commands run in a new process group; a timeout or a
   cancellation kills the whole group. Background processes survive between commands, as
   in a container, until :meth:`Sandbox.stop` kills the namespace's init and with it every
   process of the session.
