@@ -869,3 +869,34 @@ def test_harbor_job_without_user_namespaces(tmp_path: Path, project: tuple[Path,
     assert record["sandbox"]["confinement"]["pid_namespace"] is False
     assert record["sandbox"]["users"]["enforced"] is False
     assert "confined with Landlock and PRoot instead" in (trial["_dir"] / "trial.log").read_text()
+
+
+@needs_sandbox
+@pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup-if-possible", "per-process"])
+def test_memory_limit_stops_a_command_that_exceeds_it(tmp_path: Path, project: tuple[Path, str], home: Path,
+                                                      cgroups: bool) -> None:
+    """memory_mb = 64: a command touching 200 MiB fails (the cgroup's OOM kill, or MemoryError
+    under RLIMIT_AS), one touching 8 MiB does not; the cgroup is gone after stop."""
+    from harness.harbor.limits import enforce
+
+    pin = project[1]
+    limits = enforce(f"memtest-{cgroups}", 1, 64, use_cgroups=cgroups)
+    assert limits.memory_enforced, limits.as_json()
+    touch = "python -c 'b = bytearray({} << 20); b[::4096] = bytes(len(b[::4096])); print(len(b) >> 20)'"
+
+    async def scenario() -> tuple[Any, Any]:
+        box = _sandbox(tmp_path, home, pin, network=False, limits=limits)
+        await box.start()
+        try:
+            small = await box.exec(touch.format(8), cwd="/app", env=_env(home, pin), timeout=120)
+            big = await box.exec(touch.format(200), cwd="/app", env=_env(home, pin), timeout=120)
+            return small, big
+        finally:
+            await box.stop(delete=True)
+
+    small, big = asyncio.run(scenario())
+    assert (small.return_code, small.stdout) == (0, "8\n"), small
+    assert big.return_code != 0 and big.stdout is None, big
+    if not limits.memory_how.startswith("cgroup"):
+        assert "MemoryError" in (big.stderr or "")
+    assert not any(p.exists() for p in limits.cgroups)
