@@ -900,3 +900,27 @@ def test_memory_limit_stops_a_command_that_exceeds_it(tmp_path: Path, project: t
     if not limits.memory_how.startswith("cgroup"):
         assert "MemoryError" in (big.stderr or "")
     assert not any(p.exists() for p in limits.cgroups)
+
+
+@needs_sandbox
+def test_one_id_namespace_runs_task_users_as_root_and_keeps_no_capabilities(
+        tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
+    """Where the namespace can hold one id only (an unprivileged user without a subordinate
+    range), a task user's command runs as the sandbox's root, with no capabilities at all."""
+    from harness.harbor.ids import IdMap
+
+    pin = project[1]
+    single = IdMap("single", os.geteuid(), os.getegid(), reason="task users need newuidmap")
+
+    async def scenario() -> Any:
+        box = _sandbox(tmp_path, home, pin, network=False, users=["agent"], idmap=single)
+        await box.start()
+        try:
+            assert await box.ensure_user("agent") is None
+            return await box.exec("id -u; grep CapEff /proc/self/status", cwd="/app", env=_env(home, pin),
+                                  user="agent")
+        finally:
+            await box.stop(delete=True)
+
+    r = asyncio.run(scenario())
+    assert r.return_code == 0 and r.stdout.split()[0] == "0" and r.stdout.split()[-1] == "0" * 16, r
