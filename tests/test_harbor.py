@@ -13,6 +13,13 @@ Two kinds of test:
   skipped, with the reason; ``.ci/run`` runs this file again in a 3.12 venv with
   ``harness[harbor]``.
 
+Issue 18 added: pure tests of the task-user plan, the limits (on a fake cgroup tree), the
+Dockerfile translation, ``init`` and the host facts; sandbox tests of memory limits and of a
+namespace with one id; a Harbor job of ``tests/harbor/reach-users`` (task users, ``cpus =
+0.5``, network); and the Landlock + PRoot confinement with ``user.max_user_namespaces = 0`` —
+set inside a user namespace of the test's own (the limit is per user namespace), so nothing
+else on the machine notices and it is gone when the test ends; any user can run it.
+
 The environment is a test project's ``reach`` benchmark locked for this machine's CPython
 (an interpreter and an empty venv), realized offline into a temporary ``HARNESS_HOME``; the
 example task itself runs verbatim (the repository's ``reach`` lock, CPython 3.11.7) where
