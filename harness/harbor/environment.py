@@ -196,7 +196,8 @@ class HarnessEnvironment(BaseEnvironment):
             owners[str(paths.verifier_dir)] = verifier_user
         self._limits = await asyncio.to_thread(
             enforce, self.session_id, self._effective_cpus, self._effective_memory_mb)
-        self.logger.info(f"harness: {self.session_id} limits: {self._limits.describe()}")
+        if self._limits.cpus is not None or self._limits.memory_mb is not None:
+            self.logger.info(f"harness: {self.session_id} limits: {self._limits.describe()}")
         ignored = _ignored(self.environment_dir, self.task_env_config.docker_image, self._effective_storage_mb)
         for line in ignored:
             self.logger.warning(f"harness: {self.session_id} ignores {line}")
