@@ -55,6 +55,8 @@ from harness.harbor.sandbox import Sandbox, SandboxConfig, SandboxError, unavail
 from harness.harbor.spec import EnvironmentSpec, read_spec
 
 RECORD_SCHEMA = "harness-harbor-record/1"
+#: Variables of the commands' base environment recorded by name only.
+_SECRETS = frozenset({"HARNESS_BROKER_TOKEN"})
 DEFAULT_WORKDIR = "/app"
 
 
@@ -242,6 +244,9 @@ class HarnessEnvironment(BaseEnvironment):
         }
         if broker:
             self._base_env["HARNESS_BROKER"] = broker
+            token = os.environ.get("HARNESS_BROKER_TOKEN")
+            if token:  # the broker answers only with its token (its owner runs this trial)
+                self._base_env["HARNESS_BROKER_TOKEN"] = token
         executables = await asyncio.to_thread(host.executables, self.home / "cache")
         # In sha256sum's format: `sha256sum -c host-executables.sha256` re-checks the host.
         listing = self.record_path.parent / "host-executables.sha256"
@@ -374,7 +379,8 @@ class HarnessEnvironment(BaseEnvironment):
                           "table": [u.as_json() for u in self._sandbox.users.users.values()],
                           "owners": {k: str(v) for k, v in config.owners.items()}},
             },
-            "commands_env": {"base": dict(self._base_env),
+            "commands_env": {"base": {k: ("<withheld: a credential>" if k in _SECRETS else v)
+                                      for k, v in self._base_env.items()},
                              "given_by_harbor": [],  # names only: values may be credentials
                              "note": "base: set by harness for every command (values); given_by_harbor: "
                                      "the names of the variables Harbor, the task or the agent added"},
@@ -469,8 +475,11 @@ def _loopback_ports(broker: str) -> list[int]:
     if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
         return []
     ports = [parts.port]
+    token = os.environ.get("HARNESS_BROKER_TOKEN")
+    request = urllib.request.Request(broker.rstrip("/") + "/status",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(broker.rstrip("/") + "/status", timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2) as response:
             status = json.loads(response.read())
         for service in status.get("services", []):
             url = urlsplit(str(service.get("url") or ""))

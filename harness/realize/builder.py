@@ -77,10 +77,10 @@ class Context:
 
     def download_lock(self, sha256: str) -> Any:
         """Serializes everything that touches one download among concurrent realizes."""
-        from filelock import FileLock
+        from harness.store.store import lock_file
 
         self.downloads.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.downloads / f"{sha256}.lock"))
+        return lock_file(self.downloads / f"{sha256}.lock")
 
 
 def chosen_file(package: LockedPackage, lock: Lock) -> LockedFile:
@@ -138,7 +138,7 @@ def realize_locks(ctx: Context, locks: list[Lock]) -> list[Report]:
     building = {id(lock) for lock in todo}
     reports = [_register(ctx, lock) if id(lock) in building else _complete(ctx, lock) for lock in locks]
     _drop_downloads(ctx, locks)
-    register_project(ctx.store, ctx.project_root)
+    register_project(ctx.store, ctx.project_root, [n for lock in locks for n in lock_objects(lock)])
     return reports
 
 
