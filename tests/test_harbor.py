@@ -838,7 +838,7 @@ def test_landlock_proot_confinement_without_user_namespaces(tmp_path: Path, proj
     Landlock + PRoot confinement runs the session: store and /usr read-only, writes land in
     the session root, the status of each command, TCP refused without network, transfers
     inside, and every process of the session gone after stop."""
-    pin = project[1]
+    pin = _realized_env(home, project)
     script = tmp_path / "confined.py"
     script.write_text(_CONFINED_SCRIPT)
     closure = [str(p) for p in _closure(home, pin)]
@@ -897,7 +897,7 @@ def test_memory_limit_stops_a_command_that_exceeds_it(tmp_path: Path, project: t
     under RLIMIT_AS), one touching 8 MiB does not; the cgroup is gone after stop."""
     from harness.harbor.limits import enforce
 
-    pin = project[1]
+    pin = _realized_env(home, project)
     limits = enforce(f"memtest-{cgroups}", 1, 64, use_cgroups=cgroups)
     assert limits.memory_enforced, limits.as_json()
     touch = "python -c 'b = bytearray({} << 20); b[::4096] = bytes(len(b[::4096])); print(len(b) >> 20)'"
@@ -927,7 +927,7 @@ def test_one_id_namespace_runs_task_users_as_root_and_keeps_no_capabilities(
     range), a task user's command runs as the sandbox's root, with no capabilities at all."""
     from harness.harbor.ids import IdMap
 
-    pin = project[1]
+    pin = _realized_env(home, project)
     single = IdMap("single", os.geteuid(), os.getegid(), reason="task users need newuidmap")
 
     async def scenario() -> Any:
