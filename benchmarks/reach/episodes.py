@@ -1,7 +1,8 @@
 """Episodes of the reach benchmark: sample targets, ask the kinematics service, score.
 
 Runs in the benchmark's own realized environment (standard library only). It finds the
-broker through ``HARNESS_BROKER`` (set by ``harness run``), acquires a lease on the
+broker through ``HARNESS_BROKER`` and its token through ``HARNESS_BROKER_TOKEN`` (both set by
+``harness run``), acquires a lease on the
 ``kinematics`` service before each call as every skill does, and writes its result to
 ``$HARNESS_RUN_DIR/benchmark.json`` so the run record carries the score.
 
@@ -24,9 +25,11 @@ from typing import Any
 SUCCESS_M = 0.01
 
 
-def post(url: str, body: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+def post(url: str, body: dict[str, Any], timeout: float = 60, token: str | None = None) -> dict[str, Any]:
+    headers = {"Content-Type": "application/json"}
+    if token:  # the broker answers only its owner: the token `harness run` hands down
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
 
@@ -41,14 +44,15 @@ class Lease:
 
     def __init__(self, broker: str, service: str) -> None:
         self.broker, self.service, self.lease = broker.rstrip("/"), service, None
+        self.token = os.environ.get("HARNESS_BROKER_TOKEN")
 
     def __enter__(self) -> str:
-        answer = post(f"{self.broker}/acquire", {"service": self.service, "client": "reach"})
+        answer = post(f"{self.broker}/acquire", {"service": self.service, "client": "reach"}, token=self.token)
         self.lease = answer["lease"]
         return str(answer["url"]).rstrip("/")
 
     def __exit__(self, *exc: object) -> None:
-        post(f"{self.broker}/release", {"lease": self.lease})
+        post(f"{self.broker}/release", {"lease": self.lease}, token=self.token)
 
 
 def main() -> int:
