@@ -125,7 +125,11 @@ def missing(store: Store, lock: Lock) -> list[str]:
 def realize_locks(ctx: Context, locks: list[Lock]) -> list[Report]:
     """Realize several locks: fetch everything first (one progress display), then build."""
     from harness.store.gc import register_project
+    from harness.store.roots import hold
 
+    # Rooted before anything is looked up: a concurrent `store gc` can no longer take an
+    # input (a wheel, a source) between "found registered" and "used by the build".
+    hold(ctx.store, [name for lock in locks for name in lock_objects(lock)])
     todo = [lock for lock in locks if missing(ctx.store, lock)]
     if todo and ctx.substituters:
         _substitute(ctx, todo)
@@ -138,7 +142,7 @@ def realize_locks(ctx: Context, locks: list[Lock]) -> list[Report]:
     building = {id(lock) for lock in todo}
     reports = [_register(ctx, lock) if id(lock) in building else _complete(ctx, lock) for lock in locks]
     _drop_downloads(ctx, locks)
-    register_project(ctx.store, ctx.project_root, [n for lock in locks for n in lock_objects(lock)])
+    register_project(ctx.store, ctx.project_root, {lock.name: lock_objects(lock) for lock in locks})
     return reports
 
 
