@@ -77,6 +77,10 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
             items.append(AuditItem(rel, "modified", f"project file changed since the run ({expected})"))
         else:
             items.append(AuditItem(rel, "ok"))
+    if config.get("cluster"):  # a cluster run: every shard's closure against the lock
+        from harness.runs.cluster import audit_shards
+
+        items += audit_shards(run_dir, closure)
     impurities = list(config.get("impurities", []))
     result_file = run_dir / "result.json"
     if result_file.is_file():

@@ -50,8 +50,18 @@ def run(
     gpus: str | None,
     offline: bool,
     echo: Any = print,
+    shard: tuple[int, int] | None = None,
+    run_id: str | None = None,
+    run_dir: Path | None = None,
+    ports: dict[str, int] | None = None,
 ) -> RunOutcome:
-    """Run ``command`` (or the benchmark's worker) with the closure's services; record it."""
+    """Run ``command`` (or the benchmark's worker) with the closure's services; record it.
+
+    A cluster shard (:mod:`harness.runs.cluster`) takes this same path with ``shard``
+    (I, N), exported to the command as ``HARNESS_SHARD=I/N``, its record written to
+    ``run_dir`` under the cluster run's id, and its services on ``ports`` free on its node,
+    through a broker of its own (never the one of ``harness up``, whose ports are its own).
+    """
     from harness.realize.builder import lock_objects
     from harness.realize.project_code import realize_project_files, service_files
     from harness.runtime.broker import Broker, SharedBroker
@@ -60,10 +70,10 @@ def run(
     from harness.store.store import Store
 
     started = time.time()
-    run_id = new_run_id(started)
-    run_dir = runs_dir(state.home) / run_id
+    run_id = run_id or new_run_id(started)
+    run_dir = run_dir or runs_dir(state.home) / run_id
     prepared = prepare(state, agent=agent, sets=sets, services=services, benchmark=benchmark,
-                       gpus=gpus, offline=offline, state_dir=run_dir / "services")
+                       gpus=gpus, offline=offline, state_dir=run_dir / "services", ports=ports)
     echo(f"run {run_id}: services {', '.join(sorted(prepared.specs)) or '(none)'}"
          + (f", benchmark {prepared.benchmark}" if prepared.benchmark else ""))
     for note in prepared.plan.notes:
@@ -74,7 +84,7 @@ def run(
     # its services (harness-managed, launched from the same store paths) instead of
     # starting its own beside them.
     shared_dir = default_state_dir(state.home, project.root, prepared.deploy)
-    shared = SharedBroker.find(shared_dir)
+    shared = SharedBroker.find(shared_dir) if shard is None else None
     if shared is not None:
         shared.check_serves(prepared.specs, list(prepared.specs))
         echo(f"using the broker of harness up ({shared.url}, state {shared_dir})")
@@ -122,6 +132,8 @@ def run(
         },
         "broker": {"shared": shared is not None, "state_dir": str(shared_dir if shared else run_dir / "services")},
     }
+    if shard is not None:
+        config["shard"] = f"{shard[0]}/{shard[1]}"
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", closure.as_json())
 
@@ -148,6 +160,8 @@ def run(
             broker.start()  # resident services up before the command starts
             broker_env = broker.client_env()
         env = _command_env(broker_env, prepared, run_dir)
+        if shard is not None:
+            env["HARNESS_SHARD"] = f"{shard[0]}/{shard[1]}"
         config["launch"]["command"] = command_launch(argv, cwd, env, store.root)
         write_json(run_dir / "config.json", config)
         echo(f"broker {address}; running: {' '.join(argv)}")

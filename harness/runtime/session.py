@@ -68,12 +68,15 @@ def prepare(
     realize: bool = True,
     state_dir: Path | None = None,
     only: tuple[str, ...] = (),
+    ports: dict[str, int] | None = None,
 ) -> Prepared:
     """Closure, plan and launch specs; realizes what the launched services need.
 
     The closure is the agent's enabled skills' services (``agent``), or ``services``, or
     every manifest; plus the benchmark (``benchmark``, else the agent's). ``only`` limits
-    which of the planned services get launch specs (``harness up NAME``).
+    which of the planned services get launch specs (``harness up NAME``). ``ports`` moves
+    local services to other ports (a cluster shard sharing its node with other shards);
+    like all placement, it changes where a service answers, never what it computes.
     """
     from harness.manifests.agent import Closure, parse_override, services_needed
     from harness.runtime.inventory import detect_gpus, parse_gpus
@@ -109,6 +112,8 @@ def prepare(
 
     inventory = parse_gpus(gpus) if gpus else detect_gpus()
     plan = closure_plan(manifests, closure, deploy, inventory, benchmarks)
+    if ports:
+        plan = with_ports(plan, ports)
     launched = [p.name for p in plan.services if p.mode in ("resident", "on_demand")
                 and (not only or p.name in only)]
     unknown_only = [n for n in only if n not in {p.name for p in plan.services}]
@@ -158,6 +163,17 @@ def prepare(
                         bench_manifest, plan, specs, locks, skills, sorted(set(impurities)))
     prepared.code = code
     return prepared
+
+
+def with_ports(plan: Any, ports: dict[str, int]) -> Any:
+    """``plan`` with the local services named in ``ports`` answering on those ports."""
+    from dataclasses import replace
+
+    from harness.runtime.placement import local_url
+
+    moved = tuple(replace(p, port=ports[p.name], url=local_url(ports[p.name]))
+                  if p.name in ports and p.mode in ("resident", "on_demand") else p for p in plan.services)
+    return replace(plan, services=moved)
 
 
 def _store(home: Path) -> Any:
