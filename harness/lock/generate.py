@@ -291,17 +291,30 @@ def _python(
                 )
             project_dirs.append(root)
             build_reqs.extend(build_requirements(root))
-        build_job = (pool.submit(resolve_packages, sorted(set(build_reqs)), previous=previous_build, **common)
+        build_job = (pool.submit(resolve_packages, sorted(set(build_reqs)), previous=previous_build,
+                                 package_index=_direct_only(environment.package_index, build_reqs), **common)
                      if build_reqs else None)
         try:
             packages = resolve_packages(list(environment.requirements), previous=previous_packages,
-                                        extra_paths=project_dirs, **common)
+                                        extra_paths=project_dirs, package_index=environment.package_index,
+                                        **common)
         except HarnessError:
             if build_job is not None:
                 wait([build_job])  # the packages' error is the one to report
             raise
         build_packages = build_job.result() if build_job is not None else []
     return pins, packages, build_packages
+
+
+def _direct_only(package_index: dict[str, str], requirements: list[str]) -> dict[str, str]:
+    """The entries of ``package_index`` naming one of ``requirements``: build requirements
+    take their pinned index, but naming a package in package-index must not add it to the
+    build environment (resolve.python, "Per-package indexes")."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    named = {canonicalize_name(Requirement(r).name) for r in requirements}
+    return {k: v for k, v in package_index.items() if canonicalize_name(k) in named}
 
 
 _DOWNLOADS: dict[Path, list] = {}

@@ -125,6 +125,13 @@ class Environment(Strict):
         default_factory=list,
         description="extra package indexes by name (addresses come from configuration)",
     )
+    package_index: dict[str, str] = Field(
+        default_factory=dict,
+        alias="package-index",
+        description="package name -> the one index it comes from; that index serves no other package",
+    )
+
+    model_config = Strict.model_config | {"populate_by_name": True}
 
     @field_validator("python")
     @classmethod
@@ -157,12 +164,60 @@ class Environment(Strict):
     @classmethod
     def _indexes(cls, values: list[str]) -> list[str]:
         for value in values:
-            if not _NAME.match(value):
+            _index_name(value)
+        return values
+
+    @field_validator("package_index")
+    @classmethod
+    def _package_index(cls, values: dict[str, str]) -> dict[str, str]:
+        seen: dict[str, str] = {}
+        for package, index in values.items():
+            key = re.sub(r"[-_.]+", "-", package).lower()
+            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$", package):
+                raise ValueError(f"package-index: {package!r} is not a package name")
+            if key in seen:
+                raise ValueError(f"package-index: {package!r} and {seen[key]!r} name the same package")
+            seen[key] = package
+            _index_name(index)
+            if index == "pypi":
                 raise ValueError(
-                    f"index {value!r} must be a name (lowercase letters, digits, '-', '_', '.'); "
-                    "its address belongs in configuration, not in a manifest"
+                    f"package-index: {package} = 'pypi': the default index serves every package; "
+                    "leave the package out of package-index instead"
                 )
         return values
+
+    @model_validator(mode="after")
+    def _explicit_indexes_apart(self) -> "Environment":
+        both = sorted(set(self.package_index.values()) & set(self.indexes))
+        if both:
+            raise ValueError(
+                f"index {both[0]!r} is in both indexes and package-index: an index named in "
+                "package-index serves only the packages named there; remove it from indexes"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Keys left at their defaults are left out, so manifests written before a key existed
+        # keep their canonical form (and so their locks' manifest-digest).
+        data = handler(self)
+        for key in _ENVIRONMENT_OPTIONAL:
+            if not data.get(key):
+                data.pop(key, None)
+        return data
+
+
+#: Environment keys dropped from the canonical form while unset (see Environment._dump).
+_ENVIRONMENT_OPTIONAL = ("package-index", "package_index")
+
+
+def _index_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"index {value!r} must be a name (lowercase letters, digits, '-', '_', '.'); "
+            "its address belongs in configuration, not in a manifest"
+        )
+    return value
 
 
 class Weights(Strict):

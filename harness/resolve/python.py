@@ -24,7 +24,15 @@ confusion. With a PyTorch-style index listed that means ``torch`` (and anything 
 index mirrors) comes from it and everything else from ``pypi`` — what CUDA builds need. A
 mirror that only partly copies a package (few versions) can make that fail; then
 ``index_strategy="unsafe-best-match"`` (all indexes, best version) is the escape hatch, at the
-cost of that safety; uv's per-package index assignment needs a project, not ``uv pip``.
+cost of that safety.
+
+**Per-package indexes** (``package-index = { torch = "pytorch-cu128" }``) are uv's *explicit*
+indexes: an explicit index serves only the packages pinned to it. ``uv pip`` has no flag for
+that, but ``uv pip compile pyproject.toml`` honours a project's ``[tool.uv.sources]`` and
+``[[tool.uv.index]] explicit = true`` (even under ``--no-config``), so harness writes such a
+throw-away pyproject (:func:`explicit_pyproject`) holding the requirements as the project's
+dependencies. uv pins an index only for a *direct* dependency, so every package named in
+``package-index`` becomes one: naming a package there also puts it in the environment.
 
 **Determinism.** ``--no-config`` and a scrubbed environment (:mod:`harness.resolve.uvtool`),
 no ``--exclude-newer`` unless given, outputs sorted by name and file name. Re-locking keeps
@@ -99,6 +107,35 @@ def index_flags(addresses: Mapping[str, str | None], strategy: str = "first-inde
             assert address is not None
             flags += ["--index", f"{name}={address}"]
     return [*flags, "--index-strategy", strategy]
+
+
+def explicit_pyproject(requirements: Sequence[str], package_index: Mapping[str, str],
+                       addresses: Mapping[str, str | None]) -> str:
+    """A pyproject.toml whose dependencies are ``requirements`` plus every package named in
+    ``package_index`` not already among them, each such package pinned to its explicit index
+    (module doc, "Per-package indexes"). ``addresses`` must hold every index named. Pure."""
+    named = {canonicalize_name(Requirement(r).name) for r in requirements}
+    extra = sorted(n for n in package_index if canonicalize_name(n) not in named)
+    doc = tomlkit.document()
+    project = tomlkit.table()
+    project["name"] = "harness-environment"
+    project["version"] = "0"
+    project["dependencies"] = [*requirements, *extra]
+    doc["project"] = project
+    sources = tomlkit.table()
+    for package, index in sorted(package_index.items()):
+        pin = tomlkit.inline_table()
+        pin["index"] = index
+        sources[package] = pin
+    indexes = tomlkit.aot()
+    for index in sorted(set(package_index.values())):
+        table = tomlkit.table()
+        table["name"] = index
+        table["url"] = addresses[index]
+        table["explicit"] = True
+        indexes.append(table)
+    doc["tool"] = {"uv": {"sources": sources, "index": indexes}}
+    return tomlkit.dumps(doc)
 
 
 def _segments(path: str) -> list[str]:
@@ -281,26 +318,39 @@ def resolve_packages(
     exclude_newer: str | None = None,
     index_strategy: str = "first-index",
     timeout: float | None = 900,
+    package_index: Mapping[str, str] | None = None,
 ) -> list[Package]:
     """Pin ``requirements`` (plus the dependencies of the local source trees ``extra_paths``)
-    for exactly ``interpreter``'s version and platform. See the module doc.
+    for exactly ``interpreter``'s version and platform. See the module doc; ``package_index``
+    maps package names to the explicit index each comes from ("Per-package indexes").
 
     The local trees themselves are sources, not packages: they are not in the result. Raises
     HarnessError with uv's explanation when the requirements cannot be satisfied, and a
     clear HarnessError when ``offline`` and uv's cache lacks something.
     """
+    package_index = dict(package_index or {})
     addresses = index_addresses(indexes, settings)
+    explicit = {name: settings.index_url(name) for name in sorted(set(package_index.values()))}
+    # Every index a file may come from, for naming it; the explicit ones are no --index flags.
+    all_addresses = {**explicit, **addresses}
     tags = target_tags(interpreter.version, interpreter.platform)
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="harness-resolve-") as tmp:
         work = Path(tmp)
-        lines = list(requirements) + [os.fspath(Path(p).resolve()) for p in extra_paths]
-        (work / "requirements.in").write_text("".join(line + "\n" for line in lines))
+        paths = [os.fspath(Path(p).resolve()) for p in extra_paths]
+        inputs = []
+        if package_index:
+            (work / "pyproject.toml").write_text(explicit_pyproject(requirements, package_index, all_addresses))
+            inputs.append("pyproject.toml")
+        if paths or not package_index:
+            lines = paths if package_index else [*requirements, *paths]
+            (work / "requirements.in").write_text("".join(line + "\n" for line in lines))
+            inputs.append("requirements.in")
         output = work / "pylock.toml"
         if previous and not upgrade:
             output.write_text(preferences_pylock(previous))
         args = [
-            "pip", "compile", "requirements.in",
+            "pip", "compile", *inputs,
             "--output-file", output.name,
             "--python-version", interpreter.version,
             "--python-platform", interpreter.platform,
@@ -320,8 +370,8 @@ def resolve_packages(
         except UvError as exc:
             raise _resolution_error(exc, interpreter, offline) from None
         text = output.read_text()
-    return to_packages(parse_pylock(text), tags=tags, addresses=addresses,
-                       size_of=lambda f: _remote_size(f, offline=offline, addresses=addresses))
+    return to_packages(parse_pylock(text), tags=tags, addresses=all_addresses,
+                       size_of=lambda f: _remote_size(f, offline=offline, addresses=all_addresses))
 
 
 def _resolution_error(exc: UvError, interpreter: Interpreter, offline: bool) -> HarnessError:

@@ -1,0 +1,121 @@
+"""What real model environments need from a lock (issue 13), end to end through the CLI:
+per-package indexes with local version labels, several platforms in one lock.
+
+Upstreams are the local counterparts of tests/upstreams.py, plus a second index named
+``pytorch-cu128`` serving stand-in wheels ``torch-2.7.1+cu128`` and
+``torchvision-0.22.1+cu128`` built here (and a decoy ``numpy`` it must never serve).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.lock.lockfile import read
+from harness.store.store import Store
+from tests.conftest import run_harness_process
+from tests.localindex import LocalIndex
+from tests.upstreams import Upstreams, make_project, service
+
+X86 = "manylinux_2_28_x86_64"
+ARM = "manylinux_2_28_aarch64"
+
+
+def add_torch(index: LocalIndex, torch: str = "2.7.1", vision: str = "0.22.1", label: str = "cu128") -> None:
+    """Stand-ins for the CUDA builds: one wheel per Linux architecture, local version label."""
+    for arch in (X86, ARM):
+        tag = f"cp311-cp311-{arch}"
+        index.add_wheel("torch", f"{torch}+{label}", tag=tag, requires=["numpy"])
+        index.add_wheel("torchvision", f"{vision}+{label}", tag=tag, requires=[f"torch=={torch}"])
+
+
+@pytest.fixture(scope="module")
+def cuda_index(up: Upstreams, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalIndex]:
+    """``pytorch-cu128``: torch and torchvision, and a newer numpy that nothing may take."""
+    index = LocalIndex(tmp_path_factory.mktemp("cu128"), json_api=False)  # HTML only, like the real one
+    add_torch(index)
+    index.add_wheel("numpy", "9.9.9")
+    with index, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HARNESS_INDEX_PYTORCH_CU128", index.url)
+        yield index
+
+
+def torch_service(extra: str = "") -> str:
+    return service(["torchvision==0.22.1", "numpy"], extra=(
+        'package-index = { torch = "pytorch-cu128", torchvision = "pytorch-cu128" }\n' + extra))
+
+
+def lock(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = run_harness_process("--project", str(project), "lock", *args)
+    assert "Traceback" not in result.stderr
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+# ------------------------------------------------------------------------ per-package indexes
+
+
+@pytest.fixture(scope="module")
+def torch_project(up: Upstreams, cuda_index: LocalIndex, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = make_project(tmp_path_factory.mktemp("torch"), {"vision": torch_service()})
+    lock(root)
+    return root
+
+
+def test_package_index_pins_named_packages_and_serves_no_other(torch_project: Path) -> None:
+    data = tomllib.loads((torch_project / "locks" / "vision.lock.toml").read_text())
+    packages = {p["name"]: p for p in data["packages"]}
+    assert {n: (p["version"], p["index"]) for n, p in packages.items()} == {
+        "torch": ("2.7.1+cu128", "pytorch-cu128"),
+        "torchvision": ("0.22.1+cu128", "pytorch-cu128"),
+        # the CUDA index has a newer numpy, but an index named in package-index serves only those
+        "numpy": ("2.2.6", "pypi"),
+    }
+    assert [w["file"] for w in packages["torch"]["wheels"]] == [f"torch-2.7.1+cu128-cp311-cp311-{X86}.whl"]
+    assert "127.0.0.1" not in (torch_project / "locks" / "vision.lock.toml").read_text()
+
+
+def test_package_index_realizes_the_local_version_exactly(torch_project: Path, tmp_path: Path) -> None:
+    result = run_harness_process("--project", str(torch_project), "--home", str(tmp_path), "realize")
+    assert result.returncode == 0, result.stderr
+    lock_ = read(torch_project / "locks" / "vision.lock.toml")
+    python = Store.in_home(tmp_path).root / lock_.environment.store / "bin" / "python"
+    code = "import torch, torchvision, numpy; print(torch.__version__, torchvision.__version__, numpy.__version__)"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["2.7.1+cu128", "0.22.1+cu128", "2.2.6"]
+
+
+def test_package_missing_from_its_index_is_not_taken_elsewhere(up: Upstreams, cuda_index: LocalIndex,
+                                                               tmp_path: Path) -> None:
+    # alpha is on the default index only: pinned to pytorch-cu128 it must fail, not fall back.
+    root = make_project(tmp_path, {"pinned": service(["alpha"], extra='package-index = { alpha = "pytorch-cu128" }\n')})
+    result = lock(root, check=False)
+    assert result.returncode == 1
+    assert "services/pinned.toml" in result.stderr and "alpha" in result.stderr
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ('indexes = ["pytorch-cu128"]\npackage-index = { torch = "pytorch-cu128" }\n',
+     "is in both indexes and package-index"),
+    ('package-index = { torch = "pypi" }\n', "the default index serves every package"),
+    ('package-index = { torch = "https://example.invalid/simple" }\n', "must be a name"),
+    ('package-index = { "not a name" = "cu" }\n', "is not a package name"),
+])
+def test_package_index_bad_input(extra: str, message: str, tmp_path: Path) -> None:
+    root = make_project(tmp_path, {"bad": service(["alpha"], extra=extra)})
+    result = run_harness_process("--project", str(root), "lock")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "services/bad.toml" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_package_index_unconfigured_names_the_setting(up: Upstreams, tmp_path: Path) -> None:
+    root = make_project(tmp_path, {"vision": service(["alpha"], extra='package-index = { torch = "nowhere" }\n')})
+    result = run_harness_process("--project", str(root), "lock", env={"HARNESS_INDEX_NOWHERE": ""})
+    assert result.returncode != 0
+    assert "nowhere" in result.stderr and "HARNESS_INDEX_NOWHERE" in result.stderr
