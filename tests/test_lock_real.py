@@ -119,3 +119,116 @@ def test_package_index_unconfigured_names_the_setting(up: Upstreams, tmp_path: P
     result = run_harness_process("--project", str(root), "lock", env={"HARNESS_INDEX_NOWHERE": ""})
     assert result.returncode != 0
     assert "nowhere" in result.stderr and "HARNESS_INDEX_NOWHERE" in result.stderr
+
+
+# ------------------------------------------------------------------- several platforms, one lock
+
+TWO = ["x86_64-manylinux_2_28", "aarch64-manylinux_2_28"]
+
+
+def settings_toml(platforms: list[str]) -> str:
+    listed = ", ".join(f'"{p}"' for p in platforms)
+    return f'[lock]\nplatforms = [{listed}]\n\n[lock.python]\n"3.11" = "3.11.7"\n'
+
+
+def two_platform_service() -> str:
+    # jetson-stats only on aarch64: a pin that one platform has and the other lacks.
+    return service(["torchvision==0.22.1", "numpy", "jetson-stats ; platform_machine == 'aarch64'"],
+                   extra='package-index = { torch = "pytorch-cu128", torchvision = "pytorch-cu128" }\n')
+
+
+@pytest.fixture(scope="module")
+def arm_ready(up: Upstreams, cuda_index: LocalIndex) -> None:
+    """The default index gains what aarch64 needs: numpy's aarch64 wheel and jetson-stats."""
+    up.index.add_wheel("numpy", "2.2.6", tag=f"cp311-cp311-{ARM}")
+    up.index.add_wheel("jetson-stats", "4.3.2")
+
+
+@pytest.fixture(scope="module")
+def two_platforms(arm_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = make_project(tmp_path_factory.mktemp("two"), {"robot": two_platform_service()})
+    (root / "harness.toml").write_text(settings_toml(TWO))
+    lock(root)
+    return root
+
+
+def test_one_lock_holds_every_platform(two_platforms: Path) -> None:
+    from harness.lock.platforms import for_platform
+
+    text = (two_platforms / "locks" / "robot.lock.toml").read_text()
+    data = tomllib.loads(text)
+    assert [t["platform"] for t in data["targets"]] == TWO
+    assert len({t["environment"] for t in data["targets"]}) == 2
+    assert len({t["python"] for t in data["targets"]}) == 2
+    packages = {p["name"]: p for p in data["packages"]}
+    assert sorted(w["file"] for w in packages["torch"]["wheels"]) == [
+        f"torch-2.7.1+cu128-cp311-cp311-{ARM}.whl", f"torch-2.7.1+cu128-cp311-cp311-{X86}.whl"]
+    assert "platforms" not in packages["torch"]  # the same pin everywhere: one entry
+    assert packages["jetson-stats"]["platforms"] == ["aarch64-manylinux_2_28"]
+    whole = read(two_platforms / "locks" / "robot.lock.toml", whole=True)
+    arm = for_platform(whole, TWO[1])
+    assert arm.environment.store == data["targets"][1]["environment"]
+    assert {p.name for p in arm.packages} == {"torch", "torchvision", "numpy", "jetson-stats"}
+    assert all(w.file.endswith(f"{ARM}.whl") for p in arm.packages for w in p.wheels if "cp311" in w.file)
+
+
+def test_each_platform_is_what_locking_it_alone_gives(two_platforms: Path, tmp_path: Path) -> None:
+    from harness.lock.lockfile import dumps
+    from harness.lock.platforms import for_platform
+
+    whole = read(two_platforms / "locks" / "robot.lock.toml", whole=True)
+    for platform in TWO:
+        alone = make_project(tmp_path / platform, {"robot": two_platform_service()})
+        (alone / "harness.toml").write_text(settings_toml([platform]))
+        lock(alone)
+        assert dumps(for_platform(whole, platform)) == (alone / "locks" / "robot.lock.toml").read_text()
+
+
+def test_lock_platform_once_does_not_stick(two_platforms: Path, tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(two_platforms, root)
+    before = (root / "locks" / "robot.lock.toml").read_text()
+    lock(root, "--platform", TWO[1])
+    data = tomllib.loads((root / "locks" / "robot.lock.toml").read_text())
+    assert "targets" not in data and data["python"]["platform"] == TWO[1]
+    lock(root)  # the settings' platforms again, not the last --platform
+    assert (root / "locks" / "robot.lock.toml").read_text() == before
+
+
+def test_realize_picks_this_machines_platform(two_platforms: Path, tmp_path: Path) -> None:
+    result = run_harness_process("--project", str(two_platforms), "--home", str(tmp_path), "realize")
+    assert result.returncode == 0, result.stderr
+    lock_ = read(two_platforms / "locks" / "robot.lock.toml")  # this machine's (x86_64)
+    assert lock_.python.platform == TWO[0]
+    python = Store.in_home(tmp_path).root / lock_.environment.store / "bin" / "python"
+    code = "import torch, numpy; print(torch.__file__)"
+    subprocess.run([str(python), "-c", code], check=True, capture_output=True)
+    assert not (Store.in_home(tmp_path).root / lock_.environment.store / "lib" / "python3.11" / "site-packages"
+                / "jetson_stats").exists()
+
+
+def test_realize_says_when_the_lock_has_nothing_for_this_machine(arm_ready: None, tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p", {"robot": two_platform_service()})
+    (root / "harness.toml").write_text(settings_toml([TWO[1]]))
+    lock(root)
+    result = run_harness_process("--project", str(root), "--home", str(tmp_path / "home"), "realize")
+    assert result.returncode == 1, result.stderr
+    assert "holds aarch64-manylinux_2_28, and nothing for this machine" in result.stderr
+    assert "[lock] platforms" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "home" / "store").exists() or not any((tmp_path / "home" / "store").iterdir())
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ('platform = "x86_64-manylinux_2_28"\nplatforms = ["x86_64-manylinux_2_28"]', "not both"),
+    ('platforms = []', "non-empty list"),
+    ('platforms = ["x86_64-manylinux_2_28", "x86_64-manylinux_2_28"]', "listed twice"),
+    ('platforms = ["sparc-solaris"]', "lock.platforms: platform 'sparc-solaris'"),
+])
+def test_bad_platforms_setting(table: str, message: str, tmp_path: Path) -> None:
+    root = make_project(tmp_path, {"robot": service(["alpha"])})
+    (root / "harness.toml").write_text(f"[lock]\n{table}\n")
+    result = run_harness_process("--project", str(root), "lock")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "harness.toml" in result.stderr and "Traceback" not in result.stderr

@@ -42,8 +42,18 @@ class LockedPackage(Strict):
     version: str
     index: str
     marker: str = ""
+    #: In a lock for several platforms: the platforms this pin is for (empty: every one).
+    platforms: list[str] = Field(default_factory=list)
     wheels: list[LockedFile] = Field(default_factory=list)
     sdist: LockedFile | None = None
+
+
+class LockedSubmodule(Strict):
+    """A git submodule of a source: its path in the tree, canonical URL and commit."""
+
+    path: str
+    url: str
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
 
 
 class LockedSource(Strict):
@@ -54,6 +64,8 @@ class LockedSource(Strict):
     tree: str = Field(pattern=r"^blake3:[0-9a-f]{64}$")
     install: Literal["editable", "regular", "none"]
     subdirectory: str | None = None
+    #: Every submodule, recursively, sorted by path; ``tree`` covers their files.
+    submodules: list[LockedSubmodule] = Field(default_factory=list)
     store: str = ""
 
 
@@ -75,6 +87,16 @@ class LockedWeights(Strict):
     store: str = ""
 
 
+class LockedTarget(Strict):
+    """One platform of a lock for several (``[lock] platforms``): where its interpreter comes
+    from and the store paths its interpreter and environment realize to."""
+
+    platform: str
+    source: Literal["uv-managed", "host"]
+    python: str = ""
+    environment: str = ""
+
+
 class LockedEnvironment(Strict):
     """The virtual environment built from the interpreter, packages and sources."""
 
@@ -92,6 +114,10 @@ class Lock(Strict):
     uv: str
     python: LockedInterpreter
     environment: LockedEnvironment = Field(default_factory=LockedEnvironment)
+    #: Several platforms in one lock: one entry each, in ``[lock] platforms`` order; empty for a
+    #: lock of one platform. ``python`` and ``environment`` then describe the first, and
+    #: :func:`harness.lock.platforms.for_platform` gives any one as a lock of its own.
+    targets: list[LockedTarget] = Field(default_factory=list)
     packages: list[LockedPackage] = Field(default_factory=list)
     build_packages: list[LockedPackage] = Field(default_factory=list, alias="build-packages")
     sources: list[LockedSource] = Field(default_factory=list)

@@ -33,6 +33,7 @@ from harness.lock.document import (
     LockedInterpreter,
     LockedPackage,
     LockedSource,
+    LockedSubmodule,
     LockedWeightFile,
     LockedWeights,
 )
@@ -131,7 +132,7 @@ def _previous(path: Path) -> Lock | None:
     if not path.is_file():
         return None
     try:
-        return read(path)
+        return read(path, whole=True)
     except HarnessError:
         return None  # a corrupt old lock is replaced, not trusted for preferences
 
@@ -168,16 +169,19 @@ def _lock_manifest(
     previous: Lock | None,
 ) -> Lock:
     """The steps of the module doc, with what is independent run side by side: the interpreter
-    listing, uv's version and every weight set in threads, while git sources and the Python
-    resolution (packages and build packages at once) run here. Errors are raised in the order
-    of the steps, whichever finished first."""
+    listings, uv's version and every weight set in threads, git sources here, then the Python
+    resolutions (packages and build packages of every platform) at once. Errors are raised in
+    the order of the steps, whichever finished first. Several platforms give one lock
+    (:func:`harness.lock.platforms.merge`)."""
+    from harness.lock.platforms import merge
     from harness.resolve.interpreter import host_platform, parse_platform
     from harness.resolve.uvtool import uv_version
 
     environment = manifest.environment
-    platform = (options.platform or (previous.python.platform if previous else None)
-                or settings.lock_platform)
-    target = parse_platform(platform if platform is not None else host_platform()).platform
+    # `lock --platform X` locks X this once; a plain lock always takes the settings' platforms
+    # (or this machine's), never the previous lock's, so one --platform run does not stick.
+    wanted = [options.platform] if options.platform else list(settings.lock_platforms) or [host_platform()]
+    targets = list(dict.fromkeys(parse_platform(p).platform for p in wanted))
     pin = settings.python_pins.get(environment.python)
     if pin is None and previous is not None and not options.upgrade and _matches(
             previous.python.version, environment.python):
@@ -187,9 +191,11 @@ def _lock_manifest(
     old_weights = {w.dir: w for w in previous.weights} if previous else {}
     if manifest.weights:
         from harness.resolve.weights import lock_weights
-    with ThreadPoolExecutor(max_workers=min(8, 3 + len(manifest.weights))) as pool:
-        interpreter_job = pool.submit(_pin_interpreter, environment.python, platform=target,
-                                      cache_dir=cache_dir, pin=pin)
+    workers = min(16, 2 + len(manifest.weights) + 3 * len(targets))
+    with ThreadPoolExecutor(max_workers=workers) as pool, \
+            tempfile.TemporaryDirectory(prefix="harness-lock-") as scratch:
+        interpreter_jobs = {t: pool.submit(_pin_interpreter, environment.python, platform=t,
+                                           cache_dir=cache_dir, pin=pin) for t in targets}
         uv_job = pool.submit(uv_version)
         weight_jobs = [
             pool.submit(lock_weights, spec, project_root=project.root, settings=settings,
@@ -197,24 +203,49 @@ def _lock_manifest(
                         previous=_to_weight_set(old_weights[spec.dir]) if spec.dir in old_weights else None)
             for spec in manifest.weights
         ]
+
+        def chosen_interpreters() -> dict[str, Interpreter]:
+            chosen = {t: job.result() for t, job in interpreter_jobs.items()}
+            first = chosen[targets[0]]
+            for t in targets[1:]:  # one Python version for every platform: the first's
+                if chosen[t].version != first.version:
+                    chosen[t] = _pin_interpreter(environment.python, platform=t, cache_dir=cache_dir,
+                                                 pin=first.version)
+            return chosen
+
         try:
+            sources = _sources(environment, Path(scratch), settings=settings, cache_dir=cache_dir, options=options)
             # With the exact version known up front, resolve while uv lists interpreters (the
             # listing only says where the interpreter comes from, and checks that it exists).
-            interpreter = (Interpreter("cpython", exact, target, "host") if exact is not None
-                           else interpreter_job.result())
-            pins, packages, build_packages = _python(environment, interpreter, pool, settings=settings,
-                                                     cache_dir=cache_dir, options=options, previous=previous)
+            guesses = ({t: Interpreter("cpython", exact, t, "host") for t in targets} if exact is not None
+                       else chosen_interpreters())
+            resolved = _resolve_all(environment, guesses, sources, pool, settings=settings,
+                                    cache_dir=cache_dir, options=options, previous=previous)
         except HarnessError:
-            interpreter_job.result()  # an interpreter error is the first step's: it wins
+            for job in interpreter_jobs.values():
+                job.result()  # an interpreter error is the first step's: it wins
             raise
-        chosen = interpreter_job.result()
-        if (chosen.version, chosen.platform) != (interpreter.version, interpreter.platform):
-            pins, packages, build_packages = _python(environment, chosen, pool, settings=settings,
-                                                     cache_dir=cache_dir, options=options, previous=previous)
-        interpreter = chosen
+        interpreters = chosen_interpreters()
+        redo = {t: i for t, i in interpreters.items()
+                if (i.version, i.platform) != (guesses[t].version, guesses[t].platform)}
+        if redo:
+            resolved.update(_resolve_all(environment, redo, sources, pool, settings=settings,
+                                         cache_dir=cache_dir, options=options, previous=previous))
         weights: list[WeightSet] = [job.result() for job in weight_jobs]
         uv = uv_job.result()
 
+    locks = [
+        _single_lock(name, kind, manifest, uv=uv, interpreter=interpreters[t], pins=sources.pins,
+                     packages=resolved[t][0], build_packages=resolved[t][1], weights=weights)
+        for t in targets
+    ]
+    return merge(locks)
+
+
+def _single_lock(name: str, kind: str, manifest: Manifest, *, uv: str, interpreter: Interpreter,
+                 pins: list[GitSource], packages: list[Package], build_packages: list[Package],
+                 weights: list[WeightSet]) -> Lock:
+    """The lock of one platform, store paths filled in."""
     lock = Lock(
         lock_version=LOCK_VERSION,
         name=name,
@@ -230,7 +261,9 @@ def _lock_manifest(
         build_packages=[_package(p) for p in build_packages],
         sources=[
             LockedSource(name=p.name, repo=p.repo, rev=p.rev, commit=p.commit, tree=p.tree,
-                         install=p.install, subdirectory=p.subdirectory)  # type: ignore[arg-type]
+                         install=p.install, subdirectory=p.subdirectory,  # type: ignore[arg-type]
+                         submodules=[LockedSubmodule(path=m.path, url=m.url, commit=m.commit)
+                                     for m in p.submodules])
             for p in pins
         ],
         weights=[
@@ -246,64 +279,99 @@ def _lock_manifest(
     return assign_store_paths(lock)
 
 
-def _python(
+@dataclass
+class _Sources:
+    """The manifest's git sources, pinned and exported: what the resolutions need of them."""
+
+    pins: list[GitSource]
+    project_dirs: list[Path]  # the installed ones' project roots, for uv to read dependencies
+    build_requirements: list[str]
+
+
+def _sources(environment, scratch: Path, *, settings: Settings, cache_dir: Path,  # type: ignore[no-untyped-def]
+             options: LockOptions) -> _Sources:
+    """Pin every git source to a commit and export the installed ones into ``scratch``."""
+    from harness.resolve.python import build_requirements
+
+    pins: list[GitSource] = []
+    if environment.sources:
+        from harness.resolve.git import lock_source
+
+        pins = [lock_source(source, cache_dir, offline=options.offline, mirrors=settings.git_mirrors)
+                for source in environment.sources]
+    project_dirs: list[Path] = []
+    build_reqs: list[str] = []
+    for pin_ in pins:
+        from harness.resolve.git import export_source
+
+        dest = scratch / pin_.commit
+        if not dest.exists():
+            export_source(pin_, cache_dir, dest, offline=options.offline, mirrors=settings.git_mirrors)
+        root = dest / pin_.subdirectory if pin_.subdirectory else dest
+        if pin_.install == "none":
+            continue  # a checkout only: realized into the store, never installed
+        if not ((root / "pyproject.toml").is_file() or (root / "setup.py").is_file()):
+            raise HarnessError(
+                f"source {pin_.repo} at {pin_.commit[:12]}"
+                f"{'/' + pin_.subdirectory if pin_.subdirectory else ''} is not a Python project "
+                "(no pyproject.toml or setup.py)",
+                hint='set install = "none" to realize it as a checkout only',
+            )
+        project_dirs.append(root)
+        build_reqs.extend(build_requirements(root))
+    return _Sources(pins, project_dirs, sorted(set(build_reqs)))
+
+
+def _resolve_all(
     environment,  # type: ignore[no-untyped-def]
-    interpreter: Interpreter,
+    interpreters: dict[str, Interpreter],
+    sources: _Sources,
     pool: ThreadPoolExecutor,
     *,
     settings: Settings,
     cache_dir: Path,
     options: LockOptions,
     previous: Lock | None,
-) -> tuple[list[GitSource], list[Package], list[Package]]:
-    """Git sources, then the packages (with the sources' dependencies) and, at the same time in
-    ``pool``, the sources' build requirements."""
-    from harness.resolve.python import build_requirements, resolve_packages
+) -> dict[str, tuple[list[Package], list[Package]]]:
+    """Platform → (packages, build packages): every resolution submitted to ``pool`` at once.
+    The first failure in platform order is raised (a package error before a build one)."""
+    from harness.resolve.python import resolve_packages
 
-    pins: list[GitSource] = []
-    if environment.sources:
-        from harness.resolve.git import lock_source
+    jobs = {}
+    for target, interpreter in interpreters.items():
+        before = _previous_for(previous, target, options)
+        common = dict(interpreter=interpreter, indexes=list(environment.indexes), settings=settings,
+                      cache_dir=cache_dir, offline=options.offline, upgrade=options.upgrade,
+                      upgrade_packages=list(options.upgrade_packages))
+        packages = pool.submit(resolve_packages, list(environment.requirements),
+                               previous=_to_pins(before.packages) if before else None,
+                               extra_paths=sources.project_dirs, package_index=environment.package_index,
+                               **common)
+        build = (pool.submit(resolve_packages, sources.build_requirements,
+                             previous=_to_pins(before.build_packages) if before else None,
+                             package_index=_direct_only(environment.package_index, sources.build_requirements),
+                             **common)
+                 if sources.build_requirements else None)
+        jobs[target] = (packages, build)
+    wait([job for pair in jobs.values() for job in pair if job is not None])
+    return {target: (packages.result(), build.result() if build is not None else [])
+            for target, (packages, build) in jobs.items()}
 
-        pins = [lock_source(source, cache_dir, offline=options.offline) for source in environment.sources]
-    previous_packages = _to_pins(previous.packages) if previous and not options.upgrade else None
-    previous_build = _to_pins(previous.build_packages) if previous and not options.upgrade else None
-    common = dict(interpreter=interpreter, indexes=list(environment.indexes), settings=settings,
-                  cache_dir=cache_dir, offline=options.offline, upgrade=options.upgrade,
-                  upgrade_packages=list(options.upgrade_packages))
-    with tempfile.TemporaryDirectory(prefix="harness-lock-") as scratch:
-        project_dirs: list[Path] = []
-        build_reqs: list[str] = []
-        for pin_ in pins:
-            from harness.resolve.git import export_source
 
-            dest = Path(scratch) / pin_.commit
-            if not dest.exists():
-                export_source(pin_, cache_dir, dest, offline=options.offline)
-            root = dest / pin_.subdirectory if pin_.subdirectory else dest
-            if pin_.install == "none":
-                continue  # a checkout only: realized into the store, never installed
-            if not ((root / "pyproject.toml").is_file() or (root / "setup.py").is_file()):
-                raise HarnessError(
-                    f"source {pin_.repo} at {pin_.commit[:12]}"
-                    f"{'/' + pin_.subdirectory if pin_.subdirectory else ''} is not a Python project "
-                    "(no pyproject.toml or setup.py)",
-                    hint='set install = "none" to realize it as a checkout only',
-                )
-            project_dirs.append(root)
-            build_reqs.extend(build_requirements(root))
-        build_job = (pool.submit(resolve_packages, sorted(set(build_reqs)), previous=previous_build,
-                                 package_index=_direct_only(environment.package_index, build_reqs), **common)
-                     if build_reqs else None)
-        try:
-            packages = resolve_packages(list(environment.requirements), previous=previous_packages,
-                                        extra_paths=project_dirs, package_index=environment.package_index,
-                                        **common)
-        except HarnessError:
-            if build_job is not None:
-                wait([build_job])  # the packages' error is the one to report
-            raise
-        build_packages = build_job.result() if build_job is not None else []
-    return pins, packages, build_packages
+def _previous_for(previous: Lock | None, target: str, options: LockOptions) -> Lock | None:
+    """The previous lock's pins for ``target`` (its own platform's, else its first's), as
+    preferences; None when upgrading everything."""
+    if previous is None or options.upgrade:
+        return None
+    if not previous.targets:
+        return previous
+    from harness.lock.platforms import for_platform, platforms_of
+
+    held = platforms_of(previous)
+    try:
+        return for_platform(previous, target if target in held else held[0])
+    except HarnessError:
+        return None
 
 
 def _direct_only(package_index: dict[str, str], requirements: list[str]) -> dict[str, str]:

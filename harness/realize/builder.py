@@ -207,8 +207,11 @@ def _check_offline(ctx: Context, locks: list[Lock]) -> None:
                 problems.append(f"weight file {weights.dir}/{item.path} ({weights.provider} {weights.repo})")
     for lock in locks:
         for source in lock.sources:
-            if not ctx.store.is_registered(source.store) and not mirror_path(ctx.cache_dir, source.repo).is_dir():
-                problems.append(f"source {source.repo} at {source.commit[:12]}")
+            if ctx.store.is_registered(source.store):
+                continue
+            for repo, commit in [(source.repo, source.commit), *((m.url, m.commit) for m in source.submodules)]:
+                if not mirror_path(ctx.cache_dir, repo).is_dir():
+                    problems.append(f"source {repo} at {commit[:12]}")
         if not ctx.store.is_registered(lock.python.store) and lock.python.source == "uv-managed":
             pass  # the interpreter builder falls back to a host interpreter offline
     if problems:
@@ -374,13 +377,14 @@ def _register(ctx: Context, lock: Lock) -> Report:
 
 def _add_source(ctx: Context, source: Any) -> None:
     from harness.resolve.git import export_source
-    from harness.resolve.pins import GitSource
+    from harness.resolve.pins import GitSource, Submodule
 
     pin = GitSource(name=source.name, repo=source.repo, rev=source.rev, commit=source.commit,
-                    tree=source.tree, install=source.install, subdirectory=source.subdirectory)
+                    tree=source.tree, install=source.install, subdirectory=source.subdirectory,
+                    submodules=tuple(Submodule(m.path, m.url, m.commit) for m in source.submodules))
 
     def build(out: Path) -> BuildResult:
-        export_source(pin, ctx.cache_dir, out, offline=ctx.offline)
+        export_source(pin, ctx.cache_dir, out, offline=ctx.offline, mirrors=ctx.settings.git_mirrors)
         return BuildResult(obtained=f"git {source.repo} {source.commit}")
 
     ctx.store.add(source.store, "source", build, expected_content=source.tree)

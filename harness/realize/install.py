@@ -79,7 +79,8 @@ def _realize_names(state: Any, project: Any, home: Path, names: list[str], *, of
     if stale:
         lines = [f"{s.name}: lock {s.reason}" for s in stale.values()]
         raise HarnessError("\n".join(lines), hint="run `harness lock` to bring the locks up to date")
-    locks = [read(lock_path(project.locks_dir, name)) for name in names]
+    locks = [read(lock_path(project.locks_dir, name)) for name in names]  # this machine's platform
+    _check_platforms(locks, project)
     substituters, trusted = list(settings.substituters), list(settings.trusted_keys)
     deploy_path = getattr(state, "deploy_path", None)
     if deploy_path is not None:
@@ -104,6 +105,17 @@ def realize(home: Path, project_root: Path, locks: list[Any], *, settings: Any, 
                   substituters=tuple(settings.substituters) if substituters is None else substituters,
                   trusted_keys=tuple(settings.trusted_keys) if trusted_keys is None else trusted_keys)
     return realize_locks(ctx, locks)
+
+
+def _check_platforms(locks: list[Any], project: Any) -> None:
+    """A clear error, before anything is fetched, for a lock of one platform this machine
+    does not run (a lock of several has already been narrowed to this machine's by ``read``)."""
+    from harness.lock.lockfile import lock_path
+    from harness.lock.platforms import fits_host, no_platform_error
+
+    for lock in locks:
+        if not fits_host(lock.python.platform):
+            raise no_platform_error(lock, lock_path(project.locks_dir, lock.name))
 
 
 class _Stamp:

@@ -15,7 +15,8 @@ from harness.cli import State
               help="Allow this package to move (repeatable).")
 @click.option("--offline", is_flag=True, help="Use only what is cached; fail clearly for what is not.")
 @click.option("--platform", metavar="PLATFORM",
-              help="Target platform in uv's vocabulary, e.g. x86_64-manylinux_2_28 [default: this machine, or the lock's].")
+              help="Lock for this platform alone, this once (uv's vocabulary, e.g. aarch64-manylinux_2_28) "
+                   "[default: harness.toml [lock] platforms, else this machine].")
 @click.option("--jobs", "-j", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Manifests locked in parallel.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
