@@ -232,3 +232,121 @@ def test_bad_platforms_setting(table: str, message: str, tmp_path: Path) -> None
     result = run_harness_process("--project", str(root), "lock")
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "harness.toml" in result.stderr and "Traceback" not in result.stderr
+
+
+# --------------------------------------------------------------------------- sources
+
+
+DYNAMIC_EDITABLE = '''
+
+def get_requires_for_build_editable(config_settings=None):
+    return ["editables>=0.3"]  # asked for dynamically, as hatchling does
+
+
+_static_build_editable = build_editable
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    import editables  # noqa: F401 - only there if the lock pinned what the backend asked for
+    return _static_build_editable(wheel_directory, config_settings, metadata_directory)
+'''
+
+NEEDS_TORCH = '''
+
+_isolated_build_wheel = build_wheel
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    import torch  # noqa: F401 - a CUDA extension compiles against the environment's torch
+    return _isolated_build_wheel(wheel_directory, config_settings, metadata_directory)
+'''
+
+
+def git_repo(path: Path, name: str, requires: list[str], backend_extra: str = "",
+             build_requires: list[str] | None = None) -> str:
+    """A one-commit git repository holding a buildable project; returns its file:// URL."""
+    from tests.localindex import write_source_tree
+    from tests.upstreams import git
+
+    write_source_tree(path, name, "0.1", requires=requires)
+    (path / "backend.py").write_text((path / "backend.py").read_text() + backend_extra)
+    if build_requires is not None:
+        pyproject = path / "pyproject.toml"
+        listed = ", ".join(f'"{r}"' for r in build_requires)
+        pyproject.write_text(pyproject.read_text().replace("requires = []", f"requires = [{listed}]"))
+    (path / "run.py").write_text("print('ran from the checkout')\n")
+    git(path, "init", "-q", "-b", "main")
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", name)
+    return path.as_uri()
+
+
+@pytest.fixture(scope="module")
+def sources_project(up: Upstreams, cuda_index: LocalIndex, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("sources")
+    up.index.add_wheel("editables", "0.5")
+    hatchy = git_repo(base / "hatchy", "hatchy", ["alpha", "beta ; extra == 'fancy'"], DYNAMIC_EDITABLE)
+    cudaext = git_repo(base / "cudaext", "cudaext", [], NEEDS_TORCH, build_requires=["tinybuild>=1.0"])
+    manifest = f'''kind = "tester"
+summary = "sources"
+command = ["{{python}}", "{{source:hatchy}}/run.py"]
+port = 9000
+
+[environment]
+python = "3.11"
+requirements = ["torch==2.7.1"]
+package-index = {{ torch = "pytorch-cu128" }}
+sources = [
+  {{ repo = "{hatchy}", rev = "main", install = "editable", extras = ["fancy"] }},
+  {{ repo = "{cudaext}", rev = "main", build-isolation = false }},
+]
+'''
+    root = make_project(base / "project", {"src": manifest})
+    lock(root)
+    return root
+
+
+def test_source_extras_and_dynamic_build_requirements_lock(sources_project: Path) -> None:
+    data = tomllib.loads((sources_project / "locks" / "src.lock.toml").read_text())
+    packages = {p["name"] for p in data["packages"]}
+    build = {p["name"] for p in data["build-packages"]}
+    assert {"alpha", "beta", "torch"} <= packages  # beta only through the source's extra
+    assert "editables" in build  # asked for by get_requires_for_build_editable
+    # built without isolation: its build requirements belong to the environment itself
+    assert "tinybuild" in packages and "tinybuild" not in build
+    sources = {s["name"]: s for s in data["sources"]}
+    assert sources["cudaext"]["build-isolation"] is False
+    assert "build-isolation" not in sources["hatchy"]
+
+
+def test_sources_realize_offline_builds_and_the_template_names_the_checkout(sources_project: Path,
+                                                                            tmp_path: Path) -> None:
+    result = run_harness_process("--project", str(sources_project), "--home", str(tmp_path), "realize")
+    assert result.returncode == 0, result.stderr
+    lock_ = read(sources_project / "locks" / "src.lock.toml")
+    store = Store.in_home(tmp_path)
+    python = store.root / lock_.environment.store / "bin" / "python"
+    out = subprocess.run([str(python), "-c", "import hatchy, cudaext, beta; print(hatchy.__file__)"],
+                         capture_output=True, text=True, check=True).stdout
+    hatchy = next(s for s in lock_.sources if s.name == "hatchy")
+    assert out.strip().startswith(str(store.root / hatchy.store))  # editable: imported from the store
+
+    from harness.manifests.loading import load_model
+    from harness.manifests.model import ServiceManifest
+    from harness.runtime.launch import _expand, source_values
+
+    manifest = load_model(ServiceManifest, sources_project / "services" / "src.toml")
+    values = source_values(manifest, {i: store.root / s.store for i, s in enumerate(lock_.sources)})
+    assert _expand(manifest.command[1], values, "src") == f"{store.root / hatchy.store}/run.py"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ('command = ["{python}", "{source:nowhere}/run.py"]', "names no [[environment.sources]] entry"),
+    ('command = ["{python}", "{source}/run.py"]', "needs a source name"),
+])
+def test_source_template_bad_input(extra: str, message: str, tmp_path: Path) -> None:
+    text = service(["alpha"]).replace('command = ["{python}", "-c", "pass"]', extra)
+    root = make_project(tmp_path, {"bad": text})
+    result = run_harness_process("--project", str(root), "lock")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "services/bad.toml" in result.stderr

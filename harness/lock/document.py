@@ -64,6 +64,9 @@ class LockedSource(Strict):
     tree: str = Field(pattern=r"^blake3:[0-9a-f]{64}$")
     install: Literal["editable", "regular", "none"]
     subdirectory: str | None = None
+    #: False: built against the environment's own packages (``--no-build-isolation``).
+    build_isolation: bool = Field(default=True, alias="build-isolation")
+    model_config = Strict.model_config | {"populate_by_name": True}
     #: Every submodule, recursively, sorted by path; ``tree`` covers their files.
     submodules: list[LockedSubmodule] = Field(default_factory=list)
     store: str = ""

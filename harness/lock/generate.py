@@ -262,6 +262,7 @@ def _single_lock(name: str, kind: str, manifest: Manifest, *, uv: str, interpret
         sources=[
             LockedSource(name=p.name, repo=p.repo, rev=p.rev, commit=p.commit, tree=p.tree,
                          install=p.install, subdirectory=p.subdirectory,  # type: ignore[arg-type]
+                         build_isolation=p.build_isolation,
                          submodules=[LockedSubmodule(path=m.path, url=m.url, commit=m.commit)
                                      for m in p.submodules])
             for p in pins
@@ -284,14 +285,23 @@ class _Sources:
     """The manifest's git sources, pinned and exported: what the resolutions need of them."""
 
     pins: list[GitSource]
-    project_dirs: list[Path]  # the installed ones' project roots, for uv to read dependencies
+    #: The installed ones' project roots and extras, for uv to read their dependencies.
+    project_dirs: list[tuple[Path, tuple[str, ...]]]
     build_requirements: list[str]
+    #: Build requirements of sources built without isolation: installed in the environment.
+    environment_requirements: list[str] = field(default_factory=list)
 
 
 def _sources(environment, scratch: Path, *, settings: Settings, cache_dir: Path,  # type: ignore[no-untyped-def]
              options: LockOptions) -> _Sources:
-    """Pin every git source to a commit and export the installed ones into ``scratch``."""
-    from harness.resolve.python import build_requirements
+    """Pin every git source to a commit and export the installed ones into ``scratch``; ask
+    each installed one's build backend what it needs (static and PEP 517 dynamic build
+    requirements): a build environment's requirements, or, for a source built without
+    isolation, the environment's own."""
+    import hashlib
+    import json
+
+    from harness.resolve.python import build_requirements, dynamic_build_requirements
 
     pins: list[GitSource] = []
     if environment.sources:
@@ -299,9 +309,10 @@ def _sources(environment, scratch: Path, *, settings: Settings, cache_dir: Path,
 
         pins = [lock_source(source, cache_dir, offline=options.offline, mirrors=settings.git_mirrors)
                 for source in environment.sources]
-    project_dirs: list[Path] = []
+    project_dirs: list[tuple[Path, tuple[str, ...]]] = []
     build_reqs: list[str] = []
-    for pin_ in pins:
+    env_reqs: list[str] = []
+    for pin_, source in zip(pins, environment.sources, strict=True):
         from harness.resolve.git import export_source
 
         dest = scratch / pin_.commit
@@ -317,9 +328,15 @@ def _sources(environment, scratch: Path, *, settings: Settings, cache_dir: Path,
                 "(no pyproject.toml or setup.py)",
                 hint='set install = "none" to realize it as a checkout only',
             )
-        project_dirs.append(root)
-        build_reqs.extend(build_requirements(root))
-    return _Sources(pins, project_dirs, sorted(set(build_reqs)))
+        project_dirs.append((root, tuple(source.extras)))
+        static = build_requirements(root)
+        key = hashlib.sha256(json.dumps(["harness-build-requires-v1", pin_.tree, pin_.subdirectory or "",
+                                         pin_.install, sorted(static)]).encode()).hexdigest()[:40]
+        dynamic = dynamic_build_requirements(
+            root, static, editable=pin_.install == "editable", key=key, indexes=list(environment.indexes),
+            settings=settings, cache_dir=cache_dir, offline=options.offline)
+        (build_reqs if pin_.build_isolation else env_reqs).extend([*static, *dynamic])
+    return _Sources(pins, project_dirs, sorted(set(build_reqs)), sorted(set(env_reqs)))
 
 
 def _resolve_all(
@@ -343,7 +360,9 @@ def _resolve_all(
         common = dict(interpreter=interpreter, indexes=list(environment.indexes), settings=settings,
                       cache_dir=cache_dir, offline=options.offline, upgrade=options.upgrade,
                       upgrade_packages=list(options.upgrade_packages))
-        packages = pool.submit(resolve_packages, list(environment.requirements),
+        requirements = [*environment.requirements, *_not_named(sources.environment_requirements,
+                                                               environment.requirements)]
+        packages = pool.submit(resolve_packages, requirements,
                                previous=_to_pins(before.packages) if before else None,
                                extra_paths=sources.project_dirs, package_index=environment.package_index,
                                **common)
@@ -372,6 +391,16 @@ def _previous_for(previous: Lock | None, target: str, options: LockOptions) -> L
         return for_platform(previous, target if target in held else held[0])
     except HarnessError:
         return None
+
+
+def _not_named(extra: list[str], requirements: list[str]) -> list[str]:
+    """The requirements of ``extra`` whose package ``requirements`` does not already name
+    (the manifest's own pin of, say, torch is the one that counts)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    named = {canonicalize_name(Requirement(r).name) for r in requirements}
+    return [r for r in extra if canonicalize_name(Requirement(r).name) not in named]
 
 
 def _direct_only(package_index: dict[str, str], requirements: list[str]) -> dict[str, str]:

@@ -68,6 +68,8 @@ def dumps(lock: Lock) -> str:
                 value = getattr(source, field)
                 if value is not None:
                     table.add(field, value)
+            if not source.build_isolation:
+                table.add("build-isolation", False)
             if source.submodules:
                 submodules = tomlkit.array()
                 submodules.multiline(True)

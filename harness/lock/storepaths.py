@@ -108,7 +108,9 @@ def assign_store_paths(lock: Lock) -> Lock:
         "packages": sorted((_package_key(p) for p in packages), key=repr),
         "build": sorted((_package_key(p) for p in build_packages), key=repr),
         "sources": [
-            {"store": s.store, "install": s.install, "subdirectory": s.subdirectory or ""}
+            {"store": s.store, "install": s.install, "subdirectory": s.subdirectory or "",
+             # only when off, so environments of sources without the key keep their paths
+             **({} if s.build_isolation else {"build-isolation": False})}
             for s in sources
         ],
     }

@@ -440,7 +440,8 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
 
     wheels = [file_in_store(p) for p in lock.packages]
     build_wheels = [file_in_store(p) for p in lock.build_packages]
-    sources = [(store.root / s.store, s.install, s.subdirectory) for s in lock.sources if s.install != "none"]
+    sources = [(store.root / s.store, s.install, s.subdirectory, s.build_isolation)
+               for s in lock.sources if s.install != "none"]
     # Runtime references only: the interpreter its bin/python links to and the editable
     # sources its .pth files name. Wheels are copied in, so they are build inputs, not refs.
     references = [lock.python.store, *[s.store for s in lock.sources if s.install == "editable"]]

@@ -508,7 +508,8 @@ def lock_source(source: Source, cache_dir: Path, *, offline: bool = False,
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return GitSource(name=source.name, repo=repo, rev=source.rev, commit=commit, tree=tree,
-                     install=source.install, subdirectory=source.subdirectory, submodules=tuple(submodules))
+                     install=source.install, subdirectory=source.subdirectory, submodules=tuple(submodules),
+                     build_isolation=source.build_isolation)
 
 
 def _submodule_entries(submodules: Sequence[Submodule]) -> list[_Entry]:

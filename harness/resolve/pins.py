@@ -63,6 +63,7 @@ class GitSource:
     install: str  # "editable" or "regular"
     subdirectory: str | None = None
     submodules: tuple[Submodule, ...] = ()  # recursively, sorted by path; ``tree`` covers them
+    build_isolation: bool = True  # False: built against the environment's own packages
 
 
 @dataclass(frozen=True, order=True)

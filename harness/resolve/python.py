@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import tempfile
 import tomllib
 import urllib.error
@@ -300,6 +301,100 @@ def build_requirements(source_dir: Path, subdirectory: str | None = None) -> lis
     return list(requires)
 
 
+#: Asks a PEP 517 backend for its dynamic build requirements: argv is the backend reference,
+#: the backend-path entries (JSON) and the hook's name; prints a JSON list.
+_HOOK_SCRIPT = """
+import importlib, json, os, sys
+sys.path[:0] = [os.path.abspath(p) for p in json.loads(sys.argv[2])]
+module, _, attribute = sys.argv[1].partition(":")
+backend = importlib.import_module(module)
+for part in filter(None, attribute.split(".")):
+    backend = getattr(backend, part)
+hook = getattr(backend, sys.argv[3], None)
+if hook is None and sys.argv[3] == "get_requires_for_build_editable":
+    hook = getattr(backend, "get_requires_for_build_wheel", None)
+sys.stdout.write("\\n" + json.dumps(list(hook({})) if hook is not None else []))
+"""
+
+
+def dynamic_build_requirements(
+    root: Path,
+    static: Sequence[str],
+    *,
+    editable: bool,
+    key: str,
+    indexes: Sequence[str],
+    settings: Settings,
+    cache_dir: Path,
+    offline: bool = False,
+) -> list[str]:
+    """What the PEP 517 backend of the source tree ``root`` asks for on top of its static
+    ``build-system.requires``: ``get_requires_for_build_editable`` (``editable``) or
+    ``_wheel`` (hatchling asks for ``editables``, setuptools' legacy backend for ``wheel``).
+
+    The backend runs in a throw-away environment holding ``static``, made by uv with this
+    interpreter; the answer is cached under ``cache_dir/build-requires/`` by ``key`` (the
+    caller's digest of the tree, subdirectory and mode), so a re-lock asks again only when
+    the tree changes. A backend that fails is a HarnessError with its output.
+    """
+    import json
+    import subprocess
+    import sys
+
+    cached = cache_dir / "build-requires" / f"{key}.json"
+    try:
+        return [str(r) for r in json.loads(cached.read_text())]
+    except (OSError, ValueError):
+        pass
+    data: dict[str, object] = {}
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            data = tomllib.loads(pyproject.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise InputError(f"{pyproject}: cannot read: {exc}") from None
+    table = data.get("build-system") if isinstance(data.get("build-system"), dict) else {}
+    assert isinstance(table, dict)
+    backend = str(table.get("build-backend") or "setuptools.build_meta:__legacy__")
+    backend_path = [str(p) for p in table.get("backend-path", []) if isinstance(p, str)]
+    hook = "get_requires_for_build_editable" if editable else "get_requires_for_build_wheel"
+    addresses = index_addresses(indexes, settings)
+    with tempfile.TemporaryDirectory(prefix="harness-build-requires-") as tmp:
+        venv = Path(tmp) / "venv"
+        run_uv(["venv", venv, "--python", sys.executable, "--no-project", "--quiet"], cache_dir=cache_dir)
+        if static:
+            run_uv(["pip", "install", "--python", venv / "bin" / "python", "--quiet", *index_flags(addresses),
+                    *(["--offline"] if offline else []), *static], cache_dir=cache_dir)
+        work = Path(tmp) / "tree"
+        shutil.copytree(root, work, symlinks=True)  # backends may write into the tree they read
+        for folder, dirs, names in os.walk(work):
+            for name in [*dirs, *names]:
+                path = Path(folder) / name
+                if not path.is_symlink():
+                    path.chmod(path.stat().st_mode | 0o200)
+        proc = subprocess.run([os.fspath(venv / "bin" / "python"), "-c", _HOOK_SCRIPT, backend,
+                               json.dumps(backend_path), hook], cwd=work, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=600)
+    if proc.returncode != 0:
+        raise HarnessError(f"{root}: build backend {backend} failed answering {hook}:\n"
+                           f"{(proc.stderr or proc.stdout).strip()[-3000:]}")
+    try:
+        found = json.loads(proc.stdout.rsplit("\n", 1)[-1])
+    except ValueError:
+        raise HarnessError(f"{root}: build backend {backend} gave no answer to {hook}") from None
+    requirements = []
+    for requirement in found:
+        try:
+            requirements.append(str(Requirement(str(requirement))))
+        except InvalidRequirement as exc:
+            raise HarnessError(f"{root}: build backend {backend} asks for {requirement!r}: {exc}") from None
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    temp = cached.with_name(f".{cached.name}.{os.getpid()}")
+    temp.write_text(json.dumps(requirements))
+    os.replace(temp, cached)
+    return requirements
+
+
 # --- resolving ------------------------------------------------------------------------------
 
 
@@ -314,7 +409,7 @@ def resolve_packages(
     upgrade: bool = False,
     upgrade_packages: Sequence[str] = (),
     previous: Sequence[Package] | None = None,
-    extra_paths: Sequence[Path] = (),
+    extra_paths: Sequence[Path | tuple[Path, Sequence[str]]] = (),
     exclude_newer: str | None = None,
     index_strategy: str = "first-index",
     timeout: float | None = 900,
@@ -337,7 +432,7 @@ def resolve_packages(
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="harness-resolve-") as tmp:
         work = Path(tmp)
-        paths = [os.fspath(Path(p).resolve()) for p in extra_paths]
+        paths = [_path_line(p) for p in extra_paths]
         inputs = []
         if package_index:
             (work / "pyproject.toml").write_text(explicit_pyproject(requirements, package_index, all_addresses))
@@ -372,6 +467,13 @@ def resolve_packages(
         text = output.read_text()
     return to_packages(parse_pylock(text), tags=tags, addresses=all_addresses,
                        size_of=lambda f: _remote_size(f, offline=offline, addresses=all_addresses))
+
+
+def _path_line(entry: Path | tuple[Path, Sequence[str]]) -> str:
+    """A local project as a requirement line: its absolute path, extras in brackets."""
+    path, extras = (entry, ()) if isinstance(entry, Path) else entry
+    line = os.fspath(Path(path).resolve())
+    return f"{line}[{','.join(extras)}]" if extras else line
 
 
 def _resolution_error(exc: UvError, interpreter: Interpreter, offline: bool) -> HarnessError:
