@@ -350,3 +350,68 @@ def test_source_template_bad_input(extra: str, message: str, tmp_path: Path) -> 
     result = run_harness_process("--project", str(root), "lock")
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "services/bad.toml" in result.stderr
+
+
+# ------------------------------------------------------------------------ what a lock changed
+
+
+def test_lock_says_what_changed(up: Upstreams, tmp_path: Path) -> None:
+    import json
+
+    from tests.upstreams import git
+
+    repo_url = git_repo(tmp_path / "tool", "tool", [])
+    first = service(["alpha==1.0", "delta"], extra=f'sources = [{{ repo = "{repo_url}", rev = "main" }}]\n')
+    root = make_project(tmp_path / "p", {"svc": first})
+    result = lock(root)
+    assert "+ alpha 1.0" in result.stderr and "+ python 3.11.7" in result.stderr
+
+    (tmp_path / "tool" / "NEWS").write_text("a change\n")
+    git(tmp_path / "tool", "add", "-A")
+    git(tmp_path / "tool", "commit", "-q", "-m", "news")
+    old_commit = read(root / "locks" / "svc.lock.toml").sources[0].commit
+    (root / "services" / "svc.toml").write_text(first.replace('"alpha==1.0", "delta"', '"alpha==2.0", "beta"'))
+    result = lock(root)
+    new_commit = read(root / "locks" / "svc.lock.toml").sources[0].commit
+    lines = [line.strip() for line in result.stderr.splitlines()]
+    assert "alpha 1.0 → 2.0" in lines and "+ beta 1.0" in lines and "- delta" in lines
+    assert f"source {repo_url} {old_commit[:12]} → {new_commit[:12]}" in lines
+    assert not any("python" in line for line in lines)  # unchanged things are not listed
+
+    (root / "services" / "svc.toml").write_text(first)
+    data = json.loads(lock(root, "--json").stdout)
+    changes = data["locks"][0]["changes"]
+    assert {"kind": "package", "name": "alpha", "old": "2.0", "new": "1.0"} in changes
+    assert {"kind": "package", "name": "beta", "old": "1.0", "new": None} in changes
+    assert json.loads(lock(root, "--json").stdout)["locks"][0]["changes"] == []  # unchanged: nothing
+
+
+# ------------------------------------------------------------------------ realize keeps going
+
+
+def test_realize_builds_every_lock_it_can_then_lists_each_failure(tmp_path: Path) -> None:
+    with LocalIndex(tmp_path / "index") as index:
+        index.add_wheel("good", "1.0")
+        index.add_wheel("bad", "1.0")
+        index.add_wheel("worse", "1.0")
+        env = {"HARNESS_INDEX_PYPI": index.url}
+        root = make_project(tmp_path / "p", {"one": service(["good"]), "two": service(["bad"]),
+                                             "three": service(["worse", "good"])})
+        assert run_harness_process("--project", str(root), "lock", env=env).returncode == 0
+        index.file("bad-1.0-py3-none-any.whl").write_bytes(b"not the locked bytes")
+        index.file("worse-1.0-py3-none-any.whl").unlink()
+
+        fast = run_harness_process("--project", str(root), "--home", str(tmp_path / "fast"), "realize",
+                                   "--fail-fast", env=env)
+        assert fast.returncode == 1 and "Traceback" not in fast.stderr
+        one = read(root / "locks" / "one.lock.toml")
+        assert not Store.in_home(tmp_path / "fast").is_registered(one.environment.store)
+
+        result = run_harness_process("--project", str(root), "--home", str(tmp_path / "home"), "realize", env=env)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "2 of 3 failed to realize" in result.stderr
+    assert "two: " in result.stderr and "bad-1.0-py3-none-any.whl" in result.stderr
+    assert "three: " in result.stderr and "worse-1.0-py3-none-any.whl" in result.stderr
+    assert "one: built" in result.stdout
+    assert Store.in_home(tmp_path / "home").is_registered(one.environment.store)

@@ -22,7 +22,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from harness.config import Settings
 from harness.errors import HarnessError, InputError
@@ -68,6 +68,8 @@ class Outcome:
     error: str | None = None
     lock: Lock | None = None
     notes: list[str] = field(default_factory=list)
+    #: What changed from the previous lock (harness.lock.changes), in order.
+    changes: list[Any] = field(default_factory=list)
 
 
 def load_manifests(project: Project) -> dict[str, tuple[str, Manifest]]:
@@ -118,6 +120,10 @@ def lock_project(
                                  cache_dir=cache_dir, options=options, previous=previous)
             outcome.changed = write(path, lock)
             outcome.lock = lock
+            if outcome.changed:
+                from harness.lock.changes import lock_changes
+
+                outcome.changes = lock_changes(previous, lock)
         except HarnessError as exc:
             outcome.error = str(exc)
         if on_done is not None:

@@ -42,6 +42,19 @@ class OfflineMissing(HarnessError):
     """An offline realize needs things that are neither in the store nor cached."""
 
 
+class RealizeFailed(HarnessError):
+    """Some locks failed to realize; the others were realized. ``reports`` are the ones
+    that succeeded, ``failures`` maps each failed lock's name to its error message."""
+
+    def __init__(self, reports: list["Report"], failures: dict[str, str]) -> None:
+        lines = [f"{name}: {message}" for name, message in failures.items()]
+        done = f"; {len(reports)} other(s) realized" if reports else ""
+        super().__init__(f"{len(failures)} of {len(reports) + len(failures)} failed to realize{done}:\n"
+                         + "\n".join("  " + line.replace("\n", "\n    ") for line in lines))
+        self.reports = reports
+        self.failures = failures
+
+
 @dataclass
 class Report:
     """What one lock's realize did."""
@@ -122,8 +135,13 @@ def missing(store: Store, lock: Lock) -> list[str]:
     return [name for name in lock_objects(lock) if not store.is_registered(name)]
 
 
-def realize_locks(ctx: Context, locks: list[Lock]) -> list[Report]:
-    """Realize several locks: fetch everything first (one progress display), then build."""
+def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -> list[Report]:
+    """Realize several locks: fetch everything first (one progress display), then build.
+
+    A lock that fails (a download, a build) does not stop the others: every lock that can
+    be realized is, then :class:`RealizeFailed` lists every failure. With ``fail_fast`` the
+    first failure is raised as it is, and nothing after it is built.
+    """
     from harness.store.gc import register_project
 
     todo = [lock for lock in locks if missing(ctx.store, lock)]
@@ -132,13 +150,37 @@ def realize_locks(ctx: Context, locks: list[Lock]) -> list[Report]:
         todo = [lock for lock in locks if missing(ctx.store, lock)]
     if ctx.offline:
         _check_offline(ctx, todo)
+    failures: dict[str, HarnessError] = {}
     if todo:  # leftovers matter only to a build (Store.add clears its own path's anyway)
         ctx.store.clean()
-        _fetch(ctx, todo)
+        try:
+            _fetch(ctx, todo)
+        except HarnessError:
+            if fail_fast or len(todo) == 1:
+                raise
+            # Which locks lack what: each fetches again on its own (what came is kept).
+            for lock in todo:
+                try:
+                    _fetch(ctx, [lock])
+                except HarnessError as exc:
+                    failures[lock.name] = exc
     building = {id(lock) for lock in todo}
-    reports = [_register(ctx, lock) if id(lock) in building else _complete(ctx, lock) for lock in locks]
+    reports = []
+    for lock in locks:
+        if lock.name in failures:
+            continue
+        try:
+            reports.append(_register(ctx, lock) if id(lock) in building else _complete(ctx, lock))
+        except HarnessError as exc:
+            if fail_fast:
+                raise
+            failures[lock.name] = exc
     _drop_downloads(ctx, locks)
     register_project(ctx.store, ctx.project_root)
+    if failures:
+        if len(failures) == 1 and not reports:
+            raise next(iter(failures.values()))
+        raise RealizeFailed(reports, {name: str(exc) for name, exc in failures.items()})
     return reports
 
 

@@ -74,6 +74,8 @@ def command(state: State, names: tuple[str, ...], check: bool, upgrade: bool,
             say("failed", "red", outcome.name)
         elif outcome.changed:
             say("locked", "green", f"{outcome.name} -> {shown}")
+            for change in outcome.changes:
+                click.echo(f"  {change}", err=True)
         else:
             say("unchanged", "dim", f"{outcome.name} ({shown})")
 
@@ -84,7 +86,8 @@ def command(state: State, names: tuple[str, ...], check: bool, upgrade: bool,
     if as_json:
         print_json({"locks": [
             {"name": o.name, "lock": str(o.path), "changed": o.changed, "error": o.error,
-             "environment": o.lock.environment.store if o.lock else None}
+             "environment": o.lock.environment.store if o.lock else None,
+             "changes": [c.as_json() for c in o.changes]}
             for o in outcomes
         ]})
     if failed:
