@@ -415,3 +415,17 @@ def test_realize_builds_every_lock_it_can_then_lists_each_failure(tmp_path: Path
     assert "three: " in result.stderr and "worse-1.0-py3-none-any.whl" in result.stderr
     assert "one: built" in result.stdout
     assert Store.in_home(tmp_path / "home").is_registered(one.environment.store)
+
+
+def test_unrealizable_python_hint_names_installed_patches_and_the_pin(up: Upstreams, tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p", {"new": service([]).replace('python = "3.11"', 'python = "3.13"')})
+    (root / "harness.toml").write_text('[lock]\nplatform = "x86_64-manylinux_2_28"\n')  # no [lock.python] pin
+    lock(root)
+    version = read(root / "locks" / "new.lock.toml").python.version
+    result = run_harness_process("--project", str(root), "--home", str(tmp_path / "home"), "realize", "--offline",
+                                 env={"PATH": "/usr/bin:/bin"})  # no pyenv: nothing of 3.13 installed here
+    if result.returncode == 0:
+        pytest.skip(f"CPython {version} is installed on this machine")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert '[lock.python] "3.13" = ' in result.stderr and "harness lock" in result.stderr

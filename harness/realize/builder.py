@@ -469,7 +469,31 @@ def _add_interpreter(ctx: Context, lock: Lock) -> Any:
         return BuildResult(obtained=result.source + note,
                            impure=result.source if result.is_host else None)
 
-    return ctx.store.add(lock.python.store, "python", build)
+    try:
+        return ctx.store.add(lock.python.store, "python", build)
+    except HarnessError as exc:
+        raise HarnessError(exc.message, hint=_interpreter_hint(ctx, lock, exc.hint)) from None
+
+
+def _interpreter_hint(ctx: Context, lock: Lock, hint: str | None) -> str:
+    """The hint for an interpreter that cannot be realized: the installed patch releases of
+    its series that a ``[lock.python]`` pin could name instead, then the builder's own hint."""
+    from harness.resolve.interpreter import list_pythons
+
+    series = ".".join(lock.python.version.split(".")[:2])
+    try:
+        installed = sorted({p.version for p in list_pythons(ctx.cache_dir)
+                            if p.path is not None and p.version.startswith(series + ".")},
+                           key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()))
+    except HarnessError:
+        installed = []
+    if installed:
+        pin = (f"installed here: CPython {', '.join(installed)}; pin one in harness.toml "
+               f'([lock.python] "{series}" = "{installed[-1]}") and run `harness lock`')
+    else:
+        pin = (f"no CPython {series}.x is installed here; once one is, pin it in harness.toml "
+               f'([lock.python] "{series}" = "{series}.N") and run `harness lock`')
+    return f"{pin}; or {hint}" if hint else pin
 
 
 def _add_environment(ctx: Context, lock: Lock) -> None:
