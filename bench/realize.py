@@ -20,7 +20,7 @@ d. ``harness store verify --check-contents`` of a synthetic 1 GiB weight set (4 
    registered with Store.add) vs ``b3sum`` and ``sha256sum`` of the same files, page cache warm
    [>= 0.8x their throughput].
 e. downloading those files from a local HTTP server (127.0.0.1, sendfile) through
-   harness's downloader (``harness.realize.download.download``: streamed, sha256-checked,
+   harness's downloader (``harness.download.download``: streamed, sha256-checked,
    resumable) vs ``curl`` [>= 0.8x its throughput]; also ``curl`` then ``sha256sum``, which
    is what the downloader's check amounts to.
 
@@ -88,7 +88,7 @@ server.serve_forever()
 DOWNLOADER = r"""
 import json, sys
 from pathlib import Path
-from harness.realize.download import download
+from harness.download import download
 for url, dest, sha256, size in json.loads(sys.argv[1]):
     download(url, Path(dest), sha256=sha256, size=size)
 """

@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - a copied client outside the harness pa
     _Base = Exception  # type: ignore[misc,assignment]
 
 
-class BrokerError(_Base):  # type: ignore[misc,valid-type]
+class BrokerError(_Base):
     """The broker refused a request; ``status`` is its HTTP status, ``code`` its reason."""
 
     def __init__(self, message: str, *, status: int = 0, code: str = "", log_tail: str = "") -> None:

@@ -48,6 +48,8 @@ class Settings:
     lock_platform: str | None = None
     #: ``[lock] platforms`` (or ``platform`` alone): every platform one lock holds, in order.
     lock_platforms: tuple[str, ...] = ()
+    #: Where ``lock_platforms`` was set (``<file>: lock.platforms``), for error messages.
+    lock_platforms_origin: str = ""
     #: ``[lock.python]``: a version request pinned further, e.g. ``"3.11" = "3.11.7"``.
     python_pins: dict[str, str] = field(default_factory=dict)
     #: ``[git-mirrors]``: canonical git URL (or a URL prefix ending in ``/``) → the mirror
@@ -96,6 +98,7 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
     indexes: dict[str, str] = {}
     hubs: dict[str, str] = {}
     lock_platforms: tuple[str, ...] = ()
+    lock_platforms_origin = ""
     python_pins: dict[str, str] = {}
     cache: dict[str, Any] = {}
     git_mirrors: dict[str, str] = {}
@@ -123,13 +126,15 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
         if "platform" in lock_table:
             if not isinstance(lock_table["platform"], str):
                 raise InputError(f"{path}: lock.platform: expected a string like \"x86_64-manylinux_2_28\"")
-            lock_platforms = (_platform(lock_table["platform"], path, "lock.platform"),)
+            lock_platforms = (lock_table["platform"],)
+            lock_platforms_origin = f"{path}: lock.platform"
         if "platforms" in lock_table:
             values = lock_table["platforms"]
             if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
                 raise InputError(f"{path}: lock.platforms: expected a non-empty list of strings like "
                                  "\"x86_64-manylinux_2_28\"")
-            lock_platforms = tuple(_platform(v, path, "lock.platforms") for v in values)
+            lock_platforms = tuple(values)
+            lock_platforms_origin = f"{path}: lock.platforms"
             if len(set(lock_platforms)) != len(lock_platforms):
                 raise InputError(f"{path}: lock.platforms: a platform is listed twice")
         pins = lock_table.get("python", {})
@@ -155,7 +160,8 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
     if os.environ.get("HARNESS_SECRET_KEY_FILE"):
         cache["secret_key_file"] = Path(os.environ["HARNESS_SECRET_KEY_FILE"]).expanduser()
     return Settings(indexes=indexes, hubs=hubs, lock_platform=lock_platforms[0] if lock_platforms else None,
-                    lock_platforms=lock_platforms, python_pins=python_pins, git_mirrors=git_mirrors, **cache)
+                    lock_platforms=lock_platforms, lock_platforms_origin=lock_platforms_origin,
+                    python_pins=python_pins, git_mirrors=git_mirrors, **cache)
 
 
 _GIT_URL = re.compile(r"^((https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+|/\S*)$")
@@ -174,16 +180,6 @@ def _git_mirrors(data: dict[str, Any], path: Path) -> dict[str, str]:
             raise InputError(f"{path}: git-mirrors.\"{canonical}\": a prefix (ending in '/') maps to a "
                              "prefix, a repository to a repository")
     return dict(table)
-
-
-def _platform(value: str, path: Path, key: str) -> str:
-    """``value`` in uv's canonical spelling, or an InputError naming the file and key."""
-    from harness.resolve.interpreter import parse_platform
-
-    try:
-        return parse_platform(value).platform
-    except InputError as exc:
-        raise InputError(f"{path}: {key}: {exc.message}", hint=exc.hint) from None
 
 
 def _cache_table(data: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.realize.download import download, redact, split_credentials
+from harness.download import download, redact, split_credentials
 from harness.realize.fetch import LARGE_FILE_BYTES, FetchJob, fetch_all, weight_jobs, wheel_jobs
 from harness.config import Settings
 from harness.errors import HarnessError

@@ -37,7 +37,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from harness.cache.format import CacheConfigError, CacheError
@@ -60,6 +60,18 @@ def check_key(key: str) -> str:
     return key
 
 
+class ByteStream(Protocol):
+    """What a backend's :meth:`Backend.open` returns: bytes read in chunks, closed by ``with``."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> ByteStream: ...
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any, /) -> None: ...
+
+
 class Backend(Protocol):
     """The storage under one cache (module docstring)."""
 
@@ -69,7 +81,7 @@ class Backend(Protocol):
 
     def read_bytes(self, key: str) -> bytes | None: ...
 
-    def open(self, key: str, start: int = 0) -> tuple[BinaryIO, int]: ...
+    def open(self, key: str, start: int = 0) -> tuple[ByteStream, int]: ...
 
     def exists(self, key: str) -> bool: ...
 
@@ -165,7 +177,7 @@ class DirectoryBackend:
         except OSError as exc:
             raise CacheError(f"cache {self.url}: cannot read {key}: {exc.strerror or exc}") from None
 
-    def open(self, key: str, start: int = 0) -> tuple[BinaryIO, int]:
+    def open(self, key: str, start: int = 0) -> tuple[ByteStream, int]:
         try:
             handle = open(self._path(key), "rb")
         except FileNotFoundError:
@@ -301,7 +313,7 @@ class S3Backend:
         except BotoCoreError as exc:
             raise self._error(key, exc) from None
 
-    def open(self, key: str, start: int = 0) -> tuple[BinaryIO, int]:
+    def open(self, key: str, start: int = 0) -> tuple[ByteStream, int]:
         from botocore.exceptions import BotoCoreError, ClientError
 
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
@@ -451,7 +463,7 @@ class HttpBackend:
             except (http.client.HTTPException, OSError) as exc:
                 raise CacheError(f"cache {self.url}: {key}: transfer broke off: {exc}") from None
 
-    def open(self, key: str, start: int = 0) -> tuple[BinaryIO, int]:
+    def open(self, key: str, start: int = 0) -> tuple[ByteStream, int]:
         response = self._request(key, start=start)
         if response is None:
             raise CacheError(f"cache {self.url} has no {key} (deleted?)")

@@ -15,6 +15,7 @@ import base64
 import binascii
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +128,7 @@ def parse_trusted(keys: list[str] | tuple[str, ...]) -> dict[str, list[PublicKey
     return trusted
 
 
-def signed_by_trusted(info: NarInfo, trusted: dict[str, list[PublicKey]]) -> str | None:
+def signed_by_trusted(info: NarInfo, trusted: Mapping[str, list[PublicKey]]) -> str | None:
     """The name of a trusted key whose signature over ``info`` verifies, else None."""
     fingerprint = info.fingerprint()
     for sig in info.signatures:

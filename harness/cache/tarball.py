@@ -18,9 +18,8 @@ import tarfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
 
-from harness.cache.backends import KEY, Progress, check_key
+from harness.cache.backends import KEY, ByteStream, Progress, check_key
 from harness.cache.format import CacheError
 
 #: Every member of an exported tar gets this mtime: the tar's bytes depend on content only.
@@ -77,7 +76,7 @@ class TarReader:
         with stream:
             return stream.read(member.size)
 
-    def open(self, key: str, start: int = 0) -> tuple[BinaryIO, int]:
+    def open(self, key: str, start: int = 0) -> tuple[ByteStream, int]:
         member = self._member(key)
         if member is None:
             raise CacheError(f"{self.url} has no {key}")
@@ -156,7 +155,7 @@ class TarWriter:
     def read_bytes(self, key: str) -> bytes | None:
         return None  # a fresh tar holds nothing yet; push writes its cache-info first
 
-    def open(self, key: str, start: int = 0) -> tuple[BinaryIO, int]:
+    def open(self, key: str, start: int = 0) -> tuple[ByteStream, int]:
         raise CacheError(f"{self.url} is write-only")
 
     def exists(self, key: str) -> bool:

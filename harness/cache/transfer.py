@@ -165,7 +165,7 @@ def push(
     _, wrote_info = ensure_cache_info(backend)
     result.puts += int(wrote_info)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        there = dict(zip(paths, pool.map(lambda n: backend.exists(narinfo_key(n)), paths)))
+        there = dict(zip(paths, pool.map(lambda n: backend.exists(narinfo_key(n)), paths), strict=True))
     result.present = [n for n in paths if there[n]]
     missing = [n for n in paths if not there[n]]
     if not missing:
@@ -288,7 +288,8 @@ def open_substituters(urls: Sequence[str], *, jobs: int = 8,
     malformed URL raises :class:`~harness.cache.format.CacheConfigError`. ``backends``
     supplies ready ones by URL (a tar being imported)."""
     parsed = [(url, parse_url(url) if not (backends and url in backends) else None) for url in urls]
-    opened = [(url, (backends or {}).get(url) or open_backend(p, jobs=jobs), p) for url, p in parsed]
+    # A URL without a ready backend was parsed above, so ``p`` is set wherever it is opened.
+    opened = [(url, (backends or {}).get(url) or open_backend(p or url, jobs=jobs), p) for url, p in parsed]
 
     def info_of(item: tuple[str, Backend, Any]) -> tuple[CacheInfo | None, str | None]:
         url, backend, _ = item
@@ -307,7 +308,7 @@ def open_substituters(urls: Sequence[str], *, jobs: int = 8,
         answers = list(pool.map(info_of, opened))
     subs: list[Substituter] = []
     problems: dict[str, str] = {}
-    for (url, backend, p), (info, problem) in zip(opened, answers):
+    for (url, backend, p), (info, problem) in zip(opened, answers, strict=True):
         if info is None:
             problems[url] = problem or "unusable"
             continue
@@ -554,7 +555,7 @@ def _register(store: Store, name: str, sub: Substituter, info: NarInfo, expected
         if archive is not None:
             stream: Any = open(archive, "rb")
             file_hash = None  # checked by _download
-            report = _ignore
+            report: Callable[[int], None] = _ignore
         else:
             stream, _ = sub.backend.open(info.url)
             file_hash = info.file_hash

@@ -19,7 +19,7 @@ from pathlib import Path
 from harness.errors import HarnessError
 
 
-def _lock_of(task: Path):  # type: ignore[no-untyped-def]
+def _lock_of(task: Path):
     from harness.harbor.resolve import _project
     from harness.harbor.spec import read_spec
     from harness.lock.lockfile import lock_path, read

@@ -94,7 +94,7 @@ class Tools:
         return dict(_versions(self.bwrap, self.nsenter))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _versions(bwrap: str, nsenter: str) -> tuple[tuple[str, str], ...]:
     """``--version`` of the tools, asked once per process."""
     out: dict[str, str] = {}
@@ -241,8 +241,8 @@ class Sandbox:
         args += ["--ro-bind-try", "/sys", "/sys", *_top_level_args(), "--proc", "/proc", "--dev", "/dev"]
         for device in c.devices:
             args += ["--dev-bind", device, device]
-        for path in c.store_paths:
-            args += ["--ro-bind", str(path), str(path)]
+        for store_path in c.store_paths:
+            args += ["--ro-bind", str(store_path), str(store_path)]
         # The init: says it is ready (the root is built), then lives while we hold its stdin.
         args += ["--chdir", "/", "--info-fd", str(info_fd), "--", self.tools.shell, "-c",
                  f"echo ready && exec {self.tools.cat}"]
@@ -272,7 +272,7 @@ class Sandbox:
             # bwrap reports the pid before it has built the root: wait for the init to say so.
             assert self._outer.stdout is not None
             ready = await asyncio.wait_for(self._outer.stdout.readline(), timeout=60) if info else b""
-        except asyncio.TimeoutError:
+        except TimeoutError:
             info, ready = None, b""
         finally:
             os.close(read_end)
@@ -281,7 +281,7 @@ class Sandbox:
             if self._outer.stderr is not None:
                 try:
                     stderr = await asyncio.wait_for(self._outer.stderr.read(), timeout=5)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             await self._kill_outer()
             raise SandboxError(f"bwrap could not start the sandbox: {stderr.decode(errors='replace').strip()}")
@@ -317,7 +317,7 @@ class Sandbox:
         if outer.returncode is None:
             try:
                 await asyncio.wait_for(outer.wait(), timeout=5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 _killpg(outer.pid)
                 await outer.wait()
 
@@ -366,7 +366,7 @@ class Sandbox:
                 await asyncio.wait_for(run(), timeout=timeout)
             else:
                 await run()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._kill(process)
             raise RuntimeError(f"Command timed out after {timeout} seconds") from None
         except BaseException:
@@ -382,7 +382,7 @@ class Sandbox:
         _killpg(process.pid)
         try:
             await asyncio.wait_for(process.wait(), timeout=10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def _run_io(self, argv: list[str], *, stdin: int | IO[bytes] | None = None,
@@ -488,7 +488,7 @@ class Sandbox:
         finally:
             child.close()
             parent.close()
-        for port, fd in zip(ports, fds):
+        for port, fd in zip(ports, fds, strict=True):
             listener = socket.socket(fileno=fd)
             listener.setblocking(False)
 

@@ -56,7 +56,7 @@ def check_locks(project: Project, names: list[str], *, hash_cache: Path | None =
     return stale
 
 
-def _local_weights_changed(project: Project, manifest, lock, cache) -> str | None:  # type: ignore[no-untyped-def]
+def _local_weights_changed(project: Project, manifest, lock, cache) -> str | None:
     """Re-hash ``path`` weights with the same code that locked them; name the first change.
 
     Files whose stat is unchanged since they were last hashed are taken from ``cache``; only
@@ -87,7 +87,7 @@ def _local_weights_changed(project: Project, manifest, lock, cache) -> str | Non
     return None
 
 
-def _path_weights_unchanged(project: Project, spec, locked, cache) -> bool:  # type: ignore[no-untyped-def]
+def _path_weights_unchanged(project: Project, spec, locked, cache) -> bool:
     """Whether the ``path`` weights of ``spec`` still hold exactly ``locked``'s files, listed
     as :func:`harness.resolve.weights.lock_weights` lists them, hashed through ``cache``."""
     from harness.resolve.weights import _path_root, _walk_folder, include_matches

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from harness.manifests.model import Strict
 
@@ -126,4 +126,5 @@ class Lock(Strict):
     sources: list[LockedSource] = Field(default_factory=list)
     weights: list[LockedWeights] = Field(default_factory=list)
 
-    model_config = Strict.model_config | {"populate_by_name": True}
+    # Spelled out (not Strict.model_config | {...}) so the pydantic mypy plugin sees it.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, populate_by_name=True)

@@ -187,7 +187,7 @@ def to_pylock(lock: Lock, settings: Settings, cache_dir: Path | None = None) -> 
     return text + ("\n".join(blocks) + "\n" if blocks else "")
 
 
-def _pylock_file(package: LockedPackage, file: LockedFile, files: dict[str, tuple[str, str | None]]):  # type: ignore[no-untyped-def]
+def _pylock_file(package: LockedPackage, file: LockedFile, files: dict[str, tuple[str, str | None]]):
     import tomlkit
 
     found = files.get(file.file)
@@ -280,7 +280,7 @@ class _Links(html.parser.HTMLParser):
         super().__init__()
         self.hrefs: list[str] = []
 
-    def handle_starttag(self, tag: str, attrs: Iterable[tuple[str, str | None]]) -> None:  # type: ignore[override]
+    def handle_starttag(self, tag: str, attrs: Iterable[tuple[str, str | None]]) -> None:
         if tag == "a":
             href = dict(attrs).get("href")
             if href:

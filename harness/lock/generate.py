@@ -22,7 +22,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from harness.config import Settings
 from harness.errors import HarnessError, InputError
@@ -40,7 +41,7 @@ from harness.lock.document import (
 from harness.lock.digest import manifest_digest
 from harness.lock.lockfile import lock_path, read, write
 from harness.lock.storepaths import assign_store_paths
-from harness.manifests.model import BenchmarkManifest, ServiceManifest
+from harness.manifests.model import BenchmarkManifest, Environment, ServiceManifest
 from harness.manifests.project import Project
 from harness.resolve.pins import DistFile, GitSource, Interpreter, Package, WeightSet
 
@@ -109,6 +110,7 @@ def lock_project(
     """
     found = load_manifests(project)
     chosen = select(found, names)
+    lock_targets(settings, options)  # a bad platform setting: one clear error, before any work
 
     def one(name: str) -> Outcome:
         kind, manifest = found[name]
@@ -180,14 +182,10 @@ def _lock_manifest(
     the order of the steps, whichever finished first. Several platforms give one lock
     (:func:`harness.lock.platforms.merge`)."""
     from harness.lock.platforms import merge
-    from harness.resolve.interpreter import host_platform, parse_platform
     from harness.resolve.uvtool import uv_version
 
     environment = manifest.environment
-    # `lock --platform X` locks X this once; a plain lock always takes the settings' platforms
-    # (or this machine's), never the previous lock's, so one --platform run does not stick.
-    wanted = [options.platform] if options.platform else list(settings.lock_platforms) or [host_platform()]
-    targets = list(dict.fromkeys(parse_platform(p).platform for p in wanted))
+    targets = lock_targets(settings, options)
     pin = settings.python_pins.get(environment.python)
     if pin is None and previous is not None and not options.upgrade and _matches(
             previous.python.version, environment.python):
@@ -248,6 +246,28 @@ def _lock_manifest(
     return merge(locks)
 
 
+def lock_targets(settings: Settings, options: LockOptions) -> list[str]:
+    """The platforms a lock is for, in uv's canonical spelling: ``lock --platform X`` locks X
+    this once; a plain lock always takes the settings' platforms (or this machine's), never
+    the previous lock's, so one ``--platform`` run does not stick. InputError names the
+    setting (or the option) of a platform harness cannot lock for."""
+    from harness.resolve.interpreter import host_platform, parse_platform
+
+    if options.platform:
+        wanted, origin = [options.platform], "--platform"
+    elif settings.lock_platforms:
+        wanted, origin = list(settings.lock_platforms), settings.lock_platforms_origin
+    else:
+        wanted, origin = [host_platform()], "this machine"
+    targets = []
+    for platform in wanted:
+        try:
+            targets.append(parse_platform(platform).platform)
+        except InputError as exc:
+            raise InputError(f"{origin}: {exc.message}", hint=exc.hint) from None
+    return list(dict.fromkeys(targets))
+
+
 def _single_lock(name: str, kind: str, manifest: Manifest, *, uv: str, interpreter: Interpreter,
                  pins: list[GitSource], packages: list[Package], build_packages: list[Package],
                  weights: list[WeightSet]) -> Lock:
@@ -255,28 +275,28 @@ def _single_lock(name: str, kind: str, manifest: Manifest, *, uv: str, interpret
     lock = Lock(
         lock_version=LOCK_VERSION,
         name=name,
-        type=kind,  # type: ignore[arg-type]
+        type=kind,
         manifest=f"{'services' if kind == 'service' else 'benchmarks'}/{name}.toml",
         manifest_digest=manifest_digest(manifest),
         uv=uv,
         python=LockedInterpreter(
             implementation=interpreter.implementation, version=interpreter.version,
-            platform=interpreter.platform, source=interpreter.source,  # type: ignore[arg-type]
+            platform=interpreter.platform, source=interpreter.source,
         ),
         packages=[_package(p) for p in packages],
         build_packages=[_package(p) for p in build_packages],
         sources=[
             LockedSource(name=p.name, repo=p.repo, rev=p.rev, commit=p.commit, tree=p.tree,
-                         install=p.install, subdirectory=p.subdirectory,  # type: ignore[arg-type]
-                         build_isolation=p.build_isolation,
+                         install=p.install, subdirectory=p.subdirectory,
+                         **{"build-isolation": p.build_isolation},
                          submodules=[LockedSubmodule(path=m.path, url=m.url, commit=m.commit)
                                      for m in p.submodules])
             for p in pins
         ],
         weights=[
             LockedWeights(
-                dir=w.dir, provider=w.provider, repo=w.repo, revision=w.revision,  # type: ignore[arg-type]
-                repo_type=w.repo_type,  # type: ignore[arg-type]
+                dir=w.dir, provider=w.provider, repo=w.repo, revision=w.revision,
+                repo_type=w.repo_type,
                 files=[LockedWeightFile(path=f.path, size=f.size, sha256=f.sha256, revision=f.revision)
                        for f in w.files],
             )
@@ -298,7 +318,7 @@ class _Sources:
     environment_requirements: list[str] = field(default_factory=list)
 
 
-def _sources(environment, scratch: Path, *, settings: Settings, cache_dir: Path,  # type: ignore[no-untyped-def]
+def _sources(environment: Environment, scratch: Path, *, settings: Settings, cache_dir: Path,
              options: LockOptions) -> _Sources:
     """Pin every git source to a commit and export the installed ones into ``scratch``; ask
     each installed one's build backend what it needs (static and PEP 517 dynamic build
@@ -346,7 +366,7 @@ def _sources(environment, scratch: Path, *, settings: Settings, cache_dir: Path,
 
 
 def _resolve_all(
-    environment,  # type: ignore[no-untyped-def]
+    environment: Environment,
     interpreters: dict[str, Interpreter],
     sources: _Sources,
     pool: ThreadPoolExecutor,
@@ -363,9 +383,9 @@ def _resolve_all(
     jobs = {}
     for target, interpreter in interpreters.items():
         before = _previous_for(previous, target, options)
-        common = dict(interpreter=interpreter, indexes=list(environment.indexes), settings=settings,
-                      cache_dir=cache_dir, offline=options.offline, upgrade=options.upgrade,
-                      upgrade_packages=list(options.upgrade_packages))
+        common: dict[str, Any] = dict(
+            interpreter=interpreter, indexes=list(environment.indexes), settings=settings, cache_dir=cache_dir,
+            offline=options.offline, upgrade=options.upgrade, upgrade_packages=list(options.upgrade_packages))
         requirements = [*environment.requirements, *_not_named(sources.environment_requirements,
                                                                environment.requirements)]
         packages = pool.submit(resolve_packages, requirements,

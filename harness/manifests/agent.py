@@ -153,13 +153,13 @@ def services_needed(
         missing: list[str] = []
         for role in skill.needs:
             if role in agent.services:
-                names = set(agent.services[role])
+                candidates = set(agent.services[role])
             else:
-                names = {name for name, kind in kinds.items() if kind == role}
-            names -= off
-            if not names:
+                candidates = {name for name, kind in kinds.items() if kind == role}
+            candidates -= off
+            if not candidates:
                 missing.append(role)
-            chosen |= names
+            chosen |= candidates
         if missing:
             dropped.append((skill_name, f"no service for {', '.join(missing)}"))
             continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from harness.errors import InputError
 from harness.manifests.model import Port, Strict
@@ -48,7 +48,7 @@ class ServiceDeploy(Strict):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ServiceDeploy":
+    def _consistent(self) -> ServiceDeploy:
         if self.mode == "external" and not self.url:
             raise ValueError("mode 'external' needs a url")
         if self.url and self.mode != "external":
@@ -72,7 +72,8 @@ class Deploy(Strict):
     substituters: list[str] = Field(default_factory=list, description="binary caches to pull from")
     trusted_keys: list[str] = Field(default_factory=list, alias="trusted-keys")
 
-    model_config = Strict.model_config | {"populate_by_name": True}
+    # Spelled out (not Strict.model_config | {...}) so the pydantic mypy plugin sees it.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, populate_by_name=True)
 
     @field_validator("gpus")
     @classmethod
@@ -80,7 +81,7 @@ class Deploy(Strict):
         return None if values is None else _gpu_list(values)
 
     @model_validator(mode="after")
-    def _gpus_known(self) -> "Deploy":
+    def _gpus_known(self) -> Deploy:
         if self.gpus is None:
             return self
         allowed = set(self.gpus)

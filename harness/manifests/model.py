@@ -55,7 +55,7 @@ def check_templates(text: str, allowed: frozenset[str] | None = None) -> str:
     try:
         fields = [(field, spec) for _, field, spec, _ in string.Formatter().parse(text) if field is not None]
     except ValueError as exc:
-        raise ValueError(f"malformed template in {text!r}: {exc} (write '{{{{' for a brace)")
+        raise ValueError(f"malformed template in {text!r}: {exc} (write '{{{{' for a brace)") from None
     for field, spec in fields:
         if field not in names:
             known = ", ".join("{" + ("source:NAME" if n == "source" else n) + "}" for n in sorted(names))
@@ -70,7 +70,7 @@ def source_names(text: str) -> list[str]:
     return [spec or "" for _, field, spec, _ in string.Formatter().parse(text) if field == "source"]
 
 
-def _check_source_templates(texts: list[str], sources: list["Source"]) -> None:
+def _check_source_templates(texts: list[str], sources: list[Source]) -> None:
     """Every ``{source:NAME}`` names one of ``sources`` (by :attr:`Source.name`)."""
     known = {s.name for s in sources}
     for text in texts:
@@ -130,7 +130,7 @@ class Source(Strict):
         return values
 
     @model_validator(mode="after")
-    def _isolation(self) -> "Source":
+    def _isolation(self) -> Source:
         if self.install == "none" and (self.extras or not self.build_isolation):
             raise ValueError('extras and build-isolation apply to installed sources, not install = "none"')
         return self
@@ -240,7 +240,7 @@ class Environment(Strict):
         return values
 
     @model_validator(mode="after")
-    def _explicit_indexes_apart(self) -> "Environment":
+    def _explicit_indexes_apart(self) -> Environment:
         both = sorted(set(self.package_index.values()) & set(self.indexes))
         if both:
             raise ValueError(
@@ -315,7 +315,7 @@ class Weights(Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_provider(self) -> "Weights":
+    def _one_provider(self) -> Weights:
         given = [key for key in WEIGHT_PROVIDERS if getattr(self, key) is not None]
         if len(given) != 1:
             listed = ", ".join(WEIGHT_PROVIDERS)
@@ -422,7 +422,7 @@ class ServiceManifest(Strict):
         return None if values is None else _check_command(values)
 
     @model_validator(mode="after")
-    def _protocol_keys(self) -> "ServiceManifest":
+    def _protocol_keys(self) -> ServiceManifest:
         if self.protocol == "http" and self.command is None:
             raise ValueError("protocol 'http' needs a command")
         if self.protocol == "xpolicylab":
@@ -461,7 +461,7 @@ class BenchmarkManifest(Strict):
     weights: list[Weights] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _weights_unique(self) -> "BenchmarkManifest":
+    def _weights_unique(self) -> BenchmarkManifest:
         _unique_dirs(self.weights)
         _check_source_templates(list(self.worker or []), self.environment.sources)
         return self

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     M = TypeVar("M", bound=BaseModel)
 
 
-def find_project(start: Path) -> "Project":
+def find_project(start: Path) -> Project:
     """The nearest directory at or above ``start`` that holds a ``services/`` folder."""
     start = start.resolve()
     for candidate in (start, *start.parents):
@@ -75,13 +75,13 @@ class Project:
     def benchmark_paths(self) -> dict[str, Path]:
         return _toml_files(self.benchmarks_dir)
 
-    def load_services(self) -> dict[str, "ServiceManifest"]:
+    def load_services(self) -> dict[str, ServiceManifest]:
         """Every service manifest, validated; all problems reported together."""
         from harness.manifests.model import ServiceManifest
 
         return _load_all(ServiceManifest, self.service_paths())
 
-    def load_benchmarks(self) -> dict[str, "BenchmarkManifest"]:
+    def load_benchmarks(self) -> dict[str, BenchmarkManifest]:
         """Every benchmark manifest, validated; names must not clash with services."""
         from harness.manifests.model import BenchmarkManifest
 
@@ -94,7 +94,7 @@ class Project:
             )
         return benchmarks
 
-    def load_deploy(self, path: Path) -> "Deploy":
+    def load_deploy(self, path: Path) -> Deploy:
         """A deploy file, validated on its own and against the project's manifests."""
         from harness.manifests.deploy import Deploy, check_deploy_against
         from harness.manifests.loading import display_path, load_model
@@ -110,7 +110,7 @@ class Project:
             return candidate
         return self.agents_dir / f"{name_or_path}.toml"
 
-    def load_agent(self, name_or_path: str, overrides: list["Override"] | None = None) -> "AgentConfig":
+    def load_agent(self, name_or_path: str, overrides: list[Override] | None = None) -> AgentConfig:
         """An agent config with ``--set`` overrides applied before validation."""
         from harness.manifests.agent import AgentConfig, apply_overrides
         from harness.manifests.loading import display_path, read_toml, validate_data
@@ -126,7 +126,7 @@ def _toml_files(folder: Path) -> dict[str, Path]:
     return {path.stem: path for path in sorted(folder.glob("*.toml")) if path.is_file()}
 
 
-def _load_all(model: type["M"], paths: dict[str, Path]) -> dict[str, "M"]:
+def _load_all(model: type[M], paths: dict[str, Path]) -> dict[str, M]:
     from harness.manifests.loading import display_path, load_model
     from harness.manifests.model import manifest_name
 

@@ -49,7 +49,7 @@ def validate_project(project: Project, *, extra_deploy: Path | None = None) -> R
     return report
 
 
-def _step(report: Report, action):  # type: ignore[no-untyped-def]
+def _step(report: Report, action):
     try:
         return action()
     except InputError as exc:

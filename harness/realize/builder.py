@@ -46,7 +46,7 @@ class RealizeFailed(HarnessError):
     """Some locks failed to realize; the others were realized. ``reports`` are the ones
     that succeeded, ``failures`` maps each failed lock's name to its error message."""
 
-    def __init__(self, reports: list["Report"], failures: dict[str, str]) -> None:
+    def __init__(self, reports: list[Report], failures: dict[str, str]) -> None:
         lines = [f"{name}: {message}" for name, message in failures.items()]
         done = f"; {len(reports)} other(s) realized" if reports else ""
         super().__init__(f"{len(failures)} of {len(reports) + len(failures)} failed to realize{done}:\n"
@@ -239,7 +239,7 @@ def _check_offline(ctx: Context, locks: list[Lock]) -> None:
     from harness.resolve.git import mirror_path
 
     problems: list[str] = []
-    for sha, (what, data) in sorted(_files_to_fetch(ctx, locks).items(), key=lambda kv: str(kv[1])):
+    for _sha, (what, data) in sorted(_files_to_fetch(ctx, locks).items(), key=lambda kv: str(kv[1])):
         if what == "file":
             index, project, file = data
             problems.append(f"wheel {file.file} (index {index})")
@@ -271,7 +271,7 @@ def _fetch(ctx: Context, locks: list[Lock]) -> None:
     ctx.downloads.mkdir(parents=True, exist_ok=True)
     jobs: list[FetchJob] = []
     file_urls = _file_urls(ctx, [data for what, data in wanted.values() if what == "file"])
-    for sha, (what, data) in sorted(wanted.items()):
+    for _sha, (what, data) in sorted(wanted.items()):
         if what == "file":
             _, _, file = data
             jobs.append(_file_job(ctx, file, file_urls[file.file]))
@@ -303,7 +303,7 @@ def _file_urls(ctx: Context, wanted: list[tuple[str, str, LockedFile]]) -> dict[
 
 
 def _file_job(ctx: Context, file: LockedFile, url: str) -> Any:
-    from harness.realize.download import download
+    from harness.download import download
     from harness.realize.fetch import FetchJob
 
     def run(progress: Any) -> None:

@@ -166,8 +166,8 @@ def build_environment(
     for dist in builds:
         if not dist.is_wheel:
             raise HarnessError(f"{dist.path}: build requirements must be wheels, got {dist.filename}")
-    sources = [_source_entry(entry) for entry in sources]
-    for tree, mode, subdirectory, _ in sources:
+    entries = [_source_entry(entry) for entry in sources]
+    for tree, mode, subdirectory, _ in entries:
         if mode not in INSTALL_MODES:
             raise HarnessError(f"{tree}: install mode {mode!r}, expected one of {', '.join(INSTALL_MODES)}")
         if not (tree / (subdirectory or "")).is_dir():
@@ -210,7 +210,7 @@ def build_environment(
         # sources built against the environment itself (build-isolation = false: a CUDA
         # extension compiles against the installed torch), which may import the first ones.
         for isolated in (True, False):
-            chosen = [(i, e) for i, e in enumerate(sources) if e[3] is isolated]
+            chosen = [(i, e) for i, e in enumerate(entries) if e[3] is isolated]
             if not chosen:
                 continue
             args: list[str | os.PathLike[str]] = ["pip", "install", "--python", python, "--no-deps", *build_flags]
@@ -262,7 +262,7 @@ def _source_entry(entry: tuple[Path, str, str | None] | tuple[Path, str, str | N
     """``(tree, mode, subdirectory[, build isolation])`` with isolation filled in (default on)."""
     if len(entry) == 3:
         return (entry[0], entry[1], entry[2], True)
-    return entry  # type: ignore[return-value]
+    return (entry[0], entry[1], entry[2], bool(entry[3]))
 
 
 def _check_empty(out: Path) -> None:
@@ -512,7 +512,8 @@ def _check_paths(out: Path, site_packages: Path, from_sources: Iterable[str], ro
     # A very short path ("/tmp") would match unrelated text; build paths are never that short.
     needles = sorted({os.fsencode(p) for root in roots for p in (root.absolute(), Path(os.path.realpath(root)))
                       if len(os.fsencode(p)) >= 8}, key=len, reverse=True)
-    offenders, binaries = [], []
+    offenders: list[str] = []
+    binaries: list[str] = []
     for path in _scanned(out, site_packages, from_sources):
         data = path.read_bytes()
         if any(needle in data for needle in needles):

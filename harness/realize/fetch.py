@@ -1,7 +1,7 @@
 """Fetching everything a lock names, in parallel, behind one progress display.
 
 :func:`fetch_all` runs :class:`FetchJob` s — each a label, a size and a callable doing one
-checked transfer (:func:`harness.realize.download.download` underneath) — on a thread pool.
+checked transfer (:func:`harness.download.download` underneath) — on a thread pool.
 Downloads are I/O bound and hashing (``hashlib``) releases the GIL, so threads are enough.
 
 :func:`wheel_jobs` and :func:`weight_jobs` make the jobs for a lock's wheels and sdists and its
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name
 
-from harness.realize.download import Progress, download
+from harness.download import Progress, download
 from harness.config import Settings, normalize_index_name
 from harness.errors import HarnessError
 from harness.lock.document import Lock, LockedFile, LockedWeightFile, LockedWeights
@@ -42,7 +42,7 @@ class FetchJob:
     """One file to fetch: ``run(progress)`` performs the whole checked transfer.
 
     ``size`` is the file's locked size (the display's total). ``run`` must report bytes
-    through ``progress`` as :func:`harness.realize.download.download` does, must let exceptions
+    through ``progress`` as :func:`harness.download.download` does, must let exceptions
     raised by ``progress`` propagate (that is how :func:`fetch_all` cancels it), and raises
     :class:`HarnessError` for a failure a user can act on.
     """

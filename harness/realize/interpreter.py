@@ -349,14 +349,14 @@ def _candidates(version: str, platform_name: str, searched: list[str]) -> Iterat
     for folder in dict.fromkeys(managers):
         yield from offer(folder / version / "bin" / f"python{minor}")
     try:
-        for path in installed_paths(version, list_pythons(None), platform=platform_name):
-            yield from offer(path)
+        for installed in installed_paths(version, list_pythons(None), platform=platform_name):
+            yield from offer(installed)
         searched.append("uv python list")
     except HarnessError:
         searched.append("uv python list (failed)")
-    for folder in os.environ.get("PATH", "").split(os.pathsep):
-        if folder:
-            yield from offer(Path(folder) / f"python{minor}")
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        if entry:
+            yield from offer(Path(entry) / f"python{minor}")
     for prefix in ("/usr/local", "/usr", f"/opt/python/{version}", f"/opt/python{minor}"):
         yield from offer(Path(prefix) / "bin" / f"python{minor}")
 

@@ -240,14 +240,14 @@ def _resolve(mirror: Path, repo: str, rev: str, *, offline: bool) -> str:
         for name in names:
             if _git(["rev-parse", "--verify", "--quiet", name], git_dir=mirror,
                     check=False).returncode == 0:
-                commit = _peel(mirror, name)
-                if commit is None:
+                peeled = _peel(mirror, name)
+                if peeled is None:
                     raise GitError(f"{name} of {repo} does not point to a commit")
-                return commit
+                return peeled
     if _SHORT_HEX.match(rev):
-        commit = _peel(mirror, rev.lower())
-        if commit is not None:
-            return commit
+        peeled = _peel(mirror, rev.lower())
+        if peeled is not None:
+            return peeled
         matches = _git(["rev-parse", f"--disambiguate={rev.lower()}"], git_dir=mirror,
                        check=False).stdout.split()
         if len(matches) > 1:

@@ -34,7 +34,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from packaging.utils import canonicalize_name
 
-from harness.realize.download import TIMEOUT_S, redact, split_credentials
+from harness.download import TIMEOUT_S, redact, split_credentials
 from harness.config import Settings
 from harness.errors import HarnessError
 from harness.resolve.uvtool import run_uv
@@ -99,7 +99,7 @@ def find_file_urls(
 
     Returns ``{file name: absolute URL}`` for exactly the names asked. The URL has no
     fragment; credentials written in ``index_url`` are kept on URLs of the same host (uv
-    does the same), for :func:`harness.realize.download.download` to send. ``index_name``
+    does the same), for :func:`harness.download.download` to send. ``index_name``
     names the index in errors (default: its redacted address).
 
     Raises :class:`HarnessError` naming index, file and project when the index lacks a file

@@ -30,7 +30,7 @@ their endpoints come from :class:`~harness.config.Settings` at lock and at reali
 
 :func:`fetch_weight_file` is the realize side: it works out where one locked file comes
 from (hub URL at the locked revision and the hub's auth headers, the URL, the project path)
-and hands the transfer to :func:`harness.realize.download.download`, harness's one downloader:
+and hands the transfer to :func:`harness.download.download`, harness's one downloader:
 resumable with HTTP ``Range``, size and sha256 checked before the file gets its final name
 (invariant 3).
 
@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
-from harness.realize.download import Progress, download, measure
+from harness.download import Progress, download, measure
 from harness.config import Settings
 from harness.errors import HarnessError
 from harness.manifests.model import Weights
@@ -183,7 +183,7 @@ def fetch_weight_file(
     URL, ``path`` files are copied from the project. Endpoints come from ``settings`` (unset:
     the client's default).
 
-    The transfer is :func:`harness.realize.download.download`'s: the bytes stream into
+    The transfer is :func:`harness.download.download`'s: the bytes stream into
     ``<dest>.part``, which is renamed to ``dest`` only once size and
     sha256 match; a ``.part`` left by an interrupted call is resumed with an HTTP ``Range``
     request (a server that ignores the range restarts the file); if the resumed file does not
@@ -240,7 +240,8 @@ def _lock_huggingface(
             raise
         raise error from exc
     commit = info.sha
-    if not commit or not _COMMIT.fullmatch(commit) or info.siblings is None:
+    siblings = getattr(info, "siblings", None)  # every repo type we ask for has a file list
+    if not commit or not _COMMIT.fullmatch(commit) or siblings is None:
         raise HarnessError(
             f"{kind} {repo}@{requested}: the hub's answer has no commit or file list",
             hint=f"is {endpoint or 'the default endpoint'} a Hugging Face Hub endpoint?",
@@ -248,7 +249,7 @@ def _lock_huggingface(
 
     files: list[WeightFile] = []
     to_hash: list[tuple[str, int | None, str | None]] = []
-    for sibling in info.siblings:
+    for sibling in siblings:
         path = sibling.rfilename
         _check_relative(path, f"{kind} {repo}")
         if not select(path):
@@ -585,7 +586,7 @@ def _walk_folder(root: Path) -> Iterator[tuple[str, Path]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Sources (the transfer itself is harness.realize.download's)
+# Sources (the transfer itself is harness.download's)
 # ---------------------------------------------------------------------------------------------
 
 

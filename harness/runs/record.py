@@ -133,8 +133,8 @@ def closure_of(store: Any, locks: dict[str, Any], lock_files: dict[str, Path], p
             "weights": {w.dir: {f.path: f.sha256 for f in w.files} for w in lock.weights},
             "code": (code or {}).get(name),
         }
-    for path in service_files:
-        closure.project_files[str(path.relative_to(project_root))] = "sha256:" + file_sha256(path)
+    for file in service_files:
+        closure.project_files[str(file.relative_to(project_root))] = "sha256:" + file_sha256(file)
     return closure
 
 
@@ -148,7 +148,7 @@ def host_facts() -> dict[str, Any]:
     except Exception:  # an inventory problem never stops a record being written
         facts["gpus"] = []
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         try:
@@ -169,7 +169,7 @@ def tool_versions() -> dict[str, str]:
 
 def list_runs(home: Path) -> list[dict[str, Any]]:
     """Every run, newest first, with its id, command, start, end and exit status."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     folder = runs_dir(home)
     if not folder.is_dir():
         return rows

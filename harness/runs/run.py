@@ -73,13 +73,13 @@ def run(
     lock_files = {name: project.locks_dir / f"{name}.lock.toml" for name in prepared.locks}
     code = dict(prepared.code)
     cwd = project.root  # a command of the user's runs where they are
-    if prepared.benchmark_manifest is not None and not command:
+    benchmark, benchmark_manifest = prepared.benchmark, prepared.benchmark_manifest
+    if benchmark is not None and benchmark_manifest is not None and not command:
         # The benchmark's worker, like a service, runs its project files from the store.
-        worker_files = service_files(project.root, list(prepared.benchmark_manifest.worker or []))
+        worker_files = service_files(project.root, list(benchmark_manifest.worker or []))
         if worker_files:
-            code[prepared.benchmark] = realize_project_files(store, project.root,
-                                                             f"{prepared.benchmark}-code", worker_files)
-            cwd = store.root / code[prepared.benchmark]
+            code[benchmark] = realize_project_files(store, project.root, f"{benchmark}-code", worker_files)
+            cwd = store.root / code[benchmark]
     closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=code)
     deploy_text = prepared.deploy_path.read_text() if prepared.deploy_path else None
     config = {
@@ -87,7 +87,7 @@ def run(
         "started": started,
         # As asked (a benchmark's worker as its manifest writes it), so two runs of the same
         # command compare equal even when a store path inside the resolved argv moved.
-        "command": list(command) if command else list(prepared.benchmark_manifest.worker),
+        "command": list(command) if command else list(benchmark_manifest.worker if benchmark_manifest else ()),
         "argv": argv,
         "project": {"root": str(project.root)},
         "agent": {"name": agent, "skills": prepared.skills} if agent else None,

@@ -16,7 +16,8 @@ HTTP on loopback (JSON bodies; errors are ``{"error": msg, "code": code}``)::
     GET  /health                          -> {"status": "ok"}
     POST /shutdown                        -> 200, then every service it started is stopped
 
-Semantics:
+Semantics (the decisions are :class:`harness.runtime.scheduling.Scheduler`'s, a pure state
+machine tested on its own; this module carries them out with processes, threads and HTTP):
 
 * **on_demand** services start on the first acquire and are healthy (health URL 2xx, or the
   port accepting connections) before it is answered, bounded by ``load_seconds``. Callers
@@ -74,9 +75,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
@@ -87,6 +86,9 @@ from harness.errors import HarnessError
 from harness.runtime import supervisor
 from harness.runtime.launch import LaunchSpec, specs_from_json, specs_to_json
 from harness.runtime.plan import Gpu, Plan, ServicePlacement, SimWorker
+from harness.runtime.scheduling import STATES, Action, BrokerError, GroupState, Scheduler, Start, Stop
+
+__all__ = ["STATES", "Broker", "BrokerError", "broker_address", "down", "read_state", "spawn", "status"]
 
 #: Marks the broker's state file.
 STATE_MARKER = "harness-broker/1"
@@ -96,104 +98,16 @@ CONFIG_FILE = "broker-config.json"
 #: Client id used by :meth:`Broker.start` to bring services up (no lease outlives it).
 SYSTEM_CLIENT = "harness-up"
 
-STATES = ("stopped", "starting", "ready", "stopping", "crashed", "external", "off")
-
-
-class BrokerError(HarnessError):
-    """An acquire or release the broker refuses; ``status`` is the HTTP status it answers."""
-
-    def __init__(self, status: int, code: str, message: str, *, log_tail: str = "",
-                 hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.status = status
-        self.code = code
-        self.log_tail = log_tail
-
-    def as_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"error": str(self), "code": self.code}
-        if self.log_tail:
-            data["log_tail"] = self.log_tail
-        return data
-
-
-# ------------------------------------------------------------------------------ state
-
-
-@dataclass(eq=False)
-class _Ticket:
-    """One caller waiting in a group's queue."""
-
-    service: str
-    client: str
-    client_pid: int | None
-    result: dict[str, Any] | None = None
-    error: BrokerError | None = None
-
-
-@dataclass(eq=False)
-class _Group:
-    """Services that share one load slot: a swap group, or a single service on its own.
-
-    Every field is guarded by ``cond``. ``active`` is the member that has (or is getting)
-    a process; ``busy`` is true while one thread starts or stops a member with ``cond``
-    released, so nobody else changes the group meanwhile.
-    """
-
-    name: str
-    members: list[str]
-    cond: threading.Condition = field(default_factory=threading.Condition)
-    queue: deque[_Ticket] = field(default_factory=deque)
-    active: str | None = None
-    busy: bool = False
-
-
-@dataclass(eq=False)
-class _Lease:
-    id: str
-    service: str
-    client: str
-    client_pid: int | None
-    client_create_time: float | None
-    incarnation: int
-    granted: float
-
-
-@dataclass(eq=False)
-class _Service:
-    """A service's runtime state; guarded by its group's ``cond``."""
-
-    placement: ServicePlacement
-    spec: LaunchSpec | None
-    group: _Group
-    state: str
-    proc: subprocess.Popen[bytes] | None = None
-    foreign: bool = False
-    incarnation: int = 0
-    served: set[str] = field(default_factory=set)  # client ids this incarnation has served
-    inflight: set[str] = field(default_factory=set)  # lease ids of this incarnation
-    last_used: float = 0.0  # monotonic
-    ready_since: float | None = None  # wall clock
-    starts: int = 0
-    failures: deque[float] = field(default_factory=deque)  # monotonic times of crashes and failed starts
-    crashes: int = 0
-    error: str | None = None
-    error_tail: str = ""
-    stop_reason: str | None = None
-
-    @property
-    def name(self) -> str:
-        return self.placement.name
-
-    @property
-    def url(self) -> str | None:
-        return self.spec.url if self.spec is not None else self.placement.url
-
-
 # ----------------------------------------------------------------------------- broker
 
 
 class Broker:
     """Owns the services of ``plan``: starts, swaps, restarts and stops them; serves leases.
+
+    The decisions are :class:`~harness.runtime.scheduling.Scheduler`'s; this class is the
+    shell that carries them out (processes through :mod:`harness.runtime.supervisor`,
+    threads waiting on conditions, the clock) and serves them over HTTP. One lock guards
+    the scheduler; it is released while a process starts or stops.
 
     ``specs`` holds a :class:`LaunchSpec` for every ``resident`` and ``on_demand`` service
     of the plan (a missing one is an error at construction). ``state_dir`` receives
@@ -211,21 +125,24 @@ class Broker:
         port: int = 0,
         crash_limit: int = 3,
         crash_window: float = 300.0,
+        lease_seconds: float | None = None,
         grace: tuple[float, float] = supervisor.DEFAULT_GRACE,
         tick: float = 0.1,
     ) -> None:
         self.plan = plan
         self.state_dir = Path(state_dir)
-        self.crash_limit = crash_limit
-        self.crash_window = crash_window
         self.grace = grace
         self.tick = tick
+        self._sched = Scheduler(plan.services, specs, crash_limit=crash_limit, crash_window=crash_window,
+                                lease_seconds=lease_seconds, new_id=lambda: secrets.token_hex(8))
+        self.specs = {name: specs[name] for name, svc in self._sched.services.items() if svc.local}
+        self._lock = threading.Lock()
+        self._conds = {name: threading.Condition(self._lock) for name in self._sched.groups}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._host, self._port = host, port
         self._closing = False
         self._closed = threading.Event()
-        self._leases: dict[str, _Lease] = {}
         self._client_times: dict[int, float] = {}  # client pid → create time (for the reaper)
-        self._services: dict[str, _Service] = {}
         self._server: ThreadingHTTPServer | None = None
         self._serving = False  # serve_forever is running (server.shutdown() waits for it)
         self._threads: list[threading.Thread] = []
@@ -233,22 +150,6 @@ class Broker:
         self._started_at = time.time()
         self._up_state = "idle"  # idle → starting → ready (Broker.start), for `harness up`
         self._up_errors: dict[str, str] = {}
-
-        groups: dict[str, _Group] = {}
-        missing = []
-        for placement in plan.services:
-            spec = specs.get(placement.name)
-            local = placement.mode in ("resident", "on_demand")
-            if local and spec is None:
-                missing.append(placement.name)
-            key = f"swap:{placement.swap}" if (placement.swap and local) else f"service:{placement.name}"
-            group = groups.setdefault(key, _Group(name=key, members=[]))
-            group.members.append(placement.name)
-            state = {"external": "external", "off": "off"}.get(placement.mode, "stopped")
-            self._services[placement.name] = _Service(placement, spec if local else None, group, state)
-        if missing:
-            raise HarnessError(f"no launch spec for {', '.join(sorted(missing))}")
-        self._groups = list(groups.values())
 
     # ---------------------------------------------------------------- context manager
 
@@ -269,240 +170,137 @@ class Broker:
         Raises :class:`BrokerError` (unknown_service, off, start_failed, crashing,
         closing, timeout).
         """
-        svc = self._services.get(service)
-        if svc is None:
-            known = ", ".join(sorted(self._services))
-            raise BrokerError(404, "unknown_service", f"no service {service!r} in the plan (known: {known})")
-        if svc.placement.mode == "off":
-            why = f": {svc.placement.reason}" if svc.placement.reason else ""
-            raise BrokerError(409, "off", f"{service} is off in this run's plan{why}")
-        group = svc.group
+        create_time = self._client_create_time(client_pid) if client_pid is not None else None
+        if create_time is None:
+            client_pid = None  # not a local process we can watch
         deadline = None if timeout is None else time.monotonic() + timeout
-        with group.cond:
-            if self._closing:
-                raise BrokerError(503, "closing", "the broker is shutting down")
-            if svc.placement.mode == "external":
-                return self._grant(svc, client, client_pid)
-            # Fast path: loaded, nobody queued ahead of us.
-            if not group.queue and not group.busy and svc.state == "ready" and self._alive(svc):
-                return self._grant(svc, client, client_pid)
-            ticket = _Ticket(service, client, client_pid)
-            group.queue.append(ticket)
+        with self._lock:
+            ticket = self._sched.enqueue(service, client, time.monotonic(), client_pid=client_pid,
+                                         client_create_time=create_time)
+            if ticket.lease is not None:
+                return ticket.lease.as_json()
+            group = self._sched.group_of(service)
+            cond = self._conds[group.name]
             try:
                 while True:
-                    self._advance(group)
-                    if ticket.result is not None:
-                        return ticket.result
+                    self._drive(group)
+                    if ticket.lease is not None:
+                        return ticket.lease.as_json()
                     if ticket.error is not None:
                         raise ticket.error
-                    if self._closing:
-                        raise BrokerError(503, "closing", "the broker is shutting down")
                     wait = self.tick * 5  # a safety net: changes notify the condition
                     if deadline is not None:
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             raise BrokerError(504, "timeout", f"{service} was not available within {timeout:g} s")
                         wait = min(wait, remaining)
-                    group.cond.wait(wait)
+                    cond.wait(wait)
             finally:
-                if ticket in group.queue:
-                    group.queue.remove(ticket)
-                    group.cond.notify_all()  # the head may have changed
+                if self._sched.withdraw(ticket):
+                    cond.notify_all()  # the head may have changed
 
     def release(self, lease_id: str) -> None:
-        """End a lease. Raises :class:`BrokerError` (unknown_lease) for an unknown id."""
-        lease = self._leases.pop(lease_id, None)
-        if lease is None:
-            raise BrokerError(404, "unknown_lease", f"no lease {lease_id!r} (released already?)")
-        svc = self._services[lease.service]
-        with svc.group.cond:
-            svc.inflight.discard(lease_id)
-            svc.last_used = time.monotonic()
+        """End a lease. Raises :class:`BrokerError` (unknown_lease, lease_expired)."""
+        with self._lock:
+            lease, wake = self._sched.release(lease_id, time.monotonic())
             # Only the last lease's release can let the queue move (a peer becomes
             # evictable); waking every waiter on each release costs O(waiters) per call.
-            if svc.group.queue and not svc.inflight:
-                svc.group.cond.notify_all()
+            if wake:
+                self._conds[self._sched.service(lease.service).group].notify_all()
 
-    # -------------------------------------------------------------- group machinery
-
-    def _grant(self, svc: _Service, client: str, client_pid: int | None) -> dict[str, Any]:
-        """Record a lease on ``svc`` (group lock held) and return its JSON."""
-        lease_id = secrets.token_hex(8)
-        fresh = client not in svc.served
-        svc.served.add(client)
-        create_time = None
-        if client_pid is not None:
-            create_time = self._client_times.get(client_pid)
-            if create_time is None:
-                try:
-                    create_time = psutil.Process(client_pid).create_time()
-                    self._client_times[client_pid] = create_time  # a pid's start never changes
-                except psutil.Error:
-                    client_pid = None  # not a local process we can watch
-        self._leases[lease_id] = _Lease(lease_id, svc.name, client, client_pid, create_time,
-                                        svc.incarnation, time.monotonic())
-        svc.inflight.add(lease_id)
-        svc.last_used = time.monotonic()
-        return {
-            "lease": lease_id, "service": svc.name, "url": svc.url, "fresh": fresh,
-            "incarnation": svc.incarnation, "scoped": svc.placement.scoped, "foreign": svc.foreign,
-        }
-
-    def _alive(self, svc: _Service) -> bool:
-        """Whether a ready service's process still runs (foreign ones are checked by ticks)."""
-        return svc.proc is None or svc.proc.poll() is None
-
-    def _advance(self, group: _Group) -> None:
-        """Move ``group``'s queue forward as far as possible (group lock held).
-
-        May release the lock while it starts or stops a process (``group.busy`` is set
-        meanwhile, so only one thread ever does that per group).
-        """
-        while group.queue and not group.busy and not self._closing:
-            if group.active is not None:
-                self._notice_exit(group, self._services[group.active])
-                if group.busy:  # stopping what was left of a crashed process
-                    return
-            head = self._services[group.queue[0].service]
-            if head.state == "ready" and (head.foreign or group.active == head.name):
-                self._admit_all(group, head)
-                continue
-            if group.active is not None and group.active != head.name:
-                peer = self._services[group.active]
-                if peer.inflight:
-                    return  # never evict mid-call; its release notifies us
-                self._stop_locked(group, peer, reason="swap")
-                continue
-            refusal = self._crash_refusal(head)
-            if refusal is not None:
-                self._fail_all(group, head, refusal)
-                continue
-            self._start_locked(group, head)
-
-    def _admit_all(self, group: _Group, svc: _Service) -> None:
-        """Grant every waiting ticket for ``svc`` (it is loaded: admitting them costs no swap)."""
-        kept: deque[_Ticket] = deque()
-        for ticket in group.queue:
-            if ticket.service == svc.name:
-                ticket.result = self._grant(svc, ticket.client, ticket.client_pid)
-            else:
-                kept.append(ticket)
-        group.queue = kept
-        group.cond.notify_all()
-
-    def _fail_all(self, group: _Group, svc: _Service, error: BrokerError) -> None:
-        kept: deque[_Ticket] = deque()
-        for ticket in group.queue:
-            if ticket.service == svc.name:
-                ticket.error = error
-            else:
-                kept.append(ticket)
-        group.queue = kept
-        group.cond.notify_all()
-
-    def _crash_refusal(self, svc: _Service) -> BrokerError | None:
-        now = time.monotonic()
-        while svc.failures and now - svc.failures[0] > self.crash_window:
-            svc.failures.popleft()
-        if len(svc.failures) < self.crash_limit:
+    def _client_create_time(self, pid: int) -> float | None:
+        """The create time of local process ``pid`` (cached: a pid's start never changes)."""
+        known = self._client_times.get(pid)
+        if known is not None:
+            return known
+        try:
+            known = psutil.Process(pid).create_time()
+        except (psutil.Error, ValueError, OverflowError):
             return None
-        retry = self.crash_window - (now - svc.failures[0])
-        return BrokerError(
-            503, "crashing",
-            f"{svc.name} keeps crashing: {len(svc.failures)} failures in the last "
-            f"{self.crash_window:g} s; not starting it again for {retry:.0f} s. Last: {svc.error}",
-            log_tail=svc.error_tail, hint=f"see its log: {svc.spec.log_path if svc.spec else '-'}",
-        )
+        self._client_times[pid] = known
+        return known
 
-    def _start_locked(self, group: _Group, svc: _Service) -> None:
-        """Start ``svc`` with the group lock released; record the outcome (lock held again)."""
-        assert svc.spec is not None
-        spec = svc.spec
-        group.busy = True
-        group.active = svc.name
-        svc.state = "starting"
-        svc.error, svc.error_tail = None, ""
-        proc: subprocess.Popen[bytes] | None = None
+    # ------------------------------------------------------------ carrying out decisions
+
+    def _drive(self, group: GroupState) -> None:
+        """Let the scheduler move ``group`` on, carrying out its actions (lock held)."""
+        cond = self._conds[group.name]
+        while True:
+            action: Action | None = self._check_exit(group)
+            if action is None:
+                step = self._sched.advance(group, time.monotonic())
+                if step.resolved:
+                    cond.notify_all()
+                action = step.action
+            if action is None:
+                return
+            self._execute(group, action)
+
+    def _check_exit(self, group: GroupState) -> Stop | None:
+        """Report a member whose process exited on its own (lock held); the crash's stop."""
+        if group.busy:
+            return None
+        for name in group.members:
+            proc = self._procs.get(name)
+            if proc is None:
+                continue
+            code = proc.poll()
+            if code is None:
+                continue
+            spec = self.specs[name]
+            message = f"{name} exited with {supervisor._describe_exit(code)} while serving; log: {spec.log_path}"
+            return self._sched.exited(name, time.monotonic(), message, supervisor.log_tail(spec.log_path))
+        return None
+
+    def _execute(self, group: GroupState, action: Action) -> None:
+        """Carry out a start or stop with the lock released; report its outcome (lock held)."""
+        name = action.service
+        spec = self.specs[name]
+        proc = self._procs.get(name)
         foreign = False
         failure: supervisor.ServiceStartError | None = None
-        group.cond.release()
+        self._lock.release()
         try:
-            if supervisor.port_in_use(spec.port):
-                foreign = True  # someone else serves this port: use it as is, never stop it
+            if isinstance(action, Start):
+                proc = None
+                try:
+                    if supervisor.port_in_use(spec.port):
+                        foreign = True  # someone else serves this port: use it as is, never stop it
+                    else:
+                        extra = {"HARNESS_BROKER": self.address} if self._server is not None else None
+                        proc = supervisor.start(spec, self.state_dir, extra_env=extra)
+                        supervisor.wait_healthy(spec, proc)
+                except Exception as exc:
+                    failure = exc if isinstance(exc, supervisor.ServiceStartError) else \
+                        supervisor.ServiceStartError(f"{name}: cannot start: {type(exc).__name__}: {exc}")
+                    if proc is not None:  # timed out while still running: it is ours to stop
+                        supervisor.stop(proc.pid, proc=proc, grace=self.grace)
+                    supervisor.remove_pidfile(self.state_dir, name)
+            elif proc is not None:
+                try:
+                    supervisor.stop(proc.pid, proc=proc, grace=self.grace)
+                finally:
+                    supervisor.remove_pidfile(self.state_dir, name)
+        finally:
+            self._lock.acquire()
+        now = time.monotonic()
+        if isinstance(action, Start):
+            if failure is not None:
+                self._sched.start_failed(name, now, failure.message, failure.log_tail)
             else:
-                extra = {"HARNESS_BROKER": self.address} if self._server is not None else None
-                proc = supervisor.start(spec, self.state_dir, extra_env=extra)
-                supervisor.wait_healthy(spec, proc)
-        except supervisor.ServiceStartError as exc:
-            failure = exc
-            if proc is not None:  # timed out while still running: it is ours to stop
-                supervisor.stop(proc.pid, proc=proc, grace=self.grace)
-            supervisor.remove_pidfile(self.state_dir, spec.name)
-        finally:
-            group.cond.acquire()
-        group.busy = False
-        if failure is not None:
-            svc.state, svc.proc = "crashed", None
-            svc.error = failure.message
-            svc.error_tail = failure.log_tail
-            svc.failures.append(time.monotonic())
-            svc.crashes += 1
-            group.active = None
-            self._fail_all(group, svc, BrokerError(503, "start_failed", failure.message, log_tail=failure.log_tail))
-        elif foreign:
-            svc.state, svc.foreign, svc.proc = "ready", True, None
-            svc.ready_since = time.time()
-            group.active = None  # not ours: it does not hold the group's slot
+                if proc is not None:
+                    self._procs[name] = proc
+                self._sched.started(name, now, foreign=foreign)
         else:
-            svc.state, svc.proc, svc.foreign = "ready", proc, False
-            svc.incarnation += 1
-            svc.starts += 1
-            svc.served = set()
-            svc.inflight = set()  # leases of an earlier incarnation no longer pin this one
-            svc.ready_since = time.time()
-            svc.last_used = time.monotonic()
-        group.cond.notify_all()
-
-    def _stop_locked(self, group: _Group, svc: _Service, *, reason: str, final: str = "stopped") -> None:
-        """Stop ``svc``'s process group with the group lock released (lock held again after)."""
-        proc = svc.proc
-        group.busy = True
-        svc.state = "stopping"
-        group.cond.release()
-        try:
-            if proc is not None:
-                supervisor.stop(proc.pid, proc=proc, grace=self.grace)
-                supervisor.remove_pidfile(self.state_dir, svc.name)
-        finally:
-            group.cond.acquire()
-        group.busy = False
-        svc.proc = None
-        svc.state = final
-        svc.stop_reason = reason
-        svc.ready_since = None
-        if group.active == svc.name:
-            group.active = None
-        group.cond.notify_all()
-
-    def _notice_exit(self, group: _Group, svc: _Service) -> None:
-        """If ``svc``'s process exited on its own, record a crash and clean up its group."""
-        if svc.proc is None or svc.state != "ready":
-            return
-        code = svc.proc.poll()
-        if code is None:
-            return
-        assert svc.spec is not None
-        svc.crashes += 1
-        svc.failures.append(time.monotonic())
-        svc.error = f"{svc.name} exited with {supervisor._describe_exit(code)} while serving; log: {svc.spec.log_path}"
-        svc.error_tail = supervisor.log_tail(svc.spec.log_path)
-        # Children it left behind may still hold memory (GPU memory, say): stop the group.
-        self._stop_locked(group, svc, reason="crash", final="crashed")
+            self._procs.pop(name, None)
+            self._sched.stopped(name, now)
+        self._conds[group.name].notify_all()
 
     # -------------------------------------------------------------- housekeeping
 
     def _housekeeping(self) -> None:
-        """Notice crashes, stop idle services, drop leases of dead clients (a thread)."""
+        """Notice crashes, stop idle services, reclaim overdue leases and those of dead
+        clients (a thread)."""
         last_slow = 0.0
         while not self._closed.wait(self.tick):
             if self._closing:
@@ -512,34 +310,34 @@ class Broker:
             if slow:
                 last_slow = now
                 self._reap_dead_clients()
-            for group in self._groups:
-                with group.cond:
+            with self._lock:
+                for lease in self._sched.reclaim_overdue(now):
+                    self._conds[self._sched.service(lease.service).group].notify_all()
+            for group in self._sched.groups.values():
+                with self._lock:
                     if group.busy or self._closing:
                         continue
-                    for name in group.members:
-                        svc = self._services[name]
-                        self._notice_exit(group, svc)
-                        if slow and svc.foreign and svc.state == "ready" and svc.spec is not None \
-                                and not supervisor.port_in_use(svc.spec.port):
-                            svc.state, svc.foreign, svc.stop_reason = "stopped", False, "foreign service went away"
-                        if self._idle(group, svc, now):
-                            self._stop_locked(group, svc, reason="idle")
+                    action: Action | None = self._check_exit(group)
+                    if action is not None:
+                        self._execute(group, action)
+                    if slow:
+                        for name in group.members:
+                            svc = self._sched.service(name)
+                            if svc.foreign and svc.state == "ready" and not supervisor.port_in_use(self.specs[name].port):
+                                self._sched.foreign_gone(name)
+                    action = self._sched.idle(group, time.monotonic())
+                    if action is not None:
+                        self._execute(group, action)
                     if group.queue:
-                        group.cond.notify_all()
-
-    def _idle(self, group: _Group, svc: _Service, now: float) -> bool:
-        idle = svc.placement.idle_seconds
-        return (
-            idle is not None and svc.placement.mode == "on_demand" and svc.state == "ready"
-            and not svc.foreign and not svc.inflight and not group.busy
-            and now - svc.last_used >= idle
-            and not any(t.service == svc.name for t in group.queue)
-        )
+                        self._conds[group.name].notify_all()
 
     def _reap_dead_clients(self) -> None:
-        for lease in list(self._leases.values()):
-            if lease.client_pid is None:
-                continue
+        """Release the leases whose client process has exited (a crashed caller must not pin
+        a swap group forever)."""
+        with self._lock:
+            held = list(self._sched.leases_with_pids())
+        for lease in held:
+            assert lease.client_pid is not None
             try:
                 same = abs(psutil.Process(lease.client_pid).create_time() - (lease.client_create_time or 0)) < 0.05
             except psutil.NoSuchProcess:
@@ -562,10 +360,8 @@ class Broker:
         groups start in parallel. Refuses (HarnessError) when pid files show services that
         an earlier broker started still running: ``harness down`` first.
         """
-        ours = set()
-        for group in self._groups:
-            with group.cond:
-                ours |= {self._services[n].proc.pid for n in group.members if self._services[n].proc is not None}
+        with self._lock:
+            ours = {proc.pid for proc in self._procs.values()}
         leftovers = [r for r in supervisor.read_pidfiles(self.state_dir) if r.alive and r.pid not in ours]
         if leftovers:
             listed = ", ".join(f"{r.name} (pid {r.pid})" for r in leftovers)
@@ -600,30 +396,18 @@ class Broker:
 
     def status(self) -> dict[str, Any]:
         """The broker and every service, as ``GET /status`` answers."""
-        services = []
-        now = time.time()
-        for group in self._groups:
-            with group.cond:
-                for name in group.members:
-                    svc = self._services[name]
-                    p = svc.placement
-                    pid = svc.proc.pid if svc.proc is not None else None
-                    services.append({
-                        "name": name, "mode": p.mode, "gpu": p.gpu, "swap": p.swap,
-                        "state": svc.state, "foreign": svc.foreign, "pid": pid,
-                        "port": svc.spec.port if svc.spec else p.port, "url": svc.url,
-                        "uptime_s": None if svc.ready_since is None else round(now - svc.ready_since, 3),
-                        "leases": len(svc.inflight),
-                        "waiting": sum(1 for t in group.queue if t.service == name),
-                        "starts": svc.starts, "restarts": max(0, svc.starts - 1), "crashes": svc.crashes,
-                        "incarnation": svc.incarnation, "scoped": p.scoped,
-                        "idle_seconds": p.idle_seconds,
-                        "memory_bytes": supervisor.tree_memory(pid) if pid is not None else None,
-                        "stop_reason": svc.stop_reason, "error": svc.error,
-                        "log": str(svc.spec.log_path) if svc.spec else None,
-                    })
-        order = {p.name: i for i, p in enumerate(self.plan.services)}
-        services.sort(key=lambda s: order[s["name"]])
+        now = time.monotonic()
+        with self._lock:
+            services = []
+            for name in self._sched.order:
+                row = self._sched.status_row(name, now)
+                proc = self._procs.get(name)
+                spec = self.specs.get(name)
+                row["pid"] = proc.pid if proc is not None else None
+                row["port"] = spec.port if spec is not None else self._sched.service(name).placement.port
+                services.append(row)
+        for row in services:
+            row["memory_bytes"] = supervisor.tree_memory(row["pid"]) if row["pid"] is not None else None
         return {
             "broker": {
                 "url": self.address if self._server is not None else None, "pid": os.getpid(),
@@ -633,6 +417,7 @@ class Broker:
             "services": services,
         }
 
+
     # ------------------------------------------------------------------------ serving
 
     @property
@@ -640,7 +425,7 @@ class Broker:
         """The broker's base URL (``http://127.0.0.1:PORT``); binds the socket if needed."""
         server = self._bind()
         host, port = server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def _bind(self) -> ThreadingHTTPServer:
         if self._server is None:
@@ -707,17 +492,20 @@ class Broker:
             self._closed.wait()
             return
         self._closing = True
+        with self._lock:
+            self._sched.close()  # waiters are refused with "closing"
+            for cond in self._conds.values():
+                cond.notify_all()
         stoppers = []
-        for group in self._groups:
-            def stop_group(group: _Group = group) -> None:
-                with group.cond:
-                    group.cond.notify_all()  # waiters see _closing and give up
-                    while group.busy:
-                        group.cond.wait(0.1)
+        for group in self._sched.groups.values():
+            def stop_group(group: GroupState = group) -> None:
+                cond = self._conds[group.name]
+                with cond:
+                    while group.busy:  # a start in progress ends within its load_seconds
+                        cond.wait(0.1)
                     for name in group.members:
-                        svc = self._services[name]
-                        if svc.proc is not None:
-                            self._stop_locked(group, svc, reason="shutdown")
+                        if name in self._procs:
+                            self._execute(group, self._sched.stop(name, "shutdown"))
             thread = threading.Thread(target=stop_group, name=f"stop-{group.name}")
             thread.start()
             stoppers.append(thread)
@@ -821,7 +609,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(404, {"error": f"no such endpoint: POST {self.path}", "code": "not_found"})
         except BrokerError as exc:
             self._reply(exc.status, exc.as_json())
-        except Exception as exc:  # noqa: BLE001 - a bug: answer rather than drop the connection
+        except Exception as exc:
             self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
 
 

@@ -299,7 +299,10 @@ class _Planner:
                       entry.gpu if isinstance(entry.gpu, int) else None)
             )
         for swap, members in sorted(groups.items()):
-            explicit = {n: local[n].gpu for n in members if isinstance(local[n].gpu, int)}
+            explicit: dict[str, int] = {}
+            for n in members:
+                if isinstance(pinned := local[n].gpu, int):
+                    explicit[n] = pinned
             if len(set(explicit.values())) > 1:
                 listed = ", ".join(f"{n} on GPU {g}" for n, g in sorted(explicit.items()))
                 raise InputError(

@@ -80,7 +80,7 @@ def roots(store: Store) -> list[Root]:
     return found
 
 
-def lock_store_paths(lock) -> set[str]:  # type: ignore[no-untyped-def]
+def lock_store_paths(lock) -> set[str]:
     """Every store path a lock names."""
     names = {lock.python.store, lock.environment.store}
     for package in [*lock.packages, *lock.build_packages]:

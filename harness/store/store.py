@@ -67,7 +67,7 @@ class Record:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Record":
+    def from_json(cls, data: dict[str, Any]) -> Record:
         return cls(
             name=str(data["name"]), kind=str(data["kind"]), content=str(data["content"]),
             nar_size=int(data["nar_size"]), references=tuple(data.get("references", ())),
@@ -96,7 +96,7 @@ class Store:
         self.root = root
 
     @classmethod
-    def in_home(cls, home: Path) -> "Store":
+    def in_home(cls, home: Path) -> Store:
         return cls(home / "store")
 
     # -- paths ---------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from harness.cli import State
@@ -30,7 +32,7 @@ def command(state: State, agent: str, sets: tuple[str, ...], as_json: bool) -> N
         off=off,
         benchmarks=frozenset(benchmarks),
     )
-    data = {
+    data: dict[str, Any] = {
         "services": sorted(closure.services),
         "benchmark": closure.benchmark,
         "skills_on": list(closure.skills_on),

@@ -29,8 +29,7 @@ def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, fail
     _print(reports, as_json, state)
 
 
-def _print(reports, as_json: bool, state: State,  # type: ignore[no-untyped-def]
-           failures: dict[str, str] | None = None) -> None:
+def _print(reports, as_json: bool, state: State, failures: dict[str, str] | None = None) -> None:
     from harness.cli.output import print_json
 
     root = state.home / "store"

@@ -31,7 +31,7 @@ def _state_word(entry: dict) -> str:
     return "realized" if entry["realized"] else "locked"
 
 
-def _add_states(entries: list[dict], project, home) -> None:  # type: ignore[no-untyped-def]
+def _add_states(entries: list[dict], project, home) -> None:
     """Each manifest's lock state (ok, stale, missing) and whether its store paths are all
     registered in this home. No network: path weights are re-hashed through a stat cache."""
     from harness.realize.builder import missing

@@ -13,7 +13,7 @@ def command() -> None:
     pass
 
 
-def _store(state: State):  # type: ignore[no-untyped-def]
+def _store(state: State):
     from harness.store.store import Store
 
     return Store.in_home(state.home)
@@ -146,7 +146,7 @@ def pin_command(state: State, name: str, remove: bool) -> None:
 # -- binary caches (harness/cache) ------------------------------------------------------
 
 
-def _project_or_none(state: State):  # type: ignore[no-untyped-def]
+def _project_or_none(state: State):
     from harness.errors import ProjectNotFound
 
     try:
@@ -155,7 +155,7 @@ def _project_or_none(state: State):  # type: ignore[no-untyped-def]
         return None
 
 
-def _project_locks(state: State) -> dict:  # type: ignore[type-arg]
+def _project_locks(state: State) -> dict:
     """The project's locks by manifest name ({} outside a project)."""
     from harness.lock.lockfile import read
 
@@ -200,7 +200,7 @@ def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _secret(state: State, key: str | None):  # type: ignore[no-untyped-def]
+def _secret(state: State, key: str | None):
     from pathlib import Path
 
     from harness.cache.signing import load_secret
@@ -228,7 +228,7 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def _do_push(state: State, backend, names: tuple[str, ...], all_paths: bool, key: str | None,  # type: ignore[no-untyped-def]
+def _do_push(state: State, backend, names: tuple[str, ...], all_paths: bool, key: str | None,
              jobs: int):
     from harness.cache.transfer import push
 
@@ -285,7 +285,7 @@ def pull_command(state: State, cache: str, names: tuple[str, ...], all_paths: bo
     _do_pull(state, cache, None, names, all_paths, trusted_keys, jobs)
 
 
-def _do_pull(state: State, cache: str, backend, names: tuple[str, ...], all_paths: bool,  # type: ignore[no-untyped-def]
+def _do_pull(state: State, cache: str, backend, names: tuple[str, ...], all_paths: bool,
              trusted_keys: tuple[str, ...], jobs: int) -> None:
     from harness.cache.format import CacheError
     from harness.cache.signing import parse_trusted
@@ -314,7 +314,7 @@ def _do_pull(state: State, cache: str, backend, names: tuple[str, ...], all_path
         raise SystemExit(1)
 
 
-def _all_in_cache(backend, store) -> list[str]:  # type: ignore[no-untyped-def]
+def _all_in_cache(backend, store) -> list[str]:
     """Every store path a cache describes (its narinfos' StorePath lines)."""
     from harness.cache.format import NarInfo
 

@@ -1,0 +1,548 @@
+"""The broker's scheduling rules as a pure state machine: events in, decisions out.
+
+:class:`Scheduler` decides who gets a lease, which swap-group member is loaded next, when a
+service is stopped for idleness or after a crash, when starts are refused because a service
+keeps crashing, and which leases are reclaimed. It never touches a socket, a process, a
+thread or the clock: every method that needs the time takes ``now`` (monotonic seconds),
+and whatever needs doing outside (start a process, stop one) is returned as a decision —
+:class:`Start` or :class:`Stop` — whose outcome the caller reports back with
+:meth:`Scheduler.started`, :meth:`Scheduler.start_failed` or :meth:`Scheduler.stopped`.
+:mod:`harness.runtime.broker` is the shell that serves it over HTTP and runs the
+processes; it calls the scheduler under one lock.
+
+The rules (the broker's documented semantics):
+
+* **Groups.** Services that share one load slot form a group: a swap group
+  (``swap = "name"``, local services only) or a single service on its own. At most one
+  member of a group has a process at any instant; ``busy`` is true from a :class:`Start`
+  or :class:`Stop` decision until its outcome is reported, and nothing else is decided
+  for the group meanwhile.
+* **Admission order.** Callers wait in one queue per group. The member loaded next is the
+  one the oldest waiting caller wants; once it is ready, every caller waiting for it is
+  admitted together (they cost no swap); a caller arriving while others wait queues
+  behind them even if its member is loaded. Nobody is passed over by later callers for
+  another member, and callers of one member are admitted in arrival order.
+* **Swaps.** A member with leases in flight is never stopped; its last release lets the
+  queue move on.
+* **Idle.** An ``on_demand`` service with ``idle_seconds`` is stopped after that long
+  with no lease in flight and nobody waiting for it.
+* **Crashes.** A ready service whose process exited is recorded as a crash and its group
+  stopped; a failed start fails the callers waiting for that member. After
+  ``crash_limit`` failures within ``crash_window`` seconds, acquires are refused at once
+  (503 ``crashing``) until the window has passed.
+* **fresh / incarnation.** ``fresh`` is true on a client's first lease from each process
+  start (so a ``scoped`` policy's reset memory is never mistaken for a kept one);
+  ``incarnation`` counts starts (0 for external and foreign services).
+* **Lease limits.** With ``lease_seconds``, a lease held longer is reclaimed by
+  :meth:`Scheduler.reclaim_overdue`; its holder's later release gets 410
+  ``lease_expired`` saying so.
+* **external** services are granted at once; **off** ones are refused (409) with the
+  plan's reason; **foreign** ones (a port that already answered) are used as they are and
+  take no part in their group's one-at-a-time rule.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.errors import HarnessError
+from harness.runtime.launch import LaunchSpec
+from harness.runtime.plan import ServicePlacement
+
+STATES = ("stopped", "starting", "ready", "stopping", "crashed", "external", "off")
+
+#: How many reclaimed lease ids are remembered, so their holders get a clear error.
+RECLAIMED_MEMORY = 4096
+
+
+class BrokerError(HarnessError):
+    """An acquire or release the broker refuses; ``status`` is the HTTP status it answers."""
+
+    def __init__(self, status: int, code: str, message: str, *, log_tail: str = "",
+                 hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+        self.code = code
+        self.log_tail = log_tail
+
+    def as_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"error": str(self), "code": self.code}
+        if self.log_tail:
+            data["log_tail"] = self.log_tail
+        return data
+
+
+# ------------------------------------------------------------------------------ decisions
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start ``service``'s process and report :meth:`Scheduler.started` or ``start_failed``.
+
+    ``after_swap``: a peer was stopped to make room for it, so its GPU (``gpu``) may still be
+    releasing memory; ``vram_gb`` is what the service needs there.
+    """
+
+    service: str
+    after_swap: bool = False
+    gpu: int | None = None
+    vram_gb: float = 0.0
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop ``service``'s process group and report :meth:`Scheduler.stopped`.
+
+    ``reason``: "swap", "idle", "crash" or "shutdown".
+    """
+
+    service: str
+    reason: str
+
+
+Action = Start | Stop
+
+
+# ------------------------------------------------------------------------------ records
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A grant: ``client`` may call ``service`` until it releases ``id``."""
+
+    id: str
+    service: str
+    client: str
+    client_pid: int | None
+    client_create_time: float | None
+    incarnation: int
+    granted: float  # monotonic
+    fresh: bool
+    url: str | None
+    scoped: bool
+    foreign: bool
+
+    def as_json(self) -> dict[str, Any]:
+        """The body of ``POST /acquire``'s answer."""
+        return {"lease": self.id, "service": self.service, "url": self.url, "fresh": self.fresh,
+                "incarnation": self.incarnation, "scoped": self.scoped, "foreign": self.foreign}
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One caller waiting in a group's queue; resolved by ``lease`` or ``error``."""
+
+    service: str
+    client: str
+    client_pid: int | None = None
+    client_create_time: float | None = None
+    lease: Lease | None = None
+    error: BrokerError | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.lease is not None or self.error is not None
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one :meth:`Scheduler.advance` did: tickets it resolved, and what to do next."""
+
+    admitted: tuple[Ticket, ...] = ()
+    refused: tuple[Ticket, ...] = ()
+    action: Action | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return bool(self.admitted or self.refused)
+
+
+@dataclass(eq=False)
+class ServiceState:
+    """One service's scheduling state."""
+
+    placement: ServicePlacement
+    url: str | None
+    log: str | None
+    group: str
+    state: str
+    foreign: bool = False
+    incarnation: int = 0
+    served: set[str] = field(default_factory=set)  # client ids this incarnation has served
+    inflight: set[str] = field(default_factory=set)  # lease ids of this incarnation
+    last_used: float = 0.0
+    ready_at: float | None = None
+    starts: int = 0
+    crashes: int = 0
+    failures: deque[float] = field(default_factory=deque)  # times of crashes and failed starts
+    error: str | None = None
+    error_tail: str = ""
+    stop_reason: str | None = None
+    stopping: str | None = None  # the reason of the Stop in progress
+
+    @property
+    def name(self) -> str:
+        return self.placement.name
+
+    @property
+    def local(self) -> bool:
+        return self.placement.mode in ("resident", "on_demand")
+
+
+@dataclass(eq=False)
+class GroupState:
+    """Services sharing one load slot. ``active`` has (or is getting) a process."""
+
+    name: str
+    members: list[str]
+    queue: deque[Ticket] = field(default_factory=deque)
+    active: str | None = None
+    busy: bool = False
+    swapped_out: bool = False  # the last stop made room for another member
+
+
+def _always(error: BrokerError) -> Callable[[Ticket], BrokerError]:
+    def refuse(_ticket: Ticket) -> BrokerError:
+        return error
+    return refuse
+
+
+def _counter_ids() -> Callable[[], str]:
+    counter = itertools.count(1)
+    return lambda: f"lease-{next(counter)}"
+
+
+# ------------------------------------------------------------------------------ scheduler
+
+
+class Scheduler:
+    """The decisions of a broker serving ``placements``; see the module docstring.
+
+    ``specs`` must hold a launch spec for every ``resident`` and ``on_demand`` placement
+    (only its ``url`` and ``log_path`` are read). ``new_id`` makes lease ids (the broker
+    passes a random one; tests a counter). Not thread-safe: callers serialize calls.
+    """
+
+    def __init__(self, placements: Iterable[ServicePlacement], specs: Mapping[str, LaunchSpec], *,
+                 crash_limit: int = 3, crash_window: float = 300.0, lease_seconds: float | None = None,
+                 new_id: Callable[[], str] | None = None) -> None:
+        self.crash_limit = crash_limit
+        self.crash_window = crash_window
+        self.lease_seconds = lease_seconds
+        self.closing = False
+        self._new_id = new_id or _counter_ids()
+        self.services: dict[str, ServiceState] = {}
+        self.groups: dict[str, GroupState] = {}
+        self.leases: dict[str, Lease] = {}
+        self._reclaimed: OrderedDict[str, str] = OrderedDict()
+        self.order: list[str] = []
+        missing = []
+        for placement in placements:
+            local = placement.mode in ("resident", "on_demand")
+            spec = specs.get(placement.name)
+            if local and spec is None:
+                missing.append(placement.name)
+            key = f"swap:{placement.swap}" if (placement.swap and local) else f"service:{placement.name}"
+            self.groups.setdefault(key, GroupState(name=key, members=[])).members.append(placement.name)
+            state = {"external": "external", "off": "off"}.get(placement.mode, "stopped")
+            url = spec.url if (local and spec is not None) else placement.url
+            log = str(spec.log_path) if (local and spec is not None) else None
+            self.services[placement.name] = ServiceState(placement, url, log, key, state)
+            self.order.append(placement.name)
+        if missing:
+            raise HarnessError(f"no launch spec for {', '.join(sorted(missing))}")
+
+    # --------------------------------------------------------------------- lookups
+
+    def service(self, name: str) -> ServiceState:
+        return self.services[name]
+
+    def group_of(self, service: str) -> GroupState:
+        return self.groups[self.services[service].group]
+
+    def lease(self, lease_id: str) -> Lease | None:
+        return self.leases.get(lease_id)
+
+    def processes_expected(self, group: GroupState) -> list[str]:
+        """Members that have (or may have) a process of ours: ready, starting or stopping."""
+        return [n for n in group.members
+                if self.services[n].local and not self.services[n].foreign
+                and self.services[n].state in ("ready", "starting", "stopping")]
+
+    # ------------------------------------------------------------------ acquiring
+
+    def enqueue(self, service: str, client: str, now: float, *, client_pid: int | None = None,
+                client_create_time: float | None = None) -> Ticket:
+        """A caller asks for ``service``: a ticket granted at once (external) or queued.
+
+        Raises :class:`BrokerError` for an unknown service (404), an ``off`` one (409) or a
+        closing scheduler (503). Follow with :meth:`advance` on its group.
+        """
+        svc = self.services.get(service)
+        if svc is None:
+            known = ", ".join(sorted(self.services))
+            raise BrokerError(404, "unknown_service", f"no service {service!r} in the plan (known: {known})")
+        if svc.placement.mode == "off":
+            why = f": {svc.placement.reason}" if svc.placement.reason else ""
+            raise BrokerError(409, "off", f"{service} is off in this run's plan{why}")
+        if self.closing:
+            raise BrokerError(503, "closing", "the broker is shutting down")
+        ticket = Ticket(service, client, client_pid, client_create_time)
+        if svc.placement.mode == "external":
+            ticket.lease = self._grant(svc, ticket, now)
+        else:
+            self.groups[svc.group].queue.append(ticket)
+        return ticket
+
+    def withdraw(self, ticket: Ticket) -> bool:
+        """Take a caller that gave up (timeout) out of its queue; True if it was queued."""
+        group = self.group_of(ticket.service)
+        if ticket in group.queue:
+            group.queue.remove(ticket)
+            return True
+        return False
+
+    def advance(self, group: GroupState, now: float) -> Step:
+        """Move ``group``'s queue forward as far as possible without outside work.
+
+        Admits and refuses tickets, and returns at most one action (after which the group
+        is busy until its outcome is reported).
+        """
+        admitted: list[Ticket] = []
+        refused: list[Ticket] = []
+        action: Action | None = None
+        while group.queue and not group.busy and not self.closing:
+            head = self.services[group.queue[0].service]
+            if head.state == "ready" and (head.foreign or group.active == head.name):
+                admitted += self._resolve(group, head.name, self._granter(head, now))
+                continue
+            if group.active is not None and group.active != head.name:
+                peer = self.services[group.active]
+                if peer.inflight:
+                    break  # never evict mid-call; its release moves the queue on
+                action = self._begin_stop(group, peer, "swap")
+                break
+            refusal = self._crash_refusal(head, now)
+            if refusal is not None:
+                refused += self._resolve(group, head.name, _always(refusal))
+                continue
+            action = self._begin_start(group, head)
+            break
+        return Step(tuple(admitted), tuple(refused), action)
+
+    def _resolve(self, group: GroupState, service: str, outcome: Callable[[Ticket], Lease | BrokerError]) -> list[Ticket]:
+        """Resolve every queued ticket for ``service`` (in arrival order) with ``outcome``."""
+        kept: deque[Ticket] = deque()
+        done: list[Ticket] = []
+        for ticket in group.queue:
+            if ticket.service != service:
+                kept.append(ticket)
+                continue
+            result = outcome(ticket)
+            if isinstance(result, BrokerError):
+                ticket.error = result
+            else:
+                ticket.lease = result
+            done.append(ticket)
+        group.queue = kept
+        return done
+
+    def _granter(self, svc: ServiceState, now: float) -> Callable[[Ticket], Lease]:
+        def grant(ticket: Ticket) -> Lease:
+            return self._grant(svc, ticket, now)
+        return grant
+
+    def _grant(self, svc: ServiceState, ticket: Ticket, now: float) -> Lease:
+        fresh = ticket.client not in svc.served
+        svc.served.add(ticket.client)
+        lease = Lease(self._new_id(), svc.name, ticket.client, ticket.client_pid, ticket.client_create_time,
+                      svc.incarnation, now, fresh, svc.url, svc.placement.scoped, svc.foreign)
+        self.leases[lease.id] = lease
+        svc.inflight.add(lease.id)
+        svc.last_used = now
+        return lease
+
+    def _crash_refusal(self, svc: ServiceState, now: float) -> BrokerError | None:
+        while svc.failures and now - svc.failures[0] > self.crash_window:
+            svc.failures.popleft()
+        if len(svc.failures) < self.crash_limit:
+            return None
+        retry = self.crash_window - (now - svc.failures[0])
+        return BrokerError(
+            503, "crashing",
+            f"{svc.name} keeps crashing: {len(svc.failures)} failures in the last "
+            f"{self.crash_window:g} s; not starting it again for {retry:.0f} s. Last: {svc.error}",
+            log_tail=svc.error_tail, hint=f"see its log: {svc.log or '-'}",
+        )
+
+    # ------------------------------------------------------------ starts and stops
+
+    def _begin_start(self, group: GroupState, svc: ServiceState) -> Start:
+        group.busy = True
+        group.active = svc.name
+        svc.state = "starting"
+        svc.error, svc.error_tail = None, ""
+        after_swap, group.swapped_out = group.swapped_out, False
+        return Start(svc.name, after_swap, svc.placement.gpu, svc.placement.vram_gb)
+
+    def _begin_stop(self, group: GroupState, svc: ServiceState, reason: str) -> Stop:
+        group.busy = True
+        svc.state = "stopping"
+        svc.stopping = reason
+        return Stop(svc.name, reason)
+
+    def stop(self, service: str, reason: str) -> Stop:
+        """Decide to stop ``service`` now (shutdown); its group must not be busy."""
+        svc = self.services[service]
+        group = self.groups[svc.group]
+        assert not group.busy, f"{group.name} is busy"
+        return self._begin_stop(group, svc, reason)
+
+    def started(self, service: str, now: float, *, foreign: bool = False) -> None:
+        """A :class:`Start` succeeded: the service is ready (``foreign``: someone else's
+        process already answered on its port; it is used as is and holds no slot)."""
+        svc = self.services[service]
+        group = self.groups[svc.group]
+        group.busy = False
+        svc.state = "ready"
+        svc.ready_at = now
+        if foreign:
+            svc.foreign = True
+            group.active = None
+            return
+        svc.foreign = False
+        svc.incarnation += 1
+        svc.starts += 1
+        svc.served = set()
+        svc.inflight = set()  # leases of an earlier incarnation no longer pin this one
+        svc.last_used = now
+
+    def start_failed(self, service: str, now: float, message: str, log_tail: str = "") -> list[Ticket]:
+        """A :class:`Start` failed: record it and fail the callers waiting for it."""
+        svc = self.services[service]
+        group = self.groups[svc.group]
+        group.busy = False
+        group.active = None
+        svc.state = "crashed"
+        svc.error, svc.error_tail = message, log_tail
+        svc.failures.append(now)
+        svc.crashes += 1
+        error = BrokerError(503, "start_failed", message, log_tail=log_tail)
+        return self._resolve(group, service, _always(error))
+
+    def stopped(self, service: str, now: float) -> None:
+        """A :class:`Stop` finished: the process group is gone."""
+        svc = self.services[service]
+        group = self.groups[svc.group]
+        reason = svc.stopping or "stopped"
+        group.busy = False
+        svc.state = "crashed" if reason == "crash" else "stopped"
+        svc.stop_reason = reason
+        svc.stopping = None
+        svc.ready_at = None
+        if group.active == service:
+            group.active = None
+        group.swapped_out = reason == "swap"
+
+    def exited(self, service: str, now: float, message: str, log_tail: str = "") -> Stop | None:
+        """The process of ``service`` exited on its own: a crash; returns the group's stop
+        (children it left may still hold memory). None unless the service was ready."""
+        svc = self.services[service]
+        group = self.groups[svc.group]
+        if svc.state != "ready" or svc.foreign or group.busy:
+            return None
+        svc.crashes += 1
+        svc.failures.append(now)
+        svc.error, svc.error_tail = message, log_tail
+        return self._begin_stop(group, svc, "crash")
+
+    def foreign_gone(self, service: str) -> None:
+        """A foreign service's port stopped answering: start our own next time."""
+        svc = self.services[service]
+        if svc.foreign and svc.state == "ready":
+            svc.state, svc.foreign, svc.stop_reason = "stopped", False, "foreign service went away"
+            svc.ready_at = None
+
+    # ------------------------------------------------------------------ releasing
+
+    def release(self, lease_id: str, now: float) -> tuple[Lease, bool]:
+        """End a lease; returns it and whether its group's waiters should look again (the
+        last lease of a member let go). Raises 404 ``unknown_lease`` or 410 ``lease_expired``."""
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            why = self._reclaimed.get(lease_id)
+            if why is not None:
+                raise BrokerError(410, "lease_expired", why)
+            raise BrokerError(404, "unknown_lease", f"no lease {lease_id!r} (released already?)")
+        svc = self.services[lease.service]
+        svc.inflight.discard(lease_id)
+        svc.last_used = now
+        group = self.groups[svc.group]
+        return lease, bool(group.queue) and not svc.inflight
+
+    def reclaim_overdue(self, now: float) -> list[Lease]:
+        """Release every lease held longer than ``lease_seconds``; its holder's release then
+        gets 410 ``lease_expired``. Returns the leases reclaimed."""
+        if self.lease_seconds is None:
+            return []
+        overdue = [lease for lease in self.leases.values() if now - lease.granted > self.lease_seconds]
+        for lease in overdue:
+            self.release(lease.id, now)
+            self._reclaimed[lease.id] = (
+                f"lease {lease.id} on {lease.service} was reclaimed: held {now - lease.granted:.1f} s, longer "
+                f"than the broker's lease limit of {self.lease_seconds:g} s; acquire again for the next call")
+            while len(self._reclaimed) > RECLAIMED_MEMORY:
+                self._reclaimed.popitem(last=False)
+        return overdue
+
+    def leases_with_pids(self) -> Iterator[Lease]:
+        """Leases held by a local process (the shell checks those processes still run)."""
+        return (lease for lease in list(self.leases.values()) if lease.client_pid is not None)
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def idle(self, group: GroupState, now: float) -> Stop | None:
+        """The stop of a member idle for its ``idle_seconds``, if any."""
+        if group.busy or self.closing:
+            return None
+        for name in group.members:
+            svc = self.services[name]
+            idle = svc.placement.idle_seconds
+            if (idle is not None and svc.placement.mode == "on_demand" and svc.state == "ready"
+                    and not svc.foreign and not svc.inflight and now - svc.last_used >= idle
+                    and not any(t.service == name for t in group.queue)):
+                return self._begin_stop(group, svc, "idle")
+        return None
+
+    def close(self) -> list[Ticket]:
+        """Refuse new acquires and every waiting caller (503 ``closing``)."""
+        self.closing = True
+        error = BrokerError(503, "closing", "the broker is shutting down")
+        refused: list[Ticket] = []
+        for group in self.groups.values():
+            for ticket in group.queue:
+                ticket.error = error
+                refused.append(ticket)
+            group.queue = deque()
+        return refused
+
+    # ------------------------------------------------------------------------ status
+
+    def status_row(self, name: str, now: float) -> dict[str, Any]:
+        """The scheduling part of a service's ``/status`` row."""
+        svc = self.services[name]
+        group = self.groups[svc.group]
+        p = svc.placement
+        return {
+            "name": name, "mode": p.mode, "gpu": p.gpu, "swap": p.swap, "state": svc.state,
+            "foreign": svc.foreign, "url": svc.url,
+            "uptime_s": None if svc.ready_at is None else round(now - svc.ready_at, 3),
+            "leases": len(svc.inflight), "waiting": sum(1 for t in group.queue if t.service == name),
+            "starts": svc.starts, "restarts": max(0, svc.starts - 1), "crashes": svc.crashes,
+            "incarnation": svc.incarnation, "scoped": p.scoped, "idle_seconds": p.idle_seconds,
+            "stop_reason": svc.stop_reason, "error": svc.error, "log": svc.log,
+        }
