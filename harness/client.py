@@ -17,12 +17,16 @@ exits holding one has it released by the broker.
 
 Address: the ``address`` argument, else ``$HARNESS_BROKER`` (a URL), else
 ``<state_dir>/broker.json`` with ``state_dir`` from the argument or ``$HARNESS_STATE``.
-``harness`` sets ``HARNESS_BROKER`` for every service and agent it starts.
+Token (the broker answers only its owner): the ``token`` argument, else
+``$HARNESS_BROKER_TOKEN``, else ``<state_dir>/broker.token`` (readable by its owner only).
+``harness`` sets ``HARNESS_BROKER`` and ``HARNESS_BROKER_TOKEN`` for every service and
+agent it starts.
 
 Errors: :class:`BrokerError` with ``status`` (HTTP), ``code`` and ``log_tail``; subclasses
 :class:`ServiceOff` (409: the plan turned the service off), :class:`ServiceFailed` (503: it
-failed to start or keeps crashing; ``log_tail`` says why) and :class:`BrokerUnavailable`
-(no broker answers).
+failed to start or keeps crashing; ``log_tail`` says why), :class:`NotAuthorized` (401/403:
+no or a wrong token), :class:`LeaseExpired` (410: the broker reclaimed a lease held past
+its limit) and :class:`BrokerUnavailable` (no broker answers).
 """
 
 from __future__ import annotations
@@ -73,6 +77,14 @@ class BrokerUnavailable(BrokerError):
     """No broker could be found or reached."""
 
 
+class NotAuthorized(BrokerError):
+    """The broker refused the request: no token, a wrong one, or not from its owner (401/403)."""
+
+
+class LeaseExpired(BrokerError):
+    """The lease was held longer than the broker's limit and reclaimed (HTTP 410)."""
+
+
 @dataclass(frozen=True)
 class Lease:
     """Permission to call ``service`` at ``url`` until released.
@@ -89,6 +101,21 @@ class Lease:
     incarnation: int = 0
     scoped: bool = False
     foreign: bool = False
+
+
+def _find_token(token: str | None, state_dir: str | os.PathLike[str] | None) -> str | None:
+    if token:
+        return token
+    from_env = os.environ.get("HARNESS_BROKER_TOKEN")
+    if from_env:
+        return from_env.strip()
+    folder = state_dir or os.environ.get("HARNESS_STATE")
+    if folder:
+        try:
+            return (Path(folder).expanduser() / "broker.token").read_text().strip() or None
+        except (OSError, UnicodeDecodeError):
+            return None
+    return None
 
 
 def _find_address(address: str | None, state_dir: str | os.PathLike[str] | None) -> str:
@@ -120,8 +147,10 @@ class Client:
     """
 
     def __init__(self, address: str | None = None, *, client_id: str | None = None,
-                 state_dir: str | os.PathLike[str] | None = None, timeout: float | None = None) -> None:
+                 state_dir: str | os.PathLike[str] | None = None, timeout: float | None = None,
+                 token: str | None = None) -> None:
         self.address = _find_address(address, state_dir)
+        self._token = _find_token(token, state_dir)
         parts = urllib.parse.urlsplit(self.address)
         if parts.scheme != "http" or not parts.hostname:
             raise BrokerUnavailable(f"broker address must be http://host:port, got {self.address!r}")
@@ -144,6 +173,8 @@ class Client:
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
         for attempt in (0, 1):
             conn, reused = self._connection()
             try:
@@ -168,7 +199,10 @@ class Client:
             raise BrokerError(f"broker answered {response.status} with non-JSON", status=response.status) from None
         if response.status >= 400:
             message = data.get("error", f"HTTP {response.status}") if isinstance(data, dict) else str(data)
-            kind = {409: ServiceOff, 503: ServiceFailed}.get(response.status, BrokerError)
+            kind = {401: NotAuthorized, 403: NotAuthorized, 409: ServiceOff, 410: LeaseExpired,
+                    503: ServiceFailed}.get(response.status, BrokerError)
+            if response.status == 401 and not self._token:
+                message += " (this client found no token: pass token=, or set HARNESS_BROKER_TOKEN or HARNESS_STATE)"
             if isinstance(data, dict) and data.get("code") == "closing":
                 kind = BrokerUnavailable
             raise kind(message, status=response.status,

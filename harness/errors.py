@@ -32,3 +32,42 @@ class InputError(HarnessError):
 
 class ProjectNotFound(InputError):
     """No directory holding ``services/`` was found."""
+
+
+#: OSError numbers a user can act on, and how to say them.
+_OS_REASONS = {
+    28: "no space left on the device",  # ENOSPC
+    122: "disk quota exceeded",  # EDQUOT
+    30: "read-only file system",  # EROFS
+    13: "permission denied",  # EACCES
+    1: "operation not permitted",  # EPERM
+}
+
+
+def os_failure(exc: OSError) -> HarnessError | None:
+    """A short HarnessError for an OSError the user can fix (a full disk, a read-only or
+    unwritable folder), naming the path; None for anything else (a bug).
+
+    ``shutil.copytree`` gathers one error per file into one huge ``shutil.Error``: only the
+    first is told (a full disk fails every file after it the same way).
+    """
+    import re
+    import shutil
+
+    number, path = exc.errno, exc.filename
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        first = exc.args[0][0]
+        found = re.match(r"\[Errno (\d+)\]", str(first[-1])) if isinstance(first, tuple) else None
+        if found is None:
+            return None
+        number, path = int(found.group(1)), first[1] if len(first) > 2 else first[0]
+    if number not in _OS_REASONS:
+        return None
+    where = f": {path}" if path else ""
+    if number in (28, 122):
+        hint = ("free space there (`df -h`), or point --home / HARNESS_HOME at a larger filesystem; "
+                "nothing half-written was registered (`harness store verify` checks)")
+    else:
+        hint = "make it writable for you, or point --home / HARNESS_HOME at a folder you own"
+    failure = HarnessError(f"{_OS_REASONS[number]}{where}", hint=hint)
+    return failure

@@ -1,12 +1,16 @@
-"""Bad manifests and deploys: one clear message naming file and key, exit 2, no traceback.
+"""Bad input: one clear message naming file and key, exit 2 (1 for a failure), no traceback.
 
-Each corpus file under tests/data/bad/ starts with ``# expect: <text>``: the message must
-contain that text.
+Manifests and deploys: each corpus file under tests/data/bad/ starts with
+``# expect: <text>``: the message must contain that text. Locks, cache entries, full and
+read-only homes and special weights paths follow (issue 12).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -79,3 +83,191 @@ def test_no_project(tmp_path: Path, harness_cli, monkeypatch: pytest.MonkeyPatch
 def test_bad_override(harness_cli) -> None:
     result = harness_cli("--project", str(REPO), "closure", "--set", "nonsense")
     assert result.code == 2 and "expected KEY=VALUE" in result.err
+
+
+# ---------------------------------------------------------------- locks, caches, disks (issue 12)
+#
+# Bad input past the manifests: a hand-edited lock, a hostile cache entry, a full or read-only
+# home, a weights path that names a special file. Each gets one short message naming what is
+# wrong (exit 2 for bad input, 1 for a failure), writes nothing outside the home and the
+# project, and leaves a store that verifies.
+
+
+def _edit_lock(project: Path, tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of ``project`` whose svc lock has ``old`` replaced by ``new`` (first match)."""
+    copy = tmp_path / "project"
+    shutil.copytree(project, copy, symlinks=True)
+    lock = copy / "locks" / "svc.lock.toml"
+    text = lock.read_text()
+    assert old in text, old
+    lock.write_text(text.replace(old, new, 1))
+    return copy
+
+
+def _tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
+
+
+@pytest.mark.parametrize("bad", ["../../../escaped", "x/../../escaped", "a/b", ".hidden"])
+def test_lock_store_name_outside_the_store_is_refused_before_any_file(bad: str, svc: Path, tmp_path: Path,
+                                                                     harness_cli) -> None:
+    from harness.lock.lockfile import read
+
+    lock = read(svc / "locks" / "svc.lock.toml")
+    victim = lock.packages[0].wheels[0].store
+    project = _edit_lock(svc, tmp_path, f'store = "{victim}"', f'store = "{victim[:33]}{bad}"')
+    home = tmp_path / "area" / "home"
+    result = harness_cli("--project", str(project), "--home", str(home), "realize")
+    assert result.code == 2, result
+    assert "svc.lock.toml" in result.err and "is not a store path name" in result.err
+    assert "Traceback" not in result.err and "internal error" not in result.err
+    assert _tree(tmp_path / "area") == []  # not even a lock file, in the home or beside it
+
+
+def test_unknown_lock_version_is_refused_naming_the_readable_ones(svc: Path, tmp_path: Path, harness_cli) -> None:
+    project = _edit_lock(svc, tmp_path, "lock-version = 1\n", "lock-version = 99\n")
+    home = tmp_path / "home"
+    # `lock --check` reports a stale lock (exit 1); the others refuse the input (exit 2).
+    for command, code in ((["realize"], 2), (["store", "path", "svc"], 2), (["lock", "--check"], 1)):
+        result = harness_cli("--project", str(project), "--home", str(home), *command)
+        assert result.code == code, (command, result)
+        said = result.err + result.out
+        assert "lock-version 99 is not one this harness reads (it reads 1)" in said, said
+        assert "svc.lock.toml" in said
+    assert _tree(home / "store") == []
+
+
+def test_lock_file_names_that_climb_are_refused(svc: Path, tmp_path: Path, harness_cli) -> None:
+    from harness.lock.lockfile import read
+
+    lock = read(svc / "locks" / "svc.lock.toml")
+    wheel = lock.packages[0].wheels[0].file
+    project = _edit_lock(svc, tmp_path, f'file = "{wheel}"', 'file = "../../../../tmp/planted.whl"')
+    result = harness_cli("--project", str(project), "--home", str(tmp_path / "home"), "realize")
+    assert result.code == 2 and "is not a plain file name" in result.err, result
+
+
+def test_cache_entry_listing_itself_is_refused_not_waited_on(tmp_path: Path) -> None:
+    from harness.store.store import Store
+    from tests.test_cache import BAD, _assert_untouched, _dir, _file, _nar, _pull, publish
+
+    cache = tmp_path / "cache"
+    publish(cache, BAD, _nar(_dir(("a", _file()))), refs=(BAD,))
+    store = Store(tmp_path / "b" / "store")
+    pulled = _pull(store, [str(cache)], [BAD], cache_dir=tmp_path / "dl")
+    assert pulled.registered == [] and "itself among its references" in pulled.failed[BAD]
+    _assert_untouched(store)
+
+
+def test_cache_entry_larger_than_the_free_space_is_refused_before_writing(tmp_path: Path) -> None:
+    from harness.store.store import Store
+    from tests.test_cache import BAD, _assert_untouched, _dir, _file, _nar, _pull, publish
+
+    cache = tmp_path / "cache"
+    huge = shutil.disk_usage(tmp_path).free * 4 + (1 << 40)
+    publish(cache, BAD, _nar(_dir(("a", _file()))), nar_size=huge)
+    store = Store(tmp_path / "b" / "store")
+    pulled = _pull(store, [str(cache)], [BAD], cache_dir=tmp_path / "dl")
+    assert pulled.registered == []
+    assert f"needs {huge} bytes" in pulled.failed[BAD] and "nothing was written" in pulled.failed[BAD]
+    _assert_untouched(store)
+
+
+def _mount_tmpfs(target: Path, size: str, *options: str) -> bool:
+    target.mkdir(parents=True, exist_ok=True)
+    opts = ",".join([f"size={size}", *options])
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(target)],
+                          capture_output=True, check=False).returncode == 0
+
+
+needs_mount = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None,
+                                 reason="needs root to mount a small tmpfs (the root run of CI covers it)")
+
+
+@pytest.mark.root
+@needs_mount
+def test_full_disk_during_realize_is_a_short_failure_and_the_store_verifies(svc: Path, tmp_path: Path,
+                                                                            harness_cli) -> None:
+    disk = tmp_path / "small"
+    if not _mount_tmpfs(disk, "24m"):
+        pytest.skip("mounting a tmpfs failed here (a container without CAP_SYS_ADMIN?)")
+    try:
+        home = disk / "home"
+        result = harness_cli("--project", str(svc), "--home", str(home), "realize")
+        assert result.code == 1, result
+        assert "no space left" in result.err.lower(), result.err
+        assert len(result.err) < 1500 and "internal error" not in result.err and "Traceback" not in result.err
+        verified = harness_cli("--home", str(home), "store", "verify", "--check-contents")
+        assert verified.code == 0, verified
+        assert _tree(home / "store" / ".tmp") == []
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.root  # by mount as root; the unprivileged run checks it by mode
+def test_read_only_home_is_a_short_failure(svc: Path, tmp_path: Path, harness_cli) -> None:
+    """Read-only by mount as root (permissions do not stop root), by mode otherwise."""
+    home = tmp_path / "ro" / "home"
+    if os.geteuid() == 0:
+        if not _mount_tmpfs(tmp_path / "ro", "4m", "ro"):
+            pytest.skip("mounting a tmpfs failed here (a container without CAP_SYS_ADMIN?)")
+    else:
+        (tmp_path / "ro").mkdir()
+        (tmp_path / "ro").chmod(0o555)
+    try:
+        result = harness_cli("--project", str(svc), "--home", str(home), "realize")
+        assert result.code == 1, result
+        assert ("read-only file system" in result.err or "permission denied" in result.err), result.err
+        assert "hint: make it writable" in result.err and len(result.err) < 600
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", "-l", str(tmp_path / "ro")], check=False)
+        else:
+            (tmp_path / "ro").chmod(0o755)
+
+
+def _special_paths(tmp_path: Path) -> dict[str, Path]:
+    fifo = tmp_path / "weights.fifo"
+    os.mkfifo(fifo)
+    sock = tmp_path / "weights.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    server.close()
+    return {"proc": Path("/proc/cpuinfo"), "proc folder": Path("/proc/self"), "sys": Path("/sys/kernel"),
+            "dev": Path("/dev/zero"), "fifo": fifo, "socket": sock, "link to dev": _link(tmp_path, "/dev/null")}
+
+
+def _link(tmp_path: Path, target: str) -> Path:
+    link = tmp_path / "innocent-name"
+    link.symlink_to(target)
+    return link
+
+
+def test_weights_path_naming_a_special_file_is_refused_at_lock_time(tmp_path: Path) -> None:
+    from harness.config import Settings
+    from harness.errors import InputError
+    from harness.manifests.model import Weights
+    from harness.resolve.weights import lock_weights
+
+    for what, path in _special_paths(tmp_path).items():
+        with pytest.raises(InputError) as refused:
+            lock_weights(Weights(dir="w", path=str(path)), project_root=tmp_path, settings=Settings(),
+                         cache_dir=tmp_path / "cache")
+        assert str(path) in refused.value.message, what
+        assert ("pseudo-filesystem" in refused.value.message or "not a file or folder" in refused.value.message), what
+    # An absolute path outside the project is allowed (documented): a regular folder locks.
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "model.bin").write_bytes(b"w")
+    pinned = lock_weights(Weights(dir="w", path=str(outside)), project_root=tmp_path / "project",
+                          settings=Settings(), cache_dir=tmp_path / "cache")
+    assert [f.path for f in pinned.files] == ["model.bin"]
+
+
+def test_git_network_waits_have_a_limit() -> None:
+    """git would otherwise wait forever on a server that stops sending (issue 12)."""
+    from harness.resolve.git import _environment
+
+    env = _environment()
+    assert env["GIT_HTTP_LOW_SPEED_LIMIT"] and env["GIT_HTTP_LOW_SPEED_TIME"]
+    assert "ConnectTimeout" in env.get("GIT_SSH_COMMAND", "ConnectTimeout") or "GIT_SSH" in os.environ

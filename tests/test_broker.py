@@ -147,7 +147,7 @@ def make_broker(tmp_path: Path) -> Iterator[Callable[..., tuple[Broker, Client]]
         options.setdefault("grace", (2.0, 2.0))
         broker = Broker(Plan(tuple(placements)), {s.name: s for s in specs}, tmp_path, **options)
         brokers.append(broker)
-        return broker, Client(broker.serve_in_thread())
+        return broker, Client(broker.serve_in_thread(), token=broker.token)
 
     yield make
     for broker in brokers:
@@ -334,7 +334,7 @@ def test_waiting_callers_are_served_in_order(make_broker, tmp_path: Path) -> Non
 
     def waiter(label: str, service: str) -> threading.Thread:
         def run() -> None:
-            lease = Client(client.address, client_id=label).acquire(service)
+            lease = Client(client.address, client_id=label, token=broker.token).acquire(service)
             with lock:
                 granted.append((label, lease))
             time.sleep(0.05)
@@ -453,7 +453,7 @@ def test_scoped_service_swapped_out_is_fresh_again(make_broker, tmp_path: Path) 
             assert lease.scoped == (name == policy.name)
     assert fresh == [True, False, True, True, False]
     assert service_status(broker, policy.name)["incarnation"] == 2
-    other = Client(client.address, client_id="another-agent")
+    other = Client(client.address, client_id="another-agent", token=broker.token)
     with other.use(policy.name) as lease:
         assert lease.fresh  # this process has not served that client before
 
@@ -546,7 +546,8 @@ def test_a_lease_held_by_a_client_that_died_is_released(make_broker, tmp_path: P
     broker, client = make_broker([placement(s, swap="g") for s in (a, b)], [a, b])
     script = ("import os, sys; from harness.client import Client; "
               "Client(sys.argv[1]).acquire(sys.argv[2]); os._exit(0)")  # exits holding the lease
-    subprocess.run([PY, "-c", script, client.address, a.name], check=True, cwd=REPO, timeout=30)
+    subprocess.run([PY, "-c", script, client.address, a.name], check=True, cwd=REPO, timeout=30,
+                   env={**os.environ, "HARNESS_BROKER_TOKEN": broker.token})
     assert service_status(broker, a.name)["leases"] == 1
     with client.use(b.name, timeout=10) as lease:  # a is evictable once its lease is reaped
         assert lease.fresh
@@ -570,11 +571,12 @@ def test_the_client_needs_only_the_standard_library(tmp_path: Path) -> None:
 def test_the_http_protocol_without_the_client(make_broker, tmp_path: Path) -> None:
     spec = fake(f"{tmp_path.name}-raw", tmp_path)
     off = ServicePlacement("off-one", "off", None, None, None)
-    _, client = make_broker([placement(spec), off], [spec])
+    broker, client = make_broker([placement(spec), off], [spec])
 
     def post(path: str, body: bytes) -> tuple[int, dict[str, Any]]:
         request = urllib.request.Request(client.address + path, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {broker.token}"})
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, json.loads(response.read())
@@ -590,7 +592,7 @@ def test_the_http_protocol_without_the_client(make_broker, tmp_path: Path) -> No
     assert code == 409 and body["code"] == "off" and "off" in body["error"]
     assert post("/acquire", b"not json")[0] == 400
     assert get(client.address + "/health")["status"] == "ok"
-    assert {s["name"] for s in get(client.address + "/status")["services"]} == {spec.name, "off-one"}
+    assert {s["name"] for s in client.status()["services"]} == {spec.name, "off-one"}
 
 
 def test_start_refuses_while_an_earlier_brokers_services_run(make_broker, tmp_path: Path) -> None:
@@ -605,3 +607,233 @@ def test_start_refuses_while_an_earlier_brokers_services_run(make_broker, tmp_pa
     finally:
         supervisor.stop(proc.pid, proc=proc)
         supervisor.remove_pidfile(tmp_path, spec.name)
+
+
+# ------------------------------------------------------------------------- authentication
+
+
+def raw_request(address: str, method: str, path: str, *, headers: dict[str, str] | None = None,
+                body: bytes | None = None) -> tuple[int, dict[str, Any]]:
+    """One request exactly as given (headers unchecked by the client library); status and JSON."""
+    import http.client
+
+    host, port = address.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        headers = dict(headers or {})
+        conn.putrequest(method, path, skip_host="Host" in headers, skip_accept_encoding=True)
+        if body is not None and "Content-Length" not in headers:
+            headers["Content-Length"] = str(len(body))
+        for key, value in headers.items():
+            conn.putheader(key, value)
+        conn.endheaders(body)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_the_broker_answers_only_with_its_token_and_never_to_a_web_page(make_broker, tmp_path: Path) -> None:
+    spec = fake(f"{tmp_path.name}-auth", tmp_path)
+    broker, client = make_broker([placement(spec)], [spec])
+    token_file = tmp_path / "broker.token"
+    assert token_file.read_text().strip() == broker.token and len(broker.token) >= 32
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    port = client.address.rsplit(":", 1)[1]
+    acquire = json.dumps({"service": spec.name, "client": "intruder"}).encode()
+    good = f"Bearer {broker.token}"
+    attempts = [
+        ("GET", "/status", {}, None, 401),
+        ("POST", "/acquire", {}, acquire, 401),
+        ("POST", "/acquire", {"Authorization": "Bearer " + "0" * len(broker.token)}, acquire, 401),
+        ("POST", "/acquire", {"Authorization": broker.token}, acquire, 401),  # not the Bearer scheme
+        ("POST", "/shutdown", {"Authorization": "Bearer nope"}, b"{}", 401),
+        # A web page: its requests carry an Origin (and cannot carry the token anyway).
+        ("POST", "/acquire", {"Authorization": good, "Origin": "http://evil.example"}, acquire, 403),
+        ("POST", "/shutdown", {"Authorization": good, "Origin": "null"}, b"{}", 403),
+        # DNS rebinding: a page's own name resolved to 127.0.0.1 arrives as its Host.
+        ("POST", "/shutdown", {"Authorization": good, "Host": f"evil.example:{port}"}, b"{}", 403),
+        ("GET", "/status", {"Authorization": good, "Host": "127.0.0.1"}, None, 403),
+    ]
+    for method, path, headers, body, expected in attempts:
+        status, answer = raw_request(client.address, method, path, headers=headers, body=body)
+        assert status == expected, (method, path, headers, answer)
+        assert answer["code"] == ("unauthorized" if expected == 401 else "forbidden")
+    # Nothing changed: no service started, no lease, the broker still serves its owner.
+    row = service_status(broker, spec.name)
+    assert row["state"] == "stopped" and row["starts"] == 0 and row["leases"] == 0
+    assert fake_processes({spec.name}) == {} and not broker.status()["broker"]["closing"]
+    assert raw_request(client.address, "GET", "/health")[0] == 200  # readiness needs no secret
+    with pytest.raises(ServiceFailed.__mro__[1]) as refused:  # BrokerError, as NotAuthorized
+        Client(client.address).status()
+    assert refused.value.status == 401 and "found no token" in str(refused.value)
+    assert Client(state_dir=tmp_path).status()["broker"]["url"] == client.address  # the owner's client reads it
+
+
+def test_malformed_requests_get_400_never_500(make_broker, tmp_path: Path) -> None:
+    spec = fake(f"{tmp_path.name}-bad-input", tmp_path)
+    broker, client = make_broker([placement(spec)], [spec])
+    auth = {"Authorization": f"Bearer {broker.token}"}
+
+    def acquire(fields: dict[str, Any]) -> bytes:
+        return json.dumps({"service": spec.name, **fields}).encode()
+
+    cases: list[tuple[str, dict[str, str], bytes]] = [
+        ("/acquire", {"Content-Length": "abc"}, b"{}"),
+        ("/acquire", {"Content-Length": "-5"}, b"{}"),
+        ("/acquire", {"Content-Length": "1_0"}, b"{}"),
+        ("/acquire", {}, b"not json"),
+        ("/acquire", {}, b"\xff\xfe"),
+        ("/acquire", {}, b"[1, 2]"),
+        ("/acquire", {}, b"[" * 100000),
+        ("/acquire", {}, acquire({"pid": -1})),
+        ("/acquire", {}, acquire({"pid": 0})),
+        ("/acquire", {}, acquire({"pid": "123"})),
+        ("/acquire", {}, acquire({"pid": True})),
+        ("/acquire", {}, acquire({"pid": 2**70})),
+        ("/acquire", {}, acquire({"timeout": -1})),
+        ("/acquire", {}, acquire({"timeout": "soon"})),
+        ("/acquire", {}, acquire({"client": 7})),
+        ("/acquire", {}, json.dumps({"service": 5}).encode()),
+        ("/release", {}, json.dumps({"lease": ["x"]}).encode()),
+    ]
+    for path, headers, body in cases:
+        status, answer = raw_request(client.address, "POST", path, headers={**auth, **headers}, body=body)
+        assert status == 400, (path, headers, body[:40], answer)
+        assert answer["code"] == "bad_request" and answer["error"]
+    status, answer = raw_request(client.address, "POST", "/acquire", body=b"x" * (2 << 20),
+                                 headers={**auth, "Content-Length": str(2 << 20)})
+    assert status == 413 and answer["code"] == "bad_request"
+    # A body shorter than its Content-Length (the caller hung up halfway).
+    def truncated(host: str) -> str:
+        with socket.create_connection(("127.0.0.1", int(client.address.rsplit(":", 1)[1])), timeout=30) as sock:
+            sock.sendall(f"POST /acquire HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {broker.token}\r\n"
+                         "Content-Length: 100\r\n\r\n{\"service\"".encode())
+            sock.shutdown(socket.SHUT_WR)
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode()
+
+    assert truncated("127.0.0.1").startswith("HTTP/1.1 403")  # Host without the port: refused first
+    reply = truncated(client.address.removeprefix("http://"))
+    assert reply.startswith("HTTP/1.1 400") and "ended after 10 of 100 bytes" in reply
+    # Nothing was started by any of it, and a well-formed request still works.
+    assert service_status(broker, spec.name)["starts"] == 0
+    with client.use(spec.name) as lease:
+        assert lease.incarnation == 1
+
+
+OTHER_USER = "harness-broker-other"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/sbin/useradd").exists(),
+                    reason="creates another user (needs root and useradd)")
+def test_another_local_user_cannot_use_or_stop_the_broker(tmp_path: Path) -> None:
+    import pwd
+    import shutil
+    import tempfile
+
+    try:
+        pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True)
+    # A state folder the other user can look into (as a shared /srv or home folder would be),
+    # so only the token file's own mode keeps the secret.
+    state = Path(tempfile.mkdtemp(prefix="harness-auth-", dir="/tmp"))
+    state.chmod(0o755)
+    spec = fake(f"{state.name}-svc", state)
+    broker = Broker(Plan((placement(spec),)), {spec.name: spec}, state, tick=0.05, grace=(2.0, 2.0))
+    try:
+        address = broker.serve_in_thread()
+        probe = r"""
+import json, sys, urllib.request, urllib.error
+state, address, service = sys.argv[1:4]
+try:
+    open(state + "/broker.token").read()
+    print("read-token")
+except PermissionError:
+    print("token-unreadable")
+print("url", json.load(open(state + "/broker.json"))["url"] == address)
+for method, path, body in (("GET", "/status", None), ("POST", "/shutdown", b"{}"),
+                           ("POST", "/acquire", json.dumps({"service": service}).encode())):
+    request = urllib.request.Request(address + path, data=body, method=method,
+                                     headers={"Authorization": "Bearer guessed"})
+    try:
+        urllib.request.urlopen(request, timeout=10)
+        print(path, 200)
+    except urllib.error.HTTPError as exc:
+        print(path, exc.code)
+"""
+        runnable = [p for p in ("/usr/bin/python3", sys.executable, shutil.which("python3")) if p and subprocess.run(
+            ["runuser", "-u", OTHER_USER, "--", p, "-c", "pass"], capture_output=True, check=False).returncode == 0]
+        if not runnable:
+            pytest.skip(f"no Python that {OTHER_USER} may run")
+        python = runnable[0]
+        result = subprocess.run(["runuser", "-u", OTHER_USER, "--", python, "-I", "-c", probe, str(state), address,
+                                 spec.name], capture_output=True, text=True, timeout=60, cwd="/")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split("\n")[:5] == ["token-unreadable", "url True", "/status 401", "/shutdown 401",
+                                                 "/acquire 401"], result.stdout
+        row = service_status(broker, spec.name)
+        assert row["state"] == "stopped" and row["starts"] == 0 and not broker.status()["broker"]["closing"]
+        assert fake_processes({spec.name}) == {}
+    finally:
+        broker.shutdown()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- lease limits, GPU memory
+
+
+def test_a_lease_held_past_its_limit_is_reclaimed_and_its_holder_told(make_broker, tmp_path: Path) -> None:
+    from harness.client import LeaseExpired
+
+    a, b = (fake(f"{tmp_path.name}-{x}", tmp_path) for x in "ab")
+    broker, client = make_broker([placement(s, swap="g") for s in (a, b)], [a, b], lease_seconds=0.5)
+    forgotten = client.acquire(a.name)  # a caller that hangs, holding its lease
+    with client.use(b.name, timeout=30) as lease:  # the group moves on once it is reclaimed
+        assert lease.incarnation == 1
+    assert service_status(broker, a.name)["state"] == "stopped"
+    with pytest.raises(LeaseExpired, match=r"reclaimed: held [0-9.]+ s, longer than the broker's lease limit") as info:
+        client.release(forgotten)
+    assert info.value.status == 410 and info.value.code == "lease_expired"
+
+
+class FakeInventory:
+    """GPU free memory as a test sets it: NVML's answer, injected."""
+
+    def __init__(self, free_gb: float) -> None:
+        self.free_gb = free_gb
+        self.calls = 0
+
+    def __call__(self, index: int) -> float | None:
+        assert index == 0
+        self.calls += 1
+        return self.free_gb
+
+
+def test_after_a_swap_the_next_member_waits_for_gpu_memory(make_broker, tmp_path: Path) -> None:
+    a, b = (fake(f"{tmp_path.name}-{x}", tmp_path) for x in "ab")
+    inventory = FakeInventory(free_gb=2.0)
+    broker, client = make_broker([placement(s, swap="g", vram_gb=6.0) for s in (a, b)], [a, b],
+                                 gpu_free=inventory, gpu_wait_seconds=60.0)
+    with client.use(a.name):
+        pass
+    assert inventory.calls == 0  # a first start waits for nothing: the planner made room
+    result: list[Lease] = []
+    thread = threading.Thread(target=lambda: result.append(client.acquire(b.name)))
+    thread.start()
+    wait_until(lambda: inventory.calls >= 3, what="the broker asking for free memory")
+    # a is gone, b not started: the driver has not released a's memory yet.
+    assert fake_processes({a.name, b.name}) == {} and service_status(broker, b.name)["state"] == "starting"
+    inventory.free_gb = 8.0
+    thread.join(30)
+    assert result and result[0].incarnation == 1
+    client.release(result[0])
+    # Memory that never comes back: a clear error after the limit, naming GPU and sizes.
+    broker.gpu_wait_seconds = 0.2
+    inventory.free_gb = 1.5
+    with pytest.raises(ServiceFailed, match=r"GPU 0 has 1.5 GB free after the swap and .*-a needs 6 GB") as info:
+        client.acquire(a.name)
+    assert info.value.code == "start_failed" and fake_processes({a.name}) == {}

@@ -160,6 +160,7 @@ def test_offline_lists_everything_missing_then_works_when_present(project: Path,
     assert result.returncode == 0
 
 
+@pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare for a network namespace")
 def test_offline_in_a_network_namespace(project: Path, realized: Path, tmp_path: Path) -> None:
     """With no network reachable at all, an offline realize of what is present succeeds."""

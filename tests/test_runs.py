@@ -38,7 +38,8 @@ import json, os, sys, urllib.request
 broker = os.environ["HARNESS_BROKER"]
 def post(path, body):
     req = urllib.request.Request(broker + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": "Bearer " + os.environ["HARNESS_BROKER_TOKEN"]})
     return json.loads(urllib.request.urlopen(req, timeout=60).read())
 lease = post("/acquire", {"service": "svc", "client": "test"})
 answer = json.loads(urllib.request.urlopen(lease["url"] + "/health", timeout=10).read())
@@ -166,6 +167,39 @@ def test_sigint_still_writes_the_record(project: Path, tmp_path: Path, home: Pat
                  if any("fake_model.py" in part for part in (p.info["cmdline"] or []))
                  and str(home) in " ".join(p.info["cmdline"] or [])]
     assert leftovers == []
+
+
+def test_a_run_killed_with_sigkill_leaves_no_service_running(project: Path, home: Path) -> None:
+    import psutil
+
+    before = set((home / "runs").glob("*/logs/command.log")) if (home / "runs").exists() else set()
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--project", str(project), "--home", str(home),
+                             "run", "--service", "svc", "--", sys.executable, "caller.py", "sleep"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    log = None
+    while time.monotonic() < deadline and log is None:
+        logs = sorted(set((home / "runs").glob("*/logs/command.log")) - before) if (home / "runs").exists() else []
+        if logs and "service answered" in logs[0].read_text():
+            log = logs[0]
+        time.sleep(0.2)
+    assert log is not None, "the command never called its service"
+
+    def services() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"])
+                if any("fake_model.py" in part for part in (p.info["cmdline"] or []))
+                and str(home) in " ".join(p.info["cmdline"] or [])]
+
+    assert services(), "the service runs while the run does"
+    proc.kill()  # nothing in the run's process gets to clean up
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while services() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert services() == [], "a service outlived the run that started it"
+    for child in psutil.process_iter(["cmdline", "cwd"]):  # the run's own command: the test ends it
+        if "caller.py" in " ".join(child.info["cmdline"] or []) and child.info["cwd"] == str(project):
+            child.kill()
 
 
 def test_diff_names_exactly_the_bumped_package(project: Path, up: Upstreams, tmp_path: Path, home: Path) -> None:

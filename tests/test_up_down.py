@@ -20,7 +20,10 @@ import psutil
 import pytest
 
 from harness.lock.lockfile import read
-from tests.test_runs import SERVICE, _project, harness
+from harness.runtime.broker import find_brokers
+from harness.runtime.session import default_state_dir
+from tests.conftest import run_harness_process
+from tests.test_runs import SERVICE, _project, _run, harness
 from tests.upstreams import Upstreams
 
 PORT = 18941
@@ -121,6 +124,106 @@ def test_a_port_taken_by_a_foreign_process_is_left_alone(project: Path, home: Pa
     finally:
         foreign.kill()
         foreign.wait()
+        harness(project, home, "down")
+
+
+def _state_dir(project: Path, home: Path) -> Path:
+    return default_state_dir(home, project, None)
+
+
+def test_a_run_uses_the_services_of_harness_up(project: Path, home: Path) -> None:
+    """One broker per state folder: a run joins `up`'s broker; its services are harness's own,
+    launched from the store paths the run records, not a foreign impurity."""
+    try:
+        assert harness(project, home, "up").returncode == 0
+        before = _service(_status(project, home))
+        result, run_dir = _run(project, home)
+        assert result.returncode == 0, result.stderr
+        assert "using the broker of harness up" in result.stderr and "service answered svc" in result.stdout
+        outcome = json.loads((run_dir / "result.json").read_text())
+        assert not any("foreign" in i for i in outcome["impurities"]), outcome["impurities"]
+        config = json.loads((run_dir / "config.json").read_text())
+        assert config["broker"] == {"shared": True, "state_dir": str(_state_dir(project, home))}
+        closure = {e["path"] for e in json.loads((run_dir / "lock.json").read_text())["store_paths"]}
+        cmdline = psutil.Process(before["pid"]).cmdline()
+        assert any(part.startswith(str(home / "store")) for part in cmdline)
+        used = {Path(part).relative_to(home / "store").parts[0] for part in cmdline
+                if part.startswith(str(home / "store"))}
+        assert used <= closure, "the run records the store paths of the process that served it"
+        after = _service(_status(project, home))
+        assert after["pid"] == before["pid"] and after["starts"] == 1, "the run neither restarted nor stopped it"
+        assert after["state"] == "ready"
+    finally:
+        harness(project, home, "down")
+
+
+def test_concurrent_ups_give_exactly_one_broker(project: Path, home: Path) -> None:
+    state = _state_dir(project, home)
+    try:
+        args = [sys.executable, "-m", "harness", "--project", str(project), "--home", str(home), "up", "--json"]
+        procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+        outputs = [p.communicate(timeout=300) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outputs]
+        brokers = {json.loads(out)["broker"]["pid"] for out, _ in outputs}
+        assert len(brokers) == 1, "every up reports the one broker"
+        assert [p.pid for p in find_brokers(state)] == list(brokers)
+        status = _status(project, home)
+        assert status["brokers"] == list(brokers) and _service(status)["starts"] == 1
+        down = json.loads(harness(project, home, "down", "--json").stdout)
+        assert down["brokers"] == list(brokers)
+        assert find_brokers(state) == []
+    finally:
+        harness(project, home, "down")
+
+
+def test_the_deploy_sets_the_brokers_limits(project: Path, home: Path, tmp_path: Path) -> None:
+    deploy = tmp_path / "machine.toml"
+    deploy.write_text("[broker]\nlease_seconds = 30\ngpu_wait_seconds = 5\n")
+    try:
+        result = harness(project, home, "--deploy", str(deploy), "up", "--json")
+        assert result.returncode == 0, result.stderr
+        broker = json.loads(result.stdout)["broker"]
+        assert broker["lease_seconds"] == 30 and broker["gpu_wait_seconds"] == 5
+        deploy.write_text("[broker]\nlease_secs = 30\n")
+        bad = harness(project, home, "--deploy", str(deploy), "status")
+        assert bad.returncode == 2 and "lease_secs" in bad.stderr
+    finally:
+        harness(project, home, "down")  # the same state folder: the deploy names none
+
+
+def test_up_fails_when_a_service_crashes_on_start_and_shows_its_log(project: Path, home: Path) -> None:
+    try:
+        # The stand-in model reads FAKE_FAIL_LOAD from the environment harness passes on.
+        result = run_harness_process("--project", str(project), "--home", str(home), "up",
+                                     env={"FAKE_FAIL_LOAD": "5"}, timeout=300)
+        assert result.returncode == 1, result.stdout
+        assert "1 service(s) did not start" in result.stderr and "svc" in result.stderr
+        assert "exit code 5" in result.stderr
+        assert "cannot load the weights: simulated failure" in result.stderr, "the log's last lines"
+        assert "Traceback" not in result.stderr
+    finally:
+        harness(project, home, "down")
+
+
+def test_up_refuses_a_port_held_by_a_process_that_does_not_answer(project: Path, home: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        f"s.bind(('127.0.0.1', {PORT})); s.listen(); time.sleep(300)")])
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", PORT)) == 0:
+                    break
+            time.sleep(0.1)
+        result = harness(project, home, "up")
+        assert result.returncode == 1
+        assert f"port {PORT} is held by pid {holder.pid}" in result.stderr, result.stderr
+        assert "does not answer" in result.stderr
+        assert holder.poll() is None, "never signalled: harness did not start it"
+    finally:
+        holder.kill()
+        holder.wait()
         harness(project, home, "down")
 
 

@@ -101,7 +101,9 @@ def topological(names: Sequence[str], references: Callable[[str], Sequence[str]]
         if name in stack:
             raise CacheError(f"cache metadata references form a cycle through {name}")
         for ref in sorted(references(name)):
-            if ref in inside and ref != name:
+            if ref == name:  # waiting for itself would never end: refused like any cycle
+                raise CacheError(f"cache metadata of {name} lists {name} itself among its references")
+            if ref in inside:
                 visit(ref, (*stack, name))
         done.add(name)
         order.append(name)
@@ -461,7 +463,7 @@ def _fetch_and_register(store: Store, order: list[str], found: Mapping[str, tupl
                 # running or done: waiting here cannot deadlock. progress(0) lets a cancelled
                 # pull (Ctrl-C) interrupt the wait.
                 for ref in info.references:
-                    event = done.get(ref)
+                    event = done.get(ref) if ref != name else None
                     while event is not None and not event.wait(0.2):
                         progress(0)
                     with lock:
@@ -494,15 +496,14 @@ def _download(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[
     off, so the next pull resumes with a ranged GET. The ``.part`` is deleted when the
     finished file does not match (it cannot be resumed into a right one).
     """
-    from filelock import FileLock
-
     from harness.store.hashing import file_blake3
+    from harness.store.store import lock_file
 
     folder.mkdir(parents=True, exist_ok=True)
     hex_hash = info.file_hash.removeprefix("blake3:")
     final = folder / f"{hex_hash}.nar.zst"
     part = folder / f"{hex_hash}.nar.zst.part"
-    with FileLock(str(folder / f"{hex_hash}.lock")):
+    with lock_file(folder / f"{hex_hash}.lock"):
         if final.is_file() and final.stat().st_size == info.file_size and file_blake3(final) == hex_hash:
             progress(info.file_size)
             return final
@@ -513,6 +514,7 @@ def _download(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[
                 held = 0
             if held == info.file_size:
                 break
+            check_free_space(folder, info.file_size - held, f"{sub.url}/{info.url} (FileSize)")
             stream, start = sub.backend.open(info.url, held)
             progress(start)
             try:
@@ -570,10 +572,29 @@ def _register(store: Store, name: str, sub: Substituter, info: NarInfo, expected
         obtained = f"cache {sub.url}" + (f" ({info.obtained})" if info.obtained else "")
         return BuildResult(obtained=obtained, impure=info.impure)
 
+    # A declared size the disk cannot hold is refused before anything is written.
+    check_free_space(store.root, info.nar_size, f"{label} (NarSize)")
     try:
         store.add(name, info.kind, build, references=info.references, expected_content=info.content)
     except StoreError as exc:
         raise CacheError(f"{label}: {exc.message}") from None
+
+
+def check_free_space(folder: Path, needed: int, what: str) -> None:
+    """Raise CacheError when the filesystem of ``folder`` (or of its nearest existing parent)
+    has fewer than ``needed`` bytes free: a size a cache declares is checked before writing."""
+    import shutil
+
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return  # cannot tell: the write itself will say
+    if needed > free:
+        raise CacheError(f"{what}: needs {needed} bytes, and {probe} has only {free} free; nothing was written",
+                         hint="free space there, or point --home / HARNESS_HOME at a larger filesystem")
 
 
 def _check_files(label: str, unpacked: Any, files: Mapping[str, str]) -> None:

@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("export", "Write a lock as hashed requirements.txt or PEP 751 pylock.toml."),
     "realize": ("realize", "Build what the locks name into the store (all when none named)."),
     "install": ("install", "Lock if needed, then realize the named services ahead of a run."),
-    "store": ("store", "Store: ls, path, verify, gc, why, pin, keygen, push, pull, export, import."),
+    "store": ("store", "Store: init, ls, path, verify, gc, why, pin, keygen, push, pull, export, import."),
     "up": ("up", "Start the resident services (or those named) and the broker."),
     "status": ("status", "Show the services harness runs: mode, GPU, state, pid, port, uptime."),
     "down": ("down", "Stop what harness up started (SIGINT/SIGTERM, then SIGKILL), nothing else."),
@@ -113,6 +113,17 @@ def cli(ctx: click.Context, home: str | None, deploy: str | None, project: str |
     services/*.toml --lock--> locks/ --realize--> store --launch--> run record
     """
     ctx.obj = State(home, deploy, project)
+    if ctx.invoked_subcommand is not None:
+        # A home shared by a group (``store init --group``: its store is setgid) must stay
+        # usable by the group whatever this member's umask. One stat; an import only there.
+        try:
+            shared = bool(os.stat(ctx.obj.home / "store").st_mode & 0o2000)
+        except OSError:
+            shared = False
+        if shared:
+            from harness.store.shared import apply_group_umask
+
+            apply_group_umask(ctx.obj.home)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,6 +151,12 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         sys.exit(0)
     except Exception as exc:  # a bug in harness: say so in one line, keep the trace opt-in
+        from harness.errors import os_failure
+
+        failure = os_failure(exc) if isinstance(exc, OSError) else None
+        if failure is not None:  # a full disk, a read-only home: the user's to fix
+            click.echo(f"error: {failure}", err=True)
+            sys.exit(failure.exit_code)
         if os.environ.get("HARNESS_DEBUG"):
             raise
         click.echo(

@@ -171,6 +171,9 @@ class HarnessEnvironment(BaseEnvironment):
         }
         if broker:
             self._base_env["HARNESS_BROKER"] = broker
+            token = os.environ.get("HARNESS_BROKER_TOKEN")
+            if token:  # the broker answers only with its token (its owner runs this trial)
+                self._base_env["HARNESS_BROKER_TOKEN"] = token
         self._record = self._make_record(config, broker, started)
         await asyncio.to_thread(_write_record, self.record_path, self._record)
         self.logger.info(f"harness: {self.session_id} runs {resolved.environment} "
@@ -295,8 +298,11 @@ def _loopback_ports(broker: str) -> list[int]:
     if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
         return []
     ports = [parts.port]
+    token = os.environ.get("HARNESS_BROKER_TOKEN")
+    request = urllib.request.Request(broker.rstrip("/") + "/status",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(broker.rstrip("/") + "/status", timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2) as response:
             status = json.loads(response.read())
         for service in status.get("services", []):
             url = urlsplit(str(service.get("url") or ""))

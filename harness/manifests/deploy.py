@@ -60,6 +60,13 @@ class ServiceDeploy(Strict):
         return self
 
 
+class BrokerDeploy(Strict):
+    """``[broker]``: limits of the broker that serves this machine's services."""
+
+    lease_seconds: float | None = Field(default=None, gt=0, description="reclaim a lease held longer")
+    gpu_wait_seconds: float = Field(default=120.0, gt=0, description="after a swap, wait this long for GPU memory")
+
+
 class Deploy(Strict):
     """``configs/deploy/<machine>.toml``: GPUs, paths and service modes for one machine."""
 
@@ -68,6 +75,7 @@ class Deploy(Strict):
     gpus: list[int] | None = Field(default=None, description="GPUs the project may use")
     gpu_memory_gb: float | None = Field(default=None, gt=0, le=4096)
     sim: Sim | None = None
+    broker: BrokerDeploy | None = None
     services: dict[str, ServiceDeploy] = Field(default_factory=dict)
     substituters: list[str] = Field(default_factory=list, description="binary caches to pull from")
     trusted_keys: list[str] = Field(default_factory=list, alias="trusted-keys")

@@ -90,10 +90,10 @@ class Context:
 
     def download_lock(self, sha256: str) -> Any:
         """Serializes everything that touches one download among concurrent realizes."""
-        from filelock import FileLock
+        from harness.store.store import lock_file
 
         self.downloads.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.downloads / f"{sha256}.lock"))
+        return lock_file(self.downloads / f"{sha256}.lock")
 
 
 def chosen_file(package: LockedPackage, lock: Lock) -> LockedFile:
@@ -176,7 +176,7 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
                 raise
             failures[lock.name] = exc
     _drop_downloads(ctx, locks)
-    register_project(ctx.store, ctx.project_root)
+    register_project(ctx.store, ctx.project_root, [n for lock in locks for n in lock_objects(lock)])
     if failures:
         if len(failures) == 1 and not reports:
             raise next(iter(failures.values()))

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, InputError
 
 #: Bump when what the stamp records or means changes.
 _STAMP_VERSION = 1
@@ -78,7 +78,9 @@ def _realize_names(state: Any, project: Any, home: Path, names: list[str], *, of
             stale.pop(name)
     if stale:
         lines = [f"{s.name}: lock {s.reason}" for s in stale.values()]
-        raise HarnessError("\n".join(lines), hint="run `harness lock` to bring the locks up to date")
+        # A lock that does not read (hand-edited, from a newer harness) is bad input: exit 2.
+        error = InputError if any(s.reason.startswith("unreadable") for s in stale.values()) else HarnessError
+        raise error("\n".join(lines), hint="run `harness lock` to bring the locks up to date")
     locks = [read(lock_path(project.locks_dir, name)) for name in names]  # this machine's platform
     _check_platforms(locks, project)
     substituters, trusted = list(settings.substituters), list(settings.trusted_keys)

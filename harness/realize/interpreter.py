@@ -325,7 +325,10 @@ def _build_host(python: LockedInterpreter, out: Path) -> InterpreterBuild:
     exe = layout["exe"]
     _finish(out, exe, minor=minor, old_prefix=os.fspath(found.base_prefix), version=python.version,
             shared=found.shared)
-    return InterpreterBuild(f"host: {found.executable}", exe, python.version, found.shared)
+    # Py_ENABLE_SHARED alone does not say the executable loads libpython: Debian's python3.X
+    # links it statically and ships the shared library for embedders only.
+    return InterpreterBuild(f"host: {found.executable}", exe, python.version,
+                            found.shared and _needs_libpython(out / exe))
 
 
 def _candidates(version: str, platform_name: str, searched: list[str]) -> Iterator[str]:
@@ -492,7 +495,8 @@ def _verify(out: Path, exe: str, *, version: str, shared: bool) -> None:
     shared builds) its libpython mapped from ``out``, not from the original installation."""
     code = ("import json, platform, sys\n"
             "maps = open('/proc/self/maps').read() if sys.platform == 'linux' else ''\n"
-            "libs = sorted({l.split()[-1] for l in maps.splitlines() if 'libpython' in l})\n"
+            # address perms offset dev inode path: the path (6th field) may hold spaces
+            "libs = sorted({l.split(None, 5)[5] for l in maps.splitlines() if 'libpython' in l})\n"
             "print(json.dumps([platform.python_version(), sys.prefix, sys.exec_prefix, libs]))")
     try:
         proc = subprocess.run([os.fspath(out / exe), "-I", "-S", "-B", "-c", code], check=False, capture_output=True,

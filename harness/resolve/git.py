@@ -42,7 +42,6 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 import blake3
-from filelock import FileLock
 
 from harness.errors import HarnessError
 from harness.manifests.model import Source
@@ -74,6 +73,12 @@ def _environment() -> dict[str, str]:
     env["GIT_TERMINAL_PROMPT"] = "0"  # fail instead of asking for a password
     env["GCM_INTERACTIVE"] = "never"  # nor through Git Credential Manager
     env["GIT_NO_REPLACE_OBJECTS"] = "1"  # refs/replace must not change what a commit holds
+    # Every network wait ends: an http(s) transfer slower than 1 byte/s for two minutes is
+    # abandoned, and ssh gives up on a host that does not answer (unless the user set ssh up).
+    env.setdefault("GIT_HTTP_LOW_SPEED_LIMIT", "1")
+    env.setdefault("GIT_HTTP_LOW_SPEED_TIME", "120")
+    if "GIT_SSH_COMMAND" not in env and "GIT_SSH" not in env:
+        env["GIT_SSH_COMMAND"] = "ssh -o ConnectTimeout=30 -o ServerAliveInterval=15 -o ServerAliveCountMax=8"
     return env
 
 
@@ -147,7 +152,9 @@ def _locked_mirror(cache_dir: Path, repo: str) -> Iterator[Path]:
     """Hold the mirror's file lock; yields the mirror's path (which may not exist yet)."""
     mirror = mirror_path(cache_dir, repo)
     mirror.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{mirror}.lock"):
+    from harness.store.store import lock_file
+
+    with lock_file(Path(f"{mirror}.lock")):  # group-writable: a shared home's members all open it
         yield mirror
 
 

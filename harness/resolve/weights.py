@@ -534,8 +534,39 @@ def _path_root(location: str, project_root: Path) -> Path:
     return root if root.is_absolute() else project_root / root
 
 
+#: Kernel pseudo-filesystems: their "files" change under the reader, or never end.
+_PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")
+
+
+def _refuse_special(weights: Weights, root: Path) -> None:
+    """Refuse a ``path`` that names a kernel pseudo-filesystem or a special file (a fifo, a
+    socket, a device) before anything reads it: reading one may block forever or never end.
+    Absolute paths elsewhere, outside the project, are allowed."""
+    from harness.errors import InputError
+
+    where = f"weights {weights.dir!r}: path {root}"
+    real = root.resolve()
+    for top in _PSEUDO_FILESYSTEMS:
+        if real.is_relative_to(top):
+            raise InputError(f"{where} is under {top}, a kernel pseudo-filesystem, not weights",
+                             hint="point path at a regular file or folder holding the weights")
+    try:
+        mode = os.stat(real).st_mode
+    except OSError:
+        return  # missing: said below
+    import stat
+
+    kinds = {stat.S_ISFIFO: "a fifo", stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device",
+             stat.S_ISBLK: "a block device"}
+    for test, kind in kinds.items():
+        if test(mode):
+            raise InputError(f"{where} is {kind}, not a file or folder",
+                             hint="point path at a regular file or folder holding the weights")
+
+
 def _lock_path(weights: Weights, select: Callable[[str], bool], project_root: Path) -> list[WeightFile]:
     root = _path_root(weights.location, project_root)
+    _refuse_special(weights, root)
     if root.is_file():
         return [WeightFile(root.name, root.stat().st_size, file_sha256(root))] if select(root.name) else []
     if not root.is_dir():
@@ -580,7 +611,8 @@ def _walk_folder(root: Path) -> Iterator[tuple[str, Path]]:
             elif target.is_file():
                 yield child.as_posix(), target
             else:
-                raise HarnessError(f"{path} is neither a file nor a folder")
+                raise HarnessError(f"{path} is neither a file nor a folder (a fifo, socket or device?)",
+                                   hint="weights folders hold regular files only")
 
     yield from visit(root, PurePosixPath(), frozenset({real_root}))
 

@@ -50,9 +50,9 @@ def run(
     echo: Any = print,
 ) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) with the closure's services; record it."""
-    from harness.runtime.broker import Broker
     from harness.realize.project_code import realize_project_files, service_files
-    from harness.runtime.session import prepare
+    from harness.runtime.broker import Broker, SharedBroker
+    from harness.runtime.session import broker_options, default_state_dir, prepare
     from harness.store.store import Store
 
     started = time.time()
@@ -66,6 +66,14 @@ def run(
         echo(f"note: {note}")
     store = Store.in_home(state.home)
     project = prepared.project
+    # One broker per state folder: when `harness up` runs one for this project, the run uses
+    # its services (harness-managed, launched from the same store paths) instead of
+    # starting its own beside them.
+    shared_dir = default_state_dir(state.home, project.root, prepared.deploy)
+    shared = SharedBroker.find(shared_dir)
+    if shared is not None:
+        shared.check_serves(prepared.specs, list(prepared.specs))
+        echo(f"using the broker of harness up ({shared.url}, state {shared_dir})")
     argv = command or _benchmark_command(prepared, store)
     if not argv:
         raise HarnessError("nothing to run: give a COMMAND after --, or a benchmark with a worker")
@@ -99,6 +107,7 @@ def run(
         "host": host_facts(),
         "versions": tool_versions(),
         "impurities": list(prepared.impurities),
+        "broker": {"shared": shared is not None, "state_dir": str(shared_dir if shared else run_dir / "services")},
     }
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", closure.as_json())
@@ -116,21 +125,32 @@ def run(
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     try:
-        broker = Broker(prepared.plan, prepared.specs, run_dir / "services")
-        address = broker.serve_in_thread()
-        broker.start()  # resident services up before the command starts
-        env = _command_env(address, prepared, run_dir)
+        if shared is not None:
+            residents = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in prepared.specs]
+            shared.start(residents, timeout=30.0 + sum(s.load_seconds for s in prepared.specs.values()))
+            address, broker_env = shared.url, shared.client_env()
+        else:
+            limits = broker_options(prepared.deploy)
+            broker = Broker(prepared.plan, prepared.specs, run_dir / "services", die_with_owner=True,
+                            lease_seconds=limits.get("lease_seconds"),
+                            gpu_wait_seconds=limits.get("gpu_wait_seconds", 120.0))
+            address = broker.serve_in_thread()
+            broker.start()  # resident services up before the command starts
+            broker_env = broker.client_env()
+        env = _command_env(broker_env, prepared, run_dir)
         echo(f"broker {address}; running: {' '.join(argv)}")
         exit_status = _run_command(argv, env, cwd, logs / "command.log", echo)
     except KeyboardInterrupt:
         exit_status = 130
         echo("interrupted: recording the run")
     finally:
+        try:
+            current = broker.status() if broker is not None else shared.request("GET", "/status") if shared else None
+            foreign = [s["name"] for s in (current or {}).get("services", [])
+                       if s.get("foreign") and s["name"] in prepared.specs]
+        except Exception:  # the record matters more than this detail
+            foreign = []
         if broker is not None:
-            try:
-                foreign = [s["name"] for s in broker.status()["services"] if s.get("foreign")]
-            except Exception:  # the record matters more than this detail
-                foreign = []
             broker.shutdown()
         ended = time.time()
         score = _score(run_dir)
@@ -162,12 +182,13 @@ def _benchmark_command(prepared: Any, store: Any) -> list[str]:
     return [_expand(part, values, prepared.benchmark) for part in manifest.worker]
 
 
-def _command_env(address: str, prepared: Any, run_dir: Path) -> dict[str, str]:
-    """The caller's environment plus where the broker, the run record and each service are."""
+def _command_env(broker_env: dict[str, str], prepared: Any, run_dir: Path) -> dict[str, str]:
+    """The caller's environment plus where the broker (and its token), the run record and
+    each service are."""
     env = dict(os.environ)
     for key in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
         env.pop(key, None)  # the benchmark's own environment must not see ours
-    env["HARNESS_BROKER"] = address
+    env.update(broker_env)
     env["HARNESS_RUN_DIR"] = str(run_dir)
     for placement in prepared.plan.services:
         key = "HARNESS_SERVICE_" + placement.name.upper().replace("-", "_").replace(".", "_") + "_URL"

@@ -65,8 +65,11 @@ when it died, and stops only what harness started.
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
+import math
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -75,15 +78,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 
 import psutil
+from filelock import FileLock, Timeout
 
 from harness.errors import HarnessError
-from harness.runtime import supervisor
+from harness.runtime import supervisor, watchdog
 from harness.runtime.launch import LaunchSpec, specs_from_json, specs_to_json
 from harness.runtime.plan import Gpu, Plan, ServicePlacement, SimWorker
 from harness.runtime.scheduling import STATES, Action, BrokerError, GroupState, Scheduler, Start, Stop
@@ -93,6 +97,13 @@ __all__ = ["STATES", "Broker", "BrokerError", "broker_address", "down", "read_st
 #: Marks the broker's state file.
 STATE_MARKER = "harness-broker/1"
 STATE_FILE = "broker.json"
+#: The broker's secret (0600): every request but ``GET /health`` carries it as
+#: ``Authorization: Bearer <token>``. A new one per broker process.
+TOKEN_FILE = "broker.token"
+#: Largest request body accepted (a lease request is a few hundred bytes).
+MAX_BODY = 1 << 20
+#: Held while a broker of the state folder is being looked for or started (one per folder).
+LOCK_FILE = "broker.lock"
 #: The configuration a detached broker (:func:`spawn`) reads at start.
 CONFIG_FILE = "broker-config.json"
 #: Client id used by :meth:`Broker.start` to bring services up (no lease outlives it).
@@ -128,11 +139,16 @@ class Broker:
         lease_seconds: float | None = None,
         grace: tuple[float, float] = supervisor.DEFAULT_GRACE,
         tick: float = 0.1,
+        die_with_owner: bool = False,
+        gpu_free: Callable[[int], float | None] | None = None,
+        gpu_wait_seconds: float = 120.0,
     ) -> None:
         self.plan = plan
         self.state_dir = Path(state_dir)
         self.grace = grace
         self.tick = tick
+        self.gpu_wait_seconds = gpu_wait_seconds
+        self._gpu_free = gpu_free or nvml_free_gb
         self._sched = Scheduler(plan.services, specs, crash_limit=crash_limit, crash_window=crash_window,
                                 lease_seconds=lease_seconds, new_id=lambda: secrets.token_hex(8))
         self.specs = {name: specs[name] for name, svc in self._sched.services.items() if svc.local}
@@ -150,6 +166,11 @@ class Broker:
         self._started_at = time.time()
         self._up_state = "idle"  # idle → starting → ready (Broker.start), for `harness up`
         self._up_errors: dict[str, str] = {}
+        #: The secret every request but ``/health`` must carry; written to ``broker.token``.
+        self.token = secrets.token_urlsafe(32)
+        # A broker inside a run's process: its services must not outlive that process,
+        # even killed with SIGKILL (see harness.runtime.watchdog).
+        self._watchdog = watchdog.spawn(self.state_dir, grace) if die_with_owner and self.specs else None
 
     # ---------------------------------------------------------------- context manager
 
@@ -264,13 +285,22 @@ class Broker:
             if isinstance(action, Start):
                 proc = None
                 try:
+                    if action.after_swap and action.gpu is not None and action.vram_gb > 0:
+                        self._wait_for_gpu(action)
                     if supervisor.port_in_use(spec.port):
-                        foreign = True  # someone else serves this port: use it as is, never stop it
+                        # Someone else holds the port. One that answers the service's health
+                        # check is used as is (never stopped); anything else is refused.
+                        if not supervisor.probe(spec):
+                            raise supervisor.ServiceStartError(
+                                f"{name}: port {spec.port} is held by {port_holder(spec.port)}, which does "
+                                f"not answer {spec.health_url or 'connections'} as {name} would",
+                                hint=f"stop that process, or give {name} another port in the deploy")
+                        foreign = True
                     else:
-                        extra = {"HARNESS_BROKER": self.address} if self._server is not None else None
+                        extra = self.client_env() if self._server is not None else None
                         proc = supervisor.start(spec, self.state_dir, extra_env=extra)
                         supervisor.wait_healthy(spec, proc)
-                except Exception as exc:
+                except Exception as exc:  # whatever happened, the group must not stay busy
                     failure = exc if isinstance(exc, supervisor.ServiceStartError) else \
                         supervisor.ServiceStartError(f"{name}: cannot start: {type(exc).__name__}: {exc}")
                     if proc is not None:  # timed out while still running: it is ours to stop
@@ -295,6 +325,27 @@ class Broker:
             self._procs.pop(name, None)
             self._sched.stopped(name, now)
         self._conds[group.name].notify_all()
+
+    def _wait_for_gpu(self, action: Start) -> None:
+        """After a swap, wait until the GPU can hold ``action``'s service: a stopped process's
+        memory is released by the driver a moment after the process is gone. Raises
+        :class:`supervisor.ServiceStartError` after :attr:`gpu_wait_seconds`."""
+        assert action.gpu is not None
+        began = time.monotonic()
+        interval = 0.02
+        while True:
+            free = self._gpu_free(action.gpu)
+            if free is None or free >= action.vram_gb:  # None: no inventory to ask
+                return
+            waited = time.monotonic() - began
+            if waited >= self.gpu_wait_seconds:
+                raise supervisor.ServiceStartError(
+                    f"{action.service}: GPU {action.gpu} has {free:.1f} GB free after the swap and "
+                    f"{action.service} needs {action.vram_gb:g} GB; waited {waited:.0f} s for the memory "
+                    "to be released",
+                    hint="another process holds memory on that GPU (see nvidia-smi); or correct vram_gb")
+            time.sleep(interval)
+            interval = min(interval * 1.5, 0.5)
 
     # -------------------------------------------------------------- housekeeping
 
@@ -353,20 +404,16 @@ class Broker:
 
     # --------------------------------------------------------------------- start / up
 
-    def start(self, names: Iterable[str] | None = None) -> dict[str, str | None]:
+    def start(self, names: Iterable[str] | None = None, *, check_leftovers: bool = True) -> dict[str, str | None]:
         """Bring services up: the plan's resident ones, or those named; wait until ready.
 
         Returns service name → None (ready) or the error message. Services of different
         groups start in parallel. Refuses (HarnessError) when pid files show services that
-        an earlier broker started still running: ``harness down`` first.
+        an earlier broker started still running: ``harness down`` first (not checked with
+        ``check_leftovers=False``: a later ``harness up`` joining this broker).
         """
-        with self._lock:
-            ours = {proc.pid for proc in self._procs.values()}
-        leftovers = [r for r in supervisor.read_pidfiles(self.state_dir) if r.alive and r.pid not in ours]
-        if leftovers:
-            listed = ", ".join(f"{r.name} (pid {r.pid})" for r in leftovers)
-            raise HarnessError(f"services started by an earlier harness are still running: {listed}",
-                               hint="harness down")
+        if check_leftovers:
+            self.check_leftovers()
         if names is None:
             wanted = [p.name for p in self.plan.services if p.mode == "resident"]
         else:
@@ -388,9 +435,28 @@ class Broker:
             thread.start()
         for thread in threads:
             thread.join()
-        self._up_errors = {n: e for n, e in results.items() if e is not None}
+        self._up_errors.update({n: e for n, e in results.items() if e is not None})
+        for name in wanted:
+            if results.get(name) is None:
+                self._up_errors.pop(name, None)
         self._up_state = "ready"
         return {n: results.get(n) for n in wanted}
+
+    def check_leftovers(self) -> None:
+        """Refuse (HarnessError) when pid files show services that an earlier broker of this
+        state folder started and that still run: ``harness down`` first."""
+        with self._lock:
+            ours = {proc.pid for proc in self._procs.values()}
+        leftovers = [r for r in supervisor.read_pidfiles(self.state_dir) if r.alive and r.pid not in ours]
+        if leftovers:
+            listed = ", ".join(f"{r.name} (pid {r.pid})" for r in leftovers)
+            raise HarnessError(f"services started by an earlier harness are still running: {listed}",
+                               hint="harness down")
+
+    def launches(self) -> dict[str, dict[str, Any]]:
+        """What each local service runs (``GET /plan``): argv, working folder and port, so a
+        caller can tell whether this broker serves the very store paths it would launch."""
+        return {name: launch_identity(spec) for name, spec in self.specs.items()}
 
     # ------------------------------------------------------------------------- status
 
@@ -413,6 +479,7 @@ class Broker:
                 "url": self.address if self._server is not None else None, "pid": os.getpid(),
                 "started": self._started_at, "state_dir": str(self.state_dir),
                 "up": self._up_state, "up_errors": self._up_errors, "closing": self._closing,
+                "lease_seconds": self._sched.lease_seconds, "gpu_wait_seconds": self.gpu_wait_seconds,
             },
             "services": services,
         }
@@ -425,7 +492,8 @@ class Broker:
         """The broker's base URL (``http://127.0.0.1:PORT``); binds the socket if needed."""
         server = self._bind()
         host, port = server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        # An AF_INET server's address is (str, int); typeshed allows bytes for AF_UNIX.
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     def _bind(self) -> ThreadingHTTPServer:
         if self._server is None:
@@ -437,6 +505,13 @@ class Broker:
                 )
             server = _Server((self._host, self._port), _Handler)
             server.broker = self
+            server.token = self.token.encode()
+            port = server.server_address[1]
+            loopback = self._host in ("127.0.0.1", "localhost", "::1")
+            # Loopback only answers requests addressed to loopback: a web page that rebinds
+            # a name of its own to 127.0.0.1 sends its own name as Host and is refused.
+            server.allowed_hosts = frozenset({f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}) \
+                if loopback else None
             self._server = server
         return self._server
 
@@ -445,7 +520,12 @@ class Broker:
             self._house = threading.Thread(target=self._housekeeping, name="broker-housekeeping", daemon=True)
             self._house.start()
 
+    def client_env(self) -> dict[str, str]:
+        """What a process needs to reach this broker: ``HARNESS_BROKER`` and its token."""
+        return {"HARNESS_BROKER": self.address, "HARNESS_BROKER_TOKEN": self.token}
+
     def _write_state(self) -> None:
+        write_token(self.state_dir, self.token)  # before broker.json: whoever finds one finds both
         create_time = psutil.Process().create_time()
         supervisor._write_json_atomically(self.state_dir / STATE_FILE, {
             "harness": STATE_MARKER, "url": self.address, "pid": os.getpid(),
@@ -511,12 +591,21 @@ class Broker:
             stoppers.append(thread)
         for thread in stoppers:
             thread.join()
+        if self._watchdog is not None and self._watchdog.stdin is not None:
+            try:
+                self._watchdog.stdin.write(watchdog.CLEAN_EXIT)
+                self._watchdog.stdin.close()
+                self._watchdog.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
         state = self.state_dir / STATE_FILE
         try:
             if json.loads(state.read_text()).get("pid") == os.getpid():
                 state.unlink()
         except (OSError, ValueError):
             pass
+        if read_token(self.state_dir) == self.token:
+            (self.state_dir / TOKEN_FILE).unlink(missing_ok=True)
         if self._server is not None:
             if self._serving:
                 self._server.shutdown()
@@ -533,9 +622,26 @@ class _Server(ThreadingHTTPServer):
     # whose dropped SYNs a client only retries after a second.
     request_queue_size = 1024
     broker: Broker
+    token: bytes
+    allowed_hosts: frozenset[str] | None  # None: not on loopback, any Host (the token still counts)
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """One HTTP request: access checks, then the broker's answer.
+
+    Every refusal is a JSON error with a 4xx status (never 500 for what a caller sent):
+    403 for a request from a web page (``Origin``) or to a name that is not loopback
+    (``Host``), 401 without the broker's token, 400 for a malformed body or field.
+    """
+
     protocol_version = "HTTP/1.1"  # keep-alive: a lease round trip costs no TCP handshake
     disable_nagle_algorithm = True  # headers and body go in separate writes
     timeout = 300  # an idle keep-alive connection's thread ends after this
@@ -550,20 +656,53 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            if status == 401:
+                self.send_header("WWW-Authenticate", 'Bearer realm="harness broker"')
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
             return True
         except OSError:
             return False  # the caller went away
 
+    def _refuse(self, exc: BrokerError) -> None:
+        if exc.status in (400, 401, 403, 413):
+            self.close_connection = True  # the body may be unread: the stream is not trusted
+        self._reply(exc.status, exc.as_json())
+
+    def _check_access(self) -> None:
+        """Host, then Origin, then the token; raises :class:`BrokerError` (403, 401)."""
+        allowed = self.server.allowed_hosts
+        host = self.headers.get("Host")
+        if allowed is not None and host not in allowed:
+            raise BrokerError(403, "forbidden", f"Host {host!r} is not this broker's loopback address")
+        origin = self.headers.get("Origin")
+        if origin is not None:
+            raise BrokerError(403, "forbidden", f"requests from a web page (Origin {origin!r}) are refused")
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode("utf-8", "surrogateescape"), self.server.token):
+            raise BrokerError(401, "unauthorized",
+                              "this broker answers only its owner: send 'Authorization: Bearer TOKEN' "
+                              f"with the token of {TOKEN_FILE} in its state folder "
+                              "(the client reads it, or $HARNESS_BROKER_TOKEN)")
+
     def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > 1 << 20:
-            raise BrokerError(413, "bad_request", "request body too large")
+        if self.headers.get("Transfer-Encoding"):
+            raise BrokerError(400, "bad_request", "send the body with Content-Length, not Transfer-Encoding")
+        raw_length = (self.headers.get("Content-Length") or "0").strip()
+        if not re.fullmatch(r"[0-9]{1,12}", raw_length):
+            raise BrokerError(400, "bad_request", f"bad Content-Length {raw_length[:40]!r}")
+        length = int(raw_length)
+        if length > MAX_BODY:
+            raise BrokerError(413, "bad_request", f"request body too large ({length} bytes; at most {MAX_BODY})")
         raw = self.rfile.read(length) if length else b"{}"
+        if len(raw) < length:
+            raise BrokerError(400, "bad_request", f"the body ended after {len(raw)} of {length} bytes")
         try:
             data = json.loads(raw or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise BrokerError(400, "bad_request", "the body is not JSON") from None
         if not isinstance(data, dict):
             raise BrokerError(400, "bad_request", "the body must be a JSON object")
@@ -571,46 +710,71 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         broker = self.server.broker
-        if self.path == "/status":
-            self._reply(200, broker.status())
-        elif self.path == "/health":
+        if self.path == "/health":  # open: readiness probes carry no secret
             self._reply(200, {"status": "ok", "pid": os.getpid()})
-        else:
-            self._reply(404, {"error": f"no such endpoint: GET {self.path}", "code": "not_found"})
+            return
+        try:
+            self._check_access()
+            if self.path == "/status":
+                self._reply(200, broker.status())
+            elif self.path == "/plan":
+                self._reply(200, {"plan": broker.plan.as_json(), "launch": broker.launches()})
+            else:
+                raise BrokerError(404, "not_found", f"no such endpoint: GET {self.path}")
+        except BrokerError as exc:
+            self._refuse(exc)
+        except Exception as exc:  # a bug: answer rather than drop the connection
+            self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
 
     def do_POST(self) -> None:
         broker = self.server.broker
         try:
+            self._check_access()
             data = self._body()
             if self.path == "/acquire":
-                service = data.get("service")
-                if not isinstance(service, str):
-                    raise BrokerError(400, "bad_request", "acquire needs {\"service\": name}")
-                timeout = data.get("timeout")
-                pid = data.get("pid")
-                lease = broker.acquire(
-                    service, str(data.get("client") or "anonymous"),
-                    client_pid=int(pid) if isinstance(pid, int) else None,
-                    timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
-                )
-                if not self._reply(200, lease):
-                    broker.release(lease["lease"])  # nobody will ever release it
+                self._acquire(broker, data)
             elif self.path == "/release":
                 lease_id = data.get("lease")
-                if not isinstance(lease_id, str):
+                if not isinstance(lease_id, str) or not 0 < len(lease_id) <= 200:
                     raise BrokerError(400, "bad_request", "release needs {\"lease\": id}")
                 broker.release(lease_id)
                 self._reply(200, {"released": lease_id})
+            elif self.path == "/start":
+                names = data.get("names")
+                if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                    raise BrokerError(400, "bad_request", "start needs {\"names\": [service, ...]}")
+                unknown = sorted(set(names) - set(broker.specs))
+                if unknown:
+                    raise BrokerError(404, "unknown_service", f"this broker launches no {', '.join(unknown)}")
+                results = broker.start(names, check_leftovers=False)
+                self._reply(200, {"results": results, "status": broker.status()})
             elif self.path == "/shutdown":
                 self._reply(200, {"shutting_down": True})
                 # Not on this thread: shutdown() waits for serve_forever, which waits for us.
                 threading.Thread(target=broker.shutdown, name="broker-shutdown").start()
             else:
-                self._reply(404, {"error": f"no such endpoint: POST {self.path}", "code": "not_found"})
+                raise BrokerError(404, "not_found", f"no such endpoint: POST {self.path}")
         except BrokerError as exc:
-            self._reply(exc.status, exc.as_json())
-        except Exception as exc:
+            self._refuse(exc)
+        except Exception as exc:  # a bug: answer rather than drop the connection
             self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
+
+    def _acquire(self, broker: Broker, data: Mapping[str, Any]) -> None:
+        service = data.get("service")
+        if not isinstance(service, str) or not service:
+            raise BrokerError(400, "bad_request", "acquire needs {\"service\": name}")
+        client = data.get("client", "anonymous")
+        if not isinstance(client, str) or len(client) > 200:
+            raise BrokerError(400, "bad_request", "\"client\" must be a string of at most 200 characters")
+        pid, timeout = data.get("pid"), data.get("timeout")
+        if pid is not None and not _positive_int(pid):
+            raise BrokerError(400, "bad_request", f"\"pid\" must be a positive integer, not {pid!r}")
+        if timeout is not None and not _number(timeout):
+            raise BrokerError(400, "bad_request", f"\"timeout\" must be a number of seconds >= 0, not {timeout!r}")
+        lease = broker.acquire(service, client or "anonymous", client_pid=pid,
+                               timeout=None if timeout is None else float(timeout))
+        if not self._reply(200, lease):
+            broker.release(lease["lease"])  # nobody will ever release it
 
 
 # ---------------------------------------------------------------- state-folder helpers
@@ -645,10 +809,34 @@ def broker_address(state_dir: Path) -> str | None:
     return None if state is None else str(state["url"])
 
 
-def _http_json(method: str, url: str, data: Mapping[str, Any] | None = None, timeout: float = 5.0) -> Any:
+def write_token(state_dir: Path, token: str) -> Path:
+    """Write ``<state>/broker.token`` readable by its owner only (0600), atomically."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / TOKEN_FILE
+    tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.unlink(missing_ok=True)  # O_EXCL below: never write through someone's link or wider file
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_token(state_dir: Path) -> str | None:
+    """The token of the broker of ``state_dir`` (None when missing or not readable)."""
+    try:
+        return (Path(state_dir) / TOKEN_FILE).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _http_json(method: str, url: str, data: Mapping[str, Any] | None = None, timeout: float = 5.0,
+               token: str | None = None) -> Any:
     body = None if data is None else json.dumps(data).encode()
-    request = urllib.request.Request(url, data=body, method=method,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
 
@@ -668,63 +856,208 @@ def stop_all_from_pidfiles(state_dir: Path, *, grace: tuple[float, float] = supe
     return results
 
 
-def down(state_dir: Path, *, timeout: float = 60.0, grace: tuple[float, float] = supervisor.DEFAULT_GRACE) -> dict[str, Any]:
-    """Stop the broker of ``state_dir`` and every service harness started there.
+def find_brokers(state_dir: Path) -> list[psutil.Process]:
+    """Every detached broker process of ``state_dir`` (``python -m harness.runtime.broker
+    STATE_DIR``) this user runs, found in the process table, not only the one ``broker.json``
+    names: so no broker can run that ``status`` does not show and ``down`` does not stop."""
+    wanted = str(Path(state_dir).resolve())
+    found = []
+    me = os.getpid()
+    for process in psutil.process_iter(["cmdline", "uids", "status"]):
+        try:
+            cmd = process.info["cmdline"] or []
+            if process.pid == me or process.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if "harness.runtime.broker" not in cmd or process.info["uids"].real != os.getuid():
+                continue
+            at = cmd.index("harness.runtime.broker")
+            if at + 1 < len(cmd) and str(Path(cmd[at + 1]).resolve()) == wanted and cmd[at - 1] == "-m":
+                found.append(process)
+        except (psutil.Error, ValueError, IndexError, AttributeError, OSError):
+            continue
+    return found
 
-    Asks a live broker to shut down (it stops its services) and waits for its process to
-    exit, signalling it (SIGTERM, then SIGKILL) if it does not within ``timeout``; then
+
+def down(state_dir: Path, *, timeout: float = 60.0, grace: tuple[float, float] = supervisor.DEFAULT_GRACE) -> dict[str, Any]:
+    """Stop every broker of ``state_dir`` and every service harness started there.
+
+    Asks the live broker to shut down (it stops its services) and waits for its process to
+    exit, signalling it (SIGTERM, then SIGKILL) if it does not within ``timeout``; signals
+    any other broker process of the folder (SIGTERM: it stops its services and exits); then
     stops whatever pid files still name (what a dead broker left running) and removes a
-    stale ``broker.json``. Returns ``{"broker": outcome, "services": [...]}`` where outcome
-    is "shutdown", "signalled" or "not running".
+    stale ``broker.json``. Returns ``{"broker": outcome, "brokers": [pid, ...],
+    "services": [...]}`` where outcome is "shutdown", "signalled" or "not running".
     """
     state_dir = Path(state_dir)
     outcome = "not running"
     state = read_state(state_dir)
+    stopped_brokers: list[int] = []
     if state is not None:
         pid = int(state["pid"])
         try:
-            _http_json("POST", f"{state['url']}/shutdown", {}, timeout=5.0)
+            _http_json("POST", f"{state['url']}/shutdown", {}, timeout=5.0, token=read_token(state_dir))
             asked = True
         except (OSError, ValueError):
             asked = False
+        outcome = "shutdown" if _wait_or_signal(pid, timeout if asked else 0.1, grace) else "signalled"
+        stopped_brokers.append(pid)
+    for process in find_brokers(state_dir):  # brokers broker.json does not name
+        if process.pid in stopped_brokers:
+            continue
         try:
-            process = psutil.Process(pid)
-            try:
-                process.wait(timeout if asked else 0.1)
-                outcome = "shutdown"
-            except psutil.TimeoutExpired:
-                if read_state(state_dir) is not None:  # still the same broker process
-                    process.terminate()
-                    try:
-                        process.wait(grace[1])
-                    except psutil.TimeoutExpired:
-                        process.kill()
-                outcome = "signalled"
-        except psutil.NoSuchProcess:
-            outcome = "shutdown"
+            process.terminate()  # its handler stops its services, then it exits
+        except psutil.Error:
+            continue
+        _wait_or_signal(process.pid, timeout, grace)
+        stopped_brokers.append(process.pid)
+        if outcome == "not running":
+            outcome = "signalled"
     stopped = stop_all_from_pidfiles(state_dir, grace=grace)
-    stale = state_dir / STATE_FILE
     if read_state(state_dir) is None:
+        (state_dir / STATE_FILE).unlink(missing_ok=True)
+        (state_dir / TOKEN_FILE).unlink(missing_ok=True)
+    return {"broker": outcome, "brokers": stopped_brokers, "services": stopped}
+
+
+def _wait_or_signal(pid: int, timeout: float, grace: tuple[float, float]) -> bool:
+    """Wait for process ``pid`` to exit; SIGTERM then SIGKILL it after ``timeout``.
+    True when it exited on its own."""
+    try:
+        process = psutil.Process(pid)
         try:
-            stale.unlink()
-        except FileNotFoundError:
-            pass
-    return {"broker": outcome, "services": stopped}
+            process.wait(timeout)
+            return True
+        except psutil.TimeoutExpired:
+            process.terminate()
+            try:
+                process.wait(grace[1])
+            except psutil.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+            return False
+    except psutil.NoSuchProcess:
+        return True
 
 
 def status(state_dir: Path) -> dict[str, Any]:
     """What runs for ``state_dir``: the broker's ``/status``, or the pid files without one.
 
     Without a live broker the answer is ``{"broker": None, "services": [...]}`` with, per
-    pid file, its name, pid, port, whether it is alive and its log.
+    pid file, its name, pid, port, whether it is alive and its log. ``brokers`` lists every
+    broker process of the folder found in the process table (normally the one).
     """
     state = read_state(state_dir)
+    brokers = [p.pid for p in find_brokers(state_dir)]
     if state is not None:
         try:
-            return _http_json("GET", f"{state['url']}/status", timeout=10.0)
+            current = _http_json("GET", f"{state['url']}/status", timeout=10.0, token=read_token(state_dir))
+            current["brokers"] = brokers
+            return dict(current)
         except (OSError, ValueError):
             pass
-    return {"broker": None, "services": [r.as_json() for r in supervisor.read_pidfiles(Path(state_dir))]}
+    return {"broker": None, "brokers": brokers,
+            "services": [r.as_json() for r in supervisor.read_pidfiles(Path(state_dir))]}
+
+
+def nvml_free_gb(index: int) -> float | None:
+    """Free memory (GB) of GPU ``index`` as NVML reports it now; None without NVML or GPU."""
+    from harness.runtime.inventory import detect_gpus
+
+    return next((gpu.free_gb for gpu in detect_gpus() if gpu.index == index), None)
+
+
+def port_holder(port: int) -> str:
+    """Who listens on TCP ``port``: "pid N (command line)" where the process table shows it."""
+    try:
+        connections = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        connections = []
+    for conn in connections:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            if conn.pid is None:
+                break
+            try:
+                command = " ".join(psutil.Process(conn.pid).cmdline())[:200]
+            except psutil.Error:
+                command = "?"
+            return f"pid {conn.pid} ({command})"
+    return "a process harness cannot see (another user's?)"
+
+
+def launch_identity(spec: LaunchSpec) -> dict[str, Any]:
+    """What makes two launches of a service the same process: its argv (every store path of
+    its interpreter, weights and sources), working folder (its code's store path) and port."""
+    return {"argv": list(spec.argv), "cwd": str(spec.cwd), "port": spec.port}
+
+
+def launch_differences(served: Mapping[str, Any], specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> list[str]:
+    """Why a broker whose ``GET /plan`` launches are ``served`` cannot serve ``names`` as
+    ``specs`` would launch them (one line per service; empty when it can)."""
+    problems = []
+    for name in sorted(names):
+        mine = launch_identity(specs[name])
+        theirs = served.get(name)
+        if theirs is None:
+            problems.append(f"{name}: not among the services it launches")
+            continue
+        for key in ("argv", "cwd", "port"):
+            if theirs.get(key) != mine[key]:
+                problems.append(f"{name}: it runs {key} {theirs.get(key)!r}, this project wants {mine[key]!r}")
+                break
+    return problems
+
+
+class SharedBroker:
+    """A live broker of a state folder that a run or a later ``harness up`` joins."""
+
+    def __init__(self, state_dir: Path, state: Mapping[str, Any]) -> None:
+        self.state_dir = Path(state_dir)
+        self.url = str(state["url"])
+        self.pid = int(state["pid"])
+        token = read_token(self.state_dir)
+        if token is None:
+            raise HarnessError(f"a broker (pid {self.pid}) serves {self.state_dir}, but its token "
+                               f"{self.state_dir / TOKEN_FILE} cannot be read",
+                               hint="it belongs to another user: use a state folder of your own")
+        self.token = token
+
+    @classmethod
+    def find(cls, state_dir: Path) -> SharedBroker | None:
+        """The live broker of ``state_dir``, or None."""
+        state = read_state(state_dir)
+        return None if state is None else cls(state_dir, state)
+
+    def request(self, method: str, path: str, data: Mapping[str, Any] | None = None,
+                timeout: float = 10.0) -> Any:
+        try:
+            return _http_json(method, self.url + path, data, timeout=timeout, token=self.token)
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read()).get("error", str(exc))
+            except (OSError, ValueError, AttributeError):
+                message = str(exc)
+            raise HarnessError(f"the broker of {self.state_dir} refused {method} {path}: {message}") from None
+        except (OSError, ValueError) as exc:
+            raise HarnessError(f"the broker of {self.state_dir} at {self.url} does not answer: {exc}") from None
+
+    def client_env(self) -> dict[str, str]:
+        return {"HARNESS_BROKER": self.url, "HARNESS_BROKER_TOKEN": self.token}
+
+    def check_serves(self, specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> None:
+        """Raise HarnessError unless this broker launches ``names`` exactly as ``specs`` do."""
+        problems = launch_differences(self.request("GET", "/plan").get("launch", {}), specs, names)
+        if problems:
+            raise HarnessError(
+                f"the broker of {self.state_dir} (pid {self.pid}, started by harness up) does not serve "
+                "what this project would launch:\n  " + "\n  ".join(problems),
+                hint="harness down, then harness up (or run) again with this project")
+
+    def start(self, names: list[str], timeout: float) -> dict[str, Any]:
+        """Bring ``names`` up in this broker; its ``/status`` with this call's errors."""
+        answer = self.request("POST", "/start", {"names": names}, timeout=timeout)
+        status = dict(answer["status"])
+        status["broker"]["up_errors"] = {n: e for n, e in answer["results"].items() if e is not None}
+        return status
 
 
 # ---------------------------------------------------------- a broker in its own process
@@ -743,39 +1076,42 @@ def plan_from_json(data: Mapping[str, Any]) -> Plan:
 def spawn(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path, *,
           names: Iterable[str] | None = None, python: str = sys.executable,
           timeout: float | None = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Start a detached broker process for ``state_dir`` and bring services up (``harness up``).
+    """Bring services up in the broker of ``state_dir``, starting it if none runs (``harness up``).
 
-    The broker runs ``python -m harness.runtime.broker STATE_DIR`` in its own session (so
-    it outlives the caller), logs to ``<state>/logs/broker.log``, serves at once and then
-    starts the plan's resident services (or ``names``). Returns its ``/status`` once they
-    are up (or failed: see each service's ``error`` and ``broker.up_errors``). ``timeout``
-    defaults to the sum of the services' ``load_seconds`` plus 30 s. Raises HarnessError
-    when a broker already serves ``state_dir`` or this one does not come up.
+    One broker per state folder: a lock file (``broker.lock``) makes concurrent callers
+    agree, and whoever finds a live broker joins it — it must launch ``names`` exactly as
+    ``specs`` do (else HarnessError) and is asked to bring them up. A new broker runs
+    ``python -m harness.runtime.broker STATE_DIR`` in its own session (so it outlives the
+    caller), logs to ``<state>/logs/broker.log``, serves at once and then starts the plan's
+    resident services (or ``names``). Returns its ``/status`` once they are up or failed:
+    ``broker.up_errors`` names each failure of this call. ``timeout`` defaults to the sum
+    of the services' ``load_seconds`` plus 30 s.
     """
     state_dir = Path(state_dir)
-    existing = read_state(state_dir)
-    if existing is not None:
-        raise HarnessError(f"a broker already runs for {state_dir} at {existing['url']} (pid {existing['pid']})",
-                           hint="harness down first, or harness status")
     state_dir.mkdir(parents=True, exist_ok=True)
-    config = {
-        "plan": plan.as_json(), "specs": json.loads(specs_to_json(specs)),
-        "names": None if names is None else list(names), "options": dict(options or {}),
-    }
-    supervisor._write_json_atomically(state_dir / CONFIG_FILE, config)
-    log = state_dir / "logs" / "broker.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     if timeout is None:
         timeout = 30.0 + sum(s.load_seconds for s in specs.values())
-    # The broker imports harness: run it from the interpreter and import path we run on.
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([python, "-m", "harness.runtime.broker", str(state_dir)],
-                                cwd=state_dir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    wanted = list(names) if names is not None else [p.name for p in plan.services if p.mode == "resident"]
+    log = state_dir / "logs" / "broker.log"
+    try:
+        with FileLock(str(state_dir / LOCK_FILE), timeout=60):
+            shared = SharedBroker.find(state_dir)
+            if shared is None:
+                strays = find_brokers(state_dir)
+                if strays:
+                    raise HarnessError(
+                        f"broker processes run for {state_dir} without its broker.json: "
+                        + ", ".join(f"pid {p.pid}" for p in strays), hint="harness down")
+                proc = _start_detached(plan, specs, state_dir, wanted, python, options, log)
+                _wait_serving(proc, state_dir, log, timeout)
+    except Timeout:
+        raise HarnessError(f"another harness up holds {state_dir / LOCK_FILE} for over 60 s",
+                           hint="wait for it, or harness down") from None
+    if shared is not None:
+        shared.check_serves(specs, wanted)
+        return shared.start(wanted, timeout)
     deadline = time.monotonic() + timeout
+    token = read_token(state_dir)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise supervisor.ServiceStartError(
@@ -784,13 +1120,47 @@ def spawn(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path, *,
         state = read_state(state_dir)
         if state is not None and state.get("pid") == proc.pid:
             try:
-                current = _http_json("GET", f"{state['url']}/status", timeout=5.0)
+                current = _http_json("GET", f"{state['url']}/status", timeout=5.0, token=token)
             except (OSError, ValueError):
                 current = None
             if current is not None and current["broker"]["up"] == "ready":
-                return current
+                return dict(current)
         time.sleep(0.05)
     raise HarnessError(f"the broker did not bring its services up within {timeout:g} s; log: {log}")
+
+
+def _start_detached(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path, names: list[str],
+                    python: str, options: Mapping[str, Any] | None, log: Path) -> subprocess.Popen[bytes]:
+    config = {
+        "plan": plan.as_json(), "specs": json.loads(specs_to_json(specs)),
+        "names": names, "options": dict(options or {}),
+    }
+    supervisor._write_json_atomically(state_dir / CONFIG_FILE, config)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # The broker imports harness: run it from the interpreter and import path we run on.
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(log, "ab") as out:
+        return subprocess.Popen([python, "-m", "harness.runtime.broker", str(state_dir)],
+                                cwd=state_dir, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_serving(proc: subprocess.Popen[bytes], state_dir: Path, log: Path, timeout: float) -> None:
+    """Wait until the new broker has written ``broker.json`` (it serves: others may join)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise supervisor.ServiceStartError(
+                f"the broker exited with {supervisor._describe_exit(proc.returncode)}; log: {log}",
+                log_tail=supervisor.log_tail(log))
+        state = read_state(state_dir)
+        if state is not None and state.get("pid") == proc.pid:
+            return
+        time.sleep(0.02)
+    proc.terminate()
+    raise HarnessError(f"the broker did not start serving within {timeout:g} s; log: {log}")
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -810,10 +1180,15 @@ def _main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    try:
+        broker.check_leftovers()  # before serving: a later `up` may start services once we do
+    except HarnessError as exc:
+        print(f"broker: {exc}", flush=True)
+        return 1
     address = broker.serve_in_thread()
     print(f"broker: serving on {address} (pid {os.getpid()})", flush=True)
     try:
-        results = broker.start(config.get("names"))
+        results = broker.start(config.get("names"), check_leftovers=False)
     except HarnessError as exc:
         print(f"broker: {exc}", flush=True)
         broker.shutdown()

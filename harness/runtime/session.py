@@ -45,6 +45,17 @@ def default_state_dir(home: Path, project_root: Path, deploy: Any | None) -> Pat
     return home / "state" / f"{project_root.name}-{key}"
 
 
+def broker_options(deploy: Any | None) -> dict[str, float]:
+    """The deploy's ``[broker]`` settings as :class:`~harness.runtime.broker.Broker` options."""
+    settings = getattr(deploy, "broker", None)
+    if settings is None:
+        return {}
+    options = {"gpu_wait_seconds": float(settings.gpu_wait_seconds)}
+    if settings.lease_seconds is not None:
+        options["lease_seconds"] = float(settings.lease_seconds)
+    return options
+
+
 def prepare(
     state: Any,
     *,

@@ -16,20 +16,30 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.store.store import Store
 
 
-def register_project(store: Store, project_root: Path) -> None:
-    """Remember that ``project_root`` realized into ``store`` (its locks become roots)."""
+def register_project(store: Store, project_root: Path, names: Iterable[str] = ()) -> None:
+    """Remember that ``project_root`` realized into ``store`` (its locks become roots).
+
+    The root file holds the project's folder, then the store paths ``names`` it realized
+    (merged with those already listed): what gc keeps for the project when another user
+    runs it and cannot read the project's locks (a shared store, a private home).
+    """
     folder = store.roots_dir / "projects"
     folder.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(str(project_root.resolve()).encode()).hexdigest()[:32]
     target = folder / key
-    text = str(project_root.resolve()) + "\n"
-    if not target.is_file() or target.read_text() != text:
+    try:
+        old = target.read_text().splitlines()
+    except (FileNotFoundError, PermissionError):
+        old = []
+    text = "\n".join([str(project_root.resolve()), *sorted(set(old[1:]) | set(names))]) + "\n"
+    if old[:1] != [str(project_root.resolve())] or "\n".join(old) + "\n" != text:
         target.write_text(text)
 
 
@@ -57,16 +67,21 @@ def roots(store: Store) -> list[Root]:
 
     found: list[Root] = []
     for entry in sorted((store.roots_dir / "projects").glob("*")) if (store.roots_dir / "projects").is_dir() else []:
-        project = Path(entry.read_text().strip())
+        lines = entry.read_text().splitlines()
+        project = Path(lines[0].strip() if lines else "")
         names: set[str] = set()
         locks = project / "locks"
-        if not locks.is_dir():
-            continue  # the project is gone: it roots nothing any more
-        for lock_file in sorted(locks.glob("*.lock.toml")):
-            try:
-                names |= lock_store_paths(read(lock_file))
-            except HarnessError:
-                continue
+        try:
+            if not locks.is_dir():
+                continue  # the project is gone: it roots nothing any more
+            for lock_file in sorted(locks.glob("*.lock.toml")):
+                try:
+                    names |= lock_store_paths(read(lock_file))
+                except HarnessError:
+                    continue
+        except PermissionError:
+            # Another user's project this user cannot read: keep what it last realized.
+            names = {line.strip() for line in lines[1:] if line.strip()}
         found.append(Root("project", str(project), frozenset(names)))
     for entry in sorted((store.roots_dir / "pins").glob("*")) if (store.roots_dir / "pins").is_dir() else []:
         found.append(Root("pin", entry.name, frozenset({entry.name})))
@@ -129,6 +144,8 @@ def collect(store: Store, *, dry_run: bool) -> list[str]:
     live = live_paths(store)
     # A record whose path was deleted behind the store's back is dead weight too.
     dead = sorted(r.name for r in store.records(even_if_gone=True) if r.name not in live)
+    # In a shared store only the member who registered a path (or root) deletes it.
+    dead = [name for name in dead if store.may_remove(name)]
     if not dry_run:
         for name in dead:
             store.delete(name)

@@ -122,10 +122,17 @@ class Store:
         return self.root / ".links"
 
     def path(self, name: str) -> Path:
-        """Where object ``name`` (``<hash>-<name>``) lives, registered or not."""
+        """Where object ``name`` (``<hash>-<name>``) lives, registered or not.
+
+        A name that is not a store path name (``/``, ``..``, a leading ``.``) raises
+        StoreError: nothing outside the store is ever named.
+        """
         from harness.store.hashing import check_store_name
 
-        check_store_name(name)
+        try:
+            check_store_name(name)
+        except ValueError as exc:
+            raise StoreError(f"{exc}; it cannot name a path in {self.root}") from None
         return self.root / name
 
     def record_path(self, name: str) -> Path:
@@ -169,11 +176,40 @@ class Store:
             folder.mkdir(parents=True, exist_ok=True)
 
     def lock(self, name: str) -> Any:
-        """The per-path lock (a ``filelock.FileLock``), for use as a context manager."""
-        from filelock import FileLock
+        """The per-path lock (a ``filelock.FileLock``), for use as a context manager.
 
+        The name is checked first, so a bad name creates no file anywhere. Lock files are
+        group-writable: in a store shared by a group (``harness store init --group``) every
+        member must be able to open the lock file another member created.
+        """
+        self.path(name)  # refuses a name with '/' or '..' before any file is created
         self._ensure_dirs()
-        return FileLock(str(self.locks_dir / f"{name}.lock"))
+        return lock_file(self.locks_dir / f"{name}.lock")
+
+    def owner(self, name: str) -> int | None:
+        """The uid that registered ``name`` (the owner of its path), or None when absent."""
+        try:
+            return os.lstat(self.root / name).st_uid
+        except FileNotFoundError:
+            return None
+
+    def may_remove(self, name: str) -> bool:
+        """Whether this process may delete ``name`` (see :meth:`check_removable`)."""
+        uid = self.owner(name)
+        return uid is None or uid == os.geteuid() or os.geteuid() == 0
+
+    def check_removable(self, name: str) -> None:
+        """Raise StoreError unless this process may delete or replace ``name``.
+
+        In a shared store (sticky, like ``/tmp``) only the member who registered a path (or
+        root) may remove it; the check comes first so that nothing is half removed.
+        """
+        if self.may_remove(name):
+            return
+        who = user_name(self.owner(name) or 0)
+        raise StoreError(f"{self.root / name} was registered by {who}: only {who} (or root) can delete "
+                         "or replace it", hint=f"ask {who} to run `harness store verify --repair` or "
+                         "`harness store gc`")
 
     def add(
         self,
@@ -206,6 +242,7 @@ class Store:
             target = self.path(name)
             if os.path.lexists(target):
                 # A crash between rename and record: not registered, so not trusted.
+                self.check_removable(name)
                 remove_tree(target)
             scratch = Path(tempfile.mkdtemp(prefix=f"{name[:40]}.", dir=self.tmp_dir))
             try:
@@ -215,7 +252,10 @@ class Store:
                     raise StoreError(f"building {name} produced nothing")
                 if kind in SHARED_KINDS:
                     self._share_files(out)
-                canonicalize(out)
+                # The top directory stays writable until it is in place: moving a directory
+                # to another parent rewrites its ``..``, which Linux allows only in a
+                # directory its owner can write (or to root). Its mode is not content.
+                canonicalize(out, keep_top_writable=True)
                 digest = nar_digest(out)
                 if expected_content is not None and digest.hash != expected_content:
                     raise StoreError(
@@ -223,6 +263,9 @@ class Store:
                         f"got {digest.hash}; nothing was registered"
                     )
                 os.rename(out, target)
+                # Read-only before registration: a registered path is never writable, and a
+                # crash here leaves an unregistered path that the next add or clean removes.
+                _seal_top(target)
                 record = Record(
                     name=name, kind=kind, content=digest.hash, nar_size=digest.nar_size,
                     references=tuple(sorted(set(references) | set(result.references))),
@@ -296,8 +339,8 @@ class Store:
                     if entry.stat(follow_symlinks=False).st_nlink == 1:
                         os.unlink(entry.path)
                         removed += 1
-                except FileNotFoundError:
-                    continue
+                except (FileNotFoundError, PermissionError):
+                    continue  # gone, or another member's (a shared store's pool is sticky)
         return removed
 
     def _write_record(self, record: Record) -> None:
@@ -305,6 +348,9 @@ class Store:
         fd, temp = tempfile.mkstemp(prefix=f".{record.name[:40]}.", dir=self.meta_dir)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                # Readable by everyone who can read the store (mkstemp makes 0600); a record,
+                # like its path, never changes once registered.
+                os.fchmod(handle.fileno(), 0o444)
                 json.dump(record.as_json(), handle, indent=1, sort_keys=True)
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -316,8 +362,13 @@ class Store:
     # -- removing and cleaning -----------------------------------------------------------
 
     def delete(self, name: str) -> None:
-        """Unregister and remove ``name``: the record goes first, so a crash leaves debris."""
+        """Unregister and remove ``name``: the record goes first, so a crash leaves debris.
+
+        Refused (StoreError, nothing touched) for a path another member of a shared store
+        registered.
+        """
         with self.lock(name):
+            self.check_removable(name)
             self.record_path(name).unlink(missing_ok=True)
             target = self.root / name
             if os.path.lexists(target):
@@ -339,6 +390,8 @@ class Store:
                 continue
             from filelock import Timeout
 
+            if not self._mine(entry):
+                continue  # another member's leftover (shared store): theirs to clean
             try:
                 with self.lock(entry.name).acquire(timeout=0):
                     if not self.record_path(entry.name).is_file() and os.path.lexists(entry):
@@ -346,36 +399,70 @@ class Store:
                         removed.append(entry.name)
             except Timeout:
                 continue  # being built right now
+            except StoreError:
+                continue  # not a store path name: not the store's to remove
         if self.tmp_dir.is_dir():
             for scratch in sorted(self.tmp_dir.iterdir()):
                 name_prefix = scratch.name.rsplit(".", 1)[0]
-                if self._someone_building(name_prefix):
+                if not self._mine(scratch) or self._someone_building(name_prefix):
                     continue
                 remove_tree(scratch)
                 removed.append(f".tmp/{scratch.name}")
         for temp in sorted(self.meta_dir.glob(".*")) if self.meta_dir.is_dir() else []:
-            temp.unlink(missing_ok=True)
+            if self._mine(temp):
+                temp.unlink(missing_ok=True)
         return removed
 
-    def _someone_building(self, name_prefix: str) -> bool:
-        from filelock import FileLock, Timeout
+    @staticmethod
+    def _mine(path: Path) -> bool:
+        """Whether this process may remove ``path`` from a (possibly shared, sticky) folder."""
+        try:
+            return os.geteuid() == 0 or os.lstat(path).st_uid == os.geteuid()
+        except FileNotFoundError:
+            return False
 
-        for lock_file in self.locks_dir.glob(f"{name_prefix}*.lock"):
+    def _someone_building(self, name_prefix: str) -> bool:
+        from filelock import Timeout
+
+        for path in self.locks_dir.glob(f"{name_prefix}*.lock"):
             try:
-                with FileLock(str(lock_file)).acquire(timeout=0):
+                with lock_file(path).acquire(timeout=0):
                     pass
             except Timeout:
                 return True
         return False
 
 
-def canonicalize(path: Path) -> None:
+def lock_file(path: Path) -> Any:
+    """A ``filelock.FileLock`` on ``path`` that every member of the folder's group can open.
+
+    filelock opens the file read-write; a lock file another user created must therefore be
+    group-writable (0664; the process umask may still take bits away in a private home).
+    """
+    from filelock import FileLock
+
+    return FileLock(str(path), mode=0o664)
+
+
+def user_name(uid: int) -> str:
+    """The login name of ``uid``, or the number when the system does not know it."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def canonicalize(path: Path, *, keep_top_writable: bool = False) -> None:
     """Make ``path`` read-only with fixed mtimes; keep only the executable bit as meaning.
 
     Files become 0444 or 0555, directories 0555, symlinks are left as they are (their
     targets are content). Ownership is not touched (that needs privileges and is not
     content). Children are done before their directory, since a read-only directory's
-    entries can no longer be changed.
+    entries can no longer be changed. ``keep_top_writable`` leaves a top directory 0755
+    (mtime fixed all the same) so it can still be moved into the store without root; the
+    caller seals it with :func:`_seal_top` once it is in place.
     """
     def fix(entry: Path, st: os.stat_result) -> None:
         if stat.S_ISLNK(st.st_mode):
@@ -400,7 +487,20 @@ def canonicalize(path: Path) -> None:
                 full = Path(dirpath, child)
                 if not os.path.islink(full):
                     fix(full, os.lstat(full))
+        if keep_top_writable:
+            os.chmod(path, 0o755)
+            os.utime(path, (FIXED_MTIME, FIXED_MTIME))
+            return
     fix(path, st)
+
+
+def _seal_top(path: Path) -> None:
+    """Make a just-moved top directory read-only (files and symlinks already are)."""
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode):
+        os.chmod(path, 0o555)
+    if not stat.S_ISLNK(st.st_mode):
+        os.utime(path, (FIXED_MTIME, FIXED_MTIME))
 
 
 def _same_bytes(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

@@ -19,6 +19,7 @@ def command(state: State, as_json: bool) -> None:
     if as_json:
         print_json(result)
         return
-    click.echo(f"broker: {result['broker']}")
+    pids = ", ".join(map(str, result.get("brokers", [])))
+    click.echo(f"broker: {result['broker']}" + (f" (pid {pids})" if pids else ""))
     for service in result["services"]:
         click.echo(f"{service['name']}: {service['outcome']} (pid {service['pid']})")

@@ -27,6 +27,10 @@ def print_status(status: dict[str, Any], state_dir: Path) -> None:
         click.echo(f"broker: {broker.get('url', '?')} (pid {broker.get('pid', '?')}), state {state_dir}")
     else:
         click.echo(f"broker: not running (state {state_dir})")
+    # Broker processes of this folder that broker.json does not name (`harness down` stops them).
+    others = [pid for pid in status.get("brokers", []) if not broker or pid != broker.get("pid")]
+    if others:
+        click.echo(f"other broker processes of this state folder: {', '.join(map(str, others))} (harness down)")
     rows = []
     now = time.time()
     for service in status.get("services", []):

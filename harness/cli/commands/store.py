@@ -7,7 +7,7 @@ import click
 from harness.cli import State
 
 
-@click.group(help="Inspect and maintain the store: ls, path, verify, gc, why, pin; "
+@click.group(help="Inspect and maintain the store: init, ls, path, verify, gc, why, pin; "
              "binary caches: keygen, push, pull, export, import.")
 def command() -> None:
     pass
@@ -19,19 +19,40 @@ def _store(state: State):
     return Store.in_home(state.home)
 
 
-@command.command("ls", help="List registered store paths: path, kind, size.")
+@command.command("init", help="Set up a home a group shares: setgid, group-writable, sticky store.")
+@click.option("--group", required=True, metavar="GROUP", help="The group whose members share the home.")
+@click.pass_obj
+def init(state: State, group: str) -> None:
+    from harness.store.shared import init_shared
+
+    init_shared(state.home, group)
+    click.echo(f"{state.home} is shared by group {group}: members use it with `--home {state.home}` "
+               "or HARNESS_HOME; each can delete only the paths they registered")
+
+
+@command.command("ls", help="List registered store paths: path, kind, size (and who registered it).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def ls(state: State, as_json: bool) -> None:
     from harness.cli.output import print_json, print_table
+    from harness.store.store import user_name
 
     store = _store(state)
     records = list(store.records())
+    owners = {r.name: store.owner(r.name) for r in records}
+    names = {uid: user_name(uid) for uid in set(owners.values()) if uid is not None}
     if as_json:
-        print_json([{**r.as_json(), "path": str(store.root / r.name), "size": r.nar_size} for r in records])
+        print_json([{**r.as_json(), "path": str(store.root / r.name), "size": r.nar_size,
+                     "owner": names.get(owners[r.name])} for r in records])
         return
-    print_table(None, ["path", "kind", "size", "impure"],
-                [[r.name, r.kind, _size(r.nar_size), r.impure] for r in records])
+    from harness.store.shared import is_shared
+
+    if not is_shared(state.home):  # a private home: every path is the caller's
+        print_table(None, ["path", "kind", "size", "impure"],
+                    [[r.name, r.kind, _size(r.nar_size), r.impure] for r in records])
+        return
+    print_table(None, ["path", "kind", "size", "impure", "owner"],
+                [[r.name, r.kind, _size(r.nar_size), r.impure, names.get(owners[r.name])] for r in records])
 
 
 def _size(n: int) -> str:
@@ -104,11 +125,14 @@ def verify(state: State, names: tuple[str, ...], check_contents: bool, repair: b
 def gc(state: State, dry_run: bool) -> None:
     from harness.store.gc import collect
 
+    from harness.store.shared import is_shared
+
     dead = collect(_store(state), dry_run=dry_run)
     verb = "would delete" if dry_run else "deleted"
     for name in dead:
         click.echo(f"{verb} {name}")
-    click.echo(f"{verb} {len(dead)} path(s)")
+    mine = " of those you registered (a shared home)" if is_shared(state.home) else ""
+    click.echo(f"{verb} {len(dead)} path(s){mine}")
 
 
 @command.command("why", help="Say what keeps a store path alive.")

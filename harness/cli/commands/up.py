@@ -17,18 +17,32 @@ from harness.cli import State
 @click.pass_obj
 def command(state: State, names: tuple[str, ...], agent: str | None, sets: tuple[str, ...],
             gpus: str | None, offline: bool, as_json: bool) -> None:
+    import dataclasses
+
     from harness.cli.output import print_json
     from harness.runtime.broker import spawn
-    from harness.runtime.session import prepare
+    from harness.runtime.session import broker_options, prepare
 
     prepared = prepare(state, agent=agent, sets=sets, gpus=gpus, offline=offline, only=names)
     for note in prepared.plan.notes:
         click.echo(f"note: {note}", err=True)
     wanted = list(names) or [p.name for p in prepared.plan.services if p.mode == "resident"]
-    status = spawn(prepared.plan, prepared.specs, prepared.state_dir, names=wanted)
+    # The broker serves what was prepared: local services without a launch spec (not named)
+    # stay out of its plan, and a run needing them says so.
+    plan = dataclasses.replace(prepared.plan, services=tuple(
+        p for p in prepared.plan.services if p.name in prepared.specs or p.mode not in ("resident", "on_demand")))
+    status = spawn(plan, prepared.specs, prepared.state_dir, names=wanted, options=broker_options(prepared.deploy))
     if as_json:
         print_json(status)
-        return
-    from harness.cli.commands.status import print_status
+    else:
+        from harness.cli.commands.status import print_status
 
-    print_status(status, prepared.state_dir)
+        print_status(status, prepared.state_dir)
+    failed = status["broker"].get("up_errors") or {}
+    if failed:
+        from harness.errors import HarnessError
+
+        # Honest start-up: a service that did not come up fails `up`, with its log's tail.
+        raise HarnessError(f"{len(failed)} service(s) did not start:\n"
+                           + "\n".join(f"{name}: {error}" for name, error in sorted(failed.items())),
+                           hint="fix the cause, then harness up again (harness down stops the others)")

@@ -1,0 +1,126 @@
+"""A home shared by a group: ``harness --home DIR store init --group GROUP``.
+
+A lab keeps one copy of each store path per machine (weights are tens of gigabytes) by
+giving its members one ``HARNESS_HOME``. The contract, made of plain POSIX permissions so
+that it holds on any local filesystem and on NFS:
+
+* every folder of the home belongs to GROUP and is setgid, so whatever a member creates in
+  it belongs to GROUP too;
+* the CLI clears the group bits of the process umask while it works in a shared home
+  (:func:`apply_group_umask`), so what a member creates is group-readable and, where it is
+  writable at all (lock files, download folders, uv's cache), group-writable, whatever that
+  member's own umask;
+* the store folder, its records (``.meta``), its build folders (``.tmp``) and its pool of
+  shared files (``.links``) are sticky, like ``/tmp``: only the member who registered a path
+  (or the owner of the folder, or root) can rename or delete it, and registered paths are
+  read-only, so no member can modify, rename or delete a path another registered. The
+  store refuses such a removal up front with a message naming the owner
+  (:meth:`Store.check_removable <harness.store.store.Store.check_removable>`).
+
+Whether a home is shared is read from the store folder itself (its setgid bit), so every
+member's harness agrees without any configuration.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import stat
+from pathlib import Path
+
+from harness.errors import HarnessError, InputError
+
+#: Folders of a home, relative to it, that ``init`` creates; the sticky ones are marked.
+LAYOUT: tuple[tuple[str, bool], ...] = (
+    ("", False),
+    ("store", True),
+    ("store/.meta", True),
+    ("store/.tmp", True),
+    ("store/.links", True),
+    ("store/.locks", False),
+    ("store/.roots", False),
+    ("store/.roots/projects", False),
+    ("store/.roots/pins", False),
+    ("store/.roots/runs", False),
+    ("cache", False),
+    ("cache/downloads", False),
+    ("runs", False),
+)
+
+
+def is_shared(home: Path) -> bool:
+    """Whether ``home`` is a group-shared home (its store folder is setgid)."""
+    try:
+        return bool(os.stat(home / "store").st_mode & stat.S_ISGID)
+    except OSError:
+        return False
+
+
+def apply_group_umask(home: Path) -> None:
+    """In a shared home, let the group keep what the process creates: clear the umask's
+    group bits (``027`` becomes ``007``). Elsewhere the umask is left alone."""
+    if is_shared(home):
+        current = os.umask(0)
+        os.umask(current & ~0o070)
+
+
+def init_shared(home: Path, group: str) -> list[Path]:
+    """Make ``home`` (new, or one the caller owns) a home every member of ``group`` shares.
+
+    Creates the folders of :data:`LAYOUT`, gives them (and whatever the caller already owns
+    in the home) to ``group``, and sets their modes: ``2775``, or ``3775`` for the sticky
+    ones. Registered store paths keep their read-only modes. Returns the folders set up.
+    Raises InputError for an unknown group or one the caller is not a member of, and
+    HarnessError for a home folder the caller cannot change.
+    """
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise InputError(f"store init --group {group}: no such group on this machine",
+                         hint="create it (`groupadd`) and add the lab's members to it") from None
+    if os.geteuid() != 0 and gid not in os.getgroups() and gid != os.getegid():
+        raise InputError(f"store init --group {group}: you are not a member of {group}",
+                         hint=f"ask an administrator to add you (`usermod -aG {group} $USER`), then log in again")
+    folders: list[Path] = []
+    try:
+        for relative, sticky in LAYOUT:
+            folder = home / relative if relative else home
+            folder.mkdir(parents=True, exist_ok=True)
+            os.chown(folder, -1, gid)
+            os.chmod(folder, 0o2775 | (stat.S_ISVTX if sticky else 0))
+            folders.append(folder)
+        _give_existing(home, gid)
+    except PermissionError as exc:
+        raise HarnessError(f"store init: cannot set up {exc.filename}: permission denied",
+                           hint="run it as the owner of the home folder (or root)") from None
+    return folders
+
+
+def _give_existing(home: Path, gid: int) -> None:
+    """Hand what the caller already has in the home to the group: folders become setgid and
+    group-writable, other files group-readable (group-writable when owner-writable). Store
+    paths keep their read-only modes; another user's files are left as they are."""
+    store = home / "store"
+    me = os.geteuid()
+    for dirpath, dirnames, filenames in os.walk(home):
+        for name in [*dirnames, *filenames]:
+            path = Path(dirpath) / name
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode) or (me != 0 and st.st_uid != me):
+                continue
+            os.chown(path, -1, gid)
+            if _inside_object(path, store):
+                continue  # a store path (or inside one): read-only it stays
+            mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISDIR(st.st_mode):
+                os.chmod(path, mode | 0o2070)
+            else:
+                os.chmod(path, mode | 0o040 | (0o020 if mode & 0o200 else 0))
+
+
+def _inside_object(path: Path, store: Path) -> bool:
+    try:
+        parts = path.relative_to(store).parts
+    except ValueError:
+        return False
+    return bool(parts) and not parts[0].startswith(".")

@@ -1,0 +1,240 @@
+"""The documentation site is checked like code.
+
+* the generated reference pages match the code (``scripts/docs.py --check``);
+* every internal link of every page (and of the README) names a page that exists;
+* every ``harness …`` command line in a shell snippet names a real command and real options;
+* with the site built (``HARNESS_DOCS_DIST``, set by ``scripts/docs-site.sh`` in CI), headless
+  Chromium opens the home page and a guide, and each renders its title and navigation.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import struct
+import subprocess
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTENT = ROOT / "docs" / "src" / "content" / "docs"
+
+
+def _docs_module() -> Any:
+    spec = importlib.util.spec_from_file_location("harness_docs_generator", ROOT / "scripts" / "docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pages() -> list[Path]:
+    return sorted([*CONTENT.rglob("*.md"), *CONTENT.rglob("*.mdx")])
+
+
+def _slug(page: Path) -> str:
+    rel = page.relative_to(CONTENT).with_suffix("").as_posix()
+    return "" if rel == "index" else rel.removesuffix("/index")
+
+
+def test_generated_reference_pages_are_current() -> None:
+    docs = _docs_module()
+    stale = docs.stale(docs.render())
+    assert stale == [], f"stale generated pages {stale}: run `python scripts/docs.py`"
+
+
+def test_the_seed_pages_exist() -> None:
+    # The seed (shared/seeds/001) sends readers to these pages.
+    for slug in ["guides/small-machine", "guides/add-a-vla", "guides/manage-services",
+                 "guides/evaluation-through-xpolicylab", "reference/services", "reference/configuration"]:
+        assert any(_slug(p) == slug for p in _pages()), f"no page {slug}"
+
+
+_LINK = re.compile(r"\]\((/[^)#\s]*)(#[^)\s]*)?\)")
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(CONTENT).as_posix())
+def test_internal_links_resolve(page: Path) -> None:
+    slugs = {_slug(p) for p in _pages()}
+    broken = [target for target, _ in _LINK.findall(page.read_text()) if target.strip("/") not in slugs]
+    assert broken == [], f"{page.relative_to(ROOT)} links to missing pages {broken}"
+
+
+def _shell_lines(text: str) -> Iterator[str]:
+    """Lines of ```sh / ```console / ```bash fences, comments stripped, continuations joined."""
+    for block in re.findall(r"```(?:sh|bash|console|shell)\n(.*?)```", text, flags=re.S):
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            line = line.split("  #")[0].split(" # ")[0].strip().removeprefix("$ ")
+            if line and not line.startswith("#"):
+                yield from (part.strip() for part in re.split(r"&&|;|\|", line))
+
+
+def _resolve(words: list[str]) -> tuple[list[str], click.Command | None, list[str]]:
+    """Walk ``harness WORDS`` through the click tree: (path, command reached, option words)."""
+    from harness.cli import cli
+
+    ctx = click.Context(cli, info_name="harness")
+    command: click.Command = cli
+    path = ["harness"]
+    options: list[str] = []
+    rest = list(words)
+    while rest:
+        word = rest.pop(0)
+        if word.startswith("-"):
+            options.append(word.split("=")[0])
+            if rest and not rest[0].startswith("-") and _takes_value(command, word):
+                rest.pop(0)
+            continue
+        if isinstance(command, click.Group):
+            sub = command.get_command(ctx, word)
+            if sub is None:
+                return path + [word], None, options
+            command = sub
+            path.append(word)
+            ctx = click.Context(command, info_name=word, parent=ctx)
+            continue
+        break  # an argument of the command reached
+    return path, command, options
+
+
+def _takes_value(command: click.Command, word: str) -> bool:
+    for param in command.params:
+        if isinstance(param, click.Option) and word.split("=")[0] in [*param.opts, *param.secondary_opts]:
+            return not param.is_flag and "=" not in word
+    return False
+
+
+def _snippet_sources() -> list[Path]:
+    return [*_pages(), ROOT / "README.md"]
+
+
+@pytest.mark.parametrize("page", _snippet_sources(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_harness_commands_in_snippets_exist(page: Path) -> None:
+    from harness.cli import cli
+
+    problems = []
+    for line in _shell_lines(page.read_text()):
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            continue
+        if not words or words[0] != "harness":
+            continue
+        path, command, options = _resolve(words[1:])
+        if command is None:
+            problems.append(f"{line!r}: no command {' '.join(path)}")
+            continue
+        known = {o for p in [*command.params, *cli.params] if isinstance(p, click.Option)
+                 for o in [*p.opts, *p.secondary_opts]} | {"-h", "--help"}
+        unknown = [o for o in options if o not in known]
+        if unknown:
+            problems.append(f"{line!r}: {' '.join(path)} has no option {unknown}")
+    assert problems == [], f"{page.relative_to(ROOT)}: " + "; ".join(problems)
+
+
+# --------------------------------------------------------------------- the built site
+
+
+def _dist() -> Path:
+    value = os.environ.get("HARNESS_DOCS_DIST")
+    if not value:
+        pytest.skip("the site is not built here: scripts/docs-site.sh builds it and sets HARNESS_DOCS_DIST")
+    dist = Path(value)
+    assert (dist / "index.html").is_file(), f"{dist} holds no built site"
+    return dist
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if found := shutil.which(name):
+            return found
+    pytest.skip("no headless Chromium here (CI installs Debian's chromium)")
+
+
+@pytest.fixture(scope="module")
+def site_url() -> Iterator[str]:
+    dist = _dist()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(dist))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _browser(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               "--window-size=1280,900", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _png_colours(path: Path) -> int:
+    """How many distinct pixel values a PNG holds (a blank page has one or two)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    pos, idat, width, height, channels = 8, b"", 0, 0, 4
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
+            assert depth == 8, "8-bit PNGs only"
+            channels = {2: 3, 6: 4, 0: 1, 4: 2}[colour]
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    colours: set[bytes] = set()
+    previous = bytearray(stride)
+    for row in range(height):
+        offset = row * (stride + 1)
+        kind, line = raw[offset], bytearray(raw[offset + 1:offset + 1 + stride])
+        for i in range(stride):  # undo the PNG row filters
+            left = line[i - channels] if i >= channels else 0
+            up = previous[i]
+            up_left = previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - up_left
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - up_left)
+                line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else up_left)) & 0xFF
+        if row % 8 == 0:
+            colours.update(bytes(line[i:i + channels]) for i in range(0, stride, channels * 4))
+        previous = line
+    return len(colours)
+
+
+@pytest.mark.parametrize(("path", "title"), [("/", "harness"), ("/guides/small-machine/", "A small machine")])
+def test_built_pages_render_in_chromium(site_url: str, path: str, title: str, tmp_path: Path) -> None:
+    url = site_url + path
+    dom = _browser("--dump-dom", url)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert f"<title>{title}" in dom.stdout, f"{url}: no title {title!r}"
+    assert "<nav" in dom.stdout and "Getting started" in dom.stdout, f"{url}: no navigation"
+    shots = Path(os.environ.get("HARNESS_DOCS_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    shot = shots / (("home" if path == "/" else path.strip("/").replace("/", "-")) + ".png")
+    result = _browser(f"--screenshot={shot}", url)
+    assert result.returncode == 0 and shot.is_file(), result.stderr[-2000:]
+    assert _png_colours(shot) > 16, f"{shot}: the page rendered blank"
