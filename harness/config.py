@@ -61,6 +61,11 @@ class Settings:
     trusted_keys: tuple[str, ...] = ()
     #: ``[cache] secret-key-file``: the key ``harness store push`` signs with.
     secret_key_file: Path | None = None
+    #: ``[gc] keep-runs``: ``store gc`` keeps what the last N runs used (pinned runs always).
+    gc_keep_runs: int = 10
+    #: ``[gc] missing-project-days``: a registered project folder gone this long stops
+    #: rooting its paths (0: only ``store gc --forget-missing`` drops it).
+    gc_missing_project_days: float = 30.0
 
     def index_url(self, name: str) -> str | None:
         """The address of index ``name``; None for ``pypi`` left at uv's default.
@@ -102,6 +107,7 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
     python_pins: dict[str, str] = {}
     cache: dict[str, Any] = {}
     git_mirrors: dict[str, str] = {}
+    gc: dict[str, Any] = {}
     layers = []
     if project_root is not None and (project_root / "harness.toml").is_file():
         layers.append(project_root / "harness.toml")
@@ -146,6 +152,7 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
         python_pins.update(pins)
         cache.update(_cache_table(data, path))
         git_mirrors.update(_git_mirrors(data, path))
+        gc.update(_gc_table(data, path))
     for key, value in os.environ.items():
         if key.startswith("HARNESS_INDEX_") and value:
             indexes[key.removeprefix("HARNESS_INDEX_").lower().replace("_", "-")] = value
@@ -159,9 +166,14 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
         cache["trusted_keys"] = tuple(os.environ["HARNESS_TRUSTED_KEYS"].split())
     if os.environ.get("HARNESS_SECRET_KEY_FILE"):
         cache["secret_key_file"] = Path(os.environ["HARNESS_SECRET_KEY_FILE"]).expanduser()
+    if os.environ.get("HARNESS_GC_KEEP_RUNS"):
+        value = os.environ["HARNESS_GC_KEEP_RUNS"]
+        if not value.isdigit():
+            raise InputError(f"HARNESS_GC_KEEP_RUNS={value!r}: expected a whole number of runs")
+        gc["gc_keep_runs"] = int(value)
     return Settings(indexes=indexes, hubs=hubs, lock_platform=lock_platforms[0] if lock_platforms else None,
                     lock_platforms=lock_platforms, lock_platforms_origin=lock_platforms_origin,
-                    python_pins=python_pins, git_mirrors=git_mirrors, **cache)
+                    python_pins=python_pins, git_mirrors=git_mirrors, **cache, **gc)
 
 
 _GIT_URL = re.compile(r"^((https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+|/\S*)$")
@@ -203,6 +215,29 @@ def _cache_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
         if not isinstance(value, str) or not value:
             raise InputError(f"{path}: cache.secret-key-file: expected a path")
         out["secret_key_file"] = (path.parent / Path(value).expanduser()).resolve()
+    return out
+
+
+def _gc_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``[gc]`` of one settings file, as Settings keyword arguments."""
+    table = data.get("gc", {})
+    if not isinstance(table, dict):
+        raise InputError(f"{path}: gc: expected a table")
+    known = {"keep-runs": "gc_keep_runs", "missing-project-days": "gc_missing_project_days"}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise InputError(f"{path}: gc.{unknown[0]}: unknown key; valid keys: {', '.join(known)}")
+    out: dict[str, Any] = {}
+    keep = table.get("keep-runs")
+    if keep is not None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise InputError(f"{path}: gc.keep-runs: expected a whole number of runs (0 or more)")
+        out["gc_keep_runs"] = keep
+    days = table.get("missing-project-days")
+    if days is not None:
+        if isinstance(days, bool) or not isinstance(days, (int, float)) or days < 0:
+            raise InputError(f"{path}: gc.missing-project-days: expected a number of days (0 or more)")
+        out["gc_missing_project_days"] = float(days)
     return out
 
 

@@ -217,6 +217,36 @@ def test_verify_of_unknown_name_and_unrepairable_path(run, home: Path) -> None: 
 # ------------------------------------------------------------------------------ gc / why / pin
 
 
+HOLDER = """
+import sys, time
+from pathlib import Path
+from harness.store.roots import TempRoots
+from harness.store.store import Store
+roots = TempRoots(Store(Path(sys.argv[1])), "test holder")
+roots.add(sys.argv[3:])
+print("held", flush=True)
+if sys.argv[2] == "stay":
+    time.sleep(600)
+"""
+
+
+def hold_in_process(store: Store, names: list[str], *, stay: bool) -> subprocess.Popen[str]:
+    """A real process holding temporary roots on ``names`` (until killed, or not at all)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(store.root), "stay" if stay else "exit", *names],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    if not stay:
+        proc.wait()
+    return proc
+
+
+def gc_lines(out: str, verb: str) -> list[str]:
+    """The path names of ``would delete NAME: why`` lines, sorted."""
+    at = len(verb.split())
+    return sorted(line.split()[at].rstrip(":") for line in out.splitlines()
+                  if line.startswith(verb + " ") and not line.split()[at].rstrip(";").isdigit())
+
+
 def test_gc_collects_only_unreachable_paths(run, project: Path, home: Path) -> None:  # type: ignore[no-untyped-def]
     store = Store.in_home(home)
     lock_paths = set(lock_objects(svc_lock(project)))
@@ -225,12 +255,8 @@ def test_gc_collects_only_unreachable_paths(run, project: Path, home: Path) -> N
     run_leaf = add_object(store, "2" * 32 + "-run-leaf")
     run_top = add_object(store, "3" * 32 + "-run-top", references=(run_leaf,))
     dead_run = add_object(store, "4" * 32 + "-dead-run")
-    runs = store.roots_dir / "runs"
-    runs.mkdir(parents=True, exist_ok=True)
-    (runs / "live").write_text(json.dumps({"pid": os.getpid(), "paths": [run_top]}))
-    finished = subprocess.Popen([sys.executable, "-c", "pass"])
-    finished.wait()
-    (runs / "finished").write_text(json.dumps({"pid": finished.pid, "paths": [dead_run]}))
+    live = hold_in_process(store, [run_top], stay=True)
+    hold_in_process(store, [dead_run], stay=False)  # a holder that exited holds nothing
     try:
         assert run("store", "pin", pinned).code == 0
         missing_pin = run("store", "pin", "5" * 32 + "-absent")
@@ -238,21 +264,21 @@ def test_gc_collects_only_unreachable_paths(run, project: Path, home: Path) -> N
 
         dry = run("store", "gc", "--dry-run")
         assert dry.code == 0, dry.err
-        assert sorted(line.split()[-1] for line in dry.out.splitlines() if line.startswith("would delete ")
-                      and not line.endswith("path(s)")) == [junk, dead_run]
+        assert gc_lines(dry.out, "would delete") == sorted([junk, dead_run])
+        assert f"would delete {junk}: no root reaches it" in dry.out
         assert store.is_registered(junk) and store.is_registered(dead_run)
 
         why_python = run("store", "why", str(store.path(svc_lock(project).python.store)) + "/")
         assert f"referenced by {svc_lock(project).environment.store}" in why_python.out
-        assert f"root project {project}" in why_python.out
+        assert f"root project {project} (lock svc)" in why_python.out
         assert run("store", "why", pinned).out.strip() == f"root pin {pinned}"
         assert run("store", "why", run_leaf).out.strip() == f"referenced by {run_top}"
-        assert run("store", "why", run_top).out.strip() == "root run live"
+        assert run("store", "why", run_top).out.strip() == f"root live process {live.pid}: test holder (pid {live.pid})"
         assert "the next gc deletes it" in run("store", "why", junk).out
 
         collected = run("store", "gc")
         assert collected.code == 0, collected.err
-        assert f"deleted {junk}" in collected.out and f"deleted {dead_run}" in collected.out
+        assert gc_lines(collected.out, "deleted") == sorted([junk, dead_run])
         assert "deleted 2 path(s)" in collected.out
         assert not os.path.lexists(store.root / junk) and not store.record_path(junk).exists()
         assert not os.path.lexists(store.root / dead_run)
@@ -261,15 +287,16 @@ def test_gc_collects_only_unreachable_paths(run, project: Path, home: Path) -> N
         assert run("store", "verify").code == 0
 
         assert run("store", "pin", "--remove", pinned).code == 0
-        (runs / "live").unlink()
+        live.kill()
+        live.wait()
         again = run("store", "gc")
-        assert sorted(line.split()[-1] for line in again.out.splitlines()
-                      if not line.endswith("path(s)")) == sorted([pinned, run_leaf, run_top])
+        assert gc_lines(again.out, "deleted") == sorted([pinned, run_leaf, run_top])
         assert all(store.is_registered(name) for name in lock_paths)
     finally:
+        live.kill()
+        live.wait()
         for name in (junk, pinned, run_leaf, run_top, dead_run):
             store.delete(name)
-        shutil.rmtree(runs, ignore_errors=True)
 
 
 # -------------------------------------------------------------------------- install / realize
@@ -296,11 +323,16 @@ def test_install_locks_a_missing_lock_then_realizes(run, project: Path, home: Pa
     # Installed again: nothing to lock or build.
     again = run("install", "later", "--json", project_root=copy)
     assert again.code == 0 and json.loads(again.out)[0]["built"] == []
-    # The copy's locks are gc roots now, so its paths survive a collection; once the copy is
-    # gone they do not.
+    # The copy's locks are gc roots now, so its paths survive a collection. Once the copy is
+    # gone they are still kept, and said to be, until --forget-missing.
     assert lock.environment.store not in run("store", "gc", "--dry-run").out
     shutil.rmtree(copy)
-    assert lock.environment.store in run("store", "gc", "--dry-run").out
+    dry = run("store", "gc", "--dry-run")
+    assert lock.environment.store not in dry.out
+    assert f"project {copy} is missing" in dry.out and "--forget-missing" in dry.out
+    forget = run("store", "gc", "--dry-run", "--forget-missing")
+    assert f"would delete {lock.environment.store}: its project {copy} is gone and is forgotten now" in forget.out
+    assert f"would forget project {copy}" in forget.out
 
 
 def test_realize_refuses_a_stale_lock(run, project: Path, home: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -418,6 +450,6 @@ def test_a_second_environment_of_the_same_wheels_shares_its_files(run, project: 
 
     # Once the twin is collected, pool links only it used go too; the first env keeps its files.
     shutil.rmtree(copy)
-    assert run("store", "gc").code == 0
+    assert run("store", "gc", "--forget-missing").code == 0
     assert not twin.exists() and run("store", "verify", "--check-contents").code == 0
     assert all(p.stat().st_nlink > 1 for p in store.links_dir.iterdir())

@@ -37,7 +37,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from harness.cache.format import CacheConfigError, CacheError
@@ -94,6 +94,13 @@ class Backend(Protocol):
     def local_path(self, key: str) -> Path | None: ...
 
     def staging_dir(self) -> Path | None: ...
+
+
+@runtime_checkable
+class Deletable(Protocol):
+    """A backend that can take a key back (directories, S3; not HTTP, not a tar being written)."""
+
+    def delete(self, key: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -244,6 +251,13 @@ class DirectoryBackend:
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
 
+    def delete(self, key: str) -> None:
+        """Remove ``key`` if present (a failed push takes back the archives it wrote)."""
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise CacheError(f"cache {self.url}: cannot delete {key}: {exc.strerror or exc}") from None
+
 
 # ------------------------------------------------------------------------------------- S3
 
@@ -392,6 +406,15 @@ class S3Backend:
 
     def local_path(self, key: str) -> Path | None:
         return None
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` if present (a failed push takes back the archives it wrote)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(key, exc) from None
 
 
 class _BotoStream:

@@ -74,8 +74,9 @@ def closure(store: Store, names: Sequence[str]) -> list[str]:
         record = store.record(name)
         if record is None:
             where = f" (referenced by {via})" if via else ""
-            raise CacheError(f"{name} is not registered in {store.root}{where}",
-                             hint="realize it first (`harness realize`), or name what is realized")
+            raise CacheError(f"{name} is not registered in {store.root}{where}: never realized here, "
+                             "or collected by `harness store gc`",
+                             hint="realize it (again) first (`harness realize`), or name what is realized")
         visiting.add(name)
         for ref in sorted(record.references):
             if ref != name:
@@ -158,11 +159,23 @@ def push(
     :class:`HarnessError`) after publishing every narinfo whose archive and references made
     it, so a failed push never leaves a half-described closure and a rerun does the rest.
     """
-    from harness.realize.fetch import FetchJob, fetch_all
+    from harness.store.roots import TempRoots
 
     if not backend.writable:
         raise CacheError(f"cache {backend.url} is read-only")
-    paths = closure(store, names)
+    # Rooting the named paths keeps their whole closure (gc keeps what roots reference) for
+    # the push; what is registered after this stays registered until the push is done.
+    with TempRoots(store, f"harness store push to {backend.url}") as roots:
+        roots.add(names)
+        return _push(store, closure(store, names), backend, secret=secret, cache_dir=cache_dir, jobs=jobs,
+                     show_progress=show_progress)
+
+
+def _push(store: Store, paths: list[str], backend: Backend, *, secret: SecretKey | None, cache_dir: Path,
+          jobs: int, show_progress: bool) -> PushResult:
+    """:func:`push` of a rooted closure (``paths``, references first)."""
+    from harness.realize.fetch import FetchJob, fetch_all
+
     result = PushResult()
     _, wrote_info = ensure_cache_info(backend)
     result.puts += int(wrote_info)
@@ -177,6 +190,7 @@ def push(
     staging.mkdir(parents=True, exist_ok=True)
     infos: dict[str, NarInfo] = {}
     failures: dict[str, HarnessError] = {}
+    uploaded_keys: dict[str, str] = {}  # path -> the archive this push wrote for it
     lock = threading.Lock()
 
     def job(name: str) -> FetchJob:
@@ -192,7 +206,16 @@ def push(
             os.close(fd)
             temp = Path(temp_name)
             try:
-                packed = pack(store.root / name, temp, progress=progress)
+                if not os.path.lexists(store.root / name):
+                    raise CacheError(f"{name} is no longer in the store (deleted or collected while "
+                                     "being pushed); not pushing it",
+                                     hint="realize it again, then push again")
+                try:
+                    packed = pack(store.root / name, temp, progress=progress)
+                except OSError as exc:
+                    raise CacheError(f"{name} cannot be read from the store ({exc.strerror or exc}: "
+                                     "deleted or collected while being pushed?); not pushing it",
+                                     hint="run `harness store verify --repair`, then push again") from None
                 if packed.content != record.content or packed.nar_size != record.nar_size:
                     raise CacheError(
                         f"{name} changed since it was registered (record {record.content}, "
@@ -204,6 +227,8 @@ def push(
                     scale = record.nar_size / max(1, packed.file_size)
                     backend.put_file(key, temp, lambda n: progress(int(n * scale)))
                     uploaded = packed.file_size
+                    with lock:
+                        uploaded_keys[name] = key
                 info = NarInfo(
                     store_path=name, kind=record.kind, url=key, file_hash=packed.file_hash,
                     file_size=packed.file_size, content=record.content, nar_size=record.nar_size,
@@ -223,25 +248,48 @@ def push(
 
         return FetchJob(label=name, size=2 * record.nar_size, run=run)
 
-    fetch_all([job(n) for n in missing], max_workers=jobs, show_progress=show_progress)
     described = set(result.present)
-    for name in missing:  # closure order: references first
-        info = infos.get(name)
-        record = store.record(name)
-        if info is None or record is None or not all(r in described or r == name for r in record.references):
-            continue
-        if secret is not None:
-            info = info.with_signatures([secret.sign(info)])
-        backend.put_bytes(narinfo_key(name), info.render().encode())
-        result.puts += 1
-        described.add(name)
-        result.pushed.append(name)
+    try:
+        fetch_all([job(n) for n in missing], max_workers=jobs, show_progress=show_progress)
+        for name in missing:  # closure order: references first
+            info = infos.get(name)
+            record = store.record(name)
+            if info is None or record is None or not all(r in described or r == name for r in record.references):
+                continue
+            if secret is not None:
+                info = info.with_signatures([secret.sign(info)])
+            backend.put_bytes(narinfo_key(name), info.render().encode())  # the narinfo last: publication
+            result.puts += 1
+            described.add(name)
+            result.pushed.append(name)
+    finally:
+        # However the push ended, no archive it wrote stays without its narinfo.
+        _take_back(backend, {n: k for n, k in uploaded_keys.items() if n not in described})
     if len(failures) == 1:
         raise next(iter(failures.values()))
     if failures:
         raise CacheError(f"{len(failures)} paths were not pushed:\n"
                          + "\n".join(f"  - {exc.message}" for _, exc in sorted(failures.items())))
     return result
+
+
+def _take_back(backend: Backend, orphans: Mapping[str, str]) -> None:
+    """Delete the archives (path -> key) a failed push wrote but never described.
+
+    An archive that a narinfo now names (a concurrent push of the same path published it)
+    stays. A backend that cannot delete (a tar being written, which a failed export
+    discards whole) keeps them.
+    """
+    from harness.cache.backends import Deletable
+
+    if not orphans or not isinstance(backend, Deletable):
+        return
+    for name, key in sorted(orphans.items()):
+        try:
+            if not backend.exists(narinfo_key(name)):
+                backend.delete(key)
+        except CacheError:
+            continue  # best effort: the push's own error is the one to report
 
 
 # --------------------------------------------------------------------------------- pull
@@ -357,8 +405,13 @@ def pull(
     every path that needs it. Raises only for bugs and interrupts. Paths already registered
     are listed in ``present`` and not looked up.
     """
+    from harness.store.roots import hold
+
     result = PullResult()
     wanted = list(dict.fromkeys(names))
+    # Rooted before they are looked up: what is present stays, what is pulled is kept for
+    # this process (a realize that substitutes, then builds on them).
+    hold(store, wanted)
     result.present = [n for n in wanted if store.is_registered(n)]
     found: dict[str, tuple[Substituter, NarInfo]] = {}
     reasons: dict[str, list[str]] = {}
@@ -407,6 +460,7 @@ def pull(
                     reasons[name] = problems or ["no substituter has it"]
                     continue
                 found[name] = hit
+                hold(store, hit[1].references)  # rooted before their registration is relied on
                 for ref in hit[1].references:
                     if ref != name and ref not in asked and not store.is_registered(ref):
                         asked.add(ref)

@@ -128,6 +128,17 @@ def cli(ctx: click.Context, home: str | None, deploy: str | None, project: str |
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the CLI and turns errors into messages and exit codes."""
+    try:
+        _main(argv)
+    finally:
+        # The command is done: the store paths it rooted may go (held, at the latest, until
+        # this process exits). Only when it rooted any: the CLI stays light.
+        roots = sys.modules.get("harness.store.roots")
+        if roots is not None:
+            roots.release_process_roots()
+
+
+def _main(argv: list[str] | None) -> None:
     from harness.errors import HarnessError
 
     try:

@@ -143,7 +143,11 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
     first failure is raised as it is, and nothing after it is built.
     """
     from harness.store.gc import register_project
+    from harness.store.roots import hold
 
+    # Rooted before anything is looked up: a concurrent `store gc` can no longer take an
+    # input (a wheel, a source) between "found registered" and "used by the build".
+    hold(ctx.store, [name for lock in locks for name in lock_objects(lock)])
     todo = [lock for lock in locks if missing(ctx.store, lock)]
     if todo and ctx.substituters:
         _substitute(ctx, todo)
@@ -176,7 +180,7 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
                 raise
             failures[lock.name] = exc
     _drop_downloads(ctx, locks)
-    register_project(ctx.store, ctx.project_root, [n for lock in locks for n in lock_objects(lock)])
+    register_project(ctx.store, ctx.project_root, {lock.name: lock_objects(lock) for lock in locks})
     if failures:
         if len(failures) == 1 and not reports:
             raise next(iter(failures.values()))

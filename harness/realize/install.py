@@ -149,7 +149,11 @@ class _Stamp:
         from harness.store.gc import register_project
         from harness.store.store import Store
 
+        from harness.store.roots import hold
+
         store = Store.in_home(self.home)
+        # Rooted before they are checked, so what is found registered stays registered.
+        hold(store, [name for entry in data["locks"] for name in entry["objects"]])
         reports = []
         for entry in data["locks"]:
             objects = list(entry["objects"])
@@ -160,7 +164,7 @@ class _Stamp:
             if python is not None and python.impure:
                 report.impure.append(f"{entry['python']}: {python.impure}")
             reports.append(report)
-        register_project(store, self.project.root)
+        register_project(store, self.project.root, {e["name"]: e["objects"] for e in data["locks"]})
         return reports
 
     def remember(self, reports: list[Any]) -> None:

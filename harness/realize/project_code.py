@@ -26,36 +26,82 @@ def service_files(project_root: Path, argv: list[str]) -> list[Path]:
     return found
 
 
-def realize_project_files(store: Any, project_root: Path, name: str, files: list[Path]) -> str:
-    """Register ``files`` (at their project-relative paths) as one content-addressed store
-    path and return its name. The path is fixed by the files' content (like a git source),
-    so the same code is the same path in every home, and a changed file is a new path."""
+def _stage(project_root: Path, files: list[Path], out: Path) -> None:
     import shutil
+
+    out.mkdir()
+    for file in files:
+        rel = file.relative_to(project_root)
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        if file.is_dir():
+            shutil.copytree(file, out / rel, symlinks=False)
+        else:
+            shutil.copy2(file, out / rel)
+
+
+def project_code_path(project_root: Path, name: str, files: list[Path]) -> tuple[str, str]:
+    """(store path name, content hash) the ``files`` would be registered as; reads them,
+    writes nothing outside a temporary folder. ``store gc`` uses it to keep the code the
+    current checkout would launch."""
     import tempfile
 
     from harness.store.hashing import content_hash, sanitize_name, store_hash, store_path_name
-    from harness.store.store import BuildResult
-
-    def stage(out: Path) -> None:
-        out.mkdir()
-        for file in files:
-            rel = file.relative_to(project_root)
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            if file.is_dir():
-                shutil.copytree(file, out / rel, symlinks=False)
-            else:
-                shutil.copy2(file, out / rel)
 
     with tempfile.TemporaryDirectory(prefix="harness-code-") as scratch:
         staged = Path(scratch) / "out"
-        stage(staged)
+        _stage(project_root, files, staged)
         tree = content_hash(staged)
     label = sanitize_name(name)
-    path = store_path_name(store_hash("source", label, {"tree": tree}), label)
+    return store_path_name(store_hash("source", label, {"tree": tree}), label), tree
+
+
+def checkout_code_paths(project_root: Path) -> dict[str, str]:
+    """Manifest name -> the code store path the checkout's manifests would launch now.
+
+    Reads only each manifest's ``command`` (services) or ``worker`` (benchmarks) with
+    tomllib, so a manifest that no longer validates still keeps its code; a manifest that
+    cannot be read at all is skipped.
+    """
+    import tomllib
+
+    found: dict[str, str] = {}
+    for folder, key in (("services", "command"), ("benchmarks", "worker")):
+        for manifest in sorted((project_root / folder).glob("*.toml")):
+            try:
+                argv = tomllib.loads(manifest.read_text(encoding="utf-8")).get(key)
+            except (OSError, ValueError):
+                continue
+            if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+                continue
+            files = service_files(project_root, argv)
+            if files:
+                try:
+                    found[manifest.stem] = project_code_path(project_root, f"{manifest.stem}-code", files)[0]
+                except (OSError, ValueError):
+                    continue
+    return found
+
+
+def realize_project_files(store: Any, project_root: Path, name: str, files: list[Path]) -> str:
+    """Register ``files`` (at their project-relative paths) as one content-addressed store
+    path and return its name. The path is fixed by the files' content (like a git source),
+    so the same code is the same path in every home, and a changed file is a new path.
+
+    The path is rooted for this process before it is looked up (it cannot be collected
+    while the caller uses it), and the project's gc root remembers it as the code of
+    ``name``, so ``store gc`` keeps it even after the project folder moves.
+    """
+    from harness.store.gc import remember_code
+    from harness.store.roots import hold
+    from harness.store.store import BuildResult
+
+    path, tree = project_code_path(project_root, name, files)
+    hold(store, [path])
 
     def build(out: Path) -> BuildResult:
-        stage(out)
+        _stage(project_root, files, out)
         return BuildResult(obtained=f"project files {', '.join(str(f.relative_to(project_root)) for f in files)}")
 
     store.add(path, "source", build, expected_content=tree)
+    remember_code(store, project_root, name, path)
     return path

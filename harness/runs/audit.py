@@ -48,10 +48,13 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
     closure = read_json(run_dir / "lock.json")
     config = read_json(run_dir / "config.json")
     items: list[AuditItem] = []
+    pinned = (run_dir / "pinned").is_file()
     for entry in closure.get("store_paths", []):
         path = store_root / entry["path"]
         if not os.path.lexists(path):
-            items.append(AuditItem(entry["path"], "missing", "not in the store"))
+            items.append(AuditItem(entry["path"], "missing", "not in the store: collected by `harness store gc` "
+                                   "or deleted" + ("" if pinned else " (pin a run to keep what it used: "
+                                                   f"`harness runs pin {run_dir.name}`)")))
             continue
         try:
             digest = nar_digest(path)
@@ -103,11 +106,23 @@ def touched_files(path: Path, limit: int = 20) -> list[str]:
 
 
 def diff_runs(a: Path, b: Path) -> list[str]:
-    """What differs between two runs, one line per difference, in a stable order."""
+    """What differs between two runs, one line per difference, in a stable order.
+
+    Every input that shapes the computation is compared: per manifest the interpreter,
+    packages, sources (commit, install mode), weights, code, environment store path and
+    manifest digest; per service its launch (argv after templates, working directory, the
+    variables harness sets); the run's own command as launched; project files; placement;
+    the configuration (command, agent, overrides, deploy, benchmark). A difference that
+    another one explains is not repeated: a bumped package changes the environment path and
+    the interpreter path in the argv too, but the line names the package. Store paths in a
+    launch compare by name without their hash (the hash's inputs are compared themselves),
+    and the placement's port and URL by role, so a moved port is one placement line.
+    """
     lines: list[str] = []
     closure_a, closure_b = read_json(a / "lock.json"), read_json(b / "lock.json")
     config_a, config_b = read_json(a / "config.json"), read_json(b / "config.json")
     locks_a, locks_b = closure_a.get("locks", {}), closure_b.get("locks", {})
+    explained: set[str] = set()  # services with a difference of their inputs already named
     for name in sorted(set(locks_a) | set(locks_b)):
         if name not in locks_b:
             lines.append(f"service {name}: removed")
@@ -115,33 +130,142 @@ def diff_runs(a: Path, b: Path) -> list[str]:
         if name not in locks_a:
             lines.append(f"service {name}: added")
             continue
-        la, lb = locks_a[name], locks_b[name]
-        if la.get("python") != lb.get("python"):
-            lines.append(f"{name}: python {la.get('python')} → {lb.get('python')}")
-        if la.get("code") != lb.get("code"):
-            lines.append(f"{name}: code {la.get('code') or '(none)'} → {lb.get('code') or '(none)'}")
-        lines += _mapping_diff(f"{name}: package", la.get("packages", {}), lb.get("packages", {}))
-        sa, sb = la.get("sources", {}), lb.get("sources", {})
-        for source in sorted(set(sa) | set(sb)):
-            ca = (sa.get(source) or {}).get("commit")
-            cb = (sb.get(source) or {}).get("commit")
-            if ca != cb:
-                lines.append(f"{name}: source {source}: {ca or '(none)'} → {cb or '(none)'}")
-        wa, wb = la.get("weights", {}), lb.get("weights", {})
-        for weights in sorted(set(wa) | set(wb)):
-            lines += _mapping_diff(f"{name}: weights {weights}", wa.get(weights, {}), wb.get(weights, {}))
+        before = len(lines)
+        lines += _lock_diff(name, locks_a[name], locks_b[name])
+        if len(lines) > before:
+            explained.add(name)
     lines += _mapping_diff("project file", closure_a.get("project_files", {}), closure_b.get("project_files", {}))
     pa = {s["name"]: s for s in config_a.get("plan", {}).get("services", [])}
     pb = {s["name"]: s for s in config_b.get("plan", {}).get("services", [])}
+    moved: dict[str, set[str]] = {}  # service -> placement keys that differ
     for service in sorted(set(pa) | set(pb)):
         for key in ("mode", "gpu", "swap", "port", "url"):
             va, vb = (pa.get(service) or {}).get(key), (pb.get(service) or {}).get(key)
             if va != vb:
                 lines.append(f"placement {service}.{key}: {va} → {vb}")
+                moved.setdefault(service, set()).add(key)
+    launch_a, launch_b = config_a.get("launch"), config_b.get("launch")
+    if isinstance(launch_a, dict) and isinstance(launch_b, dict):  # records before launch specs have none
+        lines += _launch_diff(_with_project(launch_a, config_a), _with_project(launch_b, config_b), moved,
+                              asked_differs=config_a.get("command") != config_b.get("command"))
     for key in ("command", "agent", "overrides", "deploy", "benchmark"):
         if config_a.get(key) != config_b.get(key):
             lines.append(f"configuration {key}: {_short(config_a.get(key))} → {_short(config_b.get(key))}")
+    # The manifest digest covers keys no other line does (a health path, a client): named
+    # only when nothing else about that service differs.
+    services_named = {line.split(":", 1)[0].split(".", 1)[0].removeprefix("placement ") for line in lines}
+    for name in sorted(set(locks_a) & set(locks_b)):
+        da, db = locks_a[name].get("manifest_digest"), locks_b[name].get("manifest_digest")
+        if da != db and name not in services_named:
+            lines.append(f"{name}: manifest digest {da} → {db}")
     return lines
+
+
+def _lock_diff(name: str, la: dict[str, Any], lb: dict[str, Any]) -> list[str]:
+    """What differs in one manifest's locked inputs (``lock.json``'s ``locks.<name>``)."""
+    lines: list[str] = []
+    if la.get("python") != lb.get("python"):
+        lines.append(f"{name}: python {la.get('python')} → {lb.get('python')}")
+    if la.get("code") != lb.get("code"):
+        lines.append(f"{name}: code {la.get('code') or '(none)'} → {lb.get('code') or '(none)'}")
+    lines += _mapping_diff(f"{name}: package", la.get("packages", {}), lb.get("packages", {}))
+    sa, sb = la.get("sources", {}), lb.get("sources", {})
+    for source in sorted(set(sa) | set(sb)):
+        xa, xb = sa.get(source) or {}, sb.get(source) or {}
+        if xa.get("commit") != xb.get("commit"):
+            lines.append(f"{name}: source {source}: {xa.get('commit') or '(none)'} → {xb.get('commit') or '(none)'}")
+        for key in ("install", "subdirectory", "repo"):
+            if key in xa and key in xb and xa[key] != xb[key]:
+                lines.append(f"{name}: source {source} {key}: {xa[key]} → {xb[key]}")
+    wa, wb = la.get("weights", {}), lb.get("weights", {})
+    for weights in sorted(set(wa) | set(wb)):
+        lines += _mapping_diff(f"{name}: weights {weights}", wa.get(weights, {}), wb.get(weights, {}))
+    inputs_differ = any(not line.startswith(f"{name}: code ") for line in lines)
+    if la.get("environment") != lb.get("environment") and not inputs_differ:
+        # Same interpreter, packages and sources, yet another environment: say so.
+        lines.append(f"{name}: environment {la.get('environment')} → {lb.get('environment')}")
+    return lines
+
+
+def _launch_diff(la: dict[str, Any], lb: dict[str, Any], moved: dict[str, set[str]], *,
+                 asked_differs: bool) -> list[str]:
+    """What differs in how the services and the command were launched (``config.launch``).
+    ``asked_differs``: the command as asked differs (its line says so; the argv it became
+    is not repeated)."""
+    lines: list[str] = []
+    sa, sb = la.get("services") or {}, lb.get("services") or {}
+    for service in sorted(set(sa) & set(sb)):
+        xa, xb = sa[service], sb[service]
+        argv_a, argv_b = _normal(xa.get("argv", []), xa), _normal(xb.get("argv", []), xb)
+        if argv_a != argv_b:
+            lines.append(f"{service}: command {_argv(argv_a)} → {_argv(argv_b)}")
+        if _normal([xa.get("cwd", "")], xa) != _normal([xb.get("cwd", "")], xb):
+            lines.append(f"{service}: working directory {_normal([xa.get('cwd', '')], xa)[0]} → "
+                         f"{_normal([xb.get('cwd', '')], xb)[0]}")
+        env_a, env_b = xa.get("env") or {}, xb.get("env") or {}
+        for key in sorted(set(env_a) | set(env_b)):
+            if key == "CUDA_VISIBLE_DEVICES" and "gpu" in moved.get(service, set()):
+                continue  # the placement line says it
+            if env_a.get(key) != env_b.get(key):
+                lines.append(f"{service}: env {key}: {env_a.get(key, '(unset)')} → {env_b.get(key, '(unset)')}")
+    ca, cb = la.get("command") or {}, lb.get("command") or {}
+    if ca and cb:
+        argv_a, argv_b = _normal(ca.get("argv", []), ca), _normal(cb.get("argv", []), cb)
+        if argv_a != argv_b and not asked_differs:
+            lines.append(f"run command: argv {_argv(argv_a)} → {_argv(argv_b)}")
+        if _normal([ca.get("cwd", "")], ca) != _normal([cb.get("cwd", "")], cb):
+            lines.append(f"run command: working directory {_normal([ca.get('cwd', '')], ca)[0]} → "
+                         f"{_normal([cb.get('cwd', '')], cb)[0]}")
+        env_a, env_b = ca.get("env") or {}, cb.get("env") or {}
+        for key in sorted(set(env_a) | set(env_b)):
+            if key in _PER_RUN_VARIABLES or _explained_url(key, moved):
+                continue
+            if env_a.get(key) != env_b.get(key):
+                lines.append(f"run command: env {key}: {env_a.get(key, '(unset)')} → {env_b.get(key, '(unset)')}")
+    return lines
+
+
+def _with_project(launch: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """``launch`` with the project folder set on each launch (for :func:`_normal`)."""
+    project = (config.get("project") or {}).get("root")
+    services = {n: {**x, "project": project} for n, x in (launch.get("services") or {}).items()}
+    command = {**launch["command"], "project": project} if launch.get("command") else None
+    return {"services": services, "command": command}
+
+
+#: Variables that name this run itself (its folder, its broker's address): never compared.
+_PER_RUN_VARIABLES = frozenset({"HARNESS_RUN_DIR", "HARNESS_BROKER"})
+
+
+def _explained_url(key: str, moved: dict[str, set[str]]) -> bool:
+    """``HARNESS_SERVICE_<NAME>_URL`` of a service whose placement moved (its line says it)."""
+    for service, keys in moved.items():
+        variable = "HARNESS_SERVICE_" + service.upper().replace("-", "_").replace(".", "_") + "_URL"
+        if key == variable and keys & {"port", "url", "mode"}:
+            return True
+    return False
+
+
+def _normal(texts: list[str], launch: dict[str, Any]) -> list[str]:
+    """``texts`` with store paths as ``{store}/<name>`` (no hash), the project folder as
+    ``{project}`` and the launch's own port and URL as ``{port}`` and ``{url}``: what is
+    left is what the command itself says."""
+    import re
+
+    project = str(launch.get("project") or "")
+    out = []
+    url = str(launch.get("url") or "")
+    port = str(launch.get("port") or "")
+    for text in texts:
+        text = re.sub(r"(?:/[^/\s]+)*/[0-9a-df-np-sv-z]{32}-", "{store}/", str(text))
+        if project:
+            text = re.sub(rf"{re.escape(project)}(?=/|$)", "{project}", text)
+        if url:
+            text = text.replace(url, "{url}")
+        if port and port != "0":
+            text = re.sub(rf"(?<!\d){re.escape(port)}(?!\d)", "{port}", text)
+        out.append(text)
+    return out
 
 
 def _mapping_diff(label: str, a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -150,6 +274,11 @@ def _mapping_diff(label: str, a: dict[str, Any], b: dict[str, Any]) -> list[str]
         if a.get(key) != b.get(key):
             lines.append(f"{label} {key}: {a.get(key, '(none)')} → {b.get(key, '(none)')}")
     return lines
+
+
+def _argv(argv: list[str]) -> str:
+    """A command line, whole (the difference may be at its end); a part with spaces quoted."""
+    return " ".join(repr(part) if not part or any(c.isspace() for c in part) else part for part in argv)
 
 
 def _short(value: Any) -> str:

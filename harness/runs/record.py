@@ -129,13 +129,60 @@ def closure_of(store: Any, locks: dict[str, Any], lock_files: dict[str, Path], p
             "python": f"{lock.python.implementation} {lock.python.version} {lock.python.platform}",
             "environment": lock.environment.store,
             "packages": {p.name: p.version for p in lock.packages},
-            "sources": {s.name: {"repo": s.repo, "commit": s.commit, "tree": s.tree} for s in lock.sources},
+            "sources": {s.name: {"repo": s.repo, "commit": s.commit, "tree": s.tree, "install": s.install,
+                                 "subdirectory": s.subdirectory} for s in lock.sources},
             "weights": {w.dir: {f.path: f.sha256 for f in w.files} for w in lock.weights},
             "code": (code or {}).get(name),
         }
     for file in service_files:
         closure.project_files[str(file.relative_to(project_root))] = "sha256:" + file_sha256(file)
     return closure
+
+
+#: A store path named inside a launch: ``<store>/<32 hash chars>-<name>``.
+_STORE_NAME = r"([0-9a-df-np-sv-z]{32}-[A-Za-z0-9+._-]+)"
+
+
+def store_paths_named(texts: list[str], store_root: Path) -> list[str]:
+    """The store path names that ``texts`` (argv, a working directory) refer to, sorted."""
+    import re
+
+    pattern = re.compile(re.escape(str(store_root)) + "/" + _STORE_NAME)
+    return sorted({m.group(1) for text in texts for m in pattern.finditer(text)})
+
+
+def service_launch(spec: Any, store_root: Path) -> dict[str, Any]:
+    """What a service's launch spec says that shapes the computation (``config.json``'s
+    ``launch.services``): the argv after templates, the working directory, the variables
+    harness sets (:data:`~harness.runtime.launch.SERVICE_VARIABLES` and the GPU), the
+    store paths they name, the port and URL. The caller's other variables (``PATH``,
+    ``HOME``, tokens) are neither recorded nor compared: they are not harness's to pin."""
+    from harness.runtime.launch import SERVICE_VARIABLES
+
+    keys = sorted({*SERVICE_VARIABLES, "CUDA_VISIBLE_DEVICES"})
+    argv = [str(a) for a in spec.argv]
+    return {
+        "argv": argv, "cwd": str(spec.cwd),
+        "env": {k: spec.env[k] for k in keys if k in spec.env},
+        "store_paths": store_paths_named([*argv, str(spec.cwd)], store_root),
+        "port": spec.port, "url": spec.url,
+    }
+
+
+#: Variables harness sets whose values a record must never hold.
+SECRET_VARIABLES = frozenset({"HARNESS_BROKER_TOKEN"})
+
+
+def command_launch(argv: list[str], cwd: Path, env: dict[str, str], store_root: Path) -> dict[str, Any]:
+    """The run's own command or benchmark worker as launched (``launch.command``): argv,
+    working directory, the ``HARNESS_*`` variables harness sets (never a secret: the
+    broker's token is named, not recorded), the store paths named."""
+    return {
+        "argv": list(argv), "cwd": str(cwd),
+        "env": {k: ("(secret)" if k in SECRET_VARIABLES else v) for k, v in sorted(env.items())
+                if k.startswith("HARNESS_")},
+        "store_paths": store_paths_named([*argv, str(cwd)], store_root),
+    }
 
 
 def host_facts() -> dict[str, Any]:
@@ -186,6 +233,7 @@ def list_runs(home: Path) -> list[dict[str, Any]]:
             "ended": (result or {}).get("ended"),
             "exit_status": (result or {}).get("exit_status"),
             "score": (result or {}).get("score"),
+            "pinned": (run / "pinned").is_file(),
         })
     return rows
 

@@ -20,10 +20,12 @@ from typing import Any
 from harness.errors import HarnessError
 from harness.runs.record import (
     closure_of,
+    command_launch,
     host_facts,
     new_run_id,
     read_json,
     runs_dir,
+    service_launch,
     tool_versions,
     write_json,
 )
@@ -50,9 +52,11 @@ def run(
     echo: Any = print,
 ) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) with the closure's services; record it."""
+    from harness.realize.builder import lock_objects
     from harness.realize.project_code import realize_project_files, service_files
     from harness.runtime.broker import Broker, SharedBroker
     from harness.runtime.session import broker_options, default_state_dir, prepare
+    from harness.store.roots import TempRoots
     from harness.store.store import Store
 
     started = time.time()
@@ -88,6 +92,10 @@ def run(
         if worker_files:
             code[benchmark] = realize_project_files(store, project.root, f"{benchmark}-code", worker_files)
             cwd = store.root / code[benchmark]
+    # The run's closure is rooted before it is read, for the whole run (however it ends: the
+    # kernel drops a dead process's roots). Realizing already rooted it for this process.
+    run_roots = TempRoots(store, f"harness run {run_id}")
+    run_roots.add([*(n for lock in prepared.locks.values() for n in lock_objects(lock)), *code.values()])
     closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=code)
     deploy_text = prepared.deploy_path.read_text() if prepared.deploy_path else None
     config = {
@@ -107,13 +115,15 @@ def run(
         "host": host_facts(),
         "versions": tool_versions(),
         "impurities": list(prepared.impurities),
+        # Everything that shapes what the services and the command compute, as launched.
+        "launch": {
+            "services": {name: service_launch(spec, store.root) for name, spec in sorted(prepared.specs.items())},
+            "command": None,  # filled in below, once the broker's address is known
+        },
         "broker": {"shared": shared is not None, "state_dir": str(shared_dir if shared else run_dir / "services")},
     }
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", closure.as_json())
-    # A live run roots its store paths against `harness store gc`.
-    root = store.roots_dir / "runs" / run_id
-    write_json(root, {"pid": os.getpid(), "paths": [e.path for e in closure.entries]})
 
     # Ctrl-C must stop the run and still record it, even when this process inherited an
     # ignored SIGINT (background jobs of a non-interactive shell do).
@@ -138,6 +148,8 @@ def run(
             broker.start()  # resident services up before the command starts
             broker_env = broker.client_env()
         env = _command_env(broker_env, prepared, run_dir)
+        config["launch"]["command"] = command_launch(argv, cwd, env, store.root)
+        write_json(run_dir / "config.json", config)
         echo(f"broker {address}; running: {' '.join(argv)}")
         exit_status = _run_command(argv, env, cwd, logs / "command.log", echo)
     except KeyboardInterrupt:
@@ -161,7 +173,7 @@ def run(
             "id": run_id, "started": started, "ended": ended, "duration_s": round(ended - started, 3),
             "exit_status": exit_status, "score": score, "impurities": impurities,
         })
-        root.unlink(missing_ok=True)
+        run_roots.close()  # the record's lock.json roots it now (the last N runs are kept)
     return RunOutcome(run_id, run_dir, exit_status, score)
 
 

@@ -170,8 +170,10 @@ def ensure_realized(state: Any, names: list[str], *, offline: bool, realize: boo
     """The locks of ``names``, realized (install on first use) unless ``realize`` is off,
     in which case anything missing is an error naming it."""
     from harness.realize.install import realize_names
-    from harness.realize.builder import missing
+    from harness.realize.builder import lock_objects, missing
     from harness.lock.lockfile import lock_path, read
+
+    from harness.store.roots import hold
 
     project = state.project()
     if realize:
@@ -182,6 +184,8 @@ def ensure_realized(state: Any, names: list[str], *, offline: bool, realize: boo
         if not path.is_file():
             raise HarnessError(f"{name} has no lock", hint=f"run `harness install {name}`")
         locks[name] = read(path)
+        # What this process launches stays rooted for as long as it lives (a run, `up`).
+        hold(_store(state.home), lock_objects(locks[name]))
         absent = missing(_store(state.home), locks[name])
         if absent:
             raise HarnessError(f"{name} is not realized ({len(absent)} store paths missing)",

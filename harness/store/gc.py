@@ -1,14 +1,26 @@
-"""Garbage collection roots and ``harness store gc`` / ``harness store why``.
+"""Garbage collection: ``harness store gc`` and ``harness store why``.
 
-Roots (plain files under ``store/.roots``, so they survive on NFS and are easy to inspect):
+A path is live when a root names it or a live path references it; everything else is
+garbage. The kinds of root:
 
-* ``projects/<id>`` — a project that realized into this store: its locks name live paths;
-* ``pins/<name>`` — a path pinned by hand (``harness store pin``);
-* ``runs/<id>`` — a run in progress (the runtime writes it with its pid and store paths).
+* **project** — ``store/.roots/projects/<key>.json``, written when a project realizes (and
+  when its code is registered): where the project was and, per lock, the paths it named.
+  While the folder exists, gc keeps the closure of its *current* locks and of the code the
+  current checkout would launch; a folder that is gone (moved, deleted) keeps its last
+  recorded paths and is reported, until ``store gc --forget-missing`` or a grace period
+  (``[gc] missing-project-days``) counted from when gc first found it gone;
+* **pin** — ``store/.roots/pins/<name>``, a path pinned by hand (``harness store pin``);
+* **run** — the last N runs (``[gc] keep-runs``, default 10) and every pinned run
+  (``harness runs pin ID``): what their records' ``lock.json`` name, so they stay auditable;
+* **live process** — the temporary roots of every live process that realizes, runs,
+  pushes or pulls, and the paths held for ``harness up``'s broker while it lives
+  (:mod:`harness.store.roots`).
 
-A path is live when a root names it or a live path references it. Everything else is
-garbage. Deletion unregisters first, so a crash mid-collection leaves only debris that the
-next ``clean`` removes.
+In a shared store (``harness store init --group``) a member deletes only the paths they
+registered; a project folder another member cannot read counts as present and keeps what it
+last recorded. Collection runs under the exclusive gc lock, so no root can be added between reading the
+roots and deleting (see :mod:`harness.store.roots`). Deletion unregisters first, so a crash
+mid-collection leaves only debris that the next ``clean`` removes.
 """
 
 from __future__ import annotations
@@ -16,31 +28,88 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness.store.store import Store
 
+#: Defaults of the ``[gc]`` settings.
+DEFAULT_KEEP_RUNS = 10
+DEFAULT_MISSING_PROJECT_DAYS = 30.0
 
-def register_project(store: Store, project_root: Path, names: Iterable[str] = ()) -> None:
-    """Remember that ``project_root`` realized into ``store`` (its locks become roots).
 
-    The root file holds the project's folder, then the store paths ``names`` it realized
-    (merged with those already listed): what gc keeps for the project when another user
-    runs it and cannot read the project's locks (a shared store, a private home).
-    """
-    folder = store.roots_dir / "projects"
-    folder.mkdir(parents=True, exist_ok=True)
+# ------------------------------------------------------------------------- project roots
+
+
+def _project_file(store: Store, project_root: Path) -> Path:
     key = hashlib.sha256(str(project_root.resolve()).encode()).hexdigest()[:32]
-    target = folder / key
+    return store.roots_dir / "projects" / f"{key}.json"
+
+
+def _read_project(path: Path) -> dict[str, Any] | None:
+    """A project root's data; a plain-text root of an older harness reads as its folder."""
     try:
-        old = target.read_text().splitlines()
-    except (FileNotFoundError, PermissionError):
-        old = []
-    text = "\n".join([str(project_root.resolve()), *sorted(set(old[1:]) | set(names))]) + "\n"
-    if old[:1] != [str(project_root.resolve())] or "\n".join(old) + "\n" != text:
-        target.write_text(text)
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        # Older harness: the folder on the first line, then the store paths it realized.
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return {"root": lines[0], "locks": {"(recorded)": lines[1:]}, "code": {}} if lines else None
+    return data if isinstance(data, dict) and isinstance(data.get("root"), str) else None
+
+
+def _update_project(store: Store, project_root: Path, change: Any) -> None:
+    """Read-modify-write a project's root file under its lock; writes only on a change."""
+    from filelock import FileLock
+
+    target = _project_file(store, project_root)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.with_suffix(".lock"))):
+        data = _read_project(target) or {}
+        old = json.dumps(data, sort_keys=True)
+        data.setdefault("locks", {})
+        data.setdefault("code", {})
+        data["root"] = str(project_root.resolve())
+        data.pop("missing_since", None)  # it realized here just now: it exists
+        change(data)
+        if json.dumps(data, sort_keys=True) == old and target.is_file():
+            return
+        data["updated"] = time.time()
+        temp = target.with_name(f".{target.name}.{os.getpid()}")
+        temp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(temp, target)
+    legacy = target.with_suffix("")  # the plain-text root an older harness wrote
+    legacy.unlink(missing_ok=True)
+
+
+def register_project(store: Store, project_root: Path, locks: dict[str, Iterable[str]] | None = None) -> None:
+    """Remember that ``project_root`` realized into ``store``: its locks become roots.
+
+    ``locks`` (lock name -> the store paths it names) is recorded too, so the paths stay
+    known (and kept) if the folder later moves or disappears.
+    """
+    def change(data: dict[str, Any]) -> None:
+        for name, paths in (locks or {}).items():
+            data["locks"][name] = sorted(set(paths))
+
+    _update_project(store, project_root, change)
+
+
+def remember_code(store: Store, project_root: Path, label: str, path: str) -> None:
+    """Record ``path`` as the project's current code named ``label`` (``svc-code``)."""
+    def change(data: dict[str, Any]) -> None:
+        data["code"][label] = path
+
+    _update_project(store, project_root, change)
+
+
+# ----------------------------------------------------------------------------- pins
 
 
 def pin(store: Store, name: str) -> None:
@@ -53,49 +122,69 @@ def unpin(store: Store, name: str) -> None:
     (store.roots_dir / "pins" / name).unlink(missing_ok=True)
 
 
+# ------------------------------------------------------------------------------- runs
+
+
+def pin_run(run_dir: Path) -> None:
+    """Keep what run ``run_dir`` used across every gc (``harness runs pin``)."""
+    (run_dir / "pinned").write_text(json.dumps({"pinned": time.time()}) + "\n", encoding="utf-8")
+
+
+def unpin_run(run_dir: Path) -> None:
+    (run_dir / "pinned").unlink(missing_ok=True)
+
+
+def _run_paths(run_dir: Path) -> frozenset[str] | None:
+    try:
+        data = json.loads((run_dir / "lock.json").read_text(encoding="utf-8"))
+        return frozenset(str(e["path"]) for e in data.get("store_paths", []))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _runs(runs_dir: Path | None) -> list[Path]:
+    """Run folders with a closure, oldest first (ids sort by start time)."""
+    if runs_dir is None or not runs_dir.is_dir():
+        return []
+    return sorted(p for p in runs_dir.iterdir() if p.is_dir() and (p / "lock.json").is_file())
+
+
+# ------------------------------------------------------------------------------ roots
+
+
 @dataclass(frozen=True)
 class Root:
-    kind: str  # "project", "pin", "run"
+    kind: str  # "project", "pin", "run", "pinned run", "live process", "services"
     label: str
     names: frozenset[str]
+    #: per name, what in the root names it (``code of svc``, ``lock svc``), for ``why``
+    detail: tuple[tuple[str, str], ...] = ()
+
+    def describe(self, name: str) -> str:
+        what = dict(self.detail).get(name)
+        return f"root {self.kind} {self.label}" + (f" ({what})" if what else "")
 
 
-def roots(store: Store) -> list[Root]:
-    """Every root and the store paths it names directly."""
-    from harness.errors import HarnessError
-    from harness.lock.lockfile import read
+@dataclass(frozen=True)
+class MissingProject:
+    """A registered project whose folder is gone."""
 
-    found: list[Root] = []
-    for entry in sorted((store.roots_dir / "projects").glob("*")) if (store.roots_dir / "projects").is_dir() else []:
-        lines = entry.read_text().splitlines()
-        project = Path(lines[0].strip() if lines else "")
-        names: set[str] = set()
-        locks = project / "locks"
-        try:
-            if not locks.is_dir():
-                continue  # the project is gone: it roots nothing any more
-            for lock_file in sorted(locks.glob("*.lock.toml")):
-                try:
-                    names |= lock_store_paths(read(lock_file))
-                except HarnessError:
-                    continue
-        except PermissionError:
-            # Another user's project this user cannot read: keep what it last realized.
-            names = {line.strip() for line in lines[1:] if line.strip()}
-        found.append(Root("project", str(project), frozenset(names)))
-    for entry in sorted((store.roots_dir / "pins").glob("*")) if (store.roots_dir / "pins").is_dir() else []:
-        found.append(Root("pin", entry.name, frozenset({entry.name})))
-    for entry in sorted((store.roots_dir / "runs").glob("*")) if (store.roots_dir / "runs").is_dir() else []:
-        try:
-            data = json.loads(entry.read_text())
-        except (OSError, ValueError):
-            continue
-        if _alive(int(data.get("pid", 0))):
-            found.append(Root("run", entry.name, frozenset(data.get("paths", []))))
-    return found
+    root: str
+    since: float
+    paths: int
+    forgotten: bool  # dropped by this collection (--forget-missing or past the grace period)
 
 
-def lock_store_paths(lock) -> set[str]:
+@dataclass
+class Roots:
+    roots: list[Root] = field(default_factory=list)
+    missing: list[MissingProject] = field(default_factory=list)
+    forgotten_files: list[Path] = field(default_factory=list)
+    #: paths of runs beyond the last N, newest run first: why such a path may go
+    old_runs: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+
+
+def lock_store_paths(lock: Any) -> set[str]:
     """Every store path a lock names."""
     names = {lock.python.store, lock.environment.store}
     for package in [*lock.packages, *lock.build_packages]:
@@ -112,52 +201,217 @@ def lock_store_paths(lock) -> set[str]:
     return {n for n in names if n}
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
+#: Project folder -> the code store paths its checkout would launch, by manifest name. The
+#: realize stage knows how (``harness.realize.project_code.checkout_code_paths``); gc is below
+#: it, so the caller hands it in.
+CheckoutCode = Callable[[Path], Mapping[str, str]]
+
+
+def _project_root(data: dict[str, Any], entry: Path, now: float, *, forget_missing: bool,
+                  grace_days: float, out: Roots, write: bool, checkout_code: CheckoutCode | None) -> None:
+    from harness.errors import HarnessError
+    from harness.lock.lockfile import read
+
+    project = Path(data["root"])
+    recorded_locks: dict[str, list[str]] = data.get("locks") or {}
+    recorded_code: dict[str, str] = data.get("code") or {}
+    detail: dict[str, str] = {}
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
+        present = project.is_dir()
+        if present:
+            locks = project / "locks"
+            for lock_file in sorted(locks.glob("*.lock.toml")) if locks.is_dir() else []:
+                lock_name = lock_file.name[: -len(".lock.toml")]
+                try:
+                    paths = lock_store_paths(read(lock_file))
+                except HarnessError:
+                    paths = set(recorded_locks.get(lock_name, ()))  # unreadable now: keep what it named
+                for path in sorted(paths):
+                    detail.setdefault(path, f"lock {lock_name}")
+            if checkout_code is not None:
+                for manifest, path in checkout_code(project).items():
+                    detail.setdefault(path, f"code of {manifest}")
+            else:  # without the realize stage's help: the code it last registered
+                for label, path in sorted(recorded_code.items()):
+                    detail.setdefault(path, f"{label}, recorded")
     except PermissionError:
-        return True
-    return True
+        # Another member's project this user cannot read (a shared store): it is there, so
+        # it is not missing; keep what it last recorded.
+        for lock_name, named in sorted(recorded_locks.items()):
+            for path in named:
+                detail.setdefault(path, f"lock {lock_name}, recorded")
+        for label, path in sorted(recorded_code.items()):
+            detail.setdefault(path, f"{label}, recorded")
+        out.roots.append(Root("project", f"{project} (unreadable)", frozenset(detail), tuple(sorted(detail.items()))))
+        return
+    if present:
+        if write and data.get("missing_since") is not None:
+            data.pop("missing_since", None)
+            _write_project_file(entry, data)
+        out.roots.append(Root("project", str(project), frozenset(detail), tuple(sorted(detail.items()))))
+        return
+    # The folder is gone: keep what it last named, say so, and drop it only when asked.
+    for lock_name, named in sorted(recorded_locks.items()):
+        for path in named:
+            detail.setdefault(path, f"lock {lock_name}, recorded")
+    for label, path in sorted(recorded_code.items()):
+        detail.setdefault(path, f"{label}, recorded")
+    since = float(data.get("missing_since") or now)
+    forgotten = forget_missing or (grace_days > 0 and now - since > grace_days * 86400)
+    out.missing.append(MissingProject(str(project), since, len(detail), forgotten))
+    if forgotten:
+        out.forgotten_files.append(entry)
+        return
+    if write and data.get("missing_since") is None:
+        data["missing_since"] = since
+        _write_project_file(entry, data)
+    out.roots.append(Root("project", f"{project} (missing)", frozenset(detail), tuple(sorted(detail.items()))))
 
 
-def live_paths(store: Store) -> set[str]:
-    """The closure of every root under references."""
+def _write_project_file(entry: Path, data: dict[str, Any]) -> None:
+    """Rewrite a project root (when gc first finds it missing, or back); another member's
+    root in a shared store may not be ours to rewrite, and then stays as it is."""
+    temp = entry.with_name(f".{entry.name}.{os.getpid()}")
+    try:
+        temp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(temp, entry)
+    except OSError:
+        temp.unlink(missing_ok=True)
+
+
+def gather_roots(store: Store, *, runs_dir: Path | None = None, keep_runs: int = DEFAULT_KEEP_RUNS,
+                 forget_missing: bool = False, grace_days: float = DEFAULT_MISSING_PROJECT_DAYS,
+                 now: float | None = None, write: bool = False, checkout_code: CheckoutCode | None = None) -> Roots:
+    """Every root and the store paths it names directly.
+
+    ``write`` lets it record when a project was first found missing (a real collection
+    does; ``--dry-run`` and ``why`` do not). ``checkout_code`` says which code paths a
+    present project's checkout would launch (without it: the code it last registered).
+    """
+    from harness.store.roots import live_holders
+
+    now = time.time() if now is None else now
+    out = Roots()
+    folder = store.roots_dir / "projects"
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if entry.name.startswith(".") or entry.suffix == ".lock":
+            continue
+        data = _read_project(entry)
+        if data is not None:
+            _project_root(data, entry, now, forget_missing=forget_missing, grace_days=grace_days,
+                          out=out, write=write, checkout_code=checkout_code)
+    folder = store.roots_dir / "pins"
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+        out.roots.append(Root("pin", entry.name, frozenset({entry.name})))
+    runs = _runs(runs_dir)
+    recent = {p.name for p in runs[len(runs) - keep_runs:]} if keep_runs > 0 else set()
+    for run in reversed(runs):
+        paths = _run_paths(run)
+        if paths is None:
+            continue
+        if (run / "pinned").is_file():
+            out.roots.append(Root("pinned run", run.name, paths))
+        elif run.name in recent:
+            out.roots.append(Root("run", f"{run.name} (one of the last {keep_runs} runs)", paths))
+        else:
+            out.old_runs.append((run.name, paths))
+    for holder in live_holders(store):
+        kind = "live process" if holder.kind == "process" else "services"
+        out.roots.append(Root(kind, f"{holder.pid}: {holder.label}", holder.names))
+    return out
+
+
+def roots(store: Store, **options: Any) -> list[Root]:
+    """Every root and the store paths it names directly (see :func:`gather_roots`)."""
+    return gather_roots(store, **options).roots
+
+
+def closure_of(store: Store, names: Iterable[str]) -> set[str]:
+    """``names`` and everything they reference, transitively."""
     live: set[str] = set()
-    pending = [name for root in roots(store) for name in root.names]
+    pending = list(names)
     while pending:
         name = pending.pop()
         if name in live:
             continue
         live.add(name)
-        record = store.record(name)
+        record = store.record(name, even_if_gone=True)
         if record is not None:
             pending.extend(record.references)
     return live
 
 
-def collect(store: Store, *, dry_run: bool) -> list[str]:
-    """Delete every registered path no root reaches; returns their names (sorted)."""
-    live = live_paths(store)
-    # A record whose path was deleted behind the store's back is dead weight too.
-    dead = sorted(r.name for r in store.records(even_if_gone=True) if r.name not in live)
-    # In a shared store only the member who registered a path (or root) deletes it.
-    dead = [name for name in dead if store.may_remove(name)]
-    if not dry_run:
-        for name in dead:
-            store.delete(name)
-        store.clean()
-        store.collect_links()
-    return dead
+def live_paths(store: Store, **options: Any) -> set[str]:
+    """The closure of every root under references."""
+    return closure_of(store, [n for root in roots(store, **options) for n in root.names])
 
 
-def why(store: Store, name: str) -> list[str]:
-    """Why ``name`` is alive: the paths that reference it and the roots that name it."""
+# ---------------------------------------------------------------------------- collect
+
+
+@dataclass
+class GcResult:
+    """What a collection deleted (or would), and why; and the projects found missing."""
+
+    dead: list[tuple[str, str]] = field(default_factory=list)  # (name, why it goes)
+    missing_projects: list[MissingProject] = field(default_factory=list)
+    kept: int = 0
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.dead]
+
+
+def collect(store: Store, *, dry_run: bool, runs_dir: Path | None = None, keep_runs: int = DEFAULT_KEEP_RUNS,
+            forget_missing: bool = False, grace_days: float = DEFAULT_MISSING_PROJECT_DAYS,
+            now: float | None = None, checkout_code: CheckoutCode | None = None) -> GcResult:
+    """Delete every registered path no root reaches (module docstring); returns them sorted,
+    each with the reason it goes. ``dry_run`` deletes and writes nothing."""
+    from harness.store.roots import gc_lock
+
+    with gc_lock(store, exclusive=True):
+        found = gather_roots(store, runs_dir=runs_dir, keep_runs=keep_runs, forget_missing=forget_missing,
+                             grace_days=grace_days, now=now, write=not dry_run, checkout_code=checkout_code)
+        live = closure_of(store, [n for root in found.roots for n in root.names])
+        # A record whose path was deleted behind the store's back is dead weight too.
+        dead = sorted(r.name for r in store.records(even_if_gone=True) if r.name not in live)
+        # In a shared store only the member who registered a path (or root) deletes it.
+        dead = [name for name in dead if store.may_remove(name)]
+        result = GcResult(missing_projects=found.missing, kept=len(live))
+        reasons = _reasons(store, dead, found, keep_runs)
+        result.dead = [(name, reasons[name]) for name in dead]
+        if not dry_run:
+            for entry in found.forgotten_files:
+                entry.unlink(missing_ok=True)
+            for name in dead:
+                store.delete(name)
+            store.clean()
+            store.collect_links()
+    return result
+
+
+def _reasons(store: Store, dead: list[str], found: Roots, keep_runs: int) -> dict[str, str]:
+    """Why each dead path goes: the root that last named it, where one did."""
+    reasons = {name: "no root reaches it" for name in dead}
+    todo = set(dead)
+    for entry in found.forgotten_files:
+        data = _read_project(entry) or {}
+        named = {p for paths in (data.get("locks") or {}).values() for p in paths}
+        named |= set((data.get("code") or {}).values())
+        for name in closure_of(store, named) & todo:
+            reasons[name] = f"its project {data.get('root')} is gone and is forgotten now"
+            todo.discard(name)
+    for run, paths in found.old_runs:  # newest first
+        for name in closure_of(store, paths) & todo:
+            reasons[name] = f"last used by run {run}, older than the last {keep_runs} runs"
+            todo.discard(name)
+    return reasons
+
+
+def why(store: Store, name: str, **options: Any) -> list[str]:
+    """Why ``name`` is alive: the paths that reference it and every root that names it."""
     reasons = [f"referenced by {r.name}" for r in store.records() if name in r.references]
-    for root in roots(store):
+    for root in roots(store, **options):
         if name in root.names:
-            reasons.append(f"root {root.kind} {root.label}")
+            reasons.append(root.describe(name))
     return reasons

@@ -409,7 +409,8 @@ class Store:
                 remove_tree(scratch)
                 removed.append(f".tmp/{scratch.name}")
         for temp in sorted(self.meta_dir.glob(".*")) if self.meta_dir.is_dir() else []:
-            if self._mine(temp):
+            # A record being written right now (under its path's lock) is not debris.
+            if self._mine(temp) and not self._someone_building(temp.name[1:].rsplit(".", 1)[0]):
                 temp.unlink(missing_ok=True)
         return removed
 

@@ -27,6 +27,9 @@ def command(state: State, run_id: str, strict: bool, as_json: bool) -> None:
             click.echo(f"{item.status:<9} {item.path}{detail}")
         for impurity in report.impurities:
             click.echo(f"impure    {impurity}")
+        gone = [item.path for item in report.items if item.status == "missing"]
+        if gone:
+            click.echo(f"{len(gone)} path(s) of this run are gone from the store: {', '.join(gone)}")
         verdict = "FAILED" if report.failed else "ok"
         click.echo(f"audit of run {report.run}: {verdict} ({len(report.items)} checked, "
                    f"{len(report.impurities)} impurities)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from harness.cli import State
@@ -119,30 +121,61 @@ def verify(state: State, names: tuple[str, ...], check_contents: bool, repair: b
         raise SystemExit(1)
 
 
-@command.command("gc", help="Delete paths no root reaches (project locks, pins, live runs).")
-@click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
+def _gc_options(state: State) -> dict[str, Any]:
+    """Where runs are and how many to keep, from the settings (``[gc]``)."""
+    from harness.config import load_settings
+
+    project = _project_or_none(state)
+    settings = load_settings(state.home, project.root if project else None)
+    from harness.realize.project_code import checkout_code_paths
+
+    return {"runs_dir": state.home / "runs", "keep_runs": settings.gc_keep_runs,
+            "grace_days": settings.gc_missing_project_days, "checkout_code": checkout_code_paths}
+
+
+@command.command("gc", help="Delete paths no root reaches (projects, pins, the last runs, pinned runs, "
+                 "live processes and `up`'s services).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be deleted, and why.")
+@click.option("--forget-missing", is_flag=True,
+              help="Stop keeping what registered projects whose folder is gone used.")
 @click.pass_obj
-def gc(state: State, dry_run: bool) -> None:
+def gc(state: State, dry_run: bool, forget_missing: bool) -> None:
+    import time
+
     from harness.store.gc import collect
 
     from harness.store.shared import is_shared
 
-    dead = collect(_store(state), dry_run=dry_run)
+    options = _gc_options(state)
+    result = collect(_store(state), dry_run=dry_run, forget_missing=forget_missing, **options)
+    for project in result.missing_projects:
+        since = time.strftime("%Y-%m-%d", time.localtime(project.since))
+        if project.forgotten:
+            verb = "would forget" if dry_run else "forgot"
+            click.echo(f"{verb} project {project.root} (missing since {since}): its {project.paths} "
+                       "path(s) are no longer kept")
+        else:
+            grace = options["grace_days"]
+            until = (f"until `harness store gc --forget-missing` or {grace:g} days after {since}" if grace > 0
+                     else "until `harness store gc --forget-missing`")
+            click.echo(f"project {project.root} is missing (since {since}): keeping its {project.paths} "
+                       f"path(s) {until}")
     verb = "would delete" if dry_run else "deleted"
-    for name in dead:
-        click.echo(f"{verb} {name}")
+    for name, reason in result.dead:
+        click.echo(f"{verb} {name}: {reason}")
     mine = " of those you registered (a shared home)" if is_shared(state.home) else ""
-    click.echo(f"{verb} {len(dead)} path(s){mine}")
+    click.echo(f"{verb} {len(result.dead)} path(s){mine}; {result.kept} kept")
 
 
-@command.command("why", help="Say what keeps a store path alive.")
+@command.command("why", help="Say what keeps a store path alive: references and every root naming it.")
 @click.argument("name")
 @click.pass_obj
 def why(state: State, name: str) -> None:
     from harness.store.gc import why as reasons
 
+    options = _gc_options(state)
     name = name.rstrip("/").rsplit("/", 1)[-1]
-    found = reasons(_store(state), name)
+    found = reasons(_store(state), name, **options)
     for reason in found:
         click.echo(reason)
     if not found:
@@ -202,8 +235,8 @@ def _is_store_name(text: str) -> bool:
 def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
     """Store path names from arguments: a store path (or its name) stands for itself, a
     manifest name for the paths its lock realizes; no arguments: every lock of the project."""
-    from harness.realize.builder import lock_objects
     from harness.errors import HarnessError
+    from harness.realize.builder import lock_objects
 
     locks = _project_locks(state)
     if not names:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from harness.cli import State
+
+if TYPE_CHECKING:
+    from harness.runtime.session import Prepared
 
 
 @click.command(help="Start the resident services (or those named) and the broker.")
@@ -32,6 +37,7 @@ def command(state: State, names: tuple[str, ...], agent: str | None, sets: tuple
     plan = dataclasses.replace(prepared.plan, services=tuple(
         p for p in prepared.plan.services if p.name in prepared.specs or p.mode not in ("resident", "on_demand")))
     status = spawn(plan, prepared.specs, prepared.state_dir, names=wanted, options=broker_options(prepared.deploy))
+    _root_services(state, prepared, status)
     if as_json:
         print_json(status)
     else:
@@ -46,3 +52,25 @@ def command(state: State, names: tuple[str, ...], agent: str | None, sets: tuple
         raise HarnessError(f"{len(failed)} service(s) did not start:\n"
                            + "\n".join(f"{name}: {error}" for name, error in sorted(failed.items())),
                            hint="fix the cause, then harness up again (harness down stops the others)")
+
+
+def _root_services(state: State, prepared: Prepared, status: dict[str, Any]) -> None:
+    """What the broker's services run from stays a gc root for as long as the broker lives.
+
+    This process has held those paths since it realized them, so handing them to the
+    broker's pid (with its start time) leaves no moment unrooted.
+    """
+    import psutil
+
+    from harness.realize.builder import lock_objects
+    from harness.store.roots import hold_for_process
+    from harness.store.store import Store
+
+    pid = (status.get("broker") or {}).get("pid")
+    if not isinstance(pid, int):
+        return
+    names = [*(n for lock in prepared.locks.values() for n in lock_objects(lock)), *prepared.code.values()]
+    try:
+        hold_for_process(Store.in_home(state.home), pid, names, f"services of harness up ({prepared.state_dir})")
+    except psutil.NoSuchProcess:
+        pass  # the broker is gone already: nothing of it to keep

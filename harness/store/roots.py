@@ -1,0 +1,294 @@
+"""Temporary gc roots and the gc lock: nothing a live process uses is ever collected.
+
+Nix's protocol, on plain files under ``store/.roots`` (so a second process, or a person,
+can see what holds what)::
+
+    .roots/gc.lock             shared while a root is added, exclusive while gc collects
+    .roots/temp/<pid>-<token>  one process's temporary roots: a label line, then names
+    .roots/procs/<key>.json    paths held on behalf of another process (``harness up``'s
+                               broker): its pid and start time, so a reused pid is no holder
+
+**Contract.** A process that is about to use store paths (realize, run, up, push, pull)
+first *roots* them with :func:`hold` (or a :class:`TempRoots` of its own), and only then
+checks that they are registered; whatever it finds registered then stays so until it
+releases the roots or exits. Adding a root takes the gc lock shared; :func:`gc_lock`
+(taken by ``store gc`` for the whole collection) takes it exclusive, so a root is either
+added before gc reads the roots (and gc keeps the path) or after gc is done (and the
+holder's check then sees whether the path survived, and builds or fetches it again). No
+path is deleted between "found" and "rooted".
+
+**Liveness.** Each temp-roots file is locked (``flock``, exclusive) by its holder for as
+long as it holds it; the kernel drops the lock when the holder exits however it exits, so
+gc tells a live holder (the file is locked) from a dead one (it is not: gc removes the
+file). Files are created under the shared gc lock, so gc never sees one before its lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Self
+
+from harness.store.store import Store
+
+
+def _roots_dir(store: Store) -> Path:
+    return store.roots_dir
+
+
+def _temp_dir(store: Store) -> Path:
+    return store.roots_dir / "temp"
+
+
+def _procs_dir(store: Store) -> Path:
+    return store.roots_dir / "procs"
+
+
+@contextmanager
+def gc_lock(store: Store, *, exclusive: bool) -> Iterator[None]:
+    """The store's gc lock: exclusive for a collection, shared while a root is added."""
+    folder = _roots_dir(store)
+    folder.mkdir(parents=True, exist_ok=True)
+    # Read-only is enough for flock, and lets every member of a group-shared store lock it.
+    fd = os.open(folder / "gc.lock", os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+class TempRoots:
+    """A set of temporary roots held by this process until :meth:`close` (or its exit).
+
+    Thread-safe. ``label`` says who holds them (``store why`` and ``gc --dry-run`` show it):
+    ``harness run 2026…``, ``broker of /state``. Adding a name already held costs nothing.
+    """
+
+    def __init__(self, store: Store, label: str) -> None:
+        self.store = store
+        self.label = " ".join(label.split())
+        self._names: set[str] = set()
+        self._lock = threading.Lock()
+        self._file: IO[str] | None = None
+        self.path: Path | None = None
+
+    def add(self, names: Iterable[str]) -> None:
+        """Root ``names`` (store path names) from now until :meth:`close`.
+
+        Blocks while a gc is collecting; returns once the roots are on disk. Check that
+        the paths are registered *after* this returns (see the module docstring).
+        """
+        with self._lock:
+            new = [n for n in dict.fromkeys(names) if n and n not in self._names]
+            if not new:
+                return
+            with gc_lock(self.store, exclusive=False):
+                handle = self._open()
+                handle.write("".join(f"{n}\n" for n in new))
+                handle.flush()
+            self._names.update(new)
+
+    def _open(self) -> IO[str]:
+        """This holder's file, created and locked (under the shared gc lock) on first use."""
+        if self._file is None:
+            folder = _temp_dir(self.store)
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{os.getpid()}-{secrets.token_hex(4)}"
+            handle = open(path, "a", encoding="utf-8")  # held open: its flock is the liveness
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            handle.write(f"# {self.label} (pid {os.getpid()})\n")
+            self._file, self.path = handle, path
+        return self._file
+
+    @property
+    def names(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._names)
+
+    def close(self) -> None:
+        """Release every root: the file goes, so the next gc may collect the paths."""
+        with self._lock:
+            if self._file is not None:
+                assert self.path is not None
+                self.path.unlink(missing_ok=True)
+                self._file.close()  # closing releases the flock
+                self._file = None
+            self._names.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+_process_roots: dict[tuple[int, str], TempRoots] = {}
+_process_lock = threading.Lock()
+
+
+def process_roots(store: Store) -> TempRoots:
+    """This process's own temporary roots in ``store``: held until the process exits
+    (a forked child gets roots of its own)."""
+    import sys
+
+    key = (os.getpid(), os.path.abspath(store.root))
+    with _process_lock:
+        held = _process_roots.get(key)
+        if held is None:
+            label = " ".join(["harness", *sys.argv[1:]])[:160]
+            held = _process_roots[key] = TempRoots(store, label)
+        return held
+
+
+def _pid_of(path: Path) -> int:
+    try:
+        return int(path.name.split("-", 1)[0])
+    except ValueError:
+        return -1
+
+
+def release_process_roots() -> None:
+    """Release every root :func:`hold` took in this process (a CLI command is done)."""
+    with _process_lock:
+        mine = [key for key in _process_roots if key[0] == os.getpid()]
+        held = [_process_roots.pop(key) for key in mine]
+    for roots in held:
+        roots.close()
+
+
+def hold(store: Store, names: Iterable[str]) -> None:
+    """Root ``names`` for the rest of this process's life (see :func:`process_roots`)."""
+    process_roots(store).add(names)
+
+
+@contextmanager
+def held(store: Store, names: Iterable[str], label: str) -> Iterator[TempRoots]:
+    """Root ``names`` for the duration of a ``with`` block (a broker's lease, a push)."""
+    roots = TempRoots(store, label)
+    try:
+        roots.add(names)
+        yield roots
+    finally:
+        roots.close()
+
+
+# ----------------------------------------------------------------- on behalf of a process
+
+
+def hold_for_process(store: Store, pid: int, names: Iterable[str], label: str) -> Path:
+    """Root ``names`` for as long as process ``pid`` lives (``harness up``'s broker).
+
+    The caller must already hold the names itself (it does: it realized them), so there is
+    no gap. The root records the process's start time: a later process that reuses the pid
+    holds nothing. Returns the root file.
+    """
+    import psutil
+
+    started = psutil.Process(pid).create_time()
+    folder = _procs_dir(store)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{pid}-{secrets.token_hex(4)}.json"
+    data = {"pid": pid, "started": started, "label": label, "paths": sorted(set(names))}
+    temp = target.with_name(f".{target.name}")
+    with gc_lock(store, exclusive=False):
+        temp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(temp, target)
+    return target
+
+
+def process_alive(pid: int, started: float | None) -> bool:
+    """Whether ``pid`` runs and (when ``started`` is given) is the process that started then."""
+    import psutil
+
+    if pid <= 0:
+        return False
+    try:
+        process = psutil.Process(pid)
+        if started is not None and abs(process.create_time() - started) > 0.01:
+            return False
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+# -------------------------------------------------------------------------- for gc
+
+
+@dataclass(frozen=True)
+class LiveHolder:
+    """A live process's roots, as gc sees them."""
+
+    kind: str  # "process" (temporary roots) or "services" (held on behalf of a process)
+    label: str
+    pid: int
+    names: frozenset[str]
+
+
+def live_holders(store: Store) -> list[LiveHolder]:
+    """The roots of every live holder; removes the files of dead ones.
+
+    Call with the gc lock held exclusively (:func:`gc_lock`) when the answer decides a
+    deletion; ``store why`` may call it without.
+    """
+    found: list[LiveHolder] = []
+    folder = _temp_dir(store)
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if path.name.startswith("."):
+            continue
+        holder = _read_temp(path)
+        if holder is not None:
+            found.append(holder)
+    folder = _procs_dir(store)
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            pid = int(data["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if process_alive(pid, data.get("started")):
+            found.append(LiveHolder("services", str(data.get("label", "")), pid,
+                                    frozenset(str(n) for n in data.get("paths", []))))
+        else:
+            _remove(path)
+    return found
+
+
+def _remove(path: Path) -> None:
+    """Remove a dead holder's file; in a shared store another member's may not be ours to."""
+    try:
+        path.unlink(missing_ok=True)
+    except PermissionError:
+        pass
+
+
+def _read_temp(path: Path) -> LiveHolder | None:
+    """A temp-roots file's holder, or None (and the file removed) when its holder is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # locked: its holder lives
+        else:
+            _remove(path)  # nobody holds it: a dead process's leftovers
+            return None
+        with os.fdopen(os.dup(fd), encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    finally:
+        os.close(fd)
+    label = lines[0][2:] if lines and lines[0].startswith("# ") else path.name
+    names = frozenset(line for line in lines if line and not line.startswith("#"))
+    return LiveHolder("process", label, _pid_of(path), names)
