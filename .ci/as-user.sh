@@ -9,7 +9,7 @@
 #   3. a store shared by a lab: a second user in one group with the first reuses its paths;
 #   4. the tests of the store, realize, the runtime and the caches with that venv
 #      ($HARNESS_CI_USER_TESTS adds more test files or pytest arguments);
-#   5. when HARNESS_CI_USER_HARBOR=1, tests/test_harbor.py in a Python 3.12 venv of the user's.
+#   5. tests/test_harbor.py in a Python 3.12 venv of the user's (HARNESS_CI_USER_HARBOR=0: not).
 # Tests that need root (a tmpfs mount, `unshare -n`, creating users) are marked `root` and skip
 # there, saying so; .ci/run runs them as root.
 set -euo pipefail
@@ -23,6 +23,8 @@ tests/test_shared_store.py tests/test_bad_input.py tests/test_home_paths.py"
 if [ "${1:-}" = --list-tests ]; then echo $user_tests; exit 0; fi
 [ "$(id -u)" = 0 ] || { echo "ci: .ci/as-user.sh needs root (it creates the user)" >&2; exit 2; }
 id -u "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user"
+# Harbor's task users need a subordinate id range (newuidmap); Debian's useradd usually adds one.
+grep -q "^$user:" /etc/subuid 2>/dev/null || usermod --add-subuids 200000-265535 --add-subgids 200000-265535 "$user"
 home="$(getent passwd "$user" | cut -d: -f6)"
 work="$home/harness"
 
@@ -88,9 +90,8 @@ as_user ".venv/bin/harness store verify --check-contents | tail -n 1"
 echo "ci: as $user: pytest $user_tests ${HARNESS_CI_USER_TESTS:-}"
 as_user ".venv/bin/python -m pytest -q -p no:randomly $user_tests ${HARNESS_CI_USER_TESTS:-}"
 
-# 5. Harbor as the user (a 3.12 venv of the user's own): on once the network-namespace fix
-#    for unprivileged sessions lands (issue 12); HARNESS_CI_USER_HARBOR=1 turns it on.
-if [ "${HARNESS_CI_USER_HARBOR:-0}" = 1 ]; then
+# 5. Harbor as the user (a 3.12 venv of the user's own); HARNESS_CI_USER_HARBOR=0 turns it off.
+if [ "${HARNESS_CI_USER_HARBOR:-1}" = 1 ]; then
   ( cd "$src" && "$python_bin" .ci/user_python.py "$home" "$(ls "${PYENV_ROOT:-/root/.pyenv}/versions" | grep '^3\.12' | tail -n 1)" ) || true
   chown -R "$user:$(id -g "$user")" "$home/.pyenv" 2>/dev/null || true
   py312="$(ls -d "$home"/.pyenv/versions/3.12*/bin/python3 /usr/bin/python3.12 2>/dev/null | head -n 1 || true)"

@@ -13,6 +13,13 @@ Two kinds of test:
   skipped, with the reason; ``.ci/run`` runs this file again in a 3.12 venv with
   ``harness[harbor]``.
 
+Issue 18 added: pure tests of the task-user plan, the limits (on a fake cgroup tree), the
+Dockerfile translation, ``init`` and the host facts; sandbox tests of memory limits and of a
+namespace with one id; a Harbor job of ``tests/harbor/reach-users`` (task users, ``cpus =
+0.5``, network); and the Landlock + PRoot confinement with ``user.max_user_namespaces = 0`` —
+set inside a user namespace of the test's own (the limit is per user namespace), so nothing
+else on the machine notices and it is gone when the test ends; any user can run it.
+
 The environment is a test project's ``reach`` benchmark locked for this machine's CPython
 (an interpreter and an empty venv), realized offline into a temporary ``HARNESS_HOME``; the
 example task itself runs verbatim (the repository's ``reach`` lock, CPython 3.11.7) where
@@ -219,7 +226,11 @@ def test_store_and_usr_are_read_only(tmp_path: Path, project: tuple[Path, str], 
                                "grep CapEff /proc/self/status", cwd="/app", env=_env(home, pin))
             assert r.return_code == 0, r
             assert r.stdout.splitlines()[0] == f"{home}/store/{pin}"
-            assert r.stdout.split()[-1] == "0000000000000000"  # no capabilities inside
+            caps = int(r.stdout.split()[-1], 16)
+            # Root keeps Docker's default set where task users can have ids, else none; never
+            # CAP_SYS_ADMIN (21), which could remount the read-only binds, nor CAP_SYS_PTRACE (19).
+            assert caps & ((1 << 21) | (1 << 19)) == 0
+            assert caps == 0 if not box.idmap.multi else caps & 0b11 == 0b11  # chown, dac_override
             assert (tmp_path / "root" / "app" / "written").read_text() == "ok\n"
             return outcomes
         finally:
@@ -300,9 +311,10 @@ def test_nothing_is_written_outside_the_session_root(tmp_path: Path, project: tu
         assert (root / folder.lstrip("/") / token).is_file(), folder
         assert not folder.startswith(("/usr", "/etc", str(home / "store"))), folder
         host = Path(folder) / token
-        assert not host.exists() or host.is_relative_to(root), f"{host} written outside the root"
+        # os.path.exists: False where this user may not even look (e.g. /root): nor could it write
+        assert not os.path.exists(host) or host.is_relative_to(root), f"{host} written outside the root"
     for folder in refused:
-        assert not (Path(folder) / token).exists()
+        assert not os.path.exists(Path(folder) / token)
     found = subprocess.run(["find", str(home), "/usr", "/etc", "-name", token], capture_output=True, text=True)
     assert found.stdout == ""
 
@@ -543,3 +555,380 @@ def test_bad_environments_fail_their_trial_only_and_resume_refuses_drift(
     result = _harbor("job", "resume", "-p", str(tmp_path / "jobs" / "mixed"), home=home, cwd=tmp_path)
     assert result.returncode != 0
     assert "does not match" in result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------- users, limits, host
+
+
+def test_task_users_plan_and_files() -> None:
+    from harness.harbor.ids import IdMap, UserTable
+
+    multi = IdMap("root", 0, 0, 100000, 100000, 65536)
+    table = UserTable.plan(["agent", "verifier", "agent", 1500, "root"], multi)
+    assert {n: (u.uid, u.gid) for n, u in table.users.items()} == {
+        "root": (0, 0), "agent": (1000, 1000), "verifier": (1001, 1001), "1500": (1500, 1500)}
+    assert table.get(None) is None and table.get("root") is None and table.get(0) is None
+    assert table.get("agent").uid == 1000 and table.get(1500).uid == 1500  # type: ignore[union-attr]
+    assert "agent:x:1000:1000:agent:/home/agent:/bin/bash" in table.passwd().splitlines()
+    assert "verifier:x:1001:" in table.group().splitlines()
+    assert multi.uid_lines() == "0 0 1\n1 100000 65536\n" and multi.host_uid(1000) == 100999
+    with pytest.raises(ValueError, match="outside"):
+        UserTable.plan([70000], multi)
+    single = IdMap("single", 1000, 1000, reason="task users need newuidmap")
+    assert list(UserTable.plan(["agent"], single).users) == ["root"]
+
+
+def test_subid_ranges_are_read_per_user(tmp_path: Path) -> None:
+    from harness.harbor.ids import _subid_range
+
+    (tmp_path / "subuid").write_text("alice:100000:65536\nbob:165536:0\n1001:231072:1000\n")
+    assert _subid_range(tmp_path / "subuid", ("alice", "1000")) == (100000, 65536)
+    assert _subid_range(tmp_path / "subuid", ("bob", "1002")) is None  # an empty range is none
+    assert _subid_range(tmp_path / "subuid", ("carol", "1001")) == (231072, 1000)
+    assert _subid_range(tmp_path / "missing", ("alice",)) is None
+
+
+def test_limits_fall_back_to_per_process_limits_and_say_so() -> None:
+    from harness.harbor.limits import enforce
+
+    none = enforce("s", None, None)
+    assert (none.cpu_enforced, none.memory_enforced, none.procs) == (False, False, [])
+    out = enforce("s", 0.5, 256, use_cgroups=False)
+    assert out.address_space == 256 * 1024 * 1024 and out.memory_enforced
+    assert "per process only" in out.memory_how and out.no_cgroup == "cgroups not used"
+    assert out.affinity and len(out.affinity) == 1 and "whole CPUs: 0.5 asked" in out.cpu_how
+    outer, inner = out.wrap("/bin/sh", "/usr/bin/prlimit", "/usr/bin/taskset")
+    assert outer == [] and inner[:2] == ["/usr/bin/prlimit", f"--as={256 << 20}:{256 << 20}"]
+    assert inner[3:5] == ["/usr/bin/taskset", "-c"] and len(inner) == 6  # taskset takes no "--"
+    record = out.as_json()
+    assert record["cpus"] == 0.5 and record["cgroups"] == []
+
+
+def test_limits_read_cgroup_v1_and_v2_layouts(tmp_path: Path) -> None:
+    """A fake /proc/self and cgroup tree: v2 without controllers falls back to v1, which sets
+    exact quotas; the cgroup is removed on release."""
+    from harness.harbor.limits import PERIOD_US, enforce
+
+    v1cpu, v1mem, v2 = tmp_path / "cpu", tmp_path / "memory", tmp_path / "unified"
+    for folder in (v1cpu / "a", v1mem / "b", v2):
+        folder.mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("")  # hybrid: no controllers on the v2 tree
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "mountinfo").write_text(
+        f"32 31 0:29 / {v1cpu} rw,relatime - cgroup cgroup rw,cpu\n"
+        f"35 31 0:32 / {v1mem} rw,relatime - cgroup cgroup rw,memory\n"
+        f"41 31 0:38 / {v2} rw,relatime - cgroup2 cgroup2 rw\n")
+    (proc / "cgroup").write_text("4:memory:/b\n1:cpu:/a\n0::/\n")
+    out = enforce("trial__env", 1.5, 512, proc=proc)
+    assert out.cpu_enforced and out.memory_enforced, out.as_json()
+    cpu_dir, mem_dir = out.cgroups
+    assert cpu_dir.parent == v1cpu / "a" and mem_dir.parent == v1mem / "b"
+    assert (cpu_dir / "cpu.cfs_quota_us").read_text() == str(int(1.5 * PERIOD_US))
+    assert (mem_dir / "memory.limit_in_bytes").read_text() == str(512 << 20)
+    assert out.address_space is None and out.affinity is None
+    assert [p.name for p in out.procs] == ["cgroup.procs", "cgroup.procs"]
+    for folder in out.cgroups:  # a real cgroup folder's files vanish with it
+        for f in folder.iterdir():
+            f.unlink()
+    out.release()
+    assert not cpu_dir.exists() and not mem_dir.exists()
+
+
+def test_dockerfile_translation_lists_every_step_it_cannot_translate() -> None:
+    from harness.harbor.dockerfile import translate
+
+    text = ("FROM python:3.12-slim AS base\n# a comment\n"
+            "RUN apt-get update && apt-get install -y git \\\n    && rm -rf /var/lib/apt/lists/*\n"
+            "COPY requirements.txt /tmp/req.txt\n"
+            "RUN pip install --no-cache-dir -r /tmp/req.txt && python -m pip install 'numpy==2.1.0' requests\n"
+            "RUN uv pip install --system pyyaml>=6 ./local_pkg\nWORKDIR /app\nUSER agent\nENV A=1\n"
+            "RUN curl -L x | sh\n")
+    out = translate(text, lambda path: "attrs==24.2.0\n# c\nsix\n--hash x\n" if path == "requirements.txt" else None)
+    assert out.python == "3.12"
+    assert out.requirements == ["attrs==24.2.0", "six", "numpy==2.1.0", "requests", "pyyaml>=6"]
+    steps = "\n".join(out.untranslated)
+    for expected in ("line 1: FROM python:3.12-slim", "line 3: RUN apt-get install -y git", "line 5: COPY",
+                     "--hash x", "./local_pkg", "WORKDIR /app", "USER agent", "ENV A=1", "RUN curl -L x | sh"):
+        assert expected in steps, (expected, steps)
+    assert (out.workdir, out.user) == ("/app", "agent")
+    other = translate("FROM ubuntu:22.04\nRUN pip3 install flask\n")
+    assert other.python is None and other.requirements == ["flask"]
+    assert "not a python:X base" in other.untranslated[0]
+
+
+def test_init_writes_manifest_and_harness_toml(tmp_path: Path) -> None:
+    from harness.harbor.__main__ import main
+    from harness.harbor.spec import read_spec
+    from harness.manifests.project import Project
+
+    root = tmp_path / "proj"
+    task = root / "tasks" / "My Task"
+    (task / "environment").mkdir(parents=True)
+    (task / "task.toml").write_text("[environment]\n")
+    (task / "environment" / "Dockerfile").write_text(
+        "FROM python:3.11\nCOPY requirements.txt .\nRUN pip install -r requirements.txt\nRUN make\n")
+    (task / "environment" / "requirements.txt").write_text("six==1.16.0\n")
+    assert main(["init", str(task), "--project", str(root)]) == 0
+    manifest = Project(root).load_benchmarks()["my-task"]
+    assert manifest.environment.python == "3.11" and manifest.environment.requirements == ["six==1.16.0"]
+    assert "not translated: line 4: RUN make" in (root / "benchmarks" / "my-task.toml").read_text()
+    spec = read_spec(task / "environment")
+    assert spec.manifest == "my-task" and spec.project is not None and spec.project.resolve() == root
+    assert main(["init", str(task), "--project", str(root)]) == 2  # exists: refused without --force
+    assert main(["init", str(tmp_path / "nowhere")]) == 2  # not a task
+
+
+def test_host_summary_and_executables_cache(tmp_path: Path) -> None:
+    from harness.harbor import host
+
+    summary = host.summary()
+    assert summary["kernel"] == platform.release() and summary["machine"] == platform.machine()
+    if platform.libc_ver()[0] == "glibc":
+        assert summary["libc"].startswith("glibc ")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "tool"
+    tool.write_text("#!/bin/sh\necho 1\n")
+    tool.chmod(0o755)
+    (bin_dir / "data.txt").write_text("not executable")
+    (bin_dir / "link").symlink_to("tool")
+    first = host.executables(tmp_path / "cache", dirs=(str(bin_dir),))
+    import hashlib
+
+    sha = hashlib.sha256(tool.read_bytes()).hexdigest()
+    assert first == {str(tool): sha, str(bin_dir / "link"): sha}
+    assert (tmp_path / "cache" / host.CACHE_NAME).is_file()
+    tool.write_text("#!/bin/sh\necho 2\n")  # changed: hashed again, not served from the cache
+    second = host.executables(tmp_path / "cache", dirs=(str(bin_dir),))
+    assert second[str(tool)] == hashlib.sha256(tool.read_bytes()).hexdigest() != sha
+    assert host.digest(first) != host.digest(second)
+
+
+@needs_harbor
+@needs_sandbox
+def test_task_users_limits_and_host_in_a_job_with_network(tmp_path: Path, project: tuple[Path, str],
+                                                          home: Path) -> None:
+    """tests/harbor/reach-users: [agent] user and [verifier] user under ids of their own with
+    Docker's permissions where this machine can map them (else the record and the trial log
+    say why not), cpus = 0.5 (fractional: the job must run) and memory_mb enforced as the
+    record says, network on (the host's namespace, which an unprivileged session must not
+    try to join), the host and the ignored storage_mb in the record."""
+    from harness.harbor.ids import probe
+
+    root, pin = project
+    task = _task("reach-users", tmp_path / "tasks", root, pin)
+    result = _harbor("run", "-p", str(task), "-a", "oracle", "-e", ENV, "-o", str(tmp_path / "jobs"),
+                     "--job-name", "users", home=home, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trial = _trials(tmp_path / "jobs" / "users")["reach-users"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    rewards = _reward(trial) or {}
+    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
+    sandbox = record["sandbox"]
+    log = (trial["_dir"] / "trial.log").read_text()
+    assert sandbox["network"] == "host"
+    idmap = probe()
+    assert sandbox["users"]["enforced"] is idmap.multi
+    if idmap.multi:
+        assert rewards and all(v == 1.0 for v in rewards.values()), rewards
+        table = {u["name"]: u["uid"] for u in sandbox["users"]["table"]}
+        assert table == {"root": 0, "agent": 1000, "checker": 1001}
+        assert "users: root uid 0, agent uid 1000, checker uid 1001" in log
+    else:  # one id: every command ran as root, and both the record and the log say why
+        assert rewards["answer"] == 1.0 and rewards["agent_is_not_root"] == 0.0, rewards
+        assert sandbox["users"]["ids"]["reason"].startswith("task users need")
+        assert "runs every command as the sandbox's root, not as agent, checker" in log
+    limits = sandbox["limits"]
+    assert (limits["cpus"], limits["memory_mb"]) == (0.5, 512)
+    assert limits["cpus_enforced"] and limits["memory_enforced"]
+    assert f"cpus 0.5: {limits['cpus_how']}" in log
+    if limits["cpus_how"].startswith("cgroup"):
+        assert limits["cgroups"] and not any(Path(p).exists() for p in limits["cgroups"])  # removed at stop
+    else:
+        assert "whole CPUs: 0.5 asked" in limits["cpus_how"] and limits["no_cgroup_because"]
+        assert limits["memory_how"].startswith("per process only (RLIMIT_AS 512 MiB")
+    assert sandbox["storage"]["storage_mb"] == 1024 and sandbox["storage"]["enforced"] is False
+    assert sandbox["storage"]["used_mb_at_stop"] is not None
+    assert any("storage_mb = 1024" in line for line in sandbox["ignored"])
+    hostinfo = record["host"]
+    assert hostinfo["kernel"] == platform.release() and hostinfo["executables"]["count"] > 10
+    listing = (trial["_dir"] / "harness" / hostinfo["executables"]["list"]).read_text().splitlines()
+    assert len(listing) == hostinfo["executables"]["count"]
+    bash = next(line for line in listing if line.endswith("  /usr/bin/bash") or line.endswith("  /bin/bash"))
+    import hashlib
+
+    assert bash.split()[0] == hashlib.sha256(Path("/bin/bash").read_bytes()).hexdigest()
+    env = record["commands_env"]
+    assert env["base"]["HARNESS_ENVIRONMENT"] == str(home / "store" / pin)
+    assert env["given_by_harbor"] == sorted(env["given_by_harbor"])  # names only: values may be secrets
+    assert all("=" not in name for name in env["given_by_harbor"])
+
+
+# ------------------------------------------------------- machines without user namespaces
+
+_NO_USERNS = ["unshare", "--user", "--map-root-user", "--", "sh", "-c",
+              'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "no-userns"]
+
+
+def _no_userns_reason() -> str | None:
+    """Why the Landlock + PRoot tests cannot run here (None when they can)."""
+    from harness.harbor import confine
+
+    if _SANDBOX_REASON is not None:
+        return f"no user namespace to set user.max_user_namespaces = 0 in: {_SANDBOX_REASON}"
+    return confine.unavailable_reason()
+
+
+needs_confine = pytest.mark.skipif(_no_userns_reason() is not None, reason=f"{_no_userns_reason()}")
+
+_CONFINED_SCRIPT = r'''
+import asyncio, json, sys
+from pathlib import Path
+from harness.harbor import confine
+from harness.harbor.sandbox import SandboxConfig, unavailable_reason
+out = {"bwrap": unavailable_reason(), "confine": confine.unavailable_reason()}
+root, env_dir, store_paths = Path(sys.argv[1]), sys.argv[2], [Path(p) for p in sys.argv[3:]]
+async def main():
+    box = confine.ConfinedSandbox(SandboxConfig(root=root, store_paths=store_paths, dirs=["/app"], network=False))
+    await box.start()
+    env = {"PATH": env_dir + "/bin:/usr/bin:/bin", "HOME": "/root", "HARNESS_ENVIRONMENT": env_dir}
+    runs = {}
+    try:
+        for name, cmd in {
+            "python": "python -c 'import sys; print(sys.prefix)'",
+            "usr": "echo x > /usr/harness-probe",
+            "store": f"echo x > {store_paths[0]}/probe",
+            "app": "echo ok > /app/w && cat /app/w && ls -d /app",
+            "status": "exit 7",
+            "background": "nohup sleep 3217 >/dev/null 2>&1 & echo started",
+            "tcp": "python -c \"import socket; s=socket.socket(); s.settimeout(3); print(s.connect_ex(('127.0.0.1', 9)))\"",
+            "host_tree": "ls /work /home/* 2>&1 | head -3; cat /dev/sda 2>&1 | head -1",
+        }.items():
+            r = await box.exec(cmd, cwd="/app", env=env, timeout=60)
+            runs[name] = [r.return_code, r.stdout, r.stderr]
+        await box.upload_file(Path(sys.argv[0]), "/app/uploaded.py")
+        await box.download_file("/app/w", root.parent / "downloaded")
+        out["describe"] = box.describe()
+        out["marked"] = len(confine._marked(box.marker))
+    finally:
+        await box.stop(delete=False)
+    out["runs"] = runs
+    out["marked_after_stop"] = len(confine._marked(box.marker))
+asyncio.run(main())
+print(json.dumps(out))
+'''
+
+
+@needs_confine
+def test_landlock_proot_confinement_without_user_namespaces(tmp_path: Path, project: tuple[Path, str],
+                                                            home: Path) -> None:
+    """With user.max_user_namespaces = 0 (in a user namespace of the test's own, so nothing
+    else on the machine notices, and restored when it ends), bubblewrap cannot start and the
+    Landlock + PRoot confinement runs the session: store and /usr read-only, writes land in
+    the session root, the status of each command, TCP refused without network, transfers
+    inside, and every process of the session gone after stop."""
+    pin = project[1]
+    script = tmp_path / "confined.py"
+    script.write_text(_CONFINED_SCRIPT)
+    closure = [str(p) for p in _closure(home, pin)]
+    result = subprocess.run([*_NO_USERNS, sys.executable, str(script), str(tmp_path / "root"),
+                             str(home / "store" / pin), *closure], capture_output=True, text=True, timeout=300,
+                            cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert "cannot create namespaces" in out["bwrap"] and out["confine"] is None
+    runs = out["runs"]
+    assert runs["python"][:2] == [0, f"{home}/store/{pin}\n"]
+    assert runs["usr"][0] != 0 and "Permission denied" in runs["usr"][2]
+    assert runs["store"][0] != 0 and "Permission denied" in runs["store"][2]
+    assert runs["app"][:2] == [0, "ok\n/app\n"], runs["app"]
+    assert (tmp_path / "root" / "app" / "w").read_text() == "ok\n"
+    assert runs["status"][0] == 7
+    assert runs["background"][:2] == [0, "started\n"]
+    assert runs["tcp"][1].strip() == "13"  # EACCES: Landlock refuses the connection
+    assert "No such file or directory" in runs["host_tree"][1]
+    assert (tmp_path / "root" / "app" / "uploaded.py").read_text() == _CONFINED_SCRIPT
+    assert (tmp_path / "downloaded").read_text() == "ok\n"
+    assert out["describe"]["landlock_abi"] >= 1 and out["describe"]["pid_namespace"] is False
+    assert out["marked"] >= 1 and out["marked_after_stop"] == 0  # the background sleep was killed
+    assert not Path("/usr/harness-probe").exists()
+    assert not _processes_with("sleep 3217")
+
+
+@needs_harbor
+@needs_confine
+def test_harbor_job_without_user_namespaces(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
+    """`harbor run` where no namespace can be made: the trial runs confined by Landlock and
+    PRoot, scores 1.0, and its record and log say so."""
+    root, pin = project
+    task = _task("reach-python", tmp_path / "tasks", root, pin)
+    env = {**os.environ, "HARNESS_HOME": str(home), "UV_PYTHON_DOWNLOADS": "never",
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "COLUMNS": "200"}
+    result = subprocess.run([*_NO_USERNS, str(_HARBOR_BIN), "run", "-p", str(task), "-a", "oracle", "-e", ENV,
+                             "-o", str(tmp_path / "jobs"), "--job-name", "confined"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trial = _trials(tmp_path / "jobs" / "confined")["reach-python"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    assert _reward(trial) == {"reward": 1.0}
+    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
+    assert record["sandbox"]["backend"] == "landlock+proot"
+    assert record["sandbox"]["confinement"]["pid_namespace"] is False
+    assert record["sandbox"]["users"]["enforced"] is False
+    assert "confined with Landlock and PRoot instead" in (trial["_dir"] / "trial.log").read_text()
+
+
+@needs_sandbox
+@pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup-if-possible", "per-process"])
+def test_memory_limit_stops_a_command_that_exceeds_it(tmp_path: Path, project: tuple[Path, str], home: Path,
+                                                      cgroups: bool) -> None:
+    """memory_mb = 64: a command touching 200 MiB fails (the cgroup's OOM kill, or MemoryError
+    under RLIMIT_AS), one touching 8 MiB does not; the cgroup is gone after stop."""
+    from harness.harbor.limits import enforce
+
+    pin = project[1]
+    limits = enforce(f"memtest-{cgroups}", 1, 64, use_cgroups=cgroups)
+    assert limits.memory_enforced, limits.as_json()
+    touch = "python -c 'b = bytearray({} << 20); b[::4096] = bytes(len(b[::4096])); print(len(b) >> 20)'"
+
+    async def scenario() -> tuple[Any, Any]:
+        box = _sandbox(tmp_path, home, pin, network=False, limits=limits)
+        await box.start()
+        try:
+            small = await box.exec(touch.format(8), cwd="/app", env=_env(home, pin), timeout=120)
+            big = await box.exec(touch.format(200), cwd="/app", env=_env(home, pin), timeout=120)
+            return small, big
+        finally:
+            await box.stop(delete=True)
+
+    small, big = asyncio.run(scenario())
+    assert (small.return_code, small.stdout) == (0, "8\n"), small
+    assert big.return_code != 0 and big.stdout is None, big
+    if not limits.memory_how.startswith("cgroup"):
+        assert "MemoryError" in (big.stderr or "")
+    assert not any(p.exists() for p in limits.cgroups)
+
+
+@needs_sandbox
+def test_one_id_namespace_runs_task_users_as_root_and_keeps_no_capabilities(
+        tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
+    """Where the namespace can hold one id only (an unprivileged user without a subordinate
+    range), a task user's command runs as the sandbox's root, with no capabilities at all."""
+    from harness.harbor.ids import IdMap
+
+    pin = project[1]
+    single = IdMap("single", os.geteuid(), os.getegid(), reason="task users need newuidmap")
+
+    async def scenario() -> Any:
+        box = _sandbox(tmp_path, home, pin, network=False, users=["agent"], idmap=single)
+        await box.start()
+        try:
+            assert await box.ensure_user("agent") is None
+            return await box.exec("id -u; grep CapEff /proc/self/status", cwd="/app", env=_env(home, pin),
+                                  user="agent")
+        finally:
+            await box.stop(delete=True)
+
+    r = asyncio.run(scenario())
+    assert r.return_code == 0 and r.stdout.split()[0] == "0" and r.stdout.split()[-1] == "0" * 16, r

@@ -21,7 +21,7 @@ from harness.manifests.model import BenchmarkManifest, ServiceManifest
 from harness.manifests.project import Project
 from harness.runtime.deploywrite import assign_ports, default_path, write_deploy
 from harness.runtime.inventory import detect_gpus, parse_gpus, visible
-from harness.runtime.placement import closure_plan, plan
+from harness.runtime.placement import agent_plan, closure_plan, plan
 from harness.runtime.plan import Gpu, Plan
 from tests.conftest import REPO
 
@@ -298,6 +298,25 @@ def test_the_agents_models_fit_one_24_gb_gpu_resident() -> None:
     assert {p.mode for p in result.services} == {"resident"}
 
 
+def test_a_skill_whose_service_the_plan_turns_off_for_room_drops_out() -> None:
+    services = {"seg": service(7, 9101, kind="segmenter"), "wam": service(40, 9102, kind="world_model"),
+                "kin": service(0, 9103, kind="kinematics"), "helper": service(1, 9104, kind="helper")}
+    config = AgentConfig.model_validate({"agent": {"skills": {
+        "segment": {"needs": ["segmenter"], "summary": "Segment objects"},
+        "imagine": {"needs": ["world_model", "helper"], "summary": "Imagine the future"},
+        "kinematics": {"needs": ["kinematics"]}}}})
+    closure, result = agent_plan(services, config, None, parse_gpus("1x24"), {})
+    assert closure.skills_on == ("kinematics", "segment")
+    assert [s for s, _ in closure.skills_dropped] == ["imagine"]
+    # The helper only the dropped skill needed is gone too; the plan still says why wam is off.
+    assert closure.services == {"seg", "kin"}
+    assert {p.name: p.mode for p in result.services} == {"kin": "resident", "seg": "resident", "wam": "off"}
+    assert any(n.startswith("wam is off: no GPU with 40 GB free") for n in result.notes)
+    # With room, nothing drops.
+    closure, result = agent_plan(services, config, None, parse_gpus("1x80"), {})
+    assert closure.skills_dropped == () and closure.services == {"seg", "wam", "kin", "helper"}
+
+
 # --- inventory -----------------------------------------------------------------------------------------
 
 
@@ -416,16 +435,40 @@ def test_cli_plan_infeasible_deploy_exits_2(harness_cli, tmp_path: Path) -> None
     assert "need 43.2 GB on GPU 0, which has 24 GB" in result.err
 
 
+def test_cli_deploy_write_gives_every_instance_ports_of_its_own(harness_cli, tmp_path: Path) -> None:
+    home = ("--home", str(tmp_path / "home"))
+
+    def write(name: str, *extra: str) -> dict[str, int]:
+        out = tmp_path / f"{name}.toml"
+        result = harness_cli("--project", str(REPO), *home, "deploy", "write", "-o", str(out), "--gpus", "1x24",
+                             *extra)
+        assert result.code == 0, result.err
+        return {n: s.port for n, s in PROJECT.load_deploy(out).services.items() if s.port is not None}
+
+    first = write("first")
+    second = write("second")  # nothing of the first runs: only the registry keeps them apart
+    assert first and set(first) == set(second)
+    assert not set(first.values()) & set(second.values())
+    assert len(set(second.values())) == len(second)
+    assert write("second", "--force") == second, "rewriting a deploy keeps its ports"
+    registry = json.loads((tmp_path / "home" / "state" / "ports.json").read_text())
+    assert set(registry["deploys"]) == {str(tmp_path / "first.toml"), str(tmp_path / "second.toml")}
+    (tmp_path / "first.toml").unlink()  # a deploy that is gone gives its ports back
+    assert write("third") == first
+
+
 def test_cli_deploy_write(harness_cli, tmp_path: Path) -> None:
     out = tmp_path / "box.toml"
-    result = harness_cli("--project", str(REPO), "deploy", "write", "-o", str(out), "--gpus", "1x24",
-                         "--agent", "default")
+    result = harness_cli("--project", str(REPO), "--home", str(tmp_path / "home"), "deploy", "write", "-o",
+                         str(out), "--gpus", "1x24", "--agent", "default")
     assert result.code == 0, result.err
     written = PROJECT.load_deploy(out)
     assert written.services["sam3"].mode == "resident" and written.services["openwam"].mode == "off"
-    again = harness_cli("--project", str(REPO), "deploy", "write", "-o", str(out), "--gpus", "1x24")
+    again = harness_cli("--project", str(REPO), "--home", str(tmp_path / "home"), "deploy", "write", "-o", str(out),
+                        "--gpus", "1x24")
     assert again.code == 2 and "--force" in again.err
-    forced = harness_cli("--project", str(REPO), "deploy", "write", "-o", str(out), "--gpus", "1x24", "--force")
+    forced = harness_cli("--project", str(REPO), "--home", str(tmp_path / "home"), "deploy", "write", "-o", str(out),
+                         "--gpus", "1x24", "--force")
     assert forced.code == 0, forced.err
     assert PROJECT.load_deploy(out).services["openwam"].mode == "on_demand"
     planned = harness_cli("--project", str(REPO), "--deploy", str(out), "plan", "--gpus", "1x24", "--json")

@@ -117,22 +117,37 @@ def test_run_records_and_audits_ok(project: Path, up: Upstreams, tmp_path: Path,
     assert listed[0]["id"] == run_dir.name and listed[0]["exit_status"] == 0
 
 
-def test_changed_closure_file_fails_the_audit_naming_it(project: Path, tmp_path: Path) -> None:
+def test_a_run_is_judged_as_it_ran_and_a_changed_store_path_is_refused_at_launch(project: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
-    result, run_dir = _run(project, home)
+    result, good_run = _run(project, home)
     assert result.returncode == 0, result.stderr
+    checks = [json.loads(line) for line in (good_run / "services" / "launch-checks.jsonl").read_text().splitlines()]
     lock = read(project / "locks" / "svc.lock.toml")
+    assert checks[0]["launch"] == "svc" and lock.environment.store in checks[0]["paths"]
+    assert lock.python.store in checks[0]["paths"], "what the environment references is checked too"
     env = home / "store" / lock.environment.store
     target = next((env / "lib").glob("python3.*/site-packages/alpha/__init__.py"))
     target.parent.chmod(0o755)
     target.chmod(0o644)
     target.write_text(target.read_text() + "# tampered\n")
-    audit = harness(project, home, "audit", "--json", run_dir.name)
+    # The finished run computed with the registered bytes: it stays ok, with a note.
+    audit = harness(project, home, "audit", "--json", good_run.name)
+    assert audit.returncode == 0, audit.stdout
+    [item] = [i for i in json.loads(audit.stdout)["items"] if i["path"] == lock.environment.store]
+    assert item["status"] == "ok" and item["at_launch"] == "stat" and "alpha/__init__.py" in item["store_now"]
+    # A new run is refused before its service starts, naming the file.
+    refused, bad_run = _run(project, home)
+    assert refused.returncode != 0
+    assert "alpha/__init__.py" in refused.stdout + refused.stderr
+    audit = harness(project, home, "audit", "--json", bad_run.name)
     assert audit.returncode == 1
-    report = json.loads(audit.stdout)
-    bad = [i for i in report["items"] if i["status"] != "ok"]
-    assert [i["path"] for i in bad] == [lock.environment.store]
+    bad = [i for i in json.loads(audit.stdout)["items"] if i["status"] != "ok"]
+    assert [(i["path"], i["at_launch"]) for i in bad] == [(lock.environment.store, "refused")]
     assert "alpha/__init__.py" in bad[0]["detail"]
+    # Repairing the store changes neither verdict.
+    assert harness(project, home, "store", "verify", "--repair").returncode == 0
+    assert harness(project, home, "audit", bad_run.name).returncode == 1
+    assert harness(project, home, "audit", good_run.name).returncode == 0
 
 
 def test_failing_command_still_leaves_a_record(project: Path, tmp_path: Path, home: Path) -> None:

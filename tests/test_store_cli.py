@@ -395,7 +395,9 @@ def test_noop_realize_notices_every_change(run, project: Path, home: Path, tmp_p
 
     manifest = copy / "services" / "svc.toml"
     original = manifest.read_text()
-    manifest.write_text(original.replace("port = 9000", "port = 9001"))
+    manifest.write_text(original.replace("port = 9000", "port = 9001"))  # runtime only: the lock holds
+    assert run("realize", "svc", project_root=copy).code == 0
+    manifest.write_text(original.replace('"delta==1.0"', '"delta==1.0", "alpha==1.0"'))
     changed = run("realize", "svc", project_root=copy)
     assert changed.code != 0 and "svc: lock manifest changed" in changed.err
     manifest.write_text(original + "\n# a comment changes no meaning\n")

@@ -7,6 +7,12 @@ one line per task: the pin, and whether it changed. Needs no Harbor.
 
 ``python -m harness.harbor check TASK...`` prints what each task resolves to without
 realizing anything (exit 1 when a pin drifted or a path is missing).
+
+``python -m harness.harbor init TASK [--project DIR] [--name NAME] [--python X.Y]`` gives a
+task an environment from its ``environment/Dockerfile`` (:mod:`harness.harbor.dockerfile`):
+writes ``benchmarks/<name>.toml`` in the project (a ``FROM python:X`` base and the
+``pip``/``uv pip`` ``install`` lines) and ``environment/harness.toml`` naming it, and lists
+every step of the Dockerfile it could not translate (also as comments in the manifest).
 """
 
 from __future__ import annotations
@@ -65,6 +71,78 @@ def check(task: Path, home: Path) -> tuple[bool, str]:
     return not missing, f"{task}: {spec.describe()} -> {lock.environment.store}: {state}"
 
 
+def init(task: Path, project: Path | None, name: str | None, python: str | None, force: bool) -> list[str]:
+    """Write the task's manifest and ``harness.toml`` (module doc); the lines to print."""
+    import platform
+    import re
+
+    import tomlkit
+
+    from harness.errors import InputError
+    from harness.harbor.dockerfile import translate
+    from harness.harbor.spec import FILE_NAME
+    from harness.manifests.project import find_project
+
+    env_dir = task / "environment"
+    dockerfile = env_dir / "Dockerfile"
+    if not (task / "task.toml").is_file():
+        raise InputError(f"{task}: not a Harbor task (no task.toml)")
+    text = dockerfile.read_text(encoding="utf-8") if dockerfile.is_file() else ""
+    if project is None:
+        root = find_project(task).root
+    else:
+        root = project.resolve()
+        (root / "services").mkdir(parents=True, exist_ok=True)
+    name = name or re.sub(r"[^a-z0-9]+", "-", task.resolve().name.lower()).strip("-") or "task"
+    if not re.match(r"^[a-z0-9][a-z0-9._-]*$", name):
+        raise InputError(f"--name {name!r}: use lower-case letters, digits, '.', '_' and '-'")
+
+    def read(path: str) -> str | None:
+        candidate = (env_dir / path.lstrip("/")).resolve()
+        if candidate.is_relative_to(env_dir.resolve()) and candidate.is_file():
+            return candidate.read_text(encoding="utf-8")
+        return None
+
+    out = translate(text, read)
+    if not text:
+        out.untranslated.insert(0, "no environment/Dockerfile: an environment with Python only")
+    version = python or out.python or ".".join(platform.python_version_tuple()[:2])
+    if not (python or out.python):
+        out.untranslated.append(f"python = {version!r} is this interpreter's version: change it if the task "
+                                "needs another")
+    manifest = root / "benchmarks" / f"{name}.toml"
+    spec_file = env_dir / FILE_NAME
+    for path in (manifest, spec_file):
+        if path.exists() and not force:
+            raise InputError(f"{path} exists", hint="pass --force to replace it, or --name for another manifest")
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment(f"From {dockerfile if text else task} by python -m harness.harbor init."))
+    for step in out.untranslated:
+        doc.add(tomlkit.comment(f"not translated: {step}"))
+    doc["kind"] = "benchmark"
+    doc["summary"] = f"environment of the Harbor task {task.resolve().name}"
+    envt = tomlkit.table()
+    envt["python"] = version
+    envt["requirements"] = out.requirements
+    doc["environment"] = envt
+    from harness.manifests.model import BenchmarkManifest
+
+    try:
+        BenchmarkManifest.model_validate(doc.unwrap())
+    except Exception as exc:  # a requirement pip accepted that a manifest does not
+        raise InputError(f"{dockerfile}: does not make a valid manifest: {exc}") from None
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    env_dir.mkdir(exist_ok=True)
+    relative = os.path.relpath(root, env_dir.resolve())
+    spec_file.write_text(f'manifest = "{name}"\nproject = "{relative}"\n', encoding="utf-8")
+    lines = [f"{manifest}: python {version}, {len(out.requirements)} requirement(s)",
+             f"{spec_file}: manifest = {name!r}, project = {relative!r}"]
+    lines += [f"not translated: {step}" for step in out.untranslated]
+    lines.append(f"next: harness --project {root} lock {name}; python -m harness.harbor pin {task}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.harbor", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,12 +150,20 @@ def main(argv: list[str] | None = None) -> int:
         one = sub.add_parser(name)
         one.add_argument("tasks", nargs="+", type=Path)
         one.add_argument("--home", help="HARNESS_HOME (check only)")
+    one = sub.add_parser("init", help="a task's environment from its Dockerfile")
+    one.add_argument("tasks", nargs=1, type=Path)
+    one.add_argument("--project", type=Path, help="the harness project (else the nearest above the task)")
+    one.add_argument("--name", help="the benchmark manifest's name (else the task folder's)")
+    one.add_argument("--python", help="the Python version (else the Dockerfile's python:X base)")
+    one.add_argument("--force", action="store_true", help="replace an existing manifest or harness.toml")
     args = parser.parse_args(argv)
-    home = Path(args.home or os.environ.get("HARNESS_HOME") or "~/.cache/harness").expanduser()
+    home = Path(getattr(args, "home", None) or os.environ.get("HARNESS_HOME") or "~/.cache/harness").expanduser()
     status = 0
     for task in args.tasks:
         try:
-            if args.command == "pin":
+            if args.command == "init":
+                print("\n".join(init(task, args.project, args.name, args.python, args.force)))
+            elif args.command == "pin":
                 print(pin(task))
             else:
                 ok, line = check(task, home)

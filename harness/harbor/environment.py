@@ -15,7 +15,16 @@ environment, and each separate verifier's):
    ``--no-delete``;
 4. a harness record, ``<trial>/harness/<role>.json``, names every store path of the closure
    with its content hash, the interpreter, the locks (packages, sources, weights), the
-   environment digest, the sandbox and the task digest that Harbor put in ``lock.json``.
+   environment digest, the sandbox (users, limits, what of the task was ignored), the host
+   (OS, kernel, libc, the executables the sandbox exposes: :mod:`harness.harbor.host`), the
+   environment variables given to commands, and the task digest Harbor put in ``lock.json``.
+
+Task users (``[agent] user``, ``[verifier] user``, read from the task's ``task.toml``) run
+under ids of their own where the machine allows (:mod:`harness.harbor.ids`): the workdir,
+``/logs/agent`` and ``/logs/artifacts`` belong to the agent's user, ``/logs/verifier`` to
+the verifier's (root when it names none), ``/tests`` and ``/solution`` to root. ``cpus``
+and ``memory_mb`` are enforced as :mod:`harness.harbor.limits` can; the trial log and the
+record say how, or why not.
 
 Options (``--ek key=value``): ``home`` (else ``$HARNESS_HOME``, else ``~/.cache/harness``),
 ``manifest``, ``lock``, ``project``, ``environment`` (see the spec), ``realize`` (default
@@ -34,16 +43,20 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from harbor.environments.base import BaseEnvironment, ExecResult
-from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.trial.paths import EnvironmentPaths
 
 from harness.errors import HarnessError
+from harness.harbor import host
+from harness.harbor.limits import Enforcement, enforce
 from harness.harbor.resolve import EnvironmentUnavailable, ResolvedEnvironment, resolve
 from harness.harbor.sandbox import Sandbox, SandboxConfig, SandboxError, unavailable_reason
 from harness.harbor.spec import EnvironmentSpec, read_spec
 
 RECORD_SCHEMA = "harness-harbor-record/1"
+#: Variables of the commands' base environment recorded by name only.
+_SECRETS = frozenset({"HARNESS_BROKER_TOKEN"})
 DEFAULT_WORKDIR = "/app"
 
 
@@ -75,6 +88,9 @@ class HarnessEnvironment(BaseEnvironment):
         self._base_env: dict[str, str] = {}
         self._record: dict[str, Any] = {}
         self._users: set[str] = set()
+        self._env_names: set[str] = set()
+        self._limits: Enforcement | None = None
+        self._used_mb: float | None = None
         self._execs = 0
         super().__init__(*args, **kwargs)
 
@@ -85,6 +101,13 @@ class HarnessEnvironment(BaseEnvironment):
     @property
     def capabilities(self) -> EnvironmentCapabilities:
         return EnvironmentCapabilities(disable_internet=True, gpus=True)
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        """Fractional CPUs are always accepted (a cgroup enforces them exactly, CPU affinity in
+        whole CPUs otherwise); hard limits are declared only where a cgroup can be made here."""
+        cpu, memory = _cgroup_capable()
+        return EnvironmentResourceCapabilities(cpu_limit=cpu, memory_limit=memory, fractional_cpus=True)
 
     def _validate_network_policy_support(self) -> None:
         # Harbor raises this one from the constructor too (ending the job); defer it to start().
@@ -130,13 +153,35 @@ class HarnessEnvironment(BaseEnvironment):
     # --------------------------------------------------------------- lifecycle
 
     async def start(self, force_build: bool) -> None:
+        try:
+            await self._start()
+        except BaseException as exc:
+            if isinstance(exc, HarnessError):
+                # The message first, on its own line: Harbor's log would bury it under a traceback.
+                self.logger.error(f"harness: {self.session_id} cannot start: {exc}")
+            sandbox, self._sandbox = self._sandbox, None
+            if sandbox is not None:  # started, then something after it failed
+                await sandbox.stop(delete=False)
+            elif self._limits is not None:
+                self._limits.release()
+            raise
+
+    async def _start(self) -> None:
         started = time.time()
         if self._spec_error is not None:
             raise EnvironmentUnavailable(str(self._spec_error))
         assert self._spec is not None
         reason = await asyncio.to_thread(unavailable_reason)
-        if reason is not None:
-            raise SandboxError(f"cannot sandbox this trial: {reason}")
+        confined = False
+        if reason is not None:  # no namespaces here: the second confinement, if it can run
+            from harness.harbor import confine
+
+            why_not = await asyncio.to_thread(confine.unavailable_reason)
+            if why_not is not None:
+                raise SandboxError(f"cannot sandbox this trial: {reason}; nor confine it with Landlock and "
+                                   f"PRoot: {why_not}")
+            confined = True
+            self.logger.warning(f"harness: {self.session_id}: {reason}: confined with Landlock and PRoot instead")
         self._resolved = await asyncio.to_thread(
             resolve, self._spec, self.home, realize=self.options.realize, offline=self.options.offline,
             task_dir=self.environment_dir.parent, log=self.logger.info)
@@ -144,6 +189,20 @@ class HarnessEnvironment(BaseEnvironment):
         paths = EnvironmentPaths.for_os(self.os)
         broker = self.options.broker or os.environ.get("HARNESS_BROKER")
         ports = await asyncio.to_thread(_loopback_ports, broker) if broker and self._network_disabled else []
+        agent_user, verifier_user = _task_users(self.environment_dir.parent)
+        owners: dict[str, str | int] = {}
+        if agent_user is not None:
+            owners.update({self.workdir: agent_user, str(paths.agent_dir): agent_user,
+                           str(paths.artifacts_dir): agent_user})
+        if verifier_user is not None:
+            owners[str(paths.verifier_dir)] = verifier_user
+        self._limits = await asyncio.to_thread(
+            enforce, self.session_id, self._effective_cpus, self._effective_memory_mb)
+        if self._limits.cpus is not None or self._limits.memory_mb is not None:
+            self.logger.info(f"harness: {self.session_id} limits: {self._limits.describe()}")
+        ignored = _ignored(self.environment_dir, self.task_env_config.docker_image, self._effective_storage_mb)
+        for line in ignored:
+            self.logger.warning(f"harness: {self.session_id} ignores {line}")
         config = SandboxConfig(
             root=self.session_dir,
             store_paths=[resolved.store_root / name for name in resolved.paths],
@@ -153,14 +212,28 @@ class HarnessEnvironment(BaseEnvironment):
             network=not self._network_disabled,
             forward_ports=ports,
             hostname=_hostname(self.environment_name),
+            users=[u for u in (agent_user, verifier_user) if u is not None],
+            owners=owners,
+            limits=self._limits,
         )
         if self.session_dir.exists():
             from harness.harbor.sandbox import remove_root
 
             await asyncio.to_thread(remove_root, self.session_dir)
         self.session_dir.mkdir(parents=True)
-        self._sandbox = Sandbox(config, log=self.logger.info)
+        if confined:
+            from harness.harbor.confine import ConfinedSandbox
+
+            self._sandbox = ConfinedSandbox(config, log=self.logger.info)
+        else:
+            self._sandbox = Sandbox(config, log=self.logger.info)
         await self._sandbox.start()
+        if self._sandbox.idmap.multi:
+            self.logger.info(f"harness: {self.session_id} users: " + ", ".join(
+                f"{u.name} uid {u.uid}" for u in self._sandbox.users.users.values()))
+        elif config.users:
+            self.logger.warning(f"harness: {self.session_id} runs every command as the sandbox's root, not as "
+                                f"{', '.join(map(str, config.users))}: {self._sandbox.idmap.reason}")
         env = resolved.environment_path
         self._base_env = {
             "PATH": f"{env}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -174,18 +247,40 @@ class HarnessEnvironment(BaseEnvironment):
             token = os.environ.get("HARNESS_BROKER_TOKEN")
             if token:  # the broker answers only with its token (its owner runs this trial)
                 self._base_env["HARNESS_BROKER_TOKEN"] = token
+        executables = await asyncio.to_thread(host.executables, self.home / "cache")
+        # In sha256sum's format: `sha256sum -c host-executables.sha256` re-checks the host.
+        listing = self.record_path.parent / "host-executables.sha256"
+        await asyncio.to_thread(listing.write_text, "".join(f"{h}  {p}\n" for p, h in sorted(executables.items())),
+                                encoding="utf-8")
         self._record = self._make_record(config, broker, started)
+        self._record["host"] = {**host.summary(), "executables": {
+            "dirs": list(host.BIN_DIRS), "count": len(executables), "digest": host.digest(executables),
+            "list": listing.name}}
+        self._record["sandbox"]["ignored"] = ignored
         await asyncio.to_thread(_write_record, self.record_path, self._record)
         self.logger.info(f"harness: {self.session_id} runs {resolved.environment} "
                          f"({len(resolved.paths)} store paths, digest {resolved.digest})")
 
     async def stop(self, delete: bool) -> None:
         sandbox, self._sandbox = self._sandbox, None
+        self._used_mb = None
         if sandbox is not None:
-            await sandbox.stop(delete=delete)
+            if delete and self._record:  # measured before the root goes
+                await sandbox.stop(delete=False)
+                self._used_mb = await asyncio.to_thread(_size_mb, self.session_dir)
+                from harness.harbor.sandbox import remove_root
+
+                await asyncio.to_thread(remove_root, self.session_dir)
+            else:
+                await sandbox.stop(delete=delete)
+        elif self._limits is not None:
+            self._limits.release()
         if self._record:
+            used = await asyncio.to_thread(_size_mb, self.session_dir) if not delete else self._used_mb
             self._record["session"].update(stopped=_iso(time.time()), root_deleted=bool(delete),
                                            commands=self._execs, users_requested=sorted(self._users))
+            self._record["sandbox"]["storage"]["used_mb_at_stop"] = used
+            self._record["commands_env"]["given_by_harbor"] = sorted(self._env_names)
             await asyncio.to_thread(_write_record, self.record_path, self._record)
 
     # -------------------------------------------------------------------- exec
@@ -194,12 +289,18 @@ class HarnessEnvironment(BaseEnvironment):
                    timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
         sandbox = self._require()
         wanted = self._resolve_user(user)
+        as_user: dict[str, str] = {}
         if wanted not in (None, "root", 0, "0"):
             self._users.add(str(wanted))
+            task_user = await sandbox.ensure_user(wanted)
+            if task_user is not None:
+                as_user = {"HOME": task_user.home, "USER": task_user.name, "LOGNAME": task_user.name}
         self._execs += 1
+        given = self._merge_env(env) or {}
+        self._env_names.update(given)
         outcome = await sandbox.exec(command, cwd=cwd or self.workdir,
-                                     env={**self._base_env, **(self._merge_env(env) or {})},
-                                     timeout=timeout_sec, on_output=self._output_callback())
+                                     env={**self._base_env, **as_user, **given},
+                                     timeout=timeout_sec, on_output=self._output_callback(), user=wanted)
         return ExecResult(stdout=outcome.stdout, stderr=outcome.stderr, return_code=outcome.return_code)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
@@ -215,6 +316,11 @@ class HarnessEnvironment(BaseEnvironment):
         await self._require().download_file(source_path, Path(target_path))
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        if self._sandbox is None and self._record == {}:
+            # Never started (the start failed, and said why first): Harbor's recovery of the
+            # logs finds nothing, rather than burying that error under a second traceback.
+            Path(target_dir).mkdir(parents=True, exist_ok=True)
+            return
         await self._require().download_dir(source_dir, Path(target_dir))
 
     def _require(self) -> Sandbox:
@@ -260,14 +366,85 @@ class HarnessEnvironment(BaseEnvironment):
                             "executable": f"{resolved.environment_path}/bin/python"},
             "closure": resolved.closure,
             "sandbox": {
-                "backend": "bwrap+nsenter", "network": "host" if config.network else "none",
+                "backend": ("landlock+proot" if not self._sandbox.namespaces else
+                            "bwrap+nsenter" + ("+userns-map" if self._sandbox.idmap.multi else "")),
+                "confinement": getattr(self._sandbox, "describe", lambda: None)(),
+                "network": "host" if config.network else "none",
                 "forwarded_ports": list(self._sandbox.forwarded), "broker": broker,
                 "read_only": [*config.read_only, "/sys"], "store_paths_bound": len(config.store_paths),
                 "devices": config.devices, "workdir": self.workdir,
-                "limits": {"cpus": self.task_env_config.cpus, "memory_mb": self.task_env_config.memory_mb,
-                           "enforced": False},
+                "limits": self._limits.as_json() if self._limits else None,
+                "storage": {"storage_mb": self._effective_storage_mb, "enforced": False},
+                "users": {"enforced": self._sandbox.idmap.multi, "ids": self._sandbox.idmap.as_json(),
+                          "table": [u.as_json() for u in self._sandbox.users.users.values()],
+                          "owners": {k: str(v) for k, v in config.owners.items()}},
             },
+            "commands_env": {"base": {k: ("<withheld: a credential>" if k in _SECRETS else v)
+                                      for k, v in self._base_env.items()},
+                             "given_by_harbor": [],  # names only: values may be credentials
+                             "note": "base: set by harness for every command (values); given_by_harbor: "
+                                     "the names of the variables Harbor, the task or the agent added"},
         }
+
+
+def _task_users(task_dir: Path) -> tuple[str | int | None, str | int | None]:
+    """``[agent] user`` and ``[verifier] user`` of the task's ``task.toml`` (None: root/unset);
+    the first step's, for a multi-step task that sets them per step."""
+    import tomllib
+
+    try:
+        data = tomllib.loads((task_dir / "task.toml").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, None
+
+    def user(table: Any) -> str | int | None:
+        value = table.get("user") if isinstance(table, dict) else None
+        return None if value in (None, "", "root", 0) else value
+
+    agent, verifier = user(data.get("agent")), user(data.get("verifier"))
+    for step in data.get("steps", []) if isinstance(data.get("steps"), list) else []:
+        if isinstance(step, dict):
+            agent = agent or user(step.get("agent"))
+            verifier = verifier or user(step.get("verifier"))
+    return agent, verifier
+
+
+def _ignored(environment_dir: Path, docker_image: str | None, storage_mb: int | None) -> list[str]:
+    """What of the task's environment definition this environment does not use, and why."""
+    out = []
+    if docker_image:
+        out.append(f"docker_image = {docker_image!r}: the software is the harness environment and the host's /usr")
+    for name in ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml"):
+        if (environment_dir / name).is_file():
+            out.append(f"environment/{name}: not built (python -m harness.harbor init TASK translates a "
+                       "Dockerfile's Python packages into a manifest)")
+    if storage_mb is not None:
+        out.append(f"storage_mb = {storage_mb}: not enforced (the session's disk use is recorded at stop)")
+    return out
+
+
+def _size_mb(root: Path) -> float | None:
+    """Disk use of ``root`` in MiB (allocated blocks; links not followed), None if it is gone."""
+    if not root.exists():
+        return None
+    total = 0
+    for folder, dirs, files in os.walk(root):
+        for name in files + dirs:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:
+                continue
+    return round(total / (1024 * 1024), 3)
+
+
+@functools.lru_cache(maxsize=1)
+def _cgroup_capable() -> tuple[bool, bool]:
+    """Whether this process can make a cgroup limiting (cpu, memory): tried once, removed."""
+    probe = enforce("probe", 1, 64)
+    try:
+        return probe.cpu_how.startswith("cgroup"), probe.memory_how.startswith("cgroup")
+    finally:
+        probe.release()
 
 
 def _task_digests(task_dir: Path, trial_paths: Any) -> dict[str, Any]:

@@ -12,9 +12,11 @@ No Docker. Linux namespaces through two standard tools:
   a ``cat`` reading a pipe this process holds: the session lives exactly as long as we
   hold it (and ``--die-with-parent`` covers a crash).
 * **nsenter** and **setpriv** (util-linux) run each command inside that session: join its
-  namespaces and root, drop every capability (bounding, inheritable and ambient sets, and
-  ``no_new_privs``) so nothing can remount the read-only binds, ``cd`` to the working
-  folder, ``bash -c`` the command. Commands run in a new process group; a timeout or a
+  namespaces (the network one only when the session made its own: a task with network stays
+  in the host's, which only the host's root may join) and root, switch to the task user,
+  drop capabilities (every one, or all but :data:`ROOT_CAPS` for root where task users have
+  ids; bounding, inheritable and ambient sets, and ``no_new_privs``) so nothing can remount
+  the read-only binds, ``cd`` to the working folder, ``bash -c`` the command. Commands run in a new process group; a timeout or a
   cancellation kills the whole group. Background processes survive between commands, as
   in a container, until :meth:`Sandbox.stop` kills the namespace's init and with it every
   process of the session.
@@ -32,8 +34,19 @@ the sandbox's network namespace by a short helper (``nsenter -U -n``) and handed
 a Unix socket (SCM_RIGHTS); this process accepts on it and relays to the same port on the
 host's loopback. Only those ports are reachable; nothing else leaves the namespace.
 
-Users: the sandbox has one user, root (mapped to the invoking user). Harbor's ``user``
-argument is accepted and recorded but every command runs as that root.
+Users (:mod:`harness.harbor.ids`): the sandbox's root is the invoking user. Where the
+user namespace can hold more ids (Harbor runs as root, or the user has a subordinate id
+range and ``newuidmap``), the namespace is made first (``unshare --user``, its maps written
+by us or by ``newuidmap``) and bubblewrap is started inside it (``--userns``); each task
+user then runs under its own uid and gid (``setpriv --reuid``), and ``/etc/passwd`` and
+``/etc/group`` inside name them. The sandbox's root then keeps Docker's default capabilities
+(:data:`ROOT_CAPS`: it owns every file of the session, as a container's root does, but can
+never remount); task users have none. Harness's own setup (owners and modes of the session's
+folders) runs as the sandbox's root. When the session stops, everything under its root is
+given back to the sandbox's root (the invoking user), so it can be deleted or kept.
+
+Limits (:mod:`harness.harbor.limits`): each command joins the session's cgroup before it
+enters the sandbox, and runs under the per-process limits where no cgroup could be made.
 """
 
 from __future__ import annotations
@@ -57,6 +70,9 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from harness.errors import HarnessError
+from harness.harbor.ids import IdMap, TaskUser, UserTable
+from harness.harbor.ids import probe as probe_ids
+from harness.harbor.limits import Enforcement
 
 #: Mirrored from the host: a directory is bound read-only, a symlink recreated.
 TOP_LEVEL_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -64,6 +80,11 @@ TOP_LEVEL_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 READ_ONLY = ("/usr", "/etc")
 #: Made as real (writable) folders of every root.
 BASE_DIRS = ("tmp", "root", "run", "var/tmp", "home")
+#: What the sandbox's root may do where task users have ids of their own: Docker's default
+#: capabilities (own any file, change owners and modes, switch users, signal), never
+#: CAP_SYS_ADMIN (so nothing can remount the read-only binds) nor ptrace. Task users have none.
+ROOT_CAPS = ("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap", "setfcap",
+             "net_bind_service", "net_raw", "sys_chroot", "mknod", "audit_write")
 #: Paths that belong to the kernel, never to transfers.
 SPECIAL = ("/proc", "/dev", "/sys")
 
@@ -89,6 +110,11 @@ class Tools:
     shell: str  # inside: the host's /usr is the sandbox's
     cat: str
     tar: str
+    unshare: str
+    prlimit: str | None = None
+    taskset: str | None = None
+    newuidmap: str | None = None
+    newgidmap: str | None = None
 
     def versions(self) -> dict[str, str]:
         return dict(_versions(self.bwrap, self.nsenter))
@@ -111,21 +137,25 @@ _PROBE: dict[str, Any] = {}
 _PROBE_LOCK = threading.Lock()
 
 
-def find_tools() -> Tools:
-    """The tools a sandbox needs, or :class:`SandboxError` naming what is missing."""
+def find_tools(*, namespaces: bool = True) -> Tools:
+    """The tools a sandbox needs (``namespaces=False``: those of the Landlock + PRoot
+    confinement, which needs no bubblewrap), or :class:`SandboxError` naming what is missing."""
+    needed = ("bwrap", "nsenter", "setpriv", "cat", "tar", "unshare") if namespaces else ("cat", "tar")
     found = {name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
-             for name in ("bwrap", "nsenter", "setpriv", "cat", "tar")}
-    missing = [name for name, path in found.items() if not path]
+             for name in ("bwrap", "nsenter", "setpriv", "cat", "tar", "unshare")}
+    missing = [name for name in needed if not found[name]]
     if missing:
         hint = "apt-get install bubblewrap" if "bwrap" in missing else "install util-linux"
         raise SandboxError(f"the native sandbox needs {', '.join(missing)} on PATH", hint=hint)
     shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-    resolved = {k: str(v) for k, v in found.items()}
-    for name in ("cat", "tar", "setpriv"):
+    resolved = {k: str(v or "") for k, v in found.items()}
+    for name in ("cat", "tar", "setpriv") if namespaces else ("cat", "tar"):
         if not resolved[name].startswith(("/usr/", "/bin/", "/sbin/")):
             raise SandboxError(f"{name} is at {resolved[name]}, outside /usr: the sandbox cannot run it")
+    optional = {name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
+                for name in ("prlimit", "taskset", "newuidmap", "newgidmap")}
     return Tools(bwrap=resolved["bwrap"], nsenter=resolved["nsenter"], setpriv=resolved["setpriv"],
-                 shell=shell, cat=resolved["cat"], tar=resolved["tar"])
+                 shell=shell, cat=resolved["cat"], tar=resolved["tar"], unshare=resolved["unshare"], **optional)
 
 
 def unavailable_reason() -> str | None:
@@ -200,6 +230,10 @@ class SandboxConfig:
     network: bool = True  # False: a network namespace of its own (loopback only)
     forward_ports: list[int] = field(default_factory=list)  # host loopback ports reachable inside
     hostname: str = "harness"
+    users: list[str | int] = field(default_factory=list)  # task users (names or uids) besides root
+    owners: dict[str, str | int] = field(default_factory=dict)  # folder of `dirs` -> the task user owning it
+    idmap: IdMap | None = None  # None: what this process can have (ids.probe())
+    limits: Enforcement | None = None  # joined by every command (limits.enforce())
 
 
 @dataclass
@@ -212,16 +246,24 @@ class ExecOutcome:
 class Sandbox:
     """One running session; see the module doc. Async: call from one event loop."""
 
+    namespaces = True  # False: harness.harbor.confine's Landlock + PRoot session
+
     def __init__(self, config: SandboxConfig, *, log: Callable[[str], None] | None = None) -> None:
         self.config = config
-        self.tools = find_tools()
+        self.tools = find_tools(namespaces=self.namespaces)
         self._log = log or (lambda _line: None)
         self._outer: asyncio.subprocess.Process | None = None
         self._init_pid: int | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self._relays: set[asyncio.Task[None]] = set()
         self._running: set[int] = set()  # process groups of commands in flight
+        self._userns: int | None = None  # fd of the session's user namespace (mapped ids only)
         self.forwarded: list[int] = []
+        self.idmap = config.idmap or probe_ids()
+        try:
+            self.users = UserTable.plan(config.users, self.idmap)
+        except ValueError as exc:
+            raise SandboxError(f"task users: {exc}") from None
 
     @property
     def started(self) -> bool:
@@ -229,24 +271,73 @@ class Sandbox:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def bwrap_args(self, info_fd: int) -> list[str]:
+    def bwrap_args(self, info_fd: int, userns_fd: int | None = None) -> list[str]:
         c = self.config
-        args = [self.tools.bwrap, "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-pid",
+        user = ["--userns", str(userns_fd)] if userns_fd is not None else ["--unshare-user"]
+        args = [self.tools.bwrap, *user, "--uid", "0", "--gid", "0", "--unshare-pid",
                 "--unshare-ipc", "--unshare-uts", "--hostname", c.hostname, "--unshare-cgroup-try"]
         if not c.network:
             args.append("--unshare-net")
         args += ["--die-with-parent", "--cap-drop", "ALL", "--bind", str(c.root), "/"]
         for path in c.read_only:
             args += ["--ro-bind", path, path]
+        if self.idmap.multi:  # task users get names inside
+            args += ["--ro-bind", str(self.etc_dir / "passwd"), "/etc/passwd",
+                     "--ro-bind", str(self.etc_dir / "group"), "/etc/group"]
         args += ["--ro-bind-try", "/sys", "/sys", *_top_level_args(), "--proc", "/proc", "--dev", "/dev"]
         for device in c.devices:
             args += ["--dev-bind", device, device]
+        # The folders above the store paths, made readable by every user of the session (bwrap
+        # would otherwise make them 0700, leaving the environment to the sandbox's root alone).
+        made: set[str] = set()
+        for store_path in c.store_paths:
+            for parent in reversed(PurePosixPath(store_path).parents[:-1]):
+                text = str(parent)
+                if text not in made and not (c.root / text.lstrip("/")).exists():
+                    args += ["--perms", "0755", "--dir", text]
+                made.add(text)
         for store_path in c.store_paths:
             args += ["--ro-bind", str(store_path), str(store_path)]
         # The init: says it is ready (the root is built), then lives while we hold its stdin.
         args += ["--chdir", "/", "--info-fd", str(info_fd), "--", self.tools.shell, "-c",
                  f"echo ready && exec {self.tools.cat}"]
         return args
+
+    @property
+    def etc_dir(self) -> Path:
+        """``/etc/passwd`` and ``/etc/group`` of the session, beside (not inside) its root."""
+        return self.config.root.parent / f"{self.config.root.name}.etc"
+
+    async def _make_userns(self) -> tuple[asyncio.subprocess.Process, int]:
+        """A user namespace with the id map (``ids``), held by a ``cat``; (holder, fd of the ns)."""
+        holder = await asyncio.create_subprocess_exec(
+            self.tools.unshare, "--user", "--", self.tools.shell, "-c", f"echo ok && exec {self.tools.cat}",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True, env=_host_env())
+        try:
+            assert holder.stdout is not None
+            line = await asyncio.wait_for(holder.stdout.readline(), timeout=30)
+            if line.strip() != b"ok":
+                raise SandboxError("unshare --user could not create a user namespace")
+            m = self.idmap
+            if m.mode == "root":
+                for name, text in (("uid_map", m.uid_lines()), ("gid_map", m.gid_lines())):
+                    with open(f"/proc/{holder.pid}/{name}", "w", encoding="ascii") as handle:
+                        handle.write(text)
+            else:
+                for tool, own, base in ((self.tools.newuidmap, m.uid, m.uid_base),
+                                        (self.tools.newgidmap, m.gid, m.gid_base)):
+                    result = await asyncio.to_thread(
+                        subprocess.run, [str(tool), str(holder.pid), "0", str(own), "1", "1", str(base),
+                                         str(m.count)], capture_output=True, text=True, timeout=30)
+                    if result.returncode != 0:
+                        raise SandboxError(f"{tool} failed: {result.stderr.strip() or result.returncode}",
+                                           hint="check /etc/subuid and /etc/subgid")
+            return holder, os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY)
+        except BaseException:
+            _killpg(holder.pid)
+            await holder.wait()
+            raise
 
     async def start(self) -> None:
         """Make the root's folders and start the session; :class:`SandboxError` if it cannot."""
@@ -256,17 +347,26 @@ class Sandbox:
         for folder in (*BASE_DIRS, *(d.lstrip("/") for d in self.config.dirs)):
             (root / inside_path("/" + folder).lstrip("/")).mkdir(parents=True, exist_ok=True)
         os.chmod(root / "tmp", 0o1777)
+        if self.idmap.multi:
+            self._write_etc()
+        holder: asyncio.subprocess.Process | None = None
+        userns_fd: int | None = None
+        if self.idmap.multi:
+            holder, userns_fd = await self._make_userns()
         read_end, write_end = os.pipe()
         try:
             self._outer = await asyncio.create_subprocess_exec(
-                *self.bwrap_args(write_end), stdin=asyncio.subprocess.PIPE,
+                *self.bwrap_args(write_end, userns_fd), stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                pass_fds=(write_end,), start_new_session=True, env=_host_env())
+                pass_fds=(write_end,) if userns_fd is None else (write_end, userns_fd),
+                start_new_session=True, env=_host_env())
         except BaseException:
             os.close(read_end)
             raise
         finally:
             os.close(write_end)
+            if userns_fd is not None:
+                os.close(userns_fd)
         try:
             info = await asyncio.wait_for(asyncio.to_thread(_read_info, read_end), timeout=60)
             # bwrap reports the pid before it has built the root: wait for the init to say so.
@@ -276,6 +376,9 @@ class Sandbox:
             info, ready = None, b""
         finally:
             os.close(read_end)
+            if holder is not None:  # bwrap holds the namespace now
+                _killpg(holder.pid)
+                await holder.wait()
         if not info or "child-pid" not in info or ready.strip() != b"ready":
             stderr = b""
             if self._outer.stderr is not None:
@@ -286,8 +389,68 @@ class Sandbox:
             await self._kill_outer()
             raise SandboxError(f"bwrap could not start the sandbox: {stderr.decode(errors='replace').strip()}")
         self._init_pid = int(info["child-pid"])
+        if self.idmap.multi:
+            self._userns = os.open(f"/proc/{self._init_pid}/ns/user", os.O_RDONLY)
+            await self._setup()
         if not self.config.network and self.config.forward_ports:
             await self._forward(self.config.forward_ports)
+
+    def _write_etc(self) -> None:
+        # Written in place: the bind mounts inside see the new contents.
+        self.etc_dir.mkdir(parents=True, exist_ok=True)
+        (self.etc_dir / "passwd").write_text(self.users.passwd(), encoding="utf-8")
+        (self.etc_dir / "group").write_text(self.users.group(), encoding="utf-8")
+
+    async def ensure_user(self, user: str | int) -> TaskUser | None:
+        """The task user ``user`` (a name or uid), added to the session (ids, ``/etc/passwd``,
+        home) if it is new; None where the namespace holds one id (commands run as root)."""
+        if not self.idmap.multi or user in (None, "root", 0, "0"):
+            return None
+        known = self.users.get(user)
+        if known is not None:
+            return known
+        names: list[str | int] = [u.name for u in self.users.users.values() if u.uid != 0]
+        try:
+            self.users = UserTable.plan([*names, user], self.idmap)
+        except ValueError as exc:
+            raise SandboxError(f"task user {user!r}: {exc}") from None
+        self._write_etc()
+        added = self.users.get(user)
+        await self._setup(only=added)
+        return added
+
+    async def _setup(self, only: TaskUser | None = None) -> None:
+        """As the sandbox's root: task users' homes, and the folders ``owners`` gives them."""
+        lines = ["set -e"]
+        for user in self.users.users.values():
+            if user.uid != 0 and (only is None or user is only):
+                lines.append(f"mkdir -p {shlex.quote(user.home)} && chown {user.uid}:{user.gid} "
+                             f"{shlex.quote(user.home)} && chmod 0750 {shlex.quote(user.home)}")
+        for folder, name in self.config.owners.items() if only is None else ():
+            owner = self.users.get(name)
+            if owner is not None:
+                lines.append(f"chown {owner.uid}:{owner.gid} {shlex.quote(inside_path(folder))}")
+        if len(lines) == 1:
+            return
+        rc, err = await self._run_io([self.tools.shell, "-c", "\n".join(lines)], privileged=True)
+        if rc != 0:
+            raise SandboxError(f"setting up the session's users failed: {err}")
+
+    async def _give_back(self) -> None:
+        """Everything under the root back to the sandbox's root (the invoking user)."""
+        fd, self._userns = self._userns, None
+        if fd is None:
+            return
+        try:
+            process = await asyncio.create_subprocess_exec(
+                self.tools.nsenter, f"--user=/proc/self/fd/{fd}", "--", "chown", "-hR", "0:0", "--",
+                str(self.config.root), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE, pass_fds=(fd,), env=_host_env())
+            _, err = await process.communicate()
+            if process.returncode != 0:
+                self._log(f"harness: giving the session's files back failed: {err.decode(errors='replace')}")
+        finally:
+            os.close(fd)
 
     async def stop(self, *, delete: bool) -> None:
         """Kill every process of the session; delete the root when ``delete``."""
@@ -305,8 +468,12 @@ class Sandbox:
                 pass
         await self._kill_outer()
         self._init_pid = None
+        await self._give_back()
+        if self.config.limits is not None:
+            await asyncio.to_thread(self.config.limits.release)
         if delete:
             await asyncio.to_thread(remove_root, self.config.root)
+        shutil.rmtree(self.etc_dir, ignore_errors=True)
 
     async def _kill_outer(self) -> None:
         outer, self._outer = self._outer, None
@@ -323,24 +490,41 @@ class Sandbox:
 
     # ------------------------------------------------------------------------ exec
 
-    def _enter(self) -> list[str]:
+    def _enter(self, *, user: TaskUser | None = None, privileged: bool = False, limited: bool = False) -> list[str]:
+        """argv that runs what follows inside the session: joined namespaces (the network one
+        only when the session made its own: the host's belongs to the host's root), as
+        ``user`` (else the sandbox's root), with no capabilities unless ``privileged``."""
         if self._init_pid is None:
             raise SandboxError("the sandbox is not running")
-        return [self.tools.nsenter, "-t", str(self._init_pid), "-U", "--preserve-credentials", "-m", "-u", "-i", "-n", "-p", "-r", "-w",
-                "--", self.tools.setpriv, "--bounding-set", "-all", "--inh-caps", "-all", "--ambient-caps", "-all",
-                "--no-new-privs", "--"]
+        outer: list[str] = []
+        inner: list[str] = []
+        if limited and self.config.limits is not None:
+            outer, inner = self.config.limits.wrap(self.tools.shell, self.tools.prlimit, self.tools.taskset)
+        spaces = ["-U", "--preserve-credentials", "-m", "-u", "-i", *([] if self.config.network else ["-n"]),
+                  "-p", "-r", "-w"]
+        argv = [*outer, self.tools.nsenter, "-t", str(self._init_pid), *spaces, "--", *inner]
+        if privileged:
+            return argv
+        switch = (["--reuid", str(user.uid), "--regid", str(user.gid), "--clear-groups"]
+                  if user is not None and self.idmap.multi else [])
+        # Root keeps Docker's default set where other users exist to own files (module doc);
+        # a task user loses every capability with its uid.
+        bounding = "-all" + ("".join(f",+{c}" for c in ROOT_CAPS) if self.idmap.multi and not switch else "")
+        return [*argv, self.tools.setpriv, *switch, "--bounding-set", bounding, "--inh-caps", "-all",
+                "--ambient-caps", "-all", "--no-new-privs", "--"]
 
-    def command_args(self, command: str, cwd: str) -> list[str]:
+    def command_args(self, command: str, cwd: str, user: TaskUser | None = None) -> list[str]:
         shell = self.tools.shell
-        return [*self._enter(), shell, "-c", 'cd -- "$1" && exec "$2" -c "$3"', "harness-exec",
-                inside_path(cwd), shell, command]
+        return [*self._enter(user=user, limited=True), shell, "-c", 'cd -- "$1" && exec "$2" -c "$3"',
+                "harness-exec", inside_path(cwd), shell, command]
 
     async def exec(self, command: str, *, cwd: str, env: dict[str, str], timeout: float | None = None,
-                   on_output: OutputCallback | None = None) -> ExecOutcome:
-        """Run ``command`` with ``bash -c`` in ``cwd``; on timeout kill its process group and raise
+                   on_output: OutputCallback | None = None, user: str | int | None = None) -> ExecOutcome:
+        """Run ``command`` with ``bash -c`` in ``cwd`` as ``user`` (a task user's name or uid;
+        None or root: the sandbox's root); on timeout kill its process group and raise
         ``RuntimeError("Command timed out after N seconds")`` (Harbor's Docker backend's words)."""
         process = await asyncio.create_subprocess_exec(
-            *self.command_args(command, cwd), stdin=asyncio.subprocess.DEVNULL,
+            *self.command_args(command, cwd, self.users.get(user)), stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env=env, start_new_session=True)
         self._running.add(process.pid)
@@ -386,10 +570,12 @@ class Sandbox:
             pass
 
     async def _run_io(self, argv: list[str], *, stdin: int | IO[bytes] | None = None,
-                      stdout: int | IO[bytes] | None = None, timeout: float = 600) -> tuple[int, str]:
-        """Run ``argv`` inside (no shell wrapper) with raw stdin/stdout; returns (rc, stderr)."""
+                      stdout: int | IO[bytes] | None = None, timeout: float = 600,
+                      privileged: bool = False) -> tuple[int, str]:
+        """Run ``argv`` inside as the sandbox's root (no shell wrapper) with raw stdin/stdout;
+        returns (rc, stderr)."""
         process = await asyncio.create_subprocess_exec(
-            *self._enter(), *argv, stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
+            *self._enter(privileged=privileged), *argv, stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=stdout if stdout is not None else asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE, env=_transfer_env(), start_new_session=True)
         self._running.add(process.pid)

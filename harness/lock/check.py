@@ -1,8 +1,9 @@
 """``harness lock --check``: which locks are missing or stale. No network.
 
-A lock is stale when the manifest's digest differs from the one it records, when its
-``path`` weights changed on disk (re-hashed here, since they are local), or when it cannot
-be read. Hub, git and index upstreams are not consulted: that would need the network.
+A lock is stale when the digest of what shapes it (the manifest's environment and weights,
+:mod:`harness.lock.digest`; runtime-only keys such as ``load_seconds`` do not count) differs
+from the one it records, when its ``path`` weights changed on disk (re-hashed here, since
+they are local), or when it cannot be read. Hub, git and index upstreams are not consulted: that would need the network.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.lock.digest import manifest_digest
+from harness.lock.digest import accepted_digests
 from harness.lock.lockfile import lock_path, read
 from harness.manifests.project import Project
 
@@ -46,7 +47,7 @@ def check_locks(project: Project, names: list[str], *, hash_cache: Path | None =
         except HarnessError as exc:
             stale.append(Staleness(name, path, f"unreadable: {exc.message.splitlines()[0]}"))
             continue
-        if lock.manifest_digest != manifest_digest(manifest):
+        if lock.manifest_digest not in accepted_digests(manifest):
             stale.append(Staleness(name, path, "manifest changed"))
             continue
         reason = _local_weights_changed(project, manifest, lock, cache)

@@ -1,7 +1,14 @@
 """The digest a lock records of the manifest it was made from (for ``lock --check``).
 
-It covers the validated manifest with defaults filled in, not its bytes: reformatting or a
-comment does not make a lock stale; any change of meaning does.
+It covers only what shapes the lock — the manifest's ``[environment]`` and ``[[weights]]``,
+validated with defaults filled in — not its bytes and not its runtime keys: reformatting, a
+comment, or a change of ``load_seconds``, ``port``, ``command``, ``client``, ``vram_gb``,
+``health``, ``scoped``, ``summary``… does not make a lock stale (placement and launch read
+those from the manifest itself); any change of what is resolved and realized does.
+
+Locks written before this scheme recorded the digest of the whole manifest
+(``harness-manifest-v1``); :func:`accepted_digests` still accepts it, so an upgrade does not
+make every lock stale.
 """
 
 from __future__ import annotations
@@ -11,13 +18,27 @@ from pydantic import BaseModel
 from harness.store.hashing import canonical_json
 
 #: Bump when the lock format changes what a manifest's lock contains.
-DIGEST_SCHEME = "harness-manifest-v1"
+DIGEST_SCHEME = "harness-manifest-v2"
+#: The previous scheme: the whole manifest.
+LEGACY_SCHEME = "harness-manifest-v1"
+#: The manifest keys a lock is made from; every other key is read at runtime.
+LOCK_SHAPING_KEYS = ("environment", "weights")
 
 
 def manifest_digest(manifest: BaseModel) -> str:
-    """``blake3:<hex>`` of the manifest's canonical JSON form."""
+    """``blake3:<hex>`` of the canonical JSON of the keys that shape the lock."""
     import blake3
 
+    dumped = manifest.model_dump(mode="json", by_alias=True)
     payload = canonical_json({"scheme": DIGEST_SCHEME, "type": type(manifest).__name__,
-                              "manifest": manifest.model_dump(mode="json", by_alias=True)})
+                              "manifest": {key: dumped.get(key) for key in LOCK_SHAPING_KEYS}})
     return "blake3:" + blake3.blake3(payload).hexdigest()
+
+
+def accepted_digests(manifest: BaseModel) -> frozenset[str]:
+    """The digests a fresh lock of ``manifest`` may record: this scheme's and the legacy one."""
+    import blake3
+
+    legacy = canonical_json({"scheme": LEGACY_SCHEME, "type": type(manifest).__name__,
+                             "manifest": manifest.model_dump(mode="json", by_alias=True)})
+    return frozenset({manifest_digest(manifest), "blake3:" + blake3.blake3(legacy).hexdigest()})

@@ -31,7 +31,7 @@ TEMPLATES: dict[str, str] = {
     "python": "the interpreter of the service's own realized environment",
     "weights": "the realized weights view of the service (one folder per [[weights]] dir)",
     "port": "the port the plan gives the service",
-    "url": "the service's base URL (http://127.0.0.1:{port}, or the external url)",
+    "url": "the service's base URL (http://127.0.0.1:{port}, ws://… for WebSocket protocols, or the external url)",
     "source": "{source:NAME}: the realized checkout of the [[environment.sources]] entry named NAME",
 }
 
@@ -397,7 +397,10 @@ class ServiceManifest(Strict):
 
     kind: str = Field(description="what the service is for: segmenter, pointer, policy, ...")
     summary: str
-    protocol: Literal["http", "xpolicylab"] = "http"
+    protocol: Literal["http", "websocket", "xpolicylab"] = Field(
+        default="http",
+        description="how clients talk to it: http, websocket (ws:// URL, ready when a WebSocket "
+                    "answers a ping) or xpolicylab (XPolicyLab's WebSocket policy server)")
     command: list[Template] | None = None
     port: Port
     vram_gb: float = Field(default=0.0, ge=0, le=4096)
@@ -423,8 +426,8 @@ class ServiceManifest(Strict):
 
     @model_validator(mode="after")
     def _protocol_keys(self) -> ServiceManifest:
-        if self.protocol == "http" and self.command is None:
-            raise ValueError("protocol 'http' needs a command")
+        if self.protocol in ("http", "websocket") and self.command is None:
+            raise ValueError(f"protocol {self.protocol!r} needs a command")
         if self.protocol == "xpolicylab":
             if self.xpolicylab is None:
                 raise ValueError("protocol 'xpolicylab' needs an [xpolicylab] table")

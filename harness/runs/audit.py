@@ -5,6 +5,16 @@ same one registration recorded) and each project file it recorded, and reports e
 modified or missing, plus the impurities the run named. A modified path names the files
 inside it that changed where it can: store files are canonical (mtime 1, mode 0444/0555),
 so a file whose metadata is not canonical was touched after registration.
+
+A run is judged as it ran: every store path a service or the benchmark worker started from
+was checked at launch (:mod:`harness.store.launchcheck`, kept in the run's
+``services/launch-checks.jsonl``). For such a path the verdict is the launch's — ``ok`` when
+it was verified, ``modified`` when the launch was refused — and today's store only adds a
+note (``store_now``): a store tampered with or repaired after the run does not change what
+the run computed with. A path gone from the store (collected by ``store gc``) is ``missing``
+all the same: nothing can re-check or reproduce it. Paths no launch checked (wheels, a
+service never started, records from before launch checks) are judged by re-hashing today's
+store, as before.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.errors import HarnessError
 from harness.runs.record import read_json
 from harness.store.store import FIXED_MTIME
 
@@ -24,6 +35,8 @@ class AuditItem:
     path: str
     status: str  # ok | modified | missing
     detail: str = ""
+    at_launch: str = ""  # "stat" / "hash" (verified when launched), "refused", "" (not launched)
+    store_now: str = ""  # for a path judged at launch: how today's store differs, "" if it does not
 
 
 @dataclass(frozen=True)
@@ -31,6 +44,9 @@ class AuditReport:
     run: str
     items: tuple[AuditItem, ...]
     impurities: tuple[str, ...]
+    #: resets of scoped services during the run (see :mod:`harness.runs.resets`): not
+    #: failures, but the one way a swap changed what the run computed
+    scoped_resets: tuple[dict[str, Any], ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -38,36 +54,36 @@ class AuditReport:
 
     def as_json(self) -> dict[str, Any]:
         return {"run": self.run, "ok": not self.failed,
-                "items": [i.__dict__ for i in self.items], "impurities": list(self.impurities)}
+                "items": [i.__dict__ for i in self.items], "impurities": list(self.impurities),
+                "scoped_resets": list(self.scoped_resets)}
 
 
 def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> AuditReport:
     """Re-check every path and project file of a recorded run."""
-    from harness.store.hashing import file_sha256, nar_digest
+    from harness.store.hashing import file_sha256
 
     closure = read_json(run_dir / "lock.json")
     config = read_json(run_dir / "config.json")
+    launched = launch_verdicts(run_dir)
     items: list[AuditItem] = []
     pinned = (run_dir / "pinned").is_file()
-    for entry in closure.get("store_paths", []):
-        path = store_root / entry["path"]
-        if not os.path.lexists(path):
-            items.append(AuditItem(entry["path"], "missing", "not in the store: collected by `harness store gc` "
-                                   "or deleted" + ("" if pinned else " (pin a run to keep what it used: "
-                                                   f"`harness runs pin {run_dir.name}`)")))
-            continue
-        try:
-            digest = nar_digest(path)
-        except Exception as exc:  # unreadable or odd files count as modified, with the reason
-            items.append(AuditItem(entry["path"], "modified", str(exc)))
-            continue
-        if digest.hash != entry["content"]:
-            touched = touched_files(path)
-            where = f"changed: {', '.join(touched)}" if touched else "content changed"
-            items.append(AuditItem(entry["path"], "modified",
-                                   f"{where} (expected {entry['content']}, found {digest.hash})"))
+    gone = "not in the store: collected by `harness store gc` or deleted" + (
+        "" if pinned else f" (pin a run to keep what it used: `harness runs pin {run_dir.name}`)")
+    names = [entry["path"] for entry in closure.get("store_paths", [])]
+    contents = {entry["path"]: entry["content"] for entry in closure.get("store_paths", [])}
+    for name in names + sorted(set(launched) - set(names)):
+        expected = contents.get(name) or launched[name][2]
+        now = _store_now(store_root / name, expected)
+        how, detail, _ = launched.get(name, ("", "", ""))
+        store_now = (gone if now[0] == "missing" else now[1]) if now[0] != "ok" else ""
+        if how == "refused":  # the run was refused this path: so it stays, repaired or not
+            items.append(AuditItem(name, "modified", detail, at_launch=how, store_now=store_now))
+        elif now[0] == "missing":  # verified at launch or not, a collected path can no longer be re-checked
+            items.append(AuditItem(name, "missing", gone, at_launch=how))
+        elif how:
+            items.append(AuditItem(name, "ok", detail, at_launch=how, store_now=store_now))
         else:
-            items.append(AuditItem(entry["path"], "ok"))
+            items.append(AuditItem(name, *now))
     root = Path(config.get("project", {}).get("root") or project_root or ".")
     for rel, expected in sorted(closure.get("project_files", {}).items()):
         file = root / rel
@@ -77,11 +93,75 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
             items.append(AuditItem(rel, "modified", f"project file changed since the run ({expected})"))
         else:
             items.append(AuditItem(rel, "ok"))
+    if config.get("cluster"):  # a cluster run: every shard's closure against the lock
+        from harness.runs.cluster import audit_shards
+
+        items += audit_shards(run_dir, closure)
     impurities = list(config.get("impurities", []))
     result_file = run_dir / "result.json"
     if result_file.is_file():
         impurities += [i for i in read_json(result_file).get("impurities", []) if i not in impurities]
-    return AuditReport(run_dir.name, tuple(items), tuple(impurities))
+    return AuditReport(run_dir.name, tuple(items), tuple(impurities), tuple(scoped_resets(run_dir)))
+
+
+def scoped_resets(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's scoped resets: ``result.json``'s, else (a run still going, or killed) the log's."""
+    from harness.runs.resets import RESETS_FILE, read_resets
+
+    result_file = run_dir / "result.json"
+    if result_file.is_file():
+        recorded = read_json(result_file).get("scoped_resets")
+        if isinstance(recorded, list):
+            return [r for r in recorded if isinstance(r, dict)]
+    return read_resets(run_dir / RESETS_FILE)
+
+
+def describe_reset(reset: dict[str, Any]) -> str:
+    """One line for a reset: which service, when, which lease saw it fresh."""
+    import time
+
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(reset.get("at") or 0)))
+    return (f"{reset.get('service')} reset at {when}: lease {reset.get('lease')} of client "
+            f"{reset.get('client')} saw it fresh (incarnation {reset.get('previous_incarnation')} → "
+            f"{reset.get('incarnation')})")
+
+
+def launch_verdicts(run_dir: Path) -> dict[str, tuple[str, str, str]]:
+    """Store path → (how it was checked at launch, detail, registered content hash), from
+    the run's launch checks. A refusal outweighs any verification of the same path."""
+    from harness.store.launchcheck import read_launches
+
+    verdicts: dict[str, tuple[str, str, str]] = {}
+    for entry in read_launches(run_dir / "services"):
+        refused = entry.get("refused")
+        if isinstance(refused, dict) and isinstance(refused.get("path"), str):
+            files = ", ".join(str(f) for f in refused.get("files") or []) or "its content"
+            detail = (f"refused at launch of {entry.get('launch')}: changed {files} "
+                      f"(expected {refused.get('expected')}, found {refused.get('found')})")
+            verdicts[refused["path"]] = ("refused", detail, str(refused.get("expected", "")))
+        for name, check in (entry.get("paths") or {}).items():
+            if verdicts.get(name, ("",))[0] != "refused" and isinstance(check, dict):
+                how = str(check.get("verified", ""))
+                verdicts[name] = (how, f"verified at launch of {entry.get('launch')} ({how})",
+                                  str(check.get("content", "")))
+    return verdicts
+
+
+def _store_now(path: Path, expected: str) -> tuple[str, str]:
+    """(status, detail) of today's copy of a store path against its registered hash."""
+    from harness.store.hashing import nar_digest
+
+    if not os.path.lexists(path):
+        return "missing", "not in the store"
+    try:
+        digest = nar_digest(path)
+    except (HarnessError, OSError) as exc:  # unreadable or odd files count as modified, with the reason
+        return "modified", str(exc)
+    if digest.hash != expected:
+        touched = touched_files(path)
+        where = f"changed: {', '.join(touched)}" if touched else "content changed"
+        return "modified", f"{where} (expected {expected}, found {digest.hash})"
+    return "ok", ""
 
 
 def touched_files(path: Path, limit: int = 20) -> list[str]:
@@ -148,6 +228,10 @@ def diff_runs(a: Path, b: Path) -> list[str]:
     if isinstance(launch_a, dict) and isinstance(launch_b, dict):  # records before launch specs have none
         lines += _launch_diff(_with_project(launch_a, config_a), _with_project(launch_b, config_b), moved,
                               asked_differs=config_a.get("command") != config_b.get("command"))
+    resets_a, resets_b = _reset_counts(a), _reset_counts(b)
+    for service in sorted(set(resets_a) | set(resets_b)):
+        if resets_a.get(service, 0) != resets_b.get(service, 0):
+            lines.append(f"scoped resets of {service}: {resets_a.get(service, 0)} → {resets_b.get(service, 0)}")
     for key in ("command", "agent", "overrides", "deploy", "benchmark"):
         if config_a.get(key) != config_b.get(key):
             lines.append(f"configuration {key}: {_short(config_a.get(key))} → {_short(config_b.get(key))}")
@@ -159,6 +243,13 @@ def diff_runs(a: Path, b: Path) -> list[str]:
         if da != db and name not in services_named:
             lines.append(f"{name}: manifest digest {da} → {db}")
     return lines
+
+
+def _reset_counts(run_dir: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for reset in scoped_resets(run_dir):
+        counts[str(reset.get("service"))] = counts.get(str(reset.get("service")), 0) + 1
+    return counts
 
 
 def _lock_diff(name: str, la: dict[str, Any], lb: dict[str, Any]) -> list[str]:

@@ -8,6 +8,7 @@ broker runs in this process and stops every service it started when the run ends
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -50,20 +51,31 @@ def run(
     gpus: str | None,
     offline: bool,
     echo: Any = print,
+    shard: tuple[int, int] | None = None,
+    run_id: str | None = None,
+    run_dir: Path | None = None,
+    ports: dict[str, int] | None = None,
 ) -> RunOutcome:
-    """Run ``command`` (or the benchmark's worker) with the closure's services; record it."""
+    """Run ``command`` (or the benchmark's worker) with the closure's services; record it.
+
+    A cluster shard (:mod:`harness.runs.cluster`) takes this same path with ``shard``
+    (I, N), exported to the command as ``HARNESS_SHARD=I/N``, its record written to
+    ``run_dir`` under the cluster run's id, and its services on ``ports`` free on its node,
+    through a broker of its own (never the one of ``harness up``, whose ports are its own).
+    """
     from harness.realize.builder import lock_objects
     from harness.realize.project_code import realize_project_files, service_files
-    from harness.runtime.broker import Broker, SharedBroker
+    from harness.runs.resets import RESETS_FILE, RecordingBroker, ResetLog, read_resets
+    from harness.runtime.broker import SharedBroker
     from harness.runtime.session import broker_options, default_state_dir, prepare
     from harness.store.roots import TempRoots
     from harness.store.store import Store
 
     started = time.time()
-    run_id = new_run_id(started)
-    run_dir = runs_dir(state.home) / run_id
+    run_id = run_id or new_run_id(started)
+    run_dir = run_dir or runs_dir(state.home) / run_id
     prepared = prepare(state, agent=agent, sets=sets, services=services, benchmark=benchmark,
-                       gpus=gpus, offline=offline, state_dir=run_dir / "services")
+                       gpus=gpus, offline=offline, state_dir=run_dir / "services", ports=ports)
     echo(f"run {run_id}: services {', '.join(sorted(prepared.specs)) or '(none)'}"
          + (f", benchmark {prepared.benchmark}" if prepared.benchmark else ""))
     for note in prepared.plan.notes:
@@ -74,7 +86,7 @@ def run(
     # its services (harness-managed, launched from the same store paths) instead of
     # starting its own beside them.
     shared_dir = default_state_dir(state.home, project.root, prepared.deploy)
-    shared = SharedBroker.find(shared_dir)
+    shared = SharedBroker.find(shared_dir) if shard is None else None
     if shared is not None:
         shared.check_serves(prepared.specs, list(prepared.specs))
         echo(f"using the broker of harness up ({shared.url}, state {shared_dir})")
@@ -122,6 +134,8 @@ def run(
         },
         "broker": {"shared": shared is not None, "state_dir": str(shared_dir if shared else run_dir / "services")},
     }
+    if shard is not None:
+        config["shard"] = f"{shard[0]}/{shard[1]}"
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", closure.as_json())
 
@@ -135,19 +149,26 @@ def run(
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     try:
+        exit_status = 1  # if the launch check refuses, the run failed before anything started
+        _check_launches(prepared, store, code.get(prepared.benchmark or "") if not command else None,
+                        run_dir / "services", worker=prepared.benchmark is not None and not command)
         if shared is not None:
             residents = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in prepared.specs]
             shared.start(residents, timeout=30.0 + sum(s.load_seconds for s in prepared.specs.values()))
             address, broker_env = shared.url, shared.client_env()
         else:
             limits = broker_options(prepared.deploy)
-            broker = Broker(prepared.plan, prepared.specs, run_dir / "services", die_with_owner=True,
-                            lease_seconds=limits.get("lease_seconds"),
-                            gpu_wait_seconds=limits.get("gpu_wait_seconds", 120.0))
+            # Its leases are watched for resets of scoped services (harness/runs/resets.py).
+            broker = RecordingBroker(prepared.plan, prepared.specs, run_dir / "services", die_with_owner=True,
+                                     lease_seconds=limits.get("lease_seconds"),
+                                     gpu_wait_seconds=limits.get("gpu_wait_seconds", 120.0),
+                                     resets=ResetLog(run_dir / RESETS_FILE))
             address = broker.serve_in_thread()
             broker.start()  # resident services up before the command starts
             broker_env = broker.client_env()
         env = _command_env(broker_env, prepared, run_dir)
+        if shard is not None:
+            env["HARNESS_SHARD"] = f"{shard[0]}/{shard[1]}"
         config["launch"]["command"] = command_launch(argv, cwd, env, store.root)
         write_json(run_dir / "config.json", config)
         echo(f"broker {address}; running: {' '.join(argv)}")
@@ -172,9 +193,28 @@ def run(
         write_json(run_dir / "result.json", {
             "id": run_id, "started": started, "ended": ended, "duration_s": round(ended - started, 3),
             "exit_status": exit_status, "score": score, "impurities": impurities,
+            "scoped_resets": read_resets(run_dir / RESETS_FILE),
         })
         run_roots.close()  # the record's lock.json roots it now (the last N runs are kept)
     return RunOutcome(run_id, run_dir, exit_status, score)
+
+
+def _check_launches(prepared: Any, store: Any, worker_code: str | None, state_dir: Path, *, worker: bool) -> None:
+    """Check every store path the run's services and benchmark worker start from before
+    anything starts (:func:`harness.store.launchcheck.checked_launch`, logged in the run's
+    ``services/launch-checks.jsonl``), so a changed path fails the run at once, naming its
+    files. The supervisor checks a service again right before each start of its process."""
+    from harness.runtime.session import launch_closure
+    from harness.store.launchcheck import IntegrityError, checked_launch
+
+    launches = {name: spec.closure for name, spec in sorted(prepared.specs.items())}
+    if worker:
+        launches[prepared.benchmark] = launch_closure(store.root, prepared.locks[prepared.benchmark], worker_code)
+    for name, closure in launches.items():
+        try:
+            checked_launch(state_dir, name, closure)
+        except IntegrityError as exc:
+            raise HarnessError(f"{name}: refusing to start the run: {exc.message}", hint=exc.hint) from None
 
 
 def _benchmark_command(prepared: Any, store: Any) -> list[str]:
@@ -202,6 +242,8 @@ def _command_env(broker_env: dict[str, str], prepared: Any, run_dir: Path) -> di
         env.pop(key, None)  # the benchmark's own environment must not see ours
     env.update(broker_env)
     env["HARNESS_RUN_DIR"] = str(run_dir)
+    if prepared.skills:  # the skills on and their text: a dropped skill is absent from the prompt
+        env["HARNESS_SKILLS"] = json.dumps(prepared.skills.get("text", {}), sort_keys=True)
     for placement in prepared.plan.services:
         key = "HARNESS_SERVICE_" + placement.name.upper().replace("-", "_").replace(".", "_") + "_URL"
         if placement.url:

@@ -266,10 +266,13 @@ def write_deploy(
     taken: Callable[[int], bool] = lambda port: False,
     machine: str = "this machine",
     left_out: Mapping[str, str] | None = None,
+    preferred: Mapping[str, int] | None = None,
 ) -> tuple[str, Layout]:
     """The deploy text for ``gpus`` and the layout it encodes.
 
-    ``taken`` says which ports are in use (pass :func:`port_in_use` for this machine).
+    ``taken`` says which ports are in use (pass :func:`port_in_use` for this machine, plus
+    the ports other deploys reserved: :mod:`harness.runtime.portregistry`). ``preferred``
+    ports replace the manifests' as the ports services want (an earlier write's).
     The text is checked before it is returned: it validates as a :class:`Deploy` and
     :func:`~harness.runtime.placement.plan` accepts it on ``gpus``; a failure there is a
     bug in this module and raises RuntimeError.
@@ -278,7 +281,7 @@ def write_deploy(
 
     layout = choose_layout(services, gpus, left_out=left_out)
     running = set(layout.running())
-    ports = assign_ports({n: services[n].port for n in running}, taken)
+    ports = assign_ports({n: (preferred or {}).get(n, services[n].port) for n in running}, taken)
     text = render(layout, gpus, ports, machine=machine)
     try:
         deploy = Deploy.model_validate(tomllib.loads(text))

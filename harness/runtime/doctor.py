@@ -5,16 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 
-def diagnose(state: Any, *, agent: str | None = None, sets: tuple[str, ...] = ()) -> dict[str, Any]:
+def diagnose(state: Any, *, agent: str | None = None, sets: tuple[str, ...] = (),
+             gpus: str | None = None) -> dict[str, Any]:
     """Per manifest: lock state (missing, stale, ok) and whether its store paths are realized;
-    the GPUs (NVML, empty without a driver); what a run of ``agent`` would install; and the
-    store's health (existence and references; ``store verify --check-contents`` re-hashes)."""
-    from harness.realize.builder import missing
+    the GPUs (NVML, empty without a driver; ``gpus``, a ``--gpus`` spec, rehearses another
+    machine); what a run of ``agent`` would install — only what its plan launches on those
+    GPUs under the deploy, plus its benchmark: services external, off in the deploy or off
+    for lack of room are never installed (``run_skips`` says which and why); and the store's
+    health (existence and references; ``store verify --check-contents`` re-hashes)."""
     from harness.errors import HarnessError
     from harness.lock.check import check_locks
-    from harness.lock.lockfile import lock_path, read
     from harness.lock.generate import load_manifests
-    from harness.runtime.inventory import detect_gpus
+    from harness.lock.lockfile import lock_path, read
+    from harness.realize.builder import missing
+    from harness.runtime.inventory import detect_gpus, parse_gpus
     from harness.store.store import Store
     from harness.store.verify import verify_store
 
@@ -32,26 +36,35 @@ def diagnose(state: Any, *, agent: str | None = None, sets: tuple[str, ...] = ()
         absent = missing(store, lock)
         manifests[name] = {"state": "realized" if not absent else "not realized",
                            "detail": lock.environment.store if not absent else f"{len(absent)} store paths to build"}
+    try:
+        inventory = parse_gpus(gpus) if gpus is not None else detect_gpus()
+    except HarnessError:
+        if gpus is not None:
+            raise  # a bad --gpus is the user's to fix
+        inventory = ()
     would_install = None
+    skips: dict[str, str] = {}
     if agent is not None:
-        from harness.manifests.agent import parse_override, services_needed
+        from harness.manifests.agent import parse_override
+        from harness.runtime.placement import agent_plan
 
         config = project.load_agent(agent, [parse_override(s) for s in sets])
-        closure = services_needed(config, {n: m.kind for n, (t, m) in found.items() if t == "service"},
-                                  benchmarks=frozenset(n for n, (t, _) in found.items() if t == "benchmark"))
-        names = sorted(closure.services | ({closure.benchmark} if closure.benchmark else set()))
+        deploy = project.load_deploy(state.deploy_path) if state.deploy_path is not None else None
+        closure, plan = agent_plan(project.load_services(), config, deploy, inventory, project.load_benchmarks())
+        launched = {p.name for p in plan.services if p.mode in ("resident", "on_demand")}
+        skips = {p.name: f"{p.mode}: {p.reason}" if p.reason else p.mode
+                 for p in plan.services if p.name not in launched}
+        names = sorted(launched | ({closure.benchmark} if closure.benchmark else set()))
         would_install = [n for n in names if manifests.get(n, {}).get("state") != "realized"]
     findings = verify_store(store, check_contents=False)
     bad = [f for f in findings if f.status != "ok"]
     problems = len(bad) + sum(1 for m in manifests.values() if m["state"] == "lock stale")
-    try:
-        gpus = [g.__dict__ for g in detect_gpus()]
-    except HarnessError:
-        gpus = []
     return {
-        "gpus": gpus,
+        "gpus": [g.__dict__ for g in inventory],
+        "gpus_from": f"--gpus {gpus}" if gpus is not None else "NVML",
         "manifests": manifests,
         "run_would_install": would_install,
+        "run_skips": skips,
         "store": {"root": str(store.root), "paths": len(findings), "problems": len(bad),
                   "details": [f"{f.status} {f.name}: {f.detail}" for f in bad]},
         "problems": problems,

@@ -75,6 +75,10 @@ class LaunchSpec:
     merged with the caller's). ``health_url`` is None when the manifest names no health
     path: then the service is ready when ``port`` accepts connections. ``load_seconds``
     bounds the wait for readiness. ``log_path`` receives stdout and stderr (appended).
+    ``protocol`` (the manifest's) chooses the readiness check (see
+    :data:`harness.runtime.supervisor.READINESS`). ``closure`` names the absolute store paths
+    the process runs from, checked against their registration before it starts
+    (:mod:`harness.store.launchcheck`); empty checks nothing.
     """
 
     name: str
@@ -86,6 +90,8 @@ class LaunchSpec:
     health_url: str | None
     load_seconds: float
     log_path: Path
+    protocol: str = "http"
+    closure: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         """JSON-able form (for handing specs to a detached broker process)."""
@@ -93,7 +99,7 @@ class LaunchSpec:
             "name": self.name, "argv": list(self.argv), "env": dict(self.env),
             "cwd": str(self.cwd), "port": self.port, "url": self.url,
             "health_url": self.health_url, "load_seconds": self.load_seconds,
-            "log_path": str(self.log_path),
+            "log_path": str(self.log_path), "protocol": self.protocol, "closure": list(self.closure),
         }
 
     @classmethod
@@ -105,11 +111,22 @@ class LaunchSpec:
             port=int(data["port"]), url=str(data["url"]),
             health_url=None if data["health_url"] is None else str(data["health_url"]),
             load_seconds=float(data["load_seconds"]), log_path=Path(data["log_path"]),
+            protocol=str(data.get("protocol", "http")), closure=tuple(str(p) for p in data.get("closure", ())),
         )
 
 
 class LaunchError(HarnessError):
     """A service cannot be launched as placed (a missing path, template or port)."""
+
+
+#: Protocols whose clients speak WebSocket: their URLs are ``ws://`` and their readiness is
+#: a WebSocket that connects and answers a ping (XPolicyLab's server runs ``--protocol ws``).
+WEBSOCKET_PROTOCOLS = frozenset({"websocket", "xpolicylab"})
+
+
+def local_url(port: int, protocol: str = "http") -> str:
+    """The URL of a service this machine runs: ``ws://`` for WebSocket protocols."""
+    return f"{'ws' if protocol in WEBSOCKET_PROTOCOLS else 'http'}://{LOCAL_HOST}:{port}"
 
 
 def log_path(state_dir: Path, name: str) -> Path:
@@ -209,7 +226,7 @@ def launch_spec(
     if placement.port is None:
         raise LaunchError(f"{name}: the plan gives it no port")
     port = int(placement.port)
-    url = placement.url or f"http://{LOCAL_HOST}:{port}"
+    url = placement.url or local_url(port, manifest.protocol)
     values = {"python": str(python), "port": str(port), "url": url}
     if weights is not None:
         values["weights"] = str(weights)
@@ -226,7 +243,7 @@ def launch_spec(
     return LaunchSpec(
         name=name, argv=tuple(argv), env=env, cwd=cwd, port=port, url=url,
         health_url=health_url, load_seconds=float(manifest.load_seconds),
-        log_path=log_path(state_dir, name),
+        log_path=log_path(state_dir, name), protocol=manifest.protocol,
     )
 
 

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import InputError
 from harness.runtime.inventory import describe, visible
+from harness.runtime.launch import local_url as launch_url
 from harness.runtime.plan import Gpu, Mode, Plan, ServicePlacement, SimWorker
 
 if TYPE_CHECKING:
@@ -51,9 +52,9 @@ def gb(value: float) -> str:
     return f"{round(value, 2):g}"
 
 
-def local_url(port: int) -> str:
-    """The URL of a service this machine runs."""
-    return f"http://{LOCALHOST}:{port}"
+def local_url(port: int, protocol: str = "http") -> str:
+    """The URL of a service this machine runs (``ws://`` for WebSocket protocols)."""
+    return launch_url(port, protocol)
 
 
 def swap_group_for_gpu(index: int) -> str:
@@ -415,7 +416,7 @@ class _Planner:
         port = entry.port if entry is not None and entry.port is not None else self.services[name].port
         idle = entry.idle_seconds if entry is not None and mode == "on_demand" else None
         self.placements[name] = ServicePlacement(
-            name=name, mode=mode, gpu=gpu, port=port, url=local_url(port),
+            name=name, mode=mode, gpu=gpu, port=port, url=local_url(port, self.services[name].protocol),
             vram_gb=self.vram[name], swap=swap, idle_seconds=idle,
             scoped=self.services[name].scoped, reason=reason,
         )
@@ -523,3 +524,43 @@ def closure_plan(
     if closure.benchmark is not None and benchmarks is not None:
         benchmark = benchmarks.get(closure.benchmark)
     return plan(chosen, deploy, gpus, benchmark=benchmark)
+
+
+def agent_plan(
+    services: Mapping[str, ServiceManifest],
+    config: Any,
+    deploy: Deploy | None,
+    gpus: tuple[Gpu, ...],
+    benchmarks: Mapping[str, BenchmarkManifest],
+    *,
+    benchmark: str | None = None,
+) -> tuple[Closure, Plan]:
+    """The closure and plan of a run of agent config ``config`` (pure).
+
+    A service the plan turns off for lack of room is treated as one the deploy turns off:
+    the skills that need it drop out of the run (and with them any service only they
+    needed), and the closure is planned again, until no more drops out (each round only
+    removes services, so this ends). The plan still lists the services turned off for room,
+    with the note saying why. ``benchmark`` replaces the agent's own.
+    """
+    from harness.manifests.agent import Closure, services_needed
+
+    kinds = {name: manifest.kind for name, manifest in services.items()}
+    off = frozenset(n for n, s in deploy.services.items() if s.mode == "off") if deploy is not None else frozenset()
+    dropped: dict[str, ServicePlacement] = {}
+    notes: list[str] = []
+    while True:
+        closure = services_needed(config, kinds, off=off, benchmarks=frozenset(benchmarks))
+        if benchmark is not None:
+            closure = Closure(closure.services, benchmark, closure.skills_on, closure.skills_dropped)
+        planned = closure_plan(services, closure, deploy, gpus, benchmarks)
+        for_room = [p for p in planned.services if p.mode == "off" and p.name not in off]
+        if not for_room:
+            break
+        off = off | {p.name for p in for_room}
+        dropped.update({p.name: p for p in for_room})
+        notes += [n for n in planned.notes if any(n.startswith(f"{p.name} is off") for p in for_room)]
+    if dropped:
+        kept = tuple(sorted((*planned.services, *dropped.values()), key=lambda p: p.name))
+        planned = Plan(kept, planned.sim_workers, planned.gpus, (*notes, *planned.notes))
+    return closure, planned

@@ -8,6 +8,7 @@ all go through :func:`prepare`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,17 +69,20 @@ def prepare(
     realize: bool = True,
     state_dir: Path | None = None,
     only: tuple[str, ...] = (),
+    ports: dict[str, int] | None = None,
 ) -> Prepared:
     """Closure, plan and launch specs; realizes what the launched services need.
 
     The closure is the agent's enabled skills' services (``agent``), or ``services``, or
     every manifest; plus the benchmark (``benchmark``, else the agent's). ``only`` limits
-    which of the planned services get launch specs (``harness up NAME``).
+    which of the planned services get launch specs (``harness up NAME``). ``ports`` moves
+    local services to other ports (a cluster shard sharing its node with other shards);
+    like all placement, it changes where a service answers, never what it computes.
     """
-    from harness.manifests.agent import Closure, parse_override, services_needed
+    from harness.manifests.agent import Closure, parse_override
     from harness.runtime.inventory import detect_gpus, parse_gpus
     from harness.runtime.launch import launch_spec
-    from harness.runtime.placement import closure_plan
+    from harness.runtime.placement import agent_plan, closure_plan
 
     project = state.project()
     home: Path = state.home
@@ -86,16 +90,16 @@ def prepare(
     benchmarks = project.load_benchmarks()
     deploy_path = state.deploy_path
     deploy = project.load_deploy(deploy_path) if deploy_path is not None else None
-    off = frozenset(n for n, s in deploy.services.items() if s.mode == "off") if deploy else frozenset()
 
     skills: dict[str, Any] = {}
+    inventory = parse_gpus(gpus) if gpus else detect_gpus()
     if agent is not None:
         config = project.load_agent(agent, [parse_override(s) for s in sets])
-        closure = services_needed(config, {n: m.kind for n, m in manifests.items()}, off=off,
-                                  benchmarks=frozenset(benchmarks))
-        skills = {"on": list(closure.skills_on), "dropped": [list(d) for d in closure.skills_dropped]}
-        if benchmark is not None:
-            closure = Closure(closure.services, benchmark, closure.skills_on, closure.skills_dropped)
+        # A service the plan turns off for lack of room drops its skills as a deploy's off does.
+        closure, plan = agent_plan(manifests, config, deploy, inventory, benchmarks, benchmark=benchmark)
+        skills = {"on": list(closure.skills_on), "dropped": [list(d) for d in closure.skills_dropped],
+                  # What the agent's prompt may say of its skills: only the ones on.
+                  "text": {s: config.agent.skills[s].summary or "" for s in closure.skills_on}}
     else:
         if sets:
             raise HarnessError("--set changes an agent config: give --agent too")
@@ -107,8 +111,10 @@ def prepare(
     if closure.benchmark is not None and closure.benchmark not in benchmarks:
         raise HarnessError(f"no benchmark manifest benchmarks/{closure.benchmark}.toml")
 
-    inventory = parse_gpus(gpus) if gpus else detect_gpus()
-    plan = closure_plan(manifests, closure, deploy, inventory, benchmarks)
+    if agent is None:
+        plan = closure_plan(manifests, closure, deploy, inventory, benchmarks)
+    if ports:
+        plan = with_ports(plan, ports)
     launched = [p.name for p in plan.services if p.mode in ("resident", "on_demand")
                 and (not only or p.name in only)]
     unknown_only = [n for n in only if n not in {p.name for p in plan.services}]
@@ -140,12 +146,13 @@ def prepare(
         if files:
             code[name] = realize_project_files(_store(home), project.root, f"{name}-code", files)
             cwd = store_root / code[name]
-        specs[name] = launch_spec(
+        spec = launch_spec(
             name, manifests[name], plan.service(name),
             python=store_root / lock.environment.store / "bin" / "python",
             weights=store_root / view if view else None,
             cwd=cwd, state_dir=state_dir, sources=sources,
         )
+        specs[name] = dataclasses.replace(spec, closure=launch_closure(store_root, lock, code.get(name)))
     for placement in plan.services:
         if placement.mode == "external":
             impurities.append(f"{placement.name}: external service at {placement.url} (not built by harness)")
@@ -158,6 +165,32 @@ def prepare(
                         bench_manifest, plan, specs, locks, skills, sorted(set(impurities)))
     prepared.code = code
     return prepared
+
+
+def launch_closure(store_root: Path, lock: Any, code: str | None) -> tuple[str, ...]:
+    """The store paths a process of ``lock`` runs from (absolute): its environment, weights
+    view, sources and project code. The launch check adds what they reference (the
+    interpreter, the weight sets); wheels are left out, being copied into the environment."""
+    from harness.lock.storepaths import weights_view_path
+
+    view = weights_view_path(lock)
+    names = [lock.environment.store, *([view] if view else []), *(s.store for s in lock.sources),
+             *([code] if code else [])]
+    return tuple(str(store_root / n) for n in dict.fromkeys(names))
+
+
+def with_ports(plan: Any, ports: dict[str, int]) -> Any:
+    """``plan`` with the local services named in ``ports`` answering on those ports."""
+    from dataclasses import replace
+
+    from harness.runtime.placement import local_url
+
+    def url(p: Any) -> str:  # keep the scheme: a WebSocket service stays ws://
+        return local_url(ports[p.name], "websocket" if (p.url or "").startswith("ws") else "http")
+
+    moved = tuple(replace(p, port=ports[p.name], url=url(p))
+                  if p.name in ports and p.mode in ("resident", "on_demand") else p for p in plan.services)
+    return replace(plan, services=moved)
 
 
 def _store(home: Path) -> Any:

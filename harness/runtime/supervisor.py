@@ -100,8 +100,18 @@ def start(spec: LaunchSpec, state_dir: Path, *, extra_env: dict[str, str] | None
 
     The caller owns the returned process and must eventually :func:`stop` it (which also
     removes the pid file). ``extra_env`` is added to ``spec.env`` (the broker adds its own
-    address). Raises :class:`ServiceStartError` when the program cannot be executed.
+    address). Before anything starts, every file of ``spec.closure`` is checked against its
+    registration and the check is logged to ``<state>/launch-checks.jsonl``
+    (:func:`harness.store.launchcheck.checked_launch`). Raises :class:`ServiceStartError`
+    when a store path changed (naming its files; nothing is started) or the program cannot
+    be executed.
     """
+    from harness.store.launchcheck import IntegrityError, checked_launch
+
+    try:
+        checked_launch(state_dir, spec.name, spec.closure)
+    except IntegrityError as exc:
+        raise ServiceStartError(f"{spec.name}: refusing to launch: {exc.message}", hint=exc.hint) from None
     spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(spec.env)
     if extra_env:
@@ -139,13 +149,18 @@ def port_in_use(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> boo
 
 
 def probe(spec: LaunchSpec, timeout: float = 1.0) -> bool:
-    """One readiness check: the health URL answers 2xx, or (without one) the port accepts.
+    """One readiness check, chosen by the spec's protocol (:data:`READINESS`).
 
     Connection refused is the cheap, common answer while a service loads, so the port is
-    tried first and the health URL only once something listens.
+    tried first and the protocol's own check only once something listens.
     """
     if not port_in_use(spec.port, timeout=timeout):
         return False
+    return READINESS.get(spec.protocol, http_ready)(spec, timeout)
+
+
+def http_ready(spec: LaunchSpec, timeout: float) -> bool:
+    """The health URL answers 2xx; without one, the port accepting connections is enough."""
     if spec.health_url is None:
         return True
     parts = urllib.parse.urlsplit(spec.health_url)
@@ -157,6 +172,31 @@ def probe(spec: LaunchSpec, timeout: float = 1.0) -> bool:
         return False
     finally:
         conn.close()
+
+
+def websocket_ready(spec: LaunchSpec, timeout: float) -> bool:
+    """A WebSocket opens at the service's URL (its health path, if any) and answers a ping.
+
+    The ping is the protocol's own control frame (RFC 6455 §5.5.2), which every conforming
+    server answers without application code: OpenWAM's JSON server and XPolicyLab's policy
+    server alike. A server that accepts TCP but has not started its WebSocket loop yet
+    (still loading a checkpoint) fails the handshake and is not ready.
+    """
+    from websockets.exceptions import WebSocketException
+    from websockets.sync.client import connect
+
+    target = spec.health_url or spec.url
+    if not target.startswith(("ws://", "wss://")):
+        target = "ws://" + target.split("://", 1)[-1]
+    try:
+        with connect(target, open_timeout=timeout, close_timeout=timeout, proxy=None) as socket_:
+            return socket_.ping().wait(timeout)
+    except (OSError, TimeoutError, WebSocketException):
+        return False
+
+
+#: Readiness check by manifest protocol (anything else: :func:`http_ready`).
+READINESS = {"http": http_ready, "websocket": websocket_ready, "xpolicylab": websocket_ready}
 
 
 def wait_healthy(spec: LaunchSpec, proc: subprocess.Popen[bytes], *, timeout: float | None = None) -> float:
@@ -184,7 +224,10 @@ def wait_healthy(spec: LaunchSpec, proc: subprocess.Popen[bytes], *, timeout: fl
             return time.monotonic() - began
         elapsed = time.monotonic() - began
         if elapsed >= limit:
-            what = f"GET {spec.health_url} answering 2xx" if spec.health_url else f"port {spec.port} accepting connections"
+            what = (f"a WebSocket at {spec.health_url or spec.url} answering a ping"
+                    if READINESS.get(spec.protocol) is websocket_ready
+                    else f"GET {spec.health_url} answering 2xx" if spec.health_url
+                    else f"port {spec.port} accepting connections")
             raise ServiceStartError(
                 f"{spec.name} was not ready ({what}) within load_seconds = {limit:g}; log: {spec.log_path}",
                 log_tail=log_tail(spec.log_path),

@@ -10,8 +10,8 @@ that it holds on any local filesystem and on NFS:
   (:func:`apply_group_umask`), so what a member creates is group-readable and, where it is
   writable at all (lock files, download folders, uv's cache), group-writable, whatever that
   member's own umask;
-* the store folder, its records (``.meta``), its build folders (``.tmp``) and its pool of
-  shared files (``.links``) are sticky, like ``/tmp``: only the member who registered a path
+* the store folder, its records (``.meta``), its build folders (``.tmp``), its pool of
+  shared files (``.links``) and its launch-check fingerprints (``.stat``) are sticky, like ``/tmp``: only the member who registered a path
   (or the owner of the folder, or root) can rename or delete it, and registered paths are
   read-only, so no member can modify, rename or delete a path another registered. The
   store refuses such a removal up front with a message naming the owner
@@ -37,6 +37,7 @@ LAYOUT: tuple[tuple[str, bool], ...] = (
     ("store/.meta", True),
     ("store/.tmp", True),
     ("store/.links", True),
+    ("store/.stat", True),  # launch-check fingerprints: each member writes its own paths'
     ("store/.locks", False),
     ("store/.roots", False),
     ("store/.roots/projects", False),

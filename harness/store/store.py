@@ -8,6 +8,7 @@ Layout (plain files, so a store can live on NFS and be rsynced)::
     store/.tmp/                    builds in progress, on the same filesystem
     store/.roots/                  garbage-collector roots (projects, pins)
     store/.links/<blake3>[x]       one hard link per distinct file content of shared kinds
+    store/.stat/<hash>-<name>.json a path's fingerprint for the launch check (inodes, times)
 
 Contract of :meth:`Store.add` (DESIGN invariant 2): an object is built in ``.tmp``,
 canonicalized (read-only, fixed mtimes), hashed, renamed into place and only then
@@ -266,6 +267,11 @@ class Store:
                 # Read-only before registration: a registered path is never writable, and a
                 # crash here leaves an unregistered path that the next add or clean removes.
                 _seal_top(target)
+                # The launch check's fingerprint (inodes, times), taken after the rename and
+                # the sealing, which change the top's ctime; a cache, so written before the record.
+                from harness.store.launchcheck import write_fingerprint
+
+                write_fingerprint(self.root, name, digest.hash)
                 record = Record(
                     name=name, kind=kind, content=digest.hash, nar_size=digest.nar_size,
                     references=tuple(sorted(set(references) | set(result.references))),
@@ -370,6 +376,7 @@ class Store:
         with self.lock(name):
             self.check_removable(name)
             self.record_path(name).unlink(missing_ok=True)
+            (self.root / ".stat" / f"{name}.json").unlink(missing_ok=True)  # its launch-check fingerprint
             target = self.root / name
             if os.path.lexists(target):
                 remove_tree(target)

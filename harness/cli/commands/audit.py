@@ -9,7 +9,7 @@ from harness.cli import State
 
 @click.command(help="Re-check every store path a run used; exit 1 if any changed.")
 @click.argument("run_id", default="latest")
-@click.option("--strict", is_flag=True, help="Also fail when the run had impurities.")
+@click.option("--strict", is_flag=True, help="Also fail when the run had impurities or a scoped service was reset.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def command(state: State, run_id: str, strict: bool, as_json: bool) -> None:
@@ -25,13 +25,19 @@ def command(state: State, run_id: str, strict: bool, as_json: bool) -> None:
         for item in report.items:
             detail = f": {item.detail}" if item.detail else ""
             click.echo(f"{item.status:<9} {item.path}{detail}")
+            if item.store_now:  # the run is judged as it ran; today's copy differs
+                click.echo(f"{'':<9} the store's copy now: {item.store_now}")
         for impurity in report.impurities:
             click.echo(f"impure    {impurity}")
+        from harness.runs.audit import describe_reset
+
+        for reset in report.scoped_resets:  # not a failure without --strict: the seed's documented exception
+            click.echo(f"reset     {describe_reset(reset)}")
         gone = [item.path for item in report.items if item.status == "missing"]
         if gone:
             click.echo(f"{len(gone)} path(s) of this run are gone from the store: {', '.join(gone)}")
         verdict = "FAILED" if report.failed else "ok"
         click.echo(f"audit of run {report.run}: {verdict} ({len(report.items)} checked, "
                    f"{len(report.impurities)} impurities)")
-    if report.failed or (strict and report.impurities):
+    if report.failed or (strict and (report.impurities or report.scoped_resets)):
         raise SystemExit(1)

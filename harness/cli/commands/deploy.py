@@ -36,10 +36,12 @@ def write(
     force: bool,
 ) -> None:
     import socket
+    import tomllib
 
     from harness.errors import InputError
     from harness.manifests.loading import display_path
     from harness.runtime.deploywrite import default_path, port_in_use, write_deploy
+    from harness.runtime.portregistry import reserve
 
     project = state.project()
     services = project.load_services()
@@ -50,20 +52,26 @@ def write(
     left_out = {n: why for n in services if n not in selection.names}
     gpus = inventory(gpus_spec)
     machine = socket.gethostname() if gpus_spec is None else f"a machine with --gpus {gpus_spec}"
-    # Ports are probed on this machine even with --gpus: the file is written here, for here.
-    text, layout = write_deploy(
-        services, gpus, taken=port_in_use, machine=machine, left_out=left_out
-    )
-    if output == "-":
-        click.echo(text, nl=False)
-        return
-    path = Path(output).expanduser() if output else default_path(project.deploy_dir)
-    if path.exists() and not force:
+    path = Path(output).expanduser() if output and output != "-" else default_path(project.deploy_dir)
+    if output != "-" and path.exists() and not force:
         raise InputError(f"{display_path(path)} exists; pass --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside and rename, so a reader never sees half a deploy.
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
+    # Ports are probed on this machine even with --gpus: the file is written here, for here.
+    # Ports another written deploy reserved are taken too, running or not (one port per instance).
+    with reserve(state.home, path) as reservation:
+        text, layout = write_deploy(
+            services, gpus, taken=reservation.taken(port_in_use), machine=machine, left_out=left_out,
+            preferred=reservation.previous,
+        )
+        if output == "-":
+            click.echo(text, nl=False)
+            reservation.keep(reservation.previous)  # printing reserves nothing new
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write beside and rename, so a reader never sees half a deploy.
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+        written = tomllib.loads(text).get("services", {})
+        reservation.keep({n: t["port"] for n, t in written.items() if isinstance(t.get("port"), int)})
     click.echo(f"wrote {display_path(path)} ({layout.strategy.replace('_', ' ')})")
     click.echo(f"check it with: harness --deploy {display_path(path)} plan")

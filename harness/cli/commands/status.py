@@ -48,16 +48,37 @@ def print_status(status: dict[str, Any], state_dir: Path) -> None:
     print_table(None, ["service", "mode", "gpu", "state", "pid", "port", "uptime", "memory"], rows)
 
 
+def rehearse(state: State, gpus_spec: str) -> dict[str, Any]:
+    """The plan of every service under the deploy on the ``--gpus`` machine (a rehearsal)."""
+    from harness.runtime.inventory import parse_gpus
+    from harness.runtime.placement import plan
+
+    project = state.project()
+    deploy = project.load_deploy(state.deploy_path) if state.deploy_path else None
+    return plan(project.load_services(), deploy, parse_gpus(gpus_spec)).as_json()
+
+
 @click.command(help="Show the services harness runs: mode, GPU, state, pid, port, uptime, memory.")
+@click.option("--gpus", "gpus_spec", metavar="SPEC",
+              help="Also show where the deploy would put every service on these GPUs: 4x24, 24,24,80, or none.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def command(state: State, as_json: bool) -> None:
-    from harness.cli.output import print_json
+def command(state: State, gpus_spec: str | None, as_json: bool) -> None:
+    from harness.cli.output import print_json, print_table
     from harness.runtime.broker import status
 
     state_dir = _state_dir(state)
     current = status(state_dir)
+    planned = rehearse(state, gpus_spec) if gpus_spec is not None else None
     if as_json:
-        print_json(current)
-    else:
-        print_status(current, state_dir)
+        print_json(current if planned is None else {**current, "planned": {**planned, "gpus_spec": gpus_spec}})
+        return
+    print_status(current, state_dir)
+    if planned is not None:
+        running = {s.get("name") for s in current.get("services", []) if s.get("alive") or s.get("state") == "ready"}
+        click.echo(f"with --gpus {gpus_spec}, the deploy would run:")
+        print_table(None, ["service", "mode", "gpu", "swap", "port", "running now", "why"],
+                    [[p["name"], p["mode"], p["gpu"], p["swap"], p["port"], "yes" if p["name"] in running else "",
+                      p["reason"]] for p in planned["services"]], wrap=["why"])
+        for note in planned["notes"]:
+            click.echo(f"note: {note}")

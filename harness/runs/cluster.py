@@ -1,0 +1,557 @@
+"""``harness run --cluster TARGET --shards N``: one run over many nodes, one record.
+
+harness does not schedule; it hands shards to an engine people already operate:
+
+* ``ray://HOST:PORT`` — a Ray cluster through Ray Client; ``ray`` — the cluster that
+  ``RAY_ADDRESS`` names (``HOST:PORT`` of the head), else the one running on this machine;
+* ``slurm`` — an array job through submitit (one task per shard); ``slurm-local`` runs the
+  same array through submitit's local executor on this machine (for trying it out).
+
+The head (this process) first does what a local run does up to the start of services: plan,
+realize the closure into its own store, record ``config.json`` and ``lock.json``. Then it
+pushes what the binary cache lacks of the closure (the first writable ``[cache]
+substituters`` entry of the settings, signed with ``secret-key-file``), so every node can
+realize from the cache. Each shard is then one engine task asking for the resources the plan
+needs (a CPU, and a GPU for each GPU the plan places services on); on its node it runs
+:func:`harness.runs.shard.run_shard` — the same code path as a local ``harness run``,
+restricted to the shard — and returns its record.
+
+The run's folder holds one record::
+
+    runs/<id>/config.json          what was asked, the plan, the cluster and the push
+    runs/<id>/lock.json            the closure the head realized and pushed
+    runs/<id>/shards/<I>/          each shard's own record from its node (config, lock,
+                                   result, benchmark.json, logs) and shard.json: node, home,
+                                   closure digest, attempts, status and reason
+    runs/<id>/benchmark.json       the shards' benchmark results combined
+    runs/<id>/result.json          exit status, the combined score, one line per shard
+
+``harness audit RUN`` compares every shard's closure with the head's (:func:`audit_shards`)
+and names any node that computed with other bits. Faults: a shard whose node dies is
+retried by the engine on another node and ``shard.json`` lists every attempt; Ctrl-C
+cancels every shard (each stops its services and records itself, as a local run does); a
+shard whose node cannot realize fails with the node's reason, and the run exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import HarnessError, InputError
+from harness.runs.audit import AuditItem
+from harness.runs.record import read_json, write_json
+from harness.runs.shard import ShardJob, run_shard
+
+Echo = Callable[[str], None]
+
+#: How long cancelled shards get to stop their services and record themselves.
+CANCEL_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where shards run: ``engine`` is ``ray``, ``slurm`` or ``slurm-local``."""
+
+    engine: str
+    address: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.engine} {self.address}" if self.address else self.engine
+
+
+def parse_target(text: str) -> Target:
+    """``--cluster`` as given; anything else is an :class:`InputError` listing the forms."""
+    if text.startswith("ray://"):
+        if len(text) <= len("ray://"):
+            raise InputError("--cluster ray://: give the head's address, ray://HOST:PORT")
+        return Target("ray", text)
+    if text == "ray":
+        return Target("ray", os.environ.get("RAY_ADDRESS") or None)
+    if text in ("slurm", "slurm-local"):
+        return Target(text)
+    raise InputError(f"--cluster {text!r}: unknown cluster",
+                     hint="use ray://HOST:PORT, ray (RAY_ADDRESS or the local Ray), slurm or slurm-local")
+
+
+def closure_digest(lock_json: dict[str, Any]) -> str:
+    """blake3 over the sorted (store path, content hash) pairs of a record's ``lock.json``:
+    equal digests mean the same store paths with the same bits."""
+    from blake3 import blake3
+
+    pairs = sorted((e["path"], e["content"]) for e in lock_json.get("store_paths", []))
+    return "blake3:" + blake3(json.dumps(pairs).encode()).hexdigest()
+
+
+def shard_resources(plan: Any) -> tuple[float, int]:
+    """(CPUs, GPUs) one shard asks its engine for: a CPU for the broker and the worker, and
+    each GPU the plan places local services or simulator workers on."""
+    gpus = {p.gpu for p in plan.services if p.gpu is not None and p.mode in ("resident", "on_demand")}
+    gpus |= {w.gpu for w in plan.sim_workers}
+    return 1.0, len(gpus)
+
+
+# ------------------------------------------------------------------------------ the head
+
+
+def run_on_cluster(
+    state: Any,
+    command: list[str],
+    *,
+    cluster: str,
+    shards: int,
+    retries: int = 3,
+    agent: str | None,
+    sets: tuple[str, ...],
+    services: tuple[str, ...],
+    benchmark: str | None,
+    gpus: str | None,
+    offline: bool,
+    echo: Echo = print,
+) -> Any:
+    """Run ``command`` (or the benchmark's worker) in ``shards`` shards on ``cluster``.
+
+    Returns a :class:`harness.runs.run.RunOutcome` for the whole run: exit 0 when every
+    shard succeeded, 130 when cancelled, else 1; the score combined over the shards.
+    """
+    from harness.cache.signing import parse_trusted
+    from harness.config import load_settings
+    from harness.realize.project_code import realize_project_files, service_files
+    from harness.runs.record import closure_of, host_facts, new_run_id, runs_dir, tool_versions
+    from harness.runs.run import RunOutcome
+    from harness.runtime.session import prepare
+    from harness.store.store import Store
+
+    if shards < 1:
+        raise InputError(f"--shards {shards}: need at least 1")
+    if retries < 0:
+        raise InputError(f"--retries {retries}: need 0 or more")
+    target = parse_target(cluster)
+    engine = open_engine(target)  # a missing extra is an error before anything is realized
+    started = time.time()
+    run_id = new_run_id(started)
+    run_dir = runs_dir(state.home) / run_id
+    prepared = prepare(state, agent=agent, sets=sets, services=services, benchmark=benchmark,
+                       gpus=gpus, offline=offline, state_dir=run_dir / "services")
+    project = prepared.project
+    store = Store.in_home(state.home)
+    code = dict(prepared.code)
+    if prepared.benchmark and prepared.benchmark_manifest is not None and not command:
+        files = service_files(project.root, list(prepared.benchmark_manifest.worker or []))
+        if files:
+            code[prepared.benchmark] = realize_project_files(store, project.root, f"{prepared.benchmark}-code", files)
+    worker = list(prepared.benchmark_manifest.worker or []) if prepared.benchmark_manifest else []
+    if not command and not worker:
+        raise HarnessError("nothing to run: give a COMMAND after --, or a benchmark with a worker")
+    lock_files = {name: project.locks_dir / f"{name}.lock.toml" for name in prepared.locks}
+    closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=code).as_json()
+    digest = closure_digest(closure)
+    settings = load_settings(state.home, project.root)
+    parse_trusted(settings.trusted_keys)  # a malformed key is the head's error, not N nodes'
+    echo(f"run {run_id}: {shards} shards on {target.describe()}; services "
+         f"{', '.join(sorted(prepared.specs)) or '(none)'}"
+         + (f", benchmark {prepared.benchmark}" if prepared.benchmark else ""))
+    pushed = push_closure(store, [e["path"] for e in closure["store_paths"]], settings, state.home, echo)
+    cpus, gpu_count = shard_resources(prepared.plan)
+    config = {
+        "id": run_id, "started": started,
+        "command": list(command) if command else worker,
+        "project": {"root": str(project.root)},
+        "agent": {"name": agent, "skills": prepared.skills} if agent else None,
+        "overrides": list(sets), "services": sorted(prepared.specs), "benchmark": prepared.benchmark,
+        "deploy": ({"path": str(prepared.deploy_path), "text": prepared.deploy_path.read_text()}
+                   if prepared.deploy_path else None),
+        "plan": prepared.plan.as_json(), "host": host_facts(), "versions": tool_versions(),
+        "impurities": list(prepared.impurities),
+        "cluster": {"engine": target.engine, "address": target.address, "shards": shards, "retries": retries,
+                    "resources": {"cpus": cpus, "gpus": gpu_count}, "push": pushed, "closure_digest": digest},
+    }
+    write_json(run_dir / "config.json", config)
+    write_json(run_dir / "lock.json", closure)
+    # As a local run does: the closure is rooted against `harness store gc` while shards run.
+    from harness.store.roots import TempRoots
+
+    run_roots = TempRoots(store, f"harness run {run_id} (cluster head)")
+    run_roots.add(e["path"] for e in closure["store_paths"])
+    local = tuple(p.name for p in prepared.plan.services if p.mode in ("resident", "on_demand"))
+    jobs = [ShardJob(
+        run_id=run_id, index=i, count=shards, project_root=str(project.root),
+        deploy_path=str(prepared.deploy_path.resolve()) if prepared.deploy_path else None, command=tuple(command),
+        agent=agent, sets=tuple(sets), services=tuple(services), benchmark=benchmark, gpus=None,
+        offline=offline, substituters=tuple(settings.substituters) if pushed.get("cache") else (),
+        trusted_keys=tuple(settings.trusted_keys), local_services=local, expected_digest=digest,
+    ) for i in range(shards)]
+    results: list[dict[str, Any]] = []
+    interrupted = False
+    # Ctrl-C must cancel the shards even when this process inherited an ignored SIGINT (as
+    # background jobs of a non-interactive shell do), as in a local run.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        results = engine.run(jobs, cpus=cpus, gpus=gpu_count, retries=retries, folder=run_dir / "engine",
+                             echo=echo)
+    except KeyboardInterrupt as exc:  # the engine cancelled what it could; record what came back
+        interrupted = True
+        results = list(getattr(exc, "results", []))
+    finally:
+        outcome = record_cluster_run(run_dir, config, results, jobs, interrupted=interrupted)
+        run_roots.close()
+    for shard in outcome["shards"]:
+        retried = f", after {len(shard['attempts']) - 1} retries" if len(shard.get("attempts", [])) > 1 else ""
+        why = f": {shard['reason']}" if shard.get("reason") else ""
+        echo(f"shard {shard['shard']} on {shard.get('hostname') or '?'}: {shard['status']}{retried}{why}")
+    return RunOutcome(run_id, run_dir, outcome["exit_status"], outcome["score"])
+
+
+def push_closure(store: Any, names: Sequence[str], settings: Any, home: Path, echo: Echo) -> dict[str, Any]:
+    """Push what the first writable substituter lacks of ``names``; what was done, as JSON.
+
+    No substituter, or none writable: nodes realize from upstream (noted, not an error).
+    """
+    from harness.cache.backends import open_backend
+    from harness.cache.signing import load_secret
+    from harness.cache.transfer import push
+
+    for url in settings.substituters:
+        backend = open_backend(url)
+        if backend.writable:
+            break
+    else:
+        echo("note: no writable binary cache in the settings ([cache] substituters): "
+             "every node realizes from upstream")
+        return {"cache": None}
+    secret = load_secret(settings.secret_key_file) if settings.secret_key_file else None
+    if secret is None:
+        echo("warning: no [cache] secret-key-file: built paths go up unsigned, and nodes refuse them")
+    started = time.time()
+    result = push(store, list(names), backend, secret=secret, cache_dir=home / "cache")
+    echo(f"pushed {len(result.pushed)} store paths to {backend.url} ({len(result.present)} already there)")
+    return {"cache": backend.url, "pushed": len(result.pushed), "present": len(result.present),
+            "uploaded_bytes": result.uploaded_bytes, "signed": secret is not None,
+            "seconds": round(time.time() - started, 3)}
+
+
+# --------------------------------------------------------------------------- the record
+
+
+def record_cluster_run(run_dir: Path, config: dict[str, Any], results: list[dict[str, Any]],
+                       jobs: list[ShardJob], *, interrupted: bool) -> dict[str, Any]:
+    """Write every shard's record under ``shards/``, the combined benchmark and ``result.json``."""
+    head_digest = config["cluster"]["closure_digest"]
+    by_index = {r["index"]: r for r in results}
+    summaries = []
+    benches = []
+    for job in jobs:
+        result = by_index.get(job.index) or {
+            "index": job.index, "shard": f"{job.index}/{job.count}", "status": "cancelled" if interrupted else "lost",
+            "reason": "cancelled before it reported" if interrupted else "no result came back", "files": {}}
+        folder = run_dir / "shards" / str(job.index)
+        for rel, text in (result.get("files") or {}).items():
+            target = folder / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        if result.get("output"):
+            (folder / "logs").mkdir(parents=True, exist_ok=True)
+            (folder / "logs" / "shard.log").write_text("\n".join(result["output"]) + "\n", encoding="utf-8")
+        shard_digest = None
+        if (folder / "lock.json").is_file():
+            shard_digest = closure_digest(read_json(folder / "lock.json"))
+        node = result.get("node") or {}
+        summary = {
+            "index": job.index, "shard": f"{job.index}/{job.count}", "status": result.get("status", "lost"),
+            "reason": result.get("reason"), "exit_status": result.get("exit_status"), "score": result.get("score"),
+            "hostname": node.get("hostname"), "node_id": node.get("node_id"), "home": node.get("home"),
+            "closure_digest": shard_digest, "same_closure": shard_digest == head_digest if shard_digest else None,
+            "attempts": result.get("attempts") or ([node] if node else []),
+            "started": result.get("started"), "ended": result.get("ended"),
+        }
+        if summary["status"] == "ok" and shard_digest != head_digest:
+            summary.update(status="failed", reason=(
+                f"node {node.get('hostname')} ({node.get('home')}) computed with another closure "
+                f"({shard_digest}) than the head's ({head_digest})"))
+        write_json(folder / "shard.json", summary)
+        summaries.append(summary)
+        if (folder / "benchmark.json").is_file() and summary["status"] == "ok":
+            benches.append(read_json(folder / "benchmark.json"))
+    combined = combine_benchmarks(benches, len(jobs))
+    if combined is not None:
+        write_json(run_dir / "benchmark.json", combined)
+    all_ok = all(s["status"] == "ok" for s in summaries)
+    exit_status = 130 if interrupted else (0 if all_ok else 1)
+    score = combined["success_rate"] if combined is not None and all_ok else None
+    if score is None and all_ok:
+        scores = [s["score"] for s in summaries if isinstance(s.get("score"), (int, float))]
+        score = sum(scores) / len(scores) if len(scores) == len(summaries) and scores else None
+    ended = time.time()
+    impurities = list(config.get("impurities", []))
+    for folder in sorted((run_dir / "shards").glob("*/result.json")):
+        impurities += [i for i in read_json(folder).get("impurities", []) if i not in impurities]
+    result_json = {
+        "id": config["id"], "started": config["started"], "ended": ended,
+        "duration_s": round(ended - config["started"], 3), "exit_status": exit_status, "score": score,
+        "impurities": impurities, "shards": summaries,
+    }
+    write_json(run_dir / "result.json", result_json)
+    return result_json
+
+
+def combine_benchmarks(benches: list[dict[str, Any]], count: int) -> dict[str, Any] | None:
+    """One ``benchmark.json`` from the shards' (all of them, or None): episodes and
+    successes summed, episode results merged in episode order."""
+    if len(benches) != count or not benches:
+        return None
+    if not all(isinstance(b.get("episodes"), int) and isinstance(b.get("successes"), int) for b in benches):
+        return None
+    episodes = sum(b["episodes"] for b in benches)
+    successes = sum(b["successes"] for b in benches)
+    merged = sorted((e for b in benches for e in b.get("episode_results", [])), key=lambda e: e.get("episode", 0))
+    first = benches[0]
+    return {"benchmark": first.get("benchmark"), "seed": first.get("seed"), "shards": count,
+            "episodes": episodes, "successes": successes,
+            "success_rate": successes / episodes if episodes else 0.0, "episode_results": merged}
+
+
+def audit_shards(run_dir: Path, head_closure: dict[str, Any]) -> list[AuditItem]:
+    """One audit item per shard: its closure against the head's (the lock's store paths and
+    content hashes, and the lock files' hashes); a shard that differs names its node and
+    the paths; a shard without a record is missing."""
+    config = read_json(run_dir / "config.json")
+    count = int((config.get("cluster") or {}).get("shards") or 0)
+    head = {e["path"]: e["content"] for e in head_closure.get("store_paths", [])}
+    head_locks = {n: v.get("lock_blake3") for n, v in head_closure.get("locks", {}).items()}
+    items: list[AuditItem] = []
+    for index in range(count):
+        folder = run_dir / "shards" / str(index)
+        summary = read_json(folder / "shard.json") if (folder / "shard.json").is_file() else {}
+        where = f"shard {index}/{count} on {summary.get('hostname') or '?'} ({summary.get('home') or '?'})"
+        if not (folder / "lock.json").is_file():
+            why = summary.get("reason") or "no record"
+            items.append(AuditItem(where, "missing", f"no closure recorded: {why}"))
+            continue
+        shard_closure = read_json(folder / "lock.json")
+        theirs = {e["path"]: e["content"] for e in shard_closure.get("store_paths", [])}
+        problems = [f"{p}: {head[p]} here, {theirs[p]} there" for p in sorted(set(head) & set(theirs))
+                    if head[p] != theirs[p]]
+        problems += [f"{p}: not used there" for p in sorted(set(head) - set(theirs))]
+        problems += [f"{p}: used there only" for p in sorted(set(theirs) - set(head))]
+        their_locks = {n: v.get("lock_blake3") for n, v in shard_closure.get("locks", {}).items()}
+        problems += [f"lock of {n}: {head_locks.get(n)} here, {their_locks.get(n)} there"
+                     for n in sorted(set(head_locks) | set(their_locks)) if head_locks.get(n) != their_locks.get(n)]
+        if problems:
+            items.append(AuditItem(where, "modified", "ran other bits than the lock: " + "; ".join(problems[:10])))
+        else:
+            items.append(AuditItem(where, "ok", f"same {len(head)} store paths and content hashes as the lock"))
+    return items
+
+
+# ------------------------------------------------------------------------------ engines
+
+
+def open_engine(target: Target) -> Any:
+    """The engine for ``target``; a missing optional extra is an error saying what to install."""
+    if target.engine == "ray":
+        return RayEngine(target.address)
+    return SubmititEngine(local=target.engine == "slurm-local")
+
+
+class RayEngine:
+    """Shards as Ray tasks: resources per shard, ``max_retries`` for dead nodes, cancel on Ctrl-C."""
+
+    def __init__(self, address: str | None) -> None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise HarnessError("--cluster ray needs Ray, which is not installed",
+                               hint="pip install 'harness[ray]' (on the head and on every node)") from None
+        self.address = address
+
+    def run(self, jobs: list[ShardJob], *, cpus: float, gpus: int, retries: int, folder: Path,
+            echo: Echo) -> list[dict[str, Any]]:
+        import logging
+
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        try:
+            ray.init(address=self.address or "auto", log_to_driver=False, logging_level=logging.WARNING,
+                     configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise HarnessError(f"cannot reach the Ray cluster at {self.address or 'RAY_ADDRESS/auto'}: {exc}",
+                               hint="start one with `ray start --head`, or give --cluster ray://HOST:PORT") from None
+        try:
+            here = ray.get_runtime_context().get_node_id()
+            # The ledger of attempts lives on the head's node, so a dying node cannot take it along.
+            ledger = ray.remote(num_cpus=0)(Ledger).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+            # SPREAD: shards go to as many nodes as have room, rather than packing the first.
+            task = ray.remote(_ray_shard).options(num_cpus=cpus, num_gpus=gpus, max_retries=retries,
+                                                  retry_exceptions=False, scheduling_strategy="SPREAD")
+            refs = {task.remote(job, ledger): job.index for job in jobs}
+            return self._wait(refs, ledger, jobs, echo)
+        finally:
+            ray.shutdown()
+
+    def _wait(self, refs: dict[Any, int], ledger: Any, jobs: list[ShardJob], echo: Echo) -> list[dict[str, Any]]:
+        import ray
+
+        results: dict[int, dict[str, Any]] = {}
+        pending = list(refs)
+        seen = 0
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+                attempts = ray.get(ledger.attempts.remote())
+                for index, start in attempts[seen:]:
+                    again = " (retry)" if sum(1 for i, _ in attempts[:seen] if i == index) else ""
+                    echo(f"shard {index}/{len(jobs)} started on {start['hostname']} "
+                         f"(node {start['node_id'][:12]}, home {start['home']}){again}")
+                seen = len(attempts)
+                for ref in done:
+                    results[refs[ref]] = self._result(ref, refs[ref], len(jobs))
+        except KeyboardInterrupt:
+            echo(f"interrupted: cancelling {len(pending)} shards (each stops its services and records itself)")
+            for ref in pending:
+                ray.cancel(ref, force=False)
+            deadline = time.time() + CANCEL_GRACE_S
+            try:
+                while pending and time.time() < deadline:
+                    done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+                    for ref in done:
+                        result = self._result(ref, refs[ref], len(jobs))
+                        if result.get("status") != "ok":  # stopped by the cancel, whatever its exit
+                            result["status"] = "cancelled"
+                            result["reason"] = (f"cancelled by Ctrl-C on the head; it stopped its services "
+                                                f"and recorded itself (exit {result.get('exit_status')})")
+                        results[refs[ref]] = result
+            except KeyboardInterrupt:
+                pass
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            self._attach(results, ledger)
+            raise _Interrupted(list(results.values())) from None
+        self._attach(results, ledger)
+        return [results[i] for i in sorted(results)]
+
+    @staticmethod
+    def _result(ref: Any, index: int, count: int) -> dict[str, Any]:
+        import ray
+
+        try:
+            result: dict[str, Any] = ray.get(ref)
+            return result
+        except ray.exceptions.TaskCancelledError:
+            return {"index": index, "shard": f"{index}/{count}", "status": "cancelled",
+                    "reason": "cancelled before it could record itself"}
+        except ray.exceptions.RayError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return {"index": index, "shard": f"{index}/{count}", "status": "failed",
+                    "reason": f"{type(exc).__name__}: {first} (after the retries Ray was allowed)"}
+
+    @staticmethod
+    def _attach(results: dict[int, dict[str, Any]], ledger: Any) -> None:
+        import ray
+
+        try:
+            attempts = ray.get(ledger.attempts.remote(), timeout=30)
+        except ray.exceptions.RayError:
+            return
+        for index, result in results.items():
+            result["attempts"] = [start for i, start in attempts if i == index]
+
+
+class _Interrupted(KeyboardInterrupt):
+    """Ctrl-C, carrying the results of the shards that still recorded themselves."""
+
+    def __init__(self, results: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.results = results
+
+
+class Ledger:
+    """A Ray actor on the head's node: every attempt of every shard, in the order they began."""
+
+    def __init__(self) -> None:
+        self._attempts: list[tuple[int, dict[str, Any]]] = []
+
+    def started(self, index: int, facts: dict[str, Any]) -> None:
+        self._attempts.append((index, facts))
+
+    def attempts(self) -> list[tuple[int, dict[str, Any]]]:
+        return list(self._attempts)
+
+
+def _ray_shard(job: ShardJob, ledger: Any) -> dict[str, Any]:
+    """The Ray task: note the attempt with the ledger, then run the shard on this node."""
+    import socket
+
+    import ray
+
+    from harness.runs.shard import node_home
+
+    facts = {"hostname": socket.gethostname(), "home": str(node_home()),
+             "node_id": ray.get_runtime_context().get_node_id(), "started": time.time()}
+    ray.get(ledger.started.remote(job.index, facts))
+    result = run_shard(job, {"node_id": facts["node_id"], "engine": "ray"})
+    return result
+
+
+class SubmititEngine:
+    """Shards as one submitit array job (Slurm, or submitit's local executor)."""
+
+    def __init__(self, *, local: bool) -> None:
+        try:
+            import submitit  # noqa: F401
+        except ImportError:
+            raise HarnessError("--cluster slurm needs submitit, which is not installed",
+                               hint="pip install 'harness[slurm]'") from None
+        self.local = local
+
+    def run(self, jobs: list[ShardJob], *, cpus: float, gpus: int, retries: int, folder: Path,
+            echo: Echo) -> list[dict[str, Any]]:
+        import submitit
+
+        executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if self.local else "slurm")
+        params: dict[str, Any] = {"timeout_min": 24 * 60, "cpus_per_task": max(1, int(cpus)), "nodes": 1,
+                                  "tasks_per_node": 1}
+        if gpus:
+            params["gpus_per_node"] = gpus
+        if not self.local:
+            params["slurm_array_parallelism"] = len(jobs)
+        executor.update_parameters(**params)
+        submitted = executor.map_array(_submitit_shard, jobs)
+        echo(f"submitted array job {submitted[0].job_id.split('_')[0]} ({len(jobs)} tasks)" if submitted else "")
+        results: dict[int, dict[str, Any]] = {}
+        try:
+            for job, handle in zip(jobs, submitted, strict=True):
+                try:
+                    results[job.index] = handle.result()
+                except Exception as exc:  # the engine's failure (a task that died), with its reason
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+                    results[job.index] = {"index": job.index, "shard": f"{job.index}/{job.count}",
+                                          "status": "failed", "reason": f"task {handle.job_id}: {first}"}
+        except KeyboardInterrupt:
+            echo(f"interrupted: cancelling {len(submitted)} tasks")
+            for handle in submitted:
+                handle.cancel(check=False)
+            raise _Interrupted(list(results.values())) from None
+        return [results[i] for i in sorted(results)]
+
+
+def _submitit_shard(job: ShardJob) -> dict[str, Any]:
+    import socket
+
+    env = submitit_environment()
+    return run_shard(job, {"node_id": env or socket.gethostname(), "engine": "submitit"})
+
+
+def submitit_environment() -> str | None:
+    """The Slurm job and task of this process (``SLURM_JOB_ID``/``SLURM_ARRAY_TASK_ID``), if any."""
+    job, task = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID"), os.environ.get(
+        "SLURM_ARRAY_TASK_ID")
+    return f"slurm {job}_{task}" if job else None

@@ -1,0 +1,88 @@
+"""Resets of scoped services during a run: the one way a swap changes what a run computes.
+
+A ``scoped`` service (a policy with memory of past frames) that is swapped out, stopped
+for idleness or restarted after a crash comes back with its memory empty; the broker tells
+the caller with ``fresh: true`` on the lease (DESIGN invariant 5's documented exception).
+:class:`ResetLog` watches a run's leases and writes one line per reset to
+``<run>/scoped-resets.jsonl``::
+
+    {"service": "simate", "at": <unix time>, "client": "agent-1", "lease": "<id>",
+     "incarnation": 2, "previous_incarnation": 1}
+
+A reset is a fresh lease on a scoped service for a client that an earlier incarnation of
+the service had served: a client's first lease is fresh without anything being lost.
+``harness run`` copies the lines into ``result.json`` (``scoped_resets``); ``audit`` shows
+them and ``diff`` compares them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from harness.runtime.broker import Broker
+
+#: Where a run's resets are kept, beside its other record files.
+RESETS_FILE = "scoped-resets.jsonl"
+
+
+class ResetLog:
+    """Notices resets in a stream of leases (thread-safe); appends each to ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: dict[tuple[str, str], int] = {}  # (service, client) -> incarnation last leased
+        self._lock = threading.Lock()
+
+    def observe(self, lease: Mapping[str, Any], client: str) -> dict[str, Any] | None:
+        """Record ``lease`` (an acquire's answer) for ``client``; return the reset it shows, if any."""
+        if not lease.get("scoped"):
+            return None
+        key = (str(lease.get("service")), client)
+        incarnation = int(lease.get("incarnation") or 0)
+        with self._lock:
+            previous = self._seen.get(key)
+            self._seen[key] = incarnation
+            if not lease.get("fresh") or previous is None or previous == incarnation:
+                return None
+            reset = {"service": key[0], "at": time.time(), "client": client, "lease": lease.get("lease"),
+                     "incarnation": incarnation, "previous_incarnation": previous}
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(reset, sort_keys=True) + "\n")
+            return reset
+
+
+def read_resets(path: Path) -> list[dict[str, Any]]:
+    """The resets a :class:`ResetLog` wrote, in order ([] when none; a torn line is skipped)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
+
+
+class RecordingBroker(Broker):
+    """A :class:`Broker` whose every granted lease is shown to a :class:`ResetLog`."""
+
+    def __init__(self, *args: Any, resets: ResetLog, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.resets = resets
+
+    def acquire(self, service: str, client: str = "anonymous", *, client_pid: int | None = None,
+                timeout: float | None = None) -> dict[str, Any]:
+        lease = super().acquire(service, client, client_pid=client_pid, timeout=timeout)
+        self.resets.observe(lease, client)
+        return lease

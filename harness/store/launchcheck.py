@@ -1,0 +1,292 @@
+"""Integrity at launch: is every file a process is about to run from still what was registered?
+
+``harness store verify --contents`` re-hashes every byte, which for a closure with 10 GB of
+weights takes seconds to minutes: too slow before every service start. The launch check
+does what git's index does instead. For each registered path the store keeps a
+*fingerprint* (``store/.stat/<name>.json``): every entry's inode, size, mode, mtime and
+ctime, taken when the path was registered (the store made those times itself, under the
+path's lock) or when a later re-hash proved the bytes unchanged. A launch ``lstat``s every
+entry and compares:
+
+* all equal → the bytes are the registered ones (``verified = "stat"``). A store file is
+  read-only with mtime 1, so changing its bytes means a ``chmod`` or a write, both of which
+  set the ctime to *now*; resetting the mtime (``touch -d``) sets it too, and adding or
+  removing an entry changes its directory's times;
+* anything differs, or there is no fingerprint (a path pulled from a binary cache, a store
+  from before fingerprints) → the whole path is re-hashed and compared with the record's
+  content hash: equal → ``verified = "hash"`` and the fingerprint is refreshed; different →
+  :class:`IntegrityError` naming the files whose metadata changed.
+
+Legitimate operations change ctimes too (a new environment hard-linking an older one's files
+into the ``.links`` pool changes their link count): those cost one re-hash of the path, never
+a wrong answer. A fingerprint is a per-machine cache (inode numbers mean nothing elsewhere),
+never part of a path's content, and one that cannot be written costs only time. A refreshed
+fingerprint is not written while any entry changed within :data:`RACY_NS` (a write in the
+same clock tick could leave the times unchanged), as for :mod:`harness.store.statcache`.
+
+:func:`check_closure` is the one entry point: the supervisor calls it before it starts a
+service and ``harness run`` before the benchmark's worker; what it returns is what the run
+record keeps (``launch-checks.jsonl``), so ``harness audit`` judges a run by the bytes it ran
+with, whatever happens to the store later.
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import json
+import os
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import HarnessError
+
+#: Folder of fingerprints inside the store (beside ``.meta``; never globbed as records).
+FINGERPRINT_DIR = ".stat"
+FINGERPRINT_VERSION = 2
+#: Entries changed this recently are not trusted to a refreshed fingerprint.
+RACY_NS = 2_000_000_000
+#: The file (in a service state folder) that keeps each launch's check, one JSON per line.
+LAUNCH_CHECKS = "launch-checks.jsonl"
+
+#: How many changed files a refusal names.
+_NAMED = 10
+
+Entry = tuple[int, int, int, int, int]  # inode, size, mode, mtime_ns, ctime_ns
+
+
+class IntegrityError(HarnessError):
+    """A store path about to be launched is not what was registered.
+
+    ``path`` is its store name, ``files`` the entries (relative to the store) whose metadata
+    changed, ``expected``/``found`` the registered and the actual content hash.
+    """
+
+    def __init__(self, path: str, files: list[str], expected: str, found: str) -> None:
+        shown = ", ".join(files[:_NAMED]) + (f" and {len(files) - _NAMED} more" if len(files) > _NAMED else "")
+        what = f"changed: {shown}" if files else "its content changed"
+        super().__init__(
+            f"store path {path} is not what was registered ({what}; expected {expected}, found {found})",
+            hint="`harness store verify --repair` restores it from its sources; nothing was launched",
+        )
+        self.path = path
+        self.files = files
+        self.expected = expected
+        self.found = found
+
+
+@dataclass(frozen=True)
+class PathCheck:
+    """One verified store path: its registered content hash and how it was verified."""
+
+    path: str
+    content: str
+    verified: str  # "stat" (fingerprint unchanged) or "hash" (re-hashed, equal)
+
+
+def fingerprint_path(store_root: Path, name: str) -> Path:
+    return store_root / FINGERPRINT_DIR / f"{name}.json"
+
+
+def _entry(st: os.stat_result) -> Entry:
+    return (st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def take_fingerprint(path: Path) -> tuple[int, dict[str, Entry]]:
+    """``(device, {relative entry: (inode, size, mode, mtime_ns, ctime_ns)})`` of ``path``;
+    the root is the entry ``""``. Symlinks are not followed."""
+    root = os.fspath(path)
+    st = os.lstat(root)
+    entries: dict[str, Entry] = {"": _entry(st)}
+    if stat.S_ISDIR(st.st_mode):
+        stack = [""]
+        while stack:
+            rel = stack.pop()
+            with os.scandir(os.path.join(root, rel) if rel else root) as listing:
+                for item in listing:
+                    child = f"{rel}/{item.name}" if rel else item.name
+                    child_st = item.stat(follow_symlinks=False)
+                    entries[child] = _entry(child_st)
+                    if stat.S_ISDIR(child_st.st_mode):
+                        stack.append(child)
+    return st.st_dev, entries
+
+
+def write_fingerprint(store_root: Path, name: str, content: str,
+                      taken: tuple[int, dict[str, Entry]] | None = None) -> bool:
+    """Remember ``name``'s fingerprint (taken now unless given); False when it cannot be
+    written (a read-only or group store: the next launch re-hashes instead).
+
+    The file is JSON with the entries' relative paths as one list and their stat figures as
+    one base64 string of native 64-bit integers (five per entry): an environment has tens of
+    thousands of entries, and parsing that many small JSON arrays would cost more than
+    ``lstat``-ing them.
+    """
+    device, entries = taken if taken is not None else take_fingerprint(store_root / name)
+    paths = sorted(entries)
+    figures = array.array("q", (value for rel in paths for value in entries[rel]))
+    target = fingerprint_path(store_root, name)
+    temp = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=f".{name[:40]}.", dir=target.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump({"version": FINGERPRINT_VERSION, "name": name, "content": content, "device": device,
+                       "byteorder": sys.byteorder, "paths": paths,
+                       "stats": base64.b64encode(figures.tobytes()).decode("ascii")},
+                      handle, separators=(",", ":"))
+        os.replace(temp, target)
+        return True
+    except OSError:
+        if temp is not None:
+            Path(temp).unlink(missing_ok=True)
+        return False
+
+
+def _changed(store_root: Path, name: str, content: str) -> list[str] | None:
+    """Entries whose stat differs from the fingerprint ([] = none), or None without a usable one."""
+    try:
+        data = json.loads(fingerprint_path(store_root, name).read_text(encoding="utf-8"))
+        if (not isinstance(data, dict) or data.get("version") != FINGERPRINT_VERSION
+                or data.get("content") != content or data.get("byteorder") != sys.byteorder):
+            return None
+        paths = data["paths"]
+        expected = array.array("q")
+        expected.frombytes(base64.b64decode(data["stats"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(paths, list) or len(expected) != 5 * len(paths) or "" not in paths:
+        return None
+    root = os.fspath(store_root / name)
+    try:
+        if os.lstat(root).st_dev != data.get("device"):
+            return None  # another filesystem (a copied store): inodes say nothing
+    except FileNotFoundError:
+        return [name]
+    # The fast path is one lstat per entry and one comparison of two arrays in C.
+    actual = array.array("q")
+    missing: set[int] = set()
+    lstat = os.lstat
+    for index, rel in enumerate(paths):
+        try:
+            st = lstat(f"{root}/{rel}" if rel else root)
+        except OSError:
+            missing.add(index)
+            actual.extend((-1, -1, -1, -1, -1))
+            continue
+        actual.extend((st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns))
+    if actual == expected and not missing:
+        return []
+    return [f"{name}/{rel}" if rel else name for index, rel in enumerate(paths)
+            if index in missing or actual[5 * index:5 * index + 5] != expected[5 * index:5 * index + 5]]
+
+
+def _racy(entries: dict[str, Entry]) -> bool:
+    newest = max((max(e[3], e[4]) for e in entries.values()), default=0)
+    return time.time_ns() - newest < RACY_NS
+
+
+def check_path(store_root: Path, name: str, content: str) -> PathCheck:
+    """Verify one registered path against its content hash ``content`` (see the module doc)."""
+    from harness.store.hashing import HashingError, nar_digest
+
+    changed = _changed(store_root, name, content)
+    if changed == []:
+        return PathCheck(name, content, "stat")
+    path = store_root / name
+    if not os.path.lexists(path):
+        raise IntegrityError(name, [name], content, "nothing (the path is gone)")
+    before = take_fingerprint(path)
+    try:
+        found = nar_digest(path).hash
+    except HashingError as exc:
+        raise IntegrityError(name, changed or [], content, exc.message) from None
+    if found != content:
+        raise IntegrityError(name, changed or [], content, found)
+    after = take_fingerprint(path)
+    if after == before and not _racy(after[1]):
+        write_fingerprint(store_root, name, content, after)
+    return PathCheck(name, content, "hash")
+
+
+def runtime_closure(store: Any, roots: Iterable[str]) -> list[str]:
+    """``roots`` and every path they reference, transitively (sorted). A root or reference
+    that is not registered is an :class:`IntegrityError`: nothing may launch from it."""
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        record = store.record(name)
+        if record is None:
+            raise IntegrityError(name, [], "a registered path", "no registered path of that name")
+        todo.extend(record.references)
+    return sorted(seen)
+
+
+def check_closure(store_root: Path, roots: Iterable[str]) -> list[PathCheck]:
+    """Check ``roots`` and everything they reference before a launch; raise on the first
+    changed path (:class:`IntegrityError`, naming its changed files)."""
+    from harness.store.store import Store
+
+    store = Store(store_root)
+    checks = []
+    for name in runtime_closure(store, roots):
+        record = store.record(name)
+        assert record is not None  # runtime_closure checked
+        checks.append(check_path(store_root, name, record.content))
+    return checks
+
+
+def log_launch(state_dir: Path, what: str, checks: list[PathCheck] | None = None,
+               refused: IntegrityError | None = None) -> None:
+    """Append one launch's check to ``<state_dir>/launch-checks.jsonl`` (see :func:`read_launches`)."""
+    entry: dict[str, Any] = {"launch": what, "at": time.time()}
+    if checks is not None:
+        entry["paths"] = {c.path: {"content": c.content, "verified": c.verified} for c in checks}
+    if refused is not None:
+        entry["refused"] = {"path": refused.path, "files": refused.files, "expected": refused.expected,
+                            "found": refused.found}
+    state_dir.mkdir(parents=True, exist_ok=True)
+    # One short line per launch with O_APPEND: concurrent launches never interleave lines.
+    with open(state_dir / LAUNCH_CHECKS, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def read_launches(state_dir: Path) -> Iterator[dict[str, Any]]:
+    """The entries :func:`log_launch` wrote, oldest first (a torn last line is skipped)."""
+    try:
+        lines = (state_dir / LAUNCH_CHECKS).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            yield entry
+
+
+def checked_launch(state_dir: Path, what: str, closure: Iterable[str]) -> list[PathCheck]:
+    """:func:`check_closure` of absolute store paths ``closure`` (all in one store), logged
+    to ``state_dir`` whichever way it ends. Empty ``closure`` checks and logs nothing."""
+    paths = [Path(p) for p in closure]
+    if not paths:
+        return []
+    store_root = paths[0].parent
+    try:
+        checks = check_closure(store_root, [p.name for p in paths])
+    except IntegrityError as exc:
+        log_launch(state_dir, what, refused=exc)
+        raise
+    log_launch(state_dir, what, checks)
+    return checks

@@ -1,0 +1,147 @@
+"""A real two-node Ray cluster on loopback, started and stopped by a test.
+
+Each node is a ``ray start --block`` process of its own (its own session), with its own
+``--temp-dir`` and its own ``HARNESS_HOME`` in its environment: two machines' worth of state
+on one. Stopping kills exactly the processes under those ``ray start`` processes (never
+``ray stop``, which stops every Ray process of the machine, other people's included).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+RAY = Path(sys.executable).with_name("ray")
+START_TIMEOUT_S = 240.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Node:
+    name: str
+    home: Path
+    temp: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+    pids: set[int] = field(default_factory=set)
+
+    def descendants(self) -> list[psutil.Process]:
+        """The ``ray start`` process and everything under it (the shards' services too)."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        """SIGKILL the node's whole tree at once: the machine dies."""
+        procs = self.descendants()
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM the tree, then SIGKILL what is left."""
+        procs = self.descendants()
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=15)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=15)
+
+
+@dataclass
+class Cluster:
+    address: str  # the head's GCS address, HOST:PORT (RAY_ADDRESS)
+    client: str  # ray://HOST:PORT of the Ray Client server
+    head: Node
+    second: Node
+    temps: Path
+
+    def stop(self) -> None:
+        self.second.stop()
+        self.head.stop()
+        shutil.rmtree(self.temps, ignore_errors=True)
+
+
+def _start(name: str, args: list[str], home: Path, temp: Path, root: Path) -> Node:
+    home.mkdir(parents=True, exist_ok=True)
+    temp.mkdir(parents=True, exist_ok=True)
+    log = root / f"{name}.log"
+    env = {**os.environ, "HARNESS_HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0",
+           # Notice a dead node within seconds (the test kills one), not the default half minute.
+           "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
+           "RAY_health_check_initial_delay_ms": "1000"}
+    env.pop("RAY_ADDRESS", None)
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen([str(RAY), "start", "--block", "--node-ip-address", "127.0.0.1",
+                                 "--num-cpus", "2", "--num-gpus", "0", "--temp-dir", str(temp),
+                                 "--disable-usage-stats", *args],
+                                env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    return Node(name, home, temp, proc, log)
+
+
+def _wait_nodes(address: str, count: int, nodes: list[Node]) -> None:
+    """Until ``count`` nodes are alive (asked through ``ray status``-like state, from a subprocess
+    so this test process never becomes a Ray driver)."""
+    probe = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False);"
+             "print(sum(1 for n in ray.nodes() if n['Alive']))")
+    deadline = time.time() + START_TIMEOUT_S
+    last = ""
+    while time.time() < deadline:
+        for node in nodes:
+            if node.proc.poll() is not None:
+                raise RuntimeError(f"ray start of {node.name} exited: {node.log.read_text()[-2000:]}")
+        result = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True,
+                                timeout=120, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+        last = result.stdout.strip() + result.stderr[-500:]
+        if result.returncode == 0 and result.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"the cluster did not come up with {count} nodes: {last}")
+
+
+def start_cluster(root: Path) -> Cluster:
+    """Head and second node on 127.0.0.1, homes ``root/home-head`` and ``root/home-second``."""
+    port, client = free_port(), free_port()
+    # Ray's session paths are long; a unix socket path must stay under 108 bytes.
+    temps = Path(f"/tmp/hr-{os.getpid()}-{port}")
+    head = _start("head", ["--head", "--port", str(port), "--ray-client-server-port", str(client),
+                           "--include-dashboard", "false"], root / "home-head", temps / "h", root)
+    nodes = [head]
+    try:
+        address = f"127.0.0.1:{port}"
+        _wait_nodes(address, 1, nodes)
+        second = _start("second", ["--address", address], root / "home-second", temps / "s", root)
+        nodes.append(second)
+        _wait_nodes(address, 2, nodes)
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        shutil.rmtree(temps, ignore_errors=True)
+        raise
+    return Cluster(address, f"ray://127.0.0.1:{client}", head, second, temps)

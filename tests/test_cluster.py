@@ -1,0 +1,246 @@
+"""``harness run --cluster`` on a real local Ray cluster: a head and a second node on loopback.
+
+The nodes are two ``ray start`` processes with their own temporary folders and their own
+``HARNESS_HOME`` (tests/raycluster.py): the head's home is realized and signs its pushes to
+a directory cache; the second node's home starts empty and realizes the run's closure from
+that cache. Runs use the repository's own example: the kinematics-only agent on the reach
+benchmark (realizing kinematics reads numpy from the package registry, which CI reaches).
+
+Skipped, saying why, where Ray is not installed (``pip install 'harness[ray]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="Ray is not installed: pip install 'harness[ray]' to run the cluster tests")
+
+from tests.conftest import REPO
+from tests.raycluster import Cluster, start_cluster
+
+pytestmark = pytest.mark.network
+
+# Waits for the shards of a command, then runs the reach episodes of its shard. It notes where
+# it started, so a test can act (kill a node, press Ctrl-C) while shards are surely running.
+GATE = r"""
+import os, runpy, sys, time
+from pathlib import Path
+gates = Path(sys.argv[1])
+shard = os.environ["HARNESS_SHARD"].replace("/", "-")
+(gates / f"started-{shard}-{os.getpid()}").write_text(os.environ.get("HARNESS_RUN_DIR", ""))
+while not (gates / "open").exists():
+    time.sleep(0.1)
+episodes = sys.argv[2]
+sys.argv = [episodes, "--episodes", "20", "--seed", "0"]
+runpy.run_path(episodes, run_name="__main__")
+"""
+
+
+@dataclass
+class Setup:
+    cluster: Cluster
+    cache: Path
+    gates: Path
+
+
+def _harness(setup: Setup, *args: str, env: dict[str, str] | None = None,
+             timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home), "RAY_ADDRESS": setup.cluster.address,
+            **(env or {})}
+    result = subprocess.run([sys.executable, "-m", "harness", "--project", str(REPO), *args], env=full,
+                            capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def _run_dir(setup: Setup, stderr: str) -> Path:
+    line = [ln for ln in stderr.splitlines() if "; record " in ln][-1]
+    return Path(line.rsplit("; record ", 1)[1].strip())
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    root = tmp_path_factory.mktemp("cluster")
+    head_home = root / "home-head"
+    head_home.mkdir()
+    keys = root / "keys"
+    cache = root / "cache"
+    subprocess.run([sys.executable, "-m", "harness", "store", "keygen", "lab", "--dir", str(keys)],
+                   check=True, capture_output=True)
+    public = (keys / "lab.public").read_text().strip()
+    (head_home / "config.toml").write_text(
+        f'[cache]\nsubstituters = ["{cache}"]\ntrusted-keys = ["{public}"]\n'
+        f'secret-key-file = "{keys / "lab.secret"}"\n')
+    # The head's store is realized while the cluster starts (both take a while on busy cores).
+    realize = subprocess.Popen([sys.executable, "-m", "harness", "--project", str(REPO), "--home", str(head_home),
+                                "realize", "kinematics", "reach"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        cluster = start_cluster(root)
+    except BaseException:
+        realize.kill()
+        raise
+    try:
+        out, _ = realize.communicate(timeout=600)
+        assert realize.returncode == 0, out.decode()
+        gates = root / "gates"
+        gates.mkdir()
+        (gates / "gate.py").write_text(GATE)
+        yield Setup(cluster, cache, gates)
+    finally:
+        cluster.stop()
+
+
+def test_node_that_cannot_realize_fails_its_shard_with_the_reason(setup: Setup) -> None:
+    """No cache and --offline: the second node's empty home cannot realize; its shards fail
+    naming the node's home and what is missing; the head's shards still run; exit 1."""
+    result = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "ray", "--shards", "2",
+                      "--offline", env={"HARNESS_SUBSTITUTERS": ""})
+    assert result.returncode == 1, result.stderr
+    outcome = json.loads((_run_dir(setup, result.stderr) / "result.json").read_text())
+    second = str(setup.cluster.second.home)
+    on_second = [s for s in outcome["shards"] if s["home"] == second]
+    assert on_second, f"shards are spread over both nodes: {outcome['shards']}"
+    for shard in on_second:
+        assert shard["status"] == "failed"
+        assert second in shard["reason"] and "offline, and the store lacks" in shard["reason"], shard["reason"]
+    assert not (setup.cluster.second.home / "store").is_dir() or not any(
+        p.name.endswith("-kinematics-env") for p in (setup.cluster.second.home / "store").iterdir())
+
+
+def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> None:
+    """4 shards over both nodes (the second realizing from the head's signed cache) run the
+    same episodes with the same targets and score as 1 shard; the audit proves every shard
+    ran the lock's store paths and names a node whose record says otherwise."""
+    four = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", setup.cluster.client,
+                    "--shards", "4")
+    assert four.returncode == 0, four.stderr
+    run4 = _run_dir(setup, four.stderr)
+    config = json.loads((run4 / "config.json").read_text())
+    assert config["cluster"]["push"]["cache"] and config["cluster"]["push"]["pushed"] > 0
+    outcome = json.loads((run4 / "result.json").read_text())
+    shards = outcome["shards"]
+    assert [s["status"] for s in shards] == ["ok"] * 4
+    assert {s["home"] for s in shards} == {str(setup.cluster.head.home), str(setup.cluster.second.home)}
+    assert len({s["closure_digest"] for s in shards}) == 1 and all(s["same_closure"] for s in shards)
+    for shard in shards:
+        record = run4 / "shards" / str(shard["index"])
+        assert json.loads((record / "benchmark.json").read_text())["shard"] == f"{shard['index']}/4"
+        assert (record / "logs" / "command.log").is_file()
+    # The second node realized from the cache into its own store.
+    second_store = setup.cluster.second.home / "store"
+    assert any(p.name.endswith("-kinematics-env") for p in second_store.iterdir())
+
+    one = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "ray", "--shards", "1")
+    assert one.returncode == 0, one.stderr
+    run1 = _run_dir(setup, one.stderr)
+    again = json.loads((run1 / "config.json").read_text())["cluster"]["push"]
+    assert again["pushed"] == 0, "a second push of the same closure transfers nothing"
+    b4 = json.loads((run4 / "benchmark.json").read_text())
+    b1 = json.loads((run1 / "benchmark.json").read_text())
+    assert b4["episodes"] == b1["episodes"] == 20
+    assert [e["target"] for e in b4["episode_results"]] == [e["target"] for e in b1["episode_results"]]
+    assert b4["successes"] == b1["successes"] and outcome["score"] == b1["success_rate"]
+
+    audit = _harness(setup, "audit", run4.name)
+    assert audit.returncode == 0, audit.stdout
+    assert audit.stdout.count("same ") == 4 and str(setup.cluster.second.home) in audit.stdout
+    # A node whose record says it computed with other bits is named.
+    tampered = next(s for s in shards if s["home"] == str(setup.cluster.second.home))
+    lock_file = run4 / "shards" / str(tampered["index"]) / "lock.json"
+    closure = json.loads(lock_file.read_text())
+    entry = next(e for e in closure["store_paths"] if e["path"].endswith("-kinematics-env"))
+    entry["content"] = "blake3:" + "0" * 64
+    lock_file.write_text(json.dumps(closure))
+    audit = _harness(setup, "audit", run4.name)
+    assert audit.returncode == 1
+    bad = [ln for ln in audit.stdout.splitlines() if ln.startswith("modified")]
+    assert len(bad) == 1 and str(setup.cluster.second.home) in bad[0] and entry["path"] in bad[0], audit.stdout
+
+
+def _gated(setup: Setup, tag: str, shards: int) -> tuple[subprocess.Popen[str], Path]:
+    gates = setup.gates / tag
+    gates.mkdir()
+    env = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home), "RAY_ADDRESS": setup.cluster.address}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--project", str(REPO), "run", "--agent",
+                             "kinematics-only", "--cluster", "ray", "--shards", str(shards), "--",
+                             sys.executable, str(setup.gates / "gate.py"), str(gates),
+                             str(REPO / "benchmarks" / "reach" / "episodes.py")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, gates
+
+
+def _wait_started(proc: subprocess.Popen[str], gates: Path, count: int, home: Path | None = None) -> list[Path]:
+    """Until ``count`` shards wait at the gate (on ``home``'s node, when given)."""
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        started = [p for p in gates.glob("started-*") if home is None or str(home) in p.read_text()]
+        if len(started) >= count:
+            return started
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early: {proc.communicate()}")
+        time.sleep(0.2)
+    raise AssertionError("shards did not start")
+
+
+def test_ctrl_c_cancels_every_shard_and_stops_their_services(setup: Setup) -> None:
+    proc, gates = _gated(setup, "cancel", 2)
+    _wait_started(proc, gates, 2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    run_dir = _run_dir(setup, err)
+    outcome = json.loads((run_dir / "result.json").read_text())
+    assert [s["status"] for s in outcome["shards"]] == ["cancelled"] * 2, outcome["shards"]
+    # Every service a shard started was stopped: nothing answers on the ports its plan gave them.
+    ports = []
+    for shard in outcome["shards"]:
+        config = json.loads((run_dir / "shards" / str(shard["index"]) / "config.json").read_text())
+        ports += [s["port"] for s in config["plan"]["services"] if s["port"]]
+    assert len(ports) == 2
+    for port in ports:
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", port)) != 0, f"a service still answers on port {port}"
+
+
+def test_slurm_array_through_submitit_local(setup: Setup) -> None:
+    """``--cluster slurm-local``: the same shards as one submitit array job, on this machine
+    (submitit's local executor; a real Slurm takes ``--cluster slurm``)."""
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install 'harness[slurm]'")
+    result = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "slurm-local", "--shards", "2")
+    assert result.returncode == 0, result.stderr
+    assert "submitted array job" in result.stderr
+    run_dir = _run_dir(setup, result.stderr)
+    outcome = json.loads((run_dir / "result.json").read_text())
+    assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"]
+    assert json.loads((run_dir / "benchmark.json").read_text())["episodes"] == 20
+
+
+def test_second_node_killed_mid_run_is_retried_on_the_head(setup: Setup) -> None:
+    """Runs last: it kills the second node while one of its shards waits at the gate."""
+    proc, gates = _gated(setup, "kill", 4)
+    _wait_started(proc, gates, 1, home=setup.cluster.second.home)
+    setup.cluster.second.kill()
+    (gates / "open").write_text("")
+    _, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err
+    outcome = json.loads((_run_dir(setup, err) / "result.json").read_text())
+    assert [s["status"] for s in outcome["shards"]] == ["ok"] * 4, outcome["shards"]
+    retried = [s for s in outcome["shards"] if len(s["attempts"]) > 1]
+    assert retried, outcome["shards"]
+    for shard in retried:
+        assert shard["attempts"][0]["home"] == str(setup.cluster.second.home)
+        assert shard["attempts"][-1]["home"] == str(setup.cluster.head.home) == shard["home"]
+    assert "retries" in err
+    combined = json.loads((_run_dir(setup, err) / "benchmark.json").read_text())
+    assert combined["episodes"] == 20

@@ -1,0 +1,57 @@
+"""A scoped service's reset during a run is recorded, and shown by audit and diff."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.client import Client
+from harness.runs.audit import audit_run, diff_runs
+from harness.runs.resets import RESETS_FILE, RecordingBroker, ResetLog, read_resets
+from harness.runtime.broker import down
+from harness.runtime.plan import Plan
+from tests.test_broker import fake, placement
+
+
+def test_a_scoped_service_swapped_out_and_back_is_recorded_as_reset(tmp_path: Path) -> None:
+    policy = fake(f"{tmp_path.name}-policy", tmp_path)
+    seg = fake(f"{tmp_path.name}-seg", tmp_path)
+    log = tmp_path / "run" / RESETS_FILE
+    broker = RecordingBroker(Plan((placement(policy, swap="g", scoped=True), placement(seg, swap="g"))),
+                             {policy.name: policy, seg.name: seg}, tmp_path, tick=0.05, grace=(2.0, 2.0),
+                             resets=ResetLog(log))
+    try:
+        agent = Client(broker.serve_in_thread(), client_id="agent", token=broker.token)
+        other = Client(agent.address, client_id="other", token=broker.token)
+        leases = []
+        for client, name in ((agent, policy.name), (agent, policy.name), (agent, seg.name),
+                             (other, policy.name), (agent, policy.name)):
+            with client.use(name) as lease:
+                leases.append(lease)
+        assert [lease.fresh for lease in leases] == [True, False, True, True, True]
+    finally:
+        broker.shutdown()
+        down(tmp_path, grace=(0.5, 0.5))
+    # The seg swap reset the policy: "other" never had memory there, "agent" lost its own.
+    [reset] = read_resets(log)
+    assert reset["service"] == policy.name and reset["client"] == "agent"
+    assert reset["lease"] == leases[4].id and (reset["previous_incarnation"], reset["incarnation"]) == (1, 2)
+
+
+def _record(run: Path, resets: list[dict[str, object]]) -> Path:
+    run.mkdir()
+    (run / "lock.json").write_text(json.dumps({"store_paths": [], "locks": {}, "project_files": {}}))
+    (run / "config.json").write_text(json.dumps({"plan": {"services": []}, "impurities": []}))
+    (run / "result.json").write_text(json.dumps({"impurities": [], "scoped_resets": resets}))
+    return run
+
+
+def test_audit_shows_resets_and_diff_compares_them(tmp_path: Path) -> None:
+    reset = {"service": "simate", "at": 1_700_000_000.0, "client": "agent", "lease": "ab12",
+             "incarnation": 2, "previous_incarnation": 1}
+    quiet = _record(tmp_path / "a", [])
+    swapped = _record(tmp_path / "b", [reset, {**reset, "lease": "cd34", "incarnation": 3}])
+    report = audit_run(swapped, tmp_path / "store", None)
+    assert not report.failed and [r["lease"] for r in report.scoped_resets] == ["ab12", "cd34"]
+    assert diff_runs(quiet, swapped) == ["scoped resets of simate: 0 → 2"]
+    assert diff_runs(swapped, swapped) == []
