@@ -14,6 +14,11 @@ again on the caches and the output (uv's pylock, harness's lock) that the cold r
 the kinematics example, whose path weight the check re-hashes). Goals (issue 3):
 harness at most 1.3x uv, cold and warm; ``--check`` under 0.3 s.
 
+Several platforms (issue 13, ``--part platforms``): ``harness lock`` of one manifest for two
+platforms (``[lock] platforms = [x86_64-manylinux_2_28, aarch64-manylinux_2_28]``) beside the
+same lock for the first alone, and beside ``uv pip compile --universal`` (every platform in
+one resolution, with markers), cold and warm as above. Goal: two platforms at most 1.5x one.
+
 Needs the package registry (uv's default index, or the mirror configured for uv).
 
     python bench/lock.py [--runs 5]
@@ -89,13 +94,64 @@ def one_round(scratch: Path, name: str, requirements: list[str], harness: list[s
     return times
 
 
+PLATFORMS = [TARGET, "aarch64-manylinux_2_28"]
+
+
+def platforms_round(scratch: Path, name: str, requirements: list[str], harness: list[str]) -> dict[str, float]:
+    """One platform, two platforms (harness) and --universal (uv), each cold then warm."""
+    times: dict[str, float] = {}
+    work = scratch / "universal"
+    work.mkdir(parents=True)
+    (work / "req.in").write_text("".join(r + "\n" for r in requirements))
+    argv = [uv_bin(), "--no-config", "--cache-dir", str(work / "cache"), "pip", "compile", "req.in",
+            "-o", "pylock.toml", "--universal", "--python-version", PYTHON,
+            "--no-header", "--quiet", "--index-strategy", "first-index"]
+    env_uv = uv_env(base=_env())
+    times["universal cold"] = timed(argv, cwd=work, env=env_uv)
+    times["universal warm"] = timed(argv, cwd=work, env=env_uv)
+    for label, platforms in (("one", PLATFORMS[:1]), ("two", PLATFORMS)):
+        project = make_project(scratch / label, {name: requirements})
+        listed = ", ".join(f'"{p}"' for p in platforms)
+        (project / "harness.toml").write_text(f'[lock]\nplatforms = [{listed}]\n\n[lock.python]\n"3.11" = "{PYTHON}"\n')
+        argv = [*harness, "--home", str(scratch / f"home-{label}"), "--project", str(project), "lock"]
+        times[f"{label} cold"] = timed(argv, cwd=project, env=_env())
+        times[f"{label} warm"] = timed(argv, cwd=project, env=_env())
+    return times
+
+
+def bench_platforms(runs: int, harness: list[str]) -> None:
+    sets = {k: SETS[k] for k in ("medium", "large")}
+    samples: dict[str, dict[str, list[float]]] = {n: {} for n in sets}
+    with tempfile.TemporaryDirectory(prefix="harness-bench-platforms-") as tmp:
+        for run in range(runs):
+            for name, requirements in sets.items():
+                scratch = Path(tmp) / f"{name}-{run}"
+                for key, value in platforms_round(scratch, name, requirements, harness).items():
+                    samples[name].setdefault(key, []).append(value)
+                shutil.rmtree(scratch)
+    print(f"\n{'set':<8} {'mode':<5} {'uv --universal s':>17} {'one platform s':>15} {'two platforms s':>16} {'two/one':>8}")
+    verdicts = []
+    for name, by_key in samples.items():
+        for mode in ("cold", "warm"):
+            uni, one, two = (statistics.median(by_key[f"{k} {mode}"]) for k in ("universal", "one", "two"))
+            verdicts.append(two / one <= 1.5)
+            print(f"{name:<8} {mode:<5} {uni:17.3f} {one:15.3f} {two:16.3f} {two / one:8.2f}")
+    print(f"two platforms / one <= 1.5: {'meets' if all(verdicts) else 'MISSES'} in {sum(verdicts)}/{len(verdicts)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--part", choices=("all", "single", "platforms"), default="all",
+                        help="single: harness beside uv for one target; platforms: one lock for two platforms")
     args = parser.parse_args()
     harness = _harness()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.system()} "
           f"{platform.release()}, CPython {platform.python_version()}; {args.runs} runs")
+    if args.part in ("all", "platforms"):
+        bench_platforms(args.runs, harness)
+    if args.part == "platforms":
+        return
     verdicts = []
     with tempfile.TemporaryDirectory(prefix="harness-bench-lock-") as tmp:
         scratch_root = Path(tmp)

@@ -11,6 +11,9 @@ later ones winning:
 3. the environment: ``HARNESS_INDEX_<NAME>`` (name upper-cased, ``-`` and ``.`` as ``_``),
    ``HF_ENDPOINT`` for Hugging Face, ``HARNESS_MODELSCOPE_ENDPOINT`` for ModelScope.
 
+Git mirrors (``[git-mirrors]``): a canonical repository URL, or a prefix of URLs ending in
+``/``, mapped to the mirror fetched instead; a later layer wins key by key.
+
 Binary caches (``[cache]``, see ``harness/cache``): ``substituters`` (cache URLs, each may
 carry ``?priority=N``), ``trusted-keys`` (``name:base64`` public keys) and
 ``secret-key-file`` (signs pushes; a relative path is relative to the file that names it).
@@ -54,8 +57,15 @@ class Settings:
     hubs: dict[str, str] = field(default_factory=dict)
     #: ``[lock] platform``: the target platform locks default to (uv's vocabulary).
     lock_platform: str | None = None
+    #: ``[lock] platforms`` (or ``platform`` alone): every platform one lock holds, in order.
+    lock_platforms: tuple[str, ...] = ()
+    #: Where ``lock_platforms`` was set (``<file>: lock.platforms``), for error messages.
+    lock_platforms_origin: str = ""
     #: ``[lock.python]``: a version request pinned further, e.g. ``"3.11" = "3.11.7"``.
     python_pins: dict[str, str] = field(default_factory=dict)
+    #: ``[git-mirrors]``: canonical git URL (or a URL prefix ending in ``/``) → the mirror
+    #: fetched instead; locks keep the canonical URL (``harness.resolve.git.fetch_url``).
+    git_mirrors: dict[str, str] = field(default_factory=dict)
     #: ``[cache] substituters``: binary caches realize and pull read from.
     substituters: tuple[str, ...] = ()
     #: ``[cache] trusted-keys``: public keys whose signatures make a built path trusted.
@@ -116,10 +126,12 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
 
     indexes: dict[str, str] = {}
     hubs: dict[str, str] = {}
-    lock_platform: str | None = None
+    lock_platforms: tuple[str, ...] = ()
+    lock_platforms_origin = ""
     python_pins: dict[str, str] = {}
     cache: dict[str, Any] = {}
     python: dict[str, str] = {}
+    git_mirrors: dict[str, str] = {}
     gc: dict[str, Any] = {}
     layers = []
     if project_root is not None and (project_root / "harness.toml").is_file():
@@ -136,13 +148,26 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
         lock_table = data.get("lock", {})
         if not isinstance(lock_table, dict):
             raise InputError(f"{path}: lock: expected a table")
-        unknown = sorted(set(lock_table) - {"platform", "python"})
+        unknown = sorted(set(lock_table) - {"platform", "platforms", "python"})
         if unknown:
-            raise InputError(f"{path}: lock.{unknown[0]}: unknown key; valid keys: platform, python")
+            raise InputError(f"{path}: lock.{unknown[0]}: unknown key; valid keys: platform, platforms, python")
+        if "platform" in lock_table and "platforms" in lock_table:
+            raise InputError(f"{path}: lock: set platform or platforms, not both",
+                             hint="platforms = [...] lists every platform; platform = \"...\" is one")
         if "platform" in lock_table:
             if not isinstance(lock_table["platform"], str):
                 raise InputError(f"{path}: lock.platform: expected a string like \"x86_64-manylinux_2_28\"")
-            lock_platform = lock_table["platform"]
+            lock_platforms = (lock_table["platform"],)
+            lock_platforms_origin = f"{path}: lock.platform"
+        if "platforms" in lock_table:
+            values = lock_table["platforms"]
+            if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+                raise InputError(f"{path}: lock.platforms: expected a non-empty list of strings like "
+                                 "\"x86_64-manylinux_2_28\"")
+            lock_platforms = tuple(values)
+            lock_platforms_origin = f"{path}: lock.platforms"
+            if len(set(lock_platforms)) != len(lock_platforms):
+                raise InputError(f"{path}: lock.platforms: a platform is listed twice")
         pins = lock_table.get("python", {})
         if not isinstance(pins, dict) or not all(
             isinstance(v, str) and re.match(r"^3\.\d+\.\d+$", v) and v.startswith(k + ".")
@@ -152,6 +177,7 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
         python_pins.update(pins)
         cache.update(_cache_table(data, path))
         python.update(_python_table(data, path))
+        git_mirrors.update(_git_mirrors(data, path))
         gc.update(_gc_table(data, path))
     for key, value in os.environ.items():
         if key.startswith("HARNESS_INDEX_") and value:
@@ -183,7 +209,9 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
         if not value.isdigit():
             raise InputError(f"HARNESS_GC_KEEP_RUNS={value!r}: expected a whole number of runs")
         gc["gc_keep_runs"] = int(value)
-    return Settings(indexes=indexes, hubs=hubs, lock_platform=lock_platform, python_pins=python_pins,
+    return Settings(indexes=indexes, hubs=hubs, lock_platform=lock_platforms[0] if lock_platforms else None,
+                    lock_platforms=lock_platforms, lock_platforms_origin=lock_platforms_origin,
+                    python_pins=python_pins, git_mirrors=git_mirrors,
                     python_downloads_json_url=python.get("python_downloads_json_url"),
                     python_install_mirror=python.get("python_install_mirror"), **cache, **gc)
 
@@ -217,6 +245,24 @@ def _python_location(value: str, where: str, base: Path) -> str:
     if "://" in value:
         raise InputError(f"{where}: expected an http(s):// or file:// address or a path, got {value!r}")
     return str((base / Path(value).expanduser()).resolve())
+
+
+_GIT_URL = re.compile(r"^((https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+|/\S*)$")
+
+
+def _git_mirrors(data: dict[str, Any], path: Path) -> dict[str, str]:
+    """``[git-mirrors]`` of one settings file: canonical URL (or prefix ending in ``/``) → mirror."""
+    table = data.get("git-mirrors", {})
+    if not isinstance(table, dict):
+        raise InputError(f"{path}: git-mirrors: expected a table of \"canonical URL\" = \"mirror URL\"")
+    for canonical, mirror in table.items():
+        if not isinstance(mirror, str) or not _GIT_URL.match(mirror):
+            raise InputError(f"{path}: git-mirrors.\"{canonical}\": expected a git URL (file://, https://, "
+                             "ssh://, user@host:path) or an absolute path")
+        if canonical.endswith("/") != mirror.endswith("/"):
+            raise InputError(f"{path}: git-mirrors.\"{canonical}\": a prefix (ending in '/') maps to a "
+                             "prefix, a repository to a repository")
+    return dict(table)
 
 
 def _cache_table(data: dict[str, Any], path: Path) -> dict[str, Any]:

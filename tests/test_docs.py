@@ -141,6 +141,10 @@ def test_harness_commands_in_snippets_exist(page: Path) -> None:
         unknown = [o for o in options if o not in known]
         if unknown:
             problems.append(f"{line!r}: {' '.join(path)} has no option {unknown}")
+        missing = [p.opts[0] for p in command.params if isinstance(p, click.Option) and p.required
+                   and not set(p.opts) & set(options)]
+        if missing and "--help" not in options:
+            problems.append(f"{line!r}: {' '.join(path)} needs {missing}")
     assert problems == [], f"{page.relative_to(ROOT)}: " + "; ".join(problems)
 
 

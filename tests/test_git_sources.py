@@ -203,10 +203,10 @@ def test_subdirectory_must_be_a_directory_of_the_commit(upstream: Upstream,
         lock(upstream, cache, "v1", subdirectory="feature.txt")
 
 
-def test_submodules_are_refused_by_name(upstream: Upstream, tmp_path: Path) -> None:
+def test_a_submodule_without_gitmodules_is_refused_by_name(upstream: Upstream, tmp_path: Path) -> None:
     git(upstream.path, "update-index", "--add", "--cacheinfo", f"160000,{upstream.c1},vendor/dep")
     git(upstream.path, "commit", "-q", "-m", "add a submodule")
-    with pytest.raises(GitError, match=r"submodule at 'vendor/dep'.*not supported yet"):
+    with pytest.raises(GitError, match=r"has submodules but no readable \.gitmodules"):
         lock(upstream, tmp_path / "cache", "main")
 
 
@@ -307,3 +307,112 @@ def test_offline_fails_clearly_for_what_was_never_fetched(upstream: Upstream,
     pin = lock(upstream, tmp_path / "other", "later")
     with pytest.raises(GitError, match=r"not in the local mirror \(offline\)"):
         export_source(pin, cache, tmp_path / "dest", offline=True)
+
+
+# ----------------------------------------------------------------------------- submodules
+
+
+@dataclass
+class Nested:
+    """parent → vendor/lib (a relative URL, ../lib) → deep (an absolute file:// URL)."""
+
+    root: Path  # the folder holding parent/, lib/ and deep/
+    parent: str  # parent's commit
+    lib: str
+    deep: str
+
+
+@pytest.fixture
+def nested(tmp_path: Path) -> Nested:
+    root = tmp_path / "repos"
+    commits = {}
+    for name in ("deep", "lib", "parent"):
+        repo = root / name
+        repo.mkdir(parents=True)
+        git(repo, "init", "-q", "-b", "main")
+        (repo / f"{name}.txt").write_text(f"{name}\n")
+        if name == "lib":
+            git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", (root / "deep").as_uri(), "deep")
+        if name == "parent":
+            git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", (root / "lib").as_uri(),
+                "vendor/lib")
+            git(repo, "config", "-f", ".gitmodules", "submodule.vendor/lib.url", "../lib")
+        commits[name] = commit_all(repo, name)
+    return Nested(root, commits["parent"], commits["lib"], commits["deep"])
+
+
+def recursive_checkout_hash(url: str, commit: str, tmp_path: Path) -> str:
+    """content_hash of ``git clone --recurse-submodules`` at ``commit`` without git's files."""
+    work = tmp_path / "recursive"
+    git(tmp_path, "-c", "protocol.file.allow=always", "clone", "-q", url, str(work))
+    git(work, "checkout", "-q", commit)
+    git(work, "-c", "protocol.file.allow=always", "submodule", "update", "-q", "--init", "--recursive")
+    for path in sorted(work.rglob(".git"), key=lambda p: -len(p.parts)):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return content_hash(work)
+
+
+def test_submodules_are_pinned_recursively_and_hashed_with_the_tree(nested: Nested, tmp_path: Path) -> None:
+    url = (nested.root / "parent").as_uri()
+    pin = lock_source(Source(repo=url, rev="main"), tmp_path / "cache")
+    assert pin.commit == nested.parent
+    assert [(m.path, m.url, m.commit) for m in pin.submodules] == [
+        ("vendor/lib", (nested.root / "lib").as_uri(), nested.lib),
+        ("vendor/lib/deep", (nested.root / "deep").as_uri(), nested.deep),
+    ]
+    assert pin.tree == recursive_checkout_hash(url, nested.parent, tmp_path)
+
+    # realized offline from the mirrors alone, the upstreams gone
+    shutil.rmtree(nested.root)
+    dest = tmp_path / "store" / "parent"
+    export_source(pin, tmp_path / "cache", dest, offline=True)
+    assert (dest / "vendor" / "lib" / "deep" / "deep.txt").read_text() == "deep\n"
+    assert not (dest / "vendor" / "lib" / ".git").exists()
+    with pytest.raises(GitError, match="no local mirror"):
+        export_source(dataclasses.replace(pin, submodules=(
+            *pin.submodules, dataclasses.replace(pin.submodules[0], url="file:///nowhere/x"))),
+            tmp_path / "cache", tmp_path / "store" / "other", offline=True)
+
+
+def test_a_changed_submodule_commit_changes_the_tree(nested: Nested, tmp_path: Path) -> None:
+    url = (nested.root / "parent").as_uri()
+    before = lock_source(Source(repo=url, rev="main"), tmp_path / "cache")
+    lib = nested.root / "lib"
+    (lib / "lib.txt").write_text("lib two\n")
+    commit_all(lib, "lib two")
+    parent = nested.root / "parent"
+    git(parent / "vendor" / "lib", "-c", "protocol.file.allow=always", "pull", "-q", "origin", "main")
+    after_commit = commit_all(parent, "bump lib")
+    after = lock_source(Source(repo=url, rev="main"), tmp_path / "cache")
+    assert after.commit == after_commit
+    assert after.submodules[0].commit != before.submodules[0].commit
+    assert after.tree != before.tree
+
+
+def test_git_mirrors_fetch_from_the_mirror_and_keep_the_canonical_url(nested: Nested, tmp_path: Path) -> None:
+    canonical = "https://git.example.invalid/org/parent"
+    mirrors = {"https://git.example.invalid/org/": nested.root.as_uri() + "/"}
+    # The parent names its submodule relatively, so it is https://git.example.invalid/org/lib too.
+    pin = lock_source(Source(repo=canonical, rev="main"), tmp_path / "cache", mirrors=mirrors)
+    assert pin.repo == canonical and pin.commit == nested.parent
+    assert pin.submodules[0].url == "https://git.example.invalid/org/lib"
+    assert pin.submodules[1].url == (nested.root / "deep").as_uri()  # absolute in .gitmodules
+    dest = tmp_path / "out"
+    export_source(pin, tmp_path / "fresh-cache", dest, offline=False, mirrors=mirrors)
+    assert content_hash(dest) == pin.tree
+    with pytest.raises(GitError, match="cannot fetch"):
+        lock_source(Source(repo=canonical, rev="main"), tmp_path / "cache2")
+
+
+def test_fetch_url_and_join_url() -> None:
+    from harness.resolve.git import fetch_url, join_url
+
+    mirrors = {"https://h/a/x": "file:///m/x.git", "https://h/": "file:///m/", "https://h/a/": "ssh://m/a/"}
+    assert fetch_url("https://h/a/x", mirrors) == "file:///m/x.git"
+    assert fetch_url("https://h/a/y", mirrors) == "ssh://m/a/y"
+    assert fetch_url("https://h/b", mirrors) == "file:///m/b"
+    assert fetch_url("https://other/b", mirrors) == "https://other/b"
+    assert join_url("https://h/org/parent.git", "../lib.git") == "https://h/org/lib.git"
+    assert join_url("https://h/org/parent", "./sub") == "https://h/org/parent/sub"
+    assert join_url("git@h:org/parent", "../lib") == "git@h:org/lib"
+    assert join_url("https://h/org/parent", "https://x/y") == "https://x/y"

@@ -372,6 +372,10 @@ def test_export_requirements_installs_hash_checked(svc: Path, up: Upstreams, har
     text = requirements.read_text()
     assert f"--index-url {up.index.url}\n" in text
     assert "delta==1.0 \\\n    --hash=sha256:" in text and text.count("--hash=sha256:") == 6
+    # Nothing dropped silently: the git source pinned by commit, the weights, as comments.
+    assert f"# toolkit @ git+{up.repo_url}@{up.commit}\n" in text
+    assert "# Weights:" in text and "#   hf: huggingface_model org/model at " in text
+    assert "git source(s) toolkit as commented lines" in result.err and "weights hf, ms, local" in result.err
     python = make_venv(tmp_path / "venv")
     run_uv(["pip", "install", "--quiet", "--require-hashes", "-r", str(requirements), "--python", str(python)],
            cache_dir=up.home / "cache")
@@ -396,8 +400,13 @@ def test_export_pylock_fills_addresses_from_configuration(svc: Path, up: Upstrea
     data = tomllib.loads(text)
     assert (data["lock-version"], data["created-by"], data["requires-python"]) == ("1.0", "harness", "==3.11.*")
     lock = read(svc / "locks" / "svc.lock.toml")
-    assert [(p["name"], p["version"]) for p in data["packages"]] == [(p.name, p.version) for p in lock.packages]
-    for entry, package in zip(data["packages"], lock.packages, strict=True):
+    vcs = [p for p in data["packages"] if "vcs" in p]
+    assert vcs == [{"name": "toolkit", "vcs": {"type": "git", "url": up.repo_url, "requested-revision": "v1",
+                                               "commit-id": up.commit}}]
+    assert "# Weights:" in text
+    indexed = [p for p in data["packages"] if "vcs" not in p]
+    assert [(p["name"], p["version"]) for p in indexed] == [(p.name, p.version) for p in lock.packages]
+    for entry, package in zip(indexed, lock.packages, strict=True):
         assert entry["index"] == up.index.url
         files = entry.get("wheels", []) + ([entry["sdist"]] if "sdist" in entry else [])
         locked = package.wheels + ([package.sdist] if package.sdist else [])
@@ -405,9 +414,10 @@ def test_export_pylock_fills_addresses_from_configuration(svc: Path, up: Upstrea
             (f.file, f"{up.index.base}/files/{f.file}", f.size, {"sha256": f.sha256}) for f in locked]
 
     python = make_venv(tmp_path / "venv")
-    run_uv(["pip", "sync", "--quiet", "--preview-features", "pylock", str(pylock), "--python", str(python)],
-           cache_dir=up.home / "cache")
-    assert installed(python) == LOCKED
+    # (the git source's build requirement comes from the index the installer is given)
+    run_uv(["pip", "sync", "--quiet", "--preview-features", "pylock", str(pylock), "--python", str(python),
+            "--default-index", up.index.url], cache_dir=up.home / "cache")
+    assert installed(python) == LOCKED | {"toolkit": "0.1"}
 
     def export() -> str:
         result = harness_cli("--project", str(svc), "export", "svc", "--format", "pylock")

@@ -6,7 +6,7 @@
 trial. The task names its environment in ``environment/harness.toml``
 (:mod:`harness.harbor.spec`); a missing one is realized on first use
 (:mod:`harness.harbor.resolve`), and each session writes a harness record into the trial
-directory. See ``docs/guides/harbor.md``.
+directory. See ``docs/src/content/docs/guides/harbor.md``.
 
 Harbor itself needs Python 3.12 or newer (the optional extra ``harness[harbor]``); only
 :class:`HarnessEnvironment` imports it, lazily, so the rest of this package (the spec, the

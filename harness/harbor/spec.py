@@ -90,7 +90,7 @@ def read_spec(environment_dir: Path, overrides: dict[str, Any] | None = None, *,
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
         raise InputError(f"{path}: unknown key(s) {', '.join(unknown)}",
-                         hint=f"the keys are {', '.join(KEYS)} (see docs/guides/harbor.md)")
+                         hint=f"the keys are {', '.join(KEYS)} (see docs/src/content/docs/guides/harbor.md)")
     for key, value in data.items():
         if not isinstance(value, str) or not value:
             raise InputError(f"{path}: {key} must be a non-empty string")
@@ -140,7 +140,7 @@ def validate(spec: EnvironmentSpec, *, where: str) -> EnvironmentSpec:
             f"{where}: names no environment" if where != "the environment kwargs" else
             f"the task has no environment/{FILE_NAME} and no --ek manifest, lock or environment",
             hint=f"write environment/{FILE_NAME} (manifest and environment, a lock, or a store path); "
-                 "see docs/guides/harbor.md")
+                 "see docs/src/content/docs/guides/harbor.md")
     if spec.environment and not re.match(_STORE_NAME, spec.environment):
         raise InputError(f"{where}: environment = {spec.environment!r} is not a store path name "
                          "(<32 characters>-<name>)")

@@ -43,7 +43,7 @@ def check_locks(project: Project, names: list[str], *, hash_cache: Path | None =
             stale.append(Staleness(name, path, "missing"))
             continue
         try:
-            lock = read(path)
+            lock = read(path, whole=True)
         except HarnessError as exc:
             stale.append(Staleness(name, path, f"unreadable: {exc.message.splitlines()[0]}"))
             continue

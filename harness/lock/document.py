@@ -76,8 +76,18 @@ class LockedPackage(Strict):
     version: str
     index: str
     marker: str = ""
+    #: In a lock for several platforms: the platforms this pin is for (empty: every one).
+    platforms: list[str] = Field(default_factory=list)
     wheels: list[LockedFile] = Field(default_factory=list)
     sdist: LockedFile | None = None
+
+
+class LockedSubmodule(Strict):
+    """A git submodule of a source: its path in the tree, canonical URL and commit."""
+
+    path: InsidePath
+    url: str
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
 
 
 class LockedSource(Strict):
@@ -88,6 +98,11 @@ class LockedSource(Strict):
     tree: str = Field(pattern=r"^blake3:[0-9a-f]{64}$")
     install: Literal["editable", "regular", "none"]
     subdirectory: InsidePath | None = None
+    #: False: built against the environment's own packages (``--no-build-isolation``).
+    build_isolation: bool = Field(default=True, alias="build-isolation")
+    model_config = Strict.model_config | {"populate_by_name": True}
+    #: Every submodule, recursively, sorted by path; ``tree`` covers their files.
+    submodules: list[LockedSubmodule] = Field(default_factory=list)
     store: StorePath = ""
 
 
@@ -109,6 +124,16 @@ class LockedWeights(Strict):
     store: StorePath = ""
 
 
+class LockedTarget(Strict):
+    """One platform of a lock for several (``[lock] platforms``): where its interpreter comes
+    from and the store paths its interpreter and environment realize to."""
+
+    platform: str
+    source: Literal["uv-managed", "host"]
+    python: StorePath = ""
+    environment: StorePath = ""
+
+
 class LockedEnvironment(Strict):
     """The virtual environment built from the interpreter, packages and sources."""
 
@@ -126,6 +151,10 @@ class Lock(Strict):
     uv: str
     python: LockedInterpreter
     environment: LockedEnvironment = Field(default_factory=LockedEnvironment)
+    #: Several platforms in one lock: one entry each, in ``[lock] platforms`` order; empty for a
+    #: lock of one platform. ``python`` and ``environment`` then describe the first, and
+    #: :func:`harness.lock.platforms.for_platform` gives any one as a lock of its own.
+    targets: list[LockedTarget] = Field(default_factory=list)
     packages: list[LockedPackage] = Field(default_factory=list)
     build_packages: list[LockedPackage] = Field(default_factory=list, alias="build-packages")
     sources: list[LockedSource] = Field(default_factory=list)

@@ -12,8 +12,14 @@ checking that the index's sha256 agrees with the lock's. The ``pypi`` index left
 default is asked for at uv's own default address, learned from uv at run time
 (``uv pip compile --emit-index-url``), so no address is ever written into harness.
 
-Git sources are not part of either export: they are not index packages (``harness realize``
-builds them from the store).
+Nothing is dropped silently. Git sources (their URLs through this machine's
+``[git-mirrors]``) are pinned by commit: in the pylock as PEP 751 ``vcs`` packages (installed
+as regular packages: the format has no editable VCS entry); in requirements.txt as commented
+``name @ git+URL@commit`` lines in a block of their own, because pip and uv refuse a file
+that mixes hashed lines with an unhashable VCS line, so they are installed separately
+(``--no-deps``). Checkout-only sources (``install = "none"``) and weight sets, which no
+Python installer reads, are listed in comment blocks. :func:`unexported` names all of these
+for the CLI to say so.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from harness.config import DEFAULT_INDEX, Settings
 from harness.errors import HarnessError
-from harness.lock.document import Lock, LockedFile, LockedPackage
+from harness.lock.document import Lock, LockedFile, LockedPackage, LockedSource
 
 _JSON = "application/vnd.pypi.simple.v1+json"
 _ACCEPT = f"{_JSON}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01"
@@ -53,7 +59,57 @@ def to_requirements(lock: Lock, settings: Settings) -> str:
             lines.append(f"{flag} {url}")
     for package in sorted(lock.packages, key=lambda p: p.name):
         lines.append(_requirement(package))
-    return "\n".join(lines) + "\n"
+    installed = [s for s in lock.sources if s.install != "none"]
+    if installed:
+        lines += ["", "# Git sources, pinned by commit. A VCS line has no hash, and pip and uv refuse a file",
+                  "# mixing it with hashed lines: install these after the lines above, with --no-deps:"]
+        lines += [f"# {_git_requirement(s, settings)}" for s in installed]
+    return "\n".join(lines + _comment_blocks(lock, settings)) + "\n"
+
+
+def _git_url(source: LockedSource, settings: Settings) -> str:
+    from harness.resolve.git import fetch_url
+
+    url = fetch_url(source.repo, settings.git_mirrors)
+    return url if "://" in url else (f"ssh://{url.replace(':', '/', 1)}" if "@" in url else f"file://{url}")
+
+
+def _git_requirement(source: LockedSource, settings: Settings) -> str:
+    line = f"{source.name} @ git+{_git_url(source, settings)}@{source.commit}"
+    if source.subdirectory:
+        line += f"#subdirectory={source.subdirectory}"
+    return line
+
+
+def _comment_blocks(lock: Lock, settings: Settings) -> list[str]:
+    """Comment lines for what no Python installer reads: checkout-only sources, weights."""
+    lines: list[str] = []
+    checkouts = [s for s in lock.sources if s.install == "none"]
+    if checkouts:
+        lines += ["", "# Checkouts (install = \"none\"): not installed; `harness realize` places them in its store."]
+        lines += [f"#   {s.name}: {_git_url(s, settings)} at {s.commit}" for s in checkouts]
+    if lock.weights:
+        lines += ["", "# Weights: no installer fetches these; `harness realize` does, file by file, hash-checked."]
+        for w in lock.weights:
+            where = f"{w.provider} {w.repo}" + (f" ({w.repo_type})" if w.repo_type != "model" else "")
+            revision = f" at {w.revision}" if w.revision else ""
+            size = sum(f.size for f in w.files)
+            lines.append(f"#   {w.dir}: {where}{revision}, {len(w.files)} file(s), {size} bytes")
+    return lines
+
+
+def unexported(lock: Lock, fmt: str) -> list[str]:
+    """What the export of ``lock`` in ``fmt`` carries only as comments (for a note)."""
+    out = []
+    installed = [s.name for s in lock.sources if s.install != "none"]
+    if installed and fmt == "requirements":
+        out.append(f"git source(s) {', '.join(installed)} as commented lines to install separately")
+    checkouts = [s.name for s in lock.sources if s.install == "none"]
+    if checkouts:
+        out.append(f"checkout(s) {', '.join(checkouts)} as comments")
+    if lock.weights:
+        out.append(f"weights {', '.join(w.dir for w in lock.weights)} as comments")
+    return out
 
 
 def _requirement(package: LockedPackage) -> str:
@@ -111,8 +167,24 @@ def to_pylock(lock: Lock, settings: Settings, cache_dir: Path | None = None) -> 
             wheels.extend(_pylock_file(package, w, files) for w in sorted(package.wheels, key=lambda w: w.file))
             table["wheels"] = wheels.multiline(True)
         entries.append(table)
+    for source in lock.sources:
+        if source.install == "none":
+            continue
+        table = tomlkit.table()
+        table["name"] = source.name
+        vcs = tomlkit.inline_table()
+        vcs["type"] = "git"
+        vcs["url"] = _git_url(source, settings)
+        vcs["requested-revision"] = source.rev
+        vcs["commit-id"] = source.commit
+        if source.subdirectory:
+            vcs["subdirectory"] = source.subdirectory
+        table["vcs"] = vcs
+        entries.append(table)
     doc["packages"] = entries
-    return tomlkit.dumps(doc)
+    text = tomlkit.dumps(doc)
+    blocks = _comment_blocks(lock, settings)
+    return text + ("\n".join(blocks) + "\n" if blocks else "")
 
 
 def _pylock_file(package: LockedPackage, file: LockedFile, files: dict[str, tuple[str, str | None]]):

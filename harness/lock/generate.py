@@ -34,13 +34,14 @@ from harness.lock.document import (
     LockedInterpreter,
     LockedPackage,
     LockedSource,
+    LockedSubmodule,
     LockedWeightFile,
     LockedWeights,
 )
 from harness.lock.digest import manifest_digest
 from harness.lock.lockfile import lock_path, read, write
 from harness.lock.storepaths import assign_store_paths
-from harness.manifests.model import BenchmarkManifest, ServiceManifest
+from harness.manifests.model import BenchmarkManifest, Environment, ServiceManifest
 from harness.manifests.project import Project
 from harness.resolve.pins import DistFile, GitSource, Interpreter, Package, WeightSet
 
@@ -68,6 +69,8 @@ class Outcome:
     error: str | None = None
     lock: Lock | None = None
     notes: list[str] = field(default_factory=list)
+    #: What changed from the previous lock (harness.lock.changes), in order.
+    changes: list[Any] = field(default_factory=list)
 
 
 def load_manifests(project: Project) -> dict[str, tuple[str, Manifest]]:
@@ -107,6 +110,7 @@ def lock_project(
     """
     found = load_manifests(project)
     chosen = select(found, names)
+    lock_targets(settings, options)  # a bad platform setting: one clear error, before any work
 
     def one(name: str) -> Outcome:
         kind, manifest = found[name]
@@ -118,6 +122,10 @@ def lock_project(
                                  cache_dir=cache_dir, options=options, previous=previous)
             outcome.changed = write(path, lock)
             outcome.lock = lock
+            if outcome.changed:
+                from harness.lock.changes import lock_changes
+
+                outcome.changes = lock_changes(previous, lock)
         except HarnessError as exc:
             outcome.error = str(exc)
         if on_done is not None:
@@ -132,7 +140,7 @@ def _previous(path: Path) -> Lock | None:
     if not path.is_file():
         return None
     try:
-        return read(path)
+        return read(path, whole=True)
     except HarnessError:
         return None  # a corrupt old lock is replaced, not trusted for preferences
 
@@ -169,16 +177,15 @@ def _lock_manifest(
     previous: Lock | None,
 ) -> Lock:
     """The steps of the module doc, with what is independent run side by side: the interpreter
-    listing, uv's version and every weight set in threads, while git sources and the Python
-    resolution (packages and build packages at once) run here. Errors are raised in the order
-    of the steps, whichever finished first."""
-    from harness.resolve.interpreter import host_platform, parse_platform
+    listings, uv's version and every weight set in threads, git sources here, then the Python
+    resolutions (packages and build packages of every platform) at once. Errors are raised in
+    the order of the steps, whichever finished first. Several platforms give one lock
+    (:func:`harness.lock.platforms.merge`)."""
+    from harness.lock.platforms import merge
     from harness.resolve.uvtool import uv_version
 
     environment = manifest.environment
-    platform = (options.platform or (previous.python.platform if previous else None)
-                or settings.lock_platform)
-    target = parse_platform(platform if platform is not None else host_platform()).platform
+    targets = lock_targets(settings, options)
     pin = settings.python_pins.get(environment.python)
     if pin is None and previous is not None and not options.upgrade and _matches(
             previous.python.version, environment.python):
@@ -188,9 +195,11 @@ def _lock_manifest(
     old_weights = {w.dir: w for w in previous.weights} if previous else {}
     if manifest.weights:
         from harness.resolve.weights import lock_weights
-    with ThreadPoolExecutor(max_workers=min(8, 3 + len(manifest.weights))) as pool:
-        interpreter_job = pool.submit(_pin_interpreter, environment.python, platform=target,
-                                      cache_dir=cache_dir, pin=pin)
+    workers = min(16, 2 + len(manifest.weights) + 3 * len(targets))
+    with ThreadPoolExecutor(max_workers=workers) as pool, \
+            tempfile.TemporaryDirectory(prefix="harness-lock-") as scratch:
+        interpreter_jobs = {t: pool.submit(_pin_interpreter, environment.python, platform=t,
+                                           cache_dir=cache_dir, pin=pin) for t in targets}
         uv_job = pool.submit(uv_version)
         weight_jobs = [
             pool.submit(lock_weights, spec, project_root=project.root, settings=settings,
@@ -198,24 +207,71 @@ def _lock_manifest(
                         previous=_to_weight_set(old_weights[spec.dir]) if spec.dir in old_weights else None)
             for spec in manifest.weights
         ]
+
+        def chosen_interpreters() -> dict[str, Interpreter]:
+            chosen = {t: job.result() for t, job in interpreter_jobs.items()}
+            first = chosen[targets[0]]
+            for t in targets[1:]:  # one Python version for every platform: the first's
+                if chosen[t].version != first.version:
+                    chosen[t] = _pin_interpreter(environment.python, platform=t, cache_dir=cache_dir,
+                                                 pin=first.version)
+            return chosen
+
         try:
+            sources = _sources(environment, Path(scratch), settings=settings, cache_dir=cache_dir, options=options)
             # With the exact version known up front, resolve while uv lists interpreters (the
             # listing only says where the interpreter comes from, and checks that it exists).
-            interpreter = (Interpreter("cpython", exact, target, "host") if exact is not None
-                           else interpreter_job.result())
-            pins, packages, build_packages = _python(environment, interpreter, pool, settings=settings,
-                                                     cache_dir=cache_dir, options=options, previous=previous)
+            guesses = ({t: Interpreter("cpython", exact, t, "host") for t in targets} if exact is not None
+                       else chosen_interpreters())
+            resolved = _resolve_all(environment, guesses, sources, pool, settings=settings,
+                                    cache_dir=cache_dir, options=options, previous=previous)
         except HarnessError:
-            interpreter_job.result()  # an interpreter error is the first step's: it wins
+            for job in interpreter_jobs.values():
+                job.result()  # an interpreter error is the first step's: it wins
             raise
-        chosen = interpreter_job.result()
-        if (chosen.version, chosen.platform) != (interpreter.version, interpreter.platform):
-            pins, packages, build_packages = _python(environment, chosen, pool, settings=settings,
-                                                     cache_dir=cache_dir, options=options, previous=previous)
-        interpreter = chosen
+        interpreters = chosen_interpreters()
+        redo = {t: i for t, i in interpreters.items()
+                if (i.version, i.platform) != (guesses[t].version, guesses[t].platform)}
+        if redo:
+            resolved.update(_resolve_all(environment, redo, sources, pool, settings=settings,
+                                         cache_dir=cache_dir, options=options, previous=previous))
         weights: list[WeightSet] = [job.result() for job in weight_jobs]
         uv = uv_job.result()
 
+    locks = [
+        _single_lock(name, kind, manifest, uv=uv, interpreter=interpreters[t], pins=sources.pins,
+                     packages=resolved[t][0], build_packages=resolved[t][1], weights=weights)
+        for t in targets
+    ]
+    return merge(locks)
+
+
+def lock_targets(settings: Settings, options: LockOptions) -> list[str]:
+    """The platforms a lock is for, in uv's canonical spelling: ``lock --platform X`` locks X
+    this once; a plain lock always takes the settings' platforms (or this machine's), never
+    the previous lock's, so one ``--platform`` run does not stick. InputError names the
+    setting (or the option) of a platform harness cannot lock for."""
+    from harness.resolve.interpreter import host_platform, parse_platform
+
+    if options.platform:
+        wanted, origin = [options.platform], "--platform"
+    elif settings.lock_platforms:
+        wanted, origin = list(settings.lock_platforms), settings.lock_platforms_origin
+    else:
+        wanted, origin = [host_platform()], "this machine"
+    targets = []
+    for platform in wanted:
+        try:
+            targets.append(parse_platform(platform).platform)
+        except InputError as exc:
+            raise InputError(f"{origin}: {exc.message}", hint=exc.hint) from None
+    return list(dict.fromkeys(targets))
+
+
+def _single_lock(name: str, kind: str, manifest: Manifest, *, uv: str, interpreter: Interpreter,
+                 pins: list[GitSource], packages: list[Package], build_packages: list[Package],
+                 weights: list[WeightSet]) -> Lock:
+    """The lock of one platform, store paths filled in."""
     lock = Lock(
         lock_version=LOCK_VERSION,
         name=name,
@@ -231,7 +287,10 @@ def _lock_manifest(
         build_packages=[_package(p) for p in build_packages],
         sources=[
             LockedSource(name=p.name, repo=p.repo, rev=p.rev, commit=p.commit, tree=p.tree,
-                         install=p.install, subdirectory=p.subdirectory)
+                         install=p.install, subdirectory=p.subdirectory,
+                         **{"build-isolation": p.build_isolation},
+                         submodules=[LockedSubmodule(path=m.path, url=m.url, commit=m.commit)
+                                     for m in p.submodules])
             for p in pins
         ],
         weights=[
@@ -247,62 +306,138 @@ def _lock_manifest(
     return assign_store_paths(lock)
 
 
-def _python(
-    environment,
-    interpreter: Interpreter,
+@dataclass
+class _Sources:
+    """The manifest's git sources, pinned and exported: what the resolutions need of them."""
+
+    pins: list[GitSource]
+    #: The installed ones' project roots and extras, for uv to read their dependencies.
+    project_dirs: list[tuple[Path, tuple[str, ...]]]
+    build_requirements: list[str]
+    #: Build requirements of sources built without isolation: installed in the environment.
+    environment_requirements: list[str] = field(default_factory=list)
+
+
+def _sources(environment: Environment, scratch: Path, *, settings: Settings, cache_dir: Path,
+             options: LockOptions) -> _Sources:
+    """Pin every git source to a commit and export the installed ones into ``scratch``; ask
+    each installed one's build backend what it needs (static and PEP 517 dynamic build
+    requirements): a build environment's requirements, or, for a source built without
+    isolation, the environment's own."""
+    import hashlib
+    import json
+
+    from harness.resolve.python import build_requirements, dynamic_build_requirements
+
+    pins: list[GitSource] = []
+    if environment.sources:
+        from harness.resolve.git import lock_source
+
+        pins = [lock_source(source, cache_dir, offline=options.offline, mirrors=settings.git_mirrors)
+                for source in environment.sources]
+    project_dirs: list[tuple[Path, tuple[str, ...]]] = []
+    build_reqs: list[str] = []
+    env_reqs: list[str] = []
+    for pin_, source in zip(pins, environment.sources, strict=True):
+        from harness.resolve.git import export_source
+
+        dest = scratch / pin_.commit
+        if not dest.exists():
+            export_source(pin_, cache_dir, dest, offline=options.offline, mirrors=settings.git_mirrors)
+        root = dest / pin_.subdirectory if pin_.subdirectory else dest
+        if pin_.install == "none":
+            continue  # a checkout only: realized into the store, never installed
+        if not ((root / "pyproject.toml").is_file() or (root / "setup.py").is_file()):
+            raise HarnessError(
+                f"source {pin_.repo} at {pin_.commit[:12]}"
+                f"{'/' + pin_.subdirectory if pin_.subdirectory else ''} is not a Python project "
+                "(no pyproject.toml or setup.py)",
+                hint='set install = "none" to realize it as a checkout only',
+            )
+        project_dirs.append((root, tuple(source.extras)))
+        static = build_requirements(root)
+        key = hashlib.sha256(json.dumps(["harness-build-requires-v1", pin_.tree, pin_.subdirectory or "",
+                                         pin_.install, sorted(static)]).encode()).hexdigest()[:40]
+        dynamic = dynamic_build_requirements(
+            root, static, editable=pin_.install == "editable", key=key, indexes=list(environment.indexes),
+            settings=settings, cache_dir=cache_dir, offline=options.offline)
+        (build_reqs if pin_.build_isolation else env_reqs).extend([*static, *dynamic])
+    return _Sources(pins, project_dirs, sorted(set(build_reqs)), sorted(set(env_reqs)))
+
+
+def _resolve_all(
+    environment: Environment,
+    interpreters: dict[str, Interpreter],
+    sources: _Sources,
     pool: ThreadPoolExecutor,
     *,
     settings: Settings,
     cache_dir: Path,
     options: LockOptions,
     previous: Lock | None,
-) -> tuple[list[GitSource], list[Package], list[Package]]:
-    """Git sources, then the packages (with the sources' dependencies) and, at the same time in
-    ``pool``, the sources' build requirements."""
-    from harness.resolve.python import build_requirements, resolve_packages
+) -> dict[str, tuple[list[Package], list[Package]]]:
+    """Platform → (packages, build packages): every resolution submitted to ``pool`` at once.
+    The first failure in platform order is raised (a package error before a build one)."""
+    from harness.resolve.python import resolve_packages
 
-    pins: list[GitSource] = []
-    if environment.sources:
-        from harness.resolve.git import lock_source
+    jobs = {}
+    for target, interpreter in interpreters.items():
+        before = _previous_for(previous, target, options)
+        common: dict[str, Any] = dict(
+            interpreter=interpreter, indexes=list(environment.indexes), settings=settings, cache_dir=cache_dir,
+            offline=options.offline, upgrade=options.upgrade, upgrade_packages=list(options.upgrade_packages))
+        requirements = [*environment.requirements, *_not_named(sources.environment_requirements,
+                                                               environment.requirements)]
+        packages = pool.submit(resolve_packages, requirements,
+                               previous=_to_pins(before.packages) if before else None,
+                               extra_paths=sources.project_dirs, package_index=environment.package_index,
+                               **common)
+        build = (pool.submit(resolve_packages, sources.build_requirements,
+                             previous=_to_pins(before.build_packages) if before else None,
+                             package_index=_direct_only(environment.package_index, sources.build_requirements),
+                             **common)
+                 if sources.build_requirements else None)
+        jobs[target] = (packages, build)
+    wait([job for pair in jobs.values() for job in pair if job is not None])
+    return {target: (packages.result(), build.result() if build is not None else [])
+            for target, (packages, build) in jobs.items()}
 
-        pins = [lock_source(source, cache_dir, offline=options.offline) for source in environment.sources]
-    previous_packages = _to_pins(previous.packages) if previous and not options.upgrade else None
-    previous_build = _to_pins(previous.build_packages) if previous and not options.upgrade else None
-    common: dict[str, Any] = dict(interpreter=interpreter, indexes=list(environment.indexes), settings=settings,
-                  cache_dir=cache_dir, offline=options.offline, upgrade=options.upgrade,
-                  upgrade_packages=list(options.upgrade_packages))
-    with tempfile.TemporaryDirectory(prefix="harness-lock-") as scratch:
-        project_dirs: list[Path] = []
-        build_reqs: list[str] = []
-        for pin_ in pins:
-            from harness.resolve.git import export_source
 
-            dest = Path(scratch) / pin_.commit
-            if not dest.exists():
-                export_source(pin_, cache_dir, dest, offline=options.offline)
-            root = dest / pin_.subdirectory if pin_.subdirectory else dest
-            if pin_.install == "none":
-                continue  # a checkout only: realized into the store, never installed
-            if not ((root / "pyproject.toml").is_file() or (root / "setup.py").is_file()):
-                raise HarnessError(
-                    f"source {pin_.repo} at {pin_.commit[:12]}"
-                    f"{'/' + pin_.subdirectory if pin_.subdirectory else ''} is not a Python project "
-                    "(no pyproject.toml or setup.py)",
-                    hint='set install = "none" to realize it as a checkout only',
-                )
-            project_dirs.append(root)
-            build_reqs.extend(build_requirements(root))
-        build_job = (pool.submit(resolve_packages, sorted(set(build_reqs)), previous=previous_build, **common)
-                     if build_reqs else None)
-        try:
-            packages = resolve_packages(list(environment.requirements), previous=previous_packages,
-                                        extra_paths=project_dirs, **common)
-        except HarnessError:
-            if build_job is not None:
-                wait([build_job])  # the packages' error is the one to report
-            raise
-        build_packages = build_job.result() if build_job is not None else []
-    return pins, packages, build_packages
+def _previous_for(previous: Lock | None, target: str, options: LockOptions) -> Lock | None:
+    """The previous lock's pins for ``target`` (its own platform's, else its first's), as
+    preferences; None when upgrading everything."""
+    if previous is None or options.upgrade:
+        return None
+    if not previous.targets:
+        return previous
+    from harness.lock.platforms import for_platform, platforms_of
+
+    held = platforms_of(previous)
+    try:
+        return for_platform(previous, target if target in held else held[0])
+    except HarnessError:
+        return None
+
+
+def _not_named(extra: list[str], requirements: list[str]) -> list[str]:
+    """The requirements of ``extra`` whose package ``requirements`` does not already name
+    (the manifest's own pin of, say, torch is the one that counts)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    named = {canonicalize_name(Requirement(r).name) for r in requirements}
+    return [r for r in extra if canonicalize_name(Requirement(r).name) not in named]
+
+
+def _direct_only(package_index: dict[str, str], requirements: list[str]) -> dict[str, str]:
+    """The entries of ``package_index`` naming one of ``requirements``: build requirements
+    take their pinned index, but naming a package in package-index must not add it to the
+    build environment (resolve.python, "Per-package indexes")."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    named = {canonicalize_name(Requirement(r).name) for r in requirements}
+    return {k: v for k, v in package_index.items() if canonicalize_name(k) in named}
 
 
 _DOWNLOADS: dict[Path, list] = {}

@@ -47,6 +47,14 @@ def dumps(lock: Lock) -> str:
     environment = tomlkit.table()
     environment.add("store", lock.environment.store)
     doc.add("environment", environment)
+    if lock.targets:
+        targets = tomlkit.aot()
+        for target in lock.targets:
+            table = tomlkit.table()
+            for key in ("platform", "source", "python", "environment"):
+                table.add(key, getattr(target, key))
+            targets.append(table)
+        doc.add("targets", targets)
 
     for key, packages in (("packages", lock.packages), ("build-packages", lock.build_packages)):
         if packages:
@@ -60,6 +68,14 @@ def dumps(lock: Lock) -> str:
                 value = getattr(source, field)
                 if value is not None:
                     table.add(field, value)
+            if not source.build_isolation:
+                table.add("build-isolation", False)
+            if source.submodules:
+                submodules = tomlkit.array()
+                submodules.multiline(True)
+                for sub in source.submodules:
+                    submodules.append(_inline({"path": sub.path, "url": sub.url, "commit": sub.commit}))
+                table.add("submodules", submodules)
             sources.append(table)
         doc.add("sources", sources)
 
@@ -88,13 +104,15 @@ def _packages(packages: list[LockedPackage]) -> Any:
     import tomlkit
 
     aot = tomlkit.aot()
-    for package in sorted(packages, key=lambda p: (p.name, p.version, p.marker)):
+    for package in sorted(packages, key=lambda p: (p.name, p.version, p.marker, p.platforms)):
         table = tomlkit.table()
         table.add("name", package.name)
         table.add("version", package.version)
         table.add("index", package.index)
         if package.marker:
             table.add("marker", package.marker)
+        if package.platforms:
+            table.add("platforms", list(package.platforms))
         if package.wheels:
             wheels = tomlkit.array()
             wheels.multiline(True)
@@ -120,11 +138,21 @@ def _inline(values: dict[str, Any]) -> Any:
     return table
 
 
-def read(path: Path) -> Lock:
-    """Read and validate a lockfile; problems raise InputError naming file and key."""
+def read(path: Path, *, whole: bool = False) -> Lock:
+    """Read and validate a lockfile; problems raise InputError naming file and key.
+
+    A lock for several platforms is returned as the lock of the one this machine runs (the
+    first listed that fits; :func:`harness.lock.platforms.for_host`), which is what realize,
+    launch and audit need; a HarnessError says so when none fits. ``whole`` returns it as
+    written (lock generation, ``lock --check``)."""
     from harness.manifests.loading import load_model
 
-    return load_model(Lock, path)
+    lock = load_model(Lock, path)
+    if whole or not lock.targets:
+        return lock
+    from harness.lock.platforms import for_host
+
+    return for_host(lock, path)
 
 
 def write(path: Path, lock: Lock) -> bool:

@@ -104,7 +104,7 @@ def assign_store_paths(lock: Lock) -> Lock:
     Pure and deterministic; packages, wheels and weight files come out sorted, so the lock
     in memory equals the lock read back from its file.
     """
-    order = lambda p: (p.name, p.version, p.marker)  # noqa: E731
+    order = lambda p: (p.name, p.version, p.marker, p.platforms)  # noqa: E731
     packages = [_with_file_paths(p) for p in sorted(lock.packages, key=order)]
     build_packages = [_with_file_paths(p) for p in sorted(lock.build_packages, key=order)]
     sources = [s.model_copy(update={"store": source_path(s)}) for s in lock.sources]
@@ -113,6 +113,25 @@ def assign_store_paths(lock: Lock) -> Lock:
         files = sorted(weight_set.files, key=lambda f: f.path)
         ordered = weight_set.model_copy(update={"files": files})
         weights.append(ordered.model_copy(update={"store": weights_path(lock.name, ordered)}))
+    if lock.targets:
+        # Several platforms: each target's paths are those of its own single-platform lock
+        # (harness.lock.platforms), and python/environment repeat the first target's.
+        from harness.lock.platforms import for_platform
+
+        common = lock.model_copy(update={"packages": packages, "build_packages": build_packages,
+                                         "sources": sources, "weights": weights})
+        targets = []
+        for target in lock.targets:
+            alone = for_platform(common, target.platform)
+            targets.append(target.model_copy(update={"python": alone.python.store,
+                                                     "environment": alone.environment.store}))
+        first = targets[0]
+        return common.model_copy(update={
+            "targets": targets,
+            "python": lock.python.model_copy(update={"platform": first.platform, "source": first.source,
+                                                     "store": first.python}),
+            "environment": lock.environment.model_copy(update={"store": first.environment}),
+        })
     python = lock.python.model_copy(update={"store": interpreter_path(lock)})
     assigned = lock.model_copy(
         update={"python": python, "packages": packages, "build_packages": build_packages,
@@ -131,7 +150,9 @@ def _environment_path(lock: Lock, python_store: str) -> str:
         "packages": sorted((_package_key(p) for p in lock.packages), key=repr),
         "build": sorted((_package_key(p) for p in lock.build_packages), key=repr),
         "sources": [
-            {"store": s.store, "install": s.install, "subdirectory": s.subdirectory or ""}
+            {"store": s.store, "install": s.install, "subdirectory": s.subdirectory or "",
+             # only when off, so environments of sources without the key keep their paths
+             **({} if s.build_isolation else {"build-isolation": False})}
             for s in lock.sources
         ],
     }

@@ -32,6 +32,7 @@ TEMPLATES: dict[str, str] = {
     "weights": "the realized weights view of the service (one folder per [[weights]] dir)",
     "port": "the port the plan gives the service",
     "url": "the service's base URL (http://127.0.0.1:{port}, ws://… for WebSocket protocols, or the external url)",
+    "source": "{source:NAME}: the realized checkout of the [[environment.sources]] entry named NAME",
 }
 
 WEIGHT_PROVIDERS = ("modelscope_model", "huggingface_model", "url", "path")
@@ -52,14 +53,32 @@ def check_templates(text: str, allowed: frozenset[str] | None = None) -> str:
     """Raise ValueError if ``text`` uses a template outside ``allowed`` or is malformed."""
     names = frozenset(TEMPLATES) if allowed is None else allowed
     try:
-        fields = [field for _, field, _, _ in string.Formatter().parse(text) if field is not None]
+        fields = [(field, spec) for _, field, spec, _ in string.Formatter().parse(text) if field is not None]
     except ValueError as exc:
         raise ValueError(f"malformed template in {text!r}: {exc} (write '{{{{' for a brace)") from None
-    for field in fields:
+    for field, spec in fields:
         if field not in names:
-            known = ", ".join("{" + n + "}" for n in sorted(names))
+            known = ", ".join("{" + ("source:NAME" if n == "source" else n) + "}" for n in sorted(names))
             raise ValueError(f"unknown template {{{field}}} in {text!r}; known: {known}")
+        if field == "source" and not spec:
+            raise ValueError(f"{{source}} in {text!r} needs a source name: {{source:NAME}}")
     return text
+
+
+def source_names(text: str) -> list[str]:
+    """The NAMEs of the ``{source:NAME}`` templates in ``text`` (already checked)."""
+    return [spec or "" for _, field, spec, _ in string.Formatter().parse(text) if field == "source"]
+
+
+def _check_source_templates(texts: list[str], sources: list[Source]) -> None:
+    """Every ``{source:NAME}`` names one of ``sources`` (by :attr:`Source.name`)."""
+    known = {s.name for s in sources}
+    for text in texts:
+        for name in source_names(text):
+            if name not in known:
+                listed = ", ".join(sorted(known)) or "none"
+                raise ValueError(f"{{source:{name}}} in {text!r} names no [[environment.sources]] entry "
+                                 f"(their names: {listed})")
 
 
 def _relative_path(value: str, what: str) -> str:
@@ -94,6 +113,40 @@ class Source(Strict):
         description="editable or regular install into the environment; none: checkout only",
     )
     subdirectory: str | None = Field(default=None, description="the package inside the repo")
+    extras: list[str] = Field(default_factory=list, description="the project's extras whose dependencies are locked")
+    build_isolation: bool = Field(
+        default=True, alias="build-isolation",
+        description="false: build against the environment's own packages (CUDA extensions need torch)",
+    )
+
+    model_config = Strict.model_config | {"populate_by_name": True}
+
+    @field_validator("extras")
+    @classmethod
+    def _extras(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$", value):
+                raise ValueError(f"extras: {value!r} is not an extra name")
+        return values
+
+    @model_validator(mode="after")
+    def _isolation(self) -> Source:
+        if self.install == "none" and (self.extras or not self.build_isolation):
+            raise ValueError('extras and build-isolation apply to installed sources, not install = "none"')
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Defaults stay out of the canonical form, so locks made before these keys existed
+        # keep their manifest-digest.
+        data = handler(self)
+        for key in ("extras",):
+            if not data.get(key):
+                data.pop(key, None)
+        for key in ("build-isolation", "build_isolation"):
+            if data.get(key) is True:
+                data.pop(key, None)
+        return data
 
     @field_validator("repo")
     @classmethod
@@ -125,6 +178,13 @@ class Environment(Strict):
         default_factory=list,
         description="extra package indexes by name (addresses come from configuration)",
     )
+    package_index: dict[str, str] = Field(
+        default_factory=dict,
+        alias="package-index",
+        description="package name -> the one index it comes from; that index serves no other package",
+    )
+
+    model_config = Strict.model_config | {"populate_by_name": True}
 
     @field_validator("python")
     @classmethod
@@ -157,12 +217,60 @@ class Environment(Strict):
     @classmethod
     def _indexes(cls, values: list[str]) -> list[str]:
         for value in values:
-            if not _NAME.match(value):
+            _index_name(value)
+        return values
+
+    @field_validator("package_index")
+    @classmethod
+    def _package_index(cls, values: dict[str, str]) -> dict[str, str]:
+        seen: dict[str, str] = {}
+        for package, index in values.items():
+            key = re.sub(r"[-_.]+", "-", package).lower()
+            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$", package):
+                raise ValueError(f"package-index: {package!r} is not a package name")
+            if key in seen:
+                raise ValueError(f"package-index: {package!r} and {seen[key]!r} name the same package")
+            seen[key] = package
+            _index_name(index)
+            if index == "pypi":
                 raise ValueError(
-                    f"index {value!r} must be a name (lowercase letters, digits, '-', '_', '.'); "
-                    "its address belongs in configuration, not in a manifest"
+                    f"package-index: {package} = 'pypi': the default index serves every package; "
+                    "leave the package out of package-index instead"
                 )
         return values
+
+    @model_validator(mode="after")
+    def _explicit_indexes_apart(self) -> Environment:
+        both = sorted(set(self.package_index.values()) & set(self.indexes))
+        if both:
+            raise ValueError(
+                f"index {both[0]!r} is in both indexes and package-index: an index named in "
+                "package-index serves only the packages named there; remove it from indexes"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Keys left at their defaults are left out, so manifests written before a key existed
+        # keep their canonical form (and so their locks' manifest-digest).
+        data = handler(self)
+        for key in _ENVIRONMENT_OPTIONAL:
+            if not data.get(key):
+                data.pop(key, None)
+        return data
+
+
+#: Environment keys dropped from the canonical form while unset (see Environment._dump).
+_ENVIRONMENT_OPTIONAL = ("package-index", "package_index")
+
+
+def _index_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"index {value!r} must be a name (lowercase letters, digits, '-', '_', '.'); "
+            "its address belongs in configuration, not in a manifest"
+        )
+    return value
 
 
 class Weights(Strict):
@@ -261,7 +369,7 @@ class XPolicyLab(Strict):
     def _override_templates(cls, values: dict[str, OverrideValue]) -> dict[str, OverrideValue]:
         for value in values.values():
             if isinstance(value, str):
-                check_templates(value, frozenset({"weights"}))
+                check_templates(value, frozenset({"weights", "source"}))
         return values
     source: int = Field(
         default=0, ge=0, description="which [[environment.sources]] entry is XPolicyLab itself"
@@ -275,7 +383,7 @@ class XPolicyLab(Strict):
     @field_validator("checkpoint")
     @classmethod
     def _checkpoint(cls, value: str) -> str:
-        return check_templates(value, frozenset({"weights"}))
+        return check_templates(value, frozenset({"weights", "source"}))
 
 
 def _check_command(values: list[str]) -> list[str]:
@@ -330,6 +438,10 @@ class ServiceManifest(Strict):
         elif self.xpolicylab is not None:
             raise ValueError("[xpolicylab] applies to protocol = 'xpolicylab' only")
         _unique_dirs(self.weights)
+        texts = [*(self.command or []), *self.client.values()]
+        if self.xpolicylab is not None:
+            texts += [self.xpolicylab.checkpoint, *(v for v in self.xpolicylab.overrides.values() if isinstance(v, str))]
+        _check_source_templates(texts, self.environment.sources)
         return self
 
 
@@ -354,6 +466,7 @@ class BenchmarkManifest(Strict):
     @model_validator(mode="after")
     def _weights_unique(self) -> BenchmarkManifest:
         _unique_dirs(self.weights)
+        _check_source_templates(list(self.worker or []), self.environment.sources)
         return self
 
     @field_validator("worker")

@@ -49,6 +49,19 @@ class OfflineMissing(HarnessError):
     """An offline realize needs things that are neither in the store nor cached."""
 
 
+class RealizeFailed(HarnessError):
+    """Some locks failed to realize; the others were realized. ``reports`` are the ones
+    that succeeded, ``failures`` maps each failed lock's name to its error message."""
+
+    def __init__(self, reports: list[Report], failures: dict[str, str]) -> None:
+        lines = [f"{name}: {message}" for name, message in failures.items()]
+        done = f"; {len(reports)} other(s) realized" if reports else ""
+        super().__init__(f"{len(failures)} of {len(reports) + len(failures)} failed to realize{done}:\n"
+                         + "\n".join("  " + line.replace("\n", "\n    ") for line in lines))
+        self.reports = reports
+        self.failures = failures
+
+
 @dataclass
 class Report:
     """What one lock's realize did. ``environment`` is the environment realized here (another
@@ -143,8 +156,13 @@ def _wants_work(store: Store, lock: Lock) -> bool:
     return lock.python.source == "uv-managed" and not own_interpreter_registered(store, lock)
 
 
-def realize_locks(ctx: Context, locks: list[Lock]) -> list[Report]:
-    """Realize several locks: fetch everything first (one progress display), then build."""
+def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -> list[Report]:
+    """Realize several locks: fetch everything first (one progress display), then build.
+
+    A lock that fails (a download, a build) does not stop the others: every lock that can
+    be realized is, then :class:`RealizeFailed` lists every failure. With ``fail_fast`` the
+    first failure is raised as it is, and nothing after it is built.
+    """
     from harness.realize.standin import realized_lock
     from harness.store.gc import register_project
     from harness.store.roots import hold
@@ -160,15 +178,39 @@ def realize_locks(ctx: Context, locks: list[Lock]) -> list[Report]:
         todo = [lock for lock in locks if _wants_work(ctx.store, lock)]
     if ctx.offline:
         _check_offline(ctx, todo)
+    failures: dict[str, HarnessError] = {}
     if todo:  # leftovers matter only to a build (Store.add clears its own path's anyway)
         ctx.store.clean()
-        _fetch(ctx, todo)
+        try:
+            _fetch(ctx, todo)
+        except HarnessError:
+            if fail_fast or len(todo) == 1:
+                raise
+            # Which locks lack what: each fetches again on its own (what came is kept).
+            for lock in todo:
+                try:
+                    _fetch(ctx, [lock])
+                except HarnessError as exc:
+                    failures[lock.name] = exc
     building = {id(lock) for lock in todo}
-    reports = [_register(ctx, lock) if id(lock) in building else _complete(ctx, lock) for lock in locks]
+    reports = []
+    for lock in locks:
+        if lock.name in failures:
+            continue
+        try:
+            reports.append(_register(ctx, lock) if id(lock) in building else _complete(ctx, lock))
+        except HarnessError as exc:
+            if fail_fast:
+                raise
+            failures[lock.name] = exc
     _drop_downloads(ctx, locks)
     # What this store realized (a host copy and its environments, where one stands in).
     register_project(ctx.store, ctx.project_root,
                      {lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks})
+    if failures:
+        if len(failures) == 1 and not reports:
+            raise next(iter(failures.values()))
+        raise RealizeFailed(reports, {name: str(exc) for name, exc in failures.items()})
     return reports
 
 
@@ -255,8 +297,11 @@ def _check_offline(ctx: Context, locks: list[Lock]) -> None:
                 problems.append(f"weight file {weights.dir}/{item.path} ({weights.provider} {weights.repo})")
     for lock in locks:
         for source in lock.sources:
-            if not ctx.store.is_registered(source.store) and not mirror_path(ctx.cache_dir, source.repo).is_dir():
-                problems.append(f"source {source.repo} at {source.commit[:12]}")
+            if ctx.store.is_registered(source.store):
+                continue
+            for repo, commit in [(source.repo, source.commit), *((m.url, m.commit) for m in source.submodules)]:
+                if not mirror_path(ctx.cache_dir, repo).is_dir():
+                    problems.append(f"source {repo} at {commit[:12]}")
         # The interpreter is not listed: offline, uv installs from its archive cache or a
         # host copy stands in (realize says so); neither needs the network.
     if problems:
@@ -429,13 +474,14 @@ def _register(ctx: Context, lock: Lock) -> Report:
 
 def _add_source(ctx: Context, source: Any) -> None:
     from harness.resolve.git import export_source
-    from harness.resolve.pins import GitSource
+    from harness.resolve.pins import GitSource, Submodule
 
     pin = GitSource(name=source.name, repo=source.repo, rev=source.rev, commit=source.commit,
-                    tree=source.tree, install=source.install, subdirectory=source.subdirectory)
+                    tree=source.tree, install=source.install, subdirectory=source.subdirectory,
+                    submodules=tuple(Submodule(m.path, m.url, m.commit) for m in source.submodules))
 
     def build(out: Path) -> BuildResult:
-        export_source(pin, ctx.cache_dir, out, offline=ctx.offline)
+        export_source(pin, ctx.cache_dir, out, offline=ctx.offline, mirrors=ctx.settings.git_mirrors)
         return BuildResult(obtained=f"git {source.repo} {source.commit}")
 
     ctx.store.add(source.store, "source", build, expected_content=source.tree)
@@ -503,7 +549,10 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
     with store.lock(f"{python.store}.standin"):
         host = standin_for(store, python.store)
         if host is None:
-            host = _add_host_copy(ctx, lock)
+            try:
+                host = _add_host_copy(ctx, lock)
+            except HarnessError as exc:  # no host interpreter either: say which pins would work
+                raise HarnessError(f"{exc.message} ({reason})", hint=_interpreter_hint(ctx, lock, exc.hint)) from None
         hold(store, [host])  # rooted like the lock's paths: the environment is built on it next
         remember_standin(store, python.store, host, reason)
     return host
@@ -556,6 +605,27 @@ def _drop_legacy_host_copy(store: Store, python_store: str) -> None:
     store.delete(python_store)
 
 
+def _interpreter_hint(ctx: Context, lock: Lock, hint: str | None) -> str:
+    """The hint for an interpreter that cannot be realized: the installed patch releases of
+    its series that a ``[lock.python]`` pin could name instead, then the builder's own hint."""
+    from harness.resolve.interpreter import list_pythons
+
+    series = ".".join(lock.python.version.split(".")[:2])
+    try:
+        installed = sorted({p.version for p in list_pythons(ctx.cache_dir)
+                            if p.path is not None and p.version.startswith(series + ".")},
+                           key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()))
+    except HarnessError:
+        installed = []
+    if installed:
+        pin = (f"installed here: CPython {', '.join(installed)}; pin one in harness.toml "
+               f'([lock.python] "{series}" = "{installed[-1]}") and run `harness lock`')
+    else:
+        pin = (f"no CPython {series}.x is installed here; once one is, pin it in harness.toml "
+               f'([lock.python] "{series}" = "{series}.N") and run `harness lock`')
+    return f"{pin}; or {hint}" if hint else pin
+
+
 def _add_environment(ctx: Context, lock: Lock) -> None:
     from harness.realize.environment import build_environment
 
@@ -566,7 +636,8 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
 
     wheels = [file_in_store(p) for p in lock.packages]
     build_wheels = [file_in_store(p) for p in lock.build_packages]
-    sources = [(store.root / s.store, s.install, s.subdirectory) for s in lock.sources if s.install != "none"]
+    sources = [(store.root / s.store, s.install, s.subdirectory, s.build_isolation)
+               for s in lock.sources if s.install != "none"]
     # Runtime references only: the interpreter its bin/python links to and the editable
     # sources its .pth files name. Wheels are copied in, so they are build inputs, not refs.
     references = [lock.python.store, *[s.store for s in lock.sources if s.install == "editable"]]

@@ -122,7 +122,7 @@ def build_environment(
     interpreter_dir: Path,
     interpreter_exe: str,
     wheels: Sequence[Path],
-    sources: Sequence[tuple[Path, str, str | None]] = (),
+    sources: Sequence[tuple[Path, str, str | None] | tuple[Path, str, str | None, bool]] = (),
     build_wheels: Sequence[Path] = (),
     cache_dir: Path,
     interpreter_store_name: str | None = None,
@@ -141,8 +141,10 @@ def build_environment(
       exactly one such file). ``hashes`` maps file names to the lock's sha256; without it each
       file's own sha256 is used (the store checked the bytes when it realized them).
     * ``sources`` are ``(realized source tree, "editable" | "regular", subdirectory or
-      None)``; an editable one is imported from its store path, which must be a sibling of
-      the environment's final location too.
+      None[, build isolation])``; an editable one is imported from its store path, which
+      must be a sibling of the environment's final location too. A source without build
+      isolation (``False``) is built with uv's ``--no-build-isolation``, against the
+      environment's own packages, after the isolated ones.
     * ``build_wheels`` are the realized wheels of the locked build requirements, the only
       things a build may use.
     * ``cache_dir`` is uv's cache (on the store's filesystem, so installs hardlink).
@@ -164,7 +166,8 @@ def build_environment(
     for dist in builds:
         if not dist.is_wheel:
             raise HarnessError(f"{dist.path}: build requirements must be wheels, got {dist.filename}")
-    for tree, mode, subdirectory in sources:
+    entries = [_source_entry(entry) for entry in sources]
+    for tree, mode, subdirectory, _ in entries:
         if mode not in INSTALL_MODES:
             raise HarnessError(f"{tree}: install mode {mode!r}, expected one of {', '.join(INSTALL_MODES)}")
         if not (tree / (subdirectory or "")).is_dir():
@@ -203,9 +206,17 @@ def build_environment(
 
         before = _dist_infos(site_packages)
         copies: dict[Path, Path] = {}  # scratch copy -> realized source tree
-        if sources:
+        # Isolated builds first (their requirements only from the build wheels), then the
+        # sources built against the environment itself (build-isolation = false: a CUDA
+        # extension compiles against the installed torch), which may import the first ones.
+        for isolated in (True, False):
+            chosen = [(i, e) for i, e in enumerate(entries) if e[3] is isolated]
+            if not chosen:
+                continue
             args: list[str | os.PathLike[str]] = ["pip", "install", "--python", python, "--no-deps", *build_flags]
-            for index, (tree, mode, subdirectory) in enumerate(sources):
+            if not isolated:
+                args.append("--no-build-isolation")
+            for index, (tree, mode, subdirectory, _) in chosen:
                 copy = work / "sources" / str(index) / tree.name
                 _copy_tree(tree, copy)
                 copies[copy] = tree
@@ -244,6 +255,14 @@ def build_environment(
 
 
 # --------------------------------------------------------------------------- inputs
+
+
+def _source_entry(entry: tuple[Path, str, str | None] | tuple[Path, str, str | None, bool],
+                  ) -> tuple[Path, str, str | None, bool]:
+    """``(tree, mode, subdirectory[, build isolation])`` with isolation filled in (default on)."""
+    if len(entry) == 3:
+        return (entry[0], entry[1], entry[2], True)
+    return (entry[0], entry[1], entry[2], bool(entry[3]))
 
 
 def _check_empty(out: Path) -> None:

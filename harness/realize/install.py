@@ -44,7 +44,7 @@ _RACY_NS = 2_000_000_000
 
 
 def realize_names(state: Any, names: list[str], *, offline: bool, jobs: int, lock_missing: bool,
-                  show_progress: bool = True) -> list[Any]:
+                  show_progress: bool = True, fail_fast: bool = False) -> list[Any]:
     """Realize the named manifests (all locked ones when none named); returns reports."""
     project = state.project()
     home: Path = state.home
@@ -57,13 +57,13 @@ def realize_names(state: Any, names: list[str], *, offline: bool, jobs: int, loc
     if quick is not None:
         return quick
     reports = _realize_names(state, project, home, names, offline=offline, jobs=jobs,
-                             lock_missing=lock_missing, show_progress=show_progress)
+                             lock_missing=lock_missing, show_progress=show_progress, fail_fast=fail_fast)
     stamp.remember(reports)
     return reports
 
 
 def _realize_names(state: Any, project: Any, home: Path, names: list[str], *, offline: bool, jobs: int,
-                   lock_missing: bool, show_progress: bool) -> list[Any]:
+                   lock_missing: bool, show_progress: bool, fail_fast: bool = False) -> list[Any]:
     from harness.config import load_settings
     from harness.lock.check import check_locks
     from harness.lock.lockfile import lock_path, read
@@ -88,7 +88,8 @@ def _realize_names(state: Any, project: Any, home: Path, names: list[str], *, of
         # A lock that does not read (hand-edited, from a newer harness) is bad input: exit 2.
         error = InputError if any(s.reason.startswith("unreadable") for s in stale.values()) else HarnessError
         raise error("\n".join(lines), hint="run `harness lock` to bring the locks up to date")
-    locks = [read(lock_path(project.locks_dir, name)) for name in names]
+    locks = [read(lock_path(project.locks_dir, name)) for name in names]  # this machine's platform
+    _check_platforms(locks, project)
     substituters, trusted = list(settings.substituters), list(settings.trusted_keys)
     deploy_path = getattr(state, "deploy_path", None)
     if deploy_path is not None:
@@ -97,12 +98,12 @@ def _realize_names(state: Any, project: Any, home: Path, names: list[str], *, of
         trusted += [k for k in deploy.trusted_keys if k not in trusted]
     return realize(home, project.root, locks, settings=settings, offline=offline, jobs=jobs,
                    show_progress=show_progress, substituters=tuple(substituters),
-                   trusted_keys=tuple(trusted))
+                   trusted_keys=tuple(trusted), fail_fast=fail_fast)
 
 
 def realize(home: Path, project_root: Path, locks: list[Any], *, settings: Any, offline: bool,
             jobs: int, show_progress: bool = True, substituters: tuple[str, ...] | None = None,
-            trusted_keys: tuple[str, ...] | None = None) -> list[Any]:
+            trusted_keys: tuple[str, ...] | None = None, fail_fast: bool = False) -> list[Any]:
     """Realize already-read locks into ``home``'s store, asking binary caches first
     (``substituters``; default: the settings' ``[cache]``)."""
     from harness.realize.builder import Context, realize_locks
@@ -112,7 +113,18 @@ def realize(home: Path, project_root: Path, locks: list[Any], *, settings: Any, 
                   cache_dir=home / "cache", offline=offline, jobs=jobs, show_progress=show_progress,
                   substituters=tuple(settings.substituters) if substituters is None else substituters,
                   trusted_keys=tuple(settings.trusted_keys) if trusted_keys is None else trusted_keys)
-    return realize_locks(ctx, locks)
+    return realize_locks(ctx, locks, fail_fast=fail_fast)
+
+
+def _check_platforms(locks: list[Any], project: Any) -> None:
+    """A clear error, before anything is fetched, for a lock of one platform this machine
+    does not run (a lock of several has already been narrowed to this machine's by ``read``)."""
+    from harness.lock.lockfile import lock_path
+    from harness.lock.platforms import fits_host, no_platform_error
+
+    for lock in locks:
+        if not fits_host(lock.python.platform):
+            raise no_platform_error(lock, lock_path(project.locks_dir, lock.name))
 
 
 class _Stamp:

@@ -14,7 +14,18 @@ What is exported is the commit's tree exactly as git stores it: blob bytes as co
 ``100755`` files executable, symlinks as symlinks. ``.gitattributes`` (eol conversion,
 ``export-ignore``, ``export-subst``, filters such as Git LFS) and the user's git config do
 not apply, so the same commit always gives the same bytes (LFS files stay pointers).
-Submodules are not supported yet: a commit that has one is refused, naming it.
+
+**Submodules** are pinned recursively: each gitlink of the commit's tree is a submodule at
+that path and commit, its URL read from the commit's own ``.gitmodules`` (a relative URL,
+``../other.git``, is resolved against the parent's URL as git does). Each gets its own
+mirror, is fetched (by id when no branch holds the commit) and exported into its path, so
+the tree hash covers every submodule's files and the lock lists each one's path, URL and
+commit. Realize exports from the lock's list, offline from the mirrors.
+
+**Git mirrors** (settings ``[git.mirrors]``, :func:`fetch_url`): a canonical URL, or a prefix
+of URLs ending in ``/``, maps to a mirror (``file://``, ``https://``, ssh) that is fetched
+from instead. Locks and cache mirrors keep the canonical URL, so the same lock realizes on
+an offline cluster that has only a local mirror.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -34,7 +45,7 @@ import blake3
 
 from harness.errors import HarnessError
 from harness.manifests.model import Source
-from harness.resolve.pins import GitSource
+from harness.resolve.pins import GitSource, Submodule
 from harness.store.hashing import content_hash, nix_base32
 
 _FULL_HEX = re.compile(r"^[0-9a-fA-F]{40}$")
@@ -106,6 +117,24 @@ def mirror_path(cache_dir: Path, repo: str) -> Path:
     """Where the bare mirror of ``repo`` (its URL exactly as written) lives."""
     digest = blake3.blake3(b"harness-git-mirror-v1\0" + repo.encode()).digest(length=20)
     return cache_dir / "git" / f"{nix_base32(digest)}.git"
+
+
+def fetch_url(repo: str, mirrors: Mapping[str, str] | None) -> str:
+    """Where ``repo`` is fetched from: its mirror in ``mirrors`` (an exact URL first, then
+    the longest key ending in ``/`` that prefixes it, the rest appended), else itself."""
+    if not mirrors:
+        return repo
+    if repo in mirrors:
+        return mirrors[repo]
+    prefixes = [key for key in mirrors if key.endswith("/") and repo.startswith(key)]
+    if not prefixes:
+        return repo
+    key = max(prefixes, key=len)
+    return mirrors[key] + repo[len(key):]
+
+
+def _shown(repo: str, url: str) -> str:
+    return repo if url == repo else f"{repo} (through its mirror {url})"
 
 
 def _check_repo(repo: str) -> None:
@@ -259,12 +288,15 @@ def _ls_tree(mirror: Path, commit: str) -> list[_Entry]:
     return entries
 
 
+def _is_gitlink(entry: _Entry) -> bool:
+    return entry.mode == "160000" or entry.kind == "commit"
+
+
 def _check_entries(entries: Sequence[_Entry], repo: str, commit: str) -> None:
-    """Refuse submodules, and paths no checkout would write (``..``, ``.git``, absolute)."""
+    """Refuse paths no checkout would write (``..``, ``.git``, absolute)."""
     for entry in entries:
-        if entry.mode == "160000" or entry.kind == "commit":
-            raise GitError(f"{repo} at {commit} has a submodule at {entry.path!r}; "
-                           "git submodules are not supported yet")
+        if _is_gitlink(entry) and not _FULL_HEX.match(entry.oid):
+            raise GitError(f"{repo} at {commit}: submodule {entry.path!r} records {entry.oid!r}, not a commit")
         parts = entry.path.split("/")
         if any(part in ("", ".", "..") or part.lower() == ".git" for part in parts):
             raise GitError(f"{repo} at {commit} has an unsafe path {entry.path!r}; refusing it")
@@ -347,49 +379,160 @@ def _prefixes(path: str) -> list[str]:
 
 def _export_commit(mirror: Path, entries: Sequence[_Entry], dest: Path) -> None:
     dest.mkdir()
-    _write_tree(mirror, entries, dest)
+    _write_tree(mirror, [e for e in entries if not _is_gitlink(e)], dest)
+
+
+# ---------------------------------------------------------------------------- submodules
+
+#: Submodules inside submodules inside …: deeper than this is a cycle or a mistake.
+_MAX_SUBMODULE_DEPTH = 8
+
+
+def join_url(parent: str, url: str) -> str:
+    """A submodule URL from ``.gitmodules``: absolute as written, or ``./x`` / ``../x``
+    resolved against the parent repository's URL, as ``git submodule`` does. Pure."""
+    if not url.startswith(("./", "../")):
+        return url
+    base = parent.rstrip("/")
+    rest = url
+    while rest.startswith(("./", "../")):
+        if rest.startswith("./"):
+            rest = rest[2:]
+            continue
+        rest = rest[3:]
+        head, sep, _ = base.rpartition("/")
+        if not sep or head.endswith(":/") or head.endswith("/") and head.rstrip("/").endswith(":"):
+            raise GitError(f"submodule URL {url!r} climbs above {parent!r}")
+        base = head
+    return f"{base}/{rest}" if rest else base
+
+
+def _gitmodules(mirror: Path, commit: str, repo: str) -> dict[str, str]:
+    """``.gitmodules`` of ``commit``: submodule path → URL as written."""
+    result = _git(["config", "--blob", f"{commit}:.gitmodules", "--list", "-z"], git_dir=mirror, check=False)
+    if result.returncode != 0:
+        raise GitError(f"{repo} at {commit} has submodules but no readable .gitmodules: "
+                       f"{_stderr_line(result.stderr)}")
+    paths: dict[str, str] = {}
+    urls: dict[str, str] = {}
+    for record in result.stdout.split(b"\0"):
+        key, _, value = record.decode(errors="replace").partition("\n")
+        match = re.fullmatch(r"submodule\.(.+)\.(path|url)", key)
+        if match:
+            (paths if match.group(2) == "path" else urls)[match.group(1)] = value
+    return {path: urls[name] for name, path in paths.items() if name in urls}
+
+
+def _ensure_commit(cache_dir: Path, repo: str, commit: str, *, offline: bool,
+                   mirrors: Mapping[str, str] | None) -> list[_Entry]:
+    """Make the mirror of ``repo`` hold ``commit`` (fetching unless ``offline``); its tree."""
+    url = fetch_url(repo, mirrors)
+    with _locked_mirror(cache_dir, repo) as mirror:
+        if not (mirror.exists() and _has_commit(mirror, commit)):
+            if offline:
+                if not mirror.exists():
+                    raise _no_mirror(repo)
+                raise GitError(f"commit {commit} of {repo} is not in the local mirror (offline)",
+                               hint="lock or realize it once without --offline")
+            _update_mirror(mirror, url)
+            if not (_has_commit(mirror, commit) or _fetch_commit(mirror, url, commit)):
+                raise GitError(f"commit {commit} is not available from {_shown(repo, url)}")
+        entries = _ls_tree(mirror, commit)
+    _check_entries(entries, repo, commit)
+    return entries
+
+
+def _pin_submodules(cache_dir: Path, repo: str, commit: str, entries: Sequence[_Entry], *, offline: bool,
+                    mirrors: Mapping[str, str] | None, prefix: str = "", depth: int = 0) -> list[Submodule]:
+    """Every submodule under ``entries`` (the tree of ``repo`` at ``commit``), recursively."""
+    links = [e for e in entries if _is_gitlink(e)]
+    if not links:
+        return []
+    if depth >= _MAX_SUBMODULE_DEPTH:
+        raise GitError(f"{repo}: submodules nest deeper than {_MAX_SUBMODULE_DEPTH} levels at {prefix!r}")
+    urls = _gitmodules(mirror_path(cache_dir, repo), commit, repo)
+    found: list[Submodule] = []
+    for link in links:
+        if link.path not in urls:
+            raise GitError(f"{repo} at {commit}: submodule {link.path!r} has no url in .gitmodules")
+        url = join_url(repo, urls[link.path])
+        _check_repo(url)
+        sub_entries = _ensure_commit(cache_dir, url, link.oid, offline=offline, mirrors=mirrors)
+        path = prefix + link.path
+        found.append(Submodule(path=path, url=url, commit=link.oid))
+        found += _pin_submodules(cache_dir, url, link.oid, sub_entries, offline=offline, mirrors=mirrors,
+                                 prefix=path + "/", depth=depth + 1)
+    return sorted(found)
+
+
+def _export_submodules(cache_dir: Path, submodules: Sequence[Submodule], dest: Path, *, offline: bool,
+                       mirrors: Mapping[str, str] | None) -> None:
+    """Write each submodule's files into its path under ``dest`` (parents before children)."""
+    for sub in sorted(submodules, key=lambda s: s.path.split("/")):
+        entries = _ensure_commit(cache_dir, sub.url, sub.commit, offline=offline, mirrors=mirrors)
+        target = dest / sub.path
+        if target.is_symlink() or (target.exists() and any(target.iterdir())):
+            raise GitError(f"submodule path {sub.path!r} collides with other files of the source")
+        target.mkdir(parents=True, exist_ok=True)
+        with _locked_mirror(cache_dir, sub.url) as mirror:
+            _write_tree(mirror, [e for e in entries if not _is_gitlink(e)], target)
 
 
 # -------------------------------------------------------------------------------- public
 
 
-def lock_source(source: Source, cache_dir: Path, *, offline: bool = False) -> GitSource:
-    """Pin ``source``: resolve its rev to a full commit and hash that commit's files.
+def lock_source(source: Source, cache_dir: Path, *, offline: bool = False,
+                mirrors: Mapping[str, str] | None = None) -> GitSource:
+    """Pin ``source``: resolve its rev to a full commit, pin its submodules recursively and
+    hash the files of all of them together.
 
     Fetches every branch and tag into the repository's mirror first unless ``offline``
-    (then only the mirror is read, so branches resolve as last fetched). Raises GitError
-    when the repository cannot be fetched, the rev names no commit, the commit has a
-    submodule, or ``source.subdirectory`` is not a directory in it.
+    (then only the mirror is read, so branches resolve as last fetched), from the mirror
+    ``mirrors`` names for its URL if any (:func:`fetch_url`). Raises GitError when the
+    repository or a submodule cannot be fetched, the rev names no commit, or
+    ``source.subdirectory`` is not a directory in it.
     """
     repo = source.repo
     _check_repo(repo)
+    url = fetch_url(repo, mirrors)
     with _locked_mirror(cache_dir, repo) as mirror:
         if offline:
             if not mirror.exists():
                 raise _no_mirror(repo)
         else:
-            _update_mirror(mirror, repo)
-        commit = _resolve(mirror, repo, source.rev, offline=offline)
+            _update_mirror(mirror, url)
+        commit = _resolve(mirror, url, source.rev, offline=offline)
         entries = _ls_tree(mirror, commit)
-        _check_entries(entries, repo, commit)
-        _check_subdirectory(entries, source.subdirectory, repo, commit)
-        scratch = Path(tempfile.mkdtemp(prefix=".lock-", dir=mirror.parent))
-        try:
+    _check_entries(entries, repo, commit)
+    submodules = _pin_submodules(cache_dir, repo, commit, entries, offline=offline, mirrors=mirrors)
+    _check_subdirectory(entries + _submodule_entries(submodules), source.subdirectory, repo, commit)
+    scratch = Path(tempfile.mkdtemp(prefix=".lock-", dir=mirror_path(cache_dir, repo).parent))
+    try:
+        with _locked_mirror(cache_dir, repo) as mirror:
             _export_commit(mirror, entries, scratch / "tree")
-            tree = content_hash(scratch / "tree")
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        _export_submodules(cache_dir, submodules, scratch / "tree", offline=True, mirrors=mirrors)
+        tree = content_hash(scratch / "tree")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return GitSource(name=source.name, repo=repo, rev=source.rev, commit=commit, tree=tree,
-                     install=source.install, subdirectory=source.subdirectory)
+                     install=source.install, subdirectory=source.subdirectory, submodules=tuple(submodules),
+                     build_isolation=source.build_isolation)
 
 
-def export_source(pin: GitSource, cache_dir: Path, dest: Path, *, offline: bool) -> None:
-    """Write the files of ``pin.commit`` into ``dest``, which must not exist yet.
+def _submodule_entries(submodules: Sequence[Submodule]) -> list[_Entry]:
+    """Submodule folders as entries, so a subdirectory inside one is found."""
+    return [_Entry("040000", "tree", s.commit, f"{s.path}/.") for s in submodules]
 
-    Uses the mirror, fetching (unless ``offline``) when it lacks the commit. The files are
-    written beside ``dest`` and renamed into place only once ``content_hash`` of them equals
-    ``pin.tree``; otherwise GitError names the repo, commit, expected and actual hashes, and
-    nothing is left at ``dest``.
+
+def export_source(pin: GitSource, cache_dir: Path, dest: Path, *, offline: bool,
+                  mirrors: Mapping[str, str] | None = None) -> None:
+    """Write the files of ``pin.commit`` and of ``pin.submodules`` into ``dest``, which must
+    not exist yet.
+
+    Uses the mirrors, fetching (unless ``offline``; through ``mirrors`` where configured)
+    when one lacks a commit. The files are written beside ``dest`` and renamed into place
+    only once ``content_hash`` of them equals ``pin.tree``; otherwise GitError names the
+    repo, commit, expected and actual hashes, and nothing is left at ``dest``.
     """
     if not _FULL_HEX.match(pin.commit):
         raise GitError(f"lock entry for {pin.repo} has commit {pin.commit!r}, not 40 hex digits")
@@ -398,6 +541,7 @@ def export_source(pin: GitSource, cache_dir: Path, dest: Path, *, offline: bool)
     _check_repo(pin.repo)
     commit = pin.commit.lower()
     dest.parent.mkdir(parents=True, exist_ok=True)
+    url = fetch_url(pin.repo, mirrors)
     with _locked_mirror(cache_dir, pin.repo) as mirror:
         if not (mirror.exists() and _has_commit(mirror, commit)):
             if offline:
@@ -405,22 +549,24 @@ def export_source(pin: GitSource, cache_dir: Path, dest: Path, *, offline: bool)
                     raise _no_mirror(pin.repo)
                 raise GitError(f"commit {commit} of {pin.repo} is not in the local mirror "
                                "(offline)", hint="realize it once without --offline")
-            _update_mirror(mirror, pin.repo)
-            if not (_has_commit(mirror, commit) or _fetch_commit(mirror, pin.repo, commit)):
-                raise GitError(f"commit {commit} is no longer available from {pin.repo}")
+            _update_mirror(mirror, url)
+            if not (_has_commit(mirror, commit) or _fetch_commit(mirror, url, commit)):
+                raise GitError(f"commit {commit} is no longer available from {_shown(pin.repo, url)}")
         entries = _ls_tree(mirror, commit)
         _check_entries(entries, pin.repo, commit)
         staging = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        try:
+    try:
+        with _locked_mirror(cache_dir, pin.repo) as mirror:
             _export_commit(mirror, entries, staging)
-            actual = content_hash(staging)
-            if actual != pin.tree:
-                raise GitError(f"{pin.repo} at {commit}: the exported files hash to {actual}, "
-                               f"the lock expects {pin.tree}")
-            os.rename(staging, dest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        _export_submodules(cache_dir, pin.submodules, staging, offline=offline, mirrors=mirrors)
+        actual = content_hash(staging)
+        if actual != pin.tree:
+            raise GitError(f"{pin.repo} at {commit}: the exported files hash to {actual}, "
+                           f"the lock expects {pin.tree}")
+        os.rename(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
-__all__ = ["GitError", "export_source", "lock_source", "mirror_path"]
+__all__ = ["GitError", "export_source", "fetch_url", "join_url", "lock_source", "mirror_path"]

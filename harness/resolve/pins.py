@@ -43,6 +43,15 @@ class Package:
 
 
 @dataclass(frozen=True, order=True)
+class Submodule:
+    """A git submodule of a source, pinned: where it sits, where it comes from, which commit."""
+
+    path: str  # relative to the source's root (a nested submodule's path includes its parent's)
+    url: str  # the canonical URL (.gitmodules; a relative one resolved against its parent's)
+    commit: str  # full 40-hex commit the parent's tree records
+
+
+@dataclass(frozen=True, order=True)
 class GitSource:
     """A git source pinned to a commit and to the content hash of that commit's tree."""
 
@@ -53,6 +62,8 @@ class GitSource:
     tree: str  # "blake3:<hex>" content hash (store NAR scheme) of the commit's files, no .git
     install: str  # "editable" or "regular"
     subdirectory: str | None = None
+    submodules: tuple[Submodule, ...] = ()  # recursively, sorted by path; ``tree`` covers them
+    build_isolation: bool = True  # False: built against the environment's own packages
 
 
 @dataclass(frozen=True, order=True)

@@ -24,7 +24,15 @@ confusion. With a PyTorch-style index listed that means ``torch`` (and anything 
 index mirrors) comes from it and everything else from ``pypi`` — what CUDA builds need. A
 mirror that only partly copies a package (few versions) can make that fail; then
 ``index_strategy="unsafe-best-match"`` (all indexes, best version) is the escape hatch, at the
-cost of that safety; uv's per-package index assignment needs a project, not ``uv pip``.
+cost of that safety.
+
+**Per-package indexes** (``package-index = { torch = "pytorch-cu128" }``) are uv's *explicit*
+indexes: an explicit index serves only the packages pinned to it. ``uv pip`` has no flag for
+that, but ``uv pip compile pyproject.toml`` honours a project's ``[tool.uv.sources]`` and
+``[[tool.uv.index]] explicit = true`` (even under ``--no-config``), so harness writes such a
+throw-away pyproject (:func:`explicit_pyproject`) holding the requirements as the project's
+dependencies. uv pins an index only for a *direct* dependency, so every package named in
+``package-index`` becomes one: naming a package there also puts it in the environment.
 
 **Determinism.** ``--no-config`` and a scrubbed environment (:mod:`harness.resolve.uvtool`),
 no ``--exclude-newer`` unless given, outputs sorted by name and file name. Re-locking keeps
@@ -38,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import tempfile
 import tomllib
 import urllib.error
@@ -99,6 +108,35 @@ def index_flags(addresses: Mapping[str, str | None], strategy: str = "first-inde
             assert address is not None
             flags += ["--index", f"{name}={address}"]
     return [*flags, "--index-strategy", strategy]
+
+
+def explicit_pyproject(requirements: Sequence[str], package_index: Mapping[str, str],
+                       addresses: Mapping[str, str | None]) -> str:
+    """A pyproject.toml whose dependencies are ``requirements`` plus every package named in
+    ``package_index`` not already among them, each such package pinned to its explicit index
+    (module doc, "Per-package indexes"). ``addresses`` must hold every index named. Pure."""
+    named = {canonicalize_name(Requirement(r).name) for r in requirements}
+    extra = sorted(n for n in package_index if canonicalize_name(n) not in named)
+    doc = tomlkit.document()
+    project = tomlkit.table()
+    project["name"] = "harness-environment"
+    project["version"] = "0"
+    project["dependencies"] = [*requirements, *extra]
+    doc["project"] = project
+    sources = tomlkit.table()
+    for package, index in sorted(package_index.items()):
+        pin = tomlkit.inline_table()
+        pin["index"] = index
+        sources[package] = pin
+    indexes = tomlkit.aot()
+    for index in sorted(set(package_index.values())):
+        table = tomlkit.table()
+        table["name"] = index
+        table["url"] = addresses[index]
+        table["explicit"] = True
+        indexes.append(table)
+    doc["tool"] = {"uv": {"sources": sources, "index": indexes}}
+    return tomlkit.dumps(doc)
 
 
 def _segments(path: str) -> list[str]:
@@ -263,6 +301,100 @@ def build_requirements(source_dir: Path, subdirectory: str | None = None) -> lis
     return list(requires)
 
 
+#: Asks a PEP 517 backend for its dynamic build requirements: argv is the backend reference,
+#: the backend-path entries (JSON) and the hook's name; prints a JSON list.
+_HOOK_SCRIPT = """
+import importlib, json, os, sys
+sys.path[:0] = [os.path.abspath(p) for p in json.loads(sys.argv[2])]
+module, _, attribute = sys.argv[1].partition(":")
+backend = importlib.import_module(module)
+for part in filter(None, attribute.split(".")):
+    backend = getattr(backend, part)
+hook = getattr(backend, sys.argv[3], None)
+if hook is None and sys.argv[3] == "get_requires_for_build_editable":
+    hook = getattr(backend, "get_requires_for_build_wheel", None)
+sys.stdout.write("\\n" + json.dumps(list(hook({})) if hook is not None else []))
+"""
+
+
+def dynamic_build_requirements(
+    root: Path,
+    static: Sequence[str],
+    *,
+    editable: bool,
+    key: str,
+    indexes: Sequence[str],
+    settings: Settings,
+    cache_dir: Path,
+    offline: bool = False,
+) -> list[str]:
+    """What the PEP 517 backend of the source tree ``root`` asks for on top of its static
+    ``build-system.requires``: ``get_requires_for_build_editable`` (``editable``) or
+    ``_wheel`` (hatchling asks for ``editables``, setuptools' legacy backend for ``wheel``).
+
+    The backend runs in a throw-away environment holding ``static``, made by uv with this
+    interpreter; the answer is cached under ``cache_dir/build-requires/`` by ``key`` (the
+    caller's digest of the tree, subdirectory and mode), so a re-lock asks again only when
+    the tree changes. A backend that fails is a HarnessError with its output.
+    """
+    import json
+    import subprocess
+    import sys
+
+    cached = cache_dir / "build-requires" / f"{key}.json"
+    try:
+        return [str(r) for r in json.loads(cached.read_text())]
+    except (OSError, ValueError):
+        pass
+    data: dict[str, object] = {}
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            data = tomllib.loads(pyproject.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise InputError(f"{pyproject}: cannot read: {exc}") from None
+    table = data.get("build-system") if isinstance(data.get("build-system"), dict) else {}
+    assert isinstance(table, dict)
+    backend = str(table.get("build-backend") or "setuptools.build_meta:__legacy__")
+    backend_path = [str(p) for p in table.get("backend-path", []) if isinstance(p, str)]
+    hook = "get_requires_for_build_editable" if editable else "get_requires_for_build_wheel"
+    addresses = index_addresses(indexes, settings)
+    with tempfile.TemporaryDirectory(prefix="harness-build-requires-") as tmp:
+        venv = Path(tmp) / "venv"
+        run_uv(["venv", venv, "--python", sys.executable, "--no-project", "--quiet"], cache_dir=cache_dir)
+        if static:
+            run_uv(["pip", "install", "--python", venv / "bin" / "python", "--quiet", *index_flags(addresses),
+                    *(["--offline"] if offline else []), *static], cache_dir=cache_dir)
+        work = Path(tmp) / "tree"
+        shutil.copytree(root, work, symlinks=True)  # backends may write into the tree they read
+        for folder, dirs, names in os.walk(work):
+            for name in [*dirs, *names]:
+                path = Path(folder) / name
+                if not path.is_symlink():
+                    path.chmod(path.stat().st_mode | 0o200)
+        proc = subprocess.run([os.fspath(venv / "bin" / "python"), "-c", _HOOK_SCRIPT, backend,
+                               json.dumps(backend_path), hook], cwd=work, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=600)
+    if proc.returncode != 0:
+        raise HarnessError(f"{root}: build backend {backend} failed answering {hook}:\n"
+                           f"{(proc.stderr or proc.stdout).strip()[-3000:]}")
+    try:
+        found = json.loads(proc.stdout.rsplit("\n", 1)[-1])
+    except ValueError:
+        raise HarnessError(f"{root}: build backend {backend} gave no answer to {hook}") from None
+    requirements = []
+    for requirement in found:
+        try:
+            requirements.append(str(Requirement(str(requirement))))
+        except InvalidRequirement as exc:
+            raise HarnessError(f"{root}: build backend {backend} asks for {requirement!r}: {exc}") from None
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    temp = cached.with_name(f".{cached.name}.{os.getpid()}")
+    temp.write_text(json.dumps(requirements))
+    os.replace(temp, cached)
+    return requirements
+
+
 # --- resolving ------------------------------------------------------------------------------
 
 
@@ -277,30 +409,43 @@ def resolve_packages(
     upgrade: bool = False,
     upgrade_packages: Sequence[str] = (),
     previous: Sequence[Package] | None = None,
-    extra_paths: Sequence[Path] = (),
+    extra_paths: Sequence[Path | tuple[Path, Sequence[str]]] = (),
     exclude_newer: str | None = None,
     index_strategy: str = "first-index",
     timeout: float | None = 900,
+    package_index: Mapping[str, str] | None = None,
 ) -> list[Package]:
     """Pin ``requirements`` (plus the dependencies of the local source trees ``extra_paths``)
-    for exactly ``interpreter``'s version and platform. See the module doc.
+    for exactly ``interpreter``'s version and platform. See the module doc; ``package_index``
+    maps package names to the explicit index each comes from ("Per-package indexes").
 
     The local trees themselves are sources, not packages: they are not in the result. Raises
     HarnessError with uv's explanation when the requirements cannot be satisfied, and a
     clear HarnessError when ``offline`` and uv's cache lacks something.
     """
+    package_index = dict(package_index or {})
     addresses = index_addresses(indexes, settings)
+    explicit = {name: settings.index_url(name) for name in sorted(set(package_index.values()))}
+    # Every index a file may come from, for naming it; the explicit ones are no --index flags.
+    all_addresses = {**explicit, **addresses}
     tags = target_tags(interpreter.version, interpreter.platform)
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="harness-resolve-") as tmp:
         work = Path(tmp)
-        lines = list(requirements) + [os.fspath(Path(p).resolve()) for p in extra_paths]
-        (work / "requirements.in").write_text("".join(line + "\n" for line in lines))
+        paths = [_path_line(p) for p in extra_paths]
+        inputs = []
+        if package_index:
+            (work / "pyproject.toml").write_text(explicit_pyproject(requirements, package_index, all_addresses))
+            inputs.append("pyproject.toml")
+        if paths or not package_index:
+            lines = paths if package_index else [*requirements, *paths]
+            (work / "requirements.in").write_text("".join(line + "\n" for line in lines))
+            inputs.append("requirements.in")
         output = work / "pylock.toml"
         if previous and not upgrade:
             output.write_text(preferences_pylock(previous))
         args = [
-            "pip", "compile", "requirements.in",
+            "pip", "compile", *inputs,
             "--output-file", output.name,
             "--python-version", interpreter.version,
             "--python-platform", interpreter.platform,
@@ -320,8 +465,15 @@ def resolve_packages(
         except UvError as exc:
             raise _resolution_error(exc, interpreter, offline) from None
         text = output.read_text()
-    return to_packages(parse_pylock(text), tags=tags, addresses=addresses,
-                       size_of=lambda f: _remote_size(f, offline=offline, addresses=addresses))
+    return to_packages(parse_pylock(text), tags=tags, addresses=all_addresses,
+                       size_of=lambda f: _remote_size(f, offline=offline, addresses=all_addresses))
+
+
+def _path_line(entry: Path | tuple[Path, Sequence[str]]) -> str:
+    """A local project as a requirement line: its absolute path, extras in brackets."""
+    path, extras = (entry, ()) if isinstance(entry, Path) else entry
+    line = os.fspath(Path(path).resolve())
+    return f"{line}[{','.join(extras)}]" if extras else line
 
 
 def _resolution_error(exc: UvError, interpreter: Interpreter, offline: bool) -> HarnessError:

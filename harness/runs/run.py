@@ -225,10 +225,13 @@ def _benchmark_command(prepared: Any, store: Any) -> list[str]:
     lock = prepared.locks[prepared.benchmark]
     from harness.lock.storepaths import weights_view_path
 
+    from harness.runtime.launch import _expand, source_values
+
     view = weights_view_path(lock)
     values = {"python": str(store.root / lock.environment.store / "bin" / "python"),
               "weights": str(store.root / view) if view else "", "port": "0", "url": ""}
-    return [part.format(**values) for part in manifest.worker]
+    values.update(source_values(manifest, {i: store.root / s.store for i, s in enumerate(lock.sources)}))
+    return [_expand(part, values, prepared.benchmark) for part in manifest.worker]
 
 
 def _command_env(broker_env: dict[str, str], prepared: Any, run_dir: Path) -> dict[str, str]:

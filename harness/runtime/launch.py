@@ -167,7 +167,9 @@ def _expand(text: str, values: Mapping[str, str], service: str) -> str:
         out.append(literal)
         if name is None:
             continue
-        if spec or conversion:
+        if name == "source" and spec and not conversion:
+            name = f"source:{spec}"  # {source:NAME}: a realized checkout (source_values)
+        elif spec or conversion:
             raise LaunchError(f"{service}: template {{{name}}} in {text!r} takes no format spec")
         if name not in values:
             raise LaunchError(
@@ -176,6 +178,16 @@ def _expand(text: str, values: Mapping[str, str], service: str) -> str:
             )
         out.append(values[name])
     return "".join(out)
+
+
+def source_values(manifest: Any, sources: Mapping[int, Path]) -> dict[str, str]:
+    """``{source:NAME}`` values: each realized source (``sources`` maps an index of
+    ``manifest.environment.sources`` to its tree) under its name; the first of a name wins."""
+    values: dict[str, str] = {}
+    for index, source in enumerate(manifest.environment.sources):
+        if index in sources:
+            values.setdefault(f"source:{source.name}", str(sources[index]))
+    return values
 
 
 def _override_value(value: Any) -> str:
@@ -218,6 +230,7 @@ def launch_spec(
     values = {"python": str(python), "port": str(port), "url": url}
     if weights is not None:
         values["weights"] = str(weights)
+    values.update(source_values(manifest, sources or {}))
 
     if manifest.protocol == "xpolicylab":
         argv = _xpolicylab_argv(name, manifest, values, port, sources or {})

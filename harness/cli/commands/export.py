@@ -35,6 +35,10 @@ def command(state: State, name: str, fmt: str, output: Path | None) -> None:
         from harness.lock.export import to_pylock
 
         text = to_pylock(lock, settings, cache_dir=state.home / "cache")
+    from harness.lock.export import unexported
+
+    for note in unexported(lock, fmt):
+        click.echo(f"note: {name}: {note}", err=True)
     if output is None:
         click.echo(text, nl=False)
     else:

@@ -15,7 +15,8 @@ from harness.cli import State
               help="Allow this package to move (repeatable).")
 @click.option("--offline", is_flag=True, help="Use only what is cached; fail clearly for what is not.")
 @click.option("--platform", metavar="PLATFORM",
-              help="Target platform in uv's vocabulary, e.g. x86_64-manylinux_2_28 [default: this machine, or the lock's].")
+              help="Lock for this platform alone, this once (uv's vocabulary, e.g. aarch64-manylinux_2_28) "
+                   "[default: harness.toml [lock] platforms, else this machine].")
 @click.option("--jobs", "-j", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Manifests locked in parallel.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
@@ -73,6 +74,8 @@ def command(state: State, names: tuple[str, ...], check: bool, upgrade: bool,
             say("failed", "red", outcome.name)
         elif outcome.changed:
             say("locked", "green", f"{outcome.name} -> {shown}")
+            for change in outcome.changes:
+                click.echo(f"  {change}", err=True)
         else:
             say("unchanged", "dim", f"{outcome.name} ({shown})")
 
@@ -83,7 +86,8 @@ def command(state: State, names: tuple[str, ...], check: bool, upgrade: bool,
     if as_json:
         print_json({"locks": [
             {"name": o.name, "lock": str(o.path), "changed": o.changed, "error": o.error,
-             "environment": o.lock.environment.store if o.lock else None}
+             "environment": o.lock.environment.store if o.lock else None,
+             "changes": [c.as_json() for c in o.changes]}
             for o in outcomes
         ]})
     if failed:

@@ -1,0 +1,147 @@
+"""Several platforms in one lock (``[lock] platforms``): merging, projecting, choosing. Pure.
+
+GPU servers are x86_64 and robots' computers aarch64; one lock serves both. ``harness lock``
+resolves each platform on its own (one ``uv pip compile`` per target, side by side) and
+:func:`merge` folds the single-platform locks into one:
+
+* ``targets`` lists the platforms in order, each with its interpreter's source and the store
+  paths of its interpreter and environment; ``python`` and ``environment`` are the first's;
+* a package pinned identically everywhere is one entry whose wheels are the union of the
+  files each platform takes; a pin some platforms lack (another version, or a package only
+  one needs) carries ``platforms = [...]``.
+
+:func:`for_platform` is the inverse: the single-platform lock of one target, byte for byte
+what locking that platform alone gives (same packages, same fitting wheels, the sdist only
+where no wheel fits, the same store paths). Realize, launch and audit only ever see such a
+projection (:func:`for_host`, through :func:`harness.lock.lockfile.read`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.lock.document import Lock, LockedPackage, LockedTarget
+
+
+def platforms_of(lock: Lock) -> list[str]:
+    """The platforms a lock holds, in order."""
+    return [t.platform for t in lock.targets] or [lock.python.platform]
+
+
+def merge(locks: list[Lock]) -> Lock:
+    """One lock for the platforms of ``locks`` (single-platform locks of one manifest, in
+    ``[lock] platforms`` order); a single lock is returned as it is (module doc)."""
+    from harness.lock.storepaths import assign_store_paths
+
+    if len(locks) == 1:
+        return locks[0]
+    first = locks[0]
+    versions = {lock.python.version for lock in locks}
+    if len(versions) != 1:
+        raise HarnessError(f"the platforms lock different Python versions ({', '.join(sorted(versions))})",
+                           hint="pin the version in harness.toml: [lock.python]")
+    platforms = [lock.python.platform for lock in locks]
+    return assign_store_paths(first.model_copy(update={
+        "targets": [LockedTarget(platform=lock.python.platform, source=lock.python.source) for lock in locks],
+        "packages": _merge_packages([lock.packages for lock in locks], platforms),
+        "build_packages": _merge_packages([lock.build_packages for lock in locks], platforms),
+    }))
+
+
+def _merge_packages(per_platform: list[list[LockedPackage]], platforms: list[str]) -> list[LockedPackage]:
+    groups: dict[tuple[str, str, str, str], list[tuple[str, LockedPackage]]] = {}
+    for platform, packages in zip(platforms, per_platform, strict=True):
+        for package in packages:
+            groups.setdefault((package.name, package.version, package.marker, package.index), []).append(
+                (platform, package))
+    merged = []
+    for members in groups.values():
+        wheels = {w.file: w for _, p in members for w in p.wheels}
+        sdists = [p.sdist for _, p in members if p.sdist is not None]
+        where = [platform for platform, _ in members]
+        merged.append(members[0][1].model_copy(update={
+            "platforms": [] if len(where) == len(platforms) else where,
+            "wheels": [wheels[name] for name in sorted(wheels)],
+            "sdist": sdists[0] if sdists else None,
+        }))
+    return merged
+
+
+def for_platform(lock: Lock, platform: str) -> Lock:
+    """The single-platform lock of ``platform``, one of ``lock``'s targets (module doc)."""
+    from harness.lock.storepaths import assign_store_paths
+    from harness.resolve.interpreter import target_tags
+    from harness.resolve.python import wheel_fits
+
+    if not lock.targets:
+        if platform != lock.python.platform:
+            raise HarnessError(f"lock {lock.name} holds {lock.python.platform} only, not {platform}")
+        return lock
+    target = next((t for t in lock.targets if t.platform == platform), None)
+    if target is None:
+        raise HarnessError(f"lock {lock.name} holds {', '.join(platforms_of(lock))}, not {platform}")
+    tags = target_tags(lock.python.version, platform)
+
+    def keep(packages: list[LockedPackage]) -> list[LockedPackage]:
+        out = []
+        for package in packages:
+            if package.platforms and platform not in package.platforms:
+                continue
+            wheels = [w for w in package.wheels if wheel_fits(w.file, tags)]
+            out.append(package.model_copy(update={
+                "platforms": [], "wheels": wheels, "sdist": None if wheels else package.sdist}))
+        return out
+
+    return assign_store_paths(lock.model_copy(update={
+        "targets": [],
+        "python": lock.python.model_copy(update={"platform": platform, "source": target.source}),
+        "packages": keep(lock.packages),
+        "build_packages": keep(lock.build_packages),
+    }))
+
+
+def fits_host(platform: str, host_tags: list[str] | None = None) -> bool:
+    """Whether wheels built for ``platform`` run here: a manylinux target no newer than this
+    machine's glibc on its architecture, or the same OS, architecture and libc otherwise."""
+    from packaging import tags as pkgtags
+
+    from harness.resolve.interpreter import default_platform_from_tags, parse_platform
+
+    found = list(pkgtags.platform_tags()) if host_tags is None else host_tags
+    target = parse_platform(platform)
+    if target.libc == "gnu":
+        return f"manylinux_2_{target.glibc_minor}_{target.arch}" in found
+    try:
+        host = parse_platform(default_platform_from_tags(found))
+    except HarnessError:
+        return False
+    return (host.os, host.arch, host.libc) == (target.os, target.arch, target.libc)
+
+
+def host_platform_of(lock: Lock, host_tags: list[str] | None = None) -> str | None:
+    """The first of ``lock``'s platforms this machine runs, or None."""
+    return next((p for p in platforms_of(lock) if fits_host(p, host_tags)), None)
+
+
+def for_host(lock: Lock, path: Path | None = None) -> Lock:
+    """``lock`` for this machine (:func:`host_platform_of`); a clear HarnessError when it
+    holds nothing this machine runs."""
+    platform = host_platform_of(lock)
+    if platform is None:
+        raise no_platform_error(lock, path)
+    return for_platform(lock, platform)
+
+
+def no_platform_error(lock: Lock, path: Path | None = None) -> HarnessError:
+    from harness.resolve.interpreter import host_platform
+
+    try:
+        here = host_platform()
+    except HarnessError:
+        here = "this machine's platform"
+    where = str(path) if path is not None else f"the lock of {lock.name}"
+    return HarnessError(
+        f"{where} holds {', '.join(platforms_of(lock))}, and nothing for this machine ({here})",
+        hint=f'add "{here}" to [lock] platforms in harness.toml and run `harness lock`',
+    )
