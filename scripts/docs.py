@@ -300,7 +300,22 @@ def store_page() -> str:
                  "\n".join(lines))
 
 
+def _copied(source: str, description: str) -> Callable[[], str]:
+    """A page that is a markdown file kept elsewhere in the repository (its first heading
+    becomes the title), so the file stays where tools and contributors expect it."""
+
+    def page() -> str:
+        lines = (ROOT / source).read_text().splitlines()
+        title = lines[0].removeprefix("# ").strip() if lines and lines[0].startswith("# ") else source
+        return _page(title, description, f"_From `{source}`._\n\n" + "\n".join(lines[1:]).lstrip("\n"))
+
+    return page
+
+
 PAGES: dict[str, Callable[[], str]] = {
+    "architecture.md": _copied("docs/architecture.md", "The pipeline, the package that owns each stage, the "
+                               "layering, and where each invariant is enforced."),
+    "benchmarks.md": _copied("docs/benchmarks.md", "Measured speed, side by side with uv, b3sum, curl and cp."),
     "cli.md": cli_page,
     "manifests.md": manifests_page,
     "deploy.md": deploy_page,

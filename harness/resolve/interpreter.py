@@ -16,7 +16,7 @@ version for the target (realize can obtain it anywhere, byte for byte), else ``"
 installed here only: impure, the lock says so, and every realize stands a host copy in under
 a store path of its own, ``harness/realize/standin.py``). A pin chooses the version only,
 never the source: a pinned release that uv can download is ``uv-managed`` like any other
-(docs/configuration.md says why). :func:`find_interpreter` also returns the path
+(docs/src/content/docs/reference/configuration.md says why). :func:`find_interpreter` also returns the path
 of an installed interpreter of exactly that version when this machine has one, else None.
 
 **Platforms** use uv's ``--python-platform`` vocabulary (``x86_64-manylinux_2_28``,
