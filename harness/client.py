@@ -146,9 +146,15 @@ class Client:
     Each thread keeps one keep-alive connection, so an acquire costs no TCP handshake.
     """
 
-    def __init__(self, address: str | None = None, *, client_id: str | None = None,
-                 state_dir: str | os.PathLike[str] | None = None, timeout: float | None = None,
-                 token: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        client_id: str | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+        token: str | None = None,
+    ) -> None:
         self.address = _find_address(address, state_dir)
         self._token = _find_token(token, state_dir)
         parts = urllib.parse.urlsplit(self.address)
@@ -199,15 +205,19 @@ class Client:
             raise BrokerError(f"broker answered {response.status} with non-JSON", status=response.status) from None
         if response.status >= 400:
             message = data.get("error", f"HTTP {response.status}") if isinstance(data, dict) else str(data)
-            kind = {401: NotAuthorized, 403: NotAuthorized, 409: ServiceOff, 410: LeaseExpired,
-                    503: ServiceFailed}.get(response.status, BrokerError)
+            kind = {401: NotAuthorized, 403: NotAuthorized, 409: ServiceOff, 410: LeaseExpired, 503: ServiceFailed}.get(
+                response.status, BrokerError
+            )
             if response.status == 401 and not self._token:
                 message += " (this client found no token: pass token=, or set HARNESS_BROKER_TOKEN or HARNESS_STATE)"
             if isinstance(data, dict) and data.get("code") == "closing":
                 kind = BrokerUnavailable
-            raise kind(message, status=response.status,
-                       code=data.get("code", "") if isinstance(data, dict) else "",
-                       log_tail=data.get("log_tail", "") if isinstance(data, dict) else "")
+            raise kind(
+                message,
+                status=response.status,
+                code=data.get("code", "") if isinstance(data, dict) else "",
+                log_tail=data.get("log_tail", "") if isinstance(data, dict) else "",
+            )
         return data
 
     def close(self) -> None:
@@ -227,8 +237,12 @@ class Client:
             body["timeout"] = wait
         data = self._request("POST", "/acquire", body)
         return Lease(
-            id=data["lease"], service=data["service"], url=data["url"], fresh=bool(data["fresh"]),
-            incarnation=int(data.get("incarnation", 0)), scoped=bool(data.get("scoped", False)),
+            id=data["lease"],
+            service=data["service"],
+            url=data["url"],
+            fresh=bool(data["fresh"]),
+            incarnation=int(data.get("incarnation", 0)),
+            scoped=bool(data.get("scoped", False)),
             foreign=bool(data.get("foreign", False)),
         )
 

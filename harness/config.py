@@ -85,6 +85,7 @@ class Settings:
         if self.python_install_mirror:
             env["UV_PYTHON_INSTALL_MIRROR"] = self.python_install_mirror
         return env
+
     #: ``[gc] keep-runs``: ``store gc`` keeps what the last N runs used (pinned runs always).
     gc_keep_runs: int = 10
     #: ``[gc] missing-project-days``: a registered project folder gone this long stops
@@ -107,7 +108,7 @@ class Settings:
         env = "HARNESS_INDEX_" + re.sub(r"[-.]", "_", name).upper()
         raise InputError(
             f"index {name!r} has no address on this machine",
-            hint=f"set [indexes] {name} = \"<url>\" in $HARNESS_HOME/config.toml or export {env}",
+            hint=f'set [indexes] {name} = "<url>" in $HARNESS_HOME/config.toml or export {env}',
         )
 
     def hub_endpoint(self, hub: str) -> str | None:
@@ -152,28 +153,30 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
         if unknown:
             raise InputError(f"{path}: lock.{unknown[0]}: unknown key; valid keys: platform, platforms, python")
         if "platform" in lock_table and "platforms" in lock_table:
-            raise InputError(f"{path}: lock: set platform or platforms, not both",
-                             hint="platforms = [...] lists every platform; platform = \"...\" is one")
+            raise InputError(
+                f"{path}: lock: set platform or platforms, not both",
+                hint='platforms = [...] lists every platform; platform = "..." is one',
+            )
         if "platform" in lock_table:
             if not isinstance(lock_table["platform"], str):
-                raise InputError(f"{path}: lock.platform: expected a string like \"x86_64-manylinux_2_28\"")
+                raise InputError(f'{path}: lock.platform: expected a string like "x86_64-manylinux_2_28"')
             lock_platforms = (lock_table["platform"],)
             lock_platforms_origin = f"{path}: lock.platform"
         if "platforms" in lock_table:
             values = lock_table["platforms"]
             if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
-                raise InputError(f"{path}: lock.platforms: expected a non-empty list of strings like "
-                                 "\"x86_64-manylinux_2_28\"")
+                raise InputError(
+                    f'{path}: lock.platforms: expected a non-empty list of strings like "x86_64-manylinux_2_28"'
+                )
             lock_platforms = tuple(values)
             lock_platforms_origin = f"{path}: lock.platforms"
             if len(set(lock_platforms)) != len(lock_platforms):
                 raise InputError(f"{path}: lock.platforms: a platform is listed twice")
         pins = lock_table.get("python", {})
         if not isinstance(pins, dict) or not all(
-            isinstance(v, str) and re.match(r"^3\.\d+\.\d+$", v) and v.startswith(k + ".")
-            for k, v in pins.items()
+            isinstance(v, str) and re.match(r"^3\.\d+\.\d+$", v) and v.startswith(k + ".") for k, v in pins.items()
         ):
-            raise InputError(f"{path}: lock.python: expected \"3.X\" = \"3.X.Y\" entries")
+            raise InputError(f'{path}: lock.python: expected "3.X" = "3.X.Y" entries')
         python_pins.update(pins)
         cache.update(_cache_table(data, path))
         python.update(_python_table(data, path))
@@ -192,10 +195,10 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
         cache["trusted_keys"] = tuple(os.environ["HARNESS_TRUSTED_KEYS"].split())
     if os.environ.get("HARNESS_SECRET_KEY_FILE"):
         cache["secret_key_file"] = Path(os.environ["HARNESS_SECRET_KEY_FILE"]).expanduser()
-    for field_name, variables in (("python_downloads_json_url", ("HARNESS_PYTHON_DOWNLOADS_JSON_URL",
-                                                                 "UV_PYTHON_DOWNLOADS_JSON_URL")),
-                                  ("python_install_mirror", ("HARNESS_PYTHON_INSTALL_MIRROR",
-                                                             "UV_PYTHON_INSTALL_MIRROR"))):
+    for field_name, variables in (
+        ("python_downloads_json_url", ("HARNESS_PYTHON_DOWNLOADS_JSON_URL", "UV_PYTHON_DOWNLOADS_JSON_URL")),
+        ("python_install_mirror", ("HARNESS_PYTHON_INSTALL_MIRROR", "UV_PYTHON_INSTALL_MIRROR")),
+    ):
         harness_var, uv_var = variables
         if os.environ.get(harness_var):
             value = os.environ[harness_var]
@@ -209,11 +212,19 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
         if not value.isdigit():
             raise InputError(f"HARNESS_GC_KEEP_RUNS={value!r}: expected a whole number of runs")
         gc["gc_keep_runs"] = int(value)
-    return Settings(indexes=indexes, hubs=hubs, lock_platform=lock_platforms[0] if lock_platforms else None,
-                    lock_platforms=lock_platforms, lock_platforms_origin=lock_platforms_origin,
-                    python_pins=python_pins, git_mirrors=git_mirrors,
-                    python_downloads_json_url=python.get("python_downloads_json_url"),
-                    python_install_mirror=python.get("python_install_mirror"), **cache, **gc)
+    return Settings(
+        indexes=indexes,
+        hubs=hubs,
+        lock_platform=lock_platforms[0] if lock_platforms else None,
+        lock_platforms=lock_platforms,
+        lock_platforms_origin=lock_platforms_origin,
+        python_pins=python_pins,
+        git_mirrors=git_mirrors,
+        python_downloads_json_url=python.get("python_downloads_json_url"),
+        python_install_mirror=python.get("python_install_mirror"),
+        **cache,
+        **gc,
+    )
 
 
 def _python_table(data: dict[str, Any], path: Path) -> dict[str, str]:
@@ -254,14 +265,18 @@ def _git_mirrors(data: dict[str, Any], path: Path) -> dict[str, str]:
     """``[git-mirrors]`` of one settings file: canonical URL (or prefix ending in ``/``) → mirror."""
     table = data.get("git-mirrors", {})
     if not isinstance(table, dict):
-        raise InputError(f"{path}: git-mirrors: expected a table of \"canonical URL\" = \"mirror URL\"")
+        raise InputError(f'{path}: git-mirrors: expected a table of "canonical URL" = "mirror URL"')
     for canonical, mirror in table.items():
         if not isinstance(mirror, str) or not _GIT_URL.match(mirror):
-            raise InputError(f"{path}: git-mirrors.\"{canonical}\": expected a git URL (file://, https://, "
-                             "ssh://, user@host:path) or an absolute path")
+            raise InputError(
+                f'{path}: git-mirrors."{canonical}": expected a git URL (file://, https://, '
+                "ssh://, user@host:path) or an absolute path"
+            )
         if canonical.endswith("/") != mirror.endswith("/"):
-            raise InputError(f"{path}: git-mirrors.\"{canonical}\": a prefix (ending in '/') maps to a "
-                             "prefix, a repository to a repository")
+            raise InputError(
+                f"{path}: git-mirrors.\"{canonical}\": a prefix (ending in '/') maps to a "
+                "prefix, a repository to a repository"
+            )
     return dict(table)
 
 
@@ -315,7 +330,7 @@ def _gc_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
 def _string_table(data: dict[str, Any], key: str, path: Path) -> dict[str, str]:
     table = data.get(key, {})
     if not isinstance(table, dict):
-        raise InputError(f"{path}: {key}: expected a table of name = \"url\"")
+        raise InputError(f'{path}: {key}: expected a table of name = "url"')
     for name, value in table.items():
         if not isinstance(value, str) or not re.match(r"^(https?|file)://\S+$", value):
             raise InputError(f"{path}: {key}.{name}: expected an http(s):// or file:// address")

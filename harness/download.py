@@ -360,7 +360,9 @@ def _transfer(
             return digest.hexdigest(), got
         except _Interrupted as exc:
             if attempt == ATTEMPTS - 1:
-                raise HarnessError(f"{label}: transfer from {source.describe()} failed {ATTEMPTS} times: {exc}") from None
+                raise HarnessError(
+                    f"{label}: transfer from {source.describe()} failed {ATTEMPTS} times: {exc}"
+                ) from None
             progress(-(part.stat().st_size if part.exists() else 0))  # re-reported on resume
     raise AssertionError("unreachable")
 

@@ -65,8 +65,10 @@ def os_failure(exc: OSError) -> HarnessError | None:
         return None
     where = f": {path}" if path else ""
     if number in (28, 122):
-        hint = ("free space there (`df -h`), or point --home / HARNESS_HOME at a larger filesystem; "
-                "nothing half-written was registered (`harness store verify` checks)")
+        hint = (
+            "free space there (`df -h`), or point --home / HARNESS_HOME at a larger filesystem; "
+            "nothing half-written was registered (`harness store verify` checks)"
+        )
     else:
         hint = "make it writable for you, or point --home / HARNESS_HOME at a folder you own"
     failure = HarnessError(f"{_OS_REASONS[number]}{where}", hint=hint)

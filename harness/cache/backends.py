@@ -128,15 +128,21 @@ def parse_url(url: str) -> CacheUrl:
         return CacheUrl(url, "file", str(Path(url).expanduser()), {})
     parts = urlsplit(url)
     options = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-    known = {"file": {"priority"}, "s3": {"priority", "endpoint", "region", "profile", "multipart-threshold"},
-             "http": {"priority"}, "https": {"priority"}}
+    known = {
+        "file": {"priority"},
+        "s3": {"priority", "endpoint", "region", "profile", "multipart-threshold"},
+        "http": {"priority"},
+        "https": {"priority"},
+    }
     if parts.scheme not in known:
-        raise CacheConfigError(f"cache {url!r}: unknown scheme {parts.scheme!r}; use a directory, "
-                               "file://, s3:// or http(s)://")
+        raise CacheConfigError(
+            f"cache {url!r}: unknown scheme {parts.scheme!r}; use a directory, file://, s3:// or http(s)://"
+        )
     unknown = sorted(set(options) - known[parts.scheme])
     if unknown:
-        raise CacheConfigError(f"cache {url!r}: unknown option {unknown[0]!r}; known: "
-                               f"{', '.join(sorted(known[parts.scheme]))}")
+        raise CacheConfigError(
+            f"cache {url!r}: unknown option {unknown[0]!r}; known: {', '.join(sorted(known[parts.scheme]))}"
+        )
     if parts.scheme == "file":
         location = urllib.request.url2pathname(parts.path)
     elif parts.scheme == "s3":
@@ -293,18 +299,24 @@ class S3Backend:
                 session = boto3.session.Session(profile_name=self.options.get("profile"))
                 # boto3 reads AWS_ENDPOINT_URL(_S3) itself; looking here too lets a custom
                 # endpoint from either place get path-style addressing.
-                endpoint = (self.options.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3")
-                            or os.environ.get("AWS_ENDPOINT_URL") or None)
+                endpoint = (
+                    self.options.get("endpoint")
+                    or os.environ.get("AWS_ENDPOINT_URL_S3")
+                    or os.environ.get("AWS_ENDPOINT_URL")
+                    or None
+                )
                 config = Config(
                     retries={"max_attempts": 5, "mode": "standard"},
                     max_pool_connections=max(10, self.jobs * 2),
-                    connect_timeout=TIMEOUT_S, read_timeout=TIMEOUT_S,
+                    connect_timeout=TIMEOUT_S,
+                    read_timeout=TIMEOUT_S,
                     # A custom endpoint (a lab's MinIO, a loopback server) rarely has
                     # wildcard DNS for virtual-host buckets; path style always works.
                     s3={"addressing_style": "path"} if endpoint else None,
                 )
-                self._client = session.client("s3", endpoint_url=endpoint,
-                                              region_name=self.options.get("region"), config=config)
+                self._client = session.client(
+                    "s3", endpoint_url=endpoint, region_name=self.options.get("region"), config=config
+                )
             return self._client
 
     def _key(self, key: str) -> str:
@@ -366,10 +378,11 @@ class S3Backend:
         base = f"{self.prefix}/" if self.prefix else ""
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=base + prefix, Delimiter="/")
+                Bucket=self.bucket, Prefix=base + prefix, Delimiter="/"
+            )
             for page in pages:
                 for item in page.get("Contents", []):
-                    name = item["Key"][len(base):]
+                    name = item["Key"][len(base) :]
                     if KEY.match(name):
                         yield name
         except (ClientError, BotoCoreError) as exc:
@@ -391,9 +404,12 @@ class S3Backend:
         from boto3.s3.transfer import TransferConfig
         from botocore.exceptions import BotoCoreError, ClientError
 
-        config = TransferConfig(multipart_threshold=self.multipart_threshold,
-                                multipart_chunksize=max(self.multipart_threshold, 8 << 20),
-                                max_concurrency=min(10, self.jobs), use_threads=True)
+        config = TransferConfig(
+            multipart_threshold=self.multipart_threshold,
+            multipart_chunksize=max(self.multipart_threshold, 8 << 20),
+            max_concurrency=min(10, self.jobs),
+            use_threads=True,
+        )
         try:
             # S3 makes an object visible only once its upload completes (multipart too).
             self.client.upload_file(str(path), self.bucket, self._key(key), Config=config, Callback=progress)
@@ -457,8 +473,9 @@ class HttpBackend:
         self.url = url
 
     def _request(self, key: str, *, method: str = "GET", start: int = 0) -> Any:
-        request = urllib.request.Request(self.base + check_key(key), method=method,
-                                         headers={"Accept-Encoding": "identity"})
+        request = urllib.request.Request(
+            self.base + check_key(key), method=method, headers={"Accept-Encoding": "identity"}
+        )
         if start:
             request.add_header("Range", f"bytes={start}-")
         try:
@@ -541,8 +558,7 @@ class _HttpStream:
         if self.left is not None:
             if not data and self.left > 0:
                 # http.client reports a cut connection as a clean end of body; it is not.
-                raise CacheError(f"cache {self.url}: {self.key}: transfer broke off "
-                                 f"{self.left} bytes short")
+                raise CacheError(f"cache {self.url}: {self.key}: transfer broke off {self.left} bytes short")
             self.left -= len(data)
         return data
 
@@ -557,6 +573,14 @@ class _HttpStream:
 
 
 __all__ = [
-    "KEY", "MULTIPART_THRESHOLD", "Backend", "CacheUrl", "DirectoryBackend", "HttpBackend",
-    "S3Backend", "check_key", "open_backend", "parse_url",
+    "KEY",
+    "MULTIPART_THRESHOLD",
+    "Backend",
+    "CacheUrl",
+    "DirectoryBackend",
+    "HttpBackend",
+    "S3Backend",
+    "check_key",
+    "open_backend",
+    "parse_url",
 ]

@@ -39,8 +39,19 @@ _BLAKE3 = re.compile(r"^blake3:[0-9a-f]{64}$")
 #: An archive's key is derived from its file hash, so a narinfo cannot name any other file
 #: of the cache (or ``../`` anything): the key is checked before it is ever used.
 _ARCHIVE_KEY = re.compile(r"^nar/([0-9a-f]{64})\.nar\.zst$")
-_SINGLE_KEYS = ("StorePath", "Kind", "URL", "Compression", "FileHash", "FileSize", "NarHash",
-                "NarSize", "References", "Impure", "Obtained")
+_SINGLE_KEYS = (
+    "StorePath",
+    "Kind",
+    "URL",
+    "Compression",
+    "FileHash",
+    "FileSize",
+    "NarHash",
+    "NarSize",
+    "References",
+    "Impure",
+    "Obtained",
+)
 
 
 class CacheError(HarnessError):
@@ -72,8 +83,10 @@ class CacheInfo:
         fields = _fields(text, where, single=("Format", "Compression", "Priority"))
         fmt = fields.get("Format")
         if fmt != CACHE_FORMAT:
-            raise CacheError(f"{where}: cache format {fmt!r} is not {CACHE_FORMAT!r}",
-                             hint="push to a cache made by this version of harness")
+            raise CacheError(
+                f"{where}: cache format {fmt!r} is not {CACHE_FORMAT!r}",
+                hint="push to a cache made by this version of harness",
+            )
         compression = fields.get("Compression", COMPRESSION)
         priority = fields.get("Priority", str(DEFAULT_PRIORITY))
         if not priority.isdigit():
@@ -115,8 +128,15 @@ class NarInfo:
         end up in the record) and a prefix of its own. ``obtained`` is provenance for humans
         and is not signed.
         """
-        parts = [FINGERPRINT_PREFIX, self.store_path, self.content, str(self.nar_size),
-                 ",".join(self.references), self.kind, self.impure or ""]
+        parts = [
+            FINGERPRINT_PREFIX,
+            self.store_path,
+            self.content,
+            str(self.nar_size),
+            ",".join(self.references),
+            self.kind,
+            self.impure or "",
+        ]
         return ";".join(parts).encode()
 
     def with_signatures(self, signatures: Iterable[str]) -> NarInfo:
@@ -191,10 +211,18 @@ class NarInfo:
             if ":" not in sig:
                 raise CacheError(f"{where}: Sig {sig!r} is not keyname:base64")
         return cls(
-            store_path=store_path, kind=kind, url=url, file_hash=file_hash,
-            file_size=number("FileSize"), content=hashed("NarHash"), nar_size=number("NarSize"),
-            references=references, compression=compression, impure=fields.get("Impure") or None,
-            obtained=fields.get("Obtained", ""), signatures=signatures,
+            store_path=store_path,
+            kind=kind,
+            url=url,
+            file_hash=file_hash,
+            file_size=number("FileSize"),
+            content=hashed("NarHash"),
+            nar_size=number("NarSize"),
+            references=references,
+            compression=compression,
+            impure=fields.get("Impure") or None,
+            obtained=fields.get("Obtained", ""),
+            signatures=signatures,
         )
 
 
@@ -210,8 +238,11 @@ def archive_key(file_hash: str) -> str:
 
 def _check_path_name(value: str, where: str, key: str) -> None:
     hash_part, dash, rest = value.partition("-")
-    ok = (dash == "-" and len(hash_part) == STORE_HASH_CHARS
-          and re.fullmatch(r"[0-9a-df-np-sv-z]{32}", hash_part) is not None)
+    ok = (
+        dash == "-"
+        and len(hash_part) == STORE_HASH_CHARS
+        and re.fullmatch(r"[0-9a-df-np-sv-z]{32}", hash_part) is not None
+    )
     if ok:
         try:
             check_store_name(rest)
@@ -253,6 +284,15 @@ def _fields(text: str, where: str, *, single: tuple[str, ...]) -> _Fields:
 
 
 __all__ = [
-    "CACHE_FORMAT", "CACHE_INFO_KEY", "COMPRESSION", "DEFAULT_PRIORITY", "FINGERPRINT_PREFIX",
-    "CacheConfigError", "CacheError", "CacheInfo", "NarInfo", "archive_key", "narinfo_key",
+    "CACHE_FORMAT",
+    "CACHE_INFO_KEY",
+    "COMPRESSION",
+    "DEFAULT_PRIORITY",
+    "FINGERPRINT_PREFIX",
+    "CacheConfigError",
+    "CacheError",
+    "CacheInfo",
+    "NarInfo",
+    "archive_key",
+    "narinfo_key",
 ]

@@ -101,8 +101,7 @@ def pack(path: Path, dest: Path, *, progress: Progress = _ignore) -> Packed:
         raw.flush()
         # The narinfo that names this archive is written after it: the bytes must be durable first.
         os.fsync(raw.fileno())
-    return Packed(f"blake3:{writer.hasher.hexdigest()}", writer.size,
-                  f"blake3:{nar_hasher.hexdigest()}", nar_size)
+    return Packed(f"blake3:{writer.hasher.hexdigest()}", writer.size, f"blake3:{nar_hasher.hexdigest()}", nar_size)
 
 
 # --------------------------------------------------------------------------------- unpacking
@@ -161,7 +160,7 @@ class _Nar:
             self._pos = 0
             if not self._buf:
                 raise CacheError(f"{self.label}: the archive ends in the middle of its NAR")
-        chunk = self._buf[self._pos: self._pos + n]
+        chunk = self._buf[self._pos : self._pos + n]
         self._pos += len(chunk)
         self.consumed += len(chunk)
         if self.consumed > self.limit:
@@ -248,8 +247,14 @@ def unpack(
     partial tree, which the caller (the store's build folder) discards.
     """
     counted = _Source(source, file_size, label, progress)
+    # zstandard reads any object with read(); its stubs ask for IO[bytes], which _Source
+    # (a counting, hashing reader) is in behaviour but not in type.
     reader = zstandard.ZstdDecompressor().stream_reader(
-        counted, read_size=_CHUNK, read_across_frames=True, closefd=False)  # type: ignore[arg-type]
+        counted,  # type: ignore[arg-type]
+        read_size=_CHUNK,
+        read_across_frames=True,
+        closefd=False,
+    )
     nar = _Nar(reader, nar_size, label)
     result = Unpacked()
     nar.expect(b"nix-archive-1", "the archive header")
@@ -269,8 +274,9 @@ def unpack(
 
 
 class _Unpacker:
-    def __init__(self, nar: _Nar, store_name: str, references: frozenset[str], hash_files: bool,
-                 result: Unpacked) -> None:
+    def __init__(
+        self, nar: _Nar, store_name: str, references: frozenset[str], hash_files: bool, result: Unpacked
+    ) -> None:
         self.nar = nar
         self.store_name = store_name
         self.references = references
@@ -302,8 +308,11 @@ class _Unpacker:
         elif kind == b"directory":
             self.directory(target, rel, depth)
         else:
-            raise self.fail(rel, f"is of type {_show(kind)} (a device, fifo or other special file); "
-                                 "only regular files, directories and symlinks can be stored")
+            raise self.fail(
+                rel,
+                f"is of type {_show(kind)} (a device, fifo or other special file); "
+                "only regular files, directories and symlinks can be stored",
+            )
 
     def regular(self, target: Path, rel: list[str]) -> None:
         nar = self.nar
@@ -320,8 +329,9 @@ class _Unpacker:
             raise self.fail(rel, f"declares {size} bytes, more than the NarSize leaves")
         digest = hashlib.sha256() if self.hash_files else None
         # O_EXCL|O_NOFOLLOW: never write through anything that already exists at that name.
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o755 if executable else 0o644)
+        fd = os.open(
+            target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o755 if executable else 0o644
+        )
         try:
             left = size
             while left:
@@ -359,8 +369,10 @@ class _Unpacker:
             name = nar.string(MAX_NAME, where)
             shown = [*rel, name.decode("utf-8", "backslashreplace")]
             if not name or name in (b".", b"..") or b"/" in name or b"\0" in name:
-                raise self.fail(shown, "is not a plain file name (empty, '.', '..', or holds '/' or NUL): "
-                                       "an absolute or climbing path")
+                raise self.fail(
+                    shown,
+                    "is not a plain file name (empty, '.', '..', or holds '/' or NUL): an absolute or climbing path",
+                )
             if previous is not None and name <= previous:
                 what = "appears twice" if name == previous else f"comes after {_show(previous)}: entries must be sorted"
                 raise self.fail(shown, what)
@@ -390,8 +402,11 @@ class _Unpacker:
         if not resolved:
             raise self.fail(rel, f"symlink target {text!r} points at the store folder itself")
         if resolved[0] != self.store_name and resolved[0] not in self.references:
-            raise self.fail(rel, f"symlink target {text!r} points out of its path, to {resolved[0]!r}, "
-                                 "which is not one of its references")
+            raise self.fail(
+                rel,
+                f"symlink target {text!r} points out of its path, to {resolved[0]!r}, "
+                "which is not one of its references",
+            )
 
 
 __all__ = ["MAX_DEPTH", "ZSTD_LEVEL", "Packed", "Unpacked", "pack", "unpack"]

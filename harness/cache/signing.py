@@ -163,6 +163,14 @@ def _check_name(name: str, what: str) -> None:
 
 
 __all__ = [
-    "PublicKey", "SecretKey", "generate", "load_secret", "parse_public", "parse_secret",
-    "parse_trusted", "render_secret", "signed_by_trusted", "write_key_pair",
+    "PublicKey",
+    "SecretKey",
+    "generate",
+    "load_secret",
+    "parse_public",
+    "parse_secret",
+    "parse_trusted",
+    "render_secret",
+    "signed_by_trusted",
+    "write_key_pair",
 ]

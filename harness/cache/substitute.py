@@ -56,8 +56,16 @@ def substitute(
         report(f"substituter {url} skipped: {problem}")
     if not subs:
         return []
-    result = pull(store, wanted, subs, trusted=trusted, expected=expected, cache_dir=cache_dir,
-                  jobs=jobs, show_progress=show_progress)
+    result = pull(
+        store,
+        wanted,
+        subs,
+        trusted=trusted,
+        expected=expected,
+        cache_dir=cache_dir,
+        jobs=jobs,
+        show_progress=show_progress,
+    )
     for line in result.warnings:
         report(line)
     for name, why in sorted(result.failed.items()):
@@ -91,7 +99,8 @@ def expected_from_locks(locks: Iterable[object]) -> dict[str, ExpectedContent]:
             expected[source.store] = ExpectedContent("source", content=source.tree)
         for weights in lock.weights:
             expected[weights.store] = ExpectedContent(
-                "weights", files={item.path: item.sha256 for item in weights.files})
+                "weights", files={item.path: item.sha256 for item in weights.files}
+            )
     return expected
 
 

@@ -54,14 +54,24 @@ class TarReader:
         if member.isdir() and name in ("", ".", "nar", "nar/"):
             return
         if name.startswith("/") or ".." in name.split("/"):
-            raise CacheError(f"{self.path}: member {member.name!r} has an absolute or climbing name; "
-                             "refusing the whole file")
+            raise CacheError(
+                f"{self.path}: member {member.name!r} has an absolute or climbing name; refusing the whole file"
+            )
         if not member.isfile() or member.issparse():
-            what = ("a symlink" if member.issym() else "a hard link" if member.islnk()
-                    else "a device file" if member.ischr() or member.isblk()
-                    else "a fifo" if member.isfifo() else "not a regular file")
-            raise CacheError(f"{self.path}: member {member.name!r} is {what}; an exported cache holds "
-                             "only regular files")
+            what = (
+                "a symlink"
+                if member.issym()
+                else "a hard link"
+                if member.islnk()
+                else "a device file"
+                if member.ischr() or member.isblk()
+                else "a fifo"
+                if member.isfifo()
+                else "not a regular file"
+            )
+            raise CacheError(
+                f"{self.path}: member {member.name!r} is {what}; an exported cache holds only regular files"
+            )
         if not KEY.match(name):
             raise CacheError(f"{self.path}: member {member.name!r} is not a cache file name")
 

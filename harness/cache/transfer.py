@@ -74,9 +74,11 @@ def closure(store: Store, names: Sequence[str]) -> list[str]:
         record = store.record(name)
         if record is None:
             where = f" (referenced by {via})" if via else ""
-            raise CacheError(f"{name} is not registered in {store.root}{where}: never realized here, "
-                             "or collected by `harness store gc`",
-                             hint="realize it (again) first (`harness realize`), or name what is realized")
+            raise CacheError(
+                f"{name} is not registered in {store.root}{where}: never realized here, "
+                "or collected by `harness store gc`",
+                hint="realize it (again) first (`harness realize`), or name what is realized",
+            )
         visiting.add(name)
         for ref in sorted(record.references):
             if ref != name:
@@ -167,12 +169,27 @@ def push(
     # the push; what is registered after this stays registered until the push is done.
     with TempRoots(store, f"harness store push to {backend.url}") as roots:
         roots.add(names)
-        return _push(store, closure(store, names), backend, secret=secret, cache_dir=cache_dir, jobs=jobs,
-                     show_progress=show_progress)
+        return _push(
+            store,
+            closure(store, names),
+            backend,
+            secret=secret,
+            cache_dir=cache_dir,
+            jobs=jobs,
+            show_progress=show_progress,
+        )
 
 
-def _push(store: Store, paths: list[str], backend: Backend, *, secret: SecretKey | None, cache_dir: Path,
-          jobs: int, show_progress: bool) -> PushResult:
+def _push(
+    store: Store,
+    paths: list[str],
+    backend: Backend,
+    *,
+    secret: SecretKey | None,
+    cache_dir: Path,
+    jobs: int,
+    show_progress: bool,
+) -> PushResult:
     """:func:`push` of a rooted closure (``paths``, references first)."""
     from harness.realize.fetch import FetchJob, fetch_all
 
@@ -180,9 +197,11 @@ def _push(store: Store, paths: list[str], backend: Backend, *, secret: SecretKey
         record = store.record(name)
         problem = host_copy_problem(name, record.kind, record.impure) if record is not None else None
         if problem:
-            raise CacheError(f"{name}: {problem}; not pushing it",
-                             hint="realize again: harness replaces it with the lock's own interpreter or a "
-                                  "host copy under a name of its own")
+            raise CacheError(
+                f"{name}: {problem}; not pushing it",
+                hint="realize again: harness replaces it with the lock's own interpreter or a "
+                "host copy under a name of its own",
+            )
 
     result = PushResult()
     _, wrote_info = ensure_cache_info(backend)
@@ -215,20 +234,24 @@ def _push(store: Store, paths: list[str], backend: Backend, *, secret: SecretKey
             temp = Path(temp_name)
             try:
                 if not os.path.lexists(store.root / name):
-                    raise CacheError(f"{name} is no longer in the store (deleted or collected while "
-                                     "being pushed); not pushing it",
-                                     hint="realize it again, then push again")
+                    raise CacheError(
+                        f"{name} is no longer in the store (deleted or collected while being pushed); not pushing it",
+                        hint="realize it again, then push again",
+                    )
                 try:
                     packed = pack(store.root / name, temp, progress=progress)
                 except OSError as exc:
-                    raise CacheError(f"{name} cannot be read from the store ({exc.strerror or exc}: "
-                                     "deleted or collected while being pushed?); not pushing it",
-                                     hint="run `harness store verify --repair`, then push again") from None
+                    raise CacheError(
+                        f"{name} cannot be read from the store ({exc.strerror or exc}: "
+                        "deleted or collected while being pushed?); not pushing it",
+                        hint="run `harness store verify --repair`, then push again",
+                    ) from None
                 if packed.content != record.content or packed.nar_size != record.nar_size:
                     raise CacheError(
                         f"{name} changed since it was registered (record {record.content}, "
                         f"now {packed.content}); not pushing it",
-                        hint=f"run `harness store verify --repair {name}`")
+                        hint=f"run `harness store verify --repair {name}`",
+                    )
                 key = archive_key(packed.file_hash)
                 uploaded = 0
                 if not backend.exists(key):
@@ -238,9 +261,15 @@ def _push(store: Store, paths: list[str], backend: Backend, *, secret: SecretKey
                     with lock:
                         uploaded_keys[name] = key
                 info = NarInfo(
-                    store_path=name, kind=record.kind, url=key, file_hash=packed.file_hash,
-                    file_size=packed.file_size, content=record.content, nar_size=record.nar_size,
-                    references=tuple(sorted(r for r in record.references)), impure=record.impure,
+                    store_path=name,
+                    kind=record.kind,
+                    url=key,
+                    file_hash=packed.file_hash,
+                    file_size=packed.file_size,
+                    content=record.content,
+                    nar_size=record.nar_size,
+                    references=tuple(sorted(r for r in record.references)),
+                    impure=record.impure,
                     obtained=record.obtained,
                 )
                 with lock:
@@ -276,8 +305,10 @@ def _push(store: Store, paths: list[str], backend: Backend, *, secret: SecretKey
     if len(failures) == 1:
         raise next(iter(failures.values()))
     if failures:
-        raise CacheError(f"{len(failures)} paths were not pushed:\n"
-                         + "\n".join(f"  - {exc.message}" for _, exc in sorted(failures.items())))
+        raise CacheError(
+            f"{len(failures)} paths were not pushed:\n"
+            + "\n".join(f"  - {exc.message}" for _, exc in sorted(failures.items()))
+        )
     return result
 
 
@@ -339,8 +370,9 @@ class PullResult:
     downloaded_bytes: int = 0
 
 
-def open_substituters(urls: Sequence[str], *, jobs: int = 8,
-                      backends: Mapping[str, Backend] | None = None) -> tuple[list[Substituter], dict[str, str]]:
+def open_substituters(
+    urls: Sequence[str], *, jobs: int = 8, backends: Mapping[str, Backend] | None = None
+) -> tuple[list[Substituter], dict[str, str]]:
     """Open caches by URL: the usable ones sorted by priority (ties: the order given), and
     why each other one cannot be used (unreachable, not a harness cache), by URL. A
     malformed URL raises :class:`~harness.cache.format.CacheConfigError`. ``backends``
@@ -388,8 +420,9 @@ def host_copy_problem(name: str, kind: str, impure: str | None) -> str | None:
     return None
 
 
-def trust_problem(info: NarInfo, expected: ExpectedContent | None,
-                  trusted: Mapping[str, list[PublicKey]]) -> str | None:
+def trust_problem(
+    info: NarInfo, expected: ExpectedContent | None, trusted: Mapping[str, list[PublicKey]]
+) -> str | None:
     """Why ``info`` may not be used, or None when it may (module docstring: trust)."""
     if expected is not None:
         if info.kind != expected.kind:
@@ -404,8 +437,7 @@ def trust_problem(info: NarInfo, expected: ExpectedContent | None,
     if not info.signatures:
         return "not signed, and a built path needs a signature by a trusted key"
     names = sorted({sig.partition(":")[0] for sig in info.signatures})
-    return (f"not signed by a trusted key (signatures by {', '.join(names)} do not verify "
-            "under trusted-keys)")
+    return f"not signed by a trusted key (signatures by {', '.join(names)} do not verify under trusted-keys)"
 
 
 def pull(
@@ -463,8 +495,9 @@ def pull(
             if info.store_path != name:
                 problems.append(f"{sub.url}/{key} describes {info.store_path}, not {name}")
                 continue
-            problem = host_copy_problem(name, info.kind, info.impure) or trust_problem(info, expected.get(name),
-                                                                                        trusted)
+            problem = host_copy_problem(name, info.kind, info.impure) or trust_problem(
+                info, expected.get(name), trusted
+            )
             if problem:
                 problems.append(f"{sub.url}: {problem}")
                 continue
@@ -497,7 +530,9 @@ def pull(
     usable: list[str] = []
     for name in order:
         info = found[name][1]
-        blocked = next((r for r in info.references if r != name and r not in found and not store.is_registered(r)), None)
+        blocked = next(
+            (r for r in info.references if r != name and r not in found and not store.is_registered(r)), None
+        )
         blocked = blocked or next((r for r in info.references if r in result.failed), None)
         if blocked is not None:
             why = "; ".join(reasons.get(blocked, [])) or result.failed.get(blocked, "not available")
@@ -512,9 +547,16 @@ def pull(
     return result
 
 
-def _fetch_and_register(store: Store, order: list[str], found: Mapping[str, tuple[Substituter, NarInfo]],
-                        expected: Mapping[str, ExpectedContent], cache_dir: Path, jobs: int,
-                        show_progress: bool, result: PullResult) -> None:
+def _fetch_and_register(
+    store: Store,
+    order: list[str],
+    found: Mapping[str, tuple[Substituter, NarInfo]],
+    expected: Mapping[str, ExpectedContent],
+    cache_dir: Path,
+    jobs: int,
+    show_progress: bool,
+    result: PullResult,
+) -> None:
     """Download (in parallel) and register (references first) every path of ``order``."""
     from harness.realize.fetch import FetchJob, fetch_all
 
@@ -544,8 +586,7 @@ def _fetch_and_register(store: Store, order: list[str], found: Mapping[str, tupl
                     with lock:
                         why = result.failed.get(ref)
                     if why is not None:
-                        raise CacheError(f"its reference {ref} was not substituted ({why}); "
-                                         "nothing was registered")
+                        raise CacheError(f"its reference {ref} was not substituted ({why}); nothing was registered")
                 _register(store, name, sub, info, expected.get(name), archive, progress)
                 with lock:
                     result.registered.append(name)
@@ -611,14 +652,23 @@ def _download(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[
         got = part.stat().st_size if part.exists() else 0
         if got != info.file_size or file_blake3(part) != hex_hash:
             part.unlink(missing_ok=True)
-            raise CacheError(f"{sub.url}/{info.url}: the archive does not match its narinfo "
-                             f"(FileSize {info.file_size}, FileHash {info.file_hash}); got {got} bytes")
+            raise CacheError(
+                f"{sub.url}/{info.url}: the archive does not match its narinfo "
+                f"(FileSize {info.file_size}, FileHash {info.file_hash}); got {got} bytes"
+            )
         os.replace(part, final)
         return final
 
 
-def _register(store: Store, name: str, sub: Substituter, info: NarInfo, expected: ExpectedContent | None,
-              archive: Path | None, progress: Callable[[int], None]) -> None:
+def _register(
+    store: Store,
+    name: str,
+    sub: Substituter,
+    info: NarInfo,
+    expected: ExpectedContent | None,
+    archive: Path | None,
+    progress: Callable[[int], None],
+) -> None:
     """Unpack ``info``'s archive into the store's build folder and register it."""
     from harness.cache.nar import unpack
     from harness.store.store import StoreError
@@ -638,10 +688,18 @@ def _register(store: Store, name: str, sub: Substituter, info: NarInfo, expected
             file_hash = info.file_hash
             report = progress
         with stream:
-            unpacked = unpack(stream, out, store_name=name, references=set(info.references),
-                              file_size=info.file_size, file_hash=file_hash, nar_size=info.nar_size,
-                              label=label, hash_files=bool(expected and expected.files is not None),
-                              progress=report)
+            unpacked = unpack(
+                stream,
+                out,
+                store_name=name,
+                references=set(info.references),
+                file_size=info.file_size,
+                file_hash=file_hash,
+                nar_size=info.nar_size,
+                label=label,
+                hash_files=bool(expected and expected.files is not None),
+                progress=report,
+            )
         if expected is not None and expected.files is not None:
             _check_files(label, unpacked, expected.files)
         obtained = f"cache {sub.url}" + (f" ({info.obtained})" if info.obtained else "")
@@ -668,8 +726,10 @@ def check_free_space(folder: Path, needed: int, what: str) -> None:
     except OSError:
         return  # cannot tell: the write itself will say
     if needed > free:
-        raise CacheError(f"{what}: needs {needed} bytes, and {probe} has only {free} free; nothing was written",
-                         hint="free space there, or point --home / HARNESS_HOME at a larger filesystem")
+        raise CacheError(
+            f"{what}: needs {needed} bytes, and {probe} has only {free} free; nothing was written",
+            hint="free space there, or point --home / HARNESS_HOME at a larger filesystem",
+        )
 
 
 def _check_files(label: str, unpacked: Any, files: Mapping[str, str]) -> None:
@@ -683,8 +743,10 @@ def _check_files(label: str, unpacked: Any, files: Mapping[str, str]) -> None:
     got = set(unpacked.file_sha256)
     extra, absent = sorted(got - set(files)), sorted(set(files) - got)
     if extra or absent:
-        raise CacheError(f"{label}: its files are not the lock's: "
-                         + ", ".join([*(f"unexpected {p!r}" for p in extra), *(f"missing {p!r}" for p in absent)]))
+        raise CacheError(
+            f"{label}: its files are not the lock's: "
+            + ", ".join([*(f"unexpected {p!r}" for p in extra), *(f"missing {p!r}" for p in absent)])
+        )
     for path, sha in sorted(files.items()):
         if unpacked.file_sha256[path] != sha:
             raise CacheError(f"{label}: {path!r} has sha256 {unpacked.file_sha256[path]}, the lock says {sha}")
@@ -699,6 +761,15 @@ def _ignore(_n: int) -> None:
 
 
 __all__ = [
-    "ExpectedContent", "PullResult", "PushResult", "Substituter", "closure", "ensure_cache_info",
-    "open_substituters", "pull", "push", "topological", "trust_problem",
+    "ExpectedContent",
+    "PullResult",
+    "PushResult",
+    "Substituter",
+    "closure",
+    "ensure_cache_info",
+    "open_substituters",
+    "pull",
+    "push",
+    "topological",
+    "trust_problem",
 ]

@@ -14,8 +14,9 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]],
-                wrap: Sequence[str] = ()) -> None:
+def print_table(
+    title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], wrap: Sequence[str] = ()
+) -> None:
     """A table for people; empty cells print as '-'. Only the ``wrap`` columns (long text
     such as a summary) wrap on a narrow terminal; others fold only as a last resort."""
     from rich.console import Console

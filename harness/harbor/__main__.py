@@ -111,8 +111,9 @@ def init(task: Path, project: Path | None, name: str | None, python: str | None,
         out.untranslated.insert(0, "no environment/Dockerfile: an environment with Python only")
     version = python or out.python or ".".join(platform.python_version_tuple()[:2])
     if not (python or out.python):
-        out.untranslated.append(f"python = {version!r} is this interpreter's version: change it if the task "
-                                "needs another")
+        out.untranslated.append(
+            f"python = {version!r} is this interpreter's version: change it if the task needs another"
+        )
     manifest = root / "benchmarks" / f"{name}.toml"
     spec_file = env_dir / FILE_NAME
     for path in (manifest, spec_file):
@@ -139,8 +140,10 @@ def init(task: Path, project: Path | None, name: str | None, python: str | None,
     env_dir.mkdir(exist_ok=True)
     relative = os.path.relpath(root, env_dir.resolve())
     spec_file.write_text(f'manifest = "{name}"\nproject = "{relative}"\n', encoding="utf-8")
-    lines = [f"{manifest}: python {version}, {len(out.requirements)} requirement(s)",
-             f"{spec_file}: manifest = {name!r}, project = {relative!r}"]
+    lines = [
+        f"{manifest}: python {version}, {len(out.requirements)} requirement(s)",
+        f"{spec_file}: manifest = {name!r}, project = {relative!r}",
+    ]
     lines += [f"not translated: {step}" for step in out.untranslated]
     lines.append(f"next: harness --project {root} lock {name}; python -m harness.harbor pin {task}")
     return lines

@@ -55,7 +55,7 @@ MARKER = "HARNESS_CONFINED_SESSION"
 
 # The helper runs in a fresh interpreter (-I -S) before anything of the session: argv[1] is
 # the rules as JSON, the rest the command. Kept standard-library only and small.
-_HELPER = r'''
+_HELPER = r"""
 import ctypes, json, os, platform, sys
 rules = json.loads(sys.argv[1]); argv = sys.argv[3:]
 libc = ctypes.CDLL(None, use_errno=True)
@@ -112,11 +112,20 @@ if arch:
     if libc.prctl(22, 2, ctypes.byref(Prog(6, prog)), 0, 0) != 0:
         sys.stderr.write("harness: seccomp filter for statx refused\n"); sys.exit(126)
 os.execv(argv[0], argv)
-'''
+"""
 
 #: /dev nodes a session may use (read and write); everything else under /dev is refused.
-DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/pts",
-           "/dev/ptmx", "/dev/shm")
+DEVICES = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/pts",
+    "/dev/ptmx",
+    "/dev/shm",
+)
 
 
 def landlock_abi() -> int:
@@ -144,8 +153,12 @@ class ConfinedSandbox(Sandbox):
     namespaces = False
 
     def __init__(self, config: SandboxConfig, **kw: Any) -> None:
-        config.idmap = IdMap("single", os.geteuid(), os.getegid(),
-                             reason="no user namespaces here: every command runs as the invoking user")
+        config.idmap = IdMap(
+            "single",
+            os.geteuid(),
+            os.getegid(),
+            reason="no user namespaces here: every command runs as the invoking user",
+        )
         super().__init__(config, **kw)
         proot = shutil.which("proot", path="/usr/bin:/bin:/usr/sbin:/sbin")
         if proot is None:
@@ -168,11 +181,20 @@ class ConfinedSandbox(Sandbox):
 
     def describe(self) -> dict[str, Any]:
         no_net = not self.config.network
-        return {"landlock_abi": self.abi, "proot": self.proot,
-                "tcp_connect": ("refused except forwarded ports" if no_net and self.abi >= 4 else
-                                "allowed" if not no_net else "not restricted (Landlock ABI < 4)"),
-                "udp": "not restricted (Landlock has no UDP rules)" if no_net else "allowed",
-                "signals_scoped": self.abi >= 6, "pid_namespace": False}
+        return {
+            "landlock_abi": self.abi,
+            "proot": self.proot,
+            "tcp_connect": (
+                "refused except forwarded ports"
+                if no_net and self.abi >= 4
+                else "allowed"
+                if not no_net
+                else "not restricted (Landlock ABI < 4)"
+            ),
+            "udp": "not restricted (Landlock has no UDP rules)" if no_net else "allowed",
+            "signals_scoped": self.abi >= 6,
+            "pid_namespace": False,
+        }
 
     async def start(self) -> None:
         root = self.config.root
@@ -181,9 +203,14 @@ class ConfinedSandbox(Sandbox):
         os.chmod(root / "tmp", 0o1777)
         # Every bind's mount point exists in the root: PRoot would otherwise make "glue"
         # folders in the host's /tmp, which Landlock (rightly) refuses.
-        points = ["proc", "dev", "sys", *(p.lstrip("/") for p in self.config.read_only),
-                  *(str(p).lstrip("/") for p in self.config.store_paths),
-                  *(n for n in TOP_LEVEL_LINKS if (Path("/") / n).exists())]
+        points = [
+            "proc",
+            "dev",
+            "sys",
+            *(p.lstrip("/") for p in self.config.read_only),
+            *(str(p).lstrip("/") for p in self.config.store_paths),
+            *(n for n in TOP_LEVEL_LINKS if (Path("/") / n).exists()),
+        ]
         for point in points:
             (root / point).mkdir(parents=True, exist_ok=True)
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -200,11 +227,22 @@ class ConfinedSandbox(Sandbox):
 
     def _rules(self) -> dict[str, Any]:
         c = self.config
-        read = [*c.read_only, "/proc", "/sys", *map(str, c.store_paths), self.proot,
-                *([str(self.loader)] if self.loader else [])]
+        read = [
+            *c.read_only,
+            "/proc",
+            "/sys",
+            *map(str, c.store_paths),
+            self.proot,
+            *([str(self.loader)] if self.loader else []),
+        ]
         read += [f"/{n}" for n in TOP_LEVEL_LINKS if os.path.isdir(f"/{n}")]
-        return {"read": read, "write": [str(c.root), str(self.scratch)],
-                "devices": [*DEVICES, *c.devices], "no_network": not c.network, "ports": c.forward_ports}
+        return {
+            "read": read,
+            "write": [str(c.root), str(self.scratch)],
+            "devices": [*DEVICES, *c.devices],
+            "no_network": not c.network,
+            "ports": c.forward_ports,
+        }
 
     def _enter(self, *, user: Any = None, privileged: bool = False, limited: bool = False) -> list[str]:
         if not self._running_ok:
@@ -223,26 +261,61 @@ class ConfinedSandbox(Sandbox):
                 binds += ["-b", f"{host.resolve()}:/{name}"]
         for store_path in c.store_paths:
             binds += ["-b", str(store_path)]
-        return [*outer, sys.executable, "-I", "-S", "-c", _HELPER, json.dumps(self._rules()), "--", *inner,
-                self.proot, "-r", str(c.root), *binds, "-w", "/"]
+        return [
+            *outer,
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            _HELPER,
+            json.dumps(self._rules()),
+            "--",
+            *inner,
+            self.proot,
+            "-r",
+            str(c.root),
+            *binds,
+            "-w",
+            "/",
+        ]
 
     def command_args(self, command: str, cwd: str, user: Any = None, status_fd: int = 9) -> list[str]:
         # The command's status comes back on status_fd (closed for the command itself): PRoot
         # lives on while a background process of the command does, as the session's init would.
         shell = self.tools.shell
         n = int(status_fd)
-        return [*self._enter(limited=True), shell, "-c", f'cd -- "$1" && "$2" -c "$3" {n}>&-; echo $? >&{n}',
-                "harness-exec", inside_path(cwd), shell, command]
+        return [
+            *self._enter(limited=True),
+            shell,
+            "-c",
+            f'cd -- "$1" && "$2" -c "$3" {n}>&-; echo $? >&{n}',
+            "harness-exec",
+            inside_path(cwd),
+            shell,
+            command,
+        ]
 
-    async def exec(self, command: str, *, cwd: str, env: dict[str, str], timeout: float | None = None,
-                   on_output: OutputCallback | None = None, user: str | int | None = None) -> ExecOutcome:
+    async def exec(
+        self,
+        command: str,
+        *,
+        cwd: str,
+        env: dict[str, str],
+        timeout: float | None = None,
+        on_output: OutputCallback | None = None,
+        user: str | int | None = None,
+    ) -> ExecOutcome:
         status_r, status_w = os.pipe()
         try:
             process = await asyncio.create_subprocess_exec(
-                *self.command_args(command, cwd, status_fd=status_w), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env={**env, **self._proot_env()}, start_new_session=True,
-                pass_fds=(status_w,))
+                *self.command_args(command, cwd, status_fd=status_w),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={**env, **self._proot_env()},
+                start_new_session=True,
+                pass_fds=(status_w,),
+            )
         finally:
             os.close(status_w)
         self._tracers.add(process.pid)
@@ -303,13 +376,18 @@ class ConfinedSandbox(Sandbox):
         except TimeoutError:
             pass
 
-    async def _run_io(self, argv: list[str], *, stdin: Any = None, stdout: Any = None, timeout: float = 600,
-                      privileged: bool = False) -> tuple[int, str]:
+    async def _run_io(
+        self, argv: list[str], *, stdin: Any = None, stdout: Any = None, timeout: float = 600, privileged: bool = False
+    ) -> tuple[int, str]:
         process = await asyncio.create_subprocess_exec(
-            *self._enter(), *argv, stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=stdout if stdout is not None else asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/root",
-                 **self._proot_env()}, start_new_session=True)
+            *self._enter(),
+            *argv,
+            stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=stdout if stdout is not None else asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/root", **self._proot_env()},
+            start_new_session=True,
+        )
         self._tracers.add(process.pid)
         try:
             _, err = await asyncio.wait_for(process.communicate(), timeout=timeout)
@@ -360,7 +438,7 @@ def _loader(proot: str, folder: Path) -> Path | None:
     data = Path(proot).read_bytes()
     at = data.find(b"\x7fELF", 1)
     while at != -1:
-        header = data[at:at + 64]
+        header = data[at : at + 64]
         if len(header) == 64 and header[4] == 2:  # a 64-bit ELF: its size from its headers
             (shoff,) = struct.unpack_from("<Q", header, 0x28)
             shentsize, shnum = struct.unpack_from("<HH", header, 0x3A)
@@ -369,7 +447,7 @@ def _loader(proot: str, folder: Path) -> Path | None:
             size = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
             if phnum and 0 < size <= len(data) - at and size < 1 << 22:
                 target = folder / "loader"
-                target.write_bytes(data[at:at + size])
+                target.write_bytes(data[at : at + size])
                 target.chmod(0o555)
                 return target
         at = data.find(b"\x7fELF", at + 1)

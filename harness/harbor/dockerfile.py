@@ -20,9 +20,25 @@ from dataclasses import dataclass, field
 
 _PIP = re.compile(r"^(?:(?:python[0-9.]*\s+-m\s+)?pip[0-9.]*|uv\s+pip|python[0-9.]*\s+-m\s+uv\s+pip)\s+install\b")
 #: pip/uv options that take no value and change nothing a lock expresses.
-_FLAGS = {"--no-cache-dir", "-U", "--upgrade", "--system", "--break-system-packages", "-q", "--quiet",
-          "--no-input", "--disable-pip-version-check", "--user", "--root-user-action=ignore", "--compile",
-          "--no-compile", "--progress-bar=off", "-v", "--verbose", "--pre"}
+_FLAGS = {
+    "--no-cache-dir",
+    "-U",
+    "--upgrade",
+    "--system",
+    "--break-system-packages",
+    "-q",
+    "--quiet",
+    "--no-input",
+    "--disable-pip-version-check",
+    "--user",
+    "--root-user-action=ignore",
+    "--compile",
+    "--no-compile",
+    "--progress-bar=off",
+    "-v",
+    "--verbose",
+    "--pre",
+}
 #: options whose value is the next word (and changes nothing a lock expresses, or is refused below).
 _WITH_VALUE = {"--root-user-action", "--progress-bar", "--python", "-p", "--prefix", "--target", "-t"}
 
@@ -114,13 +130,19 @@ def translate(text: str, read: Callable[[str], str | None] = lambda _name: None)
             match = re.match(r"^(?:docker\.io/)?(?:library/)?python:(\d+\.\d+(?:\.\d+)?)", image)
             if match and out.python is None:
                 out.python = match.group(1)
-                rest = image[match.end():]
+                rest = image[match.end() :]
                 if rest:
-                    out.add(line, f"FROM {image}", f"the {rest.lstrip('-')} variant's system libraries are the "
-                                                   "host's /usr instead")
+                    out.add(
+                        line,
+                        f"FROM {image}",
+                        f"the {rest.lstrip('-')} variant's system libraries are the host's /usr instead",
+                    )
             else:
-                out.add(line, f"FROM {image}", "not a python:X base: the sandbox's system is the host's /usr "
-                                               "(set the manifest's python yourself)")
+                out.add(
+                    line,
+                    f"FROM {image}",
+                    "not a python:X base: the sandbox's system is the host's /usr (set the manifest's python yourself)",
+                )
         elif word == "RUN":
             for command in _commands(args):
                 _run(out, line, command, copied, read)
@@ -128,11 +150,18 @@ def translate(text: str, read: Callable[[str], str | None] = lambda _name: None)
             words = [a for a in args.split() if not a.startswith("--")]
             if len(words) >= 2:
                 for source in words[:-1]:
-                    dest = words[-1].rstrip("/") + "/" + source.rsplit("/", 1)[-1] if words[-1].endswith("/") \
+                    dest = (
+                        words[-1].rstrip("/") + "/" + source.rsplit("/", 1)[-1]
+                        if words[-1].endswith("/")
                         else words[-1]
+                    )
                     copied[dest] = source
-            out.add(line, f"{word} {args}", "files are not copied into the sandbox: upload them in the task "
-                                            "(e.g. in solution/ or tests/), or keep them in a source of the manifest")
+            out.add(
+                line,
+                f"{word} {args}",
+                "files are not copied into the sandbox: upload them in the task "
+                "(e.g. in solution/ or tests/), or keep them in a source of the manifest",
+            )
         elif word == "WORKDIR":
             out.workdir = args
             out.add(line, f"WORKDIR {args}", f'set workdir = "{args}" under [environment] in task.toml')
@@ -146,20 +175,23 @@ def translate(text: str, read: Callable[[str], str | None] = lambda _name: None)
     return out
 
 
-def _run(out: Translation, line: int, command: str, copied: dict[str, str],
-         read: Callable[[str], str | None]) -> None:
+def _run(out: Translation, line: int, command: str, copied: dict[str, str], read: Callable[[str], str | None]) -> None:
     match = _PIP.match(command)
     if not match:
         if re.match(r"^(apt-get|apt|apk|yum|dnf)\b.*\binstall\b", command):
-            out.add(line, f"RUN {command}", "system packages come from the host's /usr: install them there, "
-                                            "or run the task on a host that has them")
+            out.add(
+                line,
+                f"RUN {command}",
+                "system packages come from the host's /usr: install them there, "
+                "or run the task on a host that has them",
+            )
         elif re.match(r"^(apt-get|apt)\s+(update|clean)|^rm\s+-rf\s+/var/lib/apt", command):
             return  # housekeeping of a system package install, listed with it
         else:
             out.add(line, f"RUN {command}", "not translated: do it in the task (solution/, tests/) if needed")
         return
     try:
-        words = shlex.split(command[match.end():])
+        words = shlex.split(command[match.end() :])
     except ValueError:
         out.add(line, f"RUN {command}", "cannot parse the pip command")
         return
@@ -167,8 +199,13 @@ def _run(out: Translation, line: int, command: str, copied: dict[str, str],
     while i < len(words):
         word = words[i]
         if word in ("-r", "--requirement") or word.startswith(("-r", "--requirement=")):
-            name = words[i + 1] if word in ("-r", "--requirement") and i + 1 < len(words) else \
-                word.split("=", 1)[1] if "=" in word else word[2:]
+            name = (
+                words[i + 1]
+                if word in ("-r", "--requirement") and i + 1 < len(words)
+                else word.split("=", 1)[1]
+                if "=" in word
+                else word[2:]
+            )
             i += 2 if word in ("-r", "--requirement") else 1
             source = copied.get(name) or copied.get("./" + name) or name
             text = read(source)
@@ -184,9 +221,12 @@ def _run(out: Translation, line: int, command: str, copied: dict[str, str],
             continue
         if word in ("-i", "--index-url", "--extra-index-url"):
             if i + 1 < len(words):
-                out.add(line, f"{word} {words[i + 1]}",
-                        "indexes are configuration, not part of the manifest: set one in harness's settings "
-                        "or UV_DEFAULT_INDEX when you lock")
+                out.add(
+                    line,
+                    f"{word} {words[i + 1]}",
+                    "indexes are configuration, not part of the manifest: set one in harness's settings "
+                    "or UV_DEFAULT_INDEX when you lock",
+                )
             i += 2
             continue
         if word in _FLAGS or word.startswith(("--root-user-action=", "--progress-bar=")):

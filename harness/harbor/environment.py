@@ -134,7 +134,7 @@ class HarnessEnvironment(BaseEnvironment):
     @property
     def role(self) -> str:
         prefix = f"{self.trial_paths.trial_dir.name}__"
-        role = self.session_id[len(prefix):] if self.session_id.startswith(prefix) else self.session_id
+        role = self.session_id[len(prefix) :] if self.session_id.startswith(prefix) else self.session_id
         return "".join(c if c.isalnum() or c in "-._" else "_" for c in role) or "env"
 
     @property
@@ -178,13 +178,20 @@ class HarnessEnvironment(BaseEnvironment):
 
             why_not = await asyncio.to_thread(confine.unavailable_reason)
             if why_not is not None:
-                raise SandboxError(f"cannot sandbox this trial: {reason}; nor confine it with Landlock and "
-                                   f"PRoot: {why_not}")
+                raise SandboxError(
+                    f"cannot sandbox this trial: {reason}; nor confine it with Landlock and PRoot: {why_not}"
+                )
             confined = True
             self.logger.warning(f"harness: {self.session_id}: {reason}: confined with Landlock and PRoot instead")
         self._resolved = await asyncio.to_thread(
-            resolve, self._spec, self.home, realize=self.options.realize, offline=self.options.offline,
-            task_dir=self.environment_dir.parent, log=self.logger.info)
+            resolve,
+            self._spec,
+            self.home,
+            realize=self.options.realize,
+            offline=self.options.offline,
+            task_dir=self.environment_dir.parent,
+            log=self.logger.info,
+        )
         resolved = self._resolved
         paths = EnvironmentPaths.for_os(self.os)
         broker = self.options.broker or os.environ.get("HARNESS_BROKER")
@@ -192,12 +199,14 @@ class HarnessEnvironment(BaseEnvironment):
         agent_user, verifier_user = _task_users(self.environment_dir.parent)
         owners: dict[str, str | int] = {}
         if agent_user is not None:
-            owners.update({self.workdir: agent_user, str(paths.agent_dir): agent_user,
-                           str(paths.artifacts_dir): agent_user})
+            owners.update(
+                {self.workdir: agent_user, str(paths.agent_dir): agent_user, str(paths.artifacts_dir): agent_user}
+            )
         if verifier_user is not None:
             owners[str(paths.verifier_dir)] = verifier_user
         self._limits = await asyncio.to_thread(
-            enforce, self.session_id, self._effective_cpus, self._effective_memory_mb)
+            enforce, self.session_id, self._effective_cpus, self._effective_memory_mb
+        )
         if self._limits.cpus is not None or self._limits.memory_mb is not None:
             self.logger.info(f"harness: {self.session_id} limits: {self._limits.describe()}")
         ignored = _ignored(self.environment_dir, self.task_env_config.docker_image, self._effective_storage_mb)
@@ -207,8 +216,11 @@ class HarnessEnvironment(BaseEnvironment):
             root=self.session_dir,
             store_paths=[resolved.store_root / name for name in resolved.paths],
             devices=self._gpu_devices(),
-            dirs=[str(p) for p in (paths.agent_dir, paths.verifier_dir, paths.artifacts_dir, paths.tests_dir,
-                                   paths.solution_dir)] + [self.workdir],
+            dirs=[
+                str(p)
+                for p in (paths.agent_dir, paths.verifier_dir, paths.artifacts_dir, paths.tests_dir, paths.solution_dir)
+            ]
+            + [self.workdir],
             network=not self._network_disabled,
             forward_ports=ports,
             hostname=_hostname(self.environment_name),
@@ -229,17 +241,27 @@ class HarnessEnvironment(BaseEnvironment):
             self._sandbox = Sandbox(config, log=self.logger.info)
         await self._sandbox.start()
         if self._sandbox.idmap.multi:
-            self.logger.info(f"harness: {self.session_id} users: " + ", ".join(
-                f"{u.name} uid {u.uid}" for u in self._sandbox.users.users.values()))
+            self.logger.info(
+                f"harness: {self.session_id} users: "
+                + ", ".join(f"{u.name} uid {u.uid}" for u in self._sandbox.users.users.values())
+            )
         elif config.users:
-            self.logger.warning(f"harness: {self.session_id} runs every command as the sandbox's root, not as "
-                                f"{', '.join(map(str, config.users))}: {self._sandbox.idmap.reason}")
+            self.logger.warning(
+                f"harness: {self.session_id} runs every command as the sandbox's root, not as "
+                f"{', '.join(map(str, config.users))}: {self._sandbox.idmap.reason}"
+            )
         env = resolved.environment_path
         self._base_env = {
             "PATH": f"{env}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": "/root", "USER": "root", "LOGNAME": "root", "SHELL": self._sandbox.tools.shell,
-            "LANG": "C.UTF-8", "TMPDIR": "/tmp", "VIRTUAL_ENV": str(env),
-            "HARNESS_ENVIRONMENT": str(env), "HARNESS_PYTHON": f"{env}/bin/python",
+            "HOME": "/root",
+            "USER": "root",
+            "LOGNAME": "root",
+            "SHELL": self._sandbox.tools.shell,
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "VIRTUAL_ENV": str(env),
+            "HARNESS_ENVIRONMENT": str(env),
+            "HARNESS_PYTHON": f"{env}/bin/python",
             "HARNESS_SESSION": self.session_id,
         }
         if broker:
@@ -250,16 +272,25 @@ class HarnessEnvironment(BaseEnvironment):
         executables = await asyncio.to_thread(host.executables, self.home / "cache")
         # In sha256sum's format: `sha256sum -c host-executables.sha256` re-checks the host.
         listing = self.record_path.parent / "host-executables.sha256"
-        await asyncio.to_thread(listing.write_text, "".join(f"{h}  {p}\n" for p, h in sorted(executables.items())),
-                                encoding="utf-8")
+        await asyncio.to_thread(
+            listing.write_text, "".join(f"{h}  {p}\n" for p, h in sorted(executables.items())), encoding="utf-8"
+        )
         self._record = self._make_record(config, broker, started)
-        self._record["host"] = {**host.summary(), "executables": {
-            "dirs": list(host.BIN_DIRS), "count": len(executables), "digest": host.digest(executables),
-            "list": listing.name}}
+        self._record["host"] = {
+            **host.summary(),
+            "executables": {
+                "dirs": list(host.BIN_DIRS),
+                "count": len(executables),
+                "digest": host.digest(executables),
+                "list": listing.name,
+            },
+        }
         self._record["sandbox"]["ignored"] = ignored
         await asyncio.to_thread(_write_record, self.record_path, self._record)
-        self.logger.info(f"harness: {self.session_id} runs {resolved.environment} "
-                         f"({len(resolved.paths)} store paths, digest {resolved.digest})")
+        self.logger.info(
+            f"harness: {self.session_id} runs {resolved.environment} "
+            f"({len(resolved.paths)} store paths, digest {resolved.digest})"
+        )
 
     async def stop(self, delete: bool) -> None:
         sandbox, self._sandbox = self._sandbox, None
@@ -277,16 +308,26 @@ class HarnessEnvironment(BaseEnvironment):
             self._limits.release()
         if self._record:
             used = await asyncio.to_thread(_size_mb, self.session_dir) if not delete else self._used_mb
-            self._record["session"].update(stopped=_iso(time.time()), root_deleted=bool(delete),
-                                           commands=self._execs, users_requested=sorted(self._users))
+            self._record["session"].update(
+                stopped=_iso(time.time()),
+                root_deleted=bool(delete),
+                commands=self._execs,
+                users_requested=sorted(self._users),
+            )
             self._record["sandbox"]["storage"]["used_mb_at_stop"] = used
             self._record["commands_env"]["given_by_harbor"] = sorted(self._env_names)
             await asyncio.to_thread(_write_record, self.record_path, self._record)
 
     # -------------------------------------------------------------------- exec
 
-    async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
-                   timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
         sandbox = self._require()
         wanted = self._resolve_user(user)
         as_user: dict[str, str] = {}
@@ -298,9 +339,14 @@ class HarnessEnvironment(BaseEnvironment):
         self._execs += 1
         given = self._merge_env(env) or {}
         self._env_names.update(given)
-        outcome = await sandbox.exec(command, cwd=cwd or self.workdir,
-                                     env={**self._base_env, **as_user, **given},
-                                     timeout=timeout_sec, on_output=self._output_callback(), user=wanted)
+        outcome = await sandbox.exec(
+            command,
+            cwd=cwd or self.workdir,
+            env={**self._base_env, **as_user, **given},
+            timeout=timeout_sec,
+            on_output=self._output_callback(),
+            user=wanted,
+        )
         return ExecResult(stdout=outcome.stdout, stderr=outcome.stderr, return_code=outcome.return_code)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
@@ -337,8 +383,9 @@ class HarnessEnvironment(BaseEnvironment):
         devices = sorted(str(p) for p in dev.glob("nvidia*") if not p.is_dir())
         devices += sorted(str(p) for p in (dev / "dri").glob("*")) if (dev / "dri").is_dir() else []
         if not any("nvidia" in d for d in devices):
-            raise EnvironmentUnavailable(f"the task asks for {self._effective_gpus} GPU(s), and this machine "
-                                         "has no /dev/nvidia* device")
+            raise EnvironmentUnavailable(
+                f"the task asks for {self._effective_gpus} GPU(s), and this machine has no /dev/nvidia* device"
+            )
         return devices
 
     def _make_record(self, config: SandboxConfig, broker: str | None, started: float) -> dict[str, Any]:
@@ -351,39 +398,63 @@ class HarnessEnvironment(BaseEnvironment):
             "schema": RECORD_SCHEMA,
             "tools": {**_tool_versions(), "harbor": _harbor_version(), **self._sandbox.tools.versions()},
             "session": {
-                "id": self.session_id, "role": self.role, "trial": self.trial_paths.trial_dir.name,
+                "id": self.session_id,
+                "role": self.role,
+                "trial": self.trial_paths.trial_dir.name,
                 "trial_id": str(self.context_id) if self.context_id else None,
-                "started": _iso(started), "root": str(config.root), "hostname": socket.gethostname(),
+                "started": _iso(started),
+                "root": str(config.root),
+                "hostname": socket.gethostname(),
             },
-            "task": {"name": self.environment_name, "environment_dir": str(self.environment_dir),
-                     "spec": spec.as_json(), **_task_digests(self.environment_dir.parent, self.trial_paths)},
+            "task": {
+                "name": self.environment_name,
+                "environment_dir": str(self.environment_dir),
+                "spec": spec.as_json(),
+                **_task_digests(self.environment_dir.parent, self.trial_paths),
+            },
             "environment": {
-                "store": resolved.environment, "path": str(resolved.environment_path),
-                "digest": resolved.digest, "realized_now": resolved.realized, "impure": resolved.impure,
+                "store": resolved.environment,
+                "path": str(resolved.environment_path),
+                "digest": resolved.digest,
+                "realized_now": resolved.realized,
+                "impure": resolved.impure,
                 "store_root": str(resolved.store_root),
             },
-            "interpreter": {"store": resolved.python, "path": str(python) if python else None,
-                            "executable": f"{resolved.environment_path}/bin/python"},
+            "interpreter": {
+                "store": resolved.python,
+                "path": str(python) if python else None,
+                "executable": f"{resolved.environment_path}/bin/python",
+            },
             "closure": resolved.closure,
             "sandbox": {
-                "backend": ("landlock+proot" if not self._sandbox.namespaces else
-                            "bwrap+nsenter" + ("+userns-map" if self._sandbox.idmap.multi else "")),
+                "backend": (
+                    "landlock+proot"
+                    if not self._sandbox.namespaces
+                    else "bwrap+nsenter" + ("+userns-map" if self._sandbox.idmap.multi else "")
+                ),
                 "confinement": getattr(self._sandbox, "describe", lambda: None)(),
                 "network": "host" if config.network else "none",
-                "forwarded_ports": list(self._sandbox.forwarded), "broker": broker,
-                "read_only": [*config.read_only, "/sys"], "store_paths_bound": len(config.store_paths),
-                "devices": config.devices, "workdir": self.workdir,
+                "forwarded_ports": list(self._sandbox.forwarded),
+                "broker": broker,
+                "read_only": [*config.read_only, "/sys"],
+                "store_paths_bound": len(config.store_paths),
+                "devices": config.devices,
+                "workdir": self.workdir,
                 "limits": self._limits.as_json() if self._limits else None,
                 "storage": {"storage_mb": self._effective_storage_mb, "enforced": False},
-                "users": {"enforced": self._sandbox.idmap.multi, "ids": self._sandbox.idmap.as_json(),
-                          "table": [u.as_json() for u in self._sandbox.users.users.values()],
-                          "owners": {k: str(v) for k, v in config.owners.items()}},
+                "users": {
+                    "enforced": self._sandbox.idmap.multi,
+                    "ids": self._sandbox.idmap.as_json(),
+                    "table": [u.as_json() for u in self._sandbox.users.users.values()],
+                    "owners": {k: str(v) for k, v in config.owners.items()},
+                },
             },
-            "commands_env": {"base": {k: ("<withheld: a credential>" if k in _SECRETS else v)
-                                      for k, v in self._base_env.items()},
-                             "given_by_harbor": [],  # names only: values may be credentials
-                             "note": "base: set by harness for every command (values); given_by_harbor: "
-                                     "the names of the variables Harbor, the task or the agent added"},
+            "commands_env": {
+                "base": {k: ("<withheld: a credential>" if k in _SECRETS else v) for k, v in self._base_env.items()},
+                "given_by_harbor": [],  # names only: values may be credentials
+                "note": "base: set by harness for every command (values); given_by_harbor: "
+                "the names of the variables Harbor, the task or the agent added",
+            },
         }
 
 
@@ -416,8 +487,10 @@ def _ignored(environment_dir: Path, docker_image: str | None, storage_mb: int | 
         out.append(f"docker_image = {docker_image!r}: the software is the harness environment and the host's /usr")
     for name in ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml"):
         if (environment_dir / name).is_file():
-            out.append(f"environment/{name}: not built (python -m harness.harbor init TASK translates a "
-                       "Dockerfile's Python packages into a manifest)")
+            out.append(
+                f"environment/{name}: not built (python -m harness.harbor init TASK translates a "
+                "Dockerfile's Python packages into a manifest)"
+            )
     if storage_mb is not None:
         out.append(f"storage_mb = {storage_mb}: not enforced (the session's disk use is recorded at stop)")
     return out
@@ -476,8 +549,9 @@ def _loopback_ports(broker: str) -> list[int]:
         return []
     ports = [parts.port]
     token = os.environ.get("HARNESS_BROKER_TOKEN")
-    request = urllib.request.Request(broker.rstrip("/") + "/status",
-                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    request = urllib.request.Request(
+        broker.rstrip("/") + "/status", headers={"Authorization": f"Bearer {token}"} if token else {}
+    )
     try:
         with urllib.request.urlopen(request, timeout=2) as response:
             status = json.loads(response.read())

@@ -53,8 +53,14 @@ def summary() -> dict[str, Any]:
     if not libc:
         name, version = platform.libc_ver()
         libc = f"{name} {version}".strip()
-    return {"os": os_release(), "kernel": uname.release, "kernel_version": uname.version,
-            "machine": uname.machine, "libc": libc or None, "hostname": uname.node}
+    return {
+        "os": os_release(),
+        "kernel": uname.release,
+        "kernel_version": uname.version,
+        "machine": uname.machine,
+        "libc": libc or None,
+        "hostname": uname.node,
+    }
 
 
 def _sha256(path: str) -> str:

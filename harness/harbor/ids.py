@@ -122,8 +122,11 @@ class UserTable:
 
     def passwd(self) -> str:
         lines = ["root:x:0:0:root:/root:/bin/bash"]
-        lines += [f"{u.name}:x:{u.uid}:{u.gid}:{u.name}:{u.home}:/bin/bash"
-                  for u in self.users.values() if u.uid != 0 and not u.name.isdigit()]
+        lines += [
+            f"{u.name}:x:{u.uid}:{u.gid}:{u.name}:{u.home}:/bin/bash"
+            for u in self.users.values()
+            if u.uid != 0 and not u.name.isdigit()
+        ]
         lines.append("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin")
         return "\n".join(lines) + "\n"
 
@@ -166,8 +169,10 @@ def probe(etc: Path = Path("/etc")) -> IdMap:
         return IdMap("subid", uid, gid, subuid[0], subgid[0], min(subuid[1], subgid[1], COUNT))
     missing = []
     if not (subuid and subgid):
-        missing.append(f"a subordinate id range for {name} in /etc/subuid and /etc/subgid "
-                       f"(root: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {name})")
+        missing.append(
+            f"a subordinate id range for {name} in /etc/subuid and /etc/subgid "
+            f"(root: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {name})"
+        )
     if not all(helpers):
         missing.append("newuidmap and newgidmap (apt-get install uidmap)")
     return IdMap("single", uid, gid, reason="task users need " + " and ".join(missing))

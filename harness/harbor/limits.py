@@ -88,10 +88,16 @@ class Enforcement:
         self.cgroups.clear()
 
     def as_json(self) -> dict[str, Any]:
-        return {"cpus": self.cpus, "memory_mb": self.memory_mb,
-                "cpus_enforced": self.cpu_enforced, "memory_enforced": self.memory_enforced,
-                "cpus_how": self.cpu_how, "memory_how": self.memory_how,
-                "cgroups": [str(p) for p in self.cgroups], "no_cgroup_because": self.no_cgroup or None}
+        return {
+            "cpus": self.cpus,
+            "memory_mb": self.memory_mb,
+            "cpus_enforced": self.cpu_enforced,
+            "memory_enforced": self.memory_enforced,
+            "cpus_how": self.cpu_how,
+            "memory_how": self.memory_how,
+            "cgroups": [str(p) for p in self.cgroups],
+            "no_cgroup_because": self.no_cgroup or None,
+        }
 
     def describe(self) -> str:
         text = f"cpus {self.cpus}: {self.cpu_how}; memory_mb {self.memory_mb}: {self.memory_how}"
@@ -119,7 +125,7 @@ def _own(proc_cgroup: str) -> dict[str, str]:
     for line in proc_cgroup.splitlines():
         parts = line.split(":", 2)
         if len(parts) == 3:
-            for controller in (parts[1].split(",") if parts[1] else [""]):
+            for controller in parts[1].split(",") if parts[1] else [""]:
                 out[controller] = parts[2]
     return out
 
@@ -128,8 +134,13 @@ def _write(path: Path, value: str) -> None:
     path.write_text(value, encoding="ascii")
 
 
-def _v2(session: str, cpus: float | None, memory_mb: int | None, own: dict[str, str],
-        mounts: list[tuple[str, str, set[str]]]) -> tuple[Enforcement | None, str]:
+def _v2(
+    session: str,
+    cpus: float | None,
+    memory_mb: int | None,
+    own: dict[str, str],
+    mounts: list[tuple[str, str, set[str]]],
+) -> tuple[Enforcement | None, str]:
     v2 = [m for m in mounts if m[1] == "cgroup2"]
     if not v2 or "" not in own:
         return None, "no cgroup v2"
@@ -166,8 +177,13 @@ def _v2(session: str, cpus: float | None, memory_mb: int | None, own: dict[str, 
     return out, ""
 
 
-def _v1(session: str, cpus: float | None, memory_mb: int | None, own: dict[str, str],
-        mounts: list[tuple[str, str, set[str]]]) -> tuple[Enforcement, list[str]]:
+def _v1(
+    session: str,
+    cpus: float | None,
+    memory_mb: int | None,
+    own: dict[str, str],
+    mounts: list[tuple[str, str, set[str]]],
+) -> tuple[Enforcement, list[str]]:
     """The v1 part of the limits: what could be set, and why the rest could not."""
     out = Enforcement(cpus, memory_mb)
     why: list[str] = []
@@ -204,8 +220,14 @@ def _v1(session: str, cpus: float | None, memory_mb: int | None, own: dict[str, 
     return out, why
 
 
-def enforce(session: str, cpus: float | None, memory_mb: int | None, *, use_cgroups: bool = True,
-            proc: Path = Path("/proc/self")) -> Enforcement:
+def enforce(
+    session: str,
+    cpus: float | None,
+    memory_mb: int | None,
+    *,
+    use_cgroups: bool = True,
+    proc: Path = Path("/proc/self"),
+) -> Enforcement:
     """Make what enforces ``cpus`` and ``memory_mb`` for ``session`` (see the module doc).
 
     Never raises for a machine that cannot: the result says what is not enforced and why.

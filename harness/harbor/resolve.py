@@ -52,8 +52,15 @@ class ResolvedEnvironment:
         return "sha256:" + hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
-def resolve(spec: EnvironmentSpec, home: Path, *, realize: bool = True, offline: bool = False,
-            task_dir: Path | None = None, log: Any = None) -> ResolvedEnvironment:
+def resolve(
+    spec: EnvironmentSpec,
+    home: Path,
+    *,
+    realize: bool = True,
+    offline: bool = False,
+    task_dir: Path | None = None,
+    log: Any = None,
+) -> ResolvedEnvironment:
     """The realized closure of ``spec`` in ``home``'s store; see the module doc."""
     from harness.store.store import Store
 
@@ -69,8 +76,9 @@ def _realize_lock(root: Path) -> threading.Lock:
         return _REALIZE_LOCKS.setdefault(str(root), threading.Lock())
 
 
-def _resolve_lock(spec: EnvironmentSpec, home: Path, store: Any, *, realize: bool, offline: bool,
-                  task_dir: Path | None, log: Any) -> ResolvedEnvironment:
+def _resolve_lock(
+    spec: EnvironmentSpec, home: Path, store: Any, *, realize: bool, offline: bool, task_dir: Path | None, log: Any
+) -> ResolvedEnvironment:
     from harness.realize.builder import lock_objects
     from harness.lock.lockfile import lock_path, read
     from harness.manifests.project import Project
@@ -81,8 +89,8 @@ def _resolve_lock(spec: EnvironmentSpec, home: Path, store: Any, *, realize: boo
         path = lock_path(project.locks_dir, spec.manifest)
         if not path.is_file():
             raise EnvironmentUnavailable(
-                f"{spec.describe()}: no lock at {path}",
-                hint=f"run `harness lock {spec.manifest}` in {project.root}")
+                f"{spec.describe()}: no lock at {path}", hint=f"run `harness lock {spec.manifest}` in {project.root}"
+            )
         root = project.root
     else:
         assert spec.lock is not None
@@ -100,7 +108,8 @@ def _resolve_lock(spec: EnvironmentSpec, home: Path, store: Any, *, realize: boo
             f"the environment drifted: {spec.source or 'the task'} pins {spec.environment}, "
             f"but {path} now realizes to {lock.environment.store}",
             hint="re-pin the task (python -m harness.harbor pin TASK) if the change is intended; "
-                 "the pin is part of Harbor's task digest, so jobs recorded before refuse to resume")
+            "the pin is part of Harbor's task digest, so jobs recorded before refuse to resume",
+        )
     from harness.realize.standin import realized_lock
 
     # As realized in this store: a host interpreter may stand in for the lock's own
@@ -115,8 +124,10 @@ def _resolve_lock(spec: EnvironmentSpec, home: Path, store: Any, *, realize: boo
         if not realize:
             raise EnvironmentUnavailable(
                 f"{spec.describe()}: {len(missing)} store path(s) not realized in {store.root}: "
-                + ", ".join(missing[:5]) + (" …" if len(missing) > 5 else ""),
-                hint="realize it first (harness realize), or allow realizing on first use (--ek realize=true)")
+                + ", ".join(missing[:5])
+                + (" …" if len(missing) > 5 else ""),
+                hint="realize it first (harness realize), or allow realizing on first use (--ek realize=true)",
+            )
         if log is not None:
             log(f"harness: realizing {spec.describe()} ({len(missing)} missing store paths) into {store.root}")
         try:
@@ -132,26 +143,36 @@ def _resolve_lock(spec: EnvironmentSpec, home: Path, store: Any, *, realize: boo
     name = spec.manifest or lock.name
     closure = closure_of(store, {name: lock}, {name: path.resolve()}, _common_root(path, root), [])
     impure = [f"{e.path}: {e.impure}" for e in closure.entries if e.impure]
-    return ResolvedEnvironment(store.root, lock.environment.store, lock.python.store, wanted,
-                               closure.as_json(), realized, impure)
+    return ResolvedEnvironment(
+        store.root, lock.environment.store, lock.python.store, wanted, closure.as_json(), realized, impure
+    )
 
 
 def _realize(spec: EnvironmentSpec, home: Path, project: Any, lock: Any, *, offline: bool) -> None:
     if spec.manifest:
         from harness.realize.install import realize_names
 
-        realize_names(_State(home, project), [spec.manifest], offline=offline, jobs=8,
-                      lock_missing=False, show_progress=False)
+        realize_names(
+            _State(home, project), [spec.manifest], offline=offline, jobs=8, lock_missing=False, show_progress=False
+        )
     else:
         from harness.realize.install import realize as realize_locks
         from harness.config import load_settings
 
-        realize_locks(home, project.root, [lock], settings=load_settings(home, project.root),
-                      offline=offline, jobs=8, show_progress=False)
+        realize_locks(
+            home,
+            project.root,
+            [lock],
+            settings=load_settings(home, project.root),
+            offline=offline,
+            jobs=8,
+            show_progress=False,
+        )
 
 
-def _resolve_store_path(spec: EnvironmentSpec, home: Path, store: Any, *, realize: bool, offline: bool,
-                        log: Any) -> ResolvedEnvironment:
+def _resolve_store_path(
+    spec: EnvironmentSpec, home: Path, store: Any, *, realize: bool, offline: bool, log: Any
+) -> ResolvedEnvironment:
     from harness.cache.format import CacheError
     from harness.cache.transfer import closure
 
@@ -161,22 +182,28 @@ def _resolve_store_path(spec: EnvironmentSpec, home: Path, store: Any, *, realiz
         if not realize or offline:
             raise EnvironmentUnavailable(
                 f"{spec.describe()} is not realized in {store.root}",
-                hint="realize it (harness realize) or pull it (harness store pull) first")
+                hint="realize it (harness realize) or pull it (harness store pull) first",
+            )
         from harness.cache.substitute import substitute
         from harness.config import load_settings
 
         settings = load_settings(home, None)
         if not settings.substituters:
             raise EnvironmentUnavailable(
-                f"{spec.describe()} is not realized in {store.root}, and no substituter is configured "
-                "to pull it from",
-                hint="realize it, or name the task's manifest or lock instead of a bare store path")
+                f"{spec.describe()} is not realized in {store.root}, and no substituter is configured to pull it from",
+                hint="realize it, or name the task's manifest or lock instead of a bare store path",
+            )
         if log is not None:
             log(f"harness: pulling {spec.environment} from {', '.join(settings.substituters)}")
         try:
-            realized = substitute(store, [spec.environment], substituters=list(settings.substituters),
-                                  trusted_keys=list(settings.trusted_keys), expected={},
-                                  cache_dir=home / "cache")
+            realized = substitute(
+                store,
+                [spec.environment],
+                substituters=list(settings.substituters),
+                trusted_keys=list(settings.trusted_keys),
+                expected={},
+                cache_dir=home / "cache",
+            )
         except HarnessError as exc:
             raise EnvironmentUnavailable(f"pulling {spec.describe()} failed: {exc}") from None
         if not store.is_registered(spec.environment):
@@ -189,8 +216,9 @@ def _resolve_store_path(spec: EnvironmentSpec, home: Path, store: Any, *, realiz
     python = None
     for name in names:
         record = store.record(name)
-        entries.append({"path": name, "kind": record.kind, "content": record.content,
-                        "manifest": None, "impure": record.impure})
+        entries.append(
+            {"path": name, "kind": record.kind, "content": record.content, "manifest": None, "impure": record.impure}
+        )
         if record.kind == "python":
             python = name
     data = {"store_paths": sorted(entries, key=lambda e: e["path"]), "locks": {}, "project_files": {}}
@@ -214,9 +242,9 @@ def _project(spec: EnvironmentSpec, task_dir: Path | None) -> Any:
             if (candidate / "services").is_dir() and (candidate / "locks" / f"{spec.manifest}.lock.toml").is_file():
                 return Project(candidate)
     raise EnvironmentUnavailable(
-        f"{spec.describe()}: no harness project with a lock of {spec.manifest} above the task or the "
-        "current folder",
-        hint="set project = \"<path>\" in environment/harness.toml or pass --ek project=PATH")
+        f"{spec.describe()}: no harness project with a lock of {spec.manifest} above the task or the current folder",
+        hint='set project = "<path>" in environment/harness.toml or pass --ek project=PATH',
+    )
 
 
 def _common_root(lock_file: Path, root: Path) -> Path:

@@ -83,8 +83,22 @@ BASE_DIRS = ("tmp", "root", "run", "var/tmp", "home")
 #: What the sandbox's root may do where task users have ids of their own: Docker's default
 #: capabilities (own any file, change owners and modes, switch users, signal), never
 #: CAP_SYS_ADMIN (so nothing can remount the read-only binds) nor ptrace. Task users have none.
-ROOT_CAPS = ("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap", "setfcap",
-             "net_bind_service", "net_raw", "sys_chroot", "mknod", "audit_write")
+ROOT_CAPS = (
+    "chown",
+    "dac_override",
+    "fowner",
+    "fsetid",
+    "kill",
+    "setgid",
+    "setuid",
+    "setpcap",
+    "setfcap",
+    "net_bind_service",
+    "net_raw",
+    "sys_chroot",
+    "mknod",
+    "audit_write",
+)
 #: Paths that belong to the kernel, never to transfers.
 SPECIAL = ("/proc", "/dev", "/sys")
 
@@ -141,8 +155,10 @@ def find_tools(*, namespaces: bool = True) -> Tools:
     """The tools a sandbox needs (``namespaces=False``: those of the Landlock + PRoot
     confinement, which needs no bubblewrap), or :class:`SandboxError` naming what is missing."""
     needed = ("bwrap", "nsenter", "setpriv", "cat", "tar", "unshare") if namespaces else ("cat", "tar")
-    found = {name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
-             for name in ("bwrap", "nsenter", "setpriv", "cat", "tar", "unshare")}
+    found = {
+        name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
+        for name in ("bwrap", "nsenter", "setpriv", "cat", "tar", "unshare")
+    }
     missing = [name for name in needed if not found[name]]
     if missing:
         hint = "apt-get install bubblewrap" if "bwrap" in missing else "install util-linux"
@@ -152,10 +168,20 @@ def find_tools(*, namespaces: bool = True) -> Tools:
     for name in ("cat", "tar", "setpriv") if namespaces else ("cat", "tar"):
         if not resolved[name].startswith(("/usr/", "/bin/", "/sbin/")):
             raise SandboxError(f"{name} is at {resolved[name]}, outside /usr: the sandbox cannot run it")
-    optional = {name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
-                for name in ("prlimit", "taskset", "newuidmap", "newgidmap")}
-    return Tools(bwrap=resolved["bwrap"], nsenter=resolved["nsenter"], setpriv=resolved["setpriv"],
-                 shell=shell, cat=resolved["cat"], tar=resolved["tar"], unshare=resolved["unshare"], **optional)
+    optional = {
+        name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
+        for name in ("prlimit", "taskset", "newuidmap", "newgidmap")
+    }
+    return Tools(
+        bwrap=resolved["bwrap"],
+        nsenter=resolved["nsenter"],
+        setpriv=resolved["setpriv"],
+        shell=shell,
+        cat=resolved["cat"],
+        tar=resolved["tar"],
+        unshare=resolved["unshare"],
+        **optional,
+    )
 
 
 def unavailable_reason() -> str | None:
@@ -166,9 +192,28 @@ def unavailable_reason() -> str | None:
         reason: str | None = None
         try:
             tools = find_tools()
-            args = [tools.bwrap, "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-pid",
-                    "--unshare-net", "--die-with-parent", "--ro-bind", "/usr", "/usr",
-                    *_top_level_args(), "--proc", "/proc", "--dev", "/dev", "--", tools.cat, "/dev/null"]
+            args = [
+                tools.bwrap,
+                "--unshare-user",
+                "--uid",
+                "0",
+                "--gid",
+                "0",
+                "--unshare-pid",
+                "--unshare-net",
+                "--die-with-parent",
+                "--ro-bind",
+                "/usr",
+                "/usr",
+                *_top_level_args(),
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--",
+                tools.cat,
+                "/dev/null",
+            ]
             result = subprocess.run(args, capture_output=True, text=True, timeout=30)
             if result.returncode != 0:
                 reason = f"bwrap cannot create namespaces here: {result.stderr.strip() or result.returncode}"
@@ -274,16 +319,34 @@ class Sandbox:
     def bwrap_args(self, info_fd: int, userns_fd: int | None = None) -> list[str]:
         c = self.config
         user = ["--userns", str(userns_fd)] if userns_fd is not None else ["--unshare-user"]
-        args = [self.tools.bwrap, *user, "--uid", "0", "--gid", "0", "--unshare-pid",
-                "--unshare-ipc", "--unshare-uts", "--hostname", c.hostname, "--unshare-cgroup-try"]
+        args = [
+            self.tools.bwrap,
+            *user,
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--hostname",
+            c.hostname,
+            "--unshare-cgroup-try",
+        ]
         if not c.network:
             args.append("--unshare-net")
         args += ["--die-with-parent", "--cap-drop", "ALL", "--bind", str(c.root), "/"]
         for path in c.read_only:
             args += ["--ro-bind", path, path]
         if self.idmap.multi:  # task users get names inside
-            args += ["--ro-bind", str(self.etc_dir / "passwd"), "/etc/passwd",
-                     "--ro-bind", str(self.etc_dir / "group"), "/etc/group"]
+            args += [
+                "--ro-bind",
+                str(self.etc_dir / "passwd"),
+                "/etc/passwd",
+                "--ro-bind",
+                str(self.etc_dir / "group"),
+                "/etc/group",
+            ]
         args += ["--ro-bind-try", "/sys", "/sys", *_top_level_args(), "--proc", "/proc", "--dev", "/dev"]
         for device in c.devices:
             args += ["--dev-bind", device, device]
@@ -299,8 +362,16 @@ class Sandbox:
         for store_path in c.store_paths:
             args += ["--ro-bind", str(store_path), str(store_path)]
         # The init: says it is ready (the root is built), then lives while we hold its stdin.
-        args += ["--chdir", "/", "--info-fd", str(info_fd), "--", self.tools.shell, "-c",
-                 f"echo ready && exec {self.tools.cat}"]
+        args += [
+            "--chdir",
+            "/",
+            "--info-fd",
+            str(info_fd),
+            "--",
+            self.tools.shell,
+            "-c",
+            f"echo ready && exec {self.tools.cat}",
+        ]
         return args
 
     @property
@@ -311,9 +382,18 @@ class Sandbox:
     async def _make_userns(self) -> tuple[asyncio.subprocess.Process, int]:
         """A user namespace with the id map (``ids``), held by a ``cat``; (holder, fd of the ns)."""
         holder = await asyncio.create_subprocess_exec(
-            self.tools.unshare, "--user", "--", self.tools.shell, "-c", f"echo ok && exec {self.tools.cat}",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True, env=_host_env())
+            self.tools.unshare,
+            "--user",
+            "--",
+            self.tools.shell,
+            "-c",
+            f"echo ok && exec {self.tools.cat}",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env=_host_env(),
+        )
         try:
             assert holder.stdout is not None
             line = await asyncio.wait_for(holder.stdout.readline(), timeout=30)
@@ -325,14 +405,22 @@ class Sandbox:
                     with open(f"/proc/{holder.pid}/{name}", "w", encoding="ascii") as handle:
                         handle.write(text)
             else:
-                for tool, own, base in ((self.tools.newuidmap, m.uid, m.uid_base),
-                                        (self.tools.newgidmap, m.gid, m.gid_base)):
+                for tool, own, base in (
+                    (self.tools.newuidmap, m.uid, m.uid_base),
+                    (self.tools.newgidmap, m.gid, m.gid_base),
+                ):
                     result = await asyncio.to_thread(
-                        subprocess.run, [str(tool), str(holder.pid), "0", str(own), "1", "1", str(base),
-                                         str(m.count)], capture_output=True, text=True, timeout=30)
+                        subprocess.run,
+                        [str(tool), str(holder.pid), "0", str(own), "1", "1", str(base), str(m.count)],
+                        capture_output=True,
+                        text=True,
+                        timeout=30,
+                    )
                     if result.returncode != 0:
-                        raise SandboxError(f"{tool} failed: {result.stderr.strip() or result.returncode}",
-                                           hint="check /etc/subuid and /etc/subgid")
+                        raise SandboxError(
+                            f"{tool} failed: {result.stderr.strip() or result.returncode}",
+                            hint="check /etc/subuid and /etc/subgid",
+                        )
             return holder, os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY)
         except BaseException:
             _killpg(holder.pid)
@@ -356,10 +444,14 @@ class Sandbox:
         read_end, write_end = os.pipe()
         try:
             self._outer = await asyncio.create_subprocess_exec(
-                *self.bwrap_args(write_end, userns_fd), stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                *self.bwrap_args(write_end, userns_fd),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
                 pass_fds=(write_end,) if userns_fd is None else (write_end, userns_fd),
-                start_new_session=True, env=_host_env())
+                start_new_session=True,
+                env=_host_env(),
+            )
         except BaseException:
             os.close(read_end)
             raise
@@ -424,8 +516,10 @@ class Sandbox:
         lines = ["set -e"]
         for user in self.users.users.values():
             if user.uid != 0 and (only is None or user is only):
-                lines.append(f"mkdir -p {shlex.quote(user.home)} && chown {user.uid}:{user.gid} "
-                             f"{shlex.quote(user.home)} && chmod 0750 {shlex.quote(user.home)}")
+                lines.append(
+                    f"mkdir -p {shlex.quote(user.home)} && chown {user.uid}:{user.gid} "
+                    f"{shlex.quote(user.home)} && chmod 0750 {shlex.quote(user.home)}"
+                )
         for folder, name in self.config.owners.items() if only is None else ():
             owner = self.users.get(name)
             if owner is not None:
@@ -443,9 +537,20 @@ class Sandbox:
             return
         try:
             process = await asyncio.create_subprocess_exec(
-                self.tools.nsenter, f"--user=/proc/self/fd/{fd}", "--", "chown", "-hR", "0:0", "--",
-                str(self.config.root), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE, pass_fds=(fd,), env=_host_env())
+                self.tools.nsenter,
+                f"--user=/proc/self/fd/{fd}",
+                "--",
+                "chown",
+                "-hR",
+                "0:0",
+                "--",
+                str(self.config.root),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(fd,),
+                env=_host_env(),
+            )
             _, err = await process.communicate()
             if process.returncode != 0:
                 self._log(f"harness: giving the session's files back failed: {err.decode(errors='replace')}")
@@ -500,33 +605,76 @@ class Sandbox:
         inner: list[str] = []
         if limited and self.config.limits is not None:
             outer, inner = self.config.limits.wrap(self.tools.shell, self.tools.prlimit, self.tools.taskset)
-        spaces = ["-U", "--preserve-credentials", "-m", "-u", "-i", *([] if self.config.network else ["-n"]),
-                  "-p", "-r", "-w"]
+        spaces = [
+            "-U",
+            "--preserve-credentials",
+            "-m",
+            "-u",
+            "-i",
+            *([] if self.config.network else ["-n"]),
+            "-p",
+            "-r",
+            "-w",
+        ]
         argv = [*outer, self.tools.nsenter, "-t", str(self._init_pid), *spaces, "--", *inner]
         if privileged:
             return argv
-        switch = (["--reuid", str(user.uid), "--regid", str(user.gid), "--clear-groups"]
-                  if user is not None and self.idmap.multi else [])
+        switch = (
+            ["--reuid", str(user.uid), "--regid", str(user.gid), "--clear-groups"]
+            if user is not None and self.idmap.multi
+            else []
+        )
         # Root keeps Docker's default set where other users exist to own files (module doc);
         # a task user loses every capability with its uid.
         bounding = "-all" + ("".join(f",+{c}" for c in ROOT_CAPS) if self.idmap.multi and not switch else "")
-        return [*argv, self.tools.setpriv, *switch, "--bounding-set", bounding, "--inh-caps", "-all",
-                "--ambient-caps", "-all", "--no-new-privs", "--"]
+        return [
+            *argv,
+            self.tools.setpriv,
+            *switch,
+            "--bounding-set",
+            bounding,
+            "--inh-caps",
+            "-all",
+            "--ambient-caps",
+            "-all",
+            "--no-new-privs",
+            "--",
+        ]
 
     def command_args(self, command: str, cwd: str, user: TaskUser | None = None) -> list[str]:
         shell = self.tools.shell
-        return [*self._enter(user=user, limited=True), shell, "-c", 'cd -- "$1" && exec "$2" -c "$3"',
-                "harness-exec", inside_path(cwd), shell, command]
+        return [
+            *self._enter(user=user, limited=True),
+            shell,
+            "-c",
+            'cd -- "$1" && exec "$2" -c "$3"',
+            "harness-exec",
+            inside_path(cwd),
+            shell,
+            command,
+        ]
 
-    async def exec(self, command: str, *, cwd: str, env: dict[str, str], timeout: float | None = None,
-                   on_output: OutputCallback | None = None, user: str | int | None = None) -> ExecOutcome:
+    async def exec(
+        self,
+        command: str,
+        *,
+        cwd: str,
+        env: dict[str, str],
+        timeout: float | None = None,
+        on_output: OutputCallback | None = None,
+        user: str | int | None = None,
+    ) -> ExecOutcome:
         """Run ``command`` with ``bash -c`` in ``cwd`` as ``user`` (a task user's name or uid;
         None or root: the sandbox's root); on timeout kill its process group and raise
         ``RuntimeError("Command timed out after N seconds")`` (Harbor's Docker backend's words)."""
         process = await asyncio.create_subprocess_exec(
-            *self.command_args(command, cwd, self.users.get(user)), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env, start_new_session=True)
+            *self.command_args(command, cwd, self.users.get(user)),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         self._running.add(process.pid)
         chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
 
@@ -569,15 +717,26 @@ class Sandbox:
         except TimeoutError:
             pass
 
-    async def _run_io(self, argv: list[str], *, stdin: int | IO[bytes] | None = None,
-                      stdout: int | IO[bytes] | None = None, timeout: float = 600,
-                      privileged: bool = False) -> tuple[int, str]:
+    async def _run_io(
+        self,
+        argv: list[str],
+        *,
+        stdin: int | IO[bytes] | None = None,
+        stdout: int | IO[bytes] | None = None,
+        timeout: float = 600,
+        privileged: bool = False,
+    ) -> tuple[int, str]:
         """Run ``argv`` inside as the sandbox's root (no shell wrapper) with raw stdin/stdout;
         returns (rc, stderr)."""
         process = await asyncio.create_subprocess_exec(
-            *self._enter(privileged=privileged), *argv, stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
+            *self._enter(privileged=privileged),
+            *argv,
+            stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=stdout if stdout is not None else asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=_transfer_env(), start_new_session=True)
+            stderr=asyncio.subprocess.PIPE,
+            env=_transfer_env(),
+            start_new_session=True,
+        )
         self._running.add(process.pid)
         try:
             _, err = await asyncio.wait_for(process.communicate(), timeout=timeout)
@@ -606,7 +765,8 @@ class Sandbox:
         with open(source, "rb") as handle:
             rc, err = await self._run_io(
                 [self.tools.shell, "-c", 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"', "upload", inside],
-                stdin=handle)
+                stdin=handle,
+            )
         if rc != 0:
             raise RuntimeError(f"upload to {inside} failed: {err}")
 
@@ -619,8 +779,16 @@ class Sandbox:
         writer.start()
         try:
             rc, err = await self._run_io(
-                [self.tools.shell, "-c", 'mkdir -p -- "$1" && exec "$2" -x -f - -C "$1" --no-same-owner',
-                 "upload", inside, self.tools.tar], stdin=read_end)
+                [
+                    self.tools.shell,
+                    "-c",
+                    'mkdir -p -- "$1" && exec "$2" -x -f - -C "$1" --no-same-owner',
+                    "upload",
+                    inside,
+                    self.tools.tar,
+                ],
+                stdin=read_end,
+            )
         finally:
             os.close(read_end)
             await asyncio.to_thread(writer.join)
@@ -660,15 +828,31 @@ class Sandbox:
     async def _forward(self, ports: list[int]) -> None:
         """Listen on ``ports`` on the sandbox's loopback and relay to the host's (module doc)."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [self.tools.nsenter, "-t", str(self._init_pid), "-U", "-n", "--", sys.executable, "-I", "-S",
-                "-c", _FORWARD_HELPER, str(child.fileno()), *map(str, ports)]
+        argv = [
+            self.tools.nsenter,
+            "-t",
+            str(self._init_pid),
+            "-U",
+            "-n",
+            "--",
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            _FORWARD_HELPER,
+            str(child.fileno()),
+            *map(str, ports),
+        ]
         try:
             result = await asyncio.to_thread(
-                subprocess.run, argv, pass_fds=(child.fileno(),), capture_output=True, timeout=30, env=_host_env())
+                subprocess.run, argv, pass_fds=(child.fileno(),), capture_output=True, timeout=30, env=_host_env()
+            )
             child.close()
             if result.returncode != 0:
-                raise SandboxError("could not open the forwarded ports inside the sandbox: "
-                                   + result.stderr.decode(errors="replace").strip())
+                raise SandboxError(
+                    "could not open the forwarded ports inside the sandbox: "
+                    + result.stderr.decode(errors="replace").strip()
+                )
             parent.settimeout(10)
             _, fds, _, _ = socket.recv_fds(parent, 1024, len(ports))
         finally:
@@ -763,6 +947,7 @@ def _tar_into(source: Path, fd: int) -> None:
 def _untar_from(fd: int, target: Path, problems: list[str]) -> None:
     """Extract a tar stream into ``target``, skipping what could land outside it (absolute or
     climbing names, links pointing out, devices): each skip is noted in ``problems``."""
+
     def safe(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
         if member.isdev() or member.isfifo():
             return None

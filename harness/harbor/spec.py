@@ -73,8 +73,9 @@ class EnvironmentSpec:
         }
 
 
-def read_spec(environment_dir: Path, overrides: dict[str, Any] | None = None, *,
-              cwd: Path | None = None) -> EnvironmentSpec:
+def read_spec(
+    environment_dir: Path, overrides: dict[str, Any] | None = None, *, cwd: Path | None = None
+) -> EnvironmentSpec:
     """The spec of a task whose ``environment/`` folder is ``environment_dir``.
 
     Raises :class:`InputError` naming the file and key for a malformed file, an unknown key,
@@ -89,8 +90,10 @@ def read_spec(environment_dir: Path, overrides: dict[str, Any] | None = None, *,
             raise InputError(f"{path}: not valid TOML: {exc}") from None
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
-        raise InputError(f"{path}: unknown key(s) {', '.join(unknown)}",
-                         hint=f"the keys are {', '.join(KEYS)} (see docs/src/content/docs/guides/harbor.md)")
+        raise InputError(
+            f"{path}: unknown key(s) {', '.join(unknown)}",
+            hint=f"the keys are {', '.join(KEYS)} (see docs/src/content/docs/guides/harbor.md)",
+        )
     for key, value in data.items():
         if not isinstance(value, str) or not value:
             raise InputError(f"{path}: {key} must be a non-empty string")
@@ -137,13 +140,16 @@ def validate(spec: EnvironmentSpec, *, where: str) -> EnvironmentSpec:
         raise InputError(f"{where}: name either manifest or lock, not both")
     if not (spec.manifest or spec.lock or spec.environment):
         raise InputError(
-            f"{where}: names no environment" if where != "the environment kwargs" else
-            f"the task has no environment/{FILE_NAME} and no --ek manifest, lock or environment",
+            f"{where}: names no environment"
+            if where != "the environment kwargs"
+            else f"the task has no environment/{FILE_NAME} and no --ek manifest, lock or environment",
             hint=f"write environment/{FILE_NAME} (manifest and environment, a lock, or a store path); "
-                 "see docs/src/content/docs/guides/harbor.md")
+            "see docs/src/content/docs/guides/harbor.md",
+        )
     if spec.environment and not re.match(_STORE_NAME, spec.environment):
-        raise InputError(f"{where}: environment = {spec.environment!r} is not a store path name "
-                         "(<32 characters>-<name>)")
+        raise InputError(
+            f"{where}: environment = {spec.environment!r} is not a store path name (<32 characters>-<name>)"
+        )
     return spec
 
 

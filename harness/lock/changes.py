@@ -24,8 +24,15 @@ class Change:
     new: str | None
 
     def __str__(self) -> str:
-        label = {"package": "", "build-package": "build ", "source": "source ", "submodule": "submodule ",
-                 "weights": "weights ", "python": "", "platforms": ""}.get(self.kind, f"{self.kind} ")
+        label = {
+            "package": "",
+            "build-package": "build ",
+            "source": "source ",
+            "submodule": "submodule ",
+            "weights": "weights ",
+            "python": "",
+            "platforms": "",
+        }.get(self.kind, f"{self.kind} ")
         if self.old is None:
             return f"+ {label}{self.name} {self.new}"
         if self.new is None:
@@ -67,8 +74,7 @@ def lock_changes(old: Lock | None, new: Lock) -> list[Change]:
     if old is not None and old_platforms != ", ".join(platforms_of(new)):
         changes.append(Change("platforms", "platforms", old_platforms, ", ".join(platforms_of(new))))
     changes += _compare("package", _versions(old.packages) if old else {}, _versions(new.packages))
-    changes += _compare("build-package", _versions(old.build_packages) if old else {},
-                        _versions(new.build_packages))
+    changes += _compare("build-package", _versions(old.build_packages) if old else {}, _versions(new.build_packages))
 
     def sources(lock: Lock | None) -> dict[str, str]:
         if lock is None:

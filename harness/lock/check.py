@@ -76,8 +76,9 @@ def _local_weights_changed(project: Project, manifest, lock, cache) -> str | Non
             continue
         with tempfile.TemporaryDirectory(prefix="harness-check-") as scratch:
             try:
-                current = lock_weights(spec, project_root=project.root, settings=Settings(),
-                                       cache_dir=Path(scratch), offline=True)
+                current = lock_weights(
+                    spec, project_root=project.root, settings=Settings(), cache_dir=Path(scratch), offline=True
+                )
             except HarnessError as exc:
                 return f"weights {spec.dir}: {exc.message}"
         now = {(f.path, f.size, f.sha256) for f in current.files}
@@ -102,8 +103,7 @@ def _path_weights_unchanged(project: Project, spec, locked, cache) -> bool:
             listed = list(_walk_folder(root))
         else:
             return False
-        now = {(rel, path.stat().st_size, cache.sha256(path))
-               for rel, path in listed if include_matches(rel, include)}
+        now = {(rel, path.stat().st_size, cache.sha256(path)) for rel, path in listed if include_matches(rel, include)}
     except (HarnessError, OSError):
         return False
     return bool(now) and now == {(f.path, f.size, f.sha256) for f in locked.files}

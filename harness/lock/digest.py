@@ -30,8 +30,13 @@ def manifest_digest(manifest: BaseModel) -> str:
     import blake3
 
     dumped = manifest.model_dump(mode="json", by_alias=True)
-    payload = canonical_json({"scheme": DIGEST_SCHEME, "type": type(manifest).__name__,
-                              "manifest": {key: dumped.get(key) for key in LOCK_SHAPING_KEYS}})
+    payload = canonical_json(
+        {
+            "scheme": DIGEST_SCHEME,
+            "type": type(manifest).__name__,
+            "manifest": {key: dumped.get(key) for key in LOCK_SHAPING_KEYS},
+        }
+    )
     return "blake3:" + blake3.blake3(payload).hexdigest()
 
 
@@ -39,6 +44,11 @@ def accepted_digests(manifest: BaseModel) -> frozenset[str]:
     """The digests a fresh lock of ``manifest`` may record: this scheme's and the legacy one."""
     import blake3
 
-    legacy = canonical_json({"scheme": LEGACY_SCHEME, "type": type(manifest).__name__,
-                             "manifest": manifest.model_dump(mode="json", by_alias=True)})
+    legacy = canonical_json(
+        {
+            "scheme": LEGACY_SCHEME,
+            "type": type(manifest).__name__,
+            "manifest": manifest.model_dump(mode="json", by_alias=True),
+        }
+    )
     return frozenset({manifest_digest(manifest), "blake3:" + blake3.blake3(legacy).hexdigest()})

@@ -31,8 +31,10 @@ def _store_path(value: str) -> str:
     # Checked before realize makes anything of it (a lock file, a build folder): a
     # hand-edited name with ``/`` or ``..`` would otherwise point outside the store.
     if value and not _STORE_PATH.match(value):
-        raise ValueError(f"{value!r} is not a store path name (32 base32 characters, '-', then 1-200 of "
-                         "A-Z a-z 0-9 + - . _); run `harness lock` to write the lock again")
+        raise ValueError(
+            f"{value!r} is not a store path name (32 base32 characters, '-', then 1-200 of "
+            "A-Z a-z 0-9 + - . _); run `harness lock` to write the lock again"
+        )
     return value
 
 
@@ -168,6 +170,8 @@ class Lock(Strict):
     def _readable(cls, value: int) -> int:
         if value not in READABLE_LOCK_VERSIONS:
             readable = ", ".join(str(v) for v in READABLE_LOCK_VERSIONS)
-            raise ValueError(f"lock-version {value} is not one this harness reads (it reads {readable}); "
-                             "upgrade harness, or run `harness lock` to write the lock again")
+            raise ValueError(
+                f"lock-version {value} is not one this harness reads (it reads {readable}); "
+                "upgrade harness, or run `harness lock` to write the lock again"
+            )
         return value

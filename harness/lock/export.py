@@ -61,8 +61,11 @@ def to_requirements(lock: Lock, settings: Settings) -> str:
         lines.append(_requirement(package))
     installed = [s for s in lock.sources if s.install != "none"]
     if installed:
-        lines += ["", "# Git sources, pinned by commit. A VCS line has no hash, and pip and uv refuse a file",
-                  "# mixing it with hashed lines: install these after the lines above, with --no-deps:"]
+        lines += [
+            "",
+            "# Git sources, pinned by commit. A VCS line has no hash, and pip and uv refuse a file",
+            "# mixing it with hashed lines: install these after the lines above, with --no-deps:",
+        ]
         lines += [f"# {_git_requirement(s, settings)}" for s in installed]
     return "\n".join(lines + _comment_blocks(lock, settings)) + "\n"
 
@@ -86,7 +89,7 @@ def _comment_blocks(lock: Lock, settings: Settings) -> list[str]:
     lines: list[str] = []
     checkouts = [s for s in lock.sources if s.install == "none"]
     if checkouts:
-        lines += ["", "# Checkouts (install = \"none\"): not installed; `harness realize` places them in its store."]
+        lines += ["", '# Checkouts (install = "none"): not installed; `harness realize` places them in its store.']
         lines += [f"#   {s.name}: {_git_url(s, settings)} at {s.commit}" for s in checkouts]
     if lock.weights:
         lines += ["", "# Weights: no installer fetches these; `harness realize` does, file by file, hash-checked."]
@@ -144,10 +147,12 @@ def to_pylock(lock: Lock, settings: Settings, cache_dir: Path | None = None) -> 
         listings = list(pool.map(listing, packages))
 
     doc = tomlkit.document()
-    doc.add(tomlkit.comment(
-        f"Exported by harness from locks/{lock.name}.lock.toml for {lock.python.implementation} "
-        f"{lock.python.version} on {lock.python.platform}; addresses from this machine's configuration."
-    ))
+    doc.add(
+        tomlkit.comment(
+            f"Exported by harness from locks/{lock.name}.lock.toml for {lock.python.implementation} "
+            f"{lock.python.version} on {lock.python.platform}; addresses from this machine's configuration."
+        )
+    )
     doc["lock-version"] = "1.0"
     doc["created-by"] = "harness"
     major, minor = lock.python.version.split(".")[:2]
@@ -219,8 +224,11 @@ def uv_default_index(cache_dir: Path | None = None) -> str:
 
     with tempfile.TemporaryDirectory(prefix="harness-export-") as tmp:
         (Path(tmp) / "requirements.in").write_text("")
-        out = run_uv(["pip", "compile", "requirements.in", "--emit-index-url", "--offline",
-                      "--no-header", "--quiet"], cache_dir=cache_dir, cwd=Path(tmp)).stdout
+        out = run_uv(
+            ["pip", "compile", "requirements.in", "--emit-index-url", "--offline", "--no-header", "--quiet"],
+            cache_dir=cache_dir,
+            cwd=Path(tmp),
+        ).stdout
     match = re.search(r"^--index-url\s+(\S+)", out, re.MULTILINE)
     if not match:
         raise HarnessError(f"uv did not report its default index (output: {out.strip()!r})")
@@ -241,8 +249,10 @@ def index_files(index_url: str, project: str, *, index: str = "") -> dict[str, t
             content_type = response.headers.get("Content-Type", "")
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
-            raise HarnessError(f"{label} does not list {project} ({page}: HTTP 404)",
-                               hint="is the configured address this index or a full mirror of it?") from None
+            raise HarnessError(
+                f"{label} does not list {project} ({page}: HTTP 404)",
+                hint="is the configured address this index or a full mirror of it?",
+            ) from None
         raise HarnessError(f"{label}: {page} answered HTTP {exc.code} for {project}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -251,8 +261,7 @@ def index_files(index_url: str, project: str, *, index: str = "") -> dict[str, t
         try:
             data = json.loads(body)
             return {
-                str(f["filename"]): (urljoin(final, str(f["url"])), _sha256(f.get("hashes")))
-                for f in data["files"]
+                str(f["filename"]): (urljoin(final, str(f["url"])), _sha256(f.get("hashes"))) for f in data["files"]
             }
         except (ValueError, KeyError, TypeError) as exc:
             raise HarnessError(f"{label}: malformed PEP 691 answer for {project}: {exc}") from None

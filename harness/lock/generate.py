@@ -89,9 +89,7 @@ def select(found: dict[str, tuple[str, Manifest]], names: list[str]) -> list[str
         return sorted(found)
     unknown = [n for n in names if n not in found]
     if unknown:
-        raise HarnessError(
-            f"no manifest named {', '.join(unknown)} (known: {', '.join(sorted(found))})"
-        )
+        raise HarnessError(f"no manifest named {', '.join(unknown)} (known: {', '.join(sorted(found))})")
     return list(dict.fromkeys(names))
 
 
@@ -118,8 +116,16 @@ def lock_project(
         outcome = Outcome(name, path)
         try:
             previous = _previous(path)
-            lock = lock_manifest(project, name, kind, manifest, settings=settings,
-                                 cache_dir=cache_dir, options=options, previous=previous)
+            lock = lock_manifest(
+                project,
+                name,
+                kind,
+                manifest,
+                settings=settings,
+                cache_dir=cache_dir,
+                options=options,
+                previous=previous,
+            )
             outcome.changed = write(path, lock)
             outcome.lock = lock
             if outcome.changed:
@@ -158,8 +164,9 @@ def lock_manifest(
 ) -> Lock:
     """Lock one manifest; raises HarnessError (prefixed with the manifest) on any failure."""
     try:
-        return _lock_manifest(project, name, kind, manifest, settings=settings,
-                              cache_dir=cache_dir, options=options, previous=previous)
+        return _lock_manifest(
+            project, name, kind, manifest, settings=settings, cache_dir=cache_dir, options=options, previous=previous
+        )
     except HarnessError as exc:
         label = f"services/{name}.toml" if kind == "service" else f"benchmarks/{name}.toml"
         raise HarnessError(f"{label}: {exc.message}", hint=exc.hint) from None
@@ -187,8 +194,12 @@ def _lock_manifest(
     environment = manifest.environment
     targets = lock_targets(settings, options)
     pin = settings.python_pins.get(environment.python)
-    if pin is None and previous is not None and not options.upgrade and _matches(
-            previous.python.version, environment.python):
+    if (
+        pin is None
+        and previous is not None
+        and not options.upgrade
+        and _matches(previous.python.version, environment.python)
+    ):
         pin = previous.python.version  # re-locking keeps the patch version it had
     exact = pin or (environment.python if environment.python.count(".") == 2 else None)
 
@@ -196,15 +207,25 @@ def _lock_manifest(
     if manifest.weights:
         from harness.resolve.weights import lock_weights
     workers = min(16, 2 + len(manifest.weights) + 3 * len(targets))
-    with ThreadPoolExecutor(max_workers=workers) as pool, \
-            tempfile.TemporaryDirectory(prefix="harness-lock-") as scratch:
-        interpreter_jobs = {t: pool.submit(_pin_interpreter, environment.python, platform=t,
-                                           cache_dir=cache_dir, pin=pin) for t in targets}
+    with (
+        ThreadPoolExecutor(max_workers=workers) as pool,
+        tempfile.TemporaryDirectory(prefix="harness-lock-") as scratch,
+    ):
+        interpreter_jobs = {
+            t: pool.submit(_pin_interpreter, environment.python, platform=t, cache_dir=cache_dir, pin=pin)
+            for t in targets
+        }
         uv_job = pool.submit(uv_version)
         weight_jobs = [
-            pool.submit(lock_weights, spec, project_root=project.root, settings=settings,
-                        cache_dir=cache_dir, offline=options.offline,
-                        previous=_to_weight_set(old_weights[spec.dir]) if spec.dir in old_weights else None)
+            pool.submit(
+                lock_weights,
+                spec,
+                project_root=project.root,
+                settings=settings,
+                cache_dir=cache_dir,
+                offline=options.offline,
+                previous=_to_weight_set(old_weights[spec.dir]) if spec.dir in old_weights else None,
+            )
             for spec in manifest.weights
         ]
 
@@ -213,34 +234,66 @@ def _lock_manifest(
             first = chosen[targets[0]]
             for t in targets[1:]:  # one Python version for every platform: the first's
                 if chosen[t].version != first.version:
-                    chosen[t] = _pin_interpreter(environment.python, platform=t, cache_dir=cache_dir,
-                                                 pin=first.version)
+                    chosen[t] = _pin_interpreter(environment.python, platform=t, cache_dir=cache_dir, pin=first.version)
             return chosen
 
         try:
             sources = _sources(environment, Path(scratch), settings=settings, cache_dir=cache_dir, options=options)
             # With the exact version known up front, resolve while uv lists interpreters (the
             # listing only says where the interpreter comes from, and checks that it exists).
-            guesses = ({t: Interpreter("cpython", exact, t, "host") for t in targets} if exact is not None
-                       else chosen_interpreters())
-            resolved = _resolve_all(environment, guesses, sources, pool, settings=settings,
-                                    cache_dir=cache_dir, options=options, previous=previous)
+            guesses = (
+                {t: Interpreter("cpython", exact, t, "host") for t in targets}
+                if exact is not None
+                else chosen_interpreters()
+            )
+            resolved = _resolve_all(
+                environment,
+                guesses,
+                sources,
+                pool,
+                settings=settings,
+                cache_dir=cache_dir,
+                options=options,
+                previous=previous,
+            )
         except HarnessError:
             for job in interpreter_jobs.values():
                 job.result()  # an interpreter error is the first step's: it wins
             raise
         interpreters = chosen_interpreters()
-        redo = {t: i for t, i in interpreters.items()
-                if (i.version, i.platform) != (guesses[t].version, guesses[t].platform)}
+        redo = {
+            t: i
+            for t, i in interpreters.items()
+            if (i.version, i.platform) != (guesses[t].version, guesses[t].platform)
+        }
         if redo:
-            resolved.update(_resolve_all(environment, redo, sources, pool, settings=settings,
-                                         cache_dir=cache_dir, options=options, previous=previous))
+            resolved.update(
+                _resolve_all(
+                    environment,
+                    redo,
+                    sources,
+                    pool,
+                    settings=settings,
+                    cache_dir=cache_dir,
+                    options=options,
+                    previous=previous,
+                )
+            )
         weights: list[WeightSet] = [job.result() for job in weight_jobs]
         uv = uv_job.result()
 
     locks = [
-        _single_lock(name, kind, manifest, uv=uv, interpreter=interpreters[t], pins=sources.pins,
-                     packages=resolved[t][0], build_packages=resolved[t][1], weights=weights)
+        _single_lock(
+            name,
+            kind,
+            manifest,
+            uv=uv,
+            interpreter=interpreters[t],
+            pins=sources.pins,
+            packages=resolved[t][0],
+            build_packages=resolved[t][1],
+            weights=weights,
+        )
         for t in targets
     ]
     return merge(locks)
@@ -268,9 +321,18 @@ def lock_targets(settings: Settings, options: LockOptions) -> list[str]:
     return list(dict.fromkeys(targets))
 
 
-def _single_lock(name: str, kind: str, manifest: Manifest, *, uv: str, interpreter: Interpreter,
-                 pins: list[GitSource], packages: list[Package], build_packages: list[Package],
-                 weights: list[WeightSet]) -> Lock:
+def _single_lock(
+    name: str,
+    kind: str,
+    manifest: Manifest,
+    *,
+    uv: str,
+    interpreter: Interpreter,
+    pins: list[GitSource],
+    packages: list[Package],
+    build_packages: list[Package],
+    weights: list[WeightSet],
+) -> Lock:
     """The lock of one platform, store paths filled in."""
     lock = Lock(
         lock_version=LOCK_VERSION,
@@ -280,25 +342,37 @@ def _single_lock(name: str, kind: str, manifest: Manifest, *, uv: str, interpret
         manifest_digest=manifest_digest(manifest),
         uv=uv,
         python=LockedInterpreter(
-            implementation=interpreter.implementation, version=interpreter.version,
-            platform=interpreter.platform, source=interpreter.source,
+            implementation=interpreter.implementation,
+            version=interpreter.version,
+            platform=interpreter.platform,
+            source=interpreter.source,
         ),
         packages=[_package(p) for p in packages],
         build_packages=[_package(p) for p in build_packages],
         sources=[
-            LockedSource(name=p.name, repo=p.repo, rev=p.rev, commit=p.commit, tree=p.tree,
-                         install=p.install, subdirectory=p.subdirectory,
-                         **{"build-isolation": p.build_isolation},
-                         submodules=[LockedSubmodule(path=m.path, url=m.url, commit=m.commit)
-                                     for m in p.submodules])
+            LockedSource(
+                name=p.name,
+                repo=p.repo,
+                rev=p.rev,
+                commit=p.commit,
+                tree=p.tree,
+                install=p.install,
+                subdirectory=p.subdirectory,
+                **{"build-isolation": p.build_isolation},
+                submodules=[LockedSubmodule(path=m.path, url=m.url, commit=m.commit) for m in p.submodules],
+            )
             for p in pins
         ],
         weights=[
             LockedWeights(
-                dir=w.dir, provider=w.provider, repo=w.repo, revision=w.revision,
+                dir=w.dir,
+                provider=w.provider,
+                repo=w.repo,
+                revision=w.revision,
                 repo_type=w.repo_type,
-                files=[LockedWeightFile(path=f.path, size=f.size, sha256=f.sha256, revision=f.revision)
-                       for f in w.files],
+                files=[
+                    LockedWeightFile(path=f.path, size=f.size, sha256=f.sha256, revision=f.revision) for f in w.files
+                ],
             )
             for w in weights
         ],
@@ -318,8 +392,9 @@ class _Sources:
     environment_requirements: list[str] = field(default_factory=list)
 
 
-def _sources(environment: Environment, scratch: Path, *, settings: Settings, cache_dir: Path,
-             options: LockOptions) -> _Sources:
+def _sources(
+    environment: Environment, scratch: Path, *, settings: Settings, cache_dir: Path, options: LockOptions
+) -> _Sources:
     """Pin every git source to a commit and export the installed ones into ``scratch``; ask
     each installed one's build backend what it needs (static and PEP 517 dynamic build
     requirements): a build environment's requirements, or, for a source built without
@@ -333,8 +408,10 @@ def _sources(environment: Environment, scratch: Path, *, settings: Settings, cac
     if environment.sources:
         from harness.resolve.git import lock_source
 
-        pins = [lock_source(source, cache_dir, offline=options.offline, mirrors=settings.git_mirrors)
-                for source in environment.sources]
+        pins = [
+            lock_source(source, cache_dir, offline=options.offline, mirrors=settings.git_mirrors)
+            for source in environment.sources
+        ]
     project_dirs: list[tuple[Path, tuple[str, ...]]] = []
     build_reqs: list[str] = []
     env_reqs: list[str] = []
@@ -356,11 +433,21 @@ def _sources(environment: Environment, scratch: Path, *, settings: Settings, cac
             )
         project_dirs.append((root, tuple(source.extras)))
         static = build_requirements(root)
-        key = hashlib.sha256(json.dumps(["harness-build-requires-v1", pin_.tree, pin_.subdirectory or "",
-                                         pin_.install, sorted(static)]).encode()).hexdigest()[:40]
+        key = hashlib.sha256(
+            json.dumps(
+                ["harness-build-requires-v1", pin_.tree, pin_.subdirectory or "", pin_.install, sorted(static)]
+            ).encode()
+        ).hexdigest()[:40]
         dynamic = dynamic_build_requirements(
-            root, static, editable=pin_.install == "editable", key=key, indexes=list(environment.indexes),
-            settings=settings, cache_dir=cache_dir, offline=options.offline)
+            root,
+            static,
+            editable=pin_.install == "editable",
+            key=key,
+            indexes=list(environment.indexes),
+            settings=settings,
+            cache_dir=cache_dir,
+            offline=options.offline,
+        )
         (build_reqs if pin_.build_isolation else env_reqs).extend([*static, *dynamic])
     return _Sources(pins, project_dirs, sorted(set(build_reqs)), sorted(set(env_reqs)))
 
@@ -384,23 +471,43 @@ def _resolve_all(
     for target, interpreter in interpreters.items():
         before = _previous_for(previous, target, options)
         common: dict[str, Any] = dict(
-            interpreter=interpreter, indexes=list(environment.indexes), settings=settings, cache_dir=cache_dir,
-            offline=options.offline, upgrade=options.upgrade, upgrade_packages=list(options.upgrade_packages))
-        requirements = [*environment.requirements, *_not_named(sources.environment_requirements,
-                                                               environment.requirements)]
-        packages = pool.submit(resolve_packages, requirements,
-                               previous=_to_pins(before.packages) if before else None,
-                               extra_paths=sources.project_dirs, package_index=environment.package_index,
-                               **common)
-        build = (pool.submit(resolve_packages, sources.build_requirements,
-                             previous=_to_pins(before.build_packages) if before else None,
-                             package_index=_direct_only(environment.package_index, sources.build_requirements),
-                             **common)
-                 if sources.build_requirements else None)
+            interpreter=interpreter,
+            indexes=list(environment.indexes),
+            settings=settings,
+            cache_dir=cache_dir,
+            offline=options.offline,
+            upgrade=options.upgrade,
+            upgrade_packages=list(options.upgrade_packages),
+        )
+        requirements = [
+            *environment.requirements,
+            *_not_named(sources.environment_requirements, environment.requirements),
+        ]
+        packages = pool.submit(
+            resolve_packages,
+            requirements,
+            previous=_to_pins(before.packages) if before else None,
+            extra_paths=sources.project_dirs,
+            package_index=environment.package_index,
+            **common,
+        )
+        build = (
+            pool.submit(
+                resolve_packages,
+                sources.build_requirements,
+                previous=_to_pins(before.build_packages) if before else None,
+                package_index=_direct_only(environment.package_index, sources.build_requirements),
+                **common,
+            )
+            if sources.build_requirements
+            else None
+        )
         jobs[target] = (packages, build)
     wait([job for pair in jobs.values() for job in pair if job is not None])
-    return {target: (packages.result(), build.result() if build is not None else [])
-            for target, (packages, build) in jobs.items()}
+    return {
+        target: (packages.result(), build.result() if build is not None else [])
+        for target, (packages, build) in jobs.items()
+    }
 
 
 def _previous_for(previous: Lock | None, target: str, options: LockOptions) -> Lock | None:
@@ -483,7 +590,10 @@ def _file(file: DistFile) -> LockedFile:
 
 def _package(package: Package) -> LockedPackage:
     return LockedPackage(
-        name=package.name, version=package.version, index=package.index, marker=package.marker,
+        name=package.name,
+        version=package.version,
+        index=package.index,
+        marker=package.marker,
         wheels=[_file(w) for w in package.wheels],
         sdist=_file(package.sdist) if package.sdist else None,
     )
@@ -492,7 +602,10 @@ def _package(package: Package) -> LockedPackage:
 def _to_pins(packages: list[LockedPackage]) -> list[Package]:
     return [
         Package(
-            name=p.name, version=p.version, index=p.index, marker=p.marker,
+            name=p.name,
+            version=p.version,
+            index=p.index,
+            marker=p.marker,
             wheels=tuple(DistFile(w.file, w.sha256, w.size) for w in p.wheels),
             sdist=DistFile(p.sdist.file, p.sdist.sha256, p.sdist.size) if p.sdist else None,
         )
@@ -504,6 +617,10 @@ def _to_weight_set(weights: LockedWeights) -> WeightSet:
     from harness.resolve.pins import WeightFile
 
     return WeightSet(
-        dir=weights.dir, provider=weights.provider, repo=weights.repo, revision=weights.revision,
-        repo_type=weights.repo_type, files=tuple(WeightFile(f.path, f.size, f.sha256, f.revision) for f in weights.files),
+        dir=weights.dir,
+        provider=weights.provider,
+        repo=weights.repo,
+        revision=weights.revision,
+        repo_type=weights.repo_type,
+        files=tuple(WeightFile(f.path, f.size, f.sha256, f.revision) for f in weights.files),
     )

@@ -39,14 +39,20 @@ def merge(locks: list[Lock]) -> Lock:
     first = locks[0]
     versions = {lock.python.version for lock in locks}
     if len(versions) != 1:
-        raise HarnessError(f"the platforms lock different Python versions ({', '.join(sorted(versions))})",
-                           hint="pin the version in harness.toml: [lock.python]")
+        raise HarnessError(
+            f"the platforms lock different Python versions ({', '.join(sorted(versions))})",
+            hint="pin the version in harness.toml: [lock.python]",
+        )
     platforms = [lock.python.platform for lock in locks]
-    return assign_store_paths(first.model_copy(update={
-        "targets": [LockedTarget(platform=lock.python.platform, source=lock.python.source) for lock in locks],
-        "packages": _merge_packages([lock.packages for lock in locks], platforms),
-        "build_packages": _merge_packages([lock.build_packages for lock in locks], platforms),
-    }))
+    return assign_store_paths(
+        first.model_copy(
+            update={
+                "targets": [LockedTarget(platform=lock.python.platform, source=lock.python.source) for lock in locks],
+                "packages": _merge_packages([lock.packages for lock in locks], platforms),
+                "build_packages": _merge_packages([lock.build_packages for lock in locks], platforms),
+            }
+        )
+    )
 
 
 def _merge_packages(per_platform: list[list[LockedPackage]], platforms: list[str]) -> list[LockedPackage]:
@@ -54,17 +60,22 @@ def _merge_packages(per_platform: list[list[LockedPackage]], platforms: list[str
     for platform, packages in zip(platforms, per_platform, strict=True):
         for package in packages:
             groups.setdefault((package.name, package.version, package.marker, package.index), []).append(
-                (platform, package))
+                (platform, package)
+            )
     merged = []
     for members in groups.values():
         wheels = {w.file: w for _, p in members for w in p.wheels}
         sdists = [p.sdist for _, p in members if p.sdist is not None]
         where = [platform for platform, _ in members]
-        merged.append(members[0][1].model_copy(update={
-            "platforms": [] if len(where) == len(platforms) else where,
-            "wheels": [wheels[name] for name in sorted(wheels)],
-            "sdist": sdists[0] if sdists else None,
-        }))
+        merged.append(
+            members[0][1].model_copy(
+                update={
+                    "platforms": [] if len(where) == len(platforms) else where,
+                    "wheels": [wheels[name] for name in sorted(wheels)],
+                    "sdist": sdists[0] if sdists else None,
+                }
+            )
+        )
     return merged
 
 
@@ -89,16 +100,23 @@ def for_platform(lock: Lock, platform: str) -> Lock:
             if package.platforms and platform not in package.platforms:
                 continue
             wheels = [w for w in package.wheels if wheel_fits(w.file, tags)]
-            out.append(package.model_copy(update={
-                "platforms": [], "wheels": wheels, "sdist": None if wheels else package.sdist}))
+            out.append(
+                package.model_copy(
+                    update={"platforms": [], "wheels": wheels, "sdist": None if wheels else package.sdist}
+                )
+            )
         return out
 
-    return assign_store_paths(lock.model_copy(update={
-        "targets": [],
-        "python": lock.python.model_copy(update={"platform": platform, "source": target.source}),
-        "packages": keep(lock.packages),
-        "build_packages": keep(lock.build_packages),
-    }))
+    return assign_store_paths(
+        lock.model_copy(
+            update={
+                "targets": [],
+                "python": lock.python.model_copy(update={"platform": platform, "source": target.source}),
+                "packages": keep(lock.packages),
+                "build_packages": keep(lock.build_packages),
+            }
+        )
+    )
 
 
 def fits_host(platform: str, host_tags: list[str] | None = None) -> bool:

@@ -63,8 +63,11 @@ def interpreter_path(lock: Lock) -> str:
     store ever registers it (realize always stands a content-named host copy in for it)."""
     python = lock.python
     name = f"{python.implementation}-{python.version}"
-    inputs: dict[str, object] = {"implementation": python.implementation, "version": python.version,
-                                 "platform": python.platform}
+    inputs: dict[str, object] = {
+        "implementation": python.implementation,
+        "version": python.version,
+        "platform": python.platform,
+    }
     if python.source != "uv-managed":
         inputs["source"] = python.source
     return store_path_name(store_hash("python", name, inputs), name)
@@ -75,8 +78,12 @@ def host_interpreter_path(python: LockedInterpreter, content: str) -> str:
     ``content`` (``blake3:…``): the copy is fixed-output, named by what it is, so two machines
     whose host interpreters copy to the same bytes share it and no other bytes can take it."""
     name = f"{python.implementation}-{python.version}{HOST_SUFFIX}"
-    inputs = {"implementation": python.implementation, "version": python.version,
-              "platform": python.platform, "content": content}
+    inputs = {
+        "implementation": python.implementation,
+        "version": python.version,
+        "platform": python.platform,
+        "content": content,
+    }
     return store_path_name(store_hash("python", name, inputs), name)
 
 
@@ -86,16 +93,14 @@ def is_host_interpreter(store_name: str) -> bool:
 
 
 def _with_file_paths(package: LockedPackage) -> LockedPackage:
-    wheels = [w.model_copy(update={"store": file_path(w)})
-              for w in sorted(package.wheels, key=lambda w: w.file)]
+    wheels = [w.model_copy(update={"store": file_path(w)}) for w in sorted(package.wheels, key=lambda w: w.file)]
     sdist = package.sdist.model_copy(update={"store": file_path(package.sdist)}) if package.sdist else None
     return package.model_copy(update={"wheels": wheels, "sdist": sdist})
 
 
 def _package_key(package: LockedPackage) -> dict[str, object]:
     files = [w.store for w in package.wheels] or ([package.sdist.store] if package.sdist else [])
-    return {"name": package.name, "version": package.version, "marker": package.marker,
-            "files": sorted(files)}
+    return {"name": package.name, "version": package.version, "marker": package.marker, "files": sorted(files)}
 
 
 def assign_store_paths(lock: Lock) -> Lock:
@@ -118,24 +123,34 @@ def assign_store_paths(lock: Lock) -> Lock:
         # (harness.lock.platforms), and python/environment repeat the first target's.
         from harness.lock.platforms import for_platform
 
-        common = lock.model_copy(update={"packages": packages, "build_packages": build_packages,
-                                         "sources": sources, "weights": weights})
+        common = lock.model_copy(
+            update={"packages": packages, "build_packages": build_packages, "sources": sources, "weights": weights}
+        )
         targets = []
         for target in lock.targets:
             alone = for_platform(common, target.platform)
-            targets.append(target.model_copy(update={"python": alone.python.store,
-                                                     "environment": alone.environment.store}))
+            targets.append(
+                target.model_copy(update={"python": alone.python.store, "environment": alone.environment.store})
+            )
         first = targets[0]
-        return common.model_copy(update={
-            "targets": targets,
-            "python": lock.python.model_copy(update={"platform": first.platform, "source": first.source,
-                                                     "store": first.python}),
-            "environment": lock.environment.model_copy(update={"store": first.environment}),
-        })
+        return common.model_copy(
+            update={
+                "targets": targets,
+                "python": lock.python.model_copy(
+                    update={"platform": first.platform, "source": first.source, "store": first.python}
+                ),
+                "environment": lock.environment.model_copy(update={"store": first.environment}),
+            }
+        )
     python = lock.python.model_copy(update={"store": interpreter_path(lock)})
     assigned = lock.model_copy(
-        update={"python": python, "packages": packages, "build_packages": build_packages,
-                "sources": sources, "weights": weights}
+        update={
+            "python": python,
+            "packages": packages,
+            "build_packages": build_packages,
+            "sources": sources,
+            "weights": weights,
+        }
     )
     return with_interpreter(assigned, python.store)
 
@@ -150,9 +165,13 @@ def _environment_path(lock: Lock, python_store: str) -> str:
         "packages": sorted((_package_key(p) for p in lock.packages), key=repr),
         "build": sorted((_package_key(p) for p in lock.build_packages), key=repr),
         "sources": [
-            {"store": s.store, "install": s.install, "subdirectory": s.subdirectory or "",
-             # only when off, so environments of sources without the key keep their paths
-             **({} if s.build_isolation else {"build-isolation": False})}
+            {
+                "store": s.store,
+                "install": s.install,
+                "subdirectory": s.subdirectory or "",
+                # only when off, so environments of sources without the key keep their paths
+                **({} if s.build_isolation else {"build-isolation": False}),
+            }
             for s in lock.sources
         ],
     }

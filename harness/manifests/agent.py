@@ -45,9 +45,7 @@ class AgentSection(Strict):
     name: str | None = None
     benchmark: str | None = Field(default=None, description="benchmark manifest of its runs")
     skills: dict[str, Skill] = Field(default_factory=dict)
-    services: dict[str, list[str]] = Field(
-        default_factory=dict, description="role -> the services that fill it"
-    )
+    services: dict[str, list[str]] = Field(default_factory=dict, description="role -> the services that fill it")
     settings: dict[str, Any] = Field(default_factory=dict, description="free-form agent settings")
 
     @field_validator("services")
@@ -100,9 +98,7 @@ def apply_overrides(document: dict[str, Any], overrides: list[Override]) -> dict
         for part in override.key[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise InputError(
-                    f"--set {override.text!r}: {part!r} is a value, not a table"
-                )
+                raise InputError(f"--set {override.text!r}: {part!r} is a value, not a table")
             node = child
         node[override.key[-1]] = override.value
     return result

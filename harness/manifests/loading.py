@@ -56,9 +56,7 @@ def parse_toml(text: str, shown: str) -> dict[str, Any]:
         match = _TOML_POSITION.search(message)
         if match:
             reason = message[: match.start()].strip()
-            raise InputError(
-                f"{shown}:{match.group(1)}:{match.group(2)}: invalid TOML: {reason}"
-            ) from None
+            raise InputError(f"{shown}:{match.group(1)}:{match.group(2)}: invalid TOML: {reason}") from None
         raise InputError(f"{shown}: invalid TOML: {message}") from None
     except RecursionError:
         raise InputError(f"{shown}: invalid TOML: nested too deeply") from None
@@ -70,9 +68,7 @@ def load_model(model: type[M], path: Path, *, context: dict[str, Any] | None = N
     return validate_data(model, data, display_path(path), context=context)
 
 
-def validate_data(
-    model: type[M], data: Any, shown: str, *, context: dict[str, Any] | None = None
-) -> M:
+def validate_data(model: type[M], data: Any, shown: str, *, context: dict[str, Any] | None = None) -> M:
     """Validate already-parsed ``data`` from ``shown`` as ``model``."""
     try:
         return model.model_validate(data, context=context)

@@ -77,8 +77,9 @@ def _check_source_templates(texts: list[str], sources: list[Source]) -> None:
         for name in source_names(text):
             if name not in known:
                 listed = ", ".join(sorted(known)) or "none"
-                raise ValueError(f"{{source:{name}}} in {text!r} names no [[environment.sources]] entry "
-                                 f"(their names: {listed})")
+                raise ValueError(
+                    f"{{source:{name}}} in {text!r} names no [[environment.sources]] entry (their names: {listed})"
+                )
 
 
 def _relative_path(value: str, what: str) -> str:
@@ -115,7 +116,8 @@ class Source(Strict):
     subdirectory: str | None = Field(default=None, description="the package inside the repo")
     extras: list[str] = Field(default_factory=list, description="the project's extras whose dependencies are locked")
     build_isolation: bool = Field(
-        default=True, alias="build-isolation",
+        default=True,
+        alias="build-isolation",
         description="false: build against the environment's own packages (CUDA extensions need torch)",
     )
 
@@ -371,9 +373,8 @@ class XPolicyLab(Strict):
             if isinstance(value, str):
                 check_templates(value, frozenset({"weights", "source"}))
         return values
-    source: int = Field(
-        default=0, ge=0, description="which [[environment.sources]] entry is XPolicyLab itself"
-    )
+
+    source: int = Field(default=0, ge=0, description="which [[environment.sources]] entry is XPolicyLab itself")
 
     @field_validator("policy")
     @classmethod
@@ -400,7 +401,8 @@ class ServiceManifest(Strict):
     protocol: Literal["http", "websocket", "xpolicylab"] = Field(
         default="http",
         description="how clients talk to it: http, websocket (ws:// URL, ready when a WebSocket "
-                    "answers a ping) or xpolicylab (XPolicyLab's WebSocket policy server)")
+        "answers a ping) or xpolicylab (XPolicyLab's WebSocket policy server)",
+    )
     command: list[Template] | None = None
     port: Port
     vram_gb: float = Field(default=0.0, ge=0, le=4096)
@@ -432,15 +434,16 @@ class ServiceManifest(Strict):
             if self.xpolicylab is None:
                 raise ValueError("protocol 'xpolicylab' needs an [xpolicylab] table")
             if self.xpolicylab.source >= len(self.environment.sources):
-                raise ValueError(
-                    "xpolicylab.source must index the XPolicyLab checkout in environment.sources"
-                )
+                raise ValueError("xpolicylab.source must index the XPolicyLab checkout in environment.sources")
         elif self.xpolicylab is not None:
             raise ValueError("[xpolicylab] applies to protocol = 'xpolicylab' only")
         _unique_dirs(self.weights)
         texts = [*(self.command or []), *self.client.values()]
         if self.xpolicylab is not None:
-            texts += [self.xpolicylab.checkpoint, *(v for v in self.xpolicylab.overrides.values() if isinstance(v, str))]
+            texts += [
+                self.xpolicylab.checkpoint,
+                *(v for v in self.xpolicylab.overrides.values() if isinstance(v, str)),
+            ]
         _check_source_templates(texts, self.environment.sources)
         return self
 
@@ -485,9 +488,7 @@ def _unique_dirs(weights: list[Weights]) -> None:
 def manifest_name(stem: str) -> str:
     """Validate a manifest's file stem as its name (names become store path parts)."""
     if not _NAME.match(stem):
-        raise ValueError(
-            f"manifest name {stem!r} must be lowercase letters, digits, '.', '_' or '-'"
-        )
+        raise ValueError(f"manifest name {stem!r} must be lowercase letters, digits, '.', '_' or '-'")
     return stem
 
 

@@ -37,8 +37,10 @@ def validate_project(project: Project, *, extra_deploy: Path | None = None) -> R
         for path in sorted(project.agents_dir.glob("*.toml")):
             config = _step(report, lambda p=path: project.load_agent(str(p)))
             if config is not None and services:
-                if _step(report, lambda c=config: services_needed(
-                        c, kinds, benchmarks=frozenset(benchmarks))) is not None:
+                if (
+                    _step(report, lambda c=config: services_needed(c, kinds, benchmarks=frozenset(benchmarks)))
+                    is not None
+                ):
                     report.checked.append(display_path(path))
     deploys = sorted(project.deploy_dir.glob("*.toml")) if project.deploy_dir.is_dir() else []
     if extra_deploy is not None and extra_deploy not in deploys:

@@ -56,8 +56,10 @@ class RealizeFailed(HarnessError):
     def __init__(self, reports: list[Report], failures: dict[str, str]) -> None:
         lines = [f"{name}: {message}" for name, message in failures.items()]
         done = f"; {len(reports)} other(s) realized" if reports else ""
-        super().__init__(f"{len(failures)} of {len(reports) + len(failures)} failed to realize{done}:\n"
-                         + "\n".join("  " + line.replace("\n", "\n    ") for line in lines))
+        super().__init__(
+            f"{len(failures)} of {len(reports) + len(failures)} failed to realize{done}:\n"
+            + "\n".join("  " + line.replace("\n", "\n    ") for line in lines)
+        )
         self.reports = reports
         self.failures = failures
 
@@ -170,8 +172,10 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
     # Rooted before anything is looked up: a concurrent `store gc` can no longer take an
     # input (a wheel, a source) between "found registered" and "used by the build". A host
     # copy standing in, and the environments on it, are inputs too.
-    hold(ctx.store, [name for lock in locks for name in {*lock_objects(lock),
-                                                         *lock_objects(realized_lock(ctx.store, lock))}])
+    hold(
+        ctx.store,
+        [name for lock in locks for name in {*lock_objects(lock), *lock_objects(realized_lock(ctx.store, lock))}],
+    )
     todo = [lock for lock in locks if _wants_work(ctx.store, lock)]
     if todo and ctx.substituters:
         _substitute(ctx, todo)
@@ -205,8 +209,9 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
             failures[lock.name] = exc
     _drop_downloads(ctx, locks)
     # What this store realized (a host copy and its environments, where one stands in).
-    register_project(ctx.store, ctx.project_root,
-                     {lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks})
+    register_project(
+        ctx.store, ctx.project_root, {lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks}
+    )
     if failures:
         if len(failures) == 1 and not reports:
             raise next(iter(failures.values()))
@@ -225,21 +230,35 @@ def _substitute(ctx: Context, locks: list[Lock]) -> None:
 
     from harness.cache.substitute import expected_from_locks, substitute
 
-    usable = [url for url in ctx.substituters
-              if not ctx.offline or not url.split("?", 1)[0].startswith(("http://", "https://", "s3://"))]
+    usable = [
+        url
+        for url in ctx.substituters
+        if not ctx.offline or not url.split("?", 1)[0].startswith(("http://", "https://", "s3://"))
+    ]
     # The lock's own paths first (a cache may hold the uv-managed interpreter and the
     # environment built on it, which replace a host copy standing in), then whatever the
     # paths realized here still lack.
-    names = [name for lock in locks for name in lock_objects(lock) if not ctx.store.is_registered(name)
-             and (name != lock.python.store or lock.python.source == "uv-managed")]
+    names = [
+        name
+        for lock in locks
+        for name in lock_objects(lock)
+        if not ctx.store.is_registered(name) and (name != lock.python.store or lock.python.source == "uv-managed")
+    ]
     names += [name for lock in locks for name in missing(ctx.store, lock)]
     names = list(dict.fromkeys(names))
     if not usable or not names:
         return
-    substitute(ctx.store, names, substituters=usable, trusted_keys=list(ctx.trusted_keys),
-               expected=expected_from_locks(locks), cache_dir=ctx.cache_dir, jobs=ctx.jobs,
-               show_progress=ctx.show_progress,
-               warn=lambda line: print(f"warning: {line}", file=sys.stderr))
+    substitute(
+        ctx.store,
+        names,
+        substituters=usable,
+        trusted_keys=list(ctx.trusted_keys),
+        expected=expected_from_locks(locks),
+        cache_dir=ctx.cache_dir,
+        jobs=ctx.jobs,
+        show_progress=ctx.show_progress,
+        warn=lambda line: print(f"warning: {line}", file=sys.stderr),
+    )
 
 
 def _complete(ctx: Context, lock: Lock) -> Report:
@@ -306,8 +325,10 @@ def _check_offline(ctx: Context, locks: list[Lock]) -> None:
         # host copy stands in (realize says so); neither needs the network.
     if problems:
         listed = "\n  ".join(sorted(set(problems)))
-        raise OfflineMissing(f"offline, and the store lacks {len(set(problems))} thing(s):\n  {listed}",
-                             hint="run `harness realize` once with network, or pull from a cache")
+        raise OfflineMissing(
+            f"offline, and the store lacks {len(set(problems))} thing(s):\n  {listed}",
+            hint="run `harness realize` once with network, or pull from a cache",
+        )
 
 
 def _fetch(ctx: Context, locks: list[Lock]) -> None:
@@ -358,8 +379,7 @@ def _file_job(ctx: Context, file: LockedFile, url: str) -> Any:
         with ctx.download_lock(file.sha256):
             if ctx.download_path(file.sha256).is_file() or ctx.store.is_registered(file.store):
                 return  # another realize fetched it while this one waited
-            download(url, ctx.download_path(file.sha256), sha256=file.sha256, size=file.size,
-                     progress=progress)
+            download(url, ctx.download_path(file.sha256), sha256=file.sha256, size=file.size, progress=progress)
 
     return FetchJob(label=file.file, size=file.size, run=run)
 
@@ -369,17 +389,28 @@ def _weight_job(ctx: Context, weights: LockedWeights, item: LockedWeightFile) ->
     from harness.resolve.pins import WeightFile, WeightSet
     from harness.resolve.weights import fetch_weight_file
 
-    pin = WeightSet(dir=weights.dir, provider=weights.provider, repo=weights.repo,
-                    revision=weights.revision, repo_type=weights.repo_type,
-                    files=tuple(WeightFile(f.path, f.size, f.sha256, f.revision) for f in weights.files))
+    pin = WeightSet(
+        dir=weights.dir,
+        provider=weights.provider,
+        repo=weights.repo,
+        revision=weights.revision,
+        repo_type=weights.repo_type,
+        files=tuple(WeightFile(f.path, f.size, f.sha256, f.revision) for f in weights.files),
+    )
     file_pin = WeightFile(item.path, item.size, item.sha256, item.revision)
 
     def run(progress: Any) -> None:
         with ctx.download_lock(item.sha256):
             if ctx.download_path(item.sha256).is_file() or ctx.store.is_registered(weights.store):
                 return  # another realize fetched it while this one waited
-            fetch_weight_file(pin, file_pin, ctx.download_path(item.sha256),
-                              project_root=ctx.project_root, settings=ctx.settings, progress=progress)
+            fetch_weight_file(
+                pin,
+                file_pin,
+                ctx.download_path(item.sha256),
+                project_root=ctx.project_root,
+                settings=ctx.settings,
+                progress=progress,
+            )
 
     return FetchJob(label=f"{weights.dir}/{item.path}", size=item.size, run=run)
 
@@ -397,8 +428,9 @@ def _take_download(ctx: Context, sha256: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with ctx.download_lock(sha256):
         if not source.is_file():
-            raise HarnessError(f"download of {dest.name} (sha256 {sha256}) vanished before registration",
-                               hint="run the realize again")
+            raise HarnessError(
+                f"download of {dest.name} (sha256 {sha256}) vanished before registration", hint="run the realize again"
+            )
         try:
             os.link(source, dest)
         except OSError:
@@ -476,9 +508,16 @@ def _add_source(ctx: Context, source: Any) -> None:
     from harness.resolve.git import export_source
     from harness.resolve.pins import GitSource, Submodule
 
-    pin = GitSource(name=source.name, repo=source.repo, rev=source.rev, commit=source.commit,
-                    tree=source.tree, install=source.install, subdirectory=source.subdirectory,
-                    submodules=tuple(Submodule(m.path, m.url, m.commit) for m in source.submodules))
+    pin = GitSource(
+        name=source.name,
+        repo=source.repo,
+        rev=source.rev,
+        commit=source.commit,
+        tree=source.tree,
+        install=source.install,
+        subdirectory=source.subdirectory,
+        submodules=tuple(Submodule(m.path, m.url, m.commit) for m in source.submodules),
+    )
 
     def build(out: Path) -> BuildResult:
         export_source(pin, ctx.cache_dir, out, offline=ctx.offline, mirrors=ctx.settings.git_mirrors)
@@ -492,8 +531,9 @@ def _add_weights(ctx: Context, weights: LockedWeights) -> None:
         out.mkdir()
         for item in weights.files:
             _take_download(ctx, item.sha256, out / item.path)
-        return BuildResult(obtained=f"{weights.provider} {weights.repo}"
-                                    + (f"@{weights.revision}" if weights.revision else ""))
+        return BuildResult(
+            obtained=f"{weights.provider} {weights.repo}" + (f"@{weights.revision}" if weights.revision else "")
+        )
 
     ctx.store.add(weights.store, "weights", build)
 
@@ -532,8 +572,9 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
 
         def build(out: Path) -> BuildResult:
             out.mkdir()
-            result = build_uv_managed(python, out, cache_dir=ctx.cache_dir, offline=ctx.offline,
-                                      uv_env=ctx.settings.python_download_env())
+            result = build_uv_managed(
+                python, out, cache_dir=ctx.cache_dir, offline=ctx.offline, uv_env=ctx.settings.python_download_env()
+            )
             return BuildResult(obtained=result.source)
 
         try:
@@ -542,8 +583,10 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
         except DownloadUnavailable as exc:
             reason = exc.reason
     else:
-        reason = (f"the lock's interpreter is a host one (source = \"host\": uv offers no download of "
-                  f"CPython {python.version} for {python.platform})")
+        reason = (
+            f'the lock\'s interpreter is a host one (source = "host": uv offers no download of '
+            f"CPython {python.version} for {python.platform})"
+        )
     # One host copy at a time per lock interpreter: concurrent realizes wait for the first
     # rather than each copying and compiling the same interpreter.
     with store.lock(f"{python.store}.standin"):
@@ -597,8 +640,11 @@ def _drop_legacy_host_copy(store: Store, python_store: str) -> None:
         return
     import sys
 
-    print(f"warning: removing {python_store}: a host interpreter registered under the lock's "
-          "uv-managed name by an older harness, and the environments built on it", file=sys.stderr)
+    print(
+        f"warning: removing {python_store}: a host interpreter registered under the lock's "
+        "uv-managed name by an older harness, and the environments built on it",
+        file=sys.stderr,
+    )
     for other in list(store.records()):
         if other.kind == "environment" and python_store in other.references:
             store.delete(other.name)
@@ -612,17 +658,26 @@ def _interpreter_hint(ctx: Context, lock: Lock, hint: str | None) -> str:
 
     series = ".".join(lock.python.version.split(".")[:2])
     try:
-        installed = sorted({p.version for p in list_pythons(ctx.cache_dir)
-                            if p.path is not None and p.version.startswith(series + ".")},
-                           key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()))
+        installed = sorted(
+            {
+                p.version
+                for p in list_pythons(ctx.cache_dir)
+                if p.path is not None and p.version.startswith(series + ".")
+            },
+            key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()),
+        )
     except HarnessError:
         installed = []
     if installed:
-        pin = (f"installed here: CPython {', '.join(installed)}; pin one in harness.toml "
-               f'([lock.python] "{series}" = "{installed[-1]}") and run `harness lock`')
+        pin = (
+            f"installed here: CPython {', '.join(installed)}; pin one in harness.toml "
+            f'([lock.python] "{series}" = "{installed[-1]}") and run `harness lock`'
+        )
     else:
-        pin = (f"no CPython {series}.x is installed here; once one is, pin it in harness.toml "
-               f'([lock.python] "{series}" = "{series}.N") and run `harness lock`')
+        pin = (
+            f"no CPython {series}.x is installed here; once one is, pin it in harness.toml "
+            f'([lock.python] "{series}" = "{series}.N") and run `harness lock`'
+        )
     return f"{pin}; or {hint}" if hint else pin
 
 
@@ -630,29 +685,39 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
     from harness.realize.environment import build_environment
 
     store = ctx.store
+
     def file_in_store(package: LockedPackage) -> Path:
         file = chosen_file(package, lock)
         return store.root / file.store / file.file
 
     wheels = [file_in_store(p) for p in lock.packages]
     build_wheels = [file_in_store(p) for p in lock.build_packages]
-    sources = [(store.root / s.store, s.install, s.subdirectory, s.build_isolation)
-               for s in lock.sources if s.install != "none"]
+    sources = [
+        (store.root / s.store, s.install, s.subdirectory, s.build_isolation)
+        for s in lock.sources
+        if s.install != "none"
+    ]
     # Runtime references only: the interpreter its bin/python links to and the editable
     # sources its .pth files name. Wheels are copied in, so they are build inputs, not refs.
     references = [lock.python.store, *[s.store for s in lock.sources if s.install == "editable"]]
 
-    hashes = {chosen_file(p, lock).file: chosen_file(p, lock).sha256
-              for p in [*lock.packages, *lock.build_packages]}
+    hashes = {chosen_file(p, lock).file: chosen_file(p, lock).sha256 for p in [*lock.packages, *lock.build_packages]}
     major_minor = ".".join(lock.python.version.split(".")[:2])
 
     def build(out: Path) -> BuildResult:
         out.mkdir()
-        build_environment(out, interpreter_dir=store.root / lock.python.store,
-                          interpreter_exe=f"bin/python{major_minor}", wheels=wheels, sources=sources,
-                          build_wheels=build_wheels, cache_dir=ctx.cache_dir,
-                          interpreter_store_name=lock.python.store, hashes=hashes,
-                          prompt=lock.name)
+        build_environment(
+            out,
+            interpreter_dir=store.root / lock.python.store,
+            interpreter_exe=f"bin/python{major_minor}",
+            wheels=wheels,
+            sources=sources,
+            build_wheels=build_wheels,
+            cache_dir=ctx.cache_dir,
+            interpreter_store_name=lock.python.store,
+            hashes=hashes,
+            prompt=lock.name,
+        )
         return BuildResult(obtained=f"uv {lock.uv}")
 
     store.add(lock.environment.store, "environment", build, references=tuple(references))
@@ -667,11 +732,14 @@ def repair_paths(state: Any, store: Store, names: list[str]) -> list[str]:
     locks = [read(p) for p in sorted(project.locks_dir.glob("*.lock.toml"))]
     from harness.realize.standin import realized_lock
 
-    affected = [lock for lock in locks
-                if set(names) & {*lock_objects(lock), *lock_objects(realized_lock(store, lock))}]
+    affected = [lock for lock in locks if set(names) & {*lock_objects(lock), *lock_objects(realized_lock(store, lock))}]
     for name in names:
         store.delete(name)
-    ctx = Context(store=store, project_root=project.root,
-                  settings=load_settings(state.home, project.root), cache_dir=state.home / "cache")
+    ctx = Context(
+        store=store,
+        project_root=project.root,
+        settings=load_settings(state.home, project.root),
+        cache_dir=state.home / "cache",
+    )
     realize_locks(ctx, affected)
     return sorted(n for n in names if store.is_registered(n))

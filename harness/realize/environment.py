@@ -174,8 +174,10 @@ def build_environment(
             raise HarnessError(f"{tree}: no source tree{f' subdirectory {subdirectory}' if subdirectory else ''}")
         if mode == "editable" and tree.absolute().parent != interpreter_dir.parent:
             # The .pth line is relative to the store folder (module doc).
-            raise HarnessError(f"{tree}: an editable source must be realized in the interpreter's store "
-                               f"folder ({interpreter_dir.parent})")
+            raise HarnessError(
+                f"{tree}: an editable source must be realized in the interpreter's store "
+                f"folder ({interpreter_dir.parent})"
+            )
 
     with tempfile.TemporaryDirectory(prefix="harness-env-") as tmp:
         work = Path(tmp)
@@ -183,8 +185,13 @@ def build_environment(
         # Build requirements: only the given wheels, each pinned to its hash. (uv 0.13 calls
         # build-dependency hashes a preview feature; naming it silences the warning.)
         build_flags: list[str | os.PathLike[str]] = [
-            "--offline", "--no-index", "--find-links", links,
-            "--require-build-hashes", "--preview-features", "build-dependency-hashes",
+            "--offline",
+            "--no-index",
+            "--find-links",
+            links,
+            "--require-build-hashes",
+            "--preview-features",
+            "build-dependency-hashes",
         ]
         if builds:
             constraints = work / "build-constraints.txt"
@@ -192,17 +199,34 @@ def build_environment(
             build_flags += ["--build-constraints", constraints]
         env = {"UV_NO_INSTALLER_METADATA": "1"}
 
-        run_uv(["venv", out, "--python", exe, "--relocatable", "--prompt", prompt, "--offline", "--no-project"],
-               cache_dir=cache_dir, cwd=work, env_extra=env)
+        run_uv(
+            ["venv", out, "--python", exe, "--relocatable", "--prompt", prompt, "--offline", "--no-project"],
+            cache_dir=cache_dir,
+            cwd=work,
+            env_extra=env,
+        )
         python = out / "bin" / "python"
         site_packages = _site_packages(out)
 
         if dists:
             pylock = work / "pylock.toml"
             pylock.write_text(_pylock(dists, hashes))
-            run_uv(["pip", "sync", pylock, "--python", python, "--preview-features", "pylock",
-                    *build_flags, *(["--no-build"] if all(d.is_wheel for d in dists) else [])],
-                   cache_dir=cache_dir, cwd=work, env_extra=env)
+            run_uv(
+                [
+                    "pip",
+                    "sync",
+                    pylock,
+                    "--python",
+                    python,
+                    "--preview-features",
+                    "pylock",
+                    *build_flags,
+                    *(["--no-build"] if all(d.is_wheel for d in dists) else []),
+                ],
+                cache_dir=cache_dir,
+                cwd=work,
+                env_extra=env,
+            )
 
         before = _dist_infos(site_packages)
         copies: dict[Path, Path] = {}  # scratch copy -> realized source tree
@@ -257,8 +281,9 @@ def build_environment(
 # --------------------------------------------------------------------------- inputs
 
 
-def _source_entry(entry: tuple[Path, str, str | None] | tuple[Path, str, str | None, bool],
-                  ) -> tuple[Path, str, str | None, bool]:
+def _source_entry(
+    entry: tuple[Path, str, str | None] | tuple[Path, str, str | None, bool],
+) -> tuple[Path, str, str | None, bool]:
     """``(tree, mode, subdirectory[, build isolation])`` with isolation filled in (default on)."""
     if len(entry) == 3:
         return (entry[0], entry[1], entry[2], True)
@@ -409,8 +434,9 @@ def _relativize_pth(site_packages: Path, copies: Mapping[Path, Path], depth: int
     up = "/".join([".."] * depth)
     roots: list[tuple[str, str]] = []
     for copy, tree in copies.items():
-        for absolute in dict.fromkeys([os.fspath(copy), os.path.realpath(copy), os.fspath(tree),
-                                       os.path.realpath(tree)]):
+        for absolute in dict.fromkeys(
+            [os.fspath(copy), os.path.realpath(copy), os.fspath(tree), os.path.realpath(tree)]
+        ):
             roots.append((absolute, f"{up}/{tree.name}"))
     roots.sort(key=lambda r: -len(r[0]))  # longest first: nested paths win
     written: list[str] = []
@@ -423,7 +449,7 @@ def _relativize_pth(site_packages: Path, copies: Mapping[Path, Path], depth: int
             if not line.startswith(("import ", "import\t", "#")):
                 for absolute, relative in roots:
                     if line == absolute or line.startswith(absolute + "/"):
-                        new = relative + line[len(absolute):]
+                        new = relative + line[len(absolute) :]
                         written.append(new)
                         break
             new_lines.append(new)
@@ -510,8 +536,16 @@ def _check_paths(out: Path, site_packages: Path, from_sources: Iterable[str], ro
     a binary one (debug information of an extension compiled from a source tree records its
     build and include folders) is returned, relative to ``out``, for the caller to weigh."""
     # A very short path ("/tmp") would match unrelated text; build paths are never that short.
-    needles = sorted({os.fsencode(p) for root in roots for p in (root.absolute(), Path(os.path.realpath(root)))
-                      if len(os.fsencode(p)) >= 8}, key=len, reverse=True)
+    needles = sorted(
+        {
+            os.fsencode(p)
+            for root in roots
+            for p in (root.absolute(), Path(os.path.realpath(root)))
+            if len(os.fsencode(p)) >= 8
+        },
+        key=len,
+        reverse=True,
+    )
     offenders: list[str] = []
     binaries: list[str] = []
     for path in _scanned(out, site_packages, from_sources):

@@ -183,8 +183,7 @@ def wheel_jobs(
             if dest in seen:
                 if seen[dest].sha256 != f.sha256:
                     raise HarnessError(
-                        f"the lock names {f.file} twice with different hashes "
-                        f"({seen[dest].sha256} and {f.sha256})",
+                        f"the lock names {f.file} twice with different hashes ({seen[dest].sha256} and {f.sha256})",
                         hint="re-lock",
                     )
                 continue
@@ -259,16 +258,21 @@ class _ProjectLookup:
 def _wheel_runner(lookup: _ProjectLookup, f: LockedFile, dest: Path) -> Callable[[Progress], None]:
     def run(progress: Progress) -> None:
         url = lookup.url_for(f.file)
-        download(url, dest, sha256=f.sha256, size=f.size, progress=progress,
-                 label=f"{f.file} from index {lookup.index!r}")
+        download(
+            url, dest, sha256=f.sha256, size=f.size, progress=progress, label=f"{f.file} from index {lookup.index!r}"
+        )
 
     return run
 
 
 def _weight_set(weights: LockedWeights) -> WeightSet:
     return WeightSet(
-        dir=weights.dir, provider=weights.provider, repo=weights.repo, revision=weights.revision,
-        repo_type=weights.repo_type, files=tuple(WeightFile(f.path, f.size, f.sha256, f.revision) for f in weights.files),
+        dir=weights.dir,
+        provider=weights.provider,
+        repo=weights.repo,
+        revision=weights.revision,
+        repo_type=weights.repo_type,
+        files=tuple(WeightFile(f.path, f.size, f.sha256, f.revision) for f in weights.files),
     )
 
 

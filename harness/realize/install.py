@@ -36,15 +36,29 @@ from harness.errors import HarnessError, InputError
 #: Bump when what the stamp records or means changes.
 _STAMP_VERSION = 2
 #: The variables that say where a lock's interpreter may come from (see _Stamp._sources).
-_SOURCE_VARIABLES = ("HARNESS_SUBSTITUTERS", "HARNESS_TRUSTED_KEYS", "HARNESS_PYTHON_DOWNLOADS_JSON_URL",
-                     "HARNESS_PYTHON_INSTALL_MIRROR", "UV_PYTHON_DOWNLOADS_JSON_URL", "UV_PYTHON_INSTALL_MIRROR",
-                     "UV_PYTHON_DOWNLOADS")
+_SOURCE_VARIABLES = (
+    "HARNESS_SUBSTITUTERS",
+    "HARNESS_TRUSTED_KEYS",
+    "HARNESS_PYTHON_DOWNLOADS_JSON_URL",
+    "HARNESS_PYTHON_INSTALL_MIRROR",
+    "UV_PYTHON_DOWNLOADS_JSON_URL",
+    "UV_PYTHON_INSTALL_MIRROR",
+    "UV_PYTHON_DOWNLOADS",
+)
 #: Inputs changed this recently get no stamp (see the module doc).
 _RACY_NS = 2_000_000_000
 
 
-def realize_names(state: Any, names: list[str], *, offline: bool, jobs: int, lock_missing: bool,
-                  show_progress: bool = True, fail_fast: bool = False) -> list[Any]:
+def realize_names(
+    state: Any,
+    names: list[str],
+    *,
+    offline: bool,
+    jobs: int,
+    lock_missing: bool,
+    show_progress: bool = True,
+    fail_fast: bool = False,
+) -> list[Any]:
     """Realize the named manifests (all locked ones when none named); returns reports."""
     project = state.project()
     home: Path = state.home
@@ -56,14 +70,33 @@ def realize_names(state: Any, names: list[str], *, offline: bool, jobs: int, loc
     quick = stamp.reports()
     if quick is not None:
         return quick
-    reports = _realize_names(state, project, home, names, offline=offline, jobs=jobs,
-                             lock_missing=lock_missing, show_progress=show_progress, fail_fast=fail_fast)
+    reports = _realize_names(
+        state,
+        project,
+        home,
+        names,
+        offline=offline,
+        jobs=jobs,
+        lock_missing=lock_missing,
+        show_progress=show_progress,
+        fail_fast=fail_fast,
+    )
     stamp.remember(reports)
     return reports
 
 
-def _realize_names(state: Any, project: Any, home: Path, names: list[str], *, offline: bool, jobs: int,
-                   lock_missing: bool, show_progress: bool, fail_fast: bool = False) -> list[Any]:
+def _realize_names(
+    state: Any,
+    project: Any,
+    home: Path,
+    names: list[str],
+    *,
+    offline: bool,
+    jobs: int,
+    lock_missing: bool,
+    show_progress: bool,
+    fail_fast: bool = False,
+) -> list[Any]:
     from harness.config import load_settings
     from harness.lock.check import check_locks
     from harness.lock.lockfile import lock_path, read
@@ -76,8 +109,9 @@ def _realize_names(state: Any, project: Any, home: Path, names: list[str], *, of
             raise HarnessError(f"offline, and {', '.join(missing_locks)} has no lock")
         from harness.lock.generate import LockOptions, lock_project
 
-        outcomes = lock_project(project, missing_locks, settings=settings, cache_dir=home / "cache",
-                                options=LockOptions(jobs=jobs))
+        outcomes = lock_project(
+            project, missing_locks, settings=settings, cache_dir=home / "cache", options=LockOptions(jobs=jobs)
+        )
         failed = [o.error for o in outcomes if o.error]
         if failed:
             raise HarnessError("\n".join(e or "" for e in failed))
@@ -96,23 +130,49 @@ def _realize_names(state: Any, project: Any, home: Path, names: list[str], *, of
         deploy = project.load_deploy(deploy_path)
         substituters += [u for u in deploy.substituters if u not in substituters]
         trusted += [k for k in deploy.trusted_keys if k not in trusted]
-    return realize(home, project.root, locks, settings=settings, offline=offline, jobs=jobs,
-                   show_progress=show_progress, substituters=tuple(substituters),
-                   trusted_keys=tuple(trusted), fail_fast=fail_fast)
+    return realize(
+        home,
+        project.root,
+        locks,
+        settings=settings,
+        offline=offline,
+        jobs=jobs,
+        show_progress=show_progress,
+        substituters=tuple(substituters),
+        trusted_keys=tuple(trusted),
+        fail_fast=fail_fast,
+    )
 
 
-def realize(home: Path, project_root: Path, locks: list[Any], *, settings: Any, offline: bool,
-            jobs: int, show_progress: bool = True, substituters: tuple[str, ...] | None = None,
-            trusted_keys: tuple[str, ...] | None = None, fail_fast: bool = False) -> list[Any]:
+def realize(
+    home: Path,
+    project_root: Path,
+    locks: list[Any],
+    *,
+    settings: Any,
+    offline: bool,
+    jobs: int,
+    show_progress: bool = True,
+    substituters: tuple[str, ...] | None = None,
+    trusted_keys: tuple[str, ...] | None = None,
+    fail_fast: bool = False,
+) -> list[Any]:
     """Realize already-read locks into ``home``'s store, asking binary caches first
     (``substituters``; default: the settings' ``[cache]``)."""
     from harness.realize.builder import Context, realize_locks
     from harness.store.store import Store
 
-    ctx = Context(store=Store.in_home(home), project_root=project_root, settings=settings,
-                  cache_dir=home / "cache", offline=offline, jobs=jobs, show_progress=show_progress,
-                  substituters=tuple(settings.substituters) if substituters is None else substituters,
-                  trusted_keys=tuple(settings.trusted_keys) if trusted_keys is None else trusted_keys)
+    ctx = Context(
+        store=Store.in_home(home),
+        project_root=project_root,
+        settings=settings,
+        cache_dir=home / "cache",
+        offline=offline,
+        jobs=jobs,
+        show_progress=show_progress,
+        substituters=tuple(settings.substituters) if substituters is None else substituters,
+        trusted_keys=tuple(settings.trusted_keys) if trusted_keys is None else trusted_keys,
+    )
     return realize_locks(ctx, locks, fail_fast=fail_fast)
 
 
@@ -193,13 +253,24 @@ class _Stamp:
                 return  # the lock changed while realizing: no stamp
             # A host interpreter standing in is part of what is up to date; its note is
             # repeated by every quick report, so a realize never hides it.
-            entries.append({"name": report.name, "environment": report.environment,
-                            "python": lock.python.store, "objects": lock_objects(lock),
-                            "notes": list(report.impure), "standin": lock is not own})
+            entries.append(
+                {
+                    "name": report.name,
+                    "environment": report.environment,
+                    "python": lock.python.store,
+                    "objects": lock_objects(lock),
+                    "notes": list(report.impure),
+                    "standin": lock is not own,
+                }
+            )
         if sorted(e["name"] for e in entries) != self.names:
             return
-        data = {"version": _STAMP_VERSION, "fingerprint": self.fingerprint, "locks": entries,
-                "sources": self._sources()}
+        data = {
+            "version": _STAMP_VERSION,
+            "fingerprint": self.fingerprint,
+            "locks": entries,
+            "sources": self._sources(),
+        }
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
             temp = self.file.with_name(f".{self.file.name}.{os.getpid()}")
@@ -256,8 +327,9 @@ class _Stamp:
             add("lock", name, hashlib.sha256(data).hexdigest())
             for weights in tomllib.loads(data.decode("utf-8")).get("weights", []):
                 if weights.get("provider") == "path":
-                    for label, st in _tree_stats(Path(weights["repo"]) if os.path.isabs(weights["repo"])
-                                                 else root / weights["repo"]):
+                    for label, st in _tree_stats(
+                        Path(weights["repo"]) if os.path.isabs(weights["repo"]) else root / weights["repo"]
+                    ):
                         add_stat(f"weights {weights['dir']}/{label}", st)
         for label, st in _code_stats():
             add(label, st.st_size, st.st_mtime_ns)

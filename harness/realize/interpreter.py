@@ -102,7 +102,7 @@ for folder in sys.argv[1:]:
 #: The placeholder prefix of python-build-standalone builds, which uv rewrites at install.
 PBS_PLACEHOLDER = "/install"
 
-_SYSCONFIG_STANZA = '''
+_SYSCONFIG_STANZA = """
 
 # Added by harness: this interpreter may live anywhere, so build-time paths that pointed into
 # its installation follow it (sys.base_prefix) instead of naming {old!r}.
@@ -126,7 +126,7 @@ def _harness_relocate(old={old!r}):
             build_time_vars[key] = fix(value)
 _harness_relocate()
 del _harness_relocate
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -214,15 +214,23 @@ def build_interpreter(
             reason = exc.reason
             _empty(out)
         if not allow_host:
-            raise HarnessError(f"CPython {python.version}: {reason}",
-                               hint="realize once with network access, or allow a host interpreter")
+            raise HarnessError(
+                f"CPython {python.version}: {reason}",
+                hint="realize once with network access, or allow a host interpreter",
+            )
     build = build_host_copy(python, out)
-    return build if reason is None else InterpreterBuild(
-        build.source, build.executable, build.version, build.shared_libpython, fallback_reason=reason)
+    return (
+        build
+        if reason is None
+        else InterpreterBuild(
+            build.source, build.executable, build.version, build.shared_libpython, fallback_reason=reason
+        )
+    )
 
 
-def build_uv_managed(python: LockedInterpreter, out: Path, *, cache_dir: Path, offline: bool,
-                     uv_env: Mapping[str, str] | None = None) -> InterpreterBuild:
+def build_uv_managed(
+    python: LockedInterpreter, out: Path, *, cache_dir: Path, offline: bool, uv_env: Mapping[str, str] | None = None
+) -> InterpreterBuild:
     """Fill the empty directory ``out`` with the uv-managed CPython the lock names (module doc).
 
     Raises :class:`DownloadUnavailable` when uv may not or cannot install it (downloads
@@ -296,8 +304,9 @@ def _minor(version: str) -> str:
 # --------------------------------------------------------------------------- uv-managed
 
 
-def _build_uv_managed(python: LockedInterpreter, out: Path, *, cache_dir: Path, offline: bool,
-                      uv_env: Mapping[str, str] | None) -> InterpreterBuild:
+def _build_uv_managed(
+    python: LockedInterpreter, out: Path, *, cache_dir: Path, offline: bool, uv_env: Mapping[str, str] | None
+) -> InterpreterBuild:
     target = parse_platform(python.platform)
     request = f"cpython-{python.version}-{target.os}-{target.arch}-{target.libc}"
     # Inside ``out``: same filesystem (the move is a rename) and no stray siblings in the store.
@@ -310,11 +319,16 @@ def _build_uv_managed(python: LockedInterpreter, out: Path, *, cache_dir: Path, 
         args.append("--offline")
     env = {"UV_PYTHON_CACHE_DIR": os.fspath(archives), **(uv_env or {})}
     run_uv(args, cache_dir=cache_dir, env_extra=env, python_downloads="manual", timeout=1800)
-    installs = [p for p in scratch.iterdir()
-                if p.is_dir() and not p.is_symlink() and p.name.startswith(f"cpython-{python.version}-")]
+    installs = [
+        p
+        for p in scratch.iterdir()
+        if p.is_dir() and not p.is_symlink() and p.name.startswith(f"cpython-{python.version}-")
+    ]
     if len(installs) != 1:
-        raise HarnessError(f"uv python install left {[p.name for p in scratch.iterdir()]} in {scratch}, "
-                           f"expected one cpython-{python.version}-* installation")
+        raise HarnessError(
+            f"uv python install left {[p.name for p in scratch.iterdir()]} in {scratch}, "
+            f"expected one cpython-{python.version}-* installation"
+        )
     install = installs[0]
     for child in install.iterdir():
         child.rename(out / child.name)
@@ -340,8 +354,10 @@ def _unpatch_uv_prefix(out: Path, scratch_prefix: str) -> None:
         if needle not in data:
             continue
         if b"\0" in data:
-            raise HarnessError(f"{path}: a binary file names the scratch install folder {scratch_prefix}; "
-                               "cannot make this uv-managed interpreter relocatable")
+            raise HarnessError(
+                f"{path}: a binary file names the scratch install folder {scratch_prefix}; "
+                "cannot make this uv-managed interpreter relocatable"
+            )
         replacement = b"${pcfiledir}/../.." if path.suffix == ".pc" else PBS_PLACEHOLDER.encode()
         replace_file_bytes(path, data.replace(needle, replacement))
 
@@ -351,8 +367,10 @@ def _unpatch_uv_prefix(out: Path, scratch_prefix: str) -> None:
 
 def _build_host(python: LockedInterpreter, out: Path) -> InterpreterBuild:
     if sys.platform != "linux":
-        raise HarnessError(f"CPython {python.version}: harness copies host interpreters on Linux only",
-                           hint="use a uv-managed interpreter (lock with a version uv can download)")
+        raise HarnessError(
+            f"CPython {python.version}: harness copies host interpreters on Linux only",
+            hint="use a uv-managed interpreter (lock with a version uv can download)",
+        )
     target = parse_platform(python.platform)
     searched: list[str] = []
     found = None
@@ -371,12 +389,12 @@ def _build_host(python: LockedInterpreter, out: Path) -> InterpreterBuild:
     layout = _host_layout(found, minor)
     _copy_host(found, layout, out)
     exe = layout["exe"]
-    _finish(out, exe, minor=minor, old_prefix=os.fspath(found.base_prefix), version=python.version,
-            shared=found.shared)
+    _finish(out, exe, minor=minor, old_prefix=os.fspath(found.base_prefix), version=python.version, shared=found.shared)
     # Py_ENABLE_SHARED alone does not say the executable loads libpython: Debian's python3.X
     # links it statically and ships the shared library for embedders only.
-    return InterpreterBuild(f"host: {found.executable}", exe, python.version,
-                            found.shared and _needs_libpython(out / exe))
+    return InterpreterBuild(
+        f"host: {found.executable}", exe, python.version, found.shared and _needs_libpython(out / exe)
+    )
 
 
 def _candidates(version: str, platform_name: str, searched: list[str]) -> Iterator[str]:
@@ -416,8 +434,15 @@ def _probe(executable: str) -> _Probe | None:
     """Describe the interpreter at ``executable``, or None when it does not run (a pyenv shim
     for a version that is not selected, say)."""
     try:
-        proc = subprocess.run([executable, "-I", "-S", "-c", _PROBE], check=False, capture_output=True,
-                              text=True, timeout=60, stdin=subprocess.DEVNULL, env=_clean_env())
+        proc = subprocess.run(
+            [executable, "-I", "-S", "-c", _PROBE],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env=_clean_env(),
+        )
         if proc.returncode != 0:
             return None
         data = json.loads(proc.stdout)
@@ -428,10 +453,19 @@ def _probe(executable: str) -> _Probe | None:
         return Path(data[key]) if data.get(key) else None
 
     return _Probe(
-        version=data["version"], implementation=data["implementation"], executable=Path(data["executable"]),
-        prefix=Path(data["prefix"]), base_prefix=Path(data["base_prefix"]), abiflags=data["abiflags"],
-        platlibdir=data["platlibdir"], machine=data["machine"], stdlib=Path(data["stdlib"]),
-        include=path("include"), shared=data["shared"], libdir=path("libdir"), ldlibrary=data["ldlibrary"],
+        version=data["version"],
+        implementation=data["implementation"],
+        executable=Path(data["executable"]),
+        prefix=Path(data["prefix"]),
+        base_prefix=Path(data["base_prefix"]),
+        abiflags=data["abiflags"],
+        platlibdir=data["platlibdir"],
+        machine=data["machine"],
+        stdlib=Path(data["stdlib"]),
+        include=path("include"),
+        shared=data["shared"],
+        libdir=path("libdir"),
+        ldlibrary=data["ldlibrary"],
         instsoname=data["instsoname"],
     )
 
@@ -440,8 +474,13 @@ def _acceptable(probe: _Probe, version: str, arch: str) -> bool:
     """Exactly ``version``, CPython, a base installation (not a venv), the default ABI (no
     debug or free-threaded build), the target's architecture."""
     machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(probe.machine.lower(), probe.machine.lower())
-    return (probe.version == version and probe.implementation == "cpython" and probe.prefix == probe.base_prefix
-            and probe.abiflags == "" and machine == arch)
+    return (
+        probe.version == version
+        and probe.implementation == "cpython"
+        and probe.prefix == probe.base_prefix
+        and probe.abiflags == ""
+        and machine == arch
+    )
 
 
 def _host_layout(probe: _Probe, minor: str) -> dict[str, str]:
@@ -454,13 +493,15 @@ def _host_layout(probe: _Probe, minor: str) -> dict[str, str]:
         try:
             return path.relative_to(prefix).as_posix()
         except ValueError:
-            raise HarnessError(f"{where}: its {what} ({path}) is outside its prefix {prefix}; "
-                               "cannot make a relocatable copy") from None
+            raise HarnessError(
+                f"{where}: its {what} ({path}) is outside its prefix {prefix}; cannot make a relocatable copy"
+            ) from None
 
     layout = {"exe": f"bin/python{minor}", "stdlib": inside(probe.stdlib, "standard library")}
     if layout["stdlib"] != f"{probe.platlibdir}/python{minor}":
-        raise HarnessError(f"{where}: unusual layout (standard library at {layout['stdlib']}); "
-                           "cannot make a relocatable copy")
+        raise HarnessError(
+            f"{where}: unusual layout (standard library at {layout['stdlib']}); cannot make a relocatable copy"
+        )
     if probe.include is not None and probe.include.is_dir():
         layout["include"] = inside(probe.include, "include folder")
     if probe.shared:
@@ -541,14 +582,23 @@ def _stdlib_dir(out: Path, minor: str) -> Path:
 def _verify(out: Path, exe: str, *, version: str, shared: bool) -> None:
     """Run the built interpreter: right version, ``sys.prefix`` inside ``out``, and (Linux,
     shared builds) its libpython mapped from ``out``, not from the original installation."""
-    code = ("import json, platform, sys\n"
-            "maps = open('/proc/self/maps').read() if sys.platform == 'linux' else ''\n"
-            # address perms offset dev inode path: the path (6th field) may hold spaces
-            "libs = sorted({l.split(None, 5)[5] for l in maps.splitlines() if 'libpython' in l})\n"
-            "print(json.dumps([platform.python_version(), sys.prefix, sys.exec_prefix, libs]))")
+    code = (
+        "import json, platform, sys\n"
+        "maps = open('/proc/self/maps').read() if sys.platform == 'linux' else ''\n"
+        # address perms offset dev inode path: the path (6th field) may hold spaces
+        "libs = sorted({l.split(None, 5)[5] for l in maps.splitlines() if 'libpython' in l})\n"
+        "print(json.dumps([platform.python_version(), sys.prefix, sys.exec_prefix, libs]))"
+    )
     try:
-        proc = subprocess.run([os.fspath(out / exe), "-I", "-S", "-B", "-c", code], check=False, capture_output=True,
-                              text=True, timeout=120, stdin=subprocess.DEVNULL, env=_clean_env())
+        proc = subprocess.run(
+            [os.fspath(out / exe), "-I", "-S", "-B", "-c", code],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            env=_clean_env(),
+        )
     except OSError as exc:
         raise HarnessError(f"{out / exe}: the built interpreter does not start: {exc}") from None
     if proc.returncode != 0:
@@ -556,8 +606,10 @@ def _verify(out: Path, exe: str, *, version: str, shared: bool) -> None:
     got_version, prefix, exec_prefix, libs = json.loads(proc.stdout)
     real = os.path.realpath(out)
     if got_version != version or os.path.realpath(prefix) != real or os.path.realpath(exec_prefix) != real:
-        raise HarnessError(f"{out / exe}: runs as CPython {got_version} with prefix {prefix} "
-                           f"(exec prefix {exec_prefix}); expected {version} with prefix {out}")
+        raise HarnessError(
+            f"{out / exe}: runs as CPython {got_version} with prefix {prefix} "
+            f"(exec prefix {exec_prefix}); expected {version} with prefix {out}"
+        )
     strays = [lib for lib in libs if not os.path.realpath(lib).startswith(real + os.sep)]
     if shared and strays:
         raise HarnessError(f"{out / exe}: loads libpython from outside the copy ({', '.join(strays)})")
@@ -577,17 +629,27 @@ def compile_bytecode(python: Path, folders: Iterable[Path], *, root: Path) -> No
         return
     env = _clean_env()
     env["PYTHONHASHSEED"] = "0"
-    proc = subprocess.run([os.fspath(python), "-S", "-B", "-c", _COMPILE, *existing], cwd=root,
-                          check=False, capture_output=True, text=True, timeout=3600, stdin=subprocess.DEVNULL,
-                          env=env)
+    proc = subprocess.run(
+        [os.fspath(python), "-S", "-B", "-c", _COMPILE, *existing],
+        cwd=root,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
     if proc.returncode != 0:
         raise HarnessError(f"compiling bytecode with {python} failed:\n{proc.stderr.strip()[-3000:]}")
 
 
 def _clean_env() -> dict[str, str]:
     """The caller's environment without what changes how Python starts or compiles."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith("PYTHON") and k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH")}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PYTHON") and k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH")
+    }
 
 
 def _files(root: Path) -> Iterator[Path]:
@@ -636,7 +698,7 @@ def _read_dynamic(data: bytes) -> _Dynamic | None:
     is another ELF flavour (harness builds for x86_64 and aarch64 Linux)."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         return None
-    phoff, = struct.unpack_from("<Q", data, 0x20)
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
     loads, dynamic = [], None
     for i in range(phnum):
@@ -662,7 +724,7 @@ def _read_dynamic(data: bytes) -> _Dynamic | None:
 
     def string(offset: int) -> str:
         end = data.index(b"\0", base + offset)
-        return data[base + offset:end].decode("utf-8", "surrogateescape")
+        return data[base + offset : end].decode("utf-8", "surrogateescape")
 
     needed = tuple(string(v) for t, v in entries if t == _DT_NEEDED)
     paths = tuple((t, base + v, string(v)) for t, v in entries if t in (_DT_RPATH, _DT_RUNPATH))
@@ -685,15 +747,18 @@ def _relocate_runpath(path: Path, *, original: Path, prefix: Path) -> None:
     dynamic = _read_dynamic(bytes(data))
     if dynamic is None or not dynamic.paths:
         if dynamic is not None and any(n.startswith("libpython") for n in dynamic.needed):
-            raise HarnessError(f"{original}: loads libpython without a RUNPATH (from the system's library "
-                               "path), so a copy would not load its own; cannot make a relocatable copy")
+            raise HarnessError(
+                f"{original}: loads libpython without a RUNPATH (from the system's library "
+                "path), so a copy would not load its own; cannot make a relocatable copy"
+            )
         return
     changed = False
     for _, offset, value in dynamic.paths:
         entries = []
         for entry in value.split(":"):
-            resolved = Path(entry.replace("$ORIGIN", os.fspath(original.parent)).replace(
-                "${ORIGIN}", os.fspath(original.parent)))
+            resolved = Path(
+                entry.replace("$ORIGIN", os.fspath(original.parent)).replace("${ORIGIN}", os.fspath(original.parent))
+            )
             if entry.startswith("/") and (resolved == prefix or prefix in resolved.parents):
                 rel = os.path.relpath(resolved, original.parent)
                 entries.append("$ORIGIN" if rel == "." else f"$ORIGIN/{rel}")
@@ -707,8 +772,7 @@ def _relocate_runpath(path: Path, *, original: Path, prefix: Path) -> None:
             raise HarnessError(f"{original}: RUNPATH {value!r} is too short to rewrite to {new.decode()!r} in place")
         if any(offset < other <= offset + len(old) for other in dynamic.string_offsets):
             raise HarnessError(f"{original}: its RUNPATH string is shared with another entry; cannot rewrite it")
-        data[offset:offset + len(old)] = new + b"\0" * (len(old) - len(new))
+        data[offset : offset + len(old)] = new + b"\0" * (len(old) - len(new))
         changed = True
     if changed:
         replace_file_bytes(path, bytes(data))
-

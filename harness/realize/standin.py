@@ -60,5 +60,8 @@ def standin_note(store: Store, lock: Lock, realized: Lock) -> str:
     record = store.record(realized.python.store)
     what = f" ({record.impure})" if record is not None and record.impure else ""
     reason = standin_reason(store, lock.python.store)
-    return (f"host interpreter {realized.python.store}{what} stands in for the lock's {lock.python.store}"
-            + (f": {reason}" if reason else "") + f"; environment {realized.environment.store}")
+    return (
+        f"host interpreter {realized.python.store}{what} stands in for the lock's {lock.python.store}"
+        + (f": {reason}" if reason else "")
+        + f"; environment {realized.environment.store}"
+    )

@@ -55,9 +55,18 @@ _COPY_CHUNK = 1 << 20
 # Variables that point git at another repository, index or object store (set, for example,
 # when harness runs inside a git hook); the mirror must be the only repository git sees.
 _REPO_ENV = (
-    "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_NAMESPACE", "GIT_PREFIX",
-    "GIT_GRAFT_FILE", "GIT_REPLACE_REF_BASE", "GIT_SHALLOW_FILE", "GIT_IMPLICIT_WORK_TREE",
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+    "GIT_GRAFT_FILE",
+    "GIT_REPLACE_REF_BASE",
+    "GIT_SHALLOW_FILE",
+    "GIT_IMPLICIT_WORK_TREE",
 )
 
 
@@ -82,13 +91,11 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _git(args: Sequence[str], *, git_dir: Path | None = None,
-         check: bool = True) -> subprocess.CompletedProcess[bytes]:
+def _git(args: Sequence[str], *, git_dir: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
     """Run ``git [--git-dir=D] ARGS``; raise GitError on failure when ``check``."""
     command = ["git", *([f"--git-dir={git_dir}"] if git_dir else []), *args]
     try:
-        result = subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL,
-                                env=_environment())
+        result = subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, env=_environment())
     except FileNotFoundError:
         raise GitError("git is not installed (git sources need the git command)") from None
     if check and result.returncode != 0:
@@ -130,7 +137,7 @@ def fetch_url(repo: str, mirrors: Mapping[str, str] | None) -> str:
     if not prefixes:
         return repo
     key = max(prefixes, key=len)
-    return mirrors[key] + repo[len(key):]
+    return mirrors[key] + repo[len(key) :]
 
 
 def _shown(repo: str, url: str) -> str:
@@ -143,8 +150,7 @@ def _check_repo(repo: str) -> None:
     if "://" in repo or scp_like:
         return
     if not os.path.isabs(repo):
-        raise GitError(f"git source {repo!r} is a relative path; "
-                       "use an absolute path or a file:// URL")
+        raise GitError(f"git source {repo!r} is a relative path; use an absolute path or a file:// URL")
 
 
 @contextmanager
@@ -171,8 +177,9 @@ def _create_mirror(mirror: Path, repo: str) -> None:
 
 
 def _fetch(mirror: Path, repo: str, refspecs: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
-    return _git(["fetch", "--quiet", "--prune", "--no-tags", "--force", "--", repo, *refspecs],
-                git_dir=mirror, check=False)
+    return _git(
+        ["fetch", "--quiet", "--prune", "--no-tags", "--force", "--", repo, *refspecs], git_dir=mirror, check=False
+    )
 
 
 def _update_mirror(mirror: Path, repo: str) -> None:
@@ -198,8 +205,9 @@ def _fetch_commit(mirror: Path, repo: str, commit: str) -> bool:
 
 
 def _no_mirror(repo: str) -> GitError:
-    return GitError(f"{repo} has no local mirror to work offline from",
-                    hint="lock or realize it once without --offline")
+    return GitError(
+        f"{repo} has no local mirror to work offline from", hint="lock or realize it once without --offline"
+    )
 
 
 # ---------------------------------------------------------------------------- resolution
@@ -207,8 +215,9 @@ def _no_mirror(repo: str) -> GitError:
 
 def _peel(mirror: Path, name: str) -> str | None:
     """The commit ``name`` (a full ref name or an object id) peels to, or None."""
-    result = _git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{name}^{{commit}}"],
-                  git_dir=mirror, check=False)
+    result = _git(
+        ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{name}^{{commit}}"], git_dir=mirror, check=False
+    )
     return result.stdout.decode().strip() if result.returncode == 0 else None
 
 
@@ -245,8 +254,7 @@ def _resolve(mirror: Path, repo: str, rev: str, *, offline: bool) -> str:
         else:
             names = [f"refs/tags/{rev}", f"refs/heads/{rev}"]
         for name in names:
-            if _git(["rev-parse", "--verify", "--quiet", name], git_dir=mirror,
-                    check=False).returncode == 0:
+            if _git(["rev-parse", "--verify", "--quiet", name], git_dir=mirror, check=False).returncode == 0:
                 peeled = _peel(mirror, name)
                 if peeled is None:
                     raise GitError(f"{name} of {repo} does not point to a commit")
@@ -255,11 +263,11 @@ def _resolve(mirror: Path, repo: str, rev: str, *, offline: bool) -> str:
         peeled = _peel(mirror, rev.lower())
         if peeled is not None:
             return peeled
-        matches = _git(["rev-parse", f"--disambiguate={rev.lower()}"], git_dir=mirror,
-                       check=False).stdout.split()
+        matches = _git(["rev-parse", f"--disambiguate={rev.lower()}"], git_dir=mirror, check=False).stdout.split()
         if len(matches) > 1:
-            raise GitError(f"rev {rev!r} of {repo} is ambiguous: {len(matches)} objects "
-                           "start with it; give more digits")
+            raise GitError(
+                f"rev {rev!r} of {repo} is ambiguous: {len(matches)} objects start with it; give more digits"
+            )
     raise GitError(f"rev {rev!r} is not a branch, tag or commit of {where}")
 
 
@@ -302,16 +310,14 @@ def _check_entries(entries: Sequence[_Entry], repo: str, commit: str) -> None:
             raise GitError(f"{repo} at {commit} has an unsafe path {entry.path!r}; refusing it")
 
 
-def _check_subdirectory(entries: Sequence[_Entry], subdirectory: str | None, repo: str,
-                        commit: str) -> None:
+def _check_subdirectory(entries: Sequence[_Entry], subdirectory: str | None, repo: str, commit: str) -> None:
     if subdirectory is None:
         return
     sub = PurePosixPath(subdirectory).as_posix()
     if sub == ".":
         return
     if any(entry.path == sub for entry in entries):
-        raise GitError(f"subdirectory {subdirectory!r} of {repo} at {commit} is a file, "
-                       "not a directory")
+        raise GitError(f"subdirectory {subdirectory!r} of {repo} at {commit} is a file, not a directory")
     if not any(entry.path.startswith(sub + "/") for entry in entries):
         raise GitError(f"subdirectory {subdirectory!r} does not exist in {repo} at {commit}")
 
@@ -333,9 +339,13 @@ def _write_tree(mirror: Path, entries: Sequence[_Entry], dest: Path) -> None:
     """
     made_dirs: set[str] = {""}
     leaves: set[str] = set()
-    process = subprocess.Popen(["git", f"--git-dir={mirror}", "cat-file", "--batch"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env=_environment())
+    process = subprocess.Popen(
+        ["git", f"--git-dir={mirror}", "cat-file", "--batch"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_environment(),
+    )
     assert process.stdin is not None and process.stdout is not None
     try:
         for entry in entries:
@@ -411,8 +421,7 @@ def _gitmodules(mirror: Path, commit: str, repo: str) -> dict[str, str]:
     """``.gitmodules`` of ``commit``: submodule path → URL as written."""
     result = _git(["config", "--blob", f"{commit}:.gitmodules", "--list", "-z"], git_dir=mirror, check=False)
     if result.returncode != 0:
-        raise GitError(f"{repo} at {commit} has submodules but no readable .gitmodules: "
-                       f"{_stderr_line(result.stderr)}")
+        raise GitError(f"{repo} at {commit} has submodules but no readable .gitmodules: {_stderr_line(result.stderr)}")
     paths: dict[str, str] = {}
     urls: dict[str, str] = {}
     for record in result.stdout.split(b"\0"):
@@ -423,8 +432,9 @@ def _gitmodules(mirror: Path, commit: str, repo: str) -> dict[str, str]:
     return {path: urls[name] for name, path in paths.items() if name in urls}
 
 
-def _ensure_commit(cache_dir: Path, repo: str, commit: str, *, offline: bool,
-                   mirrors: Mapping[str, str] | None) -> list[_Entry]:
+def _ensure_commit(
+    cache_dir: Path, repo: str, commit: str, *, offline: bool, mirrors: Mapping[str, str] | None
+) -> list[_Entry]:
     """Make the mirror of ``repo`` hold ``commit`` (fetching unless ``offline``); its tree."""
     url = fetch_url(repo, mirrors)
     with _locked_mirror(cache_dir, repo) as mirror:
@@ -432,8 +442,10 @@ def _ensure_commit(cache_dir: Path, repo: str, commit: str, *, offline: bool,
             if offline:
                 if not mirror.exists():
                     raise _no_mirror(repo)
-                raise GitError(f"commit {commit} of {repo} is not in the local mirror (offline)",
-                               hint="lock or realize it once without --offline")
+                raise GitError(
+                    f"commit {commit} of {repo} is not in the local mirror (offline)",
+                    hint="lock or realize it once without --offline",
+                )
             _update_mirror(mirror, url)
             if not (_has_commit(mirror, commit) or _fetch_commit(mirror, url, commit)):
                 raise GitError(f"commit {commit} is not available from {_shown(repo, url)}")
@@ -442,8 +454,17 @@ def _ensure_commit(cache_dir: Path, repo: str, commit: str, *, offline: bool,
     return entries
 
 
-def _pin_submodules(cache_dir: Path, repo: str, commit: str, entries: Sequence[_Entry], *, offline: bool,
-                    mirrors: Mapping[str, str] | None, prefix: str = "", depth: int = 0) -> list[Submodule]:
+def _pin_submodules(
+    cache_dir: Path,
+    repo: str,
+    commit: str,
+    entries: Sequence[_Entry],
+    *,
+    offline: bool,
+    mirrors: Mapping[str, str] | None,
+    prefix: str = "",
+    depth: int = 0,
+) -> list[Submodule]:
     """Every submodule under ``entries`` (the tree of ``repo`` at ``commit``), recursively."""
     links = [e for e in entries if _is_gitlink(e)]
     if not links:
@@ -460,13 +481,15 @@ def _pin_submodules(cache_dir: Path, repo: str, commit: str, entries: Sequence[_
         sub_entries = _ensure_commit(cache_dir, url, link.oid, offline=offline, mirrors=mirrors)
         path = prefix + link.path
         found.append(Submodule(path=path, url=url, commit=link.oid))
-        found += _pin_submodules(cache_dir, url, link.oid, sub_entries, offline=offline, mirrors=mirrors,
-                                 prefix=path + "/", depth=depth + 1)
+        found += _pin_submodules(
+            cache_dir, url, link.oid, sub_entries, offline=offline, mirrors=mirrors, prefix=path + "/", depth=depth + 1
+        )
     return sorted(found)
 
 
-def _export_submodules(cache_dir: Path, submodules: Sequence[Submodule], dest: Path, *, offline: bool,
-                       mirrors: Mapping[str, str] | None) -> None:
+def _export_submodules(
+    cache_dir: Path, submodules: Sequence[Submodule], dest: Path, *, offline: bool, mirrors: Mapping[str, str] | None
+) -> None:
     """Write each submodule's files into its path under ``dest`` (parents before children)."""
     for sub in sorted(submodules, key=lambda s: s.path.split("/")):
         entries = _ensure_commit(cache_dir, sub.url, sub.commit, offline=offline, mirrors=mirrors)
@@ -481,8 +504,9 @@ def _export_submodules(cache_dir: Path, submodules: Sequence[Submodule], dest: P
 # -------------------------------------------------------------------------------- public
 
 
-def lock_source(source: Source, cache_dir: Path, *, offline: bool = False,
-                mirrors: Mapping[str, str] | None = None) -> GitSource:
+def lock_source(
+    source: Source, cache_dir: Path, *, offline: bool = False, mirrors: Mapping[str, str] | None = None
+) -> GitSource:
     """Pin ``source``: resolve its rev to a full commit, pin its submodules recursively and
     hash the files of all of them together.
 
@@ -514,9 +538,17 @@ def lock_source(source: Source, cache_dir: Path, *, offline: bool = False,
         tree = content_hash(scratch / "tree")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return GitSource(name=source.name, repo=repo, rev=source.rev, commit=commit, tree=tree,
-                     install=source.install, subdirectory=source.subdirectory, submodules=tuple(submodules),
-                     build_isolation=source.build_isolation)
+    return GitSource(
+        name=source.name,
+        repo=repo,
+        rev=source.rev,
+        commit=commit,
+        tree=tree,
+        install=source.install,
+        subdirectory=source.subdirectory,
+        submodules=tuple(submodules),
+        build_isolation=source.build_isolation,
+    )
 
 
 def _submodule_entries(submodules: Sequence[Submodule]) -> list[_Entry]:
@@ -524,8 +556,9 @@ def _submodule_entries(submodules: Sequence[Submodule]) -> list[_Entry]:
     return [_Entry("040000", "tree", s.commit, f"{s.path}/.") for s in submodules]
 
 
-def export_source(pin: GitSource, cache_dir: Path, dest: Path, *, offline: bool,
-                  mirrors: Mapping[str, str] | None = None) -> None:
+def export_source(
+    pin: GitSource, cache_dir: Path, dest: Path, *, offline: bool, mirrors: Mapping[str, str] | None = None
+) -> None:
     """Write the files of ``pin.commit`` and of ``pin.submodules`` into ``dest``, which must
     not exist yet.
 
@@ -547,8 +580,10 @@ def export_source(pin: GitSource, cache_dir: Path, dest: Path, *, offline: bool,
             if offline:
                 if not mirror.exists():
                     raise _no_mirror(pin.repo)
-                raise GitError(f"commit {commit} of {pin.repo} is not in the local mirror "
-                               "(offline)", hint="realize it once without --offline")
+                raise GitError(
+                    f"commit {commit} of {pin.repo} is not in the local mirror (offline)",
+                    hint="realize it once without --offline",
+                )
             _update_mirror(mirror, url)
             if not (_has_commit(mirror, commit) or _fetch_commit(mirror, url, commit)):
                 raise GitError(f"commit {commit} is no longer available from {_shown(pin.repo, url)}")
@@ -562,8 +597,7 @@ def export_source(pin: GitSource, cache_dir: Path, dest: Path, *, offline: bool,
         _export_submodules(cache_dir, pin.submodules, staging, offline=offline, mirrors=mirrors)
         actual = content_hash(staging)
         if actual != pin.tree:
-            raise GitError(f"{pin.repo} at {commit}: the exported files hash to {actual}, "
-                           f"the lock expects {pin.tree}")
+            raise GitError(f"{pin.repo} at {commit}: the exported files hash to {actual}, the lock expects {pin.tree}")
         os.rename(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -74,7 +74,7 @@ def default_index_url(cache_dir: Path | None = None) -> str:
     if not match:
         raise HarnessError(
             f"uv did not say which default index it uses (it printed {proc.stdout.strip()!r})",
-            hint="configure the index explicitly: [indexes] pypi = \"<url>\" or HARNESS_INDEX_PYPI",
+            hint='configure the index explicitly: [indexes] pypi = "<url>" or HARNESS_INDEX_PYPI',
         )
     url = match.group(1)
     with _lock:
@@ -252,8 +252,12 @@ def _absolute(links: list[tuple[str, str]], page_url: str, index_url: str) -> di
     for name, href in links:
         url = urljoin(page_url, href).split("#", 1)[0]
         target = urlsplit(url)
-        if index.username is not None and target.hostname == index.hostname and target.port == index.port \
-                and target.username is None:
+        if (
+            index.username is not None
+            and target.hostname == index.hostname
+            and target.port == index.port
+            and target.username is None
+        ):
             # Same host as a credentialed index: the file needs the same credentials.
             url = url.replace(f"{target.scheme}://", f"{target.scheme}://{index.netloc.rsplit('@', 1)[0]}@", 1)
         files.setdefault(name, url)

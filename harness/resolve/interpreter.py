@@ -80,8 +80,9 @@ def parse_platform(platform: str) -> Target:
     if match:
         minor = int(match.group(3)) if match.group(3) else 17
         if minor not in UV_MANYLINUX_MINORS:
-            raise InputError(f"platform {platform!r}: uv knows manylinux_2_<N> for N in "
-                             f"{', '.join(map(str, UV_MANYLINUX_MINORS))}")
+            raise InputError(
+                f"platform {platform!r}: uv knows manylinux_2_<N> for N in {', '.join(map(str, UV_MANYLINUX_MINORS))}"
+            )
         return Target(canonical, "linux", match.group(1), "gnu", minor)
     match = re.fullmatch(r"(x86_64|aarch64)-unknown-linux-musl", canonical)
     if match:
@@ -201,16 +202,18 @@ def parse_python_list(text: str) -> list[PythonListing]:
         raise HarnessError(f"cannot read `uv python list` output: {exc}") from None
     out = []
     for row in rows:
-        out.append(PythonListing(
-            implementation=str(row.get("implementation", "")),
-            version=str(row.get("version", "")),
-            variant=str(row.get("variant") or "default"),
-            os=str(row.get("os", "")),
-            arch=str(row.get("arch", "")),
-            libc=str(row.get("libc", "")),
-            path=row.get("path"),
-            downloadable=bool(row.get("url")) and not row.get("path"),
-        ))
+        out.append(
+            PythonListing(
+                implementation=str(row.get("implementation", "")),
+                version=str(row.get("version", "")),
+                variant=str(row.get("variant") or "default"),
+                os=str(row.get("os", "")),
+                arch=str(row.get("arch", "")),
+                libc=str(row.get("libc", "")),
+                path=row.get("path"),
+                downloadable=bool(row.get("url")) and not row.get("path"),
+            )
+        )
     return out
 
 
@@ -234,8 +237,9 @@ def _matches(listing: PythonListing, target: Target) -> bool:
     )
 
 
-def choose_version(request: str, listings: Iterable[PythonListing], *, platform: str,
-                   pin: str | None = None) -> tuple[str, str]:
+def choose_version(
+    request: str, listings: Iterable[PythonListing], *, platform: str, pin: str | None = None
+) -> tuple[str, str]:
     """The exact CPython version to lock and its source (``uv-managed``/``host``). Pure.
 
     See the module doc for the rule. InputError when the request is malformed or nothing fits.
@@ -260,6 +264,7 @@ def choose_version(request: str, listings: Iterable[PythonListing], *, platform:
             f"CPython {version} for {target.platform}: uv offers no download and none is installed",
             hint=_offer(downloads | installed, wanted),
         )
+
     def series(versions: set[Version]) -> list[Version]:
         return sorted(v for v in versions if v.release[:2] == wanted)
 
@@ -267,8 +272,10 @@ def choose_version(request: str, listings: Iterable[PythonListing], *, platform:
         return str(series(downloads)[-1]), "uv-managed"
     if series(installed):
         return str(series(installed)[-1]), "host"
-    raise InputError(f"no CPython {request} for {target.platform}: uv offers no download and none is installed",
-                     hint=_offer(downloads | installed, wanted))
+    raise InputError(
+        f"no CPython {request} for {target.platform}: uv offers no download and none is installed",
+        hint=_offer(downloads | installed, wanted),
+    )
 
 
 def _offer(versions: set[Version], wanted: tuple[int, ...]) -> str:
@@ -307,8 +314,9 @@ def _probe(path: str, version: str) -> Path | None:
     """The real executable behind ``path`` if it runs and is ``version`` (pyenv shims can fail)."""
     code = "import platform, sys; print(sys.executable); print(platform.python_version())"
     try:
-        proc = subprocess.run([path, "-I", "-c", code], check=False, capture_output=True, text=True, timeout=30,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [path, "-I", "-c", code], check=False, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = proc.stdout.split()
@@ -317,8 +325,9 @@ def _probe(path: str, version: str) -> Path | None:
     return Path(lines[0])
 
 
-def find_interpreter(request: str, *, platform: str | None = None, cache_dir: Path | None,
-                     pin: str | None = None) -> tuple[Interpreter, Path | None]:
+def find_interpreter(
+    request: str, *, platform: str | None = None, cache_dir: Path | None, pin: str | None = None
+) -> tuple[Interpreter, Path | None]:
     """Pin ``request`` to an exact CPython for ``platform`` (default :func:`host_platform`).
 
     Returns the :class:`Interpreter` and the path of an installed interpreter of exactly that

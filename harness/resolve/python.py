@@ -110,8 +110,9 @@ def index_flags(addresses: Mapping[str, str | None], strategy: str = "first-inde
     return [*flags, "--index-strategy", strategy]
 
 
-def explicit_pyproject(requirements: Sequence[str], package_index: Mapping[str, str],
-                       addresses: Mapping[str, str | None]) -> str:
+def explicit_pyproject(
+    requirements: Sequence[str], package_index: Mapping[str, str], addresses: Mapping[str, str | None]
+) -> str:
     """A pyproject.toml whose dependencies are ``requirements`` plus every package named in
     ``package_index`` not already among them, each such package pinned to its explicit index
     (module doc, "Per-package indexes"). ``addresses`` must hold every index named. Pure."""
@@ -214,13 +215,19 @@ def parse_pylock(text: str) -> list[_Entry]:
         local = any(key in package for key in ("directory", "archive", "vcs"))
         wheels = tuple(_file(wheel, what) for wheel in package.get("wheels", []))
         sdist = _file(package["sdist"], what) if "sdist" in package else None
-        entries.append(_Entry(name, str(package.get("version", "")), str(package.get("marker", "")),
-                              wheels, sdist, local))
+        entries.append(
+            _Entry(name, str(package.get("version", "")), str(package.get("marker", "")), wheels, sdist, local)
+        )
     return entries
 
 
-def to_packages(entries: Iterable[_Entry], *, tags: frozenset[Tag], addresses: Mapping[str, str | None],
-                size_of: Callable[[_File], int]) -> list[Package]:
+def to_packages(
+    entries: Iterable[_Entry],
+    *,
+    tags: frozenset[Tag],
+    addresses: Mapping[str, str | None],
+    size_of: Callable[[_File], int],
+) -> list[Package]:
     """Pins from parsed pylock entries (module doc): fitting wheels, else the sdist; index
     names, no URLs; sorted. ``size_of`` supplies a size the index did not publish. Pure but
     for ``size_of``."""
@@ -231,25 +238,26 @@ def to_packages(entries: Iterable[_Entry], *, tags: frozenset[Tag], addresses: M
         wheels = sorted((w for w in entry.wheels if wheel_fits(w.name, tags)), key=lambda w: w.name)
         chosen = wheels or ([entry.sdist] if entry.sdist else [])
         if not chosen:
-            raise HarnessError(
-                f"{entry.name} {entry.version}: no wheel fits the target and there is no sdist"
-            )
+            raise HarnessError(f"{entry.name} {entry.version}: no wheel fits the target and there is no sdist")
         names = {index_for_url(f.url, addresses) for f in chosen}
         if len(names) != 1:
-            raise HarnessError(f"{entry.name} {entry.version}: files come from several indexes "
-                               f"({', '.join(sorted(names))})")
+            raise HarnessError(
+                f"{entry.name} {entry.version}: files come from several indexes ({', '.join(sorted(names))})"
+            )
 
         def dist(f: _File) -> DistFile:
             return DistFile(file=f.name, sha256=f.sha256, size=f.size if f.size is not None else size_of(f))
 
-        packages.append(Package(
-            name=entry.name,
-            version=entry.version,
-            index=names.pop(),
-            marker=entry.marker,
-            wheels=tuple(dist(w) for w in wheels),
-            sdist=None if wheels else dist(chosen[0]),
-        ))
+        packages.append(
+            Package(
+                name=entry.name,
+                version=entry.version,
+                index=names.pop(),
+                marker=entry.marker,
+                wheels=tuple(dist(w) for w in wheels),
+                sdist=None if wheels else dist(chosen[0]),
+            )
+        )
     return sorted(packages)
 
 
@@ -363,8 +371,19 @@ def dynamic_build_requirements(
         venv = Path(tmp) / "venv"
         run_uv(["venv", venv, "--python", sys.executable, "--no-project", "--quiet"], cache_dir=cache_dir)
         if static:
-            run_uv(["pip", "install", "--python", venv / "bin" / "python", "--quiet", *index_flags(addresses),
-                    *(["--offline"] if offline else []), *static], cache_dir=cache_dir)
+            run_uv(
+                [
+                    "pip",
+                    "install",
+                    "--python",
+                    venv / "bin" / "python",
+                    "--quiet",
+                    *index_flags(addresses),
+                    *(["--offline"] if offline else []),
+                    *static,
+                ],
+                cache_dir=cache_dir,
+            )
         work = Path(tmp) / "tree"
         shutil.copytree(root, work, symlinks=True)  # backends may write into the tree they read
         for folder, dirs, names in os.walk(work):
@@ -372,12 +391,18 @@ def dynamic_build_requirements(
                 path = Path(folder) / name
                 if not path.is_symlink():
                     path.chmod(path.stat().st_mode | 0o200)
-        proc = subprocess.run([os.fspath(venv / "bin" / "python"), "-c", _HOOK_SCRIPT, backend,
-                               json.dumps(backend_path), hook], cwd=work, capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=600)
+        proc = subprocess.run(
+            [os.fspath(venv / "bin" / "python"), "-c", _HOOK_SCRIPT, backend, json.dumps(backend_path), hook],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=600,
+        )
     if proc.returncode != 0:
-        raise HarnessError(f"{root}: build backend {backend} failed answering {hook}:\n"
-                           f"{(proc.stderr or proc.stdout).strip()[-3000:]}")
+        raise HarnessError(
+            f"{root}: build backend {backend} failed answering {hook}:\n{(proc.stderr or proc.stdout).strip()[-3000:]}"
+        )
     try:
         found = json.loads(proc.stdout.rsplit("\n", 1)[-1])
     except ValueError:
@@ -445,11 +470,17 @@ def resolve_packages(
         if previous and not upgrade:
             output.write_text(preferences_pylock(previous))
         args = [
-            "pip", "compile", *inputs,
-            "--output-file", output.name,
-            "--python-version", interpreter.version,
-            "--python-platform", interpreter.platform,
-            "--no-header", "--quiet",
+            "pip",
+            "compile",
+            *inputs,
+            "--output-file",
+            output.name,
+            "--python-version",
+            interpreter.version,
+            "--python-platform",
+            interpreter.platform,
+            "--no-header",
+            "--quiet",
             *index_flags(addresses, index_strategy),
         ]
         if offline:
@@ -465,8 +496,12 @@ def resolve_packages(
         except UvError as exc:
             raise _resolution_error(exc, interpreter, offline) from None
         text = output.read_text()
-    return to_packages(parse_pylock(text), tags=tags, addresses=all_addresses,
-                       size_of=lambda f: _remote_size(f, offline=offline, addresses=all_addresses))
+    return to_packages(
+        parse_pylock(text),
+        tags=tags,
+        addresses=all_addresses,
+        size_of=lambda f: _remote_size(f, offline=offline, addresses=all_addresses),
+    )
 
 
 def _path_line(entry: Path | tuple[Path, Sequence[str]]) -> str:
@@ -479,8 +514,9 @@ def _path_line(entry: Path | tuple[Path, Sequence[str]]) -> str:
 def _resolution_error(exc: UvError, interpreter: Interpreter, offline: bool) -> HarnessError:
     explanation = exc.stderr.strip() or str(exc)
     target = f"CPython {interpreter.version} on {interpreter.platform}"
-    if offline and re.search(r"in the cache|network (?:was|is) disabled|network connectivity is disabled",
-                           explanation, re.IGNORECASE):
+    if offline and re.search(
+        r"in the cache|network (?:was|is) disabled|network connectivity is disabled", explanation, re.IGNORECASE
+    ):
         return HarnessError(
             f"cannot resolve for {target} offline: uv's cache lacks what it needs:\n{explanation}",
             hint="lock once with network access (without --offline) to fill the cache",
@@ -542,15 +578,19 @@ def pylock_for_install(packages: Iterable[Package], wheel_paths: Mapping[str, Pa
         table["version"] = package.version
         if package.marker:
             table["marker"] = package.marker
-        wheels = [_local(w.file, wheel_paths[w.file], w.sha256, w.size)
-                  for w in package.wheels if w.file in wheel_paths]
+        wheels = [
+            _local(w.file, wheel_paths[w.file], w.sha256, w.size) for w in package.wheels if w.file in wheel_paths
+        ]
         if not wheels and package.sdist is not None and package.sdist.file in wheel_paths:
             s = package.sdist
             table["sdist"] = _local(s.file, wheel_paths[s.file], s.sha256, s.size)
         else:
             if not wheels:
-                wheels = [_local(name, path, None, None) for name, path in sorted(wheel_paths.items())
-                          if _is_wheel_of(name, package)]
+                wheels = [
+                    _local(name, path, None, None)
+                    for name, path in sorted(wheel_paths.items())
+                    if _is_wheel_of(name, package)
+                ]
             if not wheels:
                 raise HarnessError(f"{package.name} {package.version}: no realized file given to install")
             array = tomlkit.array()

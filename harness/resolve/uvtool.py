@@ -44,34 +44,38 @@ from pathlib import Path
 from harness.errors import HarnessError
 
 #: ``UV_*`` variables passed through: they choose where and how files are fetched, not what.
-UV_ENV_KEPT = frozenset({
-    "UV_DEFAULT_INDEX",
-    "UV_INDEX_URL",
-    "UV_PYTHON_INSTALL_MIRROR",
-    "UV_PYPY_INSTALL_MIRROR",
-    "UV_HTTP_TIMEOUT",
-    "UV_HTTP_RETRIES",
-    "UV_REQUEST_TIMEOUT",
-    "UV_CONCURRENT_DOWNLOADS",
-    "UV_CONCURRENT_BUILDS",
-    "UV_CONCURRENT_INSTALLS",
-    "UV_NATIVE_TLS",
-    "UV_INSECURE_HOST",
-    "UV_KEYRING_PROVIDER",
-    "UV_NO_PROGRESS",
-})
+UV_ENV_KEPT = frozenset(
+    {
+        "UV_DEFAULT_INDEX",
+        "UV_INDEX_URL",
+        "UV_PYTHON_INSTALL_MIRROR",
+        "UV_PYPY_INSTALL_MIRROR",
+        "UV_HTTP_TIMEOUT",
+        "UV_HTTP_RETRIES",
+        "UV_REQUEST_TIMEOUT",
+        "UV_CONCURRENT_DOWNLOADS",
+        "UV_CONCURRENT_BUILDS",
+        "UV_CONCURRENT_INSTALLS",
+        "UV_NATIVE_TLS",
+        "UV_INSECURE_HOST",
+        "UV_KEYRING_PROVIDER",
+        "UV_NO_PROGRESS",
+    }
+)
 
 #: Variables removed outright (besides every ``UV_*`` and ``PIP_*`` not kept); see module doc.
-ENV_STRIPPED = frozenset({
-    "VIRTUAL_ENV",
-    "CONDA_PREFIX",
-    "CONDA_DEFAULT_ENV",
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "PYTHONUSERBASE",
-    "MACOSX_DEPLOYMENT_TARGET",
-})
+ENV_STRIPPED = frozenset(
+    {
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "CONDA_DEFAULT_ENV",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "MACOSX_DEPLOYMENT_TARGET",
+    }
+)
 
 #: How much of uv's stderr an error message keeps (the end, where uv explains).
 _STDERR_TAIL = 6000
@@ -80,8 +84,9 @@ _STDERR_TAIL = 6000
 class UvError(HarnessError):
     """uv exited with an error; ``stderr`` is what it printed, ``returncode`` its status."""
 
-    def __init__(self, message: str, *, stderr: str = "", returncode: int | None = None,
-                 hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, stderr: str = "", returncode: int | None = None, hint: str | None = None
+    ) -> None:
         super().__init__(message, hint=hint)
         self.stderr = stderr
         self.returncode = returncode
@@ -111,16 +116,18 @@ def uv_version() -> str:
     return match.group(1)
 
 
-def uv_env(env_extra: Mapping[str, str] | None = None, *, python_downloads: str = "never",
-           base: Mapping[str, str] | None = None) -> dict[str, str]:
+def uv_env(
+    env_extra: Mapping[str, str] | None = None,
+    *,
+    python_downloads: str = "never",
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """The environment uv runs with: ``base`` (default ``os.environ``) minus what could change
     results (module doc), ``UV_PYTHON_DOWNLOADS``, then ``env_extra`` on top."""
     env = {
         key: value
         for key, value in (os.environ if base is None else base).items()
-        if key not in ENV_STRIPPED
-        and not key.startswith("PIP_")
-        and (not key.startswith("UV_") or key in UV_ENV_KEPT)
+        if key not in ENV_STRIPPED and not key.startswith("PIP_") and (not key.startswith("UV_") or key in UV_ENV_KEPT)
     }
     env["UV_PYTHON_DOWNLOADS"] = python_downloads
     env["UV_NO_PROGRESS"] = "1"
@@ -161,15 +168,15 @@ def run_uv(
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired as exc:
-        raise UvError(f"{shown}: timed out after {timeout} s",
-                      stderr=_text(exc.stderr)) from None
+        raise UvError(f"{shown}: timed out after {timeout} s", stderr=_text(exc.stderr)) from None
     except OSError as exc:
         raise HarnessError(f"cannot run uv ({command[0]}): {exc}") from None
     if check and proc.returncode != 0:
         stderr = proc.stderr.strip()
         tail = stderr[-_STDERR_TAIL:]
-        raise UvError(f"{shown} failed (exit {proc.returncode}):\n{tail}",
-                      stderr=proc.stderr, returncode=proc.returncode)
+        raise UvError(
+            f"{shown} failed (exit {proc.returncode}):\n{tail}", stderr=proc.stderr, returncode=proc.returncode
+        )
     return proc
 
 

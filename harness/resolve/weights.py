@@ -200,7 +200,12 @@ def fetch_weight_file(
     _check_relative(f.path, f"weights {ws.dir!r}")
     sources, headers = _sources(ws, f, project_root=project_root, settings=settings)
     download(
-        sources, dest, sha256=f.sha256, size=f.size, progress=progress, headers=headers,
+        sources,
+        dest,
+        sha256=f.sha256,
+        size=f.size,
+        progress=progress,
+        headers=headers,
         label=f"weights {ws.dir!r}: {f.path} from {_describe(ws)}",
     )
 
@@ -223,8 +228,10 @@ def _lock_huggingface(
     kind = "Hugging Face dataset" if repo_type == "dataset" else "Hugging Face repo"
     requested = weights.revision or HF_DEFAULT_REVISION
     if offline:
-        if previous is not None and previous.revision and (
-            not _COMMIT.fullmatch(requested) or requested == previous.revision
+        if (
+            previous is not None
+            and previous.revision
+            and (not _COMMIT.fullmatch(requested) or requested == previous.revision)
         ):
             return previous.revision, [f for f in previous.files if select(f.path)]
         raise _needs_network(weights, f"{kind} {repo}@{requested}")
@@ -268,17 +275,16 @@ def _lock_huggingface(
     with _scratch(cache_dir) as tmp:
         for path, size, blob_id in to_hash:
             try:
-                local = Path(hf_hub_download(repo, path, repo_type=repo_type, revision=commit,
-                                             cache_dir=tmp, endpoint=endpoint))
+                local = Path(
+                    hf_hub_download(repo, path, repo_type=repo_type, revision=commit, cache_dir=tmp, endpoint=endpoint)
+                )
             except Exception as exc:
                 if (error := _hf_error(exc, repo, commit, endpoint, file=path, kind=kind)) is None:
                     raise
                 raise error from exc
             actual_size = local.stat().st_size
             if size is not None and actual_size != size:
-                raise HarnessError(
-                    f"{kind} {repo}@{commit}: {path} is {actual_size} bytes, the hub lists {size}"
-                )
+                raise HarnessError(f"{kind} {repo}@{commit}: {path} is {actual_size} bytes, the hub lists {size}")
             if blob_id and _git_blob_id(local) != blob_id:
                 raise HarnessError(
                     f"{kind} {repo}@{commit}: {path} downloaded with git blob id "
@@ -548,20 +554,28 @@ def _refuse_special(weights: Weights, root: Path) -> None:
     real = root.resolve()
     for top in _PSEUDO_FILESYSTEMS:
         if real.is_relative_to(top):
-            raise InputError(f"{where} is under {top}, a kernel pseudo-filesystem, not weights",
-                             hint="point path at a regular file or folder holding the weights")
+            raise InputError(
+                f"{where} is under {top}, a kernel pseudo-filesystem, not weights",
+                hint="point path at a regular file or folder holding the weights",
+            )
     try:
         mode = os.stat(real).st_mode
     except OSError:
         return  # missing: said below
     import stat
 
-    kinds = {stat.S_ISFIFO: "a fifo", stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device",
-             stat.S_ISBLK: "a block device"}
+    kinds = {
+        stat.S_ISFIFO: "a fifo",
+        stat.S_ISSOCK: "a socket",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+    }
     for test, kind in kinds.items():
         if test(mode):
-            raise InputError(f"{where} is {kind}, not a file or folder",
-                             hint="point path at a regular file or folder holding the weights")
+            raise InputError(
+                f"{where} is {kind}, not a file or folder",
+                hint="point path at a regular file or folder holding the weights",
+            )
 
 
 def _lock_path(weights: Weights, select: Callable[[str], bool], project_root: Path) -> list[WeightFile]:
@@ -572,9 +586,7 @@ def _lock_path(weights: Weights, select: Callable[[str], bool], project_root: Pa
     if not root.is_dir():
         raise HarnessError(f"weights {weights.dir!r}: path {root} does not exist or is not a file or folder")
     return [
-        WeightFile(rel, source.stat().st_size, file_sha256(source))
-        for rel, source in _walk_folder(root)
-        if select(rel)
+        WeightFile(rel, source.stat().st_size, file_sha256(source)) for rel, source in _walk_folder(root) if select(rel)
     ]
 
 
@@ -611,8 +623,10 @@ def _walk_folder(root: Path) -> Iterator[tuple[str, Path]]:
             elif target.is_file():
                 yield child.as_posix(), target
             else:
-                raise HarnessError(f"{path} is neither a file nor a folder (a fifo, socket or device?)",
-                                   hint="weights folders hold regular files only")
+                raise HarnessError(
+                    f"{path} is neither a file nor a folder (a fifo, socket or device?)",
+                    hint="weights folders hold regular files only",
+                )
 
     yield from visit(root, PurePosixPath(), frozenset({real_root}))
 
@@ -631,8 +645,9 @@ def _sources(
 
         if not ws.revision:
             raise HarnessError(f"weights {ws.dir!r}: the lock records no commit for {ws.repo}")
-        url = hf_hub_url(ws.repo, f.path, repo_type=ws.repo_type, revision=ws.revision,
-                         endpoint=_endpoint(settings, "huggingface"))
+        url = hf_hub_url(
+            ws.repo, f.path, repo_type=ws.repo_type, revision=ws.revision, endpoint=_endpoint(settings, "huggingface")
+        )
         token = get_token()
         return [url], ({"Authorization": f"Bearer {token}"} if token else {})
     if ws.provider == "modelscope_model":

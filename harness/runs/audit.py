@@ -53,9 +53,13 @@ class AuditReport:
         return any(item.status != "ok" for item in self.items)
 
     def as_json(self) -> dict[str, Any]:
-        return {"run": self.run, "ok": not self.failed,
-                "items": [i.__dict__ for i in self.items], "impurities": list(self.impurities),
-                "scoped_resets": list(self.scoped_resets)}
+        return {
+            "run": self.run,
+            "ok": not self.failed,
+            "items": [i.__dict__ for i in self.items],
+            "impurities": list(self.impurities),
+            "scoped_resets": list(self.scoped_resets),
+        }
 
 
 def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> AuditReport:
@@ -68,7 +72,8 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
     items: list[AuditItem] = []
     pinned = (run_dir / "pinned").is_file()
     gone = "not in the store: collected by `harness store gc` or deleted" + (
-        "" if pinned else f" (pin a run to keep what it used: `harness runs pin {run_dir.name}`)")
+        "" if pinned else f" (pin a run to keep what it used: `harness runs pin {run_dir.name}`)"
+    )
     names = [entry["path"] for entry in closure.get("store_paths", [])]
     contents = {entry["path"]: entry["content"] for entry in closure.get("store_paths", [])}
     for name in names + sorted(set(launched) - set(names)):
@@ -127,9 +132,11 @@ def describe_reset(reset: dict[str, Any]) -> str:
     import time
 
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(reset.get("at") or 0)))
-    return (f"{reset.get('service')} reset at {when}: lease {reset.get('lease')} of client "
-            f"{reset.get('client')} saw it fresh (incarnation {reset.get('previous_incarnation')} → "
-            f"{reset.get('incarnation')})")
+    return (
+        f"{reset.get('service')} reset at {when}: lease {reset.get('lease')} of client "
+        f"{reset.get('client')} saw it fresh (incarnation {reset.get('previous_incarnation')} → "
+        f"{reset.get('incarnation')})"
+    )
 
 
 def launch_verdicts(run_dir: Path) -> dict[str, tuple[str, str, str]]:
@@ -142,14 +149,19 @@ def launch_verdicts(run_dir: Path) -> dict[str, tuple[str, str, str]]:
         refused = entry.get("refused")
         if isinstance(refused, dict) and isinstance(refused.get("path"), str):
             files = ", ".join(str(f) for f in refused.get("files") or []) or "its content"
-            detail = (f"refused at launch of {entry.get('launch')}: changed {files} "
-                      f"(expected {refused.get('expected')}, found {refused.get('found')})")
+            detail = (
+                f"refused at launch of {entry.get('launch')}: changed {files} "
+                f"(expected {refused.get('expected')}, found {refused.get('found')})"
+            )
             verdicts[refused["path"]] = ("refused", detail, str(refused.get("expected", "")))
         for name, check in (entry.get("paths") or {}).items():
             if verdicts.get(name, ("",))[0] != "refused" and isinstance(check, dict):
                 how = str(check.get("verified", ""))
-                verdicts[name] = (how, f"verified at launch of {entry.get('launch')} ({how})",
-                                  str(check.get("content", "")))
+                verdicts[name] = (
+                    how,
+                    f"verified at launch of {entry.get('launch')} ({how})",
+                    str(check.get("content", "")),
+                )
     return verdicts
 
 
@@ -232,8 +244,12 @@ def diff_runs(a: Path, b: Path) -> list[str]:
                 moved.setdefault(service, set()).add(key)
     launch_a, launch_b = config_a.get("launch"), config_b.get("launch")
     if isinstance(launch_a, dict) and isinstance(launch_b, dict):  # records before launch specs have none
-        lines += _launch_diff(_with_project(launch_a, config_a), _with_project(launch_b, config_b), moved,
-                              asked_differs=config_a.get("command") != config_b.get("command"))
+        lines += _launch_diff(
+            _with_project(launch_a, config_a),
+            _with_project(launch_b, config_b),
+            moved,
+            asked_differs=config_a.get("command") != config_b.get("command"),
+        )
     resets_a, resets_b = _reset_counts(a), _reset_counts(b)
     for service in sorted(set(resets_a) | set(resets_b)):
         if resets_a.get(service, 0) != resets_b.get(service, 0):
@@ -293,8 +309,9 @@ def _interpreter(info: dict[str, Any]) -> str:
     return f"{path} (host copy, standing in for {own})" if own else path
 
 
-def _launch_diff(la: dict[str, Any], lb: dict[str, Any], moved: dict[str, set[str]], *,
-                 asked_differs: bool) -> list[str]:
+def _launch_diff(
+    la: dict[str, Any], lb: dict[str, Any], moved: dict[str, set[str]], *, asked_differs: bool
+) -> list[str]:
     """What differs in how the services and the command were launched (``config.launch``).
     ``asked_differs``: the command as asked differs (its line says so; the argv it became
     is not repeated)."""
@@ -306,8 +323,10 @@ def _launch_diff(la: dict[str, Any], lb: dict[str, Any], moved: dict[str, set[st
         if argv_a != argv_b:
             lines.append(f"{service}: command {_argv(argv_a)} → {_argv(argv_b)}")
         if _normal([xa.get("cwd", "")], xa) != _normal([xb.get("cwd", "")], xb):
-            lines.append(f"{service}: working directory {_normal([xa.get('cwd', '')], xa)[0]} → "
-                         f"{_normal([xb.get('cwd', '')], xb)[0]}")
+            lines.append(
+                f"{service}: working directory {_normal([xa.get('cwd', '')], xa)[0]} → "
+                f"{_normal([xb.get('cwd', '')], xb)[0]}"
+            )
         env_a, env_b = xa.get("env") or {}, xb.get("env") or {}
         for key in sorted(set(env_a) | set(env_b)):
             if key == "CUDA_VISIBLE_DEVICES" and "gpu" in moved.get(service, set()):
@@ -320,8 +339,10 @@ def _launch_diff(la: dict[str, Any], lb: dict[str, Any], moved: dict[str, set[st
         if argv_a != argv_b and not asked_differs:
             lines.append(f"run command: argv {_argv(argv_a)} → {_argv(argv_b)}")
         if _normal([ca.get("cwd", "")], ca) != _normal([cb.get("cwd", "")], cb):
-            lines.append(f"run command: working directory {_normal([ca.get('cwd', '')], ca)[0]} → "
-                         f"{_normal([cb.get('cwd', '')], cb)[0]}")
+            lines.append(
+                f"run command: working directory {_normal([ca.get('cwd', '')], ca)[0]} → "
+                f"{_normal([cb.get('cwd', '')], cb)[0]}"
+            )
         env_a, env_b = ca.get("env") or {}, cb.get("env") or {}
         for key in sorted(set(env_a) | set(env_b)):
             if key in _PER_RUN_VARIABLES or _explained_url(key, moved):

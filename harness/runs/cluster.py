@@ -76,8 +76,10 @@ def parse_target(text: str) -> Target:
         return Target("ray", os.environ.get("RAY_ADDRESS") or None)
     if text in ("slurm", "slurm-local"):
         return Target(text)
-    raise InputError(f"--cluster {text!r}: unknown cluster",
-                     hint="use ray://HOST:PORT, ray (RAY_ADDRESS or the local Ray), slurm or slurm-local")
+    raise InputError(
+        f"--cluster {text!r}: unknown cluster",
+        hint="use ray://HOST:PORT, ray (RAY_ADDRESS or the local Ray), slurm or slurm-local",
+    )
 
 
 def closure_digest(lock_json: dict[str, Any]) -> str:
@@ -137,8 +139,16 @@ def run_on_cluster(
     started = time.time()
     run_id = new_run_id(started)
     run_dir = runs_dir(state.home) / run_id
-    prepared = prepare(state, agent=agent, sets=sets, services=services, benchmark=benchmark,
-                       gpus=gpus, offline=offline, state_dir=run_dir / "services")
+    prepared = prepare(
+        state,
+        agent=agent,
+        sets=sets,
+        services=services,
+        benchmark=benchmark,
+        gpus=gpus,
+        offline=offline,
+        state_dir=run_dir / "services",
+    )
     project = prepared.project
     store = Store.in_home(state.home)
     code = dict(prepared.code)
@@ -154,23 +164,40 @@ def run_on_cluster(
     digest = closure_digest(closure)
     settings = load_settings(state.home, project.root)
     parse_trusted(settings.trusted_keys)  # a malformed key is the head's error, not N nodes'
-    echo(f"run {run_id}: {shards} shards on {target.describe()}; services "
-         f"{', '.join(sorted(prepared.specs)) or '(none)'}"
-         + (f", benchmark {prepared.benchmark}" if prepared.benchmark else ""))
+    echo(
+        f"run {run_id}: {shards} shards on {target.describe()}; services "
+        f"{', '.join(sorted(prepared.specs)) or '(none)'}"
+        + (f", benchmark {prepared.benchmark}" if prepared.benchmark else "")
+    )
     pushed = push_closure(store, [e["path"] for e in closure["store_paths"]], settings, state.home, echo)
     cpus, gpu_count = shard_resources(prepared.plan)
     config = {
-        "id": run_id, "started": started,
+        "id": run_id,
+        "started": started,
         "command": list(command) if command else worker,
         "project": {"root": str(project.root)},
         "agent": {"name": agent, "skills": prepared.skills} if agent else None,
-        "overrides": list(sets), "services": sorted(prepared.specs), "benchmark": prepared.benchmark,
-        "deploy": ({"path": str(prepared.deploy_path), "text": prepared.deploy_path.read_text()}
-                   if prepared.deploy_path else None),
-        "plan": prepared.plan.as_json(), "host": host_facts(), "versions": tool_versions(),
+        "overrides": list(sets),
+        "services": sorted(prepared.specs),
+        "benchmark": prepared.benchmark,
+        "deploy": (
+            {"path": str(prepared.deploy_path), "text": prepared.deploy_path.read_text()}
+            if prepared.deploy_path
+            else None
+        ),
+        "plan": prepared.plan.as_json(),
+        "host": host_facts(),
+        "versions": tool_versions(),
         "impurities": list(prepared.impurities),
-        "cluster": {"engine": target.engine, "address": target.address, "shards": shards, "retries": retries,
-                    "resources": {"cpus": cpus, "gpus": gpu_count}, "push": pushed, "closure_digest": digest},
+        "cluster": {
+            "engine": target.engine,
+            "address": target.address,
+            "shards": shards,
+            "retries": retries,
+            "resources": {"cpus": cpus, "gpus": gpu_count},
+            "push": pushed,
+            "closure_digest": digest,
+        },
     }
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", closure)
@@ -180,13 +207,27 @@ def run_on_cluster(
     run_roots = TempRoots(store, f"harness run {run_id} (cluster head)")
     run_roots.add(e["path"] for e in closure["store_paths"])
     local = tuple(p.name for p in prepared.plan.services if p.mode in ("resident", "on_demand"))
-    jobs = [ShardJob(
-        run_id=run_id, index=i, count=shards, project_root=str(project.root),
-        deploy_path=str(prepared.deploy_path.resolve()) if prepared.deploy_path else None, command=tuple(command),
-        agent=agent, sets=tuple(sets), services=tuple(services), benchmark=benchmark, gpus=None,
-        offline=offline, substituters=tuple(settings.substituters) if pushed.get("cache") else (),
-        trusted_keys=tuple(settings.trusted_keys), local_services=local, expected_digest=digest,
-    ) for i in range(shards)]
+    jobs = [
+        ShardJob(
+            run_id=run_id,
+            index=i,
+            count=shards,
+            project_root=str(project.root),
+            deploy_path=str(prepared.deploy_path.resolve()) if prepared.deploy_path else None,
+            command=tuple(command),
+            agent=agent,
+            sets=tuple(sets),
+            services=tuple(services),
+            benchmark=benchmark,
+            gpus=None,
+            offline=offline,
+            substituters=tuple(settings.substituters) if pushed.get("cache") else (),
+            trusted_keys=tuple(settings.trusted_keys),
+            local_services=local,
+            expected_digest=digest,
+        )
+        for i in range(shards)
+    ]
     results: list[dict[str, Any]] = []
     interrupted = False
     # Ctrl-C must cancel the shards even when this process inherited an ignored SIGINT (as
@@ -194,8 +235,7 @@ def run_on_cluster(
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        results = engine.run(jobs, cpus=cpus, gpus=gpu_count, retries=retries, folder=run_dir / "engine",
-                             echo=echo)
+        results = engine.run(jobs, cpus=cpus, gpus=gpu_count, retries=retries, folder=run_dir / "engine", echo=echo)
     except KeyboardInterrupt as exc:  # the engine cancelled what it could; record what came back
         interrupted = True
         results = list(getattr(exc, "results", []))
@@ -223,8 +263,7 @@ def push_closure(store: Any, names: Sequence[str], settings: Any, home: Path, ec
         if backend.writable:
             break
     else:
-        echo("note: no writable binary cache in the settings ([cache] substituters): "
-             "every node realizes from upstream")
+        echo("note: no writable binary cache in the settings ([cache] substituters): every node realizes from upstream")
         return {"cache": None}
     secret = load_secret(settings.secret_key_file) if settings.secret_key_file else None
     if secret is None:
@@ -232,16 +271,22 @@ def push_closure(store: Any, names: Sequence[str], settings: Any, home: Path, ec
     started = time.time()
     result = push(store, list(names), backend, secret=secret, cache_dir=home / "cache")
     echo(f"pushed {len(result.pushed)} store paths to {backend.url} ({len(result.present)} already there)")
-    return {"cache": backend.url, "pushed": len(result.pushed), "present": len(result.present),
-            "uploaded_bytes": result.uploaded_bytes, "signed": secret is not None,
-            "seconds": round(time.time() - started, 3)}
+    return {
+        "cache": backend.url,
+        "pushed": len(result.pushed),
+        "present": len(result.present),
+        "uploaded_bytes": result.uploaded_bytes,
+        "signed": secret is not None,
+        "seconds": round(time.time() - started, 3),
+    }
 
 
 # --------------------------------------------------------------------------- the record
 
 
-def record_cluster_run(run_dir: Path, config: dict[str, Any], results: list[dict[str, Any]],
-                       jobs: list[ShardJob], *, interrupted: bool) -> dict[str, Any]:
+def record_cluster_run(
+    run_dir: Path, config: dict[str, Any], results: list[dict[str, Any]], jobs: list[ShardJob], *, interrupted: bool
+) -> dict[str, Any]:
     """Write every shard's record under ``shards/``, the combined benchmark and ``result.json``."""
     head_digest = config["cluster"]["closure_digest"]
     by_index = {r["index"]: r for r in results}
@@ -249,8 +294,12 @@ def record_cluster_run(run_dir: Path, config: dict[str, Any], results: list[dict
     benches = []
     for job in jobs:
         result = by_index.get(job.index) or {
-            "index": job.index, "shard": f"{job.index}/{job.count}", "status": "cancelled" if interrupted else "lost",
-            "reason": "cancelled before it reported" if interrupted else "no result came back", "files": {}}
+            "index": job.index,
+            "shard": f"{job.index}/{job.count}",
+            "status": "cancelled" if interrupted else "lost",
+            "reason": "cancelled before it reported" if interrupted else "no result came back",
+            "files": {},
+        }
         folder = run_dir / "shards" / str(job.index)
         for rel, text in (result.get("files") or {}).items():
             target = folder / rel
@@ -264,17 +313,29 @@ def record_cluster_run(run_dir: Path, config: dict[str, Any], results: list[dict
             shard_digest = closure_digest(read_json(folder / "lock.json"))
         node = result.get("node") or {}
         summary = {
-            "index": job.index, "shard": f"{job.index}/{job.count}", "status": result.get("status", "lost"),
-            "reason": result.get("reason"), "exit_status": result.get("exit_status"), "score": result.get("score"),
-            "hostname": node.get("hostname"), "node_id": node.get("node_id"), "home": node.get("home"),
-            "closure_digest": shard_digest, "same_closure": shard_digest == head_digest if shard_digest else None,
+            "index": job.index,
+            "shard": f"{job.index}/{job.count}",
+            "status": result.get("status", "lost"),
+            "reason": result.get("reason"),
+            "exit_status": result.get("exit_status"),
+            "score": result.get("score"),
+            "hostname": node.get("hostname"),
+            "node_id": node.get("node_id"),
+            "home": node.get("home"),
+            "closure_digest": shard_digest,
+            "same_closure": shard_digest == head_digest if shard_digest else None,
             "attempts": result.get("attempts") or ([node] if node else []),
-            "started": result.get("started"), "ended": result.get("ended"),
+            "started": result.get("started"),
+            "ended": result.get("ended"),
         }
         if summary["status"] == "ok" and shard_digest != head_digest:
-            summary.update(status="failed", reason=(
-                f"node {node.get('hostname')} ({node.get('home')}) computed with another closure "
-                f"({shard_digest}) than the head's ({head_digest})"))
+            summary.update(
+                status="failed",
+                reason=(
+                    f"node {node.get('hostname')} ({node.get('home')}) computed with another closure "
+                    f"({shard_digest}) than the head's ({head_digest})"
+                ),
+            )
         write_json(folder / "shard.json", summary)
         summaries.append(summary)
         if (folder / "benchmark.json").is_file() and summary["status"] == "ok":
@@ -293,9 +354,14 @@ def record_cluster_run(run_dir: Path, config: dict[str, Any], results: list[dict
     for folder in sorted((run_dir / "shards").glob("*/result.json")):
         impurities += [i for i in read_json(folder).get("impurities", []) if i not in impurities]
     result_json = {
-        "id": config["id"], "started": config["started"], "ended": ended,
-        "duration_s": round(ended - config["started"], 3), "exit_status": exit_status, "score": score,
-        "impurities": impurities, "shards": summaries,
+        "id": config["id"],
+        "started": config["started"],
+        "ended": ended,
+        "duration_s": round(ended - config["started"], 3),
+        "exit_status": exit_status,
+        "score": score,
+        "impurities": impurities,
+        "shards": summaries,
     }
     write_json(run_dir / "result.json", result_json)
     return result_json
@@ -312,9 +378,15 @@ def combine_benchmarks(benches: list[dict[str, Any]], count: int) -> dict[str, A
     successes = sum(b["successes"] for b in benches)
     merged = sorted((e for b in benches for e in b.get("episode_results", [])), key=lambda e: e.get("episode", 0))
     first = benches[0]
-    return {"benchmark": first.get("benchmark"), "seed": first.get("seed"), "shards": count,
-            "episodes": episodes, "successes": successes,
-            "success_rate": successes / episodes if episodes else 0.0, "episode_results": merged}
+    return {
+        "benchmark": first.get("benchmark"),
+        "seed": first.get("seed"),
+        "shards": count,
+        "episodes": episodes,
+        "successes": successes,
+        "success_rate": successes / episodes if episodes else 0.0,
+        "episode_results": merged,
+    }
 
 
 def audit_shards(run_dir: Path, head_closure: dict[str, Any]) -> list[AuditItem]:
@@ -336,13 +408,17 @@ def audit_shards(run_dir: Path, head_closure: dict[str, Any]) -> list[AuditItem]
             continue
         shard_closure = read_json(folder / "lock.json")
         theirs = {e["path"]: e["content"] for e in shard_closure.get("store_paths", [])}
-        problems = [f"{p}: {head[p]} here, {theirs[p]} there" for p in sorted(set(head) & set(theirs))
-                    if head[p] != theirs[p]]
+        problems = [
+            f"{p}: {head[p]} here, {theirs[p]} there" for p in sorted(set(head) & set(theirs)) if head[p] != theirs[p]
+        ]
         problems += [f"{p}: not used there" for p in sorted(set(head) - set(theirs))]
         problems += [f"{p}: used there only" for p in sorted(set(theirs) - set(head))]
         their_locks = {n: v.get("lock_blake3") for n, v in shard_closure.get("locks", {}).items()}
-        problems += [f"lock of {n}: {head_locks.get(n)} here, {their_locks.get(n)} there"
-                     for n in sorted(set(head_locks) | set(their_locks)) if head_locks.get(n) != their_locks.get(n)]
+        problems += [
+            f"lock of {n}: {head_locks.get(n)} here, {their_locks.get(n)} there"
+            for n in sorted(set(head_locks) | set(their_locks))
+            if head_locks.get(n) != their_locks.get(n)
+        ]
         if problems:
             items.append(AuditItem(where, "modified", "ran other bits than the lock: " + "; ".join(problems[:10])))
         else:
@@ -367,31 +443,44 @@ class RayEngine:
         try:
             import ray  # noqa: F401
         except ImportError:
-            raise HarnessError("--cluster ray needs Ray, which is not installed",
-                               hint="pip install 'harness[ray]' (on the head and on every node)") from None
+            raise HarnessError(
+                "--cluster ray needs Ray, which is not installed",
+                hint="pip install 'harness[ray]' (on the head and on every node)",
+            ) from None
         self.address = address
 
-    def run(self, jobs: list[ShardJob], *, cpus: float, gpus: int, retries: int, folder: Path,
-            echo: Echo) -> list[dict[str, Any]]:
+    def run(
+        self, jobs: list[ShardJob], *, cpus: float, gpus: int, retries: int, folder: Path, echo: Echo
+    ) -> list[dict[str, Any]]:
         import logging
 
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         try:
-            ray.init(address=self.address or "auto", log_to_driver=False, logging_level=logging.WARNING,
-                     configure_logging=False)
+            ray.init(
+                address=self.address or "auto",
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                configure_logging=False,
+            )
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise HarnessError(f"cannot reach the Ray cluster at {self.address or 'RAY_ADDRESS/auto'}: {exc}",
-                               hint="start one with `ray start --head`, or give --cluster ray://HOST:PORT") from None
+            raise HarnessError(
+                f"cannot reach the Ray cluster at {self.address or 'RAY_ADDRESS/auto'}: {exc}",
+                hint="start one with `ray start --head`, or give --cluster ray://HOST:PORT",
+            ) from None
         try:
             here = ray.get_runtime_context().get_node_id()
             # The ledger of attempts lives on the head's node, so a dying node cannot take it along.
-            ledger = ray.remote(num_cpus=0)(Ledger).options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+            ledger = (
+                ray.remote(num_cpus=0)(Ledger)
+                .options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
+                .remote()
+            )
             # SPREAD: shards go to as many nodes as have room, rather than packing the first.
-            task = ray.remote(_ray_shard).options(num_cpus=cpus, num_gpus=gpus, max_retries=retries,
-                                                  retry_exceptions=False, scheduling_strategy="SPREAD")
+            task = ray.remote(_ray_shard).options(
+                num_cpus=cpus, num_gpus=gpus, max_retries=retries, retry_exceptions=False, scheduling_strategy="SPREAD"
+            )
             refs = {task.remote(job, ledger): job.index for job in jobs}
             return self._wait(refs, ledger, jobs, echo)
         finally:
@@ -409,8 +498,10 @@ class RayEngine:
                 attempts = ray.get(ledger.attempts.remote())
                 for index, start in attempts[seen:]:
                     again = " (retry)" if sum(1 for i, _ in attempts[:seen] if i == index) else ""
-                    echo(f"shard {index}/{len(jobs)} started on {start['hostname']} "
-                         f"(node {start['node_id'][:12]}, home {start['home']}){again}")
+                    echo(
+                        f"shard {index}/{len(jobs)} started on {start['hostname']} "
+                        f"(node {start['node_id'][:12]}, home {start['home']}){again}"
+                    )
                 seen = len(attempts)
                 for ref in done:
                     results[refs[ref]] = self._result(ref, refs[ref], len(jobs))
@@ -426,8 +517,10 @@ class RayEngine:
                         result = self._result(ref, refs[ref], len(jobs))
                         if result.get("status") != "ok":  # stopped by the cancel, whatever its exit
                             result["status"] = "cancelled"
-                            result["reason"] = (f"cancelled by Ctrl-C on the head; it stopped its services "
-                                                f"and recorded itself (exit {result.get('exit_status')})")
+                            result["reason"] = (
+                                f"cancelled by Ctrl-C on the head; it stopped its services "
+                                f"and recorded itself (exit {result.get('exit_status')})"
+                            )
                         results[refs[ref]] = result
             except KeyboardInterrupt:
                 pass
@@ -446,12 +539,20 @@ class RayEngine:
             result: dict[str, Any] = ray.get(ref)
             return result
         except ray.exceptions.TaskCancelledError:
-            return {"index": index, "shard": f"{index}/{count}", "status": "cancelled",
-                    "reason": "cancelled before it could record itself"}
+            return {
+                "index": index,
+                "shard": f"{index}/{count}",
+                "status": "cancelled",
+                "reason": "cancelled before it could record itself",
+            }
         except ray.exceptions.RayError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return {"index": index, "shard": f"{index}/{count}", "status": "failed",
-                    "reason": f"{type(exc).__name__}: {first} (after the retries Ray was allowed)"}
+            return {
+                "index": index,
+                "shard": f"{index}/{count}",
+                "status": "failed",
+                "reason": f"{type(exc).__name__}: {first} (after the retries Ray was allowed)",
+            }
 
     @staticmethod
     def _attach(results: dict[int, dict[str, Any]], ledger: Any) -> None:
@@ -494,8 +595,12 @@ def _ray_shard(job: ShardJob, ledger: Any) -> dict[str, Any]:
 
     from harness.runs.shard import node_home
 
-    facts = {"hostname": socket.gethostname(), "home": str(node_home()),
-             "node_id": ray.get_runtime_context().get_node_id(), "started": time.time()}
+    facts = {
+        "hostname": socket.gethostname(),
+        "home": str(node_home()),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "started": time.time(),
+    }
     ray.get(ledger.started.remote(job.index, facts))
     result = run_shard(job, {"node_id": facts["node_id"], "engine": "ray"})
     return result
@@ -508,17 +613,23 @@ class SubmititEngine:
         try:
             import submitit  # noqa: F401
         except ImportError:
-            raise HarnessError("--cluster slurm needs submitit, which is not installed",
-                               hint="pip install 'harness[slurm]'") from None
+            raise HarnessError(
+                "--cluster slurm needs submitit, which is not installed", hint="pip install 'harness[slurm]'"
+            ) from None
         self.local = local
 
-    def run(self, jobs: list[ShardJob], *, cpus: float, gpus: int, retries: int, folder: Path,
-            echo: Echo) -> list[dict[str, Any]]:
+    def run(
+        self, jobs: list[ShardJob], *, cpus: float, gpus: int, retries: int, folder: Path, echo: Echo
+    ) -> list[dict[str, Any]]:
         import submitit
 
         executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if self.local else "slurm")
-        params: dict[str, Any] = {"timeout_min": 24 * 60, "cpus_per_task": max(1, int(cpus)), "nodes": 1,
-                                  "tasks_per_node": 1}
+        params: dict[str, Any] = {
+            "timeout_min": 24 * 60,
+            "cpus_per_task": max(1, int(cpus)),
+            "nodes": 1,
+            "tasks_per_node": 1,
+        }
         if gpus:
             params["gpus_per_node"] = gpus
         if not self.local:
@@ -533,8 +644,12 @@ class SubmititEngine:
                     results[job.index] = handle.result()
                 except Exception as exc:  # the engine's failure (a task that died), with its reason
                     first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-                    results[job.index] = {"index": job.index, "shard": f"{job.index}/{job.count}",
-                                          "status": "failed", "reason": f"task {handle.job_id}: {first}"}
+                    results[job.index] = {
+                        "index": job.index,
+                        "shard": f"{job.index}/{job.count}",
+                        "status": "failed",
+                        "reason": f"task {handle.job_id}: {first}",
+                    }
         except KeyboardInterrupt:
             echo(f"interrupted: cancelling {len(submitted)} tasks")
             for handle in submitted:
@@ -552,6 +667,8 @@ def _submitit_shard(job: ShardJob) -> dict[str, Any]:
 
 def submitit_environment() -> str | None:
     """The Slurm job and task of this process (``SLURM_JOB_ID``/``SLURM_ARRAY_TASK_ID``), if any."""
-    job, task = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID"), os.environ.get(
-        "SLURM_ARRAY_TASK_ID")
+    job, task = (
+        os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID"),
+        os.environ.get("SLURM_ARRAY_TASK_ID"),
+    )
     return f"slurm {job}_{task}" if job else None

@@ -90,8 +90,15 @@ class Closure:
         }
 
 
-def closure_of(store: Any, locks: dict[str, Any], lock_files: dict[str, Path], project_root: Path,
-               service_files: list[Path], *, code: dict[str, str] | None = None) -> Closure:
+def closure_of(
+    store: Any,
+    locks: dict[str, Any],
+    lock_files: dict[str, Path],
+    project_root: Path,
+    service_files: list[Path],
+    *,
+    code: dict[str, str] | None = None,
+) -> Closure:
     """The closure of a run from its locks (read) and the store's records.
 
     Every path must be registered (the runtime realizes first). ``code`` maps a manifest to
@@ -133,8 +140,16 @@ def closure_of(store: Any, locks: dict[str, Any], lock_files: dict[str, Path], p
             # The lock's own interpreter when a host copy stood in for it (realize/standin.py).
             "standing_in_for": own if (own := interpreter_path(lock)) != lock.python.store else None,
             "packages": {p.name: p.version for p in lock.packages},
-            "sources": {s.name: {"repo": s.repo, "commit": s.commit, "tree": s.tree, "install": s.install,
-                                 "subdirectory": s.subdirectory} for s in lock.sources},
+            "sources": {
+                s.name: {
+                    "repo": s.repo,
+                    "commit": s.commit,
+                    "tree": s.tree,
+                    "install": s.install,
+                    "subdirectory": s.subdirectory,
+                }
+                for s in lock.sources
+            },
             "weights": {w.dir: {f.path: f.sha256 for f in w.files} for w in lock.weights},
             "code": (code or {}).get(name),
         }
@@ -166,10 +181,12 @@ def service_launch(spec: Any, store_root: Path) -> dict[str, Any]:
     keys = sorted({*SERVICE_VARIABLES, "CUDA_VISIBLE_DEVICES"})
     argv = [str(a) for a in spec.argv]
     return {
-        "argv": argv, "cwd": str(spec.cwd),
+        "argv": argv,
+        "cwd": str(spec.cwd),
         "env": {k: spec.env[k] for k in keys if k in spec.env},
         "store_paths": store_paths_named([*argv, str(spec.cwd)], store_root),
-        "port": spec.port, "url": spec.url,
+        "port": spec.port,
+        "url": spec.url,
     }
 
 
@@ -182,9 +199,11 @@ def command_launch(argv: list[str], cwd: Path, env: dict[str, str], store_root: 
     working directory, the ``HARNESS_*`` variables harness sets (never a secret: the
     broker's token is named, not recorded), the store paths named."""
     return {
-        "argv": list(argv), "cwd": str(cwd),
-        "env": {k: ("(secret)" if k in SECRET_VARIABLES else v) for k, v in sorted(env.items())
-                if k.startswith("HARNESS_")},
+        "argv": list(argv),
+        "cwd": str(cwd),
+        "env": {
+            k: ("(secret)" if k in SECRET_VARIABLES else v) for k, v in sorted(env.items()) if k.startswith("HARNESS_")
+        },
         "store_paths": store_paths_named([*argv, str(cwd)], store_root),
     }
 
@@ -229,16 +248,18 @@ def list_runs(home: Path) -> list[dict[str, Any]]:
             continue
         config = _maybe(run / "config.json")
         result = _maybe(run / "result.json")
-        rows.append({
-            "id": run.name,
-            "command": config.get("command"),
-            "agent": (config.get("agent") or {}).get("name"),
-            "started": (result or config).get("started"),
-            "ended": (result or {}).get("ended"),
-            "exit_status": (result or {}).get("exit_status"),
-            "score": (result or {}).get("score"),
-            "pinned": (run / "pinned").is_file(),
-        })
+        rows.append(
+            {
+                "id": run.name,
+                "command": config.get("command"),
+                "agent": (config.get("agent") or {}).get("name"),
+                "started": (result or config).get("started"),
+                "ended": (result or {}).get("ended"),
+                "exit_status": (result or {}).get("exit_status"),
+                "score": (result or {}).get("score"),
+                "pinned": (run / "pinned").is_file(),
+            }
+        )
     return rows
 
 
@@ -259,6 +280,9 @@ def find_run(home: Path, run_id: str) -> Path:
         return runs[-1]
     matches = [p for p in runs if p.name == run_id] or [p for p in runs if p.name.startswith(run_id)]
     if len(matches) != 1:
-        raise HarnessError(f"no run {run_id!r}" if not matches else
-                           f"run id {run_id!r} is ambiguous: {', '.join(p.name for p in matches)}")
+        raise HarnessError(
+            f"no run {run_id!r}"
+            if not matches
+            else f"run id {run_id!r} is ambiguous: {', '.join(p.name for p in matches)}"
+        )
     return matches[0]

@@ -49,8 +49,14 @@ class ResetLog:
             self._seen[key] = incarnation
             if not lease.get("fresh") or previous is None or previous == incarnation:
                 return None
-            reset = {"service": key[0], "at": time.time(), "client": client, "lease": lease.get("lease"),
-                     "incarnation": incarnation, "previous_incarnation": previous}
+            reset = {
+                "service": key[0],
+                "at": time.time(),
+                "client": client,
+                "lease": lease.get("lease"),
+                "incarnation": incarnation,
+                "previous_incarnation": previous,
+            }
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(reset, sort_keys=True) + "\n")
@@ -81,8 +87,9 @@ class RecordingBroker(Broker):
         super().__init__(*args, **kwargs)
         self.resets = resets
 
-    def acquire(self, service: str, client: str = "anonymous", *, client_pid: int | None = None,
-                timeout: float | None = None) -> dict[str, Any]:
+    def acquire(
+        self, service: str, client: str = "anonymous", *, client_pid: int | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
         lease = super().acquire(service, client, client_pid=client_pid, timeout=timeout)
         self.resets.observe(lease, client)
         return lease

@@ -74,10 +74,21 @@ def run(
     started = time.time()
     run_id = run_id or new_run_id(started)
     run_dir = run_dir or runs_dir(state.home) / run_id
-    prepared = prepare(state, agent=agent, sets=sets, services=services, benchmark=benchmark,
-                       gpus=gpus, offline=offline, state_dir=run_dir / "services", ports=ports)
-    echo(f"run {run_id}: services {', '.join(sorted(prepared.specs)) or '(none)'}"
-         + (f", benchmark {prepared.benchmark}" if prepared.benchmark else ""))
+    prepared = prepare(
+        state,
+        agent=agent,
+        sets=sets,
+        services=services,
+        benchmark=benchmark,
+        gpus=gpus,
+        offline=offline,
+        state_dir=run_dir / "services",
+        ports=ports,
+    )
+    echo(
+        f"run {run_id}: services {', '.join(sorted(prepared.specs)) or '(none)'}"
+        + (f", benchmark {prepared.benchmark}" if prepared.benchmark else "")
+    )
     for note in prepared.plan.notes:
         echo(f"note: {note}")
     store = Store.in_home(state.home)
@@ -150,8 +161,13 @@ def run(
     logs.mkdir(parents=True, exist_ok=True)
     try:
         exit_status = 1  # if the launch check refuses, the run failed before anything started
-        _check_launches(prepared, store, code.get(prepared.benchmark or "") if not command else None,
-                        run_dir / "services", worker=prepared.benchmark is not None and not command)
+        _check_launches(
+            prepared,
+            store,
+            code.get(prepared.benchmark or "") if not command else None,
+            run_dir / "services",
+            worker=prepared.benchmark is not None and not command,
+        )
         if shared is not None:
             residents = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in prepared.specs]
             shared.start(residents, timeout=30.0 + sum(s.load_seconds for s in prepared.specs.values()))
@@ -159,10 +175,15 @@ def run(
         else:
             limits = broker_options(prepared.deploy)
             # Its leases are watched for resets of scoped services (harness/runs/resets.py).
-            broker = RecordingBroker(prepared.plan, prepared.specs, run_dir / "services", die_with_owner=True,
-                                     lease_seconds=limits.get("lease_seconds"),
-                                     gpu_wait_seconds=limits.get("gpu_wait_seconds", 120.0),
-                                     resets=ResetLog(run_dir / RESETS_FILE))
+            broker = RecordingBroker(
+                prepared.plan,
+                prepared.specs,
+                run_dir / "services",
+                die_with_owner=True,
+                lease_seconds=limits.get("lease_seconds"),
+                gpu_wait_seconds=limits.get("gpu_wait_seconds", 120.0),
+                resets=ResetLog(run_dir / RESETS_FILE),
+            )
             address = broker.serve_in_thread()
             broker.start()  # resident services up before the command starts
             broker_env = broker.client_env()
@@ -179,8 +200,11 @@ def run(
     finally:
         try:
             current = broker.status() if broker is not None else shared.request("GET", "/status") if shared else None
-            foreign = [s["name"] for s in (current or {}).get("services", [])
-                       if s.get("foreign") and s["name"] in prepared.specs]
+            foreign = [
+                s["name"]
+                for s in (current or {}).get("services", [])
+                if s.get("foreign") and s["name"] in prepared.specs
+            ]
         except Exception:  # the record matters more than this detail
             foreign = []
         if broker is not None:
@@ -188,13 +212,21 @@ def run(
         ended = time.time()
         score = _score(run_dir)
         impurities = list(prepared.impurities) + [
-            f"{name}: its port answered before harness started it; a foreign process served the run"
-            for name in foreign]
-        write_json(run_dir / "result.json", {
-            "id": run_id, "started": started, "ended": ended, "duration_s": round(ended - started, 3),
-            "exit_status": exit_status, "score": score, "impurities": impurities,
-            "scoped_resets": read_resets(run_dir / RESETS_FILE),
-        })
+            f"{name}: its port answered before harness started it; a foreign process served the run" for name in foreign
+        ]
+        write_json(
+            run_dir / "result.json",
+            {
+                "id": run_id,
+                "started": started,
+                "ended": ended,
+                "duration_s": round(ended - started, 3),
+                "exit_status": exit_status,
+                "score": score,
+                "impurities": impurities,
+                "scoped_resets": read_resets(run_dir / RESETS_FILE),
+            },
+        )
         run_roots.close()  # the record's lock.json roots it now (the last N runs are kept)
     return RunOutcome(run_id, run_dir, exit_status, score)
 
@@ -228,8 +260,12 @@ def _benchmark_command(prepared: Any, store: Any) -> list[str]:
     from harness.runtime.launch import _expand, source_values
 
     view = weights_view_path(lock)
-    values = {"python": str(store.root / lock.environment.store / "bin" / "python"),
-              "weights": str(store.root / view) if view else "", "port": "0", "url": ""}
+    values = {
+        "python": str(store.root / lock.environment.store / "bin" / "python"),
+        "weights": str(store.root / view) if view else "",
+        "port": "0",
+        "url": "",
+    }
     values.update(source_values(manifest, {i: store.root / s.store for i, s in enumerate(lock.sources)}))
     return [_expand(part, values, prepared.benchmark) for part in manifest.worker]
 
@@ -263,8 +299,9 @@ def _run_command(argv: list[str], env: dict[str, str], cwd: Path, log: Path, ech
 
     with open(log, "wb") as sink:
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            )
         except OSError as exc:
             sink.write(f"cannot start {argv[0]}: {exc}\n".encode())
             echo(f"cannot start {argv[0]}: {exc.strerror or exc}")

@@ -72,7 +72,8 @@ class NodeState:
         if not (self.project_root / "services").is_dir():
             raise HarnessError(
                 f"project folder {self.project_root} is not on node {socket.gethostname()}",
-                hint="put the project on a filesystem every node mounts at the same path")
+                hint="put the project on a filesystem every node mounts at the same path",
+            )
         return Project(self.project_root)
 
 
@@ -145,8 +146,13 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
     facts = {"hostname": socket.gethostname(), "home": str(home), "pid": os.getpid(), **(node or {})}
     folder = shard_dir(home, job.run_id, job.index)
     started = time.time()
-    result: dict[str, Any] = {"index": job.index, "shard": f"{job.index}/{job.count}", "node": facts,
-                              "started": started, "record_dir": str(folder)}
+    result: dict[str, Any] = {
+        "index": job.index,
+        "shard": f"{job.index}/{job.count}",
+        "node": facts,
+        "started": started,
+        "record_dir": str(folder),
+    }
     env = dict(job.extra_env)
     if job.substituters:
         env["HARNESS_SUBSTITUTERS"] = " ".join(job.substituters)
@@ -159,11 +165,24 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
         state = NodeState(home, Path(job.deploy_path) if job.deploy_path else None, Path(job.project_root))
         ports = dict(zip(job.local_services, free_ports(len(job.local_services)), strict=True))
         with _environment(env), _sigint_unblocked():
-            outcome = run(state, list(job.command), agent=job.agent, sets=job.sets, services=job.services,
-                          benchmark=job.benchmark, gpus=job.gpus, offline=job.offline, echo=lines.append,
-                          shard=(job.index, job.count), run_id=job.run_id, run_dir=folder, ports=ports)
-        result.update(exit_status=outcome.exit_status, score=outcome.score,
-                      status="ok" if outcome.exit_status == 0 else "failed")
+            outcome = run(
+                state,
+                list(job.command),
+                agent=job.agent,
+                sets=job.sets,
+                services=job.services,
+                benchmark=job.benchmark,
+                gpus=job.gpus,
+                offline=job.offline,
+                echo=lines.append,
+                shard=(job.index, job.count),
+                run_id=job.run_id,
+                run_dir=folder,
+                ports=ports,
+            )
+        result.update(
+            exit_status=outcome.exit_status, score=outcome.score, status="ok" if outcome.exit_status == 0 else "failed"
+        )
         if outcome.exit_status == 130:
             result.update(status="cancelled", reason="interrupted")
         elif outcome.exit_status != 0:
@@ -172,13 +191,18 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
         if result["status"] == "ok" and bench.is_file() and job.count > 1:
             said = read_json(bench).get("shard")
             if said != f"{job.index}/{job.count}":
-                result.update(status="failed", reason=(
-                    f"the benchmark ignored its shard (asked {job.index}/{job.count}, its benchmark.json "
-                    f"says {said!r}): its worker must read --shard or HARNESS_SHARD"))
+                result.update(
+                    status="failed",
+                    reason=(
+                        f"the benchmark ignored its shard (asked {job.index}/{job.count}, its benchmark.json "
+                        f"says {said!r}): its worker must read --shard or HARNESS_SHARD"
+                    ),
+                )
     except HarnessError as exc:
         hint = f" ({exc.hint})" if getattr(exc, "hint", None) else ""
-        result.update(status="failed", exit_status=exc.exit_code,
-                      reason=f"on {facts['hostname']} ({home}): {exc.message}{hint}")
+        result.update(
+            status="failed", exit_status=exc.exit_code, reason=f"on {facts['hostname']} ({home}): {exc.message}{hint}"
+        )
     except KeyboardInterrupt:
         result.update(status="cancelled", exit_status=130, reason="interrupted before the command started")
     result["ended"] = time.time()

@@ -149,8 +149,14 @@ class Broker:
         self.tick = tick
         self.gpu_wait_seconds = gpu_wait_seconds
         self._gpu_free = gpu_free or nvml_free_gb
-        self._sched = Scheduler(plan.services, specs, crash_limit=crash_limit, crash_window=crash_window,
-                                lease_seconds=lease_seconds, new_id=lambda: secrets.token_hex(8))
+        self._sched = Scheduler(
+            plan.services,
+            specs,
+            crash_limit=crash_limit,
+            crash_window=crash_window,
+            lease_seconds=lease_seconds,
+            new_id=lambda: secrets.token_hex(8),
+        )
         self.specs = {name: specs[name] for name, svc in self._sched.services.items() if svc.local}
         self._lock = threading.Lock()
         self._conds = {name: threading.Condition(self._lock) for name in self._sched.groups}
@@ -182,8 +188,9 @@ class Broker:
 
     # ------------------------------------------------------------------------ acquire
 
-    def acquire(self, service: str, client: str = "anonymous", *, client_pid: int | None = None,
-                timeout: float | None = None) -> dict[str, Any]:
+    def acquire(
+        self, service: str, client: str = "anonymous", *, client_pid: int | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
         """Wait until ``service`` may be called by ``client``; return the lease (as JSON).
 
         Blocks while the service loads, or while a swap-group peer is in use, for at most
@@ -196,8 +203,9 @@ class Broker:
             client_pid = None  # not a local process we can watch
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            ticket = self._sched.enqueue(service, client, time.monotonic(), client_pid=client_pid,
-                                         client_create_time=create_time)
+            ticket = self._sched.enqueue(
+                service, client, time.monotonic(), client_pid=client_pid, client_create_time=create_time
+            )
             if ticket.lease is not None:
                 return ticket.lease.as_json()
             group = self._sched.group_of(service)
@@ -294,15 +302,19 @@ class Broker:
                             raise supervisor.ServiceStartError(
                                 f"{name}: port {spec.port} is held by {port_holder(spec.port)}, which does "
                                 f"not answer {spec.health_url or 'connections'} as {name} would",
-                                hint=f"stop that process, or give {name} another port in the deploy")
+                                hint=f"stop that process, or give {name} another port in the deploy",
+                            )
                         foreign = True
                     else:
                         extra = self.client_env() if self._server is not None else None
                         proc = supervisor.start(spec, self.state_dir, extra_env=extra)
                         supervisor.wait_healthy(spec, proc)
                 except Exception as exc:  # whatever happened, the group must not stay busy
-                    failure = exc if isinstance(exc, supervisor.ServiceStartError) else \
-                        supervisor.ServiceStartError(f"{name}: cannot start: {type(exc).__name__}: {exc}")
+                    failure = (
+                        exc
+                        if isinstance(exc, supervisor.ServiceStartError)
+                        else supervisor.ServiceStartError(f"{name}: cannot start: {type(exc).__name__}: {exc}")
+                    )
                     if proc is not None:  # timed out while still running: it is ours to stop
                         supervisor.stop(proc.pid, proc=proc, grace=self.grace)
                     supervisor.remove_pidfile(self.state_dir, name)
@@ -343,7 +355,8 @@ class Broker:
                     f"{action.service}: GPU {action.gpu} has {free:.1f} GB free after the swap and "
                     f"{action.service} needs {action.vram_gb:g} GB; waited {waited:.0f} s for the memory "
                     "to be released",
-                    hint="another process holds memory on that GPU (see nvidia-smi); or correct vram_gb")
+                    hint="another process holds memory on that GPU (see nvidia-smi); or correct vram_gb",
+                )
             time.sleep(interval)
             interval = min(interval * 1.5, 0.5)
 
@@ -374,7 +387,11 @@ class Broker:
                     if slow:
                         for name in group.members:
                             svc = self._sched.service(name)
-                            if svc.foreign and svc.state == "ready" and not supervisor.port_in_use(self.specs[name].port):
+                            if (
+                                svc.foreign
+                                and svc.state == "ready"
+                                and not supervisor.port_in_use(self.specs[name].port)
+                            ):
                                 self._sched.foreign_gone(name)
                     action = self._sched.idle(group, time.monotonic())
                     if action is not None:
@@ -450,8 +467,9 @@ class Broker:
         leftovers = [r for r in supervisor.read_pidfiles(self.state_dir) if r.alive and r.pid not in ours]
         if leftovers:
             listed = ", ".join(f"{r.name} (pid {r.pid})" for r in leftovers)
-            raise HarnessError(f"services started by an earlier harness are still running: {listed}",
-                               hint="harness down")
+            raise HarnessError(
+                f"services started by an earlier harness are still running: {listed}", hint="harness down"
+            )
 
     def launches(self) -> dict[str, dict[str, Any]]:
         """What each local service runs (``GET /plan``): argv, working folder and port, so a
@@ -476,14 +494,18 @@ class Broker:
             row["memory_bytes"] = supervisor.tree_memory(row["pid"]) if row["pid"] is not None else None
         return {
             "broker": {
-                "url": self.address if self._server is not None else None, "pid": os.getpid(),
-                "started": self._started_at, "state_dir": str(self.state_dir),
-                "up": self._up_state, "up_errors": self._up_errors, "closing": self._closing,
-                "lease_seconds": self._sched.lease_seconds, "gpu_wait_seconds": self.gpu_wait_seconds,
+                "url": self.address if self._server is not None else None,
+                "pid": os.getpid(),
+                "started": self._started_at,
+                "state_dir": str(self.state_dir),
+                "up": self._up_state,
+                "up_errors": self._up_errors,
+                "closing": self._closing,
+                "lease_seconds": self._sched.lease_seconds,
+                "gpu_wait_seconds": self.gpu_wait_seconds,
             },
             "services": services,
         }
-
 
     # ------------------------------------------------------------------------ serving
 
@@ -510,8 +532,9 @@ class Broker:
             loopback = self._host in ("127.0.0.1", "localhost", "::1")
             # Loopback only answers requests addressed to loopback: a web page that rebinds
             # a name of its own to 127.0.0.1 sends its own name as Host and is refused.
-            server.allowed_hosts = frozenset({f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}) \
-                if loopback else None
+            server.allowed_hosts = (
+                frozenset({f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}) if loopback else None
+            )
             self._server = server
         return self._server
 
@@ -527,19 +550,26 @@ class Broker:
     def _write_state(self) -> None:
         write_token(self.state_dir, self.token)  # before broker.json: whoever finds one finds both
         create_time = psutil.Process().create_time()
-        supervisor._write_json_atomically(self.state_dir / STATE_FILE, {
-            "harness": STATE_MARKER, "url": self.address, "pid": os.getpid(),
-            "create_time": create_time, "started": self._started_at,
-            "services": [p.name for p in self.plan.services],
-        })
+        supervisor._write_json_atomically(
+            self.state_dir / STATE_FILE,
+            {
+                "harness": STATE_MARKER,
+                "url": self.address,
+                "pid": os.getpid(),
+                "create_time": create_time,
+                "started": self._started_at,
+                "services": [p.name for p in self.plan.services],
+            },
+        )
 
     def serve_in_thread(self) -> str:
         """Serve HTTP on a daemon thread; write ``broker.json``; return :attr:`address`."""
         server = self._bind()
         self._write_state()
         self._ensure_housekeeping()
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                                  name="broker-http", daemon=True)
+        thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="broker-http", daemon=True
+        )
         self._serving = True
         thread.start()
         self._threads.append(thread)
@@ -578,6 +608,7 @@ class Broker:
                 cond.notify_all()
         stoppers = []
         for group in self._sched.groups.values():
+
             def stop_group(group: GroupState = group) -> None:
                 cond = self._conds[group.name]
                 with cond:
@@ -586,6 +617,7 @@ class Broker:
                     for name in group.members:
                         if name in self._procs:
                             self._execute(group, self._sched.stop(name, "shutdown"))
+
             thread = threading.Thread(target=stop_group, name=f"stop-{group.name}")
             thread.start()
             stoppers.append(thread)
@@ -682,11 +714,15 @@ class _Handler(BaseHTTPRequestHandler):
             raise BrokerError(403, "forbidden", f"requests from a web page (Origin {origin!r}) are refused")
         scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode("utf-8", "surrogateescape"), self.server.token):
-            raise BrokerError(401, "unauthorized",
-                              "this broker answers only its owner: send 'Authorization: Bearer TOKEN' "
-                              f"with the token of {TOKEN_FILE} in its state folder "
-                              "(the client reads it, or $HARNESS_BROKER_TOKEN)")
+            given.strip().encode("utf-8", "surrogateescape"), self.server.token
+        ):
+            raise BrokerError(
+                401,
+                "unauthorized",
+                "this broker answers only its owner: send 'Authorization: Bearer TOKEN' "
+                f"with the token of {TOKEN_FILE} in its state folder "
+                "(the client reads it, or $HARNESS_BROKER_TOKEN)",
+            )
 
     def _body(self) -> dict[str, Any]:
         if self.headers.get("Transfer-Encoding"):
@@ -736,13 +772,13 @@ class _Handler(BaseHTTPRequestHandler):
             elif self.path == "/release":
                 lease_id = data.get("lease")
                 if not isinstance(lease_id, str) or not 0 < len(lease_id) <= 200:
-                    raise BrokerError(400, "bad_request", "release needs {\"lease\": id}")
+                    raise BrokerError(400, "bad_request", 'release needs {"lease": id}')
                 broker.release(lease_id)
                 self._reply(200, {"released": lease_id})
             elif self.path == "/start":
                 names = data.get("names")
                 if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                    raise BrokerError(400, "bad_request", "start needs {\"names\": [service, ...]}")
+                    raise BrokerError(400, "bad_request", 'start needs {"names": [service, ...]}')
                 unknown = sorted(set(names) - set(broker.specs))
                 if unknown:
                     raise BrokerError(404, "unknown_service", f"this broker launches no {', '.join(unknown)}")
@@ -762,17 +798,18 @@ class _Handler(BaseHTTPRequestHandler):
     def _acquire(self, broker: Broker, data: Mapping[str, Any]) -> None:
         service = data.get("service")
         if not isinstance(service, str) or not service:
-            raise BrokerError(400, "bad_request", "acquire needs {\"service\": name}")
+            raise BrokerError(400, "bad_request", 'acquire needs {"service": name}')
         client = data.get("client", "anonymous")
         if not isinstance(client, str) or len(client) > 200:
-            raise BrokerError(400, "bad_request", "\"client\" must be a string of at most 200 characters")
+            raise BrokerError(400, "bad_request", '"client" must be a string of at most 200 characters')
         pid, timeout = data.get("pid"), data.get("timeout")
         if pid is not None and not _positive_int(pid):
-            raise BrokerError(400, "bad_request", f"\"pid\" must be a positive integer, not {pid!r}")
+            raise BrokerError(400, "bad_request", f'"pid" must be a positive integer, not {pid!r}')
         if timeout is not None and not _number(timeout):
-            raise BrokerError(400, "bad_request", f"\"timeout\" must be a number of seconds >= 0, not {timeout!r}")
-        lease = broker.acquire(service, client or "anonymous", client_pid=pid,
-                               timeout=None if timeout is None else float(timeout))
+            raise BrokerError(400, "bad_request", f'"timeout" must be a number of seconds >= 0, not {timeout!r}')
+        lease = broker.acquire(
+            service, client or "anonymous", client_pid=pid, timeout=None if timeout is None else float(timeout)
+        )
         if not self._reply(200, lease):
             broker.release(lease["lease"])  # nobody will ever release it
 
@@ -830,8 +867,9 @@ def read_token(state_dir: Path) -> str | None:
         return None
 
 
-def _http_json(method: str, url: str, data: Mapping[str, Any] | None = None, timeout: float = 5.0,
-               token: str | None = None) -> Any:
+def _http_json(
+    method: str, url: str, data: Mapping[str, Any] | None = None, timeout: float = 5.0, token: str | None = None
+) -> Any:
     body = None if data is None else json.dumps(data).encode()
     headers = {"Content-Type": "application/json"}
     if token:
@@ -841,7 +879,9 @@ def _http_json(method: str, url: str, data: Mapping[str, Any] | None = None, tim
         return json.loads(response.read())
 
 
-def stop_all_from_pidfiles(state_dir: Path, *, grace: tuple[float, float] = supervisor.DEFAULT_GRACE) -> list[dict[str, Any]]:
+def stop_all_from_pidfiles(
+    state_dir: Path, *, grace: tuple[float, float] = supervisor.DEFAULT_GRACE
+) -> list[dict[str, Any]]:
     """Stop every service process harness started for ``state_dir``, by its pid file.
 
     For ``harness down`` when the broker is gone. Only processes whose pid file matches
@@ -878,7 +918,9 @@ def find_brokers(state_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def down(state_dir: Path, *, timeout: float = 60.0, grace: tuple[float, float] = supervisor.DEFAULT_GRACE) -> dict[str, Any]:
+def down(
+    state_dir: Path, *, timeout: float = 60.0, grace: tuple[float, float] = supervisor.DEFAULT_GRACE
+) -> dict[str, Any]:
     """Stop every broker of ``state_dir`` and every service harness started there.
 
     Asks the live broker to shut down (it stops its services) and waits for its process to
@@ -955,8 +997,11 @@ def status(state_dir: Path) -> dict[str, Any]:
             return dict(current)
         except (OSError, ValueError):
             pass
-    return {"broker": None, "brokers": brokers,
-            "services": [r.as_json() for r in supervisor.read_pidfiles(Path(state_dir))]}
+    return {
+        "broker": None,
+        "brokers": brokers,
+        "services": [r.as_json() for r in supervisor.read_pidfiles(Path(state_dir))],
+    }
 
 
 def nvml_free_gb(index: int) -> float | None:
@@ -1016,9 +1061,11 @@ class SharedBroker:
         self.pid = int(state["pid"])
         token = read_token(self.state_dir)
         if token is None:
-            raise HarnessError(f"a broker (pid {self.pid}) serves {self.state_dir}, but its token "
-                               f"{self.state_dir / TOKEN_FILE} cannot be read",
-                               hint="it belongs to another user: use a state folder of your own")
+            raise HarnessError(
+                f"a broker (pid {self.pid}) serves {self.state_dir}, but its token "
+                f"{self.state_dir / TOKEN_FILE} cannot be read",
+                hint="it belongs to another user: use a state folder of your own",
+            )
         self.token = token
 
     @classmethod
@@ -1027,8 +1074,7 @@ class SharedBroker:
         state = read_state(state_dir)
         return None if state is None else cls(state_dir, state)
 
-    def request(self, method: str, path: str, data: Mapping[str, Any] | None = None,
-                timeout: float = 10.0) -> Any:
+    def request(self, method: str, path: str, data: Mapping[str, Any] | None = None, timeout: float = 10.0) -> Any:
         try:
             return _http_json(method, self.url + path, data, timeout=timeout, token=self.token)
         except urllib.error.HTTPError as exc:
@@ -1050,7 +1096,8 @@ class SharedBroker:
             raise HarnessError(
                 f"the broker of {self.state_dir} (pid {self.pid}, started by harness up) does not serve "
                 "what this project would launch:\n  " + "\n  ".join(problems),
-                hint="harness down, then harness up (or run) again with this project")
+                hint="harness down, then harness up (or run) again with this project",
+            )
 
     def start(self, names: list[str], timeout: float) -> dict[str, Any]:
         """Bring ``names`` up in this broker; its ``/status`` with this call's errors."""
@@ -1073,9 +1120,16 @@ def plan_from_json(data: Mapping[str, Any]) -> Plan:
     )
 
 
-def spawn(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path, *,
-          names: Iterable[str] | None = None, python: str = sys.executable,
-          timeout: float | None = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def spawn(
+    plan: Plan,
+    specs: Mapping[str, LaunchSpec],
+    state_dir: Path,
+    *,
+    names: Iterable[str] | None = None,
+    python: str = sys.executable,
+    timeout: float | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Bring services up in the broker of ``state_dir``, starting it if none runs (``harness up``).
 
     One broker per state folder: a lock file (``broker.lock``) makes concurrent callers
@@ -1101,12 +1155,15 @@ def spawn(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path, *,
                 if strays:
                     raise HarnessError(
                         f"broker processes run for {state_dir} without its broker.json: "
-                        + ", ".join(f"pid {p.pid}" for p in strays), hint="harness down")
+                        + ", ".join(f"pid {p.pid}" for p in strays),
+                        hint="harness down",
+                    )
                 proc = _start_detached(plan, specs, state_dir, wanted, python, options, log)
                 _wait_serving(proc, state_dir, log, timeout)
     except Timeout:
-        raise HarnessError(f"another harness up holds {state_dir / LOCK_FILE} for over 60 s",
-                           hint="wait for it, or harness down") from None
+        raise HarnessError(
+            f"another harness up holds {state_dir / LOCK_FILE} for over 60 s", hint="wait for it, or harness down"
+        ) from None
     if shared is not None:
         shared.check_serves(specs, wanted)
         return shared.start(wanted, timeout)
@@ -1116,7 +1173,8 @@ def spawn(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path, *,
         if proc.poll() is not None:
             raise supervisor.ServiceStartError(
                 f"the broker exited with {supervisor._describe_exit(proc.returncode)}; log: {log}",
-                log_tail=supervisor.log_tail(log))
+                log_tail=supervisor.log_tail(log),
+            )
         state = read_state(state_dir)
         if state is not None and state.get("pid") == proc.pid:
             try:
@@ -1129,11 +1187,20 @@ def spawn(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path, *,
     raise HarnessError(f"the broker did not bring its services up within {timeout:g} s; log: {log}")
 
 
-def _start_detached(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path, names: list[str],
-                    python: str, options: Mapping[str, Any] | None, log: Path) -> subprocess.Popen[bytes]:
+def _start_detached(
+    plan: Plan,
+    specs: Mapping[str, LaunchSpec],
+    state_dir: Path,
+    names: list[str],
+    python: str,
+    options: Mapping[str, Any] | None,
+    log: Path,
+) -> subprocess.Popen[bytes]:
     config = {
-        "plan": plan.as_json(), "specs": json.loads(specs_to_json(specs)),
-        "names": names, "options": dict(options or {}),
+        "plan": plan.as_json(),
+        "specs": json.loads(specs_to_json(specs)),
+        "names": names,
+        "options": dict(options or {}),
     }
     supervisor._write_json_atomically(state_dir / CONFIG_FILE, config)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -1142,9 +1209,15 @@ def _start_detached(plan: Plan, specs: Mapping[str, LaunchSpec], state_dir: Path
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with open(log, "ab") as out:
-        return subprocess.Popen([python, "-m", "harness.runtime.broker", str(state_dir)],
-                                cwd=state_dir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [python, "-m", "harness.runtime.broker", str(state_dir)],
+            cwd=state_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _wait_serving(proc: subprocess.Popen[bytes], state_dir: Path, log: Path, timeout: float) -> None:
@@ -1154,7 +1227,8 @@ def _wait_serving(proc: subprocess.Popen[bytes], state_dir: Path, log: Path, tim
         if proc.poll() is not None:
             raise supervisor.ServiceStartError(
                 f"the broker exited with {supervisor._describe_exit(proc.returncode)}; log: {log}",
-                log_tail=supervisor.log_tail(log))
+                log_tail=supervisor.log_tail(log),
+            )
         state = read_state(state_dir)
         if state is not None and state.get("pid") == proc.pid:
             return
@@ -1172,8 +1246,9 @@ def _main(argv: list[str] | None = None) -> int:
     options = config.get("options") or {}
     if "grace" in options:
         options["grace"] = tuple(options["grace"])
-    broker = Broker(plan_from_json(config["plan"]), specs_from_json(json.dumps(config["specs"])),
-                    args.state_dir, **options)
+    broker = Broker(
+        plan_from_json(config["plan"]), specs_from_json(json.dumps(config["specs"])), args.state_dir, **options
+    )
 
     def on_signal(signum: int, _frame: object) -> None:
         threading.Thread(target=broker.shutdown, name="signal-shutdown").start()

@@ -110,7 +110,10 @@ def choose_layout(
     if not unplaced:
         for name, gpu in placed.items():
             choices[name] = Choice(
-                name, "resident", gpu, None,
+                name,
+                "resident",
+                gpu,
+                None,
                 f"resident on GPU {gpu} ({gb(included[name].vram_gb)} GB)",
             )
         summary = [f"Every model fits the free memory at once ({seen}):", "all are resident."]
@@ -129,28 +132,40 @@ def choose_layout(
             gpu = placed[key]
             for name, vram in others:
                 choices[name] = Choice(
-                    name, "resident", placed[name], None,
+                    name,
+                    "resident",
+                    placed[name],
+                    None,
                     f"resident on GPU {placed[name]} ({gb(vram)} GB)",
                 )
             for name, vram in group:
                 choices[name] = Choice(
-                    name, "on_demand", gpu, POLICY_GROUP,
+                    name,
+                    "on_demand",
+                    gpu,
+                    POLICY_GROUP,
                     f"on demand in swap group '{POLICY_GROUP}' on GPU {gpu} ({gb(vram)} GB; the "
                     f"group needs {gb(largest)} GB, its largest member)",
                 )
             members = ", ".join(n for n, _ in group)
-            return done("policies_on_demand", [
-                f"Not every model fits at once ({seen}): policies and world models",
-                f"({members}) are on demand in one swap group on GPU {gpu}, loaded one at",
-                "a time; the other models stay resident.",
-            ])
+            return done(
+                "policies_on_demand",
+                [
+                    f"Not every model fits at once ({seen}): policies and world models",
+                    f"({members}) are on demand in one swap group on GPU {gpu}, loaded one at",
+                    "a time; the other models stay resident.",
+                ],
+            )
 
     # 3. Every model but the kinematics on demand, one swap group per GPU.
     kept_on_gpu = [(n, v) for n, v in models if _is_kinematics(included[n])]
     placed, left, _ = place_largest_first(kept_on_gpu, room)  # the unplaced join the shared
     for name, gpu in placed.items():
         choices[name] = Choice(
-            name, "resident", gpu, None,
+            name,
+            "resident",
+            gpu,
+            None,
             f"kinematics stays resident on GPU {gpu} ({gb(included[name].vram_gb)} GB)",
         )
     shared = [(n, v) for n, v in models if n not in placed]
@@ -158,14 +173,19 @@ def choose_layout(
     for name, gpu in spread.items():
         swap = swap_group_for_gpu(gpu)
         choices[name] = Choice(
-            name, "on_demand", gpu, swap,
-            f"on demand in swap group '{swap}' on GPU {gpu} ({gb(included[name].vram_gb)} GB; "
-            "one model at a time)",
+            name,
+            "on_demand",
+            gpu,
+            swap,
+            f"on demand in swap group '{swap}' on GPU {gpu} ({gb(included[name].vram_gb)} GB; one model at a time)",
         )
     for name in unplaced:
         vram = included[name].vram_gb
         choices[name] = Choice(
-            name, "off", None, None,
+            name,
+            "off",
+            None,
+            None,
             f"off: needs {gb(vram)} GB and no GPU here has that much free",
         )
     if not gpus:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def diagnose(state: Any, *, agent: str | None = None, sets: tuple[str, ...] = (),
-             gpus: str | None = None) -> dict[str, Any]:
+def diagnose(
+    state: Any, *, agent: str | None = None, sets: tuple[str, ...] = (), gpus: str | None = None
+) -> dict[str, Any]:
     """Per manifest: lock state (missing, stale, ok) and whether its store paths are realized;
     the GPUs (NVML, empty without a driver; ``gpus``, a ``--gpus`` spec, rehearses another
     machine); what a run of ``agent`` would install — only what its plan launches on those
@@ -30,14 +31,18 @@ def diagnose(state: Any, *, agent: str | None = None, sets: tuple[str, ...] = ()
     manifests: dict[str, dict[str, Any]] = {}
     for name in sorted(found):
         if name in stale:
-            manifests[name] = {"state": "lock " + ("missing" if stale[name] == "missing" else "stale"),
-                               "detail": stale[name]}
+            manifests[name] = {
+                "state": "lock " + ("missing" if stale[name] == "missing" else "stale"),
+                "detail": stale[name],
+            }
             continue
         lock = read(lock_path(project.locks_dir, name))
         absent = missing(store, lock)
         here = realized_lock(store, lock)  # a host interpreter may stand in for the lock's
-        manifests[name] = {"state": "realized" if not absent else "not realized",
-                           "detail": here.environment.store if not absent else f"{len(absent)} store paths to build"}
+        manifests[name] = {
+            "state": "realized" if not absent else "not realized",
+            "detail": here.environment.store if not absent else f"{len(absent)} store paths to build",
+        }
     try:
         inventory = parse_gpus(gpus) if gpus is not None else detect_gpus()
     except HarnessError:
@@ -54,8 +59,9 @@ def diagnose(state: Any, *, agent: str | None = None, sets: tuple[str, ...] = ()
         deploy = project.load_deploy(state.deploy_path) if state.deploy_path is not None else None
         closure, plan = agent_plan(project.load_services(), config, deploy, inventory, project.load_benchmarks())
         launched = {p.name for p in plan.services if p.mode in ("resident", "on_demand")}
-        skips = {p.name: f"{p.mode}: {p.reason}" if p.reason else p.mode
-                 for p in plan.services if p.name not in launched}
+        skips = {
+            p.name: f"{p.mode}: {p.reason}" if p.reason else p.mode for p in plan.services if p.name not in launched
+        }
         names = sorted(launched | ({closure.benchmark} if closure.benchmark else set()))
         would_install = [n for n in names if manifests.get(n, {}).get("state") != "realized"]
     findings = verify_store(store, check_contents=False)
@@ -67,7 +73,11 @@ def diagnose(state: Any, *, agent: str | None = None, sets: tuple[str, ...] = ()
         "manifests": manifests,
         "run_would_install": would_install,
         "run_skips": skips,
-        "store": {"root": str(store.root), "paths": len(findings), "problems": len(bad),
-                  "details": [f"{f.status} {f.name}: {f.detail}" for f in bad]},
+        "store": {
+            "root": str(store.root),
+            "paths": len(findings),
+            "problems": len(bad),
+            "details": [f"{f.status} {f.name}: {f.detail}" for f in bad],
+        },
         "problems": problems,
     }

@@ -97,13 +97,9 @@ def parse_gpus(spec: str) -> tuple[Gpu, ...]:
     for size in sizes:
         if size <= 0 or size > MAX_GPU_GB:
             raise InputError(
-                f"--gpus {spec!r}: a GPU's memory must be more than 0 and at most "
-                f"{MAX_GPU_GB:g} GB; {_GPUS_EXAMPLE}"
+                f"--gpus {spec!r}: a GPU's memory must be more than 0 and at most {MAX_GPU_GB:g} GB; {_GPUS_EXAMPLE}"
             )
-    return tuple(
-        Gpu(index=i, name=f"planned {size:g} GB", total_gb=size, free_gb=size)
-        for i, size in enumerate(sizes)
-    )
+    return tuple(Gpu(index=i, name=f"planned {size:g} GB", total_gb=size, free_gb=size) for i, size in enumerate(sizes))
 
 
 def visible(gpus: tuple[Gpu, ...], deploy: Deploy | None) -> tuple[Gpu, ...]:
@@ -133,6 +129,4 @@ def describe(gpus: tuple[Gpu, ...]) -> str:
     """One line for people: ``GPU 0 (NVIDIA H200): 139.5 of 140.4 GB free; …`` or ``no GPU``."""
     if not gpus:
         return "no GPU"
-    return "; ".join(
-        f"GPU {g.index} ({g.name}): {g.free_gb:g} of {g.total_gb:g} GB free" for g in gpus
-    )
+    return "; ".join(f"GPU {g.index} ({g.name}): {g.free_gb:g} of {g.total_gb:g} GB free" for g in gpus)

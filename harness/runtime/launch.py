@@ -45,12 +45,25 @@ if TYPE_CHECKING:  # pydantic stays out of the broker process's imports
 
 #: Variables of the caller that must not leak into a service: they would make the service
 #: import the caller's packages or interpreter instead of its own realized environment.
-SCRUBBED_VARIABLES = frozenset({
-    "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONEXECUTABLE",
-    "PYTHONSAFEPATH", "PYTHONINSPECT", "PYTHONBREAKPOINT", "__PYVENV_LAUNCHER__",
-    "VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT", "UV_PROJECT_ENVIRONMENT", "PIP_PREFIX",
-    "PIP_TARGET", "CUDA_VISIBLE_DEVICES",
-})
+SCRUBBED_VARIABLES = frozenset(
+    {
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONEXECUTABLE",
+        "PYTHONSAFEPATH",
+        "PYTHONINSPECT",
+        "PYTHONBREAKPOINT",
+        "__PYVENV_LAUNCHER__",
+        "VIRTUAL_ENV",
+        "VIRTUAL_ENV_PROMPT",
+        "UV_PROJECT_ENVIRONMENT",
+        "PIP_PREFIX",
+        "PIP_TARGET",
+        "CUDA_VISIBLE_DEVICES",
+    }
+)
 #: Prefixes of the same kind (conda's activation variables).
 SCRUBBED_PREFIXES = ("CONDA_", "_CE_", "_CONDA_")
 
@@ -96,22 +109,34 @@ class LaunchSpec:
     def as_json(self) -> dict[str, Any]:
         """JSON-able form (for handing specs to a detached broker process)."""
         return {
-            "name": self.name, "argv": list(self.argv), "env": dict(self.env),
-            "cwd": str(self.cwd), "port": self.port, "url": self.url,
-            "health_url": self.health_url, "load_seconds": self.load_seconds,
-            "log_path": str(self.log_path), "protocol": self.protocol, "closure": list(self.closure),
+            "name": self.name,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "cwd": str(self.cwd),
+            "port": self.port,
+            "url": self.url,
+            "health_url": self.health_url,
+            "load_seconds": self.load_seconds,
+            "log_path": str(self.log_path),
+            "protocol": self.protocol,
+            "closure": list(self.closure),
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LaunchSpec:
         """Inverse of :meth:`as_json`."""
         return cls(
-            name=str(data["name"]), argv=tuple(str(a) for a in data["argv"]),
-            env={str(k): str(v) for k, v in data["env"].items()}, cwd=Path(data["cwd"]),
-            port=int(data["port"]), url=str(data["url"]),
+            name=str(data["name"]),
+            argv=tuple(str(a) for a in data["argv"]),
+            env={str(k): str(v) for k, v in data["env"].items()},
+            cwd=Path(data["cwd"]),
+            port=int(data["port"]),
+            url=str(data["url"]),
             health_url=None if data["health_url"] is None else str(data["health_url"]),
-            load_seconds=float(data["load_seconds"]), log_path=Path(data["log_path"]),
-            protocol=str(data.get("protocol", "http")), closure=tuple(str(p) for p in data.get("closure", ())),
+            load_seconds=float(data["load_seconds"]),
+            log_path=Path(data["log_path"]),
+            protocol=str(data.get("protocol", "http")),
+            closure=tuple(str(p) for p in data.get("closure", ())),
         )
 
 
@@ -149,7 +174,8 @@ def clean_environment(base: Mapping[str, str], gpu: int | None) -> dict[str, str
         if prefix:
             leaked_bins.add(os.path.normpath(os.path.join(prefix, "bin")))
     env = {
-        key: value for key, value in base.items()
+        key: value
+        for key, value in base.items()
         if key not in SCRUBBED_VARIABLES and not key.startswith(SCRUBBED_PREFIXES)
     }
     if "PATH" in env and leaked_bins:
@@ -241,14 +267,24 @@ def launch_spec(
     env = clean_environment(os.environ if base_env is None else base_env, placement.gpu)
     health_url = url.rstrip("/") + manifest.health if manifest.health else None
     return LaunchSpec(
-        name=name, argv=tuple(argv), env=env, cwd=cwd, port=port, url=url,
-        health_url=health_url, load_seconds=float(manifest.load_seconds),
-        log_path=log_path(state_dir, name), protocol=manifest.protocol,
+        name=name,
+        argv=tuple(argv),
+        env=env,
+        cwd=cwd,
+        port=port,
+        url=url,
+        health_url=health_url,
+        load_seconds=float(manifest.load_seconds),
+        log_path=log_path(state_dir, name),
+        protocol=manifest.protocol,
     )
 
 
 def _xpolicylab_argv(
-    name: str, manifest: ServiceManifest, values: Mapping[str, str], port: int,
+    name: str,
+    manifest: ServiceManifest,
+    values: Mapping[str, str],
+    port: int,
     sources: Mapping[int, Path],
 ) -> list[str]:
     """XPolicyLab's own policy server on ``port`` (see the module docstring)."""
@@ -263,11 +299,16 @@ def _xpolicylab_argv(
     script = root / "setup_policy_server.py"
     policy_dir = root / config.policy
     argv = [
-        values["python"], str(script),
-        "--config_path", str(policy_dir / "deploy.yml"),
-        "--protocol", "ws",
-        "--host", LOCAL_HOST,
-        "--port", str(port),
+        values["python"],
+        str(script),
+        "--config_path",
+        str(policy_dir / "deploy.yml"),
+        "--protocol",
+        "ws",
+        "--host",
+        LOCAL_HOST,
+        "--port",
+        str(port),
         "--overrides",
         f"policy_name={Path(config.policy).name}",
         f"checkpoint_path={_expand(config.checkpoint, values, name)}",

@@ -228,7 +228,10 @@ class _Planner:
         if not unplaced:
             for name, gpu in placed.items():
                 self.put(
-                    name, "resident", gpu, None,
+                    name,
+                    "resident",
+                    gpu,
+                    None,
                     f"no deploy, all fit resident: GPU {gpu} had most room",
                 )
             return
@@ -245,7 +248,10 @@ class _Planner:
         for name, gpu in spread.items():
             group = swap_group_for_gpu(gpu)
             self.put(
-                name, "on_demand", gpu, group,
+                name,
+                "on_demand",
+                gpu,
+                group,
                 f"no deploy, not all fit resident: shares GPU {gpu} one model at a time",
             )
         for name in unplaced:
@@ -266,8 +272,13 @@ class _Planner:
                 self.placements[name] = self._placement(name, "off", None, None, None, "off in the deploy")
             elif entry.mode == "external":
                 self.placements[name] = ServicePlacement(
-                    name=name, mode="external", gpu=None, port=None, url=entry.url,
-                    vram_gb=self.vram[name], scoped=self.services[name].scoped,
+                    name=name,
+                    mode="external",
+                    gpu=None,
+                    port=None,
+                    url=entry.url,
+                    vram_gb=self.vram[name],
+                    scoped=self.services[name].scoped,
                     reason=f"external in the deploy: answers at {entry.url}",
                 )
             else:
@@ -296,8 +307,9 @@ class _Planner:
                 groups.setdefault(entry.swap, []).append(name)
                 continue
             units.append(
-                _Unit(name, (name,), self.vram[name], entry.mode, None,
-                      entry.gpu if isinstance(entry.gpu, int) else None)
+                _Unit(
+                    name, (name,), self.vram[name], entry.mode, None, entry.gpu if isinstance(entry.gpu, int) else None
+                )
             )
         for swap, members in sorted(groups.items()):
             explicit: dict[str, int] = {}
@@ -334,13 +346,12 @@ class _Planner:
         demand = sum(unit.need for unit in units)
         if demand > self.room[gpu] + EPS:
             raise InputError(
-                f"{_subject(units, self.vram)} {gb(demand)} GB on GPU {gpu}, "
-                f"which has {self._has(gpu, with_sim=True)}",
+                f"{_subject(units, self.vram)} {gb(demand)} GB on GPU {gpu}, which has {self._has(gpu, with_sim=True)}",
                 hint=(
-                    "move it to a GPU with more room, or let gpu = \"auto\" choose"
+                    'move it to a GPU with more room, or let gpu = "auto" choose'
                     if len(units) == 1
-                    else "put them on demand in one swap group (mode = \"on_demand\", swap = "
-                    "\"models\"), move one to another GPU, or let gpu = \"auto\" choose"
+                    else 'put them on demand in one swap group (mode = "on_demand", swap = '
+                    '"models"), move one to another GPU, or let gpu = "auto" choose'
                 ),
             )
         self.room[gpu] -= demand
@@ -362,9 +373,7 @@ class _Planner:
         simulator's (only an explicit pin shares one)."""
         allowed = {g: free for g, free in self.room.items() if g not in self.sim_load}
         by_key = {unit.key: unit for unit in units}
-        placed, left, unplaced = place_largest_first(
-            [(unit.key, unit.need) for unit in units], allowed
-        )
+        placed, left, unplaced = place_largest_first([(unit.key, unit.need) for unit in units], allowed)
         before = dict(allowed)
         for key, need in sorted(((u.key, u.need) for u in units), key=lambda i: (-i[1], i[0])):
             if key not in placed:
@@ -406,9 +415,7 @@ class _Planner:
         what = f" for its swap group '{swap}'" if swap else ""
         note = f"{name} is off: no GPU with {gb(need)} GB free{what} ({detail})"
         self.off_notes[name] = note
-        self.placements[name] = self._placement(
-            name, "off", None, None, None, f"no GPU with {gb(need)} GB free{what}"
-        )
+        self.placements[name] = self._placement(name, "off", None, None, None, f"no GPU with {gb(need)} GB free{what}")
 
     def put(self, name: str, mode: Mode, gpu: int | None, swap: str | None, reason: str) -> None:
         """Record a local (resident or on-demand) placement with its port and URL."""
@@ -416,17 +423,30 @@ class _Planner:
         port = entry.port if entry is not None and entry.port is not None else self.services[name].port
         idle = entry.idle_seconds if entry is not None and mode == "on_demand" else None
         self.placements[name] = ServicePlacement(
-            name=name, mode=mode, gpu=gpu, port=port, url=local_url(port, self.services[name].protocol),
-            vram_gb=self.vram[name], swap=swap, idle_seconds=idle,
-            scoped=self.services[name].scoped, reason=reason,
+            name=name,
+            mode=mode,
+            gpu=gpu,
+            port=port,
+            url=local_url(port, self.services[name].protocol),
+            vram_gb=self.vram[name],
+            swap=swap,
+            idle_seconds=idle,
+            scoped=self.services[name].scoped,
+            reason=reason,
         )
 
     def _placement(
         self, name: str, mode: Mode, gpu: int | None, port: int | None, url: str | None, reason: str
     ) -> ServicePlacement:
         return ServicePlacement(
-            name=name, mode=mode, gpu=gpu, port=port, url=url, vram_gb=self.vram[name],
-            scoped=self.services[name].scoped, reason=reason,
+            name=name,
+            mode=mode,
+            gpu=gpu,
+            port=port,
+            url=url,
+            vram_gb=self.vram[name],
+            scoped=self.services[name].scoped,
+            reason=reason,
         )
 
     def check_ports(self) -> None:

@@ -60,8 +60,11 @@ def _load(path: Path) -> dict[str, dict[str, int]]:
     deploys = data.get("deploys") if isinstance(data, dict) and data.get("version") == REGISTRY_VERSION else None
     if not isinstance(deploys, dict):
         return {}
-    return {str(k): {str(n): int(p) for n, p in v.items() if isinstance(p, int)}
-            for k, v in deploys.items() if isinstance(v, dict)}
+    return {
+        str(k): {str(n): int(p) for n, p in v.items() if isinstance(p, int)}
+        for k, v in deploys.items()
+        if isinstance(v, dict)
+    }
 
 
 @contextmanager

@@ -62,8 +62,7 @@ RECLAIMED_MEMORY = 4096
 class BrokerError(HarnessError):
     """An acquire or release the broker refuses; ``status`` is the HTTP status it answers."""
 
-    def __init__(self, status: int, code: str, message: str, *, log_tail: str = "",
-                 hint: str | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, *, log_tail: str = "", hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.status = status
         self.code = code
@@ -128,8 +127,15 @@ class Lease:
 
     def as_json(self) -> dict[str, Any]:
         """The body of ``POST /acquire``'s answer."""
-        return {"lease": self.id, "service": self.service, "url": self.url, "fresh": self.fresh,
-                "incarnation": self.incarnation, "scoped": self.scoped, "foreign": self.foreign}
+        return {
+            "lease": self.id,
+            "service": self.service,
+            "url": self.url,
+            "fresh": self.fresh,
+            "incarnation": self.incarnation,
+            "scoped": self.scoped,
+            "foreign": self.foreign,
+        }
 
 
 @dataclass(eq=False)
@@ -208,6 +214,7 @@ class GroupState:
 def _always(error: BrokerError) -> Callable[[Ticket], BrokerError]:
     def refuse(_ticket: Ticket) -> BrokerError:
         return error
+
     return refuse
 
 
@@ -227,9 +234,16 @@ class Scheduler:
     passes a random one; tests a counter). Not thread-safe: callers serialize calls.
     """
 
-    def __init__(self, placements: Iterable[ServicePlacement], specs: Mapping[str, LaunchSpec], *,
-                 crash_limit: int = 3, crash_window: float = 300.0, lease_seconds: float | None = None,
-                 new_id: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        placements: Iterable[ServicePlacement],
+        specs: Mapping[str, LaunchSpec],
+        *,
+        crash_limit: int = 3,
+        crash_window: float = 300.0,
+        lease_seconds: float | None = None,
+        new_id: Callable[[], str] | None = None,
+    ) -> None:
         self.crash_limit = crash_limit
         self.crash_window = crash_window
         self.lease_seconds = lease_seconds
@@ -269,14 +283,25 @@ class Scheduler:
 
     def processes_expected(self, group: GroupState) -> list[str]:
         """Members that have (or may have) a process of ours: ready, starting or stopping."""
-        return [n for n in group.members
-                if self.services[n].local and not self.services[n].foreign
-                and self.services[n].state in ("ready", "starting", "stopping")]
+        return [
+            n
+            for n in group.members
+            if self.services[n].local
+            and not self.services[n].foreign
+            and self.services[n].state in ("ready", "starting", "stopping")
+        ]
 
     # ------------------------------------------------------------------ acquiring
 
-    def enqueue(self, service: str, client: str, now: float, *, client_pid: int | None = None,
-                client_create_time: float | None = None) -> Ticket:
+    def enqueue(
+        self,
+        service: str,
+        client: str,
+        now: float,
+        *,
+        client_pid: int | None = None,
+        client_create_time: float | None = None,
+    ) -> Ticket:
         """A caller asks for ``service``: a ticket granted at once (external) or queued.
 
         Raises :class:`BrokerError` for an unknown service (404), an ``off`` one (409) or a
@@ -334,7 +359,9 @@ class Scheduler:
             break
         return Step(tuple(admitted), tuple(refused), action)
 
-    def _resolve(self, group: GroupState, service: str, outcome: Callable[[Ticket], Lease | BrokerError]) -> list[Ticket]:
+    def _resolve(
+        self, group: GroupState, service: str, outcome: Callable[[Ticket], Lease | BrokerError]
+    ) -> list[Ticket]:
         """Resolve every queued ticket for ``service`` (in arrival order) with ``outcome``."""
         kept: deque[Ticket] = deque()
         done: list[Ticket] = []
@@ -354,13 +381,25 @@ class Scheduler:
     def _granter(self, svc: ServiceState, now: float) -> Callable[[Ticket], Lease]:
         def grant(ticket: Ticket) -> Lease:
             return self._grant(svc, ticket, now)
+
         return grant
 
     def _grant(self, svc: ServiceState, ticket: Ticket, now: float) -> Lease:
         fresh = ticket.client not in svc.served
         svc.served.add(ticket.client)
-        lease = Lease(self._new_id(), svc.name, ticket.client, ticket.client_pid, ticket.client_create_time,
-                      svc.incarnation, now, fresh, svc.url, svc.placement.scoped, svc.foreign)
+        lease = Lease(
+            self._new_id(),
+            svc.name,
+            ticket.client,
+            ticket.client_pid,
+            ticket.client_create_time,
+            svc.incarnation,
+            now,
+            fresh,
+            svc.url,
+            svc.placement.scoped,
+            svc.foreign,
+        )
         self.leases[lease.id] = lease
         svc.inflight.add(lease.id)
         svc.last_used = now
@@ -373,10 +412,12 @@ class Scheduler:
             return None
         retry = self.crash_window - (now - svc.failures[0])
         return BrokerError(
-            503, "crashing",
+            503,
+            "crashing",
             f"{svc.name} keeps crashing: {len(svc.failures)} failures in the last "
             f"{self.crash_window:g} s; not starting it again for {retry:.0f} s. Last: {svc.error}",
-            log_tail=svc.error_tail, hint=f"see its log: {svc.log or '-'}",
+            log_tail=svc.error_tail,
+            hint=f"see its log: {svc.log or '-'}",
         )
 
     # ------------------------------------------------------------ starts and stops
@@ -494,7 +535,8 @@ class Scheduler:
             self.release(lease.id, now)
             self._reclaimed[lease.id] = (
                 f"lease {lease.id} on {lease.service} was reclaimed: held {now - lease.granted:.1f} s, longer "
-                f"than the broker's lease limit of {self.lease_seconds:g} s; acquire again for the next call")
+                f"than the broker's lease limit of {self.lease_seconds:g} s; acquire again for the next call"
+            )
             while len(self._reclaimed) > RECLAIMED_MEMORY:
                 self._reclaimed.popitem(last=False)
         return overdue
@@ -512,9 +554,15 @@ class Scheduler:
         for name in group.members:
             svc = self.services[name]
             idle = svc.placement.idle_seconds
-            if (idle is not None and svc.placement.mode == "on_demand" and svc.state == "ready"
-                    and not svc.foreign and not svc.inflight and now - svc.last_used >= idle
-                    and not any(t.service == name for t in group.queue)):
+            if (
+                idle is not None
+                and svc.placement.mode == "on_demand"
+                and svc.state == "ready"
+                and not svc.foreign
+                and not svc.inflight
+                and now - svc.last_used >= idle
+                and not any(t.service == name for t in group.queue)
+            ):
                 return self._begin_stop(group, svc, "idle")
         return None
 
@@ -538,11 +586,23 @@ class Scheduler:
         group = self.groups[svc.group]
         p = svc.placement
         return {
-            "name": name, "mode": p.mode, "gpu": p.gpu, "swap": p.swap, "state": svc.state,
-            "foreign": svc.foreign, "url": svc.url,
+            "name": name,
+            "mode": p.mode,
+            "gpu": p.gpu,
+            "swap": p.swap,
+            "state": svc.state,
+            "foreign": svc.foreign,
+            "url": svc.url,
             "uptime_s": None if svc.ready_at is None else round(now - svc.ready_at, 3),
-            "leases": len(svc.inflight), "waiting": sum(1 for t in group.queue if t.service == name),
-            "starts": svc.starts, "restarts": max(0, svc.starts - 1), "crashes": svc.crashes,
-            "incarnation": svc.incarnation, "scoped": p.scoped, "idle_seconds": p.idle_seconds,
-            "stop_reason": svc.stop_reason, "error": svc.error, "log": svc.log,
+            "leases": len(svc.inflight),
+            "waiting": sum(1 for t in group.queue if t.service == name),
+            "starts": svc.starts,
+            "restarts": max(0, svc.starts - 1),
+            "crashes": svc.crashes,
+            "incarnation": svc.incarnation,
+            "scoped": p.scoped,
+            "idle_seconds": p.idle_seconds,
+            "stop_reason": svc.stop_reason,
+            "error": svc.error,
+            "log": svc.log,
         }

@@ -97,9 +97,12 @@ def prepare(
         config = project.load_agent(agent, [parse_override(s) for s in sets])
         # A service the plan turns off for lack of room drops its skills as a deploy's off does.
         closure, plan = agent_plan(manifests, config, deploy, inventory, benchmarks, benchmark=benchmark)
-        skills = {"on": list(closure.skills_on), "dropped": [list(d) for d in closure.skills_dropped],
-                  # What the agent's prompt may say of its skills: only the ones on.
-                  "text": {s: config.agent.skills[s].summary or "" for s in closure.skills_on}}
+        skills = {
+            "on": list(closure.skills_on),
+            "dropped": [list(d) for d in closure.skills_dropped],
+            # What the agent's prompt may say of its skills: only the ones on.
+            "text": {s: config.agent.skills[s].summary or "" for s in closure.skills_on},
+        }
     else:
         if sets:
             raise HarnessError("--set changes an agent config: give --agent too")
@@ -115,8 +118,7 @@ def prepare(
         plan = closure_plan(manifests, closure, deploy, inventory, benchmarks)
     if ports:
         plan = with_ports(plan, ports)
-    launched = [p.name for p in plan.services if p.mode in ("resident", "on_demand")
-                and (not only or p.name in only)]
+    launched = [p.name for p in plan.services if p.mode in ("resident", "on_demand") and (not only or p.name in only)]
     unknown_only = [n for n in only if n not in {p.name for p in plan.services}]
     if unknown_only:
         raise HarnessError(f"{', '.join(unknown_only)} is not in the plan")
@@ -147,10 +149,14 @@ def prepare(
             code[name] = realize_project_files(_store(home), project.root, f"{name}-code", files)
             cwd = store_root / code[name]
         spec = launch_spec(
-            name, manifests[name], plan.service(name),
+            name,
+            manifests[name],
+            plan.service(name),
             python=store_root / lock.environment.store / "bin" / "python",
             weights=store_root / view if view else None,
-            cwd=cwd, state_dir=state_dir, sources=sources,
+            cwd=cwd,
+            state_dir=state_dir,
+            sources=sources,
         )
         specs[name] = dataclasses.replace(spec, closure=launch_closure(store_root, lock, code.get(name)))
     for placement in plan.services:
@@ -165,8 +171,21 @@ def prepare(
             instead = f", standing in for the lock's {own}" if own != lock.python.store else ""
             impurities.append(f"{name}: interpreter {lock.python.store} is {record.impure}{instead}")
     bench_manifest = benchmarks.get(closure.benchmark) if closure.benchmark else None
-    prepared = Prepared(project, home, state_dir, deploy, deploy_path, manifests, closure.benchmark,
-                        bench_manifest, plan, specs, locks, skills, sorted(set(impurities)))
+    prepared = Prepared(
+        project,
+        home,
+        state_dir,
+        deploy,
+        deploy_path,
+        manifests,
+        closure.benchmark,
+        bench_manifest,
+        plan,
+        specs,
+        locks,
+        skills,
+        sorted(set(impurities)),
+    )
     prepared.code = code
     return prepared
 
@@ -178,8 +197,12 @@ def launch_closure(store_root: Path, lock: Any, code: str | None) -> tuple[str, 
     from harness.lock.storepaths import weights_view_path
 
     view = weights_view_path(lock)
-    names = [lock.environment.store, *([view] if view else []), *(s.store for s in lock.sources),
-             *([code] if code else [])]
+    names = [
+        lock.environment.store,
+        *([view] if view else []),
+        *(s.store for s in lock.sources),
+        *([code] if code else []),
+    ]
     return tuple(str(store_root / n) for n in dict.fromkeys(names))
 
 
@@ -192,8 +215,10 @@ def with_ports(plan: Any, ports: dict[str, int]) -> Any:
     def url(p: Any) -> str:  # keep the scheme: a WebSocket service stays ws://
         return local_url(ports[p.name], "websocket" if (p.url or "").startswith("ws") else "http")
 
-    moved = tuple(replace(p, port=ports[p.name], url=url(p))
-                  if p.name in ports and p.mode in ("resident", "on_demand") else p for p in plan.services)
+    moved = tuple(
+        replace(p, port=ports[p.name], url=url(p)) if p.name in ports and p.mode in ("resident", "on_demand") else p
+        for p in plan.services
+    )
     return replace(plan, services=moved)
 
 
@@ -226,6 +251,7 @@ def ensure_realized(state: Any, names: list[str], *, offline: bool, realize: boo
         hold(_store(state.home), lock_objects(locks[name]))
         absent = missing(_store(state.home), locks[name])
         if absent:
-            raise HarnessError(f"{name} is not realized ({len(absent)} store paths missing)",
-                               hint=f"run `harness install {name}`")
+            raise HarnessError(
+                f"{name} is not realized ({len(absent)} store paths missing)", hint=f"run `harness install {name}`"
+            )
     return locks

@@ -117,13 +117,21 @@ def start(spec: LaunchSpec, state_dir: Path, *, extra_env: dict[str, str] | None
     if extra_env:
         env.update(extra_env)
     with open(spec.log_path, "ab") as log:
-        log.write(f"\n=== harness: starting {spec.name} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                  f"{' '.join(spec.argv)}\n".encode())
+        log.write(
+            f"\n=== harness: starting {spec.name} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+            f"{' '.join(spec.argv)}\n".encode()
+        )
         log.flush()
         try:
             proc = subprocess.Popen(
-                list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                list(spec.argv),
+                cwd=spec.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
             )
         except OSError as exc:
             raise ServiceStartError(f"{spec.name}: cannot execute {spec.argv[0]}: {exc}") from None
@@ -131,11 +139,21 @@ def start(spec: LaunchSpec, state_dir: Path, *, extra_env: dict[str, str] | None
         create_time = psutil.Process(proc.pid).create_time()
     except psutil.Error:  # exited already; wait_healthy reports it with the log
         create_time = None
-    _write_json_atomically(pidfile_path(state_dir, spec.name), {
-        "harness": PIDFILE_MARKER, "name": spec.name, "pid": proc.pid, "pgid": proc.pid,
-        "port": spec.port, "started": time.time(), "create_time": create_time,
-        "argv": list(spec.argv), "log": str(spec.log_path), "broker_pid": os.getpid(),
-    })
+    _write_json_atomically(
+        pidfile_path(state_dir, spec.name),
+        {
+            "harness": PIDFILE_MARKER,
+            "name": spec.name,
+            "pid": proc.pid,
+            "pgid": proc.pid,
+            "port": spec.port,
+            "started": time.time(),
+            "create_time": create_time,
+            "argv": list(spec.argv),
+            "log": str(spec.log_path),
+            "broker_pid": os.getpid(),
+        },
+    )
     return proc
 
 
@@ -224,10 +242,13 @@ def wait_healthy(spec: LaunchSpec, proc: subprocess.Popen[bytes], *, timeout: fl
             return time.monotonic() - began
         elapsed = time.monotonic() - began
         if elapsed >= limit:
-            what = (f"a WebSocket at {spec.health_url or spec.url} answering a ping"
-                    if READINESS.get(spec.protocol) is websocket_ready
-                    else f"GET {spec.health_url} answering 2xx" if spec.health_url
-                    else f"port {spec.port} accepting connections")
+            what = (
+                f"a WebSocket at {spec.health_url or spec.url} answering a ping"
+                if READINESS.get(spec.protocol) is websocket_ready
+                else f"GET {spec.health_url} answering 2xx"
+                if spec.health_url
+                else f"port {spec.port} accepting connections"
+            )
             raise ServiceStartError(
                 f"{spec.name} was not ready ({what}) within load_seconds = {limit:g}; log: {spec.log_path}",
                 log_tail=log_tail(spec.log_path),
@@ -299,8 +320,7 @@ def _wait_group(pgid: int, proc: subprocess.Popen[bytes] | None, seconds: float)
         interval = min(interval * 2, 0.05)
 
 
-def stop(pgid: int, *, proc: subprocess.Popen[bytes] | None = None,
-         grace: tuple[float, float] = DEFAULT_GRACE) -> str:
+def stop(pgid: int, *, proc: subprocess.Popen[bytes] | None = None, grace: tuple[float, float] = DEFAULT_GRACE) -> str:
     """Stop process group ``pgid`` by escalation; return the signal that ended it.
 
     SIGINT to the whole group (Python services unwind as on Ctrl-C), then SIGTERM after
@@ -347,9 +367,17 @@ class PidRecord:
     recycled: bool
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "pid": self.pid, "pgid": self.pgid, "port": self.port,
-                "started": self.started, "alive": self.alive, "recycled": self.recycled,
-                "log": self.log, "pidfile": str(self.path)}
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "port": self.port,
+            "started": self.started,
+            "alive": self.alive,
+            "recycled": self.recycled,
+            "log": self.log,
+            "pidfile": str(self.path),
+        }
 
 
 def _examine(pid: int, pgid: int, create_time: float | None) -> tuple[bool, bool]:
@@ -397,12 +425,21 @@ def read_pidfiles(state_dir: Path) -> list[PidRecord]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         alive, recycled = _examine(pid, pgid, create_time)
-        records.append(PidRecord(
-            path=path, name=str(data.get("name", path.stem)), pid=pid, pgid=pgid,
-            port=data.get("port"), started=float(data.get("started", 0.0)),
-            create_time=create_time, argv=tuple(data.get("argv", ())), log=data.get("log"),
-            alive=alive, recycled=recycled,
-        ))
+        records.append(
+            PidRecord(
+                path=path,
+                name=str(data.get("name", path.stem)),
+                pid=pid,
+                pgid=pgid,
+                port=data.get("port"),
+                started=float(data.get("started", 0.0)),
+                create_time=create_time,
+                argv=tuple(data.get("argv", ())),
+                log=data.get("log"),
+                alive=alive,
+                recycled=recycled,
+            )
+        )
     return records
 
 

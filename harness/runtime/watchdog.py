@@ -40,7 +40,11 @@ def spawn(state_dir: Path, grace: tuple[float, float]) -> subprocess.Popen[bytes
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "harness.runtime.watchdog", str(state_dir), str(grace[0]), str(grace[1])],
-            stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=state_dir,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=state_dir,
             start_new_session=True,  # no Ctrl-C of the owner's terminal reaches it
         )
 

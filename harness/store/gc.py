@@ -94,6 +94,7 @@ def register_project(store: Store, project_root: Path, locks: dict[str, Iterable
     ``locks`` (lock name -> the store paths it names) is recorded too, so the paths stay
     known (and kept) if the folder later moves or disappears.
     """
+
     def change(data: dict[str, Any]) -> None:
         for name, paths in (locks or {}).items():
             data["locks"][name] = sorted(set(paths))
@@ -103,6 +104,7 @@ def register_project(store: Store, project_root: Path, locks: dict[str, Iterable
 
 def remember_code(store: Store, project_root: Path, label: str, path: str) -> None:
     """Record ``path`` as the project's current code named ``label`` (``svc-code``)."""
+
     def change(data: dict[str, Any]) -> None:
         data["code"][label] = path
 
@@ -221,8 +223,18 @@ def standin_paths(store: Store, lock: Any) -> set[str]:
 CheckoutCode = Callable[[Path], Mapping[str, str]]
 
 
-def _project_root(store: Store, data: dict[str, Any], entry: Path, now: float, *, forget_missing: bool,
-                  grace_days: float, out: Roots, write: bool, checkout_code: CheckoutCode | None) -> None:
+def _project_root(
+    store: Store,
+    data: dict[str, Any],
+    entry: Path,
+    now: float,
+    *,
+    forget_missing: bool,
+    grace_days: float,
+    out: Roots,
+    write: bool,
+    checkout_code: CheckoutCode | None,
+) -> None:
     from harness.errors import HarnessError
     from harness.lock.lockfile import read
 
@@ -294,9 +306,17 @@ def _write_project_file(entry: Path, data: dict[str, Any]) -> None:
         temp.unlink(missing_ok=True)
 
 
-def gather_roots(store: Store, *, runs_dir: Path | None = None, keep_runs: int = DEFAULT_KEEP_RUNS,
-                 forget_missing: bool = False, grace_days: float = DEFAULT_MISSING_PROJECT_DAYS,
-                 now: float | None = None, write: bool = False, checkout_code: CheckoutCode | None = None) -> Roots:
+def gather_roots(
+    store: Store,
+    *,
+    runs_dir: Path | None = None,
+    keep_runs: int = DEFAULT_KEEP_RUNS,
+    forget_missing: bool = False,
+    grace_days: float = DEFAULT_MISSING_PROJECT_DAYS,
+    now: float | None = None,
+    write: bool = False,
+    checkout_code: CheckoutCode | None = None,
+) -> Roots:
     """Every root and the store paths it names directly.
 
     ``write`` lets it record when a project was first found missing (a real collection
@@ -313,13 +333,22 @@ def gather_roots(store: Store, *, runs_dir: Path | None = None, keep_runs: int =
             continue
         data = _read_project(entry)
         if data is not None:
-            _project_root(store, data, entry, now, forget_missing=forget_missing, grace_days=grace_days,
-                          out=out, write=write, checkout_code=checkout_code)
+            _project_root(
+                store,
+                data,
+                entry,
+                now,
+                forget_missing=forget_missing,
+                grace_days=grace_days,
+                out=out,
+                write=write,
+                checkout_code=checkout_code,
+            )
     folder = store.roots_dir / "pins"
     for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
         out.roots.append(Root("pin", entry.name, frozenset({entry.name})))
     runs = _runs(runs_dir)
-    recent = {p.name for p in runs[len(runs) - keep_runs:]} if keep_runs > 0 else set()
+    recent = {p.name for p in runs[len(runs) - keep_runs :]} if keep_runs > 0 else set()
     for run in reversed(runs):
         paths = _run_paths(run)
         if paths is None:
@@ -377,16 +406,32 @@ class GcResult:
         return [name for name, _ in self.dead]
 
 
-def collect(store: Store, *, dry_run: bool, runs_dir: Path | None = None, keep_runs: int = DEFAULT_KEEP_RUNS,
-            forget_missing: bool = False, grace_days: float = DEFAULT_MISSING_PROJECT_DAYS,
-            now: float | None = None, checkout_code: CheckoutCode | None = None) -> GcResult:
+def collect(
+    store: Store,
+    *,
+    dry_run: bool,
+    runs_dir: Path | None = None,
+    keep_runs: int = DEFAULT_KEEP_RUNS,
+    forget_missing: bool = False,
+    grace_days: float = DEFAULT_MISSING_PROJECT_DAYS,
+    now: float | None = None,
+    checkout_code: CheckoutCode | None = None,
+) -> GcResult:
     """Delete every registered path no root reaches (module docstring); returns them sorted,
     each with the reason it goes. ``dry_run`` deletes and writes nothing."""
     from harness.store.roots import gc_lock
 
     with gc_lock(store, exclusive=True):
-        found = gather_roots(store, runs_dir=runs_dir, keep_runs=keep_runs, forget_missing=forget_missing,
-                             grace_days=grace_days, now=now, write=not dry_run, checkout_code=checkout_code)
+        found = gather_roots(
+            store,
+            runs_dir=runs_dir,
+            keep_runs=keep_runs,
+            forget_missing=forget_missing,
+            grace_days=grace_days,
+            now=now,
+            write=not dry_run,
+            checkout_code=checkout_code,
+        )
         live = closure_of(store, [n for root in found.roots for n in root.names])
         # A record whose path was deleted behind the store's back is dead weight too.
         dead = sorted(r.name for r in store.records(even_if_gone=True) if r.name not in live)

@@ -89,7 +89,10 @@ def canonical_json(value: Any) -> bytes:
     keys and other types (TypeError) and strings that are not valid Unicode (ValueError).
     """
     text = json.dumps(
-        _plain(value, "$"), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+        _plain(value, "$"),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
         allow_nan=False,
     )
     try:
@@ -110,10 +113,7 @@ def nix_base32(data: bytes) -> str:
     """
     length = (len(data) * 8 + 4) // 5
     number = int.from_bytes(data, "little")
-    return "".join(
-        NIX_BASE32_ALPHABET[(number >> (5 * position)) & 0x1F]
-        for position in range(length - 1, -1, -1)
-    )
+    return "".join(NIX_BASE32_ALPHABET[(number >> (5 * position)) & 0x1F] for position in range(length - 1, -1, -1))
 
 
 def check_store_name(name: str) -> str:
@@ -124,8 +124,7 @@ def check_store_name(name: str) -> str:
     """
     if not _NAME.match(name) or len(name) > STORE_NAME_MAX:
         raise ValueError(
-            f"store name {name!r} must be 1-{STORE_NAME_MAX} of A-Z a-z 0-9 + - . _ "
-            "and must not start with '.'"
+            f"store name {name!r} must be 1-{STORE_NAME_MAX} of A-Z a-z 0-9 + - . _ and must not start with '.'"
         )
     return name
 
@@ -155,9 +154,7 @@ def store_hash(kind: str, name: str, inputs: Mapping[str, Any]) -> str:
     check_store_name(name)
     if not isinstance(inputs, Mapping):
         raise TypeError(f"store inputs must be a mapping, got {type(inputs).__name__}")
-    preimage = b"".join(
-        (STORE_HASH_DOMAIN, kind.encode(), b"\0", name.encode(), b"\0", canonical_json(inputs))
-    )
+    preimage = b"".join((STORE_HASH_DOMAIN, kind.encode(), b"\0", name.encode(), b"\0", canonical_json(inputs)))
     return nix_base32(blake3.blake3(preimage).digest(length=STORE_HASH_BYTES))
 
 
@@ -200,8 +197,12 @@ class _Contents:
 
 
 def _kind_of(mode: int) -> str:
-    for test, kind in ((stat.S_ISFIFO, "a fifo"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+    for test, kind in (
+        (stat.S_ISFIFO, "a fifo"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(mode):
             return kind
     return f"an unknown file type (mode {mode:o})"
@@ -287,8 +288,10 @@ def _hash_contents(hasher: Any, piece: _Contents) -> None:
 
 
 def _oserror(path: str | os.PathLike[str], exc: OSError) -> HashingError:
-    return HashingError(f"cannot hash {os.fsdecode(path)}: {exc.strerror or exc} "
-                        f"({os.fsdecode(exc.filename) if exc.filename else 'unknown file'})")
+    return HashingError(
+        f"cannot hash {os.fsdecode(path)}: {exc.strerror or exc} "
+        f"({os.fsdecode(exc.filename) if exc.filename else 'unknown file'})"
+    )
 
 
 def iter_nar(path: str | os.PathLike[str]) -> Iterator[bytes]:
@@ -375,8 +378,21 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 
 
 __all__ = [
-    "NIX_BASE32_ALPHABET", "STORE_HASH_CHARS", "STORE_HASH_DOMAIN", "STORE_NAME_MAX",
-    "HashingError", "NarDigest", "canonical_json", "check_store_name", "content_hash",
-    "file_blake3", "file_sha256", "iter_nar", "nar_digest", "nix_base32", "sanitize_name",
-    "store_hash", "store_path_name",
+    "NIX_BASE32_ALPHABET",
+    "STORE_HASH_CHARS",
+    "STORE_HASH_DOMAIN",
+    "STORE_NAME_MAX",
+    "HashingError",
+    "NarDigest",
+    "canonical_json",
+    "check_store_name",
+    "content_hash",
+    "file_blake3",
+    "file_sha256",
+    "iter_nar",
+    "nar_digest",
+    "nix_base32",
+    "sanitize_name",
+    "store_hash",
+    "store_path_name",
 ]

@@ -118,8 +118,9 @@ def take_fingerprint(path: Path) -> tuple[int, dict[str, Entry]]:
     return st.st_dev, entries
 
 
-def write_fingerprint(store_root: Path, name: str, content: str,
-                      taken: tuple[int, dict[str, Entry]] | None = None) -> bool:
+def write_fingerprint(
+    store_root: Path, name: str, content: str, taken: tuple[int, dict[str, Entry]] | None = None
+) -> bool:
     """Remember ``name``'s fingerprint (taken now unless given); False when it cannot be
     written (a read-only or group store: the next launch re-hashes instead).
 
@@ -137,10 +138,19 @@ def write_fingerprint(store_root: Path, name: str, content: str,
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(prefix=f".{name[:40]}.", dir=target.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump({"version": FINGERPRINT_VERSION, "name": name, "content": content, "device": device,
-                       "byteorder": sys.byteorder, "paths": paths,
-                       "stats": base64.b64encode(figures.tobytes()).decode("ascii")},
-                      handle, separators=(",", ":"))
+            json.dump(
+                {
+                    "version": FINGERPRINT_VERSION,
+                    "name": name,
+                    "content": content,
+                    "device": device,
+                    "byteorder": sys.byteorder,
+                    "paths": paths,
+                    "stats": base64.b64encode(figures.tobytes()).decode("ascii"),
+                },
+                handle,
+                separators=(",", ":"),
+            )
         os.replace(temp, target)
         return True
     except OSError:
@@ -153,8 +163,12 @@ def _changed(store_root: Path, name: str, content: str) -> list[str] | None:
     """Entries whose stat differs from the fingerprint ([] = none), or None without a usable one."""
     try:
         data = json.loads(fingerprint_path(store_root, name).read_text(encoding="utf-8"))
-        if (not isinstance(data, dict) or data.get("version") != FINGERPRINT_VERSION
-                or data.get("content") != content or data.get("byteorder") != sys.byteorder):
+        if (
+            not isinstance(data, dict)
+            or data.get("version") != FINGERPRINT_VERSION
+            or data.get("content") != content
+            or data.get("byteorder") != sys.byteorder
+        ):
             return None
         paths = data["paths"]
         expected = array.array("q")
@@ -183,8 +197,11 @@ def _changed(store_root: Path, name: str, content: str) -> list[str] | None:
         actual.extend((st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns))
     if actual == expected and not missing:
         return []
-    return [f"{name}/{rel}" if rel else name for index, rel in enumerate(paths)
-            if index in missing or actual[5 * index:5 * index + 5] != expected[5 * index:5 * index + 5]]
+    return [
+        f"{name}/{rel}" if rel else name
+        for index, rel in enumerate(paths)
+        if index in missing or actual[5 * index : 5 * index + 5] != expected[5 * index : 5 * index + 5]
+    ]
 
 
 def _racy(entries: dict[str, Entry]) -> bool:
@@ -246,15 +263,20 @@ def check_closure(store_root: Path, roots: Iterable[str]) -> list[PathCheck]:
     return checks
 
 
-def log_launch(state_dir: Path, what: str, checks: list[PathCheck] | None = None,
-               refused: IntegrityError | None = None) -> None:
+def log_launch(
+    state_dir: Path, what: str, checks: list[PathCheck] | None = None, refused: IntegrityError | None = None
+) -> None:
     """Append one launch's check to ``<state_dir>/launch-checks.jsonl`` (see :func:`read_launches`)."""
     entry: dict[str, Any] = {"launch": what, "at": time.time()}
     if checks is not None:
         entry["paths"] = {c.path: {"content": c.content, "verified": c.verified} for c in checks}
     if refused is not None:
-        entry["refused"] = {"path": refused.path, "files": refused.files, "expected": refused.expected,
-                            "found": refused.found}
+        entry["refused"] = {
+            "path": refused.path,
+            "files": refused.files,
+            "expected": refused.expected,
+            "found": refused.found,
+        }
     state_dir.mkdir(parents=True, exist_ok=True)
     # One short line per launch with O_APPEND: concurrent launches never interleave lines.
     with open(state_dir / LAUNCH_CHECKS, "a", encoding="utf-8") as handle:

@@ -256,8 +256,11 @@ def live_holders(store: Store) -> list[LiveHolder]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if process_alive(pid, data.get("started")):
-            found.append(LiveHolder("services", str(data.get("label", "")), pid,
-                                    frozenset(str(n) for n in data.get("paths", []))))
+            found.append(
+                LiveHolder(
+                    "services", str(data.get("label", "")), pid, frozenset(str(n) for n in data.get("paths", []))
+                )
+            )
         else:
             _remove(path)
     return found

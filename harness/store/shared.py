@@ -77,11 +77,15 @@ def init_shared(home: Path, group: str) -> list[Path]:
     try:
         gid = grp.getgrnam(group).gr_gid
     except KeyError:
-        raise InputError(f"store init --group {group}: no such group on this machine",
-                         hint="create it (`groupadd`) and add the lab's members to it") from None
+        raise InputError(
+            f"store init --group {group}: no such group on this machine",
+            hint="create it (`groupadd`) and add the lab's members to it",
+        ) from None
     if os.geteuid() != 0 and gid not in os.getgroups() and gid != os.getegid():
-        raise InputError(f"store init --group {group}: you are not a member of {group}",
-                         hint=f"ask an administrator to add you (`usermod -aG {group} $USER`), then log in again")
+        raise InputError(
+            f"store init --group {group}: you are not a member of {group}",
+            hint=f"ask an administrator to add you (`usermod -aG {group} $USER`), then log in again",
+        )
     folders: list[Path] = []
     try:
         for relative, sticky in LAYOUT:
@@ -92,8 +96,10 @@ def init_shared(home: Path, group: str) -> list[Path]:
             folders.append(folder)
         _give_existing(home, gid)
     except PermissionError as exc:
-        raise HarnessError(f"store init: cannot set up {exc.filename}: permission denied",
-                           hint="run it as the owner of the home folder (or root)") from None
+        raise HarnessError(
+            f"store init: cannot set up {exc.filename}: permission denied",
+            hint="run it as the owner of the home folder (or root)",
+        ) from None
     return folders
 
 

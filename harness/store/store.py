@@ -70,10 +70,15 @@ class Record:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Record:
         return cls(
-            name=str(data["name"]), kind=str(data["kind"]), content=str(data["content"]),
-            nar_size=int(data["nar_size"]), references=tuple(data.get("references", ())),
-            builder=str(data.get("builder", "")), obtained=str(data.get("obtained", "")),
-            impure=data.get("impure"), registered=float(data.get("registered", 0.0)),
+            name=str(data["name"]),
+            kind=str(data["kind"]),
+            content=str(data["content"]),
+            nar_size=int(data["nar_size"]),
+            references=tuple(data.get("references", ())),
+            builder=str(data.get("builder", "")),
+            obtained=str(data.get("obtained", "")),
+            impure=data.get("impure"),
+            registered=float(data.get("registered", 0.0)),
         )
 
 
@@ -208,9 +213,10 @@ class Store:
         if self.may_remove(name):
             return
         who = user_name(self.owner(name) or 0)
-        raise StoreError(f"{self.root / name} was registered by {who}: only {who} (or root) can delete "
-                         "or replace it", hint=f"ask {who} to run `harness store verify --repair` or "
-                         "`harness store gc`")
+        raise StoreError(
+            f"{self.root / name} was registered by {who}: only {who} (or root) can delete or replace it",
+            hint=f"ask {who} to run `harness store verify --repair` or `harness store gc`",
+        )
 
     def add(
         self,
@@ -273,9 +279,14 @@ class Store:
 
                 write_fingerprint(self.root, name, digest.hash)
                 record = Record(
-                    name=name, kind=kind, content=digest.hash, nar_size=digest.nar_size,
+                    name=name,
+                    kind=kind,
+                    content=digest.hash,
+                    nar_size=digest.nar_size,
                     references=tuple(sorted(set(references) | set(result.references))),
-                    obtained=result.obtained, impure=result.impure, registered=time.time(),
+                    obtained=result.obtained,
+                    impure=result.impure,
+                    registered=time.time(),
                 )
                 self._write_record(record)
                 return record
@@ -472,6 +483,7 @@ def canonicalize(path: Path, *, keep_top_writable: bool = False) -> None:
     (mtime fixed all the same) so it can still be moved into the store without root; the
     caller seals it with :func:`_seal_top` once it is in place.
     """
+
     def fix(entry: Path, st: os.stat_result) -> None:
         if stat.S_ISLNK(st.st_mode):
             os.utime(entry, (FIXED_MTIME, FIXED_MTIME), follow_symlinks=False)

@@ -49,8 +49,7 @@ def verify_store(store: Store, *, check_contents: bool, names: list[str] | None 
                 findings.append(Finding(record.name, "modified", exc.message))
                 continue
             if digest.hash != record.content:
-                findings.append(Finding(record.name, "modified",
-                                        f"expected {record.content}, found {digest.hash}"))
+                findings.append(Finding(record.name, "modified", f"expected {record.content}, found {digest.hash}"))
                 continue
         findings.append(Finding(record.name, "ok"))
     return sorted(findings, key=lambda f: f.name)

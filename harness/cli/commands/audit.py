@@ -37,7 +37,8 @@ def command(state: State, run_id: str, strict: bool, as_json: bool) -> None:
         if gone:
             click.echo(f"{len(gone)} path(s) of this run are gone from the store: {', '.join(gone)}")
         verdict = "FAILED" if report.failed else "ok"
-        click.echo(f"audit of run {report.run}: {verdict} ({len(report.items)} checked, "
-                   f"{len(report.impurities)} impurities)")
+        click.echo(
+            f"audit of run {report.run}: {verdict} ({len(report.items)} checked, {len(report.impurities)} impurities)"
+        )
     if report.failed or (strict and (report.impurities or report.scoped_resets)):
         raise SystemExit(1)

@@ -19,7 +19,9 @@ def command() -> None:
 
 
 @command.command("write", help="Write a deploy for the GPUs this machine sees (or --gpus).")
-@click.option("-o", "--output", metavar="PATH", help="Where to write ('-' for stdout) [default: configs/deploy/<hostname>.toml].")
+@click.option(
+    "-o", "--output", metavar="PATH", help="Where to write ('-' for stdout) [default: configs/deploy/<hostname>.toml]."
+)
 @click.option("--gpus", "gpus_spec", metavar="SPEC", help=GPUS_HELP)
 @click.option("--agent", metavar="CONFIG", help="Cover only this agent config's services (the others are written off).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override an agent config key (TOML value).")
@@ -45,9 +47,7 @@ def write(
 
     project = state.project()
     services = project.load_services()
-    selection = select_services(
-        project, services, None, agent=agent, sets=sets, names=names, benchmark=None
-    )
+    selection = select_services(project, services, None, agent=agent, sets=sets, names=names, benchmark=None)
     why = f"not needed by agent {agent}" if agent is not None else "not selected with --service"
     left_out = {n: why for n in services if n not in selection.names}
     gpus = inventory(gpus_spec)
@@ -59,7 +59,11 @@ def write(
     # Ports another written deploy reserved are taken too, running or not (one port per instance).
     with reserve(state.home, path) as reservation:
         text, layout = write_deploy(
-            services, gpus, taken=reservation.taken(port_in_use), machine=machine, left_out=left_out,
+            services,
+            gpus,
+            taken=reservation.taken(port_in_use),
+            machine=machine,
+            left_out=left_out,
             preferred=reservation.previous,
         )
         if output == "-":

@@ -23,8 +23,13 @@ def command(state: State, agent: str | None, sets: tuple[str, ...], gpus_spec: s
         print_json(report)
         return
     gpus = report["gpus"]
-    click.echo(f"GPUs ({report['gpus_from']}): " + (", ".join(f"{g['index']}: {g['name']} {g['free_gb']:.1f}/{g['total_gb']:.1f} GB free"
-                                     for g in gpus) or "none found (CPU-only services still run)"))
+    click.echo(
+        f"GPUs ({report['gpus_from']}): "
+        + (
+            ", ".join(f"{g['index']}: {g['name']} {g['free_gb']:.1f}/{g['total_gb']:.1f} GB free" for g in gpus)
+            or "none found (CPU-only services still run)"
+        )
+    )
     for name, item in sorted(report["manifests"].items()):
         click.echo(f"{name:<14} {item['state']:<12} {item.get('detail', '')}")
     if report.get("run_would_install") is not None:

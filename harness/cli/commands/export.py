@@ -11,10 +11,10 @@ from harness.cli import State
 
 @click.command(help="Write a lock as hashed requirements.txt or PEP 751 pylock.toml.")
 @click.argument("name")
-@click.option("--format", "fmt", type=click.Choice(["requirements", "pylock"]), default="requirements",
-              show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write here instead of stdout.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["requirements", "pylock"]), default="requirements", show_default=True
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
 @click.pass_obj
 def command(state: State, name: str, fmt: str, output: Path | None) -> None:
     from harness.config import load_settings

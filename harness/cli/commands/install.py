@@ -17,6 +17,7 @@ def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, as_j
     from harness.realize.install import realize_names
     from harness.cli.commands.realize import _print
 
-    reports = realize_names(state, list(names), offline=offline, jobs=jobs, lock_missing=True,
-                            show_progress=not as_json)
+    reports = realize_names(
+        state, list(names), offline=offline, jobs=jobs, lock_missing=True, show_progress=not as_json
+    )
     _print(reports, as_json, state)

@@ -11,19 +11,36 @@ from harness.cli import State
 @click.argument("names", nargs=-1)
 @click.option("--check", is_flag=True, help="Exit 1 naming every lock that is missing or stale; no network.")
 @click.option("--upgrade", is_flag=True, help="Allow every pin to move to the newest allowed version.")
-@click.option("--upgrade-package", "upgrade_packages", multiple=True, metavar="NAME",
-              help="Allow this package to move (repeatable).")
+@click.option(
+    "--upgrade-package",
+    "upgrade_packages",
+    multiple=True,
+    metavar="NAME",
+    help="Allow this package to move (repeatable).",
+)
 @click.option("--offline", is_flag=True, help="Use only what is cached; fail clearly for what is not.")
-@click.option("--platform", metavar="PLATFORM",
-              help="Lock for this platform alone, this once (uv's vocabulary, e.g. aarch64-manylinux_2_28) "
-                   "[default: harness.toml [lock] platforms, else this machine].")
-@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Manifests locked in parallel.")
+@click.option(
+    "--platform",
+    metavar="PLATFORM",
+    help="Lock for this platform alone, this once (uv's vocabulary, e.g. aarch64-manylinux_2_28) "
+    "[default: harness.toml [lock] platforms, else this machine].",
+)
+@click.option(
+    "--jobs", "-j", type=click.IntRange(1, 64), default=4, show_default=True, help="Manifests locked in parallel."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.pass_obj
-def command(state: State, names: tuple[str, ...], check: bool, upgrade: bool,
-            upgrade_packages: tuple[str, ...], offline: bool, platform: str | None, jobs: int,
-            as_json: bool) -> None:
+def command(
+    state: State,
+    names: tuple[str, ...],
+    check: bool,
+    upgrade: bool,
+    upgrade_packages: tuple[str, ...],
+    offline: bool,
+    platform: str | None,
+    jobs: int,
+    as_json: bool,
+) -> None:
     from harness.cli.output import print_json
     from harness.errors import HarnessError
 
@@ -62,8 +79,9 @@ def command(state: State, names: tuple[str, ...], check: bool, upgrade: bool,
         else:
             click.echo(f"{word} {rest}", err=True)
 
-    options = LockOptions(platform=platform, offline=offline, upgrade=upgrade,
-                          upgrade_packages=tuple(upgrade_packages), jobs=jobs)
+    options = LockOptions(
+        platform=platform, offline=offline, upgrade=upgrade, upgrade_packages=tuple(upgrade_packages), jobs=jobs
+    )
     settings = load_settings(state.home, project.root)
 
     def report(outcome: Outcome) -> None:
@@ -80,15 +98,25 @@ def command(state: State, names: tuple[str, ...], check: bool, upgrade: bool,
             say("unchanged", "dim", f"{outcome.name} ({shown})")
 
     with status:
-        outcomes = lock_project(project, list(names), settings=settings,
-                                cache_dir=state.home / "cache", options=options, on_done=report)
+        outcomes = lock_project(
+            project, list(names), settings=settings, cache_dir=state.home / "cache", options=options, on_done=report
+        )
     failed = [o for o in outcomes if o.error]
     if as_json:
-        print_json({"locks": [
-            {"name": o.name, "lock": str(o.path), "changed": o.changed, "error": o.error,
-             "environment": o.lock.environment.store if o.lock else None,
-             "changes": [c.as_json() for c in o.changes]}
-            for o in outcomes
-        ]})
+        print_json(
+            {
+                "locks": [
+                    {
+                        "name": o.name,
+                        "lock": str(o.path),
+                        "changed": o.changed,
+                        "error": o.error,
+                        "environment": o.lock.environment.store if o.lock else None,
+                        "changes": [c.as_json() for c in o.changes],
+                    }
+                    for o in outcomes
+                ]
+            }
+        )
     if failed:
         raise HarnessError("\n".join(o.error or "" for o in failed))

@@ -59,9 +59,7 @@ def select_services(
     notes: list[str] = []
     if agent is not None:
         config = project.load_agent(agent, [parse_override(text) for text in sets])
-        off = frozenset(
-            n for n, s in (deploy.services.items() if deploy is not None else ()) if s.mode == "off"
-        )
+        off = frozenset(n for n, s in (deploy.services.items() if deploy is not None else ()) if s.mode == "off")
         closure = services_needed(
             config, {n: m.kind for n, m in services.items()}, off=off, benchmarks=frozenset(benchmarks)
         )
@@ -140,9 +138,7 @@ def command(
     project = state.project()
     services = project.load_services()
     deploy = project.load_deploy(state.deploy_path) if state.deploy_path is not None else None
-    selection = select_services(
-        project, services, deploy, agent=agent, sets=sets, names=names, benchmark=benchmark
-    )
+    selection = select_services(project, services, deploy, agent=agent, sets=sets, names=names, benchmark=benchmark)
     gpus = inventory(gpus_spec)
     bench = project.load_benchmarks().get(selection.benchmark) if selection.benchmark else None
     result = plan({n: services[n] for n in selection.names}, deploy, gpus, benchmark=bench)

@@ -10,10 +10,19 @@ from harness.cli import State
 @click.command(help="Build what the locks name into the store (all when none named).")
 @click.argument("names", nargs=-1)
 @click.option("--offline", is_flag=True, help="Never touch the network; list everything missing.")
-@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True,
-              help="Parallel downloads and registrations.")
-@click.option("--fail-fast", is_flag=True,
-              help="Stop at the first lock that fails [default: realize every other one, then list each failure].")
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="Parallel downloads and registrations.",
+)
+@click.option(
+    "--fail-fast",
+    is_flag=True,
+    help="Stop at the first lock that fails [default: realize every other one, then list each failure].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
 @click.pass_obj
 def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, fail_fast: bool, as_json: bool) -> None:
@@ -21,8 +30,15 @@ def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, fail
     from harness.realize.install import realize_names
 
     try:
-        reports = realize_names(state, list(names), offline=offline, jobs=jobs, lock_missing=False,
-                                show_progress=not as_json, fail_fast=fail_fast)
+        reports = realize_names(
+            state,
+            list(names),
+            offline=offline,
+            jobs=jobs,
+            lock_missing=False,
+            show_progress=not as_json,
+            fail_fast=fail_fast,
+        )
     except RealizeFailed as exc:
         _print(exc.reports, as_json, state, failures=exc.failures)
         raise
@@ -34,10 +50,22 @@ def _print(reports, as_json: bool, state: State, failures: dict[str, str] | None
 
     root = state.home / "store"
     if as_json:
-        print_json([{"name": r.name, "environment": str(root / r.environment), "built": r.built,
-                     "impure": r.impure, "error": None} for r in reports]
-                   + [{"name": name, "environment": None, "built": [], "impure": [], "error": message}
-                      for name, message in (failures or {}).items()])
+        print_json(
+            [
+                {
+                    "name": r.name,
+                    "environment": str(root / r.environment),
+                    "built": r.built,
+                    "impure": r.impure,
+                    "error": None,
+                }
+                for r in reports
+            ]
+            + [
+                {"name": name, "environment": None, "built": [], "impure": [], "error": message}
+                for name, message in (failures or {}).items()
+            ]
+        )
         return
     for report in reports:
         state_word = f"built {len(report.built)}" if report.built else "up to date"

@@ -7,24 +7,44 @@ import click
 from harness.cli import State
 
 
-@click.command(help="Realize, place and start what a run needs, run COMMAND, record the run.",
-               context_settings={"ignore_unknown_options": True})
+@click.command(
+    help="Realize, place and start what a run needs, run COMMAND, record the run.",
+    context_settings={"ignore_unknown_options": True},
+)
 @click.option("--agent", help="Agent config: its enabled skills decide the services.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override an agent config key.")
 @click.option("--service", "services", multiple=True, metavar="NAME", help="Run with these services.")
 @click.option("--benchmark", metavar="NAME", help="Benchmark environment (default: the agent's).")
 @click.option("--gpus", metavar="SPEC", help="Plan for these GPUs instead of the ones found.")
 @click.option("--offline", is_flag=True, help="Never touch the network while realizing.")
-@click.option("--cluster", metavar="TARGET",
-              help="Run in shards on a cluster: ray://HOST:PORT, ray (RAY_ADDRESS), slurm, slurm-local.")
+@click.option(
+    "--cluster",
+    metavar="TARGET",
+    help="Run in shards on a cluster: ray://HOST:PORT, ray (RAY_ADDRESS), slurm, slurm-local.",
+)
 @click.option("--shards", type=int, metavar="N", help="Split the episodes into N shards [default with --cluster: 1].")
-@click.option("--retries", type=int, default=3, show_default=True,
-              help="With --cluster ray: times a shard whose node died is retried elsewhere.")
+@click.option(
+    "--retries",
+    type=int,
+    default=3,
+    show_default=True,
+    help="With --cluster ray: times a shard whose node died is retried elsewhere.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
-def command(state: State, agent: str | None, sets: tuple[str, ...], services: tuple[str, ...],
-            benchmark: str | None, gpus: str | None, offline: bool, cluster: str | None, shards: int | None,
-            retries: int, command: tuple[str, ...]) -> None:
+def command(
+    state: State,
+    agent: str | None,
+    sets: tuple[str, ...],
+    services: tuple[str, ...],
+    benchmark: str | None,
+    gpus: str | None,
+    offline: bool,
+    cluster: str | None,
+    shards: int | None,
+    retries: int,
+    command: tuple[str, ...],
+) -> None:
     from harness.errors import InputError
 
     echo = lambda line: click.echo(line, err=True)  # noqa: E731
@@ -33,17 +53,36 @@ def command(state: State, agent: str | None, sets: tuple[str, ...], services: tu
             raise InputError("--gpus plans for this machine; a cluster shard plans for the GPUs its node has")
         from harness.runs.cluster import run_on_cluster
 
-        outcome = run_on_cluster(state, list(command), cluster=cluster, shards=1 if shards is None else shards,
-                                 retries=retries, agent=agent, sets=sets, services=services,
-                                 benchmark=benchmark, gpus=None, offline=offline, echo=echo)
+        outcome = run_on_cluster(
+            state,
+            list(command),
+            cluster=cluster,
+            shards=1 if shards is None else shards,
+            retries=retries,
+            agent=agent,
+            sets=sets,
+            services=services,
+            benchmark=benchmark,
+            gpus=None,
+            offline=offline,
+            echo=echo,
+        )
     else:
         if shards is not None:
             raise InputError("--shards splits a run over a cluster: give --cluster too")
         from harness.runs.run import run
 
-        outcome = run(state, list(command), agent=agent, sets=sets, services=services,
-                      benchmark=benchmark, gpus=gpus, offline=offline, echo=echo)
+        outcome = run(
+            state,
+            list(command),
+            agent=agent,
+            sets=sets,
+            services=services,
+            benchmark=benchmark,
+            gpus=gpus,
+            offline=offline,
+            echo=echo,
+        )
     score = f", score {outcome.score:.2f}" if outcome.score is not None else ""
-    click.echo(f"run {outcome.run_id}: exit {outcome.exit_status}{score}; record {outcome.run_dir}",
-               err=True)
+    click.echo(f"run {outcome.run_id}: exit {outcome.exit_status}{score}; record {outcome.run_dir}", err=True)
     raise SystemExit(outcome.exit_status)

@@ -27,9 +27,22 @@ def command(ctx: click.Context, as_json: bool) -> None:
     def when(value: object) -> str | None:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value)) if isinstance(value, (int, float)) else None
 
-    print_table(None, ["id", "started", "exit", "score", "agent", "pinned", "command"],
-                [[r["id"], when(r["started"]), r["exit_status"], r["score"], r["agent"],
-                  "yes" if r.get("pinned") else "", " ".join(r["command"] or [])[:60]] for r in rows])
+    print_table(
+        None,
+        ["id", "started", "exit", "score", "agent", "pinned", "command"],
+        [
+            [
+                r["id"],
+                when(r["started"]),
+                r["exit_status"],
+                r["score"],
+                r["agent"],
+                "yes" if r.get("pinned") else "",
+                " ".join(r["command"] or [])[:60],
+            ]
+            for r in rows
+        ],
+    )
 
 
 @command.command("pin", help="Keep every store path run ID used across `harness store gc` (ID, prefix or latest).")

@@ -41,10 +41,18 @@ def print_status(status: dict[str, Any], state_dir: Path) -> None:
         state_word = service.get("state") or ("alive" if service.get("alive") else "gone")
         if service.get("foreign"):
             state_word += " (foreign)"
-        rows.append([service.get("name"), service.get("mode"), service.get("gpu"), state_word,
-                     service.get("pid"), service.get("port"),
-                     f"{uptime:.0f}s" if isinstance(uptime, (int, float)) else None,
-                     f"{memory / 2**20:.0f} MiB" if isinstance(memory, (int, float)) else None])
+        rows.append(
+            [
+                service.get("name"),
+                service.get("mode"),
+                service.get("gpu"),
+                state_word,
+                service.get("pid"),
+                service.get("port"),
+                f"{uptime:.0f}s" if isinstance(uptime, (int, float)) else None,
+                f"{memory / 2**20:.0f} MiB" if isinstance(memory, (int, float)) else None,
+            ]
+        )
     print_table(None, ["service", "mode", "gpu", "state", "pid", "port", "uptime", "memory"], rows)
 
 
@@ -59,8 +67,12 @@ def rehearse(state: State, gpus_spec: str) -> dict[str, Any]:
 
 
 @click.command(help="Show the services harness runs: mode, GPU, state, pid, port, uptime, memory.")
-@click.option("--gpus", "gpus_spec", metavar="SPEC",
-              help="Also show where the deploy would put every service on these GPUs: 4x24, 24,24,80, or none.")
+@click.option(
+    "--gpus",
+    "gpus_spec",
+    metavar="SPEC",
+    help="Also show where the deploy would put every service on these GPUs: 4x24, 24,24,80, or none.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def command(state: State, gpus_spec: str | None, as_json: bool) -> None:
@@ -77,8 +89,22 @@ def command(state: State, gpus_spec: str | None, as_json: bool) -> None:
     if planned is not None:
         running = {s.get("name") for s in current.get("services", []) if s.get("alive") or s.get("state") == "ready"}
         click.echo(f"with --gpus {gpus_spec}, the deploy would run:")
-        print_table(None, ["service", "mode", "gpu", "swap", "port", "running now", "why"],
-                    [[p["name"], p["mode"], p["gpu"], p["swap"], p["port"], "yes" if p["name"] in running else "",
-                      p["reason"]] for p in planned["services"]], wrap=["why"])
+        print_table(
+            None,
+            ["service", "mode", "gpu", "swap", "port", "running now", "why"],
+            [
+                [
+                    p["name"],
+                    p["mode"],
+                    p["gpu"],
+                    p["swap"],
+                    p["port"],
+                    "yes" if p["name"] in running else "",
+                    p["reason"],
+                ]
+                for p in planned["services"]
+            ],
+            wrap=["why"],
+        )
         for note in planned["notes"]:
             click.echo(f"note: {note}")

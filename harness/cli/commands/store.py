@@ -9,8 +9,10 @@ import click
 from harness.cli import State
 
 
-@click.group(help="Inspect and maintain the store: init, ls, path, verify, gc, why, pin; "
-             "binary caches: keygen, push, pull, export, import.")
+@click.group(
+    help="Inspect and maintain the store: init, ls, path, verify, gc, why, pin; "
+    "binary caches: keygen, push, pull, export, import."
+)
 def command() -> None:
     pass
 
@@ -28,8 +30,10 @@ def init(state: State, group: str) -> None:
     from harness.store.shared import init_shared
 
     init_shared(state.home, group)
-    click.echo(f"{state.home} is shared by group {group}: members use it with `--home {state.home}` "
-               "or HARNESS_HOME; each can delete only the paths they registered")
+    click.echo(
+        f"{state.home} is shared by group {group}: members use it with `--home {state.home}` "
+        "or HARNESS_HOME; each can delete only the paths they registered"
+    )
 
 
 @command.command("ls", help="List registered store paths: path, kind, size (and who registered it).")
@@ -44,17 +48,30 @@ def ls(state: State, as_json: bool) -> None:
     owners = {r.name: store.owner(r.name) for r in records}
     names = {uid: user_name(uid) for uid in set(owners.values()) if uid is not None}
     if as_json:
-        print_json([{**r.as_json(), "path": str(store.root / r.name), "size": r.nar_size,
-                     "owner": names.get(owners[r.name])} for r in records])
+        print_json(
+            [
+                {
+                    **r.as_json(),
+                    "path": str(store.root / r.name),
+                    "size": r.nar_size,
+                    "owner": names.get(owners[r.name]),
+                }
+                for r in records
+            ]
+        )
         return
     from harness.store.shared import is_shared
 
     if not is_shared(state.home):  # a private home: every path is the caller's
-        print_table(None, ["path", "kind", "size", "impure"],
-                    [[r.name, r.kind, _size(r.nar_size), r.impure] for r in records])
+        print_table(
+            None, ["path", "kind", "size", "impure"], [[r.name, r.kind, _size(r.nar_size), r.impure] for r in records]
+        )
         return
-    print_table(None, ["path", "kind", "size", "impure", "owner"],
-                [[r.name, r.kind, _size(r.nar_size), r.impure, names.get(owners[r.name])] for r in records])
+    print_table(
+        None,
+        ["path", "kind", "size", "impure", "owner"],
+        [[r.name, r.kind, _size(r.nar_size), r.impure, names.get(owners[r.name])] for r in records],
+    )
 
 
 def _size(n: int) -> str:
@@ -131,15 +148,21 @@ def _gc_options(state: State) -> dict[str, Any]:
     settings = load_settings(state.home, project.root if project else None)
     from harness.realize.project_code import checkout_code_paths
 
-    return {"runs_dir": state.home / "runs", "keep_runs": settings.gc_keep_runs,
-            "grace_days": settings.gc_missing_project_days, "checkout_code": checkout_code_paths}
+    return {
+        "runs_dir": state.home / "runs",
+        "keep_runs": settings.gc_keep_runs,
+        "grace_days": settings.gc_missing_project_days,
+        "checkout_code": checkout_code_paths,
+    }
 
 
-@command.command("gc", help="Delete paths no root reaches (projects, pins, the last runs, pinned runs, "
-                 "live processes and `up`'s services).")
+@command.command(
+    "gc",
+    help="Delete paths no root reaches (projects, pins, the last runs, pinned runs, "
+    "live processes and `up`'s services).",
+)
 @click.option("--dry-run", is_flag=True, help="Only say what would be deleted, and why.")
-@click.option("--forget-missing", is_flag=True,
-              help="Stop keeping what registered projects whose folder is gone used.")
+@click.option("--forget-missing", is_flag=True, help="Stop keeping what registered projects whose folder is gone used.")
 @click.pass_obj
 def gc(state: State, dry_run: bool, forget_missing: bool) -> None:
     import time
@@ -154,14 +177,19 @@ def gc(state: State, dry_run: bool, forget_missing: bool) -> None:
         since = time.strftime("%Y-%m-%d", time.localtime(project.since))
         if project.forgotten:
             verb = "would forget" if dry_run else "forgot"
-            click.echo(f"{verb} project {project.root} (missing since {since}): its {project.paths} "
-                       "path(s) are no longer kept")
+            click.echo(
+                f"{verb} project {project.root} (missing since {since}): its {project.paths} path(s) are no longer kept"
+            )
         else:
             grace = options["grace_days"]
-            until = (f"until `harness store gc --forget-missing` or {grace:g} days after {since}" if grace > 0
-                     else "until `harness store gc --forget-missing`")
-            click.echo(f"project {project.root} is missing (since {since}): keeping its {project.paths} "
-                       f"path(s) {until}")
+            until = (
+                f"until `harness store gc --forget-missing` or {grace:g} days after {since}"
+                if grace > 0
+                else "until `harness store gc --forget-missing`"
+            )
+            click.echo(
+                f"project {project.root} is missing (since {since}): keeping its {project.paths} path(s) {until}"
+            )
     verb = "would delete" if dry_run else "deleted"
     for name, reason in result.dead:
         click.echo(f"{verb} {name}: {reason}")
@@ -246,8 +274,9 @@ def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
     locks = {name: realized_lock(store, lock) for name, lock in _project_locks(state).items()}
     if not names:
         if not locks:
-            raise HarnessError("no names given and no locks in a project here",
-                               hint="name manifests or store paths, or use --all")
+            raise HarnessError(
+                "no names given and no locks in a project here", hint="name manifests or store paths, or use --all"
+            )
         return [n for lock in locks.values() for n in lock_objects(lock)]
     out: list[str] = []
     for name in names:
@@ -257,8 +286,10 @@ def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
         elif name in locks:
             out.extend(lock_objects(locks[name]))
         else:
-            raise HarnessError(f"{name!r} is neither a store path nor a locked manifest",
-                               hint=f"run `harness lock {name}`" if locks else None)
+            raise HarnessError(
+                f"{name!r} is neither a store path nor a locked manifest",
+                hint=f"run `harness lock {name}`" if locks else None,
+            )
     return list(dict.fromkeys(out))
 
 
@@ -290,18 +321,18 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def _do_push(state: State, backend, names: tuple[str, ...], all_paths: bool, key: str | None,
-             jobs: int):
+def _do_push(state: State, backend, names: tuple[str, ...], all_paths: bool, key: str | None, jobs: int):
     from harness.cache.transfer import push
 
     store = _store(state)
     selected = [r.name for r in store.records()] if all_paths else _cache_names(state, names)
     secret = _secret(state, key)
     if secret is None:
-        click.echo("warning: no signing key (--key or [cache] secret-key-file): built paths will be "
-                   "refused by every puller", err=True)
-    return push(store, selected, backend, secret=secret, cache_dir=state.home / "cache", jobs=jobs,
-                show_progress=True)
+        click.echo(
+            "warning: no signing key (--key or [cache] secret-key-file): built paths will be refused by every puller",
+            err=True,
+        )
+    return push(store, selected, backend, secret=secret, cache_dir=state.home / "cache", jobs=jobs, show_progress=True)
 
 
 @command.command("keygen", help="Make an ed25519 signing key pair: NAME.secret and NAME.public.")
@@ -325,30 +356,38 @@ def keygen(name: str, folder: str) -> None:
 @click.option("--key", metavar="FILE", help="Secret key to sign with [default: [cache] secret-key-file].")
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
 @click.pass_obj
-def push_command(state: State, cache: str, names: tuple[str, ...], all_paths: bool, key: str | None,
-                 jobs: int) -> None:
+def push_command(state: State, cache: str, names: tuple[str, ...], all_paths: bool, key: str | None, jobs: int) -> None:
     from harness.cache.backends import open_backend
 
     result = _do_push(state, open_backend(cache, jobs=jobs), names, all_paths, key, jobs)
-    click.echo(f"pushed {len(result.pushed)} path(s) ({_mib(result.uploaded_bytes)} uploaded), "
-               f"{len(result.present)} already in {cache}")
+    click.echo(
+        f"pushed {len(result.pushed)} path(s) ({_mib(result.uploaded_bytes)} uploaded), "
+        f"{len(result.present)} already in {cache}"
+    )
 
 
 @command.command("pull", help="Copy closures from a binary cache into the store; only what it lacks.")
 @click.argument("cache")
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_paths", is_flag=True, help="Every path the cache holds.")
-@click.option("--trusted-key", "trusted_keys", multiple=True, metavar="NAME:BASE64",
-              help="Also trust this public key (besides trusted-keys in configuration).")
+@click.option(
+    "--trusted-key",
+    "trusted_keys",
+    multiple=True,
+    metavar="NAME:BASE64",
+    help="Also trust this public key (besides trusted-keys in configuration).",
+)
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
 @click.pass_obj
-def pull_command(state: State, cache: str, names: tuple[str, ...], all_paths: bool,
-                 trusted_keys: tuple[str, ...], jobs: int) -> None:
+def pull_command(
+    state: State, cache: str, names: tuple[str, ...], all_paths: bool, trusted_keys: tuple[str, ...], jobs: int
+) -> None:
     _do_pull(state, cache, None, names, all_paths, trusted_keys, jobs)
 
 
-def _do_pull(state: State, cache: str, backend, names: tuple[str, ...], all_paths: bool,
-             trusted_keys: tuple[str, ...], jobs: int) -> None:
+def _do_pull(
+    state: State, cache: str, backend, names: tuple[str, ...], all_paths: bool, trusted_keys: tuple[str, ...], jobs: int
+) -> None:
     from harness.cache.format import CacheError
     from harness.cache.signing import parse_trusted
     from harness.cache.substitute import expected_from_locks
@@ -363,15 +402,25 @@ def _do_pull(state: State, cache: str, backend, names: tuple[str, ...], all_path
     else:
         selected = _cache_names(state, names)
     store = _store(state)
-    result = pull(store, selected, subs, trusted=trusted, expected=expected_from_locks(_project_locks(state).values()),
-                  cache_dir=state.home / "cache", jobs=jobs, show_progress=True)
+    result = pull(
+        store,
+        selected,
+        subs,
+        trusted=trusted,
+        expected=expected_from_locks(_project_locks(state).values()),
+        cache_dir=state.home / "cache",
+        jobs=jobs,
+        show_progress=True,
+    )
     for line in result.warnings:
         click.echo(f"warning: {line}", err=True)
     for name, why in sorted(result.failed.items()):
         verb = "missing" if why == "no substituter has it" else "refused"
         click.echo(f"{verb} {name}: {why}", err=True)
-    click.echo(f"pulled {len(result.registered)} path(s) ({_mib(result.downloaded_bytes)} downloaded), "
-               f"{len(result.present)} already present, {len(result.failed)} refused or missing")
+    click.echo(
+        f"pulled {len(result.registered)} path(s) ({_mib(result.downloaded_bytes)} downloaded), "
+        f"{len(result.present)} already present, {len(result.failed)} refused or missing"
+    )
     if result.failed:
         raise SystemExit(1)
 
@@ -396,8 +445,9 @@ def _all_in_cache(backend, store) -> list[str]:
 @click.option("--key", metavar="FILE", help="Secret key to sign with [default: [cache] secret-key-file].")
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel compression.")
 @click.pass_obj
-def export_command(state: State, names: tuple[str, ...], output: str, all_paths: bool, key: str | None,
-                   jobs: int) -> None:
+def export_command(
+    state: State, names: tuple[str, ...], output: str, all_paths: bool, key: str | None, jobs: int
+) -> None:
     from pathlib import Path
 
     from harness.cache.tarball import TarWriter
@@ -414,8 +464,13 @@ def export_command(state: State, names: tuple[str, ...], output: str, all_paths:
 
 @command.command("import", help="Register the paths of a tar written by `harness store export`.")
 @click.argument("file")
-@click.option("--trusted-key", "trusted_keys", multiple=True, metavar="NAME:BASE64",
-              help="Also trust this public key (besides trusted-keys in configuration).")
+@click.option(
+    "--trusted-key",
+    "trusted_keys",
+    multiple=True,
+    metavar="NAME:BASE64",
+    help="Also trust this public key (besides trusted-keys in configuration).",
+)
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel unpacking.")
 @click.pass_obj
 def import_command(state: State, file: str, trusted_keys: tuple[str, ...], jobs: int) -> None:

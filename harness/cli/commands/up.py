@@ -20,8 +20,15 @@ if TYPE_CHECKING:
 @click.option("--offline", is_flag=True, help="Never touch the network while realizing.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def command(state: State, names: tuple[str, ...], agent: str | None, sets: tuple[str, ...],
-            gpus: str | None, offline: bool, as_json: bool) -> None:
+def command(
+    state: State,
+    names: tuple[str, ...],
+    agent: str | None,
+    sets: tuple[str, ...],
+    gpus: str | None,
+    offline: bool,
+    as_json: bool,
+) -> None:
     import dataclasses
 
     from harness.cli.output import print_json
@@ -34,8 +41,12 @@ def command(state: State, names: tuple[str, ...], agent: str | None, sets: tuple
     wanted = list(names) or [p.name for p in prepared.plan.services if p.mode == "resident"]
     # The broker serves what was prepared: local services without a launch spec (not named)
     # stay out of its plan, and a run needing them says so.
-    plan = dataclasses.replace(prepared.plan, services=tuple(
-        p for p in prepared.plan.services if p.name in prepared.specs or p.mode not in ("resident", "on_demand")))
+    plan = dataclasses.replace(
+        prepared.plan,
+        services=tuple(
+            p for p in prepared.plan.services if p.name in prepared.specs or p.mode not in ("resident", "on_demand")
+        ),
+    )
     status = spawn(plan, prepared.specs, prepared.state_dir, names=wanted, options=broker_options(prepared.deploy))
     _root_services(state, prepared, status)
     if as_json:
@@ -49,9 +60,11 @@ def command(state: State, names: tuple[str, ...], agent: str | None, sets: tuple
         from harness.errors import HarnessError
 
         # Honest start-up: a service that did not come up fails `up`, with its log's tail.
-        raise HarnessError(f"{len(failed)} service(s) did not start:\n"
-                           + "\n".join(f"{name}: {error}" for name, error in sorted(failed.items())),
-                           hint="fix the cause, then harness up again (harness down stops the others)")
+        raise HarnessError(
+            f"{len(failed)} service(s) did not start:\n"
+            + "\n".join(f"{name}: {error}" for name, error in sorted(failed.items())),
+            hint="fix the cause, then harness up again (harness down stops the others)",
+        )
 
 
 def _root_services(state: State, prepared: Prepared, status: dict[str, Any]) -> None:
