@@ -25,6 +25,7 @@ import pytest
 
 from harness.lock.lockfile import read
 from harness.realize.builder import lock_objects
+from harness.realize.standin import realized_lock
 from harness.runs.audit import diff_runs
 from harness.store.store import BuildResult, Store
 from tests.test_runs import _project, harness
@@ -114,7 +115,7 @@ def test_gc_keeps_what_up_services_use_while_they_live(project: Path, tmp_path: 
     home = tmp_path / "home"
     assert harness(project, home, "realize").returncode == 0
     store = Store.in_home(home)
-    lock = read(project / "locks" / "svc.lock.toml")
+    lock = realized_lock(Store.in_home(home), read(project / "locks" / "svc.lock.toml"))
     up = harness(project, home, "up", "--json")
     assert up.returncode == 0, up.stderr
     try:
@@ -161,7 +162,7 @@ def test_push_and_pull_racing_gc(project: Path, tmp_path: Path) -> None:
     without its narinfo."""
     home = tmp_path / "home"
     assert harness(project, home, "realize").returncode == 0
-    lock = read(project / "locks" / "svc.lock.toml")
+    lock = realized_lock(Store.in_home(home), read(project / "locks" / "svc.lock.toml"))
     assert harness(project, home, "store", "keygen", "test", "--dir", str(tmp_path)).returncode == 0
     key = tmp_path / "test.secret"
     public = (tmp_path / "test.public").read_text().strip()
@@ -286,7 +287,7 @@ def test_diff_names_exactly_each_change(project: Path, tmp_path: Path) -> None:
     launch = config["launch"]["services"]["svc"]
     # The record names the full launch: argv after templates, cwd, the variables harness
     # sets, and the store paths they name (the environment and the code).
-    lock = read(project / "locks" / "svc.lock.toml")
+    lock = realized_lock(Store.in_home(home), read(project / "locks" / "svc.lock.toml"))
     assert launch["argv"][0] == str(home / "store" / lock.environment.store / "bin" / "python")
     assert launch["env"]["PYTHONNOUSERSITE"] == "1" and "CUDA_VISIBLE_DEVICES" in launch["env"]
     assert "PATH" not in launch["env"] and "HOME" not in launch["env"]
