@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.lock.lockfile import read
+from harness.realize.standin import realized_lock
 from harness.store.store import Store
 from tests.conftest import run_harness_process
 from tests.localindex import LocalIndex
@@ -83,7 +84,8 @@ def test_package_index_pins_named_packages_and_serves_no_other(torch_project: Pa
 def test_package_index_realizes_the_local_version_exactly(torch_project: Path, tmp_path: Path) -> None:
     result = run_harness_process("--project", str(torch_project), "--home", str(tmp_path), "realize")
     assert result.returncode == 0, result.stderr
-    lock_ = read(torch_project / "locks" / "vision.lock.toml")
+    # As realized here: where a host interpreter stands in, the environment has its own path.
+    lock_ = realized_lock(Store.in_home(tmp_path), read(torch_project / "locks" / "vision.lock.toml"))
     python = Store.in_home(tmp_path).root / lock_.environment.store / "bin" / "python"
     code = "import torch, torchvision, numpy; print(torch.__version__, torchvision.__version__, numpy.__version__)"
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout
@@ -200,7 +202,7 @@ def test_lock_platform_once_does_not_stick(two_platforms: Path, tmp_path: Path) 
 def test_realize_picks_this_machines_platform(two_platforms: Path, tmp_path: Path) -> None:
     result = run_harness_process("--project", str(two_platforms), "--home", str(tmp_path), "realize")
     assert result.returncode == 0, result.stderr
-    lock_ = read(two_platforms / "locks" / "robot.lock.toml")  # this machine's (x86_64)
+    lock_ = realized_lock(Store.in_home(tmp_path), read(two_platforms / "locks" / "robot.lock.toml"))  # x86_64
     assert lock_.python.platform == TWO[0]
     python = Store.in_home(tmp_path).root / lock_.environment.store / "bin" / "python"
     code = "import torch, numpy; print(torch.__file__)"
@@ -323,7 +325,7 @@ def test_sources_realize_offline_builds_and_the_template_names_the_checkout(sour
                                                                             tmp_path: Path) -> None:
     result = run_harness_process("--project", str(sources_project), "--home", str(tmp_path), "realize")
     assert result.returncode == 0, result.stderr
-    lock_ = read(sources_project / "locks" / "src.lock.toml")
+    lock_ = realized_lock(Store.in_home(tmp_path), read(sources_project / "locks" / "src.lock.toml"))
     store = Store.in_home(tmp_path)
     python = store.root / lock_.environment.store / "bin" / "python"
     out = subprocess.run([str(python), "-c", "import hatchy, cudaext, beta; print(hatchy.__file__)"],
@@ -405,7 +407,9 @@ def test_realize_builds_every_lock_it_can_then_lists_each_failure(tmp_path: Path
                                    "--fail-fast", env=env)
         assert fast.returncode == 1 and "Traceback" not in fast.stderr
         one = read(root / "locks" / "one.lock.toml")
-        assert not Store.in_home(tmp_path / "fast").is_registered(one.environment.store)
+        fast_store = Store.in_home(tmp_path / "fast")
+        # No environment of `one` at all (its own, or one built on a host copy standing in).
+        assert not any(p.name.endswith("-one-env") for p in fast_store.root.iterdir() if fast_store.root.is_dir())
 
         result = run_harness_process("--project", str(root), "--home", str(tmp_path / "home"), "realize", env=env)
     assert result.returncode == 1, result.stderr
@@ -414,7 +418,8 @@ def test_realize_builds_every_lock_it_can_then_lists_each_failure(tmp_path: Path
     assert "two: " in result.stderr and "bad-1.0-py3-none-any.whl" in result.stderr
     assert "three: " in result.stderr and "worse-1.0-py3-none-any.whl" in result.stderr
     assert "one: built" in result.stdout
-    assert Store.in_home(tmp_path / "home").is_registered(one.environment.store)
+    home_store = Store.in_home(tmp_path / "home")
+    assert home_store.is_registered(realized_lock(home_store, one).environment.store)
 
 
 def test_unrealizable_python_hint_names_installed_patches_and_the_pin(up: Upstreams, tmp_path: Path) -> None:
