@@ -173,7 +173,9 @@ def test_push_and_pull_racing_gc(project: Path, tmp_path: Path) -> None:
         assert pushed.returncode == 0, pushed.stderr
         assert _orphans(cache) == []
         with gc_loop(other, tmp_path):
-            pulled = harness(project, other, "store", "pull", str(cache), "svc", "--trusted-key", public)
+            # By store path: a fresh home asking for "svc" would want the lock's own interpreter,
+            # and a host copy standing in for it here is never pushed under that name.
+            pulled = harness(project, other, "store", "pull", str(cache), *lock_objects(lock), "--trusted-key", public)
             assert pulled.returncode == 0, pulled.stderr
             assert f"pulled {len(lock_objects(lock))} path(s)" in pulled.stdout or "already present" in pulled.stdout
         # The pushing home's paths are garbage to an aggressive gc: a push racing it either

@@ -21,11 +21,13 @@ from typing import Any
 import pytest
 
 from harness.lock.lockfile import read
+from harness.realize.standin import realized_lock
 from harness.manifests.loading import load_model
 from harness.manifests.model import ServiceManifest
 from harness.runtime.launch import LaunchSpec, launch_spec
 from harness.runtime.plan import ServicePlacement
 from harness.runtime.supervisor import probe, websocket_ready
+from harness.store.store import Store
 from tests.conftest import REPO, run_harness_process
 from tests.localindex import write_source_tree
 from tests.upstreams import Upstreams, git, make_project
@@ -175,7 +177,7 @@ def test_an_xpolicylab_policy_serves_actions_over_websocket_through_the_broker(u
     # hidden_size 8 from the realized weights, scale 3 and the names from the overrides.
     assert answer["answer"] == {"action": [24, 48], "policy": "Tiny", "bench": "TinyBench"}
     # It ran from the store: the realized XPolicyLab source, checked at launch.
-    lock = read(project / "locks" / "tinyvla.lock.toml")
+    lock = realized_lock(Store.in_home(home), read(project / "locks" / "tinyvla.lock.toml"))
     source = lock.sources[0].store
     [run_dir] = (home / "runs").iterdir()
     pidlog = (run_dir / "services" / "logs" / "tinyvla.log").read_text()
