@@ -437,7 +437,8 @@ def test_environment_exec_honours_cwd_env_and_timeout(tmp_path: Path, project: t
         await env.start(force_build=False)
         try:
             r = await env.exec("pwd; echo $A $B; python -c 'import sys; print(sys.prefix)'", env={"B": "call"})
-            assert r.stdout.splitlines() == ["/work", "persistent call", f"{home}/store/{pin}"], r
+            realized = _realized_env(home, project)  # a host copy may stand in, with its own environment
+            assert r.stdout.splitlines() == ["/work", "persistent call", f"{home}/store/{realized}"], r
             r = await env.exec("pwd; exit 3", cwd="/tmp")
             assert (r.return_code, r.stdout) == (3, "/tmp\n")
             with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
@@ -481,7 +482,12 @@ def test_example_task_scores_one_with_record_and_digest(tmp_path: Path, project:
     assert trial["exception_info"] is None, trial["exception_info"]
     assert _reward(trial) == {"reward": 1.0}
     record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
-    assert record["environment"]["store"] == pin
+    from harness.realize.standin import realized_lock
+    from harness.store.store import Store
+
+    # As realized in that home: a host copy standing in for the interpreter has its own environment.
+    lock_file = (REPO if cwd == REPO else project[0]) / "locks" / "reach.lock.toml"
+    assert record["environment"]["store"] == realized_lock(Store.in_home(home), read(lock_file)).environment.store
     assert set(record["environment"]["realized_now"]) == {e["path"] for e in record["closure"]["store_paths"]}
     kinds = {e["kind"]: e for e in record["closure"]["store_paths"]}
     assert set(kinds) == {"python", "environment"}
@@ -770,7 +776,7 @@ def test_task_users_limits_and_host_in_a_job_with_network(tmp_path: Path, projec
 
     assert bash.split()[0] == hashlib.sha256(Path("/bin/bash").read_bytes()).hexdigest()
     env = record["commands_env"]
-    assert env["base"]["HARNESS_ENVIRONMENT"] == str(home / "store" / pin)
+    assert env["base"]["HARNESS_ENVIRONMENT"] == str(home / "store" / _realized_env(home, project))
     assert env["given_by_harbor"] == sorted(env["given_by_harbor"])  # names only: values may be secrets
     assert all("=" not in name for name in env["given_by_harbor"])
 
