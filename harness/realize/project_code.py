@@ -105,3 +105,13 @@ def realize_project_files(store: Any, project_root: Path, name: str, files: list
     store.add(path, "source", build, expected_content=tree)
     remember_code(store, project_root, name, path)
     return path
+
+
+def benchmark_worker_code(store: Any, project_root: Path, benchmark: str | None, manifest: Any) -> str | None:
+    """The store path of the project files a benchmark's ``worker`` names (registered here),
+    or None when it names none: the worker, like a service, runs its own code from the store.
+    Shared by a local run and a cluster run's head, so both record the same code path."""
+    if benchmark is None or manifest is None:
+        return None
+    files = service_files(project_root, list(manifest.worker or []))
+    return realize_project_files(store, project_root, f"{benchmark}-code", files) if files else None

@@ -124,7 +124,7 @@ def run_on_cluster(
     """
     from harness.cache.signing import parse_trusted
     from harness.config import load_settings
-    from harness.realize.project_code import realize_project_files, service_files
+    from harness.realize.project_code import benchmark_worker_code
     from harness.runs.record import closure_of, host_facts, new_run_id, runs_dir, tool_versions
     from harness.runs.run import RunOutcome
     from harness.runtime.session import prepare
@@ -152,10 +152,11 @@ def run_on_cluster(
     project = prepared.project
     store = Store.in_home(state.home)
     code = dict(prepared.code)
-    if prepared.benchmark and prepared.benchmark_manifest is not None and not command:
-        files = service_files(project.root, list(prepared.benchmark_manifest.worker or []))
-        if files:
-            code[prepared.benchmark] = realize_project_files(store, project.root, f"{prepared.benchmark}-code", files)
+    if not command and (
+        worker_code := benchmark_worker_code(store, project.root, prepared.benchmark, prepared.benchmark_manifest)
+    ):
+        assert prepared.benchmark is not None
+        code[prepared.benchmark] = worker_code
     worker = list(prepared.benchmark_manifest.worker or []) if prepared.benchmark_manifest else []
     if not command and not worker:
         raise HarnessError("nothing to run: give a COMMAND after --, or a benchmark with a worker")

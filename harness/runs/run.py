@@ -64,7 +64,7 @@ def run(
     through a broker of its own (never the one of ``harness up``, whose ports are its own).
     """
     from harness.realize.builder import lock_objects
-    from harness.realize.project_code import realize_project_files, service_files
+    from harness.realize.project_code import benchmark_worker_code
     from harness.runs.resets import RESETS_FILE, RecordingBroker, ResetLog, read_resets
     from harness.runtime.broker import SharedBroker
     from harness.runtime.session import broker_options, default_state_dir, prepare
@@ -109,12 +109,10 @@ def run(
     code = dict(prepared.code)
     cwd = project.root  # a command of the user's runs where they are
     benchmark, benchmark_manifest = prepared.benchmark, prepared.benchmark_manifest
-    if benchmark is not None and benchmark_manifest is not None and not command:
-        # The benchmark's worker, like a service, runs its project files from the store.
-        worker_files = service_files(project.root, list(benchmark_manifest.worker or []))
-        if worker_files:
-            code[benchmark] = realize_project_files(store, project.root, f"{benchmark}-code", worker_files)
-            cwd = store.root / code[benchmark]
+    if not command and (worker_code := benchmark_worker_code(store, project.root, benchmark, benchmark_manifest)):
+        assert benchmark is not None
+        code[benchmark] = worker_code
+        cwd = store.root / worker_code
     # The run's closure is rooted before it is read, for the whole run (however it ends: the
     # kernel drops a dead process's roots). Realizing already rooted it for this process.
     run_roots = TempRoots(store, f"harness run {run_id}")
