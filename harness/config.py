@@ -227,15 +227,21 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
     )
 
 
-def _python_table(data: dict[str, Any], path: Path) -> dict[str, str]:
-    """``[python]`` of one settings file, as Settings keyword arguments."""
-    table = data.get("python", {})
+def _checked_table(data: dict[str, Any], path: Path, name: str, known: dict[str, str]) -> dict[str, Any]:
+    """``[name]`` of one settings file (empty when absent), refused unless a table of ``known`` keys."""
+    table = data.get(name, {})
     if not isinstance(table, dict):
-        raise InputError(f"{path}: python: expected a table")
-    known = {"downloads-json-url": "python_downloads_json_url", "install-mirror": "python_install_mirror"}
+        raise InputError(f"{path}: {name}: expected a table")
     unknown = sorted(set(table) - set(known))
     if unknown:
-        raise InputError(f"{path}: python.{unknown[0]}: unknown key; valid keys: {', '.join(known)}")
+        raise InputError(f"{path}: {name}.{unknown[0]}: unknown key; valid keys: {', '.join(known)}")
+    return table
+
+
+def _python_table(data: dict[str, Any], path: Path) -> dict[str, str]:
+    """``[python]`` of one settings file, as Settings keyword arguments."""
+    known = {"downloads-json-url": "python_downloads_json_url", "install-mirror": "python_install_mirror"}
+    table = _checked_table(data, path, "python", known)
     out: dict[str, str] = {}
     for key, field_name in known.items():
         if key in table:
@@ -306,13 +312,8 @@ def _cache_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
 
 def _gc_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """``[gc]`` of one settings file, as Settings keyword arguments."""
-    table = data.get("gc", {})
-    if not isinstance(table, dict):
-        raise InputError(f"{path}: gc: expected a table")
     known = {"keep-runs": "gc_keep_runs", "missing-project-days": "gc_missing_project_days"}
-    unknown = sorted(set(table) - set(known))
-    if unknown:
-        raise InputError(f"{path}: gc.{unknown[0]}: unknown key; valid keys: {', '.join(known)}")
+    table = _checked_table(data, path, "gc", known)
     out: dict[str, Any] = {}
     keep = table.get("keep-runs")
     if keep is not None:
