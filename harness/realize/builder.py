@@ -561,7 +561,6 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
     already stands in for it, else a new host copy (module doc, ``standin.py``)."""
     from harness.realize.interpreter import DownloadUnavailable, build_uv_managed
     from harness.realize.standin import own_interpreter_registered
-    from harness.store.roots import hold
     from harness.store.standins import remember_standin, standin_for
 
     store, python = ctx.store, lock.python
@@ -591,14 +590,27 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
     # rather than each copying and compiling the same interpreter.
     with store.lock(f"{python.store}.standin"):
         host = standin_for(store, python.store)
+        if host is not None:
+            # Rooted, then looked up again: a concurrent `store gc` may have taken it between
+            # the lookup and the root (nothing else roots a stand-in while the lock is unrooted).
+            _hold_standin(store, lock, host)
+            host = standin_for(store, python.store)
         if host is None:
             try:
                 host = _add_host_copy(ctx, lock)
             except HarnessError as exc:  # no host interpreter either: say which pins would work
                 raise HarnessError(f"{exc.message} ({reason})", hint=_interpreter_hint(ctx, lock, exc.hint)) from None
-        hold(store, [host])  # rooted like the lock's paths: the environment is built on it next
         remember_standin(store, python.store, host, reason)
     return host
+
+
+def _hold_standin(store: Store, lock: Lock, host: str) -> None:
+    """Root host copy ``host`` and the environment built on it for as long as this process
+    lives: the environment is built (or used) on it next."""
+    from harness.lock.storepaths import with_interpreter
+    from harness.store.roots import hold
+
+    hold(store, [host, with_interpreter(lock, host).environment.store])
 
 
 def _add_host_copy(ctx: Context, lock: Lock) -> str:
@@ -621,6 +633,7 @@ def _add_host_copy(ctx: Context, lock: Lock) -> str:
         result = build_host_copy(lock.python, built)
         content = nar_digest(built).hash
         name = host_interpreter_path(lock.python, content)
+        _hold_standin(ctx.store, lock, name)  # before it is registered: gc never sees it unrooted
 
         def build(out: Path) -> BuildResult:
             shutil.move(os.fspath(built), os.fspath(out))
