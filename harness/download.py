@@ -27,6 +27,7 @@ credentials never follow a redirect to another host (a CDN).
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import http.client
 import os
@@ -56,6 +57,7 @@ CHUNK = 4 << 20
 TIMEOUT_S = 60.0
 #: Transfers interrupted mid-stream are resumed until this many have been made in all.
 ATTEMPTS = 3
+_SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 
 
 @dataclass(frozen=True)
@@ -323,11 +325,14 @@ def _transfer(
         try:
             with stream:
                 try:
-                    out = open(part, "r+b" if start else "wb")
+                    out = open(part, "r+b" if start else "w+b")
                 except OSError as exc:
                     raise _write_error(label, part, exc) from None
                 with out:
                     _seek(out, start, label, part)
+                    if body is not None and _spliceable(stream, start + body, expected_size):
+                        got = _splice_body(stream, out, start, body, digest, progress, label, part)
+                        return digest.hexdigest(), got
                     got = start
                     pipe = _Pipeline(out, digest)
                     try:
@@ -365,6 +370,199 @@ def _transfer(
                 ) from None
             progress(-(part.stat().st_size if part.exists() else 0))  # re-reported on resume
     raise AssertionError("unreachable")
+
+
+#: Bytes moved per splice: the most a pipe holds for an unprivileged user by default
+#: (``/proc/sys/fs/pipe-max-size``); a smaller pipe just moves less per call.
+SPLICE_STEP = 1 << 20
+
+
+def _spliceable(stream: Any, end: int, expected_size: int | None) -> bool:
+    """Whether ``stream``'s body can be moved socket → pipe → file by the kernel (:func:`_splice_body`).
+
+    Yes for a plain-HTTP response with a ``Content-Length`` (identity framing: the socket's
+    bytes after the headers are the body) on Linux. No for TLS (the socket carries ciphertext),
+    chunked bodies (framing bytes interleave), local files, or a body that would overshoot the
+    expected size (the receiving loop stops such a transfer early instead).
+    """
+    return (
+        hasattr(os, "splice")
+        and isinstance(stream, http.client.HTTPResponse)
+        and not stream.chunked
+        and stream.fp is not None
+        and urlsplit(stream.geturl() or "").scheme == "http"
+        and (expected_size is None or end <= expected_size)
+    )
+
+
+class _FileHasher:
+    """Hashes a file's bytes from the page cache as they land, on a thread of its own.
+
+    The receiver writes with splice (no copy through Python) and calls :meth:`advance` with
+    how far the file is written; the thread reads ``[hashed, written)`` back with ``pread``
+    while they are still in the CPU cache and feeds them to the digest (hashlib releases the
+    GIL), so hashing overlaps receiving. What is hashed is what the file holds: the bytes
+    that will be kept. (``pread`` rather than ``mmap``: as fast here, and a file truncated
+    underneath gives a short read instead of a SIGBUS.)
+    """
+
+    def __init__(self, fd: int, start: int, digest: Any) -> None:
+        import threading
+
+        self._fd = fd
+        self._digest = digest
+        self._hashed = start
+        self._written = start
+        self._state = threading.Condition()
+        self._closing = False
+        self._abandoned = False
+        self.error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="download-sha256", daemon=True)
+        self._thread.start()
+
+    def advance(self, written: int) -> None:
+        with self._state:
+            self._written = written
+            self._state.notify()
+
+    def finish(self) -> None:
+        """Wait until every written byte is hashed; raise a read error."""
+        with self._state:
+            self._closing = True
+            self._state.notify()
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def abandon(self) -> None:
+        """Stop without hashing the rest (the transfer failed; the digest is not used)."""
+        with self._state:
+            self._abandoned = True
+            self._state.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        pos = self._hashed
+        while True:
+            with self._state:
+                while pos == self._written and not self._closing and not self._abandoned:
+                    self._state.wait()
+                if self._abandoned or pos == self._written:
+                    return
+                written = self._written
+            while pos < written:
+                try:
+                    n = os.preadv(self._fd, [view[: min(CHUNK, written - pos)]], pos)
+                except OSError as exc:
+                    self.error = exc
+                    return
+                if not n:
+                    self.error = OSError(errno.EIO, "the file shrank while being downloaded")
+                    return
+                self._digest.update(view[:n])
+                pos += n
+
+
+def _splice_body(
+    response: BinaryIO,
+    out: BinaryIO,
+    start: int,
+    body: int,
+    digest: Any,
+    progress: Progress,
+    label: str,
+    part: Path,
+) -> int:
+    """Receive ``body`` bytes of ``response`` into ``out`` from ``start``; return where it ends.
+
+    The kernel moves them socket → pipe → file (``os.splice``: no copy through user space)
+    while a :class:`_FileHasher` hashes what lands, so every kept byte is still hashed.
+    Errors as for the receiving loop: a cut or stalled stream is :class:`_Interrupted` (the
+    bytes written so far stay for a resume), a failed write a :class:`HarnessError`.
+    """
+    import fcntl
+    import select
+
+    assert isinstance(response, http.client.HTTPResponse)
+    fd = out.fileno()
+    sock = response.fileno()
+    end = start + body
+    got = start
+    hasher = _FileHasher(fd, start, digest)
+    finished = False
+    read_pipe, write_pipe = os.pipe()
+    try:
+        try:
+            fcntl.fcntl(write_pipe, fcntl.F_SETPIPE_SZ, SPLICE_STEP)
+        except OSError:
+            pass  # a smaller pipe (the user's pipe quota is spent) only moves less per call
+        # http.client's buffered reader may already hold the first bytes of the body.
+        assert response.fp is not None
+        try:
+            early = response.fp.read(min(len(response.fp.peek(1)), body))
+        except (http.client.HTTPException, OSError) as exc:
+            raise _Interrupted(repr(exc)) from None
+        if early:
+            _write_at(fd, early, got, label, part)
+            got += len(early)
+            hasher.advance(got)
+            progress(len(early))
+        poll = select.poll()
+        poll.register(sock, select.POLLIN)
+        copying = False  # set when the file system refuses splice: copy out of the pipe instead
+        while got < end:
+            try:
+                n = os.splice(sock, write_pipe, min(SPLICE_STEP, end - got), flags=_SPLICE_FLAGS)
+            except BlockingIOError:  # the socket has a timeout, so it is non-blocking: wait for it
+                if not poll.poll(TIMEOUT_S * 1000):
+                    raise _Interrupted(f"no data for {TIMEOUT_S:.0f} s") from None
+                continue
+            except OSError as exc:
+                raise _Interrupted(repr(exc)) from None
+            if not n:
+                raise _Interrupted(f"{end - got} bytes short of the announced length")
+            left = n
+            while left:
+                if not copying:
+                    try:
+                        moved = os.splice(read_pipe, fd, left, offset_dst=got, flags=os.SPLICE_F_MOVE)
+                    except OSError as exc:
+                        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                            raise _write_error(label, part, exc) from None
+                        copying = True
+                        continue
+                else:
+                    chunk = os.read(read_pipe, left)
+                    _write_at(fd, chunk, got, label, part)
+                    moved = len(chunk)
+                left -= moved
+                got += moved
+            hasher.advance(got)
+            progress(n)
+        try:
+            hasher.finish()
+        except OSError as exc:
+            raise _write_error(label, part, exc) from None
+        finished = True
+        return got
+    finally:
+        if not finished:
+            hasher.abandon()
+        os.close(read_pipe)
+        os.close(write_pipe)
+
+
+def _write_at(fd: int, data: bytes, offset: int, label: str, part: Path) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.pwrite(fd, view, offset)
+        except OSError as exc:
+            raise _write_error(label, part, exc) from None
+        view = view[n:]
+        offset += n
 
 
 def _seek(out: BinaryIO, start: int, label: str, part: Path) -> None:
