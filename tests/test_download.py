@@ -1,0 +1,210 @@
+"""The downloader's two receiving paths against a real local HTTP server.
+
+A plain-HTTP body framed by ``Content-Length`` is moved socket → pipe → file with
+``os.splice`` and hashed from the file; every other body (chunked, TLS, local files, no
+``os.splice``) goes through the copying receive loop. Both must keep the contract of
+:func:`harness.download.download`: the file appears only with the lock's size and sha256,
+a mismatch names the file with expected and actual and leaves nothing, a cut body is
+resumed. ``os.splice`` is wrapped (never replaced) to see which path ran.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.download import download, measure
+from harness.errors import HarnessError
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "splice"), reason="os.splice is Linux-only")
+
+DATA = hashlib.sha256(b"weights").digest() * (5 * (1 << 20) // 32 + 7)  # 5 MiB + 224 bytes: several steps
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class Server:
+    """Serves ``files`` over HTTP/1.1; ``mode`` says how a body is framed or broken."""
+
+    files: dict[str, bytes]
+    mode: str = "length"  # "length", "chunked", or "short" (announces all, sends half, closes)
+    ranges: list[str | None] = field(default_factory=list)
+    port: int = 0
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{name}"
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    state = Server(files={})
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            data = state.files.get(self.path.lstrip("/"))
+            if data is None:
+                self.send_error(404)
+                return
+            wanted = self.headers.get("Range")
+            state.ranges.append(wanted)
+            start = int(wanted.removeprefix("bytes=").rstrip("-")) if wanted else 0
+            body = data[start:]
+            self.send_response(206 if start else 200)
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            if state.mode == "chunked":
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for i in range(0, len(body), 100_000):
+                    piece = body[i : i + 100_000]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.write(b"0\r\n\r\n")
+                return
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if state.mode == "short":
+                self.wfile.write(body[: len(body) // 2])
+                self.close_connection = True
+                return
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def splices(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Bytes each ``os.splice`` call moved into a file (the real call, counted)."""
+    moved: list[int] = []
+    real = os.splice
+
+    def counting(src: int, dst: int, count: int, *args: Any, **kwargs: Any) -> int:
+        n = real(src, dst, count, *args, **kwargs)
+        if kwargs.get("offset_dst") is not None:
+            moved.append(n)
+        return n
+
+    monkeypatch.setattr(os, "splice", counting)
+    return moved
+
+
+@pytest.mark.parametrize("data", [DATA, b"tiny body"], ids=["5MiB", "tiny"])
+def test_content_length_body_is_spliced(server: Server, splices: list[int], tmp_path: Path, data: bytes) -> None:
+    server.files["w.bin"] = data
+    reported: list[int] = []
+    download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(data), size=len(data), progress=reported.append)
+    assert (tmp_path / "w.bin").read_bytes() == data
+    assert sum(reported) == len(data)
+    assert not (tmp_path / "w.bin.part").exists()
+    if len(data) > 1 << 20:
+        # Most of the body went through the kernel; the rest arrived with the headers.
+        assert sum(splices) > len(data) - (1 << 16) and len(splices) > 1
+    # A tiny body arrives whole with the headers: nothing is left to splice.
+    assert measure(server.url("w.bin"), tmp_path / "scratch") == (sha(data), len(data))
+
+
+def test_chunked_body_takes_the_copying_path(server: Server, splices: list[int], tmp_path: Path) -> None:
+    server.files["w.bin"] = DATA
+    server.mode = "chunked"
+    download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA))
+    assert (tmp_path / "w.bin").read_bytes() == DATA
+    assert splices == []  # chunk framing interleaves the body: it cannot go to the file as is
+
+
+def test_without_splice_the_copying_path_does_the_same(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(os, "splice")
+    server.files["w.bin"] = DATA
+    download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA))
+    assert (tmp_path / "w.bin").read_bytes() == DATA
+
+
+def test_a_file_system_that_refuses_splice(server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Some file systems have no splice_write: the bytes already in the pipe are copied out instead.
+    real = os.splice
+    refused: list[int] = []
+
+    def no_file_splice(src: int, dst: int, count: int, *args: Any, **kwargs: Any) -> int:
+        if kwargs.get("offset_dst") is not None:
+            refused.append(count)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(src, dst, count, *args, **kwargs)
+
+    monkeypatch.setattr(os, "splice", no_file_splice)
+    server.files["w.bin"] = DATA
+    download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA))
+    assert (tmp_path / "w.bin").read_bytes() == DATA
+    assert len(refused) == 1  # tried once, then copied
+
+
+def test_spliced_mismatch_names_the_file_and_keeps_nothing(server: Server, splices: list[int], tmp_path: Path) -> None:
+    server.files["w.bin"] = DATA
+    wrong = "0" * 64
+    with pytest.raises(HarnessError) as info:
+        download(server.url("w.bin"), tmp_path / "w.bin", sha256=wrong, size=len(DATA))
+    message = str(info.value)
+    assert f"w.bin from {server.url('w.bin')} does not match the lock" in message
+    assert f"expected sha256 {wrong} ({len(DATA)} bytes), got sha256 {sha(DATA)} ({len(DATA)} bytes)" in message
+    assert splices  # the bytes were spliced, and still checked
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_body_longer_than_the_lock_is_stopped(server: Server, tmp_path: Path) -> None:
+    server.files["w.bin"] = DATA
+    with pytest.raises(HarnessError, match=rf"expected sha256 {'1' * 64} \(1000 bytes\)"):
+        download(server.url("w.bin"), tmp_path / "w.bin", sha256="1" * 64, size=1000)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_truncated_spliced_body(server: Server, splices: list[int], tmp_path: Path) -> None:
+    server.files["w.bin"] = DATA
+    server.mode = "short"
+    with pytest.raises(HarnessError, match=r"w\.bin from .*: transfer from .* failed 3 times: .* bytes short"):
+        download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA))
+    assert not (tmp_path / "w.bin").exists()
+    # Each attempt resumed from what the last one left: the .part holds a prefix of the file.
+    held = (tmp_path / "w.bin.part").read_bytes()
+    assert len(held) > len(DATA) // 2 and DATA.startswith(held)
+    assert server.ranges[0] is None and all(r and r.startswith("bytes=") for r in server.ranges[1:])
+
+    # The next call resumes the .part with a Range request and completes the file.
+    server.mode = "length"
+    server.ranges.clear()
+    download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA))
+    assert (tmp_path / "w.bin").read_bytes() == DATA
+    assert server.ranges == [f"bytes={len(held)}-"]
+    assert not (tmp_path / "w.bin.part").exists()
+
+
+def test_stale_part_is_replaced(server: Server, splices: list[int], tmp_path: Path) -> None:
+    # A .part from another version of the file: resumed, found wrong, fetched once more from zero.
+    server.files["w.bin"] = DATA
+    (tmp_path / "w.bin.part").write_bytes(b"x" * 1000)
+    download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA))
+    assert (tmp_path / "w.bin").read_bytes() == DATA
+    assert server.ranges == ["bytes=1000-", None]
