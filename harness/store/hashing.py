@@ -15,7 +15,6 @@ Everything but the file readers is pure (data in, data out).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import mmap
@@ -365,6 +364,8 @@ def file_blake3(path: str | os.PathLike[str]) -> str:
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """The sha256 of a file's bytes as bare hex, the form locks record (``sha256sum``)."""
+    import hashlib  # lazy: loading OpenSSL costs start-up that blake3-only commands (verify) never use
+
     digest = hashlib.sha256()
     buffer = bytearray(_READ_CHUNK)
     view = memoryview(buffer)

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -251,6 +249,8 @@ class Store:
                 # A crash between rename and record: not registered, so not trusted.
                 self.check_removable(name)
                 remove_tree(target)
+            import tempfile  # lazy: `store verify` and lookups never build (CLI start-up)
+
             scratch = Path(tempfile.mkdtemp(prefix=f"{name[:40]}.", dir=self.tmp_dir))
             try:
                 out = scratch / "out"
@@ -362,6 +362,8 @@ class Store:
 
     def _write_record(self, record: Record) -> None:
         final = self.record_path(record.name)
+        import tempfile
+
         fd, temp = tempfile.mkstemp(prefix=f".{record.name[:40]}.", dir=self.meta_dir)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -563,4 +565,6 @@ def remove_tree(path: Path) -> None:
             full = os.path.join(dirpath, name)
             if not os.path.islink(full):
                 os.chmod(full, 0o755)
+    import shutil  # lazy: shutil pulls in bz2 and lzma, which most commands never need
+
     shutil.rmtree(path)
