@@ -16,6 +16,14 @@ download") holds in one place:
   expected and actual sha256 and size; URLs in messages lose their query (signed CDN URLs
   carry credentials there) and their user-info.
 
+How bytes are received: a plain-HTTP body framed by ``Content-Length`` (a local mirror, the
+common case for large files behind a proxy) is moved by the kernel socket → pipe → file with
+``os.splice`` while a second thread hashes what the file holds from the page cache
+(:func:`_splice_body`); that costs about half the CPU of receiving into Python buffers and
+writing them out, which on two cores decided the pace. Every other body (TLS, chunked, local
+files, no ``os.splice``) is received into a pool of buffers that a writer thread and a hashing
+thread drain (:class:`_Pipeline`). Both hash every byte before ``dest`` gets its name.
+
 Sources are ``http(s)://`` and ``file://`` URLs and local paths. Credentials written in a URL
 (``https://user:token@host/...``, as uv accepts for an index) become an ``Authorization:
 Basic`` header; explicit ``headers`` (a hub token) are sent too. Both are *unredirected*:
