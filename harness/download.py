@@ -398,7 +398,7 @@ def _spliceable(stream: Any, end: int, expected_size: int | None) -> bool:
         and isinstance(stream, http.client.HTTPResponse)
         and not stream.chunked
         and stream.fp is not None
-        and urlsplit(stream.geturl() or "").scheme == "http"
+        and urlsplit(getattr(stream, "url", None) or "").scheme == "http"
         and (expected_size is None or end <= expected_size)
     )
 

@@ -41,6 +41,7 @@ class Server:
     files: dict[str, bytes]
     mode: str = "length"  # "length", "chunked", or "short" (announces all, sends half, closes)
     ranges: list[str | None] = field(default_factory=list)
+    authorization: list[str | None] = field(default_factory=list)
     port: int = 0
 
     def url(self, name: str) -> str:
@@ -58,6 +59,13 @@ def server() -> Iterator[Server]:
             pass
 
         def do_GET(self) -> None:
+            state.authorization.append(self.headers.get("Authorization"))
+            if self.path.startswith("/moved/"):  # a hub's resolve URL sending the client on to its CDN
+                self.send_response(302)
+                self.send_header("Location", self.path.removeprefix("/moved"))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             data = state.files.get(self.path.lstrip("/"))
             if data is None:
                 self.send_error(404)
@@ -208,3 +216,17 @@ def test_stale_part_is_replaced(server: Server, splices: list[int], tmp_path: Pa
     download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA))
     assert (tmp_path / "w.bin").read_bytes() == DATA
     assert server.ranges == ["bytes=1000-", None]
+
+
+def test_redirected_body_is_spliced_without_the_credentials(server: Server, splices: list[int], tmp_path: Path) -> None:
+    server.files["w.bin"] = DATA
+    download(
+        server.url("moved/w.bin"),
+        tmp_path / "w.bin",
+        sha256=sha(DATA),
+        size=len(DATA),
+        headers={"Authorization": "Bearer hub-token"},
+    )
+    assert (tmp_path / "w.bin").read_bytes() == DATA
+    assert sum(splices) > len(DATA) - (1 << 16)
+    assert server.authorization == ["Bearer hub-token", None]  # the token stayed with the first host's request
