@@ -230,3 +230,27 @@ def test_redirected_body_is_spliced_without_the_credentials(server: Server, spli
     assert (tmp_path / "w.bin").read_bytes() == DATA
     assert sum(splices) > len(DATA) - (1 << 16)
     assert server.authorization == ["Bearer hub-token", None]  # the token stayed with the first host's request
+
+
+def test_cancelled_by_progress_keeps_the_part(server: Server, splices: list[int], tmp_path: Path) -> None:
+    # A caller cancels by raising from the progress callback: the exception propagates as it is,
+    # the hashing thread stops, and the .part stays for the next call to resume.
+    class Cancelled(Exception):
+        pass
+
+    server.files["w.bin"] = DATA
+    seen: list[int] = []
+
+    def cancel_after_a_mib(n: int) -> None:
+        seen.append(n)
+        if sum(seen) > 1 << 20:
+            raise Cancelled
+
+    with pytest.raises(Cancelled):
+        download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA), progress=cancel_after_a_mib)
+    held = (tmp_path / "w.bin.part").read_bytes()
+    assert not (tmp_path / "w.bin").exists() and len(held) > 1 << 20 and DATA.startswith(held)
+    assert not [t for t in threading.enumerate() if t.name == "download-sha256"]
+    download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA))
+    assert (tmp_path / "w.bin").read_bytes() == DATA
+    assert server.ranges[-1] == f"bytes={len(held)}-"
