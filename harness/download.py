@@ -16,8 +16,8 @@ download") holds in one place:
   expected and actual sha256 and size; URLs in messages lose their query (signed CDN URLs
   carry credentials there) and their user-info.
 
-How bytes are received: a plain-HTTP body framed by ``Content-Length`` (a local mirror, the
-common case for large files behind a proxy) is moved by the kernel socket → pipe → file with
+How bytes are received: a plain-HTTP body framed by ``Content-Length`` (a local mirror or
+cache server, an index on the LAN) is moved by the kernel socket → pipe → file with
 ``os.splice`` while a second thread hashes what the file holds from the page cache
 (:func:`_splice_body`); that costs about half the CPU of receiving into Python buffers and
 writing them out, which on two cores decided the pace. Every other body (TLS, chunked, local
