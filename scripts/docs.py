@@ -61,9 +61,9 @@ def _type_name(annotation: Any) -> str:
         return f"table of {_type_name(args[1])}" if len(args) == 2 else "table"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return f"table ({annotation.__name__})"
-    names = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}
-    if annotation in names:
-        return names[annotation]
+    plain = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}
+    if annotation in plain:
+        return plain[annotation]
     return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
 
 
@@ -107,9 +107,17 @@ def _model_section(model: Any, heading: str, level: int = 2) -> str:
     doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for name, field in model.model_fields.items():
-        meaning = field.description or ""
-        rows.append(f"| `{field.alias or name}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))} "
-                    f"| {_cell(meaning)} |")
+        meaning = field.description
+        if not meaning:
+            # Every key a user can write is documented where it is defined, so none lands without one.
+            raise ValueError(
+                f"{model.__module__}.{model.__name__}.{name} has no description: "
+                "give its Field(description=...) one line saying what it does"
+            )
+        rows.append(
+            f"| `{field.alias or name}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))} "
+            f"| {_cell(meaning)} |"
+        )
     return f"{'#' * level} {heading}\n\n{doc}\n\n" + "\n".join(rows) + "\n"
 
 
@@ -182,6 +190,80 @@ def lock_page() -> str:
     return _page("Lockfile format", "Every key of a lockfile, from the models.", body)
 
 
+def settings_keys(settings_class: Any = None) -> list[dict[str, Any]]:
+    """Every settings key's reference metadata from ``harness.config.Settings`` (or
+    ``settings_class``), in table order.
+
+    Raises ValueError naming a field that carries none, so a new setting cannot land undocumented.
+    """
+    import dataclasses
+
+    from harness.config import SETTINGS_TABLES, Settings
+
+    keys = []
+    for f in dataclasses.fields(settings_class or Settings):
+        meta = dict(f.metadata)
+        if meta.get("derived"):
+            continue
+        if "key" not in meta:
+            raise ValueError(
+                f"harness/config.py: Settings.{f.name} has no reference metadata: give its field "
+                "metadata=_doc(table, key, type, meaning, example)"
+            )
+        if meta["table"] not in SETTINGS_TABLES:
+            raise ValueError(f"harness/config.py: Settings.{f.name}: table {meta['table']!r} is not in SETTINGS_TABLES")
+        if "default" not in meta:
+            factory: Any = f.default_factory
+            value = f.default if f.default is not dataclasses.MISSING else factory()
+            meta["default"] = f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
+        keys.append({"field": f.name, **meta})
+    order = list(SETTINGS_TABLES)
+    return sorted(keys, key=lambda k: order.index(k["table"]))
+
+
+def settings_page() -> str:
+    from harness.config import SETTINGS_TABLES
+
+    keys = settings_keys()
+    parts = [
+        "Settings map the names that manifests and locks use (indexes, hubs) to addresses on this machine, "
+        "and say where caches, mirrors and interpreter downloads are. The same lock installs through a mirror "
+        "by changing settings, never the lock. Layers, later ones winning:\n",
+        "1. `harness.toml` at the project root: committed, so it names only addresses that are not package "
+        "registries (a lab's own index, say);",
+        "2. `$HARNESS_HOME/config.toml` (default `~/.cache/harness/config.toml`): this user and machine;",
+        "3. the environment variables in the last column, which win over both files (an empty variable "
+        "counts as unset).\n",
+        "A table other than those below is ignored; an unknown key inside `[lock]`, `[cache]`, `[python]` "
+        "or `[gc]` is an error naming the file and the key. Read [the configuration guide]"
+        "(/reference/configuration/#settings) for how these fit together.\n",
+    ]
+    for table, about in SETTINGS_TABLES.items():
+        rows = [k for k in keys if k["table"] == table]
+        if not rows:
+            continue
+        parts.append(f"## `[{table}]`\n\n{about}\n")
+        parts.append("| key | type | default | meaning | environment |\n|---|---|---|---|---|")
+        for k in rows:
+            key = k["key"] if "`" in k["key"] else f"`{k['key']}`"
+            parts.append(
+                f"| {_cell(key)} | {_cell(k['type'])} | {_cell(k['default'])} | {_cell(k['meaning'])} "
+                f"| {_cell(k['env'] or '—')} |"
+            )
+        example = "\n".join(k["example"] for k in rows)
+        parts.append(f"\n```toml\n[{table}]\n{example}\n```\n")
+    parts.append(
+        "## Environment variables\n\nharness's variables (and `HF_ENDPOINT`) win over both files; uv's are read only where nothing else sets the key.\n\n| variable | sets |\n|---|---|"
+    )
+    for k in keys:
+        if k["env"]:
+            key = k["key"] if "`" in k["key"] else f"`{k['key']}`"
+            parts.append(f"| {_cell(k['env'])} | `[{k['table']}]` {_cell(key)} |")
+    return _page(
+        "Settings keys", "Every key of harness.toml and $HARNESS_HOME/config.toml, from the code.", "\n".join(parts)
+    )
+
+
 def _options(command: Any) -> list[str]:
     import click
 
@@ -223,8 +305,12 @@ def cli_page() -> str:
     from harness.cli import cli
 
     ctx = click.Context(cli, info_name="harness")
-    parts = ["Every command and option, read from the command tree. `harness COMMAND --help` "
-             "prints the same.\n", "## Global options\n", *_options(cli), ""]
+    parts = [
+        "Every command and option, read from the command tree. `harness COMMAND --help` prints the same.\n",
+        "## Global options\n",
+        *_options(cli),
+        "",
+    ]
     for path, command in _commands(cli, ctx, "harness"):
         sub = click.Context(command, info_name=path.split()[-1], parent=ctx)
         usage = command.collect_usage_pieces(sub)
@@ -243,8 +329,10 @@ def services_page() -> str:
     from harness.manifests.project import Project
 
     project = Project(ROOT)
-    rows = ["| service | kind | protocol | port | VRAM (GB) | load (s) | Python | packages | sources | weights |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| service | kind | protocol | port | VRAM (GB) | load (s) | Python | packages | sources | weights |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     details: list[str] = []
     for name, manifest in sorted(project.load_services().items()):
         lock_file = project.locks_dir / f"{name}.lock.toml"
@@ -261,9 +349,14 @@ def services_page() -> str:
             f"| {len(env.sources)} | {_cell(weights + size)} |"
         )
         details.append(f"## {name}\n\n{_cell(manifest.summary or '')}\n")
-        details.append(f"- manifest: `services/{name}.toml`; lock: "
-                       + (f"`locks/{name}.lock.toml`" if lock is not None else "not committed (`harness lock "
-                          f"{name}` with the upstreams reachable)"))
+        details.append(
+            f"- manifest: `services/{name}.toml`; lock: "
+            + (
+                f"`locks/{name}.lock.toml`"
+                if lock is not None
+                else f"not committed (`harness lock {name}` with the upstreams reachable)"
+            )
+        )
         for source in env.sources:
             details.append(f"- source `{source.repo}` at `{source.rev}`, install `{source.install}`")
         if env.requirements:
@@ -273,10 +366,13 @@ def services_page() -> str:
         "Each shipped manifest at a glance. VRAM is what the manifest declares (the planner places "
         "by it); none of these figures was measured on a GPU here, so treat them as estimates until "
         "`harness status` shows a service's real memory on your machine.\n\n"
-        + "\n".join(rows) + "\n\n" + "\n".join(details)
+        + "\n".join(rows)
+        + "\n\n"
+        + "\n".join(details)
     )
-    return _page("Services", "Every shipped service: kind, protocol, port, VRAM, load time, environment, weights.",
-                 body)
+    return _page(
+        "Services", "Every shipped service: kind, protocol, port, VRAM, load time, environment, weights.", body
+    )
 
 
 def _weight_origin(weights: Any) -> str:
@@ -294,10 +390,11 @@ def store_page() -> str:
         lines = lines[1:]  # the page title comes from the front matter
     # Fences labelled with what they hold ("vector") rather than a language render as text.
     known = {"sh", "bash", "console", "toml", "json", "python", "text", "ini", "yaml"}
-    lines = [re.sub(r"^(\s*)```([\w-]+)", lambda m: m.group(0) if m.group(2) in known else f"{m.group(1)}```text", line)
-             for line in lines]
-    return _page("Store format", "The store's layout, hashes and registration, from store/README.md.",
-                 "\n".join(lines))
+    lines = [
+        re.sub(r"^(\s*)```([\w-]+)", lambda m: m.group(0) if m.group(2) in known else f"{m.group(1)}```text", line)
+        for line in lines
+    ]
+    return _page("Store format", "The store's layout, hashes and registration, from store/README.md.", "\n".join(lines))
 
 
 def _copied(source: str, description: str) -> Callable[[], str]:
@@ -313,14 +410,17 @@ def _copied(source: str, description: str) -> Callable[[], str]:
 
 
 PAGES: dict[str, Callable[[], str]] = {
-    "architecture.md": _copied("docs/architecture.md", "The pipeline, the package that owns each stage, the "
-                               "layering, and where each invariant is enforced."),
+    "architecture.md": _copied(
+        "docs/architecture.md",
+        "The pipeline, the package that owns each stage, the layering, and where each invariant is enforced.",
+    ),
     "benchmarks.md": _copied("docs/benchmarks.md", "Measured speed, side by side with uv, b3sum, curl and cp."),
     "cli.md": cli_page,
     "manifests.md": manifests_page,
     "deploy.md": deploy_page,
     "agent-config.md": agent_page,
     "lockfile.md": lock_page,
+    "settings.md": settings_page,
     "services.md": services_page,
     "store-format.md": store_page,
 }
@@ -334,8 +434,11 @@ def render() -> dict[str, str]:
 
 def stale(pages: dict[str, str]) -> list[str]:
     """The generated pages whose committed text differs from ``pages`` (or is missing)."""
-    return [name for name, text in pages.items()
-            if not (REFERENCE / name).is_file() or (REFERENCE / name).read_text() != text]
+    return [
+        name
+        for name, text in pages.items()
+        if not (REFERENCE / name).is_file() or (REFERENCE / name).read_text() != text
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
