@@ -38,8 +38,23 @@ def _page(title: str, description: str, body: str) -> str:
 
 
 def _cell(text: object) -> str:
-    """Text safe inside a markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+    """Text safe inside a markdown table cell: ``|`` escaped and, outside code spans, ``<`` and
+    ``>`` too (``<NAME>`` would otherwise be read as an HTML tag and vanish)."""
+    parts = str(text).replace("|", "\\|").replace("\n", " ").strip().split("`")
+    for i in range(0, len(parts), 2):  # even parts lie outside code spans
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
+
+
+def _bounds(field: Any) -> str:
+    """A field's numeric bounds, as `` ≥ 1, ≤ 65535`` (empty without any)."""
+    words = []
+    for item in field.metadata:
+        for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            value = getattr(item, attr, None)
+            if value is not None:
+                words.append(f"{sign} {value:g}")
+    return (" " + ", ".join(words)) if words else ""
 
 
 def _type_name(annotation: Any) -> str:
@@ -115,7 +130,7 @@ def _model_section(model: Any, heading: str, level: int = 2) -> str:
                 "give its Field(description=...) one line saying what it does"
             )
         rows.append(
-            f"| `{field.alias or name}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))} "
+            f"| `{field.alias or name}` | {_cell(_type_name(field.annotation) + _bounds(field))} | {_cell(_default(field))} "
             f"| {_cell(meaning)} |"
         )
     return f"{'#' * level} {heading}\n\n{doc}\n\n" + "\n".join(rows) + "\n"
@@ -324,50 +339,152 @@ def cli_page() -> str:
     return _page("Command line", "Every harness command and option, from the CLI.", "\n".join(parts))
 
 
+def _comment_note(path: Path, key: str) -> str:
+    """The ``# - key: ...`` note of a manifest's header comment, joined into one line ("" if none).
+
+    Manifests record where their figures come from in such notes (``# - vram_gb: an estimate...``).
+    """
+    note: list[str] = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            if note:
+                break
+            continue
+        text = line.lstrip("#").strip()
+        if note and (text.startswith("- ") or not text):
+            break
+        if note:
+            note.append(text)
+        elif text.startswith(f"- {key}:"):
+            note.append(text.removeprefix(f"- {key}:").strip())
+    return " ".join(note)
+
+
+def _vram_label(vram_gb: float, note: str) -> str:
+    """How a manifest's ``vram_gb`` was obtained, from its note: estimate, measured or declared."""
+    if vram_gb == 0:
+        return "no GPU"
+    lowered = note.lower()
+    if "estimate" in lowered or "not measured" in lowered or "not a measurement" in lowered:
+        return "estimate"
+    if "measured" in lowered:
+        return "measured"
+    return "declared, not measured"
+
+
+def _environment_cells(env: Any, lock: Any) -> str:
+    packages = f"{len(lock.packages)} locked" if lock is not None else f"{len(env.requirements)} requested"
+    return f"{env.python} | {packages} | {len(env.sources)}"
+
+
+def _weights_cells(manifest: Any, lock: Any) -> str:
+    weights = ", ".join(f"{w.dir} ({_weight_origin(w)})" for w in manifest.weights) or "—"
+    if not manifest.weights:
+        size = "—"
+    elif lock is not None:
+        size = f"{_size(sum(f.size for w in lock.weights for f in w.files))} (locked)"
+    else:
+        size = "known once locked"
+    return f"{_cell(weights)} | {size}"
+
+
+def _size(n: int) -> str:
+    """Bytes in decimal units: ``2.4 kB``, ``16.8 MB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n} B"
+
+
+def _lock_line(kind: str, name: str, lock: Any) -> str:
+    where = (
+        f"`locks/{name}.lock.toml`"
+        if lock is not None
+        else (f"not committed (`harness lock {name}` with the upstreams reachable)")
+    )
+    return f"- manifest: `{kind}/{name}.toml`; lock: {where}"
+
+
+def _environment_lines(env: Any) -> list[str]:
+    lines = [f"- source `{source.repo}` at `{source.rev}`, install `{source.install}`" for source in env.sources]
+    if env.requirements:
+        lines.append(f"- requirements: {', '.join(f'`{r}`' for r in env.requirements)}")
+    if env.indexes or env.package_index:
+        names = [*env.indexes, *dict.fromkeys(env.package_index.values())]
+        lines.append(
+            f"- indexes: {', '.join(f'`{n}`' for n in names)} (addresses from the [settings](/reference/settings/))"
+        )
+    return lines
+
+
 def services_page() -> str:
     from harness.lock.lockfile import read
     from harness.manifests.project import Project
 
     project = Project(ROOT)
+
+    def lock_of(name: str) -> Any:
+        path = project.locks_dir / f"{name}.lock.toml"
+        return read(path) if path.is_file() else None
+
     rows = [
-        "| service | kind | protocol | port | VRAM (GB) | load (s) | Python | packages | sources | weights |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| service | kind | protocol | port | VRAM (GB) | load (s, allowed) | Python | packages | sources | weights "
+        "| weights size |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     details: list[str] = []
     for name, manifest in sorted(project.load_services().items()):
-        lock_file = project.locks_dir / f"{name}.lock.toml"
-        lock = read(lock_file) if lock_file.is_file() else None
-        env = manifest.environment
-        weights = ", ".join(f"{w.dir} ({_weight_origin(w)})" for w in manifest.weights) or "—"
-        size = ""
-        if lock is not None and lock.weights:
-            size = f"; locked: {sum(f.size for w in lock.weights for f in w.files) / 1e6:.1f} MB"
-        packages = f"{len(lock.packages)} locked" if lock is not None else f"{len(env.requirements)} requested"
+        lock = lock_of(name)
+        note = _comment_note(ROOT / "services" / f"{name}.toml", "vram_gb")
         rows.append(
-            f"| [{name}](#{name}) | {manifest.kind} | {manifest.protocol} | {manifest.port or '—'} "
-            f"| {manifest.vram_gb:g} (declared) | {manifest.load_seconds:g} | {env.python} | {packages} "
-            f"| {len(env.sources)} | {_cell(weights + size)} |"
+            f"| [{name}](#{name}) | {manifest.kind} | {manifest.protocol} | {manifest.port} "
+            f"| {manifest.vram_gb:g} ({_vram_label(manifest.vram_gb, note)}) | {manifest.load_seconds:g} "
+            f"| {_environment_cells(manifest.environment, lock)} | {_weights_cells(manifest, lock)} |"
         )
-        details.append(f"## {name}\n\n{_cell(manifest.summary or '')}\n")
-        details.append(
-            f"- manifest: `services/{name}.toml`; lock: "
-            + (
-                f"`locks/{name}.lock.toml`"
-                if lock is not None
-                else f"not committed (`harness lock {name}` with the upstreams reachable)"
+        details.append(f"### {name}\n\n{_cell(manifest.summary)}\n")
+        details.append(_lock_line("services", name, lock))
+        if note or manifest.vram_gb:
+            details.append(
+                f"- VRAM: {_cell(note) if note else 'as declared; no note says where the figure comes from'}"
             )
+        if manifest.scoped:
+            details.append("- scoped: a policy with memory; swapped out, it starts that memory afresh")
+        details.extend(_environment_lines(manifest.environment))
+        details.append("")
+
+    bench_rows = [
+        "| benchmark | kind | VRAM per worker (GB) | load (s, allowed) | Python | packages | sources | assets "
+        "| assets size |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, bench in sorted(project.load_benchmarks().items()):
+        lock = lock_of(name)
+        note = _comment_note(ROOT / "benchmarks" / f"{name}.toml", "vram_gb")
+        bench_rows.append(
+            f"| [{name}](#{name}) | {bench.kind} | {bench.vram_gb:g} ({_vram_label(bench.vram_gb, note)}) | {bench.load_seconds:g} "
+            f"| {_environment_cells(bench.environment, lock)} | {_weights_cells(bench, lock)} |"
         )
-        for source in env.sources:
-            details.append(f"- source `{source.repo}` at `{source.rev}`, install `{source.install}`")
-        if env.requirements:
-            details.append(f"- requirements: {', '.join(f'`{r}`' for r in env.requirements)}")
+        details.append(f"### {name}\n\n{_cell(bench.summary)}\n")
+        details.append(_lock_line("benchmarks", name, lock))
+        if note:
+            details.append(f"- VRAM: {_cell(note)}")
+        details.extend(_environment_lines(bench.environment))
         details.append("")
     body = (
-        "Each shipped manifest at a glance. VRAM is what the manifest declares (the planner places "
-        "by it); none of these figures was measured on a GPU here, so treat them as estimates until "
-        "`harness status` shows a service's real memory on your machine.\n\n"
+        "Each shipped manifest at a glance, read from `services/` and `benchmarks/` and their committed "
+        "locks. **VRAM** is what the manifest declares: the planner places by it. Each figure is marked "
+        "*measured* only where the manifest's notes say it was measured, *estimate* where they say it is "
+        "one; no figure here was measured on a GPU by this project yet. To measure one, start the service "
+        "(`harness up NAME`) and read its process's GPU memory with `nvidia-smi --query-compute-apps="
+        "pid,used_memory --format=csv` (`harness status` shows host memory, not GPU memory). **Load** is "
+        "the time a start is allowed (`load_seconds`), not a measurement. **Packages** and **weights size** "
+        "come from the lock when one is committed; a service without one is locked on the first `harness "
+        "lock` with its upstreams reachable.\n\n"
+        "## Services\n\n"
         + "\n".join(rows)
-        + "\n\n"
+        + "\n\n## Benchmarks\n\n"
+        + "\n".join(bench_rows)
+        + "\n\n## Each manifest\n\n"
         + "\n".join(details)
     )
     return _page(

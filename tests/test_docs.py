@@ -165,6 +165,20 @@ def test_every_settings_variable_is_documented() -> None:
     assert missing == [], f"harness/config.py reads {missing}, which the settings reference does not name"
 
 
+def test_every_gpu_manifest_says_where_its_vram_figure_comes_from() -> None:
+    # The services reference marks each VRAM figure measured or estimate from the manifest's
+    # "# - vram_gb: ..." note; a GPU service without one would be listed as neither.
+    import tomllib
+
+    docs = _docs_module()
+    silent = []
+    for path in sorted([*(ROOT / "services").glob("*.toml"), *(ROOT / "benchmarks").glob("*.toml")]):
+        vram = tomllib.loads(path.read_text()).get("vram_gb", 0)
+        if vram and not docs._comment_note(path, "vram_gb"):
+            silent.append(path.relative_to(ROOT).as_posix())
+    assert silent == [], f"say where vram_gb comes from in a '# - vram_gb: ...' note (measured or estimate): {silent}"
+
+
 def test_the_seed_pages_exist() -> None:
     # The seed (shared/seeds/001) sends readers to these pages.
     for slug in [
