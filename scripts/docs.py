@@ -157,6 +157,14 @@ def _model_tree(model: Any, root_heading: str, prefix: str = "") -> str:
 # ----------------------------------------------------------------------------------- pages
 
 
+def _example(*paths: str) -> str:
+    """A section showing shipped files verbatim: examples that are real, so they cannot drift."""
+    parts = ["## Examples\n"]
+    for path in paths:
+        parts.append(f"`{path}`, as shipped:\n\n```toml\n{(ROOT / path).read_text().rstrip()}\n```\n")
+    return "\n" + "\n".join(parts)
+
+
 def manifests_page() -> str:
     from harness.manifests.model import BenchmarkManifest, ServiceManifest
 
@@ -167,6 +175,9 @@ def manifests_page() -> str:
         + _model_tree(ServiceManifest, "Service manifest (`services/<name>.toml`)")
         + "\n"
         + _model_tree(BenchmarkManifest, "Benchmark manifest (`benchmarks/<name>.toml`)")
+        + _example("services/kinematics.toml", "services/smolvla.toml", "benchmarks/reach.toml")
+        + "\nThe [configuration guide](/reference/configuration/) explains templates, the rules every file "
+        "follows, and which keys shape a lock.\n"
     )
     return _page("Manifest keys", "Every key of a service or benchmark manifest, from the models.", body)
 
@@ -178,6 +189,7 @@ def deploy_page() -> str:
         "A deploy says how one machine runs the project's services: "
         "`configs/deploy/<machine>.toml`, chosen with `--deploy PATH` or `$HARNESS_DEPLOY`.\n\n"
         + _model_tree(Deploy, "Deploy (`configs/deploy/<machine>.toml`)")
+        + _example("configs/deploy/example-one-gpu.toml")
     )
     return _page("Deploy keys", "Every key of a deploy file, from the models.", body)
 
@@ -189,6 +201,7 @@ def agent_page() -> str:
         "An agent config (`configs/agents/<name>.toml`) says which skills are on; each skill "
         "names the service kinds it needs. `--set key=value` overrides any key.\n\n"
         + _model_tree(AgentConfig, "Agent config (`configs/agents/<name>.toml`)")
+        + _example("configs/agents/default.toml")
     )
     return _page("Agent config keys", "Every key of an agent config, from the models.", body)
 
@@ -201,6 +214,7 @@ def lock_page() -> str:
         "builds exactly what it names. Locks name indexes and hubs by name and files by name "
         "and hash; addresses come from settings at realize time.\n\n"
         + _model_tree(Lock, "Lockfile (`locks/<name>.lock.toml`)")
+        + _example("locks/kinematics.lock.toml")
     )
     return _page("Lockfile format", "Every key of a lockfile, from the models.", body)
 

@@ -179,6 +179,25 @@ def test_every_gpu_manifest_says_where_its_vram_figure_comes_from() -> None:
     assert silent == [], f"say where vram_gb comes from in a '# - vram_gb: ...' note (measured or estimate): {silent}"
 
 
+def test_every_harness_variable_is_documented() -> None:
+    # The configuration reference lists the variables harness reads or sets; the generated
+    # settings reference lists those that set a key.
+    import ast
+
+    pages = "".join((CONTENT / "reference" / name).read_text() for name in ("configuration.md", "settings.md"))
+    names = {
+        node.value
+        for path in (ROOT / "harness").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"HARNESS_[A-Z0-9_]*[A-Z0-9]", node.value)
+    }
+    assert "HARNESS_HOME" in names
+    missing = sorted(n for n in names if n not in pages)
+    assert missing == [], f"harness reads or sets {missing}, which reference/configuration.md does not list"
+
+
 def test_the_seed_pages_exist() -> None:
     # The seed (shared/seeds/001) sends readers to these pages.
     for slug in [
@@ -193,12 +212,17 @@ def test_the_seed_pages_exist() -> None:
 
 
 _LINK = re.compile(r"\]\((/[^)#\s]*)(#[^)\s]*)?\)")
+_RELATIVE_LINK = re.compile(r"\]\((?![a-z]+:|/|#)([^)\s]+)\)")
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(CONTENT).as_posix())
 def test_internal_links_resolve(page: Path) -> None:
     slugs = {_slug(p) for p in _pages()}
-    broken = [target for target, _ in _LINK.findall(page.read_text()) if target.strip("/") not in slugs]
+    text = page.read_text()
+    broken = [target for target, _ in _LINK.findall(text) if target.strip("/") not in slugs]
+    # A relative link ("guides/runtime.md") resolves against the page's own URL on the built
+    # site, so it breaks; pages link by site path ("/guides/runtime/").
+    broken += _RELATIVE_LINK.findall(text)
     assert broken == [], f"{page.relative_to(ROOT)} links to missing pages {broken}"
 
 
