@@ -46,6 +46,12 @@ def _cell(text: object) -> str:
     return "`".join(parts)
 
 
+def _with_bounds(type_name: str, field: Any) -> str:
+    """``number ≥ 0, ≤ 4096``; an optional type keeps its mark last (``number > 0 (optional)``)."""
+    optional = type_name.endswith(" (optional)")
+    return type_name.removesuffix(" (optional)") + _bounds(field) + (" (optional)" if optional else "")
+
+
 def _bounds(field: Any) -> str:
     """A field's numeric bounds, as `` ≥ 1, ≤ 65535`` (empty without any)."""
     words = []
@@ -102,20 +108,24 @@ def _default(field: Any) -> str:
     return f"`{value}`"
 
 
-def _models_below(model: Any) -> Iterator[tuple[str, Any]]:
-    """(TOML key, model) of each table nested in ``model``, depth first, each model once."""
+def _models_below(model: Any) -> Iterator[tuple[str, Any, bool]]:
+    """(TOML key, model, is an array of tables) of each table nested in ``model``; a table of
+    tables by name (``services``) has the key ``services.<name>``."""
     from pydantic import BaseModel
 
-    def tables(annotation: Any) -> Iterator[Any]:
+    def tables(annotation: Any, key: str, array: bool) -> Iterator[tuple[str, Any, bool]]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            yield annotation
-        for arg in typing.get_args(annotation):
-            yield from tables(arg)
+            yield key, annotation, array
+        origin = typing.get_origin(annotation)
+        args = typing.get_args(annotation)
+        if origin is dict and len(args) == 2:
+            yield from tables(args[1], f"{key}.<name>", array)
+            return
+        for arg in args:
+            yield from tables(arg, key, array or origin in (list, tuple))
 
     for name, field in model.model_fields.items():
-        key = field.alias or name
-        for sub in tables(field.annotation):
-            yield key, sub
+        yield from tables(field.annotation, field.alias or name, False)
 
 
 def _model_section(model: Any, heading: str, level: int = 2) -> str:
@@ -130,7 +140,7 @@ def _model_section(model: Any, heading: str, level: int = 2) -> str:
                 "give its Field(description=...) one line saying what it does"
             )
         rows.append(
-            f"| `{field.alias or name}` | {_cell(_type_name(field.annotation) + _bounds(field))} | {_cell(_default(field))} "
+            f"| `{field.alias or name}` | {_cell(_with_bounds(_type_name(field.annotation), field))} | {_cell(_default(field))} "
             f"| {_cell(meaning)} |"
         )
     return f"{'#' * level} {heading}\n\n{doc}\n\n" + "\n".join(rows) + "\n"
@@ -142,12 +152,13 @@ def _model_tree(model: Any, root_heading: str, prefix: str = "") -> str:
     seen: set[Any] = {model}
 
     def walk(current: Any, path: str) -> None:
-        for key, sub in _models_below(current):
+        for key, sub, array in _models_below(current):
             if sub in seen:
                 continue
             seen.add(sub)
             table = f"{path}.{key}" if path else key
-            parts.append(_model_section(sub, f"`[{table}]` ({sub.__name__})", level=3))
+            header = f"[[{table}]]" if array else f"[{table}]"
+            parts.append(_model_section(sub, f"`{header}` ({sub.__name__})", level=3))
             walk(sub, table)
 
     walk(model, prefix)
