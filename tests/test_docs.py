@@ -198,6 +198,14 @@ def test_every_harness_variable_is_documented() -> None:
     assert missing == [], f"harness reads or sets {missing}, which reference/configuration.md does not list"
 
 
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(CONTENT).as_posix())
+def test_titles_are_plain_text(page: Path) -> None:
+    # Starlight prints a title as text in the sidebar and the tab: markdown there shows its marks.
+    title = re.search(r"^title: (.*)$", page.read_text(), flags=re.M)
+    assert title is not None, f"{page.relative_to(ROOT)} has no title"
+    assert not re.search(r"[`*\[]", title.group(1)), f"{page.relative_to(ROOT)}: markdown in its title"
+
+
 def test_the_seed_pages_exist() -> None:
     # The seed (shared/seeds/001) sends readers to these pages.
     for slug in [
