@@ -96,6 +96,8 @@ class Phase:
         self.done = 0
         #: Said after the counts when the phase ends (and in plain progress lines).
         self.summary: str | None = None
+        #: What an exception out of the phase is called ("unavailable" when a fallback follows).
+        self.failure = "failed"
         self._owner = owner
         self._lock = threading.Lock()
         self._started = 0.0
@@ -134,8 +136,9 @@ class Phase:
             self._task = self._owner._live().open(self)
         return self
 
-    def finish(self, outcome: Literal["done", "failed", "interrupted"] = "done") -> None:
-        """Show that the phase ended, with its counts and elapsed time when ``done``."""
+    def finish(self, outcome: str = "done") -> None:
+        """Show that the phase ended: with its counts and elapsed time when ``done``, else
+        with ``outcome`` ("failed", "interrupted", …) and the time it took."""
         mode = self._owner.mode
         if mode == "quiet":
             return
@@ -156,7 +159,7 @@ class Phase:
         if kind is None:
             self.finish()
         else:
-            self.finish("interrupted" if issubclass(kind, KeyboardInterrupt) else "failed")
+            self.finish("interrupted" if issubclass(kind, KeyboardInterrupt) else self.failure)
 
     # -- display
 
@@ -191,6 +194,11 @@ class Phase:
         if self.summary:
             parts.append(self.summary)
         return "".join(f"{part}, " for part in parts)
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes for people: KiB, MiB or GiB."""
+    return _bytes(n)
 
 
 def _bytes(n: int) -> str:
@@ -313,4 +321,4 @@ def _make_progress(console: Any) -> Any:
 #: Shows nothing: the default of every function that takes a reporter.
 QUIET = Reporter("quiet")
 
-__all__ = ["PLAIN_INTERVAL", "QUIET", "Phase", "Reporter", "reporter"]
+__all__ = ["PLAIN_INTERVAL", "QUIET", "Phase", "Reporter", "format_bytes", "reporter"]

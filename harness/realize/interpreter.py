@@ -342,7 +342,8 @@ def _build_uv_managed(
     if offline:
         args.append("--offline")
     env = {"UV_PYTHON_CACHE_DIR": os.fspath(archives), **(uv_env or {})}
-    with progress.phase(f"installing CPython {python.version} (uv python install)"):
+    with progress.phase(f"installing CPython {python.version} (uv python install)") as phase:
+        phase.failure = "unavailable"  # the caller may fall back to a host copy (DownloadUnavailable)
         run_uv(args, cache_dir=cache_dir, env_extra=env, python_downloads="manual", timeout=1800)
     installs = [
         p

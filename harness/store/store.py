@@ -33,7 +33,7 @@ from typing import Any
 
 from harness import __version__
 from harness.errors import HarnessError
-from harness.progress import QUIET, Reporter
+from harness.progress import QUIET, Reporter, format_bytes
 
 #: Every object's files get this mtime (Nix uses 1 too): content, not history.
 FIXED_MTIME = 1
@@ -269,7 +269,7 @@ class Store:
                     # directory its owner can write (or to root). Its mode is not content.
                     canonicalize(out, keep_top_writable=True)
                     digest = nar_digest(out)
-                    phase.summary = _size(digest.nar_size)
+                    phase.summary = format_bytes(digest.nar_size)
                     if expected_content is not None and digest.hash != expected_content:
                         raise StoreError(
                             f"{name}: content hash mismatch: expected {expected_content}, "
@@ -462,10 +462,6 @@ def _display_name(name: str) -> str:
     """A store path's name without its hash, for people (``<hash>-vlm`` → ``vlm``)."""
     head, _, rest = name.partition("-")
     return rest if len(head) == 32 and rest else name
-
-
-def _size(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
 
 
 def lock_file(path: Path) -> Any:
