@@ -188,12 +188,17 @@ class Phase:
             elif done or total:
                 parts.append(_bytes(done or total or 0))
         elif total is not None and done != total:
-            parts.append(f"{done} of {total} {self.unit}")
+            parts.append(f"{done} of {total} {_unit(total, self.unit)}")
         elif total is not None or done:
-            parts.append(f"{done} {self.unit}")
+            parts.append(f"{done} {_unit(done, self.unit)}")
         if self.summary:
             parts.append(self.summary)
         return "".join(f"{part}, " for part in parts)
+
+
+def _unit(n: int, unit: str) -> str:
+    """The unit as counted: "files" for most counts, "file" for one."""
+    return unit[:-1] if n == 1 and unit.endswith("s") else unit
 
 
 def format_bytes(n: int) -> str:
@@ -255,7 +260,11 @@ class _Live:
             if progress is None:
                 return
             progress.remove_task(task)
-            progress.console.print(line, style="dim", markup=False, highlight=False)
+            # A styled Text, not print(style=…): that style would also tint the live rows
+            # rich re-draws below the line.
+            from rich.text import Text
+
+            progress.console.print(Text(line, style="dim"))
             self.open_tasks -= 1
             if self.open_tasks == 0:
                 progress.stop()

@@ -125,7 +125,7 @@ def test_realize_push_and_pull_show_their_phases_and_quiet_hides_them(svc: Path,
     err = result.stderr
     expected = [
         r"^fetching \d+ file\(s\): [\d.]+ [KM]iB, done in",
-        r"^registering (\d+) package file\(s\): \1 files, done in",
+        r"^registering (\d+) package file\(s\): \1 files?, done in",
         r"^exporting source toolkit at [0-9a-f]{12} \(git\): done in",
         r"^hashing and registering source \S+: [\d.]+ [KM]iB, done in",
         r"^hashing and registering weights \S+: [\d.]+ [KM]iB, done in",
