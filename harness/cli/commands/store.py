@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from harness.cli import State
+from harness.cli.output import quiet_option
 
 
 @click.group(
@@ -321,7 +322,9 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def _do_push(state: State, backend, names: tuple[str, ...], all_paths: bool, key: str | None, jobs: int):
+def _do_push(
+    state: State, backend, names: tuple[str, ...], all_paths: bool, key: str | None, jobs: int, quiet: bool = False
+):
     from harness.cache.transfer import push
 
     store = _store(state)
@@ -332,7 +335,9 @@ def _do_push(state: State, backend, names: tuple[str, ...], all_paths: bool, key
             "warning: no signing key (--key or [cache] secret-key-file): built paths will be refused by every puller",
             err=True,
         )
-    return push(store, selected, backend, secret=secret, cache_dir=state.home / "cache", jobs=jobs, show_progress=True)
+    return push(
+        store, selected, backend, secret=secret, cache_dir=state.home / "cache", jobs=jobs, show_progress=not quiet
+    )
 
 
 @command.command("keygen", help="Make an ed25519 signing key pair: NAME.secret and NAME.public.")
@@ -355,11 +360,14 @@ def keygen(name: str, folder: str) -> None:
 @click.option("--all", "all_paths", is_flag=True, help="Every registered path.")
 @click.option("--key", metavar="FILE", help="Secret key to sign with [default: [cache] secret-key-file].")
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
+@quiet_option
 @click.pass_obj
-def push_command(state: State, cache: str, names: tuple[str, ...], all_paths: bool, key: str | None, jobs: int) -> None:
+def push_command(
+    state: State, cache: str, names: tuple[str, ...], all_paths: bool, key: str | None, jobs: int, quiet: bool
+) -> None:
     from harness.cache.backends import open_backend
 
-    result = _do_push(state, open_backend(cache, jobs=jobs), names, all_paths, key, jobs)
+    result = _do_push(state, open_backend(cache, jobs=jobs), names, all_paths, key, jobs, quiet)
     click.echo(
         f"pushed {len(result.pushed)} path(s) ({_mib(result.uploaded_bytes)} uploaded), "
         f"{len(result.present)} already in {cache}"
@@ -378,15 +386,29 @@ def push_command(state: State, cache: str, names: tuple[str, ...], all_paths: bo
     help="Also trust this public key (besides trusted-keys in configuration).",
 )
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
+@quiet_option
 @click.pass_obj
 def pull_command(
-    state: State, cache: str, names: tuple[str, ...], all_paths: bool, trusted_keys: tuple[str, ...], jobs: int
+    state: State,
+    cache: str,
+    names: tuple[str, ...],
+    all_paths: bool,
+    trusted_keys: tuple[str, ...],
+    jobs: int,
+    quiet: bool,
 ) -> None:
-    _do_pull(state, cache, None, names, all_paths, trusted_keys, jobs)
+    _do_pull(state, cache, None, names, all_paths, trusted_keys, jobs, quiet)
 
 
 def _do_pull(
-    state: State, cache: str, backend, names: tuple[str, ...], all_paths: bool, trusted_keys: tuple[str, ...], jobs: int
+    state: State,
+    cache: str,
+    backend,
+    names: tuple[str, ...],
+    all_paths: bool,
+    trusted_keys: tuple[str, ...],
+    jobs: int,
+    quiet: bool = False,
 ) -> None:
     from harness.cache.format import CacheError
     from harness.cache.signing import parse_trusted
@@ -410,7 +432,7 @@ def _do_pull(
         expected=expected_from_locks(_project_locks(state).values()),
         cache_dir=state.home / "cache",
         jobs=jobs,
-        show_progress=True,
+        show_progress=not quiet,
     )
     for line in result.warnings:
         click.echo(f"warning: {line}", err=True)
@@ -444,9 +466,10 @@ def _all_in_cache(backend, store) -> list[str]:
 @click.option("--all", "all_paths", is_flag=True, help="Every registered path.")
 @click.option("--key", metavar="FILE", help="Secret key to sign with [default: [cache] secret-key-file].")
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel compression.")
+@quiet_option
 @click.pass_obj
 def export_command(
-    state: State, names: tuple[str, ...], output: str, all_paths: bool, key: str | None, jobs: int
+    state: State, names: tuple[str, ...], output: str, all_paths: bool, key: str | None, jobs: int, quiet: bool
 ) -> None:
     from pathlib import Path
 
@@ -455,7 +478,7 @@ def export_command(
     writer = TarWriter(Path(output).expanduser())
     ok = False
     try:
-        result = _do_push(state, writer, names, all_paths, key, jobs)
+        result = _do_push(state, writer, names, all_paths, key, jobs, quiet)
         ok = True
     finally:
         writer.close(keep=ok)
@@ -472,11 +495,12 @@ def export_command(
     help="Also trust this public key (besides trusted-keys in configuration).",
 )
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel unpacking.")
+@quiet_option
 @click.pass_obj
-def import_command(state: State, file: str, trusted_keys: tuple[str, ...], jobs: int) -> None:
+def import_command(state: State, file: str, trusted_keys: tuple[str, ...], jobs: int, quiet: bool) -> None:
     from pathlib import Path
 
     from harness.cache.tarball import TarReader
 
     reader = TarReader(Path(file).expanduser())
-    _do_pull(state, reader.url, reader, (), True, trusted_keys, jobs)
+    _do_pull(state, reader.url, reader, (), True, trusted_keys, jobs, quiet)
