@@ -240,6 +240,9 @@ def test_lock_starts_uv_before_validating_and_gives_the_same_lock(index: Index, 
     finally:
         discard_prestarted()
     first = (project / "locks" / "svc.lock.toml").read_bytes()
+    # Nothing is started for a manifest whose stamp holds: it will not be resolved.
+    assert prestart_locks(home, Project(project), [], LockOptions()) == 0
+    assert prestarted_count() == 0
     lock(harness_cli, project, tmp_path / "other-home", "--refresh")
     assert (project / "locks" / "svc.lock.toml").read_bytes() == first
     # A previous lock's pins are guessed too (preferences), and still taken over.

@@ -11,6 +11,7 @@ a run started here is used only where the validated path asks for exactly the sa
 environment and input files, and is otherwise stopped unused (a manifest that does not
 validate, a guess that was wrong): it can save time, never change a result.
 
+Nothing is started for a manifest whose lock the stamp will keep (:mod:`harness.lock.stamp`).
 Only the plain case is guessed: a manifest without git sources (their dependencies need the
 source exported first) and without ``package-index``, whose exact Python version is known
 without asking uv (a ``[lock.python]`` pin, the previous lock's version, or an exact request).
@@ -19,6 +20,7 @@ Anything unexpected in the raw TOML just means nothing is started for that manif
 
 from __future__ import annotations
 
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -38,7 +40,7 @@ def prestart_locks(home: Path, project: Any, names: list[str], options: LockOpti
 
 def _prestart(home: Path, project: Any, names: list[str], options: LockOptions) -> int:
     from harness.config import load_settings
-    from harness.lock.stamp import manifest_files
+    from harness.lock.stamp import LockStamps, manifest_files
     from harness.resolve.compile import compile_command, index_addresses
     from harness.resolve.uvtool import prestart
 
@@ -49,10 +51,14 @@ def _prestart(home: Path, project: Any, names: list[str], options: LockOptions) 
     settings = load_settings(home, project.root)
     targets = _targets(settings, options)
     cache_dir = home / "cache"
+    stamps = LockStamps(cache_dir, project, platform=options.platform)
+    common = None if options.resolves_anyway else stamps.common()
     started = 0
     for name in chosen:
         if name not in files:
             continue
+        if common is not None and stamps.unchanged(name, files[name], common) is not None:
+            continue  # kept as it is, once the project validates: nothing to resolve
         environment = tomllib.loads(files[name].read_text(encoding="utf-8")).get("environment")
         if not isinstance(environment, dict) or environment.get("sources") or environment.get("package-index"):
             continue
@@ -82,26 +88,16 @@ def _prestart(home: Path, project: Any, names: list[str], options: LockOptions) 
     if started:
         # What every lock also asks uv, unless this process already knows the answer
         # (resolve.uvtool.uv_version, generate._pin_interpreter).
-        from harness.resolve.uvtool import uv_version
+        from harness.resolve.uvtool import downloads_list_file, uv_version
 
         if not uv_version.cache_info().currsize:
             prestart(["--version"])
         generate = sys.modules.get("harness.lock.generate")
-        if generate is None or cache_dir not in generate._DOWNLOADS:
-            prestart(
-                [
-                    "python",
-                    "list",
-                    "--output-format",
-                    "json",
-                    "--all-versions",
-                    "--all-platforms",
-                    "--all-arches",
-                    "--only-downloads",
-                ],
-                cache_dir=cache_dir,
-                python_downloads="automatic",
-            )
+        known = generate is not None and cache_dir in generate._DOWNLOADS
+        if not known and not downloads_list_file(cache_dir).is_file():
+            from harness.resolve.interpreter import DOWNLOADS_LIST_ARGS
+
+            prestart(DOWNLOADS_LIST_ARGS, cache_dir=cache_dir, python_downloads="automatic")
     return started
 
 
@@ -110,16 +106,23 @@ def _strings(values: object) -> bool:
 
 
 def _targets(settings: Any, options: LockOptions) -> list[str]:
-    """:func:`harness.lock.generate.lock_targets`'s platforms (the canonical spellings)."""
-    from harness.resolve.interpreter import host_platform, parse_platform
-
+    """:func:`harness.lock.generate.lock_targets`'s platforms (the canonical spellings). A
+    name in uv's canonical manylinux spelling is taken as it is, without importing
+    :mod:`harness.resolve.interpreter` (packaging's tags: tens of milliseconds)."""
     if options.platform:
         wanted = [options.platform]
     elif settings.lock_platforms:
         wanted = list(settings.lock_platforms)
     else:
-        wanted = [host_platform()]
-    return list(dict.fromkeys(parse_platform(p).platform for p in wanted))
+        wanted = []
+    if all(_CANONICAL.fullmatch(p) for p in wanted) and wanted:
+        return list(dict.fromkeys(wanted))
+    from harness.resolve.interpreter import host_platform, parse_platform
+
+    return list(dict.fromkeys(parse_platform(p).platform for p in wanted or [host_platform()]))
+
+
+_CANONICAL = re.compile(r"(x86_64|aarch64)-manylinux_2_\d+")
 
 
 def _previous(path: Path) -> dict[str, Any] | None:

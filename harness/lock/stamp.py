@@ -41,6 +41,7 @@ exactly as before.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -343,8 +344,10 @@ def _tree_stats(root: Path) -> list[tuple[str, os.stat_result]]:
     return found
 
 
+@functools.lru_cache(maxsize=1)
 def _code_stats() -> list[tuple[str, os.stat_result]]:
-    """The stat of harness's own modules and of the libraries that shape a lock's bytes."""
+    """The stat of harness's own modules and of the libraries that shape a lock's bytes: once
+    per process, since the code that runs is the code imported when it started."""
     import importlib.util
 
     import harness

@@ -130,6 +130,20 @@ def uv_version() -> str:
     return match.group(1)
 
 
+def downloads_list_file(cache_dir: Path) -> Path:
+    """Where uv's built-in list of interpreter downloads is kept for this uv binary (keyed by
+    its path, size and modification time; see :func:`harness.resolve.interpreter.list_pythons`)."""
+    binary = uv_bin()
+    try:
+        st = os.stat(binary)
+        identity = f"{binary}\0{st.st_size}\0{st.st_mtime_ns}"
+    except OSError:
+        identity = binary
+    import hashlib
+
+    return cache_dir / "python-downloads" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
+
+
 def uv_env(
     env_extra: Mapping[str, str] | None = None,
     *,
