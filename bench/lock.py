@@ -97,12 +97,17 @@ def one_round(scratch: Path, name: str, requirements: list[str], harness: list[s
     env_uv = uv_env(base=_env())
     project = make_project(scratch / "project", {name: requirements})
     argv = [*harness, "--home", str(scratch / "home"), "--project", str(project), "lock"]
-    for mode, extra in (("cold", []), ("warm", ["--refresh"])):
+    # A harness from before issue 17 (no stamp, no --refresh) resolves on every lock.
+    refresh = ["--refresh"] if HAS_REFRESH else []
+    for mode, extra in (("cold", []), ("warm", refresh)):
         runs = [("uv", uv_argv, uv_work, env_uv), ("harness", argv + extra, project, _env())]
         for label, command, cwd, env in reversed(runs) if harness_first else runs:
             times[f"{label} {mode}"] = timed(command, cwd=cwd, env=env)
     times["harness no-op"] = timed(argv, cwd=project, env=_env())
     return times
+
+
+HAS_REFRESH = False
 
 
 PLATFORMS = [TARGET, "aarch64-manylinux_2_28"]
@@ -155,12 +160,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--part", choices=("all", "single", "platforms"), default="all",
                         help="single: harness beside uv for one target; platforms: one lock for two platforms")
+    parser.add_argument("--harness", help="the harness command to run (default: this Python's), e.g. a baseline's")
     parser.add_argument("--sets", default=",".join(SETS), help=f"requirement sets to run (of {', '.join(SETS)})")
     args = parser.parse_args()
-    harness = _harness()
+    harness = args.harness.split() if args.harness else _harness()
+    global HAS_REFRESH
+    HAS_REFRESH = "--refresh" in subprocess.run([*harness, "lock", "--help"], capture_output=True, text=True,
+                                                cwd=tempfile.gettempdir()).stdout
     # Bytecode as an installed harness has it (PYTHONDONTWRITEBYTECODE would leave harness's
     # own modules compiled from source on every run of an editable install).
     compileall.compile_dir(str(ROOT / "harness"), quiet=1)
+    print(f"harness: {' '.join(harness)}{'' if HAS_REFRESH else ' (no --refresh: warm and no-op both resolve)'}")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.system()} "
           f"{platform.release()}, CPython {platform.python_version()}; {args.runs} runs; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
