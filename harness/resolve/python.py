@@ -49,8 +49,6 @@ import re
 import shutil
 import tempfile
 import tomllib
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -470,6 +468,8 @@ def _resolution_error(exc: UvError, interpreter: Interpreter, offline: bool) -> 
 
 def _remote_size(file: _File, *, offline: bool, addresses: Mapping[str, str | None]) -> int:
     """The size of a file whose index did not publish one (module doc)."""
+    import urllib.error  # here: urllib.request (http.client, ssl, email) is slow to import
+    import urllib.request
     index = index_for_url(file.url, addresses)
     if offline:
         raise HarnessError(
