@@ -34,6 +34,7 @@ import argparse
 import compileall
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -70,10 +71,19 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "UV_"))}
 
 
+#: CPU seconds (user + system, the command and every process it waited for) of the last
+#: :func:`timed` run: on a machine whose cores are all busy, wall time follows CPU time.
+LAST_CPU = 0.0
+
+
 def timed(argv: list[str], *, cwd: Path, env: dict[str, str]) -> float:
+    global LAST_CPU
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    LAST_CPU = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{result.stderr}")
     return elapsed
@@ -103,7 +113,9 @@ def one_round(scratch: Path, name: str, requirements: list[str], harness: list[s
         runs = [("uv", uv_argv, uv_work, env_uv), ("harness", argv + extra, project, _env())]
         for label, command, cwd, env in reversed(runs) if harness_first else runs:
             times[f"{label} {mode}"] = timed(command, cwd=cwd, env=env)
+            times[f"{label} {mode} cpu"] = LAST_CPU
     times["harness no-op"] = timed(argv, cwd=project, env=_env())
+    times["harness no-op cpu"] = LAST_CPU
     return times
 
 
@@ -189,7 +201,8 @@ def main() -> None:
                 for key, value in one_round(scratch, name, requirements, harness, run % 2 == 1).items():
                     samples[name].setdefault(key, []).append(value)
                 shutil.rmtree(scratch)
-        print(f"\n{'set':<12} {'mode':<5} {'uv s':>7} {'harness s':>10} {'ratio':>6}   (min-max harness, uv)")
+        print(f"\n{'set':<12} {'mode':<5} {'uv s':>7} {'harness s':>10} {'ratio':>6}   {'CPU s uv':>8} "
+              f"{'harness':>8} {'ratio':>6}   (min-max harness, uv)")
         noops = []
         for name, by_key in samples.items():
             for mode in ("cold", "warm"):
@@ -199,10 +212,14 @@ def main() -> None:
                 verdicts.append(ratio <= 1.3)
                 spread = (f"{min(by_key[f'harness {mode}']):.3f}-{max(by_key[f'harness {mode}']):.3f}, "
                           f"{min(by_key[f'uv {mode}']):.3f}-{max(by_key[f'uv {mode}']):.3f}")
-                print(f"{name:<12} {mode:<5} {uv:7.3f} {ours:10.3f} {ratio:6.2f}   ({spread})")
+                uv_cpu = statistics.median(by_key[f"uv {mode} cpu"])
+                our_cpu = statistics.median(by_key[f"harness {mode} cpu"])
+                print(f"{name:<12} {mode:<5} {uv:7.3f} {ours:10.3f} {ratio:6.2f}   {uv_cpu:8.3f} {our_cpu:8.3f} "
+                      f"{our_cpu / uv_cpu:6.2f}   ({spread})")
             noop = statistics.median(by_key["harness no-op"])
             noops.append(noop)
-            print(f"{name:<12} no-op {'':>7} {noop:10.3f}          (re-lock, nothing changed: no resolver)")
+            print(f"{name:<12} no-op {'':>7} {noop:10.3f}          {'':>8} {statistics.median(by_key['harness no-op cpu']):8.3f}"
+                  f"          (re-lock, nothing changed: no resolver)")
 
         # lock --check on 10 locked manifests: 5 copies of the kinematics example (its path
         # weight is re-hashed by the check) and 5 of the medium set.
@@ -220,6 +237,7 @@ def main() -> None:
           f"({'meets' if check < 0.3 else 'MISSES'} < 0.3 s)")
     print(f"harness/uv <= 1.3: {'meets' if all(verdicts) else 'MISSES'} in {sum(verdicts)}/{len(verdicts)}")
     print(f"no-op re-lock < 0.2 s: {'meets' if max(noops) < 0.2 else 'MISSES'} (slowest median {max(noops):.3f} s)")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
