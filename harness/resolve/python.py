@@ -470,6 +470,7 @@ def _remote_size(file: _File, *, offline: bool, addresses: Mapping[str, str | No
     """The size of a file whose index did not publish one (module doc)."""
     import urllib.error  # here: urllib.request (http.client, ssl, email) is slow to import
     import urllib.request
+
     index = index_for_url(file.url, addresses)
     if offline:
         raise HarnessError(
