@@ -254,3 +254,26 @@ def test_lock_starts_uv_before_validating_and_gives_the_same_lock(index: Index, 
     finally:
         discard_prestarted()
     assert (project / "locks" / "svc.lock.toml").read_bytes() == first
+
+
+def test_what_moves_upstream() -> None:
+    """Pure: the manifests that never get a stamp, and those that do."""
+    from harness.lock.stamp import moving_inputs
+    from harness.manifests.loading import parse_toml, validate_data
+    from harness.manifests.model import ServiceManifest
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+
+    def moving(extra: str) -> list[str]:
+        return moving_inputs(validate_data(ServiceManifest, parse_toml(service(["alpha"], extra=extra), "t"), "t"))
+
+    assert moving("") == []
+    assert moving(f'[[environment.sources]]\nrepo = "file:///r"\nrev = "{commit}"\n') == []
+    assert moving('[[environment.sources]]\nrepo = "file:///r"\nrev = "main"\n') == ["source file:///r at main"]
+    assert moving(f'[[weights]]\ndir = "m"\nhuggingface_model = "o/m"\nrevision = "{commit}"\n') == []
+    assert moving('[[weights]]\ndir = "m"\nhuggingface_model = "o/m"\n') == ["weights m at the default branch"]
+    assert moving('[[weights]]\ndir = "m"\nmodelscope_model = "o/m"\nrevision = "v1.0"\n') == ["weights m at v1.0"]
+    assert moving('[[weights]]\ndir = "u"\nurl = "https://example.invalid/w.bin"\n') == [
+        "weights u (a url without sha256)"]
+    assert moving(f'[[weights]]\ndir = "u"\nurl = "https://example.invalid/w.bin"\nsha256 = "{"0" * 64}"\n') == []
+    assert moving('[[weights]]\ndir = "p"\npath = "assets"\n') == []
