@@ -254,6 +254,15 @@ def test_lock_starts_uv_before_validating_and_gives_the_same_lock(index: Index, 
     finally:
         discard_prestarted()
     assert (project / "locks" / "svc.lock.toml").read_bytes() == first
+    # Nothing is started for what validation refuses: uv never sees a URL or a path first.
+    for bad in (["alpha @ file:///nowhere/alpha-1.0-py3-none-any.whl"], ["./alpha"], ["alpha", "../beta"]):
+        (project / "services" / "bad.toml").write_text(service(bad))
+        assert prestart_locks(home, Project(project), ["bad"], LockOptions()) == 0
+    (project / "services" / "bad.toml").write_text(service(["beta==1.0"]))
+    try:
+        assert prestart_locks(home, Project(project), ["bad"], LockOptions()) == 1
+    finally:
+        discard_prestarted()
 
 
 def test_what_moves_upstream() -> None:

@@ -13,8 +13,10 @@ validate, a guess that was wrong): it can save time, never change a result.
 
 Nothing is started for a manifest whose lock the stamp will keep (:mod:`harness.lock.stamp`).
 Only the plain case is guessed: a manifest without git sources (their dependencies need the
-source exported first) and without ``package-index``, whose exact Python version is known
-without asking uv (a ``[lock.python]`` pin, the previous lock's version, or an exact request).
+source exported first) and without ``package-index``, whose requirements name no URL or path
+(validation refuses those, and uv must never fetch or build one before it does), and whose
+exact Python version is known without asking uv (a ``[lock.python]`` pin, the previous
+lock's version, or an exact request).
 Anything unexpected in the raw TOML just means nothing is started for that manifest.
 """
 
@@ -67,6 +69,8 @@ def _prestart(home: Path, project: Any, names: list[str], options: LockOptions) 
         indexes = environment.get("indexes", [])
         if not isinstance(request, str) or not _strings(requirements) or not _strings(indexes):
             continue
+        if not all(_PLAIN.match(r) and not _NOT_PLAIN.search(r) for r in requirements):
+            continue  # a URL or a path: refused by validation, and never handed to uv before it
         previous = _previous(project.locks_dir / f"{name}.lock.toml")
         version = _version(request, settings.python_pins, previous, options)
         if version is None:
@@ -122,6 +126,10 @@ def _targets(settings: Any, options: LockOptions) -> list[str]:
     return list(dict.fromkeys(parse_platform(p).platform for p in wanted or [host_platform()]))
 
 
+#: A requirement that names an index package: a name first, and no URL or path anywhere
+#: (uv would fetch, and could build, one of those before validation refuses the manifest).
+_PLAIN = re.compile(r"[A-Za-z0-9]")
+_NOT_PLAIN = re.compile(r"[@/\\]|://")
 _CANONICAL = re.compile(r"(x86_64|aarch64)-manylinux_2_\d+")
 
 
