@@ -326,7 +326,7 @@ def normalize_index_name(name: str) -> str:
 
 def load_settings(home: Path, project_root: Path | None = None) -> Settings:
     """Merge project, user and environment settings (later wins)."""
-    from harness.manifests.loading import read_toml
+    from harness.manifests.tomlfile import read_toml
 
     indexes: dict[str, str] = {}
     hubs: dict[str, str] = {}
