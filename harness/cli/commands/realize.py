@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from harness.cli import State
 from harness.cli.output import quiet_option
+
+if TYPE_CHECKING:
+    from harness.realize.builder import Report
 
 
 @click.command(help="Build what the locks name into the store (all when none named).")
@@ -49,7 +54,7 @@ def command(
     _print(reports, as_json, state)
 
 
-def _print(reports, as_json: bool, state: State, failures: dict[str, str] | None = None) -> None:
+def _print(reports: list[Report], as_json: bool, state: State, failures: dict[str, str] | None = None) -> None:
     from harness.cli.output import print_json
 
     root = state.home / "store"

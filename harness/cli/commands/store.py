@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from harness.cli import State
 from harness.cli.output import quiet_option
+
+if TYPE_CHECKING:
+    from harness.cache.backends import Backend
+    from harness.cache.signing import SecretKey
+    from harness.cache.transfer import PushResult
+    from harness.manifests.project import Project
+    from harness.store.store import Store
 
 
 @click.group(
@@ -18,7 +25,7 @@ def command() -> None:
     pass
 
 
-def _store(state: State):
+def _store(state: State) -> Store:
     from harness.store.store import Store
 
     return Store.in_home(state.home)
@@ -55,7 +62,7 @@ def ls(state: State, as_json: bool) -> None:
                     **r.as_json(),
                     "path": str(store.root / r.name),
                     "size": r.nar_size,
-                    "owner": names.get(owners[r.name]),
+                    "owner": _owner_name(names, owners[r.name]),
                 }
                 for r in records
             ]
@@ -71,8 +78,13 @@ def ls(state: State, as_json: bool) -> None:
     print_table(
         None,
         ["path", "kind", "size", "impure", "owner"],
-        [[r.name, r.kind, _size(r.nar_size), r.impure, names.get(owners[r.name])] for r in records],
+        [[r.name, r.kind, _size(r.nar_size), r.impure, _owner_name(names, owners[r.name])] for r in records],
     )
+
+
+def _owner_name(names: dict[int, str], uid: int | None) -> str | None:
+    """The user name of ``uid`` (None: unknown owner or no such user)."""
+    return names.get(uid) if uid is not None else None
 
 
 def _size(n: int) -> str:
@@ -234,7 +246,7 @@ def pin_command(state: State, name: str, remove: bool) -> None:
 # -- binary caches (harness/cache) ------------------------------------------------------
 
 
-def _project_or_none(state: State):
+def _project_or_none(state: State) -> Project | None:
     from harness.errors import ProjectNotFound
 
     try:
@@ -294,7 +306,7 @@ def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _secret(state: State, key: str | None):
+def _secret(state: State, key: str | None) -> SecretKey | None:
     from pathlib import Path
 
     from harness.cache.signing import load_secret
@@ -323,8 +335,14 @@ def _mib(n: int) -> str:
 
 
 def _do_push(
-    state: State, backend, names: tuple[str, ...], all_paths: bool, key: str | None, jobs: int, quiet: bool = False
-):
+    state: State,
+    backend: Backend,
+    names: tuple[str, ...],
+    all_paths: bool,
+    key: str | None,
+    jobs: int,
+    quiet: bool = False,
+) -> PushResult:
     from harness.cache.transfer import push
 
     store = _store(state)
@@ -403,7 +421,7 @@ def pull_command(
 def _do_pull(
     state: State,
     cache: str,
-    backend,
+    backend: Backend | None,
     names: tuple[str, ...],
     all_paths: bool,
     trusted_keys: tuple[str, ...],
@@ -447,7 +465,7 @@ def _do_pull(
         raise SystemExit(1)
 
 
-def _all_in_cache(backend, store) -> list[str]:
+def _all_in_cache(backend: Backend, store: Store) -> list[str]:
     """Every store path a cache describes (its narinfos' StorePath lines)."""
     from harness.cache.format import NarInfo
 
