@@ -133,7 +133,7 @@ class LockStamps:
         except (OSError, ValueError):
             libc = None
         add("host", sys.platform, os.uname().machine if hasattr(os, "uname") else "", libc)
-        for label, st in _code_stats():
+        for label, st in code_stats():
             add(label, st.st_size, st.st_mtime_ns)
         return digest.hexdigest()
 
@@ -158,7 +158,7 @@ class LockStamps:
         digest = hashlib.sha256(common.encode())
         now, racy = time.time_ns(), False
         for root in roots:
-            for label, st in _tree_stats(Path(root)):
+            for label, st in tree_stats(Path(root)):
                 digest.update(
                     json.dumps([root, label, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]).encode()
                 )
@@ -333,8 +333,9 @@ def _stampable_lock(lock: Any) -> bool:
     return all(source == "uv-managed" for source in sources)
 
 
-def _tree_stats(root: Path) -> list[tuple[str, os.stat_result]]:
-    """(relative path, stat following links) of ``root`` and everything under it, sorted."""
+def tree_stats(root: Path) -> list[tuple[str, os.stat_result]]:
+    """(relative path, stat following links) of ``root`` and everything under it, sorted: the
+    part of an input fingerprint that stands for a folder of files (``path`` weights)."""
     found = [(".", os.stat(root))]
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         dirnames.sort()
@@ -344,10 +345,11 @@ def _tree_stats(root: Path) -> list[tuple[str, os.stat_result]]:
     return found
 
 
-@functools.lru_cache(maxsize=1)
-def _code_stats() -> list[tuple[str, os.stat_result]]:
-    """The stat of harness's own modules and of the libraries that shape a lock's bytes: once
-    per process, since the code that runs is the code imported when it started."""
+@functools.lru_cache(maxsize=4)
+def code_stats(libraries: tuple[str, ...] = _LIBRARIES) -> list[tuple[str, os.stat_result]]:
+    """The stat of harness's own modules and of ``libraries`` (those that shape what is being
+    fingerprinted: a lock's bytes, a manifest's meaning). Once per process, since the code that
+    runs is the code imported when it started."""
     import importlib.util
 
     import harness
@@ -360,7 +362,7 @@ def _code_stats() -> list[tuple[str, os.stat_result]]:
             if name.endswith(".py"):
                 full = os.path.join(dirpath, name)
                 found.append((os.path.relpath(full, package), os.stat(full)))
-    for library in _LIBRARIES:
+    for library in libraries:
         spec = importlib.util.find_spec(library)
         if spec is not None and spec.origin:
             found.append((library, os.stat(spec.origin)))
