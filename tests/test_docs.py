@@ -179,6 +179,30 @@ def test_every_gpu_manifest_says_where_its_vram_figure_comes_from() -> None:
     assert silent == [], f"say where vram_gb comes from in a '# - vram_gb: ...' note (measured or estimate): {silent}"
 
 
+def test_every_cli_option_says_what_it_does() -> None:
+    # The CLI reference's "meaning" column is each option's help: an option without one is an
+    # empty cell a reader cannot act on.
+    from harness.cli import cli
+
+    ctx = click.Context(cli, info_name="harness")
+    bare: list[str] = []
+
+    def walk(command: click.Command, path: list[str]) -> None:
+        bare.extend(
+            f"{' '.join(path)} {param.opts[0]}"
+            for param in command.params
+            if isinstance(param, click.Option) and not param.hidden and not param.help
+        )
+        if isinstance(command, click.Group):
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                assert sub is not None
+                walk(sub, [*path, name])
+
+    walk(cli, ["harness"])
+    assert bare == [], f"options without help= text: {bare}"
+
+
 def test_every_harness_variable_is_documented() -> None:
     # The configuration reference lists the variables harness reads or sets; the generated
     # settings reference lists those that set a key.

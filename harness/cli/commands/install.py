@@ -11,7 +11,14 @@ from harness.cli.output import quiet_option
 @click.command(help="Lock if needed, then realize the named services ahead of a run.")
 @click.argument("names", nargs=-1)
 @click.option("--offline", is_flag=True, help="Never touch the network; list everything missing.")
-@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="Parallel downloads and registrations.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
 @quiet_option
 @click.pass_obj
