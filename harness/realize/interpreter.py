@@ -59,12 +59,15 @@ import shutil
 import struct
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.lock.document import LockedInterpreter
+from harness.progress import QUIET, Reporter
 from harness.resolve.interpreter import installed_paths, list_pythons, parse_platform
 from harness.resolve.uvtool import UvError, run_uv
 
@@ -92,8 +95,16 @@ print(json.dumps({
 #: recorded in the pycs are relative too) to unchecked-hash pycs; exits 0 even when a file has
 #: a syntax error (the stdlib ships deliberately broken test data, and a package may too:
 #: those stay uncompiled).
+#: A byte on stdout per source file compiled (a constant: nothing the marshalled code could
+#: share is created), which the parent counts for progress.
 _COMPILE = r"""
-import compileall, py_compile, sys
+import compileall, os, py_compile, sys
+_compile_file = compileall.compile_file
+def _counted(fullname, *args, **kwargs):
+    if fullname.endswith(".py"):
+        os.write(1, b"\n")
+    return _compile_file(fullname, *args, **kwargs)
+compileall.compile_file = _counted
 for folder in sys.argv[1:]:
     compileall.compile_dir(folder, quiet=2, workers=1,
                            invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
@@ -229,9 +240,16 @@ def build_interpreter(
 
 
 def build_uv_managed(
-    python: LockedInterpreter, out: Path, *, cache_dir: Path, offline: bool, uv_env: Mapping[str, str] | None = None
+    python: LockedInterpreter,
+    out: Path,
+    *,
+    cache_dir: Path,
+    offline: bool,
+    uv_env: Mapping[str, str] | None = None,
+    progress: Reporter = QUIET,
 ) -> InterpreterBuild:
-    """Fill the empty directory ``out`` with the uv-managed CPython the lock names (module doc).
+    """Fill the empty directory ``out`` with the uv-managed CPython the lock names (module doc);
+    ``progress`` shows the install and the bytecode compilation.
 
     Raises :class:`DownloadUnavailable` when uv may not or cannot install it (downloads
     forbidden, offline without the archive in uv's cache, no such download, a network
@@ -244,7 +262,7 @@ def build_uv_managed(
     if reason is not None:
         raise DownloadUnavailable(reason)
     try:
-        return _build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env)
+        return _build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env, progress=progress)
     except UvError as exc:
         detail = _last_line(exc.stderr) or str(exc)
         if offline:
@@ -252,14 +270,14 @@ def build_uv_managed(
         raise DownloadUnavailable(f"uv could not install it: {detail}") from None
 
 
-def build_host_copy(python: LockedInterpreter, out: Path) -> InterpreterBuild:
+def build_host_copy(python: LockedInterpreter, out: Path, *, progress: Reporter = QUIET) -> InterpreterBuild:
     """Fill the empty directory ``out`` with a relocatable copy of an installed CPython of
     exactly ``python.version`` (module doc); :class:`HarnessError` naming what was searched
-    when there is none."""
+    when there is none. ``progress`` shows the copy and the bytecode compilation."""
     out = out.absolute()
     _check_empty(out)
     _check_cpython(python)
-    return _build_host(python, out)
+    return _build_host(python, out, progress)
 
 
 def _check_cpython(python: LockedInterpreter) -> None:
@@ -305,7 +323,13 @@ def _minor(version: str) -> str:
 
 
 def _build_uv_managed(
-    python: LockedInterpreter, out: Path, *, cache_dir: Path, offline: bool, uv_env: Mapping[str, str] | None
+    python: LockedInterpreter,
+    out: Path,
+    *,
+    cache_dir: Path,
+    offline: bool,
+    uv_env: Mapping[str, str] | None,
+    progress: Reporter,
 ) -> InterpreterBuild:
     target = parse_platform(python.platform)
     request = f"cpython-{python.version}-{target.os}-{target.arch}-{target.libc}"
@@ -318,7 +342,9 @@ def _build_uv_managed(
     if offline:
         args.append("--offline")
     env = {"UV_PYTHON_CACHE_DIR": os.fspath(archives), **(uv_env or {})}
-    run_uv(args, cache_dir=cache_dir, env_extra=env, python_downloads="manual", timeout=1800)
+    with progress.phase(f"installing CPython {python.version} (uv python install)") as phase:
+        phase.failure = "unavailable"  # the caller may fall back to a host copy (DownloadUnavailable)
+        run_uv(args, cache_dir=cache_dir, env_extra=env, python_downloads="manual", timeout=1800)
     installs = [
         p
         for p in scratch.iterdir()
@@ -341,7 +367,7 @@ def _build_uv_managed(
     if not (out / exe).is_file():
         raise HarnessError(f"uv's CPython {python.version} has no {exe}")
     shared = _needs_libpython(out / exe)
-    _finish(out, exe, minor=minor, old_prefix=PBS_PLACEHOLDER, version=python.version, shared=shared)
+    _finish(out, exe, minor=minor, old_prefix=PBS_PLACEHOLDER, version=python.version, shared=shared, progress=progress)
     return InterpreterBuild("uv-managed", exe, python.version, shared)
 
 
@@ -365,7 +391,7 @@ def _unpatch_uv_prefix(out: Path, scratch_prefix: str) -> None:
 # --------------------------------------------------------------------------- host copies
 
 
-def _build_host(python: LockedInterpreter, out: Path) -> InterpreterBuild:
+def _build_host(python: LockedInterpreter, out: Path, progress: Reporter) -> InterpreterBuild:
     if sys.platform != "linux":
         raise HarnessError(
             f"CPython {python.version}: harness copies host interpreters on Linux only",
@@ -387,9 +413,18 @@ def _build_host(python: LockedInterpreter, out: Path) -> InterpreterBuild:
         )
     minor = _minor(python.version)
     layout = _host_layout(found, minor)
-    _copy_host(found, layout, out)
+    with progress.phase(f"copying CPython {python.version} from {found.executable}"):
+        _copy_host(found, layout, out)
     exe = layout["exe"]
-    _finish(out, exe, minor=minor, old_prefix=os.fspath(found.base_prefix), version=python.version, shared=found.shared)
+    _finish(
+        out,
+        exe,
+        minor=minor,
+        old_prefix=os.fspath(found.base_prefix),
+        version=python.version,
+        shared=found.shared,
+        progress=progress,
+    )
     # Py_ENABLE_SHARED alone does not say the executable loads libpython: Debian's python3.X
     # links it statically and ships the shared library for embedders only.
     return InterpreterBuild(
@@ -552,7 +587,9 @@ def _copy_host(probe: _Probe, layout: dict[str, str], out: Path) -> None:
 # --------------------------------------------------------------------------- both ways
 
 
-def _finish(out: Path, exe: str, *, minor: str, old_prefix: str, version: str, shared: bool) -> None:
+def _finish(
+    out: Path, exe: str, *, minor: str, old_prefix: str, version: str, shared: bool, progress: Reporter = QUIET
+) -> None:
     """Empty site-packages, dynamic sysconfig, fresh pycs, and a check that the result runs
     from ``out`` (module doc)."""
     stdlib = _stdlib_dir(out, minor)
@@ -568,7 +605,8 @@ def _finish(out: Path, exe: str, *, minor: str, old_prefix: str, version: str, s
     for cache in sorted(out.rglob("__pycache__"), reverse=True):
         shutil.rmtree(cache)
     _verify(out, exe, version=version, shared=shared)
-    compile_bytecode(out / exe, [stdlib], root=out)
+    with progress.phase(f"compiling bytecode of CPython {version}'s standard library") as phase:
+        compile_bytecode(out / exe, [stdlib], root=out, progress=phase.callback())
 
 
 def _stdlib_dir(out: Path, minor: str) -> Path:
@@ -615,7 +653,9 @@ def _verify(out: Path, exe: str, *, version: str, shared: bool) -> None:
         raise HarnessError(f"{out / exe}: loads libpython from outside the copy ({', '.join(strays)})")
 
 
-def compile_bytecode(python: Path, folders: Iterable[Path], *, root: Path) -> None:
+def compile_bytecode(
+    python: Path, folders: Iterable[Path], *, root: Path, progress: Callable[[int, int], None] | None = None
+) -> None:
     """Compile every ``.py`` under ``folders`` (inside ``root``) to unchecked-hash pycs with
     ``python``, reproducibly: one process (marshal's reference flags depend on what else is
     alive, so a worker pool's scheduling shows in the bytes), ``PYTHONHASHSEED=0``, no site,
@@ -623,24 +663,54 @@ def compile_bytecode(python: Path, folders: Iterable[Path], *, root: Path) -> No
     names are relative (importlib puts the real path back at import) and no path of the build
     location is alive in the process (3.10 marshals a one-character string constant that also
     appears as a path component differently). A file that does not compile (deliberately
-    broken test data) is skipped, as pip and uv do."""
+    broken test data) is skipped, as pip and uv do.
+
+    ``progress``, when given, is called with (files done, files in all) as the compiler goes
+    (the total counted here first, as compileall walks: no symlinked folders)."""
     existing = [os.fspath(f.relative_to(root)) for f in folders if f.is_dir()]
     if not existing:
         return
+    total = sum(_count_sources(root / folder) for folder in existing) if progress else 0
     env = _clean_env()
     env["PYTHONHASHSEED"] = "0"
-    proc = subprocess.run(
-        [os.fspath(python), "-S", "-B", "-c", _COMPILE, *existing],
-        cwd=root,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
-    if proc.returncode != 0:
-        raise HarnessError(f"compiling bytecode with {python} failed:\n{proc.stderr.strip()[-3000:]}")
+    with tempfile.TemporaryFile() as errors:
+        try:
+            proc = subprocess.Popen(
+                [os.fspath(python), "-S", "-B", "-c", _COMPILE, *existing],
+                cwd=root,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        except OSError as exc:
+            raise HarnessError(f"compiling bytecode with {python} failed: {exc}") from None
+        assert proc.stdout is not None
+        done = 0
+        if progress:
+            progress(0, total)
+        watchdog = threading.Timer(3600, proc.kill)  # as subprocess.run(timeout=3600) did
+        watchdog.start()
+        try:
+            with proc:
+                while chunk := os.read(proc.stdout.fileno(), 1 << 16):
+                    done += chunk.count(b"\n")
+                    if progress:
+                        progress(done, max(done, total))
+                returncode = proc.wait()
+        finally:
+            watchdog.cancel()
+        if returncode != 0:
+            errors.seek(0)
+            stderr = errors.read().decode("utf-8", "replace")
+            raise HarnessError(f"compiling bytecode with {python} failed:\n{stderr.strip()[-3000:]}")
+    if progress:
+        progress(done, max(done, total))
+
+
+def _count_sources(folder: Path) -> int:
+    """How many files compileall would compile under ``folder`` (it skips symlinked folders)."""
+    return sum(name.endswith(".py") for _, _, names in os.walk(folder) for name in names)
 
 
 def _clean_env() -> dict[str, str]:
