@@ -572,7 +572,12 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
         def build(out: Path) -> BuildResult:
             out.mkdir()
             result = build_uv_managed(
-                python, out, cache_dir=ctx.cache_dir, offline=ctx.offline, uv_env=ctx.settings.python_download_env()
+                python,
+                out,
+                cache_dir=ctx.cache_dir,
+                offline=ctx.offline,
+                uv_env=ctx.settings.python_download_env(),
+                jobs=ctx.jobs,
             )
             return BuildResult(obtained=result.source)
 
@@ -630,7 +635,7 @@ def _add_host_copy(ctx: Context, lock: Lock) -> str:
     try:
         built = scratch / "out"
         built.mkdir()
-        result = build_host_copy(lock.python, built)
+        result = build_host_copy(lock.python, built, jobs=ctx.jobs)
         content = nar_digest(built).hash
         name = host_interpreter_path(lock.python, content)
         _hold_standin(ctx.store, lock, name)  # before it is registered: gc never sees it unrooted
@@ -695,7 +700,11 @@ def _interpreter_hint(ctx: Context, lock: Lock, hint: str | None) -> str:
 
 
 def _add_environment(ctx: Context, lock: Lock) -> None:
-    from harness.realize.environment import build_environment
+    """Build and register the lock's environment; then record the pycs compiled for it in the
+    store's bytecode index, so the next environment on this interpreter takes them from the
+    pool (``harness/store/bytecode.py``)."""
+    from harness.realize.bytecode import ReuseFrom
+    from harness.realize.environment import EnvironmentBuild, build_environment
 
     store = ctx.store
 
@@ -716,10 +725,12 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
 
     hashes = {chosen_file(p, lock).file: chosen_file(p, lock).sha256 for p in [*lock.packages, *lock.build_packages]}
     major_minor = ".".join(lock.python.version.split(".")[:2])
+    reuse = ReuseFrom(store.root, lock.python.store)
+    built: list[EnvironmentBuild] = []
 
     def build(out: Path) -> BuildResult:
         out.mkdir()
-        build_environment(
+        result = build_environment(
             out,
             interpreter_dir=store.root / lock.python.store,
             interpreter_exe=f"bin/python{major_minor}",
@@ -730,10 +741,17 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             interpreter_store_name=lock.python.store,
             hashes=hashes,
             prompt=lock.name,
+            jobs=ctx.jobs,
+            bytecode_from=reuse,
         )
+        built.append(result)
         return BuildResult(obtained=f"uv {lock.uv}")
 
     store.add(lock.environment.store, "environment", build, references=tuple(references))
+    # Registered: its pycs are in the pool now (the environment kind's files are shared).
+    for result in built:
+        if result.bytecode is not None and result.bytecode.fresh:
+            reuse.index.record(result.bytecode.fresh)
 
 
 def repair_paths(state: Any, store: Store, names: list[str]) -> list[str]:

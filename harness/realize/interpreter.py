@@ -39,12 +39,12 @@ the directory; nothing inside it names the directory). Two ways to get one:
 Both ways then: ``_sysconfigdata_*.py`` gets a short appended stanza that maps the build-time
 prefix in its values to ``sys.base_prefix`` at import (so ``sysconfig`` and extension builds
 see the interpreter where it is); every ``__pycache__`` is dropped and the standard library
-is compiled again as *unchecked-hash* pycs (PEP 552) in one process with ``PYTHONHASHSEED=0``
-and relative file names (:func:`compile_bytecode`): the store canonicalizes mtimes, which
-would make timestamp pycs stale forever (and the store is read-only, so they could not be
-rewritten), and a parallel compile is not reproducible (marshal's ref flags depend on which
-files a worker compiled before). The copy is then run once: its ``sys.prefix`` must be
-``out`` and a shared libpython must be mapped from inside ``out``.
+is compiled again as *unchecked-hash* pycs (PEP 552) with ``PYTHONHASHSEED=0`` and relative
+file names, over several worker processes whose output does not depend on their number
+(:func:`compile_bytecode`, ``harness/realize/bytecode.py``): the store canonicalizes mtimes,
+which would make timestamp pycs stale forever (and the store is read-only, so they could not
+be rewritten). The copy is run once before that: its ``sys.prefix`` must be ``out`` and a
+shared libpython must be mapped from inside ``out``.
 
 Nothing here knows about the store: directory in, directory out. Linux only for copies
 (ELF); uv-managed installs work wherever uv's do.
@@ -59,12 +59,13 @@ import shutil
 import struct
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.lock.document import LockedInterpreter
+from harness.realize.bytecode import CompileReport, ReuseFrom, compile_tree
 from harness.resolve.interpreter import installed_paths, list_pythons, parse_platform
 from harness.resolve.uvtool import UvError, run_uv
 
@@ -86,17 +87,6 @@ print(json.dumps({
     "shared": bool(var("Py_ENABLE_SHARED")),
     "libdir": var("LIBDIR"), "ldlibrary": var("LDLIBRARY"), "instsoname": var("INSTSONAME"),
 }))
-"""
-
-#: Compiles the directories in argv[1:] (relative to the working directory, so the file names
-#: recorded in the pycs are relative too) to unchecked-hash pycs; exits 0 even when a file has
-#: a syntax error (the stdlib ships deliberately broken test data, and a package may too:
-#: those stay uncompiled).
-_COMPILE = r"""
-import compileall, py_compile, sys
-for folder in sys.argv[1:]:
-    compileall.compile_dir(folder, quiet=2, workers=1,
-                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
 """
 
 #: The placeholder prefix of python-build-standalone builds, which uv rewrites at install.
@@ -188,6 +178,7 @@ def build_interpreter(
     offline: bool,
     allow_host: bool = True,
     uv_env: Mapping[str, str] | None = None,
+    jobs: int | None = None,
 ) -> InterpreterBuild:
     """Fill the empty directory ``out`` with CPython ``python.version``, relocatable.
 
@@ -197,6 +188,7 @@ def build_interpreter(
     downloaded Python archives are kept in ``cache_dir/python-archives`` so a later offline
     build finds them. ``uv_env`` adds variables for uv (a download list or mirror, say). With
     ``offline`` nothing is downloaded. ``allow_host=False`` refuses the host fallback.
+    ``jobs`` bounds the bytecode compile's workers (default: the CPUs).
 
     This is :func:`build_uv_managed` with :func:`build_host_copy` as the fallback, for callers
     that do not care which they get; realize calls the two itself, since a host copy goes to
@@ -209,7 +201,7 @@ def build_interpreter(
     reason: str | None = None
     if python.source == "uv-managed":
         try:
-            return build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env)
+            return build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env, jobs=jobs)
         except DownloadUnavailable as exc:
             reason = exc.reason
             _empty(out)
@@ -218,7 +210,7 @@ def build_interpreter(
                 f"CPython {python.version}: {reason}",
                 hint="realize once with network access, or allow a host interpreter",
             )
-    build = build_host_copy(python, out)
+    build = build_host_copy(python, out, jobs=jobs)
     return (
         build
         if reason is None
@@ -229,7 +221,13 @@ def build_interpreter(
 
 
 def build_uv_managed(
-    python: LockedInterpreter, out: Path, *, cache_dir: Path, offline: bool, uv_env: Mapping[str, str] | None = None
+    python: LockedInterpreter,
+    out: Path,
+    *,
+    cache_dir: Path,
+    offline: bool,
+    uv_env: Mapping[str, str] | None = None,
+    jobs: int | None = None,
 ) -> InterpreterBuild:
     """Fill the empty directory ``out`` with the uv-managed CPython the lock names (module doc).
 
@@ -244,7 +242,7 @@ def build_uv_managed(
     if reason is not None:
         raise DownloadUnavailable(reason)
     try:
-        return _build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env)
+        return _build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env, jobs=jobs)
     except UvError as exc:
         detail = _last_line(exc.stderr) or str(exc)
         if offline:
@@ -252,14 +250,14 @@ def build_uv_managed(
         raise DownloadUnavailable(f"uv could not install it: {detail}") from None
 
 
-def build_host_copy(python: LockedInterpreter, out: Path) -> InterpreterBuild:
+def build_host_copy(python: LockedInterpreter, out: Path, *, jobs: int | None = None) -> InterpreterBuild:
     """Fill the empty directory ``out`` with a relocatable copy of an installed CPython of
     exactly ``python.version`` (module doc); :class:`HarnessError` naming what was searched
-    when there is none."""
+    when there is none. ``jobs`` bounds the bytecode compile's workers (default: the CPUs)."""
     out = out.absolute()
     _check_empty(out)
     _check_cpython(python)
-    return _build_host(python, out)
+    return _build_host(python, out, jobs=jobs)
 
 
 def _check_cpython(python: LockedInterpreter) -> None:
@@ -305,7 +303,13 @@ def _minor(version: str) -> str:
 
 
 def _build_uv_managed(
-    python: LockedInterpreter, out: Path, *, cache_dir: Path, offline: bool, uv_env: Mapping[str, str] | None
+    python: LockedInterpreter,
+    out: Path,
+    *,
+    cache_dir: Path,
+    offline: bool,
+    uv_env: Mapping[str, str] | None,
+    jobs: int | None,
 ) -> InterpreterBuild:
     target = parse_platform(python.platform)
     request = f"cpython-{python.version}-{target.os}-{target.arch}-{target.libc}"
@@ -341,7 +345,7 @@ def _build_uv_managed(
     if not (out / exe).is_file():
         raise HarnessError(f"uv's CPython {python.version} has no {exe}")
     shared = _needs_libpython(out / exe)
-    _finish(out, exe, minor=minor, old_prefix=PBS_PLACEHOLDER, version=python.version, shared=shared)
+    _finish(out, exe, minor=minor, old_prefix=PBS_PLACEHOLDER, version=python.version, shared=shared, jobs=jobs)
     return InterpreterBuild("uv-managed", exe, python.version, shared)
 
 
@@ -365,7 +369,7 @@ def _unpatch_uv_prefix(out: Path, scratch_prefix: str) -> None:
 # --------------------------------------------------------------------------- host copies
 
 
-def _build_host(python: LockedInterpreter, out: Path) -> InterpreterBuild:
+def _build_host(python: LockedInterpreter, out: Path, *, jobs: int | None) -> InterpreterBuild:
     if sys.platform != "linux":
         raise HarnessError(
             f"CPython {python.version}: harness copies host interpreters on Linux only",
@@ -389,7 +393,15 @@ def _build_host(python: LockedInterpreter, out: Path) -> InterpreterBuild:
     layout = _host_layout(found, minor)
     _copy_host(found, layout, out)
     exe = layout["exe"]
-    _finish(out, exe, minor=minor, old_prefix=os.fspath(found.base_prefix), version=python.version, shared=found.shared)
+    _finish(
+        out,
+        exe,
+        minor=minor,
+        old_prefix=os.fspath(found.base_prefix),
+        version=python.version,
+        shared=found.shared,
+        jobs=jobs,
+    )
     # Py_ENABLE_SHARED alone does not say the executable loads libpython: Debian's python3.X
     # links it statically and ships the shared library for embedders only.
     return InterpreterBuild(
@@ -552,7 +564,9 @@ def _copy_host(probe: _Probe, layout: dict[str, str], out: Path) -> None:
 # --------------------------------------------------------------------------- both ways
 
 
-def _finish(out: Path, exe: str, *, minor: str, old_prefix: str, version: str, shared: bool) -> None:
+def _finish(
+    out: Path, exe: str, *, minor: str, old_prefix: str, version: str, shared: bool, jobs: int | None = None
+) -> None:
     """Empty site-packages, dynamic sysconfig, fresh pycs, and a check that the result runs
     from ``out`` (module doc)."""
     stdlib = _stdlib_dir(out, minor)
@@ -568,7 +582,7 @@ def _finish(out: Path, exe: str, *, minor: str, old_prefix: str, version: str, s
     for cache in sorted(out.rglob("__pycache__"), reverse=True):
         shutil.rmtree(cache)
     _verify(out, exe, version=version, shared=shared)
-    compile_bytecode(out / exe, [stdlib], root=out)
+    compile_bytecode(out / exe, [stdlib], root=out, jobs=jobs)
 
 
 def _stdlib_dir(out: Path, minor: str) -> Path:
@@ -615,32 +629,23 @@ def _verify(out: Path, exe: str, *, version: str, shared: bool) -> None:
         raise HarnessError(f"{out / exe}: loads libpython from outside the copy ({', '.join(strays)})")
 
 
-def compile_bytecode(python: Path, folders: Iterable[Path], *, root: Path) -> None:
+def compile_bytecode(
+    python: Path,
+    folders: Iterable[Path],
+    *,
+    root: Path,
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    reuse: ReuseFrom | None = None,
+) -> CompileReport:
     """Compile every ``.py`` under ``folders`` (inside ``root``) to unchecked-hash pycs with
-    ``python``, reproducibly: one process (marshal's reference flags depend on what else is
-    alive, so a worker pool's scheduling shows in the bytes), ``PYTHONHASHSEED=0``, no site,
-    and the folders given relative to ``root`` as the working directory, so the recorded file
-    names are relative (importlib puts the real path back at import) and no path of the build
-    location is alive in the process (3.10 marshals a one-character string constant that also
-    appears as a path component differently). A file that does not compile (deliberately
-    broken test data) is skipped, as pip and uv do."""
-    existing = [os.fspath(f.relative_to(root)) for f in folders if f.is_dir()]
-    if not existing:
-        return
-    env = _clean_env()
-    env["PYTHONHASHSEED"] = "0"
-    proc = subprocess.run(
-        [os.fspath(python), "-S", "-B", "-c", _COMPILE, *existing],
-        cwd=root,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
-    if proc.returncode != 0:
-        raise HarnessError(f"compiling bytecode with {python} failed:\n{proc.stderr.strip()[-3000:]}")
+    ``python``, reproducibly and over up to ``jobs`` worker processes (default: the CPUs),
+    the bytes independent of their number: ``PYTHONHASHSEED=0``, no site, one fixed worker
+    script, file names relative to ``root`` (``harness/realize/bytecode.py`` says why each
+    matters). ``progress(files done, total)`` is called as files complete; ``reuse`` places
+    pycs the store already holds instead of compiling them. A file that does not compile
+    (deliberately broken test data) is skipped, as pip and uv do."""
+    return compile_tree(python, folders, root=root, jobs=jobs, progress=progress, reuse=reuse)
 
 
 def _clean_env() -> dict[str, str]:
