@@ -92,6 +92,13 @@ class Context:
     trusted_keys: tuple[str, ...] = ()
 
     @property
+    def compile_jobs(self) -> int:
+        """Bytecode compile workers: ``jobs``, but no more than the CPUs (compiling is CPU-bound)."""
+        from harness.realize.bytecode import cpu_count
+
+        return max(1, min(self.jobs, cpu_count()))
+
+    @property
     def downloads(self) -> Path:
         return self.cache_dir / "downloads"
 
@@ -577,7 +584,7 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
                 cache_dir=ctx.cache_dir,
                 offline=ctx.offline,
                 uv_env=ctx.settings.python_download_env(),
-                jobs=ctx.jobs,
+                jobs=ctx.compile_jobs,
             )
             return BuildResult(obtained=result.source)
 
@@ -635,7 +642,7 @@ def _add_host_copy(ctx: Context, lock: Lock) -> str:
     try:
         built = scratch / "out"
         built.mkdir()
-        result = build_host_copy(lock.python, built, jobs=ctx.jobs)
+        result = build_host_copy(lock.python, built, jobs=ctx.compile_jobs)
         content = nar_digest(built).hash
         name = host_interpreter_path(lock.python, content)
         _hold_standin(ctx.store, lock, name)  # before it is registered: gc never sees it unrooted
@@ -741,7 +748,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             interpreter_store_name=lock.python.store,
             hashes=hashes,
             prompt=lock.name,
-            jobs=ctx.jobs,
+            jobs=ctx.compile_jobs,
             bytecode_from=reuse,
         )
         built.append(result)

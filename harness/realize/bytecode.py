@@ -159,8 +159,8 @@ def compile_tree(
     """Write an unchecked-hash pyc beside every ``.py`` under ``folders`` (inside ``root``)
     with interpreter ``python`` (module doc); returns what was reused and compiled.
 
-    ``jobs`` bounds the worker processes (default and ceiling: the CPUs this process may
-    use); the bytes do not depend on it. ``progress(done, total)`` is called (never from two
+    ``jobs`` bounds the worker processes (default: the CPUs this process may use); the bytes
+    do not depend on it. ``progress(done, total)`` is called (never from two
     threads at once) after the lookups and as files complete. ``reuse`` takes pycs from the
     store instead of compiling them. Raises :class:`HarnessError` when a worker fails (not
     when a file has a syntax error: that file is skipped).
@@ -316,7 +316,7 @@ def _run_workers(
     for name in sorted(names, key=lambda n: (-size(n), n)):
         work.put(name)
     # A worker starts in tens of milliseconds: not worth it for a handful of files.
-    count = max(1, min(jobs or cpu_count(), cpu_count(), (len(names) + 15) // 16))
+    count = max(1, min(jobs or cpu_count(), (len(names) + 15) // 16))
     env = {
         k: v
         for k, v in os.environ.items()
