@@ -758,7 +758,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
     # Registered: its pycs are in the pool now (the environment kind's files are shared).
     for result in built:
         if result.bytecode is not None and result.bytecode.fresh:
-            reuse.index.record(result.bytecode.fresh)
+            reuse.index.record(lock.environment.store, result.bytecode.fresh)
 
 
 def repair_paths(state: Any, store: Store, names: list[str]) -> list[str]:
