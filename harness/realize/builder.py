@@ -24,6 +24,7 @@ once, before anything is built.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -113,15 +114,22 @@ class Context:
         return lock_file(self.downloads / f"{sha256}.lock")
 
 
+@functools.lru_cache(maxsize=16)
+def _tag_ranking(version: str, platform: str) -> dict[Any, int]:
+    """Each wheel tag the target accepts and its rank (0 best). Cached: a realize asks for
+    every package of every lock several times, and building the list takes milliseconds."""
+    from harness.resolve.interpreter import ranked_target_tags
+
+    return {tag: i for i, tag in enumerate(ranked_target_tags(version, platform))}
+
+
 def chosen_file(package: LockedPackage, lock: Lock) -> LockedFile:
     """The one file of ``package`` the environment installs: the best-ranked wheel for the
     lock's target (as an installer would choose), else the sdist. Pure."""
     from packaging.utils import parse_wheel_filename
 
-    from harness.resolve.interpreter import ranked_target_tags
-
     if package.wheels:
-        ranking = {tag: i for i, tag in enumerate(ranked_target_tags(lock.python.version, lock.python.platform))}
+        ranking = _tag_ranking(lock.python.version, lock.python.platform)
 
         def rank(file: LockedFile) -> tuple[int, str]:
             tags = parse_wheel_filename(file.file)[3]

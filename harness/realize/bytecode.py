@@ -174,8 +174,7 @@ def compile_tree(
     keys: dict[str, str] = {}
     if reuse is not None:
         todo = []
-        for name in names:
-            placed, key = _place(reuse, root, name, tag)
+        for name, (placed, key) in zip(names, _place_all(reuse, root, names, tag, jobs), strict=True):
             if placed:
                 report.reused += 1
                 continue
@@ -239,6 +238,23 @@ def pyc_name(source: str, tag: str) -> str:
     return os.path.join(head, "__pycache__", f"{tail[:-3]}.{tag}.pyc")
 
 
+def _place_all(
+    reuse: ReuseFrom, root: Path, names: list[str], tag: str, jobs: int | None
+) -> list[tuple[bool, str | None]]:
+    """:func:`_place` for every name, on a few threads (reading, hashing and linking thousands
+    of small files is mostly system calls, which release the GIL); results in ``names`` order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    reuse.index.load()  # once, before the threads
+    chunks = [names[i : i + 128] for i in range(0, len(names), 128)]
+
+    def place(chunk: list[str]) -> list[tuple[bool, str | None]]:
+        return [_place(reuse, root, name, tag) for name in chunk]
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, jobs or cpu_count(), len(chunks)))) as pool:
+        return [result for chunk in pool.map(place, chunks) for result in chunk]
+
+
 def _place(reuse: ReuseFrom, root: Path, name: str, tag: str) -> tuple[bool, str | None]:
     """Put the store's pyc of ``name`` in place: ``(True, key)`` when done, else ``(False,
     the file's index key)`` to record what the workers compile (None: unreadable source)."""
@@ -260,7 +276,8 @@ def _place(reuse: ReuseFrom, root: Path, name: str, tag: str) -> tuple[bool, str
         return False, key
     target = root / pyc_name(name, tag)
     try:
-        target.parent.mkdir(exist_ok=True)
+        if not target.parent.is_dir():
+            target.parent.mkdir(exist_ok=True)
         if os.path.lexists(target):
             os.unlink(target)  # a wheel's own pyc: ours replaces it, as a compile would
         try:

@@ -86,6 +86,11 @@ class BytecodeIndex:
         self.links = store_root / ".links"
         self._entries: dict[str, tuple[str, str]] | None = None
 
+    def load(self) -> None:
+        """Read the interpreter's entries now (else the first :meth:`lookup` does)."""
+        if self._entries is None:
+            self._entries = self._load()
+
     def _load(self) -> dict[str, tuple[str, str]]:
         entries: dict[str, tuple[str, str]] = {}
         try:
@@ -110,8 +115,8 @@ class BytecodeIndex:
     def lookup(self, key: str) -> str | None:
         """The pyc digest an intact entry names, or None (no entry, a damaged one, or one
         another user wrote: see the module doc)."""
-        if self._entries is None:
-            self._entries = self._load()
+        self.load()
+        assert self._entries is not None
         found = self._entries.get(key)
         if found is None:
             return None
