@@ -16,7 +16,7 @@ from harness.cli import State
     type=click.IntRange(1, 64),
     default=8,
     show_default=True,
-    help="Parallel downloads and registrations.",
+    help="Parallel downloads and registrations; bytecode compile workers (at most the CPUs).",
 )
 @click.option(
     "--fail-fast",
