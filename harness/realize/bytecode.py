@@ -67,7 +67,8 @@ from harness.errors import HarnessError
 #: ``harness.store.bytecode.SCHEME`` then.
 WORKER = r"""
 import compileall, py_compile, sys
-def main(path=None, fork=sys.version_info[:2] not in ((3, 11), (3, 13)), os=compileall.os):
+def main(path=None, fork=sys.version_info[:2] not in ((3, 11), (3, 13)) and hasattr(compileall.os, "fork"),
+         os=compileall.os):
     read, write, flush = sys.stdin.buffer.readline, sys.stdout.buffer.write, sys.stdout.flush
     mode = py_compile.PycInvalidationMode.UNCHECKED_HASH
     while True:
