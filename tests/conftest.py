@@ -15,6 +15,12 @@ pytest_plugins = ["tests.conftest_hub", "tests.upstreams"]
 
 REPO = Path(__file__).resolve().parent.parent
 
+# No interpreter download source is reachable from the test machines, and uv retries an
+# unreachable one for seconds before realize falls back to a host copy: every realize in an
+# empty home paid that. Tests of the download path serve their own list and drop this
+# (tests/test_python_downloads.py); the fallback's reason is still checked there.
+os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+
 
 @dataclass
 class Result:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from tests.ports import free_port
 
 RAY = Path(sys.executable).with_name("ray")
 START_TIMEOUT_S = 240.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -45,6 +45,7 @@ from harness.runtime.launch import (
     launch_spec,
 )
 from harness.runtime.plan import Plan, ServicePlacement
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "services" / "fake_model.py"
@@ -52,12 +53,6 @@ PY = sys.executable
 
 
 # ------------------------------------------------------------------------------ helpers
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def fake(name: str, state: Path, *args: str, load: float = 0.05, load_seconds: float = 10.0,

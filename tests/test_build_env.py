@@ -299,9 +299,12 @@ def test_environment_moves_with_the_store(built: tuple[Inputs, Path], tmp_path: 
     assert all(lib.startswith(os.fspath(other) + "/") for lib in seen["libpython"]), seen["libpython"]
 
 
-def test_builds_are_reproducible_across_homes(built: tuple[Inputs, Path], tmp_path: Path) -> None:
+def test_builds_are_reproducible_across_homes(
+    built: tuple[Inputs, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A second home at another path, built from scratch (interpreter included, this time
     asked for as uv-managed: offline it falls back to the host): same content hashes."""
+    monkeypatch.delenv("UV_PYTHON_DOWNLOADS", raising=False)  # uv really tries (conftest forbids it)
     inputs, env = built
     store = tmp_path / "second-home-at-a-longer-path" / "store"
     store.mkdir(parents=True)
@@ -391,7 +394,10 @@ def _fake_download(built: tuple[Inputs, Path], folder: Path) -> Path:
     return download_list(archive, archive.as_uri(), VERSION, folder)
 
 
-def test_uv_managed_interpreter_is_relocatable_and_reproducible(built: tuple[Inputs, Path], tmp_path: Path) -> None:
+def test_uv_managed_interpreter_is_relocatable_and_reproducible(
+    built: tuple[Inputs, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("UV_PYTHON_DOWNLOADS", raising=False)  # downloads from the list below
     listing = _fake_download(built, tmp_path)
     locked = LockedInterpreter(implementation="cpython", version=VERSION, platform=host_platform(),
                                source="uv-managed")

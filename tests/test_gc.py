@@ -28,10 +28,11 @@ from harness.realize.builder import lock_objects
 from harness.realize.standin import realized_lock
 from harness.runs.audit import diff_runs
 from harness.store.store import BuildResult, Store
+from tests.ports import free_port
 from tests.test_runs import _project, harness
 from tests.upstreams import Upstreams
 
-PORT = 18951
+PORT = free_port()  # the service's port (tests/ports.py)
 
 #: ``python -c GC_LOOP HOME STOP``: collect until STOP exists; print a JSON summary.
 GC_LOOP = r"""
@@ -105,7 +106,7 @@ def test_gc_racing_runs_never_breaks_them(project: Path, tmp_path: Path) -> None
     with gc_loop(home, tmp_path) as summary:
         for _ in range(3):
             result, _ = _run(project, home)
-            assert result.returncode == 0, result.stderr
+            assert result.returncode == 0, result.stdout + result.stderr
             assert "service answered svc" in result.stdout
     # Every run realized its closure again after the previous one was collected.
     assert summary["deleted"] > 0, summary

@@ -28,6 +28,7 @@ import pytest
 
 from harness.manifests.loading import load_model
 from harness.manifests.model import ServiceManifest
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "services" / "servers" / "serve_kinematics.py"
@@ -88,12 +89,6 @@ def rotation_angle(a: np.ndarray, b: np.ndarray) -> float:
 
 
 # ---------------------------------------------------------------- the real server
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass

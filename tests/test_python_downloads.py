@@ -73,6 +73,9 @@ def _env(**extra: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("UV_PYTHON_DOWNLOADS", "UV_PYTHON_DOWNLOADS_JSON_URL", "HARNESS_PYTHON_DOWNLOADS_JSON_URL",
                         "HARNESS_SUBSTITUTERS", "HARNESS_TRUSTED_KEYS", "HARNESS_DEPLOY")}
+    # uv's default, said outright: the conftest forbids downloads for every other test, and
+    # run_harness_process lays this over the process environment.
+    env["UV_PYTHON_DOWNLOADS"] = "automatic"
     env.update({k: v for k, v in extra.items() if v is not None})
     return env
 

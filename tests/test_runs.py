@@ -21,6 +21,7 @@ from harness.lock.lockfile import read
 from harness.realize.standin import realized_lock
 from harness.store.store import Store
 from tests.conftest import run_harness_process
+from tests.ports import free_port
 from tests.upstreams import Upstreams, make_project
 
 SERVICE = """kind = "tester"
@@ -77,7 +78,7 @@ def _run(project: Path, home: Path, *command: str) -> tuple[subprocess.Completed
 
 @pytest.fixture(scope="module")
 def project(up: Upstreams, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    project = _project(tmp_path_factory.mktemp("runs"), "alpha==1.0", 18931)
+    project = _project(tmp_path_factory.mktemp("runs"), "alpha==1.0", free_port())
     assert harness(project, up.home, "lock").returncode == 0
     return project
 

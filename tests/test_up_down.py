@@ -25,10 +25,11 @@ from harness.runtime.broker import find_brokers
 from harness.runtime.session import default_state_dir
 from harness.store.store import Store
 from tests.conftest import run_harness_process
+from tests.ports import free_port
 from tests.test_runs import SERVICE, _project, _run, harness
 from tests.upstreams import Upstreams
 
-PORT = 18941
+PORT = free_port()  # the service's port (tests/ports.py)
 
 
 @pytest.fixture(scope="module")
