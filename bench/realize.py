@@ -77,7 +77,7 @@ PHASES = [
     ("environment: store add, all", "realize/builder.py", "_add_environment"),
     ("  uv venv + pip sync", "resolve/uvtool.py", "run_uv"),
     ("  bytecode: all", "realize/bytecode.py", "compile_tree"),
-    ("  bytecode: look up, check, link", "realize/bytecode.py", "_place"),
+    ("  bytecode: look up, check, link", "realize/bytecode.py", "_place_all"),
     ("  bytecode: compile workers", "realize/bytecode.py", "_run_workers"),
     ("  path check", "realize/environment.py", "_check_paths"),
     ("  share files (pool)", "store/store.py", "_share_files"),
