@@ -9,10 +9,14 @@ For each requirement set, in one run and interleaved (so machine noise hits both
   (the project's own ``harness.toml`` target and interpreter pin).
 
 Cold: empty caches in fresh temporary folders and no previous output. Warm: the same command
-again on the caches and the output (uv's pylock, harness's lock) that the cold run left. Then
-``harness lock --check`` on a temporary project of 10 locked manifests (5 of them copies of
-the kinematics example, whose path weight the check re-hashes). Goals (issue 3):
-harness at most 1.3x uv, cold and warm; ``--check`` under 0.3 s.
+again on the caches and the output (uv's hashed requirements, harness's lock) that the cold
+run left; harness with ``--refresh``, so that it resolves again like uv does instead of
+answering from its no-op stamp. No-op: ``harness lock`` once more, nothing changed (answered
+from the stamp, without resolving). Each round runs every command of a set once, harness and
+uv alternating which goes first. Then ``harness lock --check`` on a temporary project of 10
+locked manifests (5 of them copies of the kinematics example, whose path weight the check
+re-hashes). Goals (issues 3 and 17): harness at most 1.3x uv, cold and warm; the no-op
+re-lock under 0.2 s; ``--check`` under 0.3 s.
 
 Several platforms (issue 13, ``--part platforms``): ``harness lock`` of one manifest for two
 platforms (``[lock] platforms = [x86_64-manylinux_2_28, aarch64-manylinux_2_28]``) beside the
@@ -27,8 +31,10 @@ Needs the package registry (uv's default index, or the mirror configured for uv)
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -47,6 +53,9 @@ PYTHON, TARGET = "3.11.7", "x86_64-manylinux_2_28"
 SETS = {
     "kinematics": ["numpy==2.2.6"],
     "medium": ["requests==2.32.3", "rich==13.9.4", "pydantic==2.9.2"],
+    # A VLM-like service (issue 17).
+    "vlm": ["transformers==4.57.1", "tokenizers==0.22.1", "pillow==11.3.0", "safetensors==0.6.2",
+            "fastapi==0.118.0", "uvicorn==0.37.0"],
     # A GPU service's stack (the example manifests' torch and transformers pins).
     "large": ["torch==2.7.0", "torchvision==0.22.0", "transformers==4.57.1", "accelerate==1.10.1"],
 }
@@ -62,36 +71,55 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "UV_"))}
 
 
+#: CPU seconds (user + system, the command and every process it waited for) of the last
+#: :func:`timed` run: on a machine whose cores are all busy, wall time follows CPU time.
+LAST_CPU = 0.0
+
+
 def timed(argv: list[str], *, cwd: Path, env: dict[str, str]) -> float:
+    global LAST_CPU
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    LAST_CPU = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{result.stderr}")
     return elapsed
 
 
 def uv_compile(work: Path, requirements: list[str]) -> tuple[list[str], Path]:
+    """``uv pip compile --generate-hashes`` for harness's one target (issue 17's anchor)."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "req.in").write_text("".join(r + "\n" for r in requirements))
     argv = [uv_bin(), "--no-config", "--cache-dir", str(work / "cache"), "pip", "compile", "req.in",
-            "-o", "pylock.toml", "--python-version", PYTHON, "--python-platform", TARGET,
+            "-o", "requirements.txt", "--generate-hashes", "--python-version", PYTHON, "--python-platform", TARGET,
             "--no-header", "--quiet", "--index-strategy", "first-index"]
     return argv, work
 
 
-def one_round(scratch: Path, name: str, requirements: list[str], harness: list[str]) -> dict[str, float]:
-    """Cold then warm, for uv and for harness, in fresh folders."""
+def one_round(scratch: Path, name: str, requirements: list[str], harness: list[str],
+              harness_first: bool) -> dict[str, float]:
+    """Cold then warm, for uv and for harness, in fresh folders; then harness's no-op."""
     times: dict[str, float] = {}
     uv_argv, uv_work = uv_compile(scratch / "uv", requirements)
     env_uv = uv_env(base=_env())
-    times["uv cold"] = timed(uv_argv, cwd=uv_work, env=env_uv)
-    times["uv warm"] = timed(uv_argv, cwd=uv_work, env=env_uv)
     project = make_project(scratch / "project", {name: requirements})
     argv = [*harness, "--home", str(scratch / "home"), "--project", str(project), "lock"]
-    times["harness cold"] = timed(argv, cwd=project, env=_env())
-    times["harness warm"] = timed(argv, cwd=project, env=_env())
+    # A harness from before issue 17 (no stamp, no --refresh) resolves on every lock.
+    refresh = ["--refresh"] if HAS_REFRESH else []
+    for mode, extra in (("cold", []), ("warm", refresh)):
+        runs = [("uv", uv_argv, uv_work, env_uv), ("harness", argv + extra, project, _env())]
+        for label, command, cwd, env in reversed(runs) if harness_first else runs:
+            times[f"{label} {mode}"] = timed(command, cwd=cwd, env=env)
+            times[f"{label} {mode} cpu"] = LAST_CPU
+    times["harness no-op"] = timed(argv, cwd=project, env=_env())
+    times["harness no-op cpu"] = LAST_CPU
     return times
+
+
+HAS_REFRESH = False
 
 
 PLATFORMS = [TARGET, "aarch64-manylinux_2_28"]
@@ -144,10 +172,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--part", choices=("all", "single", "platforms"), default="all",
                         help="single: harness beside uv for one target; platforms: one lock for two platforms")
+    parser.add_argument("--harness", help="the harness command to run (default: this Python's), e.g. a baseline's")
+    parser.add_argument("--sets", default=",".join(SETS), help=f"requirement sets to run (of {', '.join(SETS)})")
     args = parser.parse_args()
-    harness = _harness()
+    harness = args.harness.split() if args.harness else _harness()
+    global HAS_REFRESH
+    HAS_REFRESH = "--refresh" in subprocess.run([*harness, "lock", "--help"], capture_output=True, text=True,
+                                                cwd=tempfile.gettempdir()).stdout
+    # Bytecode as an installed harness has it (PYTHONDONTWRITEBYTECODE would leave harness's
+    # own modules compiled from source on every run of an editable install).
+    compileall.compile_dir(str(ROOT / "harness"), quiet=1)
+    print(f"harness: {' '.join(harness)}{'' if HAS_REFRESH else ' (no --refresh: warm and no-op both resolve)'}")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.system()} "
-          f"{platform.release()}, CPython {platform.python_version()}; {args.runs} runs")
+          f"{platform.release()}, CPython {platform.python_version()}; {args.runs} runs; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.part in ("all", "platforms"):
         bench_platforms(args.runs, harness)
     if args.part == "platforms":
@@ -155,21 +193,33 @@ def main() -> None:
     verdicts = []
     with tempfile.TemporaryDirectory(prefix="harness-bench-lock-") as tmp:
         scratch_root = Path(tmp)
-        samples: dict[str, dict[str, list[float]]] = {n: {} for n in SETS}
+        sets = {name: SETS[name] for name in args.sets.split(",")}
+        samples: dict[str, dict[str, list[float]]] = {n: {} for n in sets}
         for run in range(args.runs):
-            for name, requirements in SETS.items():
+            for name, requirements in sets.items():
                 scratch = scratch_root / f"{name}-{run}"
-                for key, value in one_round(scratch, name, requirements, harness).items():
+                for key, value in one_round(scratch, name, requirements, harness, run % 2 == 1).items():
                     samples[name].setdefault(key, []).append(value)
                 shutil.rmtree(scratch)
-        print(f"\n{'set':<12} {'mode':<5} {'uv s':>7} {'harness s':>10} {'ratio':>6}")
+        print(f"\n{'set':<12} {'mode':<5} {'uv s':>7} {'harness s':>10} {'ratio':>6}   {'CPU s uv':>8} "
+              f"{'harness':>8} {'ratio':>6}   (min-max harness, uv)")
+        noops = []
         for name, by_key in samples.items():
             for mode in ("cold", "warm"):
                 uv = statistics.median(by_key[f"uv {mode}"])
                 ours = statistics.median(by_key[f"harness {mode}"])
                 ratio = ours / uv
                 verdicts.append(ratio <= 1.3)
-                print(f"{name:<12} {mode:<5} {uv:7.3f} {ours:10.3f} {ratio:6.2f}")
+                spread = (f"{min(by_key[f'harness {mode}']):.3f}-{max(by_key[f'harness {mode}']):.3f}, "
+                          f"{min(by_key[f'uv {mode}']):.3f}-{max(by_key[f'uv {mode}']):.3f}")
+                uv_cpu = statistics.median(by_key[f"uv {mode} cpu"])
+                our_cpu = statistics.median(by_key[f"harness {mode} cpu"])
+                print(f"{name:<12} {mode:<5} {uv:7.3f} {ours:10.3f} {ratio:6.2f}   {uv_cpu:8.3f} {our_cpu:8.3f} "
+                      f"{our_cpu / uv_cpu:6.2f}   ({spread})")
+            noop = statistics.median(by_key["harness no-op"])
+            noops.append(noop)
+            print(f"{name:<12} no-op {'':>7} {noop:10.3f}          {'':>8} {statistics.median(by_key['harness no-op cpu']):8.3f}"
+                  f"          (re-lock, nothing changed: no resolver)")
 
         # lock --check on 10 locked manifests: 5 copies of the kinematics example (its path
         # weight is re-hashed by the check) and 5 of the medium set.
@@ -186,6 +236,8 @@ def main() -> None:
     print(f"\nharness lock --check, 10 manifests: median {check:.3f} s "
           f"({'meets' if check < 0.3 else 'MISSES'} < 0.3 s)")
     print(f"harness/uv <= 1.3: {'meets' if all(verdicts) else 'MISSES'} in {sum(verdicts)}/{len(verdicts)}")
+    print(f"no-op re-lock < 0.2 s: {'meets' if max(noops) < 0.2 else 'MISSES'} (slowest median {max(noops):.3f} s)")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -49,33 +49,214 @@ DEFAULT_INDEX = "pypi"
 HUBS = ("huggingface", "modelscope")
 
 
+#: The tables of a settings file, in reference order, and what each is for (``scripts/docs.py``
+#: renders them with the keys' :func:`_doc` metadata into the settings reference).
+SETTINGS_TABLES: dict[str, str] = {
+    "indexes": "Where each named package index lives. Manifests name indexes (`indexes`, "
+    "`package-index`); locks keep the name; the address is read here at lock and realize time.",
+    "hubs": "Which endpoint each weights hub client talks to.",
+    "lock": "What `harness lock` targets. Usually set in the committed `harness.toml`, so everyone "
+    "who locks the project locks the same platforms.",
+    "lock.python": "Version requests pinned to a patch release (the version only, never where the "
+    "interpreter comes from).",
+    "git-mirrors": "Where git sources are fetched from instead of their canonical URL (an offline "
+    "cluster, a lab mirror). Locks, store paths and the cache's mirrors keep the canonical URL.",
+    "cache": "Binary caches: where `realize` looks for store paths before fetching or building, whose "
+    "signatures `realize` and `store pull` trust, and the key `store push` signs with. A later layer's "
+    "list replaces an earlier one's.",
+    "python": "Where uv downloads a lock's interpreter from: they say where the bytes come from, "
+    "never which bytes (the lock pins the version; the list's sha256 checks the archive). `realize` "
+    "uses them; `lock` does not.",
+    "gc": "What `harness store gc` keeps besides what live roots name.",
+}
+
+
+def _doc(
+    table: str, key: str, type_: str, meaning: str, example: str, *, default: str | None = None, env: str = ""
+) -> dict[str, str]:
+    """Reference metadata of the settings key ``[table] key`` held by one :class:`Settings` field.
+
+    ``example`` is the TOML line as written under ``[table]``; ``default`` is text (taken from
+    the field's default when None); ``env`` names the variables that win over the files.
+    ``scripts/docs.py`` renders it, and ``tests/test_docs.py`` fails when a key this module
+    reads has none.
+    """
+    meta = {"table": table, "key": key, "type": type_, "meaning": meaning, "example": example, "env": env}
+    return meta if default is None else {**meta, "default": default}
+
+
+#: Metadata of a field that no settings key sets directly (derived by load_settings).
+_DERIVED = {"derived": "yes"}
+
+_URL = "`http(s)://` or `file://` URL"
+
+
 @dataclass(frozen=True)
 class Settings:
-    """Index and hub addresses by name; see the module docstring for where they come from."""
+    """Index and hub addresses by name; see the module docstring for where they come from.
 
-    indexes: dict[str, str] = field(default_factory=dict)
-    hubs: dict[str, str] = field(default_factory=dict)
+    Every field carries its settings key's reference metadata (:func:`_doc`), from which
+    ``scripts/docs.py`` generates the settings reference.
+    """
+
+    indexes: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "indexes",
+            "<name>",
+            _URL,
+            "The address of the index a manifest names `<name>`. Names compare like package names "
+            "(case, `-`, `_` and `.` alike). `pypi` left unset is uv's own default index, which harness "
+            "never names; any other name a manifest uses must be set, or locking fails naming where.",
+            'pytorch-cu128 = "https://mirror.lab.example/pytorch/whl/cu128"',
+            default="none (`pypi`: uv's default index)",
+            env="`HARNESS_INDEX_<NAME>` (the name upper-cased, `-` and `.` as `_`)",
+        ),
+    )
+    hubs: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "hubs",
+            "`huggingface` or `modelscope`",
+            _URL,
+            "The endpoint that hub's client downloads weights from; unset keeps the client's default. "
+            "Other hub names are errors. A lock names the hub, never its address.",
+            'huggingface = "https://hf-mirror.lab.example"',
+            default="the client's own endpoint",
+            env="`HF_ENDPOINT` (huggingface), `HARNESS_MODELSCOPE_ENDPOINT` (modelscope)",
+        ),
+    )
     #: ``[lock] platform``: the target platform locks default to (uv's vocabulary).
-    lock_platform: str | None = None
+    lock_platform: str | None = field(
+        default=None,
+        metadata=_doc(
+            "lock",
+            "platform",
+            "string, uv's `--python-platform` vocabulary",
+            'The one platform locks resolve wheels for: the same as `platforms = ["…"]`. Set `platform` '
+            "or `platforms`, not both. `harness lock --platform X` locks for X alone, once.",
+            '# platform = "x86_64-manylinux_2_28"   (one platform; or platforms, not both)',
+            default="this machine's platform",
+        ),
+    )
     #: ``[lock] platforms`` (or ``platform`` alone): every platform one lock holds, in order.
-    lock_platforms: tuple[str, ...] = ()
+    lock_platforms: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "lock",
+            "platforms",
+            "non-empty list of strings, no repeats",
+            "Every platform one lock holds, the preferred one first; each is resolved on its own and the "
+            "lock lists one `[[targets]]` entry per platform. `realize`, launch and audit take the first "
+            "platform this machine runs, and name this setting when the lock holds none.",
+            'platforms = ["x86_64-manylinux_2_28", "aarch64-manylinux_2_28"]',
+            default="`[platform]`",
+        ),
+    )
     #: Where ``lock_platforms`` was set (``<file>: lock.platforms``), for error messages.
-    lock_platforms_origin: str = ""
+    lock_platforms_origin: str = field(default="", metadata=_DERIVED)
     #: ``[lock.python]``: a version request pinned further, e.g. ``"3.11" = "3.11.7"``.
-    python_pins: dict[str, str] = field(default_factory=dict)
+    python_pins: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "lock.python",
+            '`"3.X"` (a manifest\'s `python` request)',
+            'string `"3.X.Y"` of the same series',
+            "The exact CPython release that version request locks to. Without a pin a lock takes the "
+            "newest patch uv can provide, and a re-lock keeps the patch its lock has.",
+            '"3.11" = "3.11.7"',
+            default="none",
+        ),
+    )
     #: ``[git-mirrors]``: canonical git URL (or a URL prefix ending in ``/``) → the mirror
     #: fetched instead; locks keep the canonical URL (``harness.resolve.git.fetch_url``).
-    git_mirrors: dict[str, str] = field(default_factory=dict)
+    git_mirrors: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "git-mirrors",
+            "a canonical repository URL, or a URL prefix ending in `/`",
+            "git URL (`file://`, `https://`, `ssh://`, `user@host:path`) or an absolute path; a prefix "
+            "maps to a prefix",
+            "Fetch that repository (or every repository under the prefix: the rest of the URL is appended "
+            "to the mirror's) from the mirror instead. The longest matching prefix wins; an exact URL beats "
+            "any prefix. Submodule URLs are mapped the same way. A later layer wins key by key.",
+            '"https://github.com/XPolicyLab/XPolicyLab" = "file:///srv/git/XPolicyLab.git"',
+            default="none",
+        ),
+    )
     #: ``[cache] substituters``: binary caches realize and pull read from.
-    substituters: tuple[str, ...] = ()
+    substituters: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "cache",
+            "substituters",
+            "list of cache URLs: `file://` or a path, `s3://bucket/prefix`, `http(s)://`",
+            "The binary caches `harness realize` asks before fetching upstream or building (a cluster run "
+            "pushes to the first writable one for its nodes); `?priority=N` on a URL orders them (lower first). A deploy's `substituters` are "
+            "added to these.",
+            'substituters = ["file:///nfs/harness-cache", "s3://lab-cache/harness?priority=10"]',
+            default="`[]`",
+            env="`HARNESS_SUBSTITUTERS` (whitespace-separated)",
+        ),
+    )
     #: ``[cache] trusted-keys``: public keys whose signatures make a built path trusted.
-    trusted_keys: tuple[str, ...] = ()
+    trusted_keys: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "cache",
+            "trusted-keys",
+            "list of `name:base64` ed25519 public keys",
+            "A built path (interpreter, environment, weights view) pulled from a cache must carry a "
+            "signature by one of them; fixed-output paths (wheels, sources, weights) are checked against "
+            "their lock hashes instead. A deploy's `trusted-keys` are added.",
+            'trusted-keys = ["lab-1:Base64PublicKey..."]',
+            default="`[]`",
+            env="`HARNESS_TRUSTED_KEYS` (whitespace-separated)",
+        ),
+    )
     #: ``[cache] secret-key-file``: the key ``harness store push`` signs with.
-    secret_key_file: Path | None = None
+    secret_key_file: Path | None = field(
+        default=None,
+        metadata=_doc(
+            "cache",
+            "secret-key-file",
+            "path, relative to the file that names it",
+            "The secret key `harness store push` (and a cluster run's push) signs with; `store push --key FILE` "
+            "wins. `harness store keygen NAME` makes a pair.",
+            'secret-key-file = "keys/lab-1.secret"',
+            default="none (`store push` warns: unsigned built paths are refused by every puller)",
+            env="`HARNESS_SECRET_KEY_FILE`",
+        ),
+    )
     #: ``[python] downloads-json-url``: the interpreter download list uv installs from.
-    python_downloads_json_url: str | None = None
+    python_downloads_json_url: str | None = field(
+        default=None,
+        metadata=_doc(
+            "python",
+            "downloads-json-url",
+            f"{_URL}, or a path relative to the file that names it",
+            "The interpreter download list uv installs from (uv's `--python-downloads-json-url` format), "
+            "replacing the list built into uv: entries keyed `cpython-<X.Y.Z>-<os>-<arch>-<libc>`, each "
+            "with the `url` and `sha256` of a python-build-standalone `install_only` archive.",
+            'downloads-json-url = "https://mirror.lab.example/python/download-metadata.json"',
+            default="uv's built-in list",
+            env="`HARNESS_PYTHON_DOWNLOADS_JSON_URL`; uv's `UV_PYTHON_DOWNLOADS_JSON_URL` only where nothing else sets it",
+        ),
+    )
     #: ``[python] install-mirror``: where uv fetches python-build-standalone archives.
-    python_install_mirror: str | None = None
+    python_install_mirror: str | None = field(
+        default=None,
+        metadata=_doc(
+            "python",
+            "install-mirror",
+            _URL,
+            "A mirror of the python-build-standalone releases (uv's `UV_PYTHON_INSTALL_MIRROR`): uv's own "
+            "download list, with archives fetched from there.",
+            'install-mirror = "https://mirror.lab.example/python-build-standalone/releases/download"',
+            default="the releases' own address",
+            env="`HARNESS_PYTHON_INSTALL_MIRROR`; uv's `UV_PYTHON_INSTALL_MIRROR` only where nothing else sets it",
+        ),
+    )
 
     def python_download_env(self) -> dict[str, str]:
         """The variables that point uv's interpreter downloads where the settings say."""
@@ -87,10 +268,32 @@ class Settings:
         return env
 
     #: ``[gc] keep-runs``: ``store gc`` keeps what the last N runs used (pinned runs always).
-    gc_keep_runs: int = 10
+    gc_keep_runs: int = field(
+        default=10,
+        metadata=_doc(
+            "gc",
+            "keep-runs",
+            "whole number ≥ 0",
+            "`store gc` keeps every store path the last N run records name, so they stay auditable; "
+            "`harness runs pin ID` keeps a run's paths whatever its age.",
+            "keep-runs = 10",
+            env="`HARNESS_GC_KEEP_RUNS`",
+        ),
+    )
     #: ``[gc] missing-project-days``: a registered project folder gone this long stops
     #: rooting its paths (0: only ``store gc --forget-missing`` drops it).
-    gc_missing_project_days: float = 30.0
+    gc_missing_project_days: float = field(
+        default=30.0,
+        metadata=_doc(
+            "gc",
+            "missing-project-days",
+            "number ≥ 0",
+            "A project that realized here and whose folder is gone (moved, deleted) keeps its last "
+            "recorded paths this many days after `gc` first found it gone; `0` keeps them until "
+            "`harness store gc --forget-missing`.",
+            "missing-project-days = 30",
+        ),
+    )
 
     def index_url(self, name: str) -> str | None:
         """The address of index ``name``; None for ``pypi`` left at uv's default.
@@ -123,7 +326,7 @@ def normalize_index_name(name: str) -> str:
 
 def load_settings(home: Path, project_root: Path | None = None) -> Settings:
     """Merge project, user and environment settings (later wins)."""
-    from harness.manifests.loading import read_toml
+    from harness.manifests.tomlfile import read_toml
 
     indexes: dict[str, str] = {}
     hubs: dict[str, str] = {}

@@ -38,8 +38,29 @@ def _page(title: str, description: str, body: str) -> str:
 
 
 def _cell(text: object) -> str:
-    """Text safe inside a markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+    """Text safe inside a markdown table cell: ``|`` escaped and, outside code spans, ``<`` and
+    ``>`` too (``<NAME>`` would otherwise be read as an HTML tag and vanish)."""
+    parts = str(text).replace("|", "\\|").replace("\n", " ").strip().split("`")
+    for i in range(0, len(parts), 2):  # even parts lie outside code spans
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
+
+
+def _with_bounds(type_name: str, field: Any) -> str:
+    """``number ≥ 0, ≤ 4096``; an optional type keeps its mark last (``number > 0 (optional)``)."""
+    optional = type_name.endswith(" (optional)")
+    return type_name.removesuffix(" (optional)") + _bounds(field) + (" (optional)" if optional else "")
+
+
+def _bounds(field: Any) -> str:
+    """A field's numeric bounds, as `` ≥ 1, ≤ 65535`` (empty without any)."""
+    words = []
+    for item in field.metadata:
+        for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            value = getattr(item, attr, None)
+            if value is not None:
+                words.append(f"{sign} {value:g}")
+    return (" " + ", ".join(words)) if words else ""
 
 
 def _type_name(annotation: Any) -> str:
@@ -61,9 +82,9 @@ def _type_name(annotation: Any) -> str:
         return f"table of {_type_name(args[1])}" if len(args) == 2 else "table"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return f"table ({annotation.__name__})"
-    names = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}
-    if annotation in names:
-        return names[annotation]
+    plain = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}
+    if annotation in plain:
+        return plain[annotation]
     return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
 
 
@@ -87,29 +108,41 @@ def _default(field: Any) -> str:
     return f"`{value}`"
 
 
-def _models_below(model: Any) -> Iterator[tuple[str, Any]]:
-    """(TOML key, model) of each table nested in ``model``, depth first, each model once."""
+def _models_below(model: Any) -> Iterator[tuple[str, Any, bool]]:
+    """(TOML key, model, is an array of tables) of each table nested in ``model``; a table of
+    tables by name (``services``) has the key ``services.<name>``."""
     from pydantic import BaseModel
 
-    def tables(annotation: Any) -> Iterator[Any]:
+    def tables(annotation: Any, key: str, array: bool) -> Iterator[tuple[str, Any, bool]]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            yield annotation
-        for arg in typing.get_args(annotation):
-            yield from tables(arg)
+            yield key, annotation, array
+        origin = typing.get_origin(annotation)
+        args = typing.get_args(annotation)
+        if origin is dict and len(args) == 2:
+            yield from tables(args[1], f"{key}.<name>", array)
+            return
+        for arg in args:
+            yield from tables(arg, key, array or origin in (list, tuple))
 
     for name, field in model.model_fields.items():
-        key = field.alias or name
-        for sub in tables(field.annotation):
-            yield key, sub
+        yield from tables(field.annotation, field.alias or name, False)
 
 
 def _model_section(model: Any, heading: str, level: int = 2) -> str:
     doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for name, field in model.model_fields.items():
-        meaning = field.description or ""
-        rows.append(f"| `{field.alias or name}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))} "
-                    f"| {_cell(meaning)} |")
+        meaning = field.description
+        if not meaning:
+            # Every key a user can write is documented where it is defined, so none lands without one.
+            raise ValueError(
+                f"{model.__module__}.{model.__name__}.{name} has no description: "
+                "give its Field(description=...) one line saying what it does"
+            )
+        rows.append(
+            f"| `{field.alias or name}` | {_cell(_with_bounds(_type_name(field.annotation), field))} | {_cell(_default(field))} "
+            f"| {_cell(meaning)} |"
+        )
     return f"{'#' * level} {heading}\n\n{doc}\n\n" + "\n".join(rows) + "\n"
 
 
@@ -119,12 +152,13 @@ def _model_tree(model: Any, root_heading: str, prefix: str = "") -> str:
     seen: set[Any] = {model}
 
     def walk(current: Any, path: str) -> None:
-        for key, sub in _models_below(current):
+        for key, sub, array in _models_below(current):
             if sub in seen:
                 continue
             seen.add(sub)
             table = f"{path}.{key}" if path else key
-            parts.append(_model_section(sub, f"`[{table}]` ({sub.__name__})", level=3))
+            header = f"[[{table}]]" if array else f"[{table}]"
+            parts.append(_model_section(sub, f"`{header}` ({sub.__name__})", level=3))
             walk(sub, table)
 
     walk(model, prefix)
@@ -132,6 +166,14 @@ def _model_tree(model: Any, root_heading: str, prefix: str = "") -> str:
 
 
 # ----------------------------------------------------------------------------------- pages
+
+
+def _example(*paths: str) -> str:
+    """A section showing shipped files verbatim: examples that are real, so they cannot drift."""
+    parts = ["## Examples\n"]
+    for path in paths:
+        parts.append(f"`{path}`, as shipped:\n\n```toml\n{(ROOT / path).read_text().rstrip()}\n```\n")
+    return "\n" + "\n".join(parts)
 
 
 def manifests_page() -> str:
@@ -144,6 +186,9 @@ def manifests_page() -> str:
         + _model_tree(ServiceManifest, "Service manifest (`services/<name>.toml`)")
         + "\n"
         + _model_tree(BenchmarkManifest, "Benchmark manifest (`benchmarks/<name>.toml`)")
+        + _example("services/kinematics.toml", "services/smolvla.toml", "benchmarks/reach.toml")
+        + "\nThe [configuration guide](/reference/configuration/) explains templates, the rules every file "
+        "follows, and which keys shape a lock.\n"
     )
     return _page("Manifest keys", "Every key of a service or benchmark manifest, from the models.", body)
 
@@ -155,6 +200,7 @@ def deploy_page() -> str:
         "A deploy says how one machine runs the project's services: "
         "`configs/deploy/<machine>.toml`, chosen with `--deploy PATH` or `$HARNESS_DEPLOY`.\n\n"
         + _model_tree(Deploy, "Deploy (`configs/deploy/<machine>.toml`)")
+        + _example("configs/deploy/example-one-gpu.toml")
     )
     return _page("Deploy keys", "Every key of a deploy file, from the models.", body)
 
@@ -166,6 +212,7 @@ def agent_page() -> str:
         "An agent config (`configs/agents/<name>.toml`) says which skills are on; each skill "
         "names the service kinds it needs. `--set key=value` overrides any key.\n\n"
         + _model_tree(AgentConfig, "Agent config (`configs/agents/<name>.toml`)")
+        + _example("configs/agents/default.toml")
     )
     return _page("Agent config keys", "Every key of an agent config, from the models.", body)
 
@@ -178,8 +225,83 @@ def lock_page() -> str:
         "builds exactly what it names. Locks name indexes and hubs by name and files by name "
         "and hash; addresses come from settings at realize time.\n\n"
         + _model_tree(Lock, "Lockfile (`locks/<name>.lock.toml`)")
+        + _example("locks/kinematics.lock.toml")
     )
     return _page("Lockfile format", "Every key of a lockfile, from the models.", body)
+
+
+def settings_keys(settings_class: Any = None) -> list[dict[str, Any]]:
+    """Every settings key's reference metadata from ``harness.config.Settings`` (or
+    ``settings_class``), in table order.
+
+    Raises ValueError naming a field that carries none, so a new setting cannot land undocumented.
+    """
+    import dataclasses
+
+    from harness.config import SETTINGS_TABLES, Settings
+
+    keys = []
+    for f in dataclasses.fields(settings_class or Settings):
+        meta = dict(f.metadata)
+        if meta.get("derived"):
+            continue
+        if "key" not in meta:
+            raise ValueError(
+                f"harness/config.py: Settings.{f.name} has no reference metadata: give its field "
+                "metadata=_doc(table, key, type, meaning, example)"
+            )
+        if meta["table"] not in SETTINGS_TABLES:
+            raise ValueError(f"harness/config.py: Settings.{f.name}: table {meta['table']!r} is not in SETTINGS_TABLES")
+        if "default" not in meta:
+            factory: Any = f.default_factory
+            value = f.default if f.default is not dataclasses.MISSING else factory()
+            meta["default"] = f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
+        keys.append({"field": f.name, **meta})
+    order = list(SETTINGS_TABLES)
+    return sorted(keys, key=lambda k: order.index(k["table"]))
+
+
+def settings_page() -> str:
+    from harness.config import SETTINGS_TABLES
+
+    keys = settings_keys()
+    parts = [
+        "Settings map the names that manifests and locks use (indexes, hubs) to addresses on this machine, "
+        "and say where caches, mirrors and interpreter downloads are. The same lock installs through a mirror "
+        "by changing settings, never the lock. Layers, later ones winning:\n",
+        "1. `harness.toml` at the project root: committed, so it names only addresses that are not package "
+        "registries (a lab's own index, say);",
+        "2. `$HARNESS_HOME/config.toml` (default `~/.cache/harness/config.toml`): this user and machine;",
+        "3. the environment variables in the last column, which win over both files (an empty variable "
+        "counts as unset).\n",
+        "A table other than those below is ignored; an unknown key inside `[lock]`, `[cache]`, `[python]` "
+        "or `[gc]` is an error naming the file and the key. Read [the configuration guide]"
+        "(/reference/configuration/#settings) for how these fit together.\n",
+    ]
+    for table, about in SETTINGS_TABLES.items():
+        rows = [k for k in keys if k["table"] == table]
+        if not rows:
+            continue
+        parts.append(f"## `[{table}]`\n\n{about}\n")
+        parts.append("| key | type | default | meaning | environment |\n|---|---|---|---|---|")
+        for k in rows:
+            key = k["key"] if "`" in k["key"] else f"`{k['key']}`"
+            parts.append(
+                f"| {_cell(key)} | {_cell(k['type'])} | {_cell(k['default'])} | {_cell(k['meaning'])} "
+                f"| {_cell(k['env'] or '—')} |"
+            )
+        example = "\n".join(k["example"] for k in rows)
+        parts.append(f"\n```toml\n[{table}]\n{example}\n```\n")
+    parts.append(
+        "## Environment variables\n\nharness's variables (and `HF_ENDPOINT`) win over both files; uv's are read only where nothing else sets the key.\n\n| variable | sets |\n|---|---|"
+    )
+    for k in keys:
+        if k["env"]:
+            key = k["key"] if "`" in k["key"] else f"`{k['key']}`"
+            parts.append(f"| {_cell(k['env'])} | `[{k['table']}]` {_cell(key)} |")
+    return _page(
+        "Settings keys", "Every key of harness.toml and $HARNESS_HOME/config.toml, from the code.", "\n".join(parts)
+    )
 
 
 def _options(command: Any) -> list[str]:
@@ -223,8 +345,12 @@ def cli_page() -> str:
     from harness.cli import cli
 
     ctx = click.Context(cli, info_name="harness")
-    parts = ["Every command and option, read from the command tree. `harness COMMAND --help` "
-             "prints the same.\n", "## Global options\n", *_options(cli), ""]
+    parts = [
+        "Every command and option, read from the command tree. `harness COMMAND --help` prints the same.\n",
+        "## Global options\n",
+        *_options(cli),
+        "",
+    ]
     for path, command in _commands(cli, ctx, "harness"):
         sub = click.Context(command, info_name=path.split()[-1], parent=ctx)
         usage = command.collect_usage_pieces(sub)
@@ -238,45 +364,157 @@ def cli_page() -> str:
     return _page("Command line", "Every harness command and option, from the CLI.", "\n".join(parts))
 
 
+def _comment_note(path: Path, key: str) -> str:
+    """The ``# - key: ...`` note of a manifest's header comment, joined into one line ("" if none).
+
+    Manifests record where their figures come from in such notes (``# - vram_gb: an estimate...``).
+    """
+    note: list[str] = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            if note:
+                break
+            continue
+        text = line.lstrip("#").strip()
+        if note and (text.startswith("- ") or not text):
+            break
+        if note:
+            note.append(text)
+        elif text.startswith(f"- {key}:"):
+            note.append(text.removeprefix(f"- {key}:").strip())
+    return " ".join(note)
+
+
+def _vram_label(vram_gb: float, note: str) -> str:
+    """How a manifest's ``vram_gb`` was obtained, from its note: estimate, measured or declared."""
+    if vram_gb == 0:
+        return "no GPU"
+    lowered = note.lower()
+    if "estimate" in lowered or "not measured" in lowered or "not a measurement" in lowered:
+        return "estimate"
+    if "measured" in lowered:
+        return "measured"
+    return "declared, not measured"
+
+
+def _environment_cells(env: Any, lock: Any) -> str:
+    packages = f"{len(lock.packages)} locked" if lock is not None else f"{len(env.requirements)} requested"
+    return f"{env.python} | {packages} | {len(env.sources)}"
+
+
+def _weights_cells(manifest: Any, lock: Any) -> str:
+    weights = ", ".join(f"{w.dir} ({_weight_origin(w)})" for w in manifest.weights) or "—"
+    if not manifest.weights:
+        size = "—"
+    elif lock is not None:
+        size = f"{_size(sum(f.size for w in lock.weights for f in w.files))} (locked)"
+    else:
+        size = "known once locked"
+    return f"{_cell(weights)} | {size}"
+
+
+def _size(n: int) -> str:
+    """Bytes in decimal units: ``2.4 kB``, ``16.8 MB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n} B"
+
+
+def _lock_line(kind: str, name: str, lock: Any) -> str:
+    where = (
+        f"`locks/{name}.lock.toml`"
+        if lock is not None
+        else (f"not committed (`harness lock {name}` with the upstreams reachable)")
+    )
+    return f"- manifest: `{kind}/{name}.toml`; lock: {where}"
+
+
+def _environment_lines(env: Any) -> list[str]:
+    lines = [f"- source `{source.repo}` at `{source.rev}`, install `{source.install}`" for source in env.sources]
+    if env.requirements:
+        lines.append(f"- requirements: {', '.join(f'`{r}`' for r in env.requirements)}")
+    if env.indexes or env.package_index:
+        names = [*env.indexes, *dict.fromkeys(env.package_index.values())]
+        lines.append(
+            f"- indexes: {', '.join(f'`{n}`' for n in names)} (addresses from the [settings](/reference/settings/))"
+        )
+    return lines
+
+
 def services_page() -> str:
     from harness.lock.lockfile import read
     from harness.manifests.project import Project
 
     project = Project(ROOT)
-    rows = ["| service | kind | protocol | port | VRAM (GB) | load (s) | Python | packages | sources | weights |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def lock_of(name: str) -> Any:
+        path = project.locks_dir / f"{name}.lock.toml"
+        return read(path) if path.is_file() else None
+
+    rows = [
+        "| service | kind | protocol | port | VRAM (GB) | load (s, allowed) | Python | packages | sources | weights "
+        "| weights size |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     details: list[str] = []
     for name, manifest in sorted(project.load_services().items()):
-        lock_file = project.locks_dir / f"{name}.lock.toml"
-        lock = read(lock_file) if lock_file.is_file() else None
-        env = manifest.environment
-        weights = ", ".join(f"{w.dir} ({_weight_origin(w)})" for w in manifest.weights) or "—"
-        size = ""
-        if lock is not None and lock.weights:
-            size = f"; locked: {sum(f.size for w in lock.weights for f in w.files) / 1e6:.1f} MB"
-        packages = f"{len(lock.packages)} locked" if lock is not None else f"{len(env.requirements)} requested"
+        lock = lock_of(name)
+        note = _comment_note(ROOT / "services" / f"{name}.toml", "vram_gb")
         rows.append(
-            f"| [{name}](#{name}) | {manifest.kind} | {manifest.protocol} | {manifest.port or '—'} "
-            f"| {manifest.vram_gb:g} (declared) | {manifest.load_seconds:g} | {env.python} | {packages} "
-            f"| {len(env.sources)} | {_cell(weights + size)} |"
+            f"| [{name}](#{name}) | {manifest.kind} | {manifest.protocol} | {manifest.port} "
+            f"| {manifest.vram_gb:g} ({_vram_label(manifest.vram_gb, note)}) | {manifest.load_seconds:g} "
+            f"| {_environment_cells(manifest.environment, lock)} | {_weights_cells(manifest, lock)} |"
         )
-        details.append(f"## {name}\n\n{_cell(manifest.summary or '')}\n")
-        details.append(f"- manifest: `services/{name}.toml`; lock: "
-                       + (f"`locks/{name}.lock.toml`" if lock is not None else "not committed (`harness lock "
-                          f"{name}` with the upstreams reachable)"))
-        for source in env.sources:
-            details.append(f"- source `{source.repo}` at `{source.rev}`, install `{source.install}`")
-        if env.requirements:
-            details.append(f"- requirements: {', '.join(f'`{r}`' for r in env.requirements)}")
+        details.append(f"### {name}\n\n{_cell(manifest.summary)}\n")
+        details.append(_lock_line("services", name, lock))
+        if note or manifest.vram_gb:
+            details.append(
+                f"- VRAM: {_cell(note) if note else 'as declared; no note says where the figure comes from'}"
+            )
+        if manifest.scoped:
+            details.append("- scoped: a policy with memory; swapped out, it starts that memory afresh")
+        details.extend(_environment_lines(manifest.environment))
+        details.append("")
+
+    bench_rows = [
+        "| benchmark | kind | VRAM per worker (GB) | load (s, allowed) | Python | packages | sources | assets "
+        "| assets size |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, bench in sorted(project.load_benchmarks().items()):
+        lock = lock_of(name)
+        note = _comment_note(ROOT / "benchmarks" / f"{name}.toml", "vram_gb")
+        bench_rows.append(
+            f"| [{name}](#{name}) | {bench.kind} | {bench.vram_gb:g} ({_vram_label(bench.vram_gb, note)}) | {bench.load_seconds:g} "
+            f"| {_environment_cells(bench.environment, lock)} | {_weights_cells(bench, lock)} |"
+        )
+        details.append(f"### {name}\n\n{_cell(bench.summary)}\n")
+        details.append(_lock_line("benchmarks", name, lock))
+        if note:
+            details.append(f"- VRAM: {_cell(note)}")
+        details.extend(_environment_lines(bench.environment))
         details.append("")
     body = (
-        "Each shipped manifest at a glance. VRAM is what the manifest declares (the planner places "
-        "by it); none of these figures was measured on a GPU here, so treat them as estimates until "
-        "`harness status` shows a service's real memory on your machine.\n\n"
-        + "\n".join(rows) + "\n\n" + "\n".join(details)
+        "Each shipped manifest at a glance, read from `services/` and `benchmarks/` and their committed "
+        "locks. **VRAM** is what the manifest declares: the planner places by it. Each figure is marked "
+        "*measured* only where the manifest's notes say it was measured, *estimate* where they say it is "
+        "one; no figure here was measured on a GPU by this project yet. To measure one, start the service "
+        "(`harness up NAME`) and read its process's GPU memory with `nvidia-smi --query-compute-apps="
+        "pid,used_memory --format=csv` (`harness status` shows host memory, not GPU memory). **Load** is "
+        "the time a start is allowed (`load_seconds`), not a measurement. **Packages** and **weights size** "
+        "come from the lock when one is committed; a service without one is locked on the first `harness "
+        "lock` with its upstreams reachable.\n\n"
+        "## Services\n\n"
+        + "\n".join(rows)
+        + "\n\n## Benchmarks\n\n"
+        + "\n".join(bench_rows)
+        + "\n\n## Each manifest\n\n"
+        + "\n".join(details)
     )
-    return _page("Services", "Every shipped service: kind, protocol, port, VRAM, load time, environment, weights.",
-                 body)
+    return _page(
+        "Services", "Every shipped service: kind, protocol, port, VRAM, load time, environment, weights.", body
+    )
 
 
 def _weight_origin(weights: Any) -> str:
@@ -294,10 +532,11 @@ def store_page() -> str:
         lines = lines[1:]  # the page title comes from the front matter
     # Fences labelled with what they hold ("vector") rather than a language render as text.
     known = {"sh", "bash", "console", "toml", "json", "python", "text", "ini", "yaml"}
-    lines = [re.sub(r"^(\s*)```([\w-]+)", lambda m: m.group(0) if m.group(2) in known else f"{m.group(1)}```text", line)
-             for line in lines]
-    return _page("Store format", "The store's layout, hashes and registration, from store/README.md.",
-                 "\n".join(lines))
+    lines = [
+        re.sub(r"^(\s*)```([\w-]+)", lambda m: m.group(0) if m.group(2) in known else f"{m.group(1)}```text", line)
+        for line in lines
+    ]
+    return _page("Store format", "The store's layout, hashes and registration, from store/README.md.", "\n".join(lines))
 
 
 def _copied(source: str, description: str) -> Callable[[], str]:
@@ -313,14 +552,17 @@ def _copied(source: str, description: str) -> Callable[[], str]:
 
 
 PAGES: dict[str, Callable[[], str]] = {
-    "architecture.md": _copied("docs/architecture.md", "The pipeline, the package that owns each stage, the "
-                               "layering, and where each invariant is enforced."),
+    "architecture.md": _copied(
+        "docs/architecture.md",
+        "The pipeline, the package that owns each stage, the layering, and where each invariant is enforced.",
+    ),
     "benchmarks.md": _copied("docs/benchmarks.md", "Measured speed, side by side with uv, b3sum, curl and cp."),
     "cli.md": cli_page,
     "manifests.md": manifests_page,
     "deploy.md": deploy_page,
     "agent-config.md": agent_page,
     "lockfile.md": lock_page,
+    "settings.md": settings_page,
     "services.md": services_page,
     "store-format.md": store_page,
 }
@@ -334,8 +576,11 @@ def render() -> dict[str, str]:
 
 def stale(pages: dict[str, str]) -> list[str]:
     """The generated pages whose committed text differs from ``pages`` (or is missing)."""
-    return [name for name, text in pages.items()
-            if not (REFERENCE / name).is_file() or (REFERENCE / name).read_text() != text]
+    return [
+        name
+        for name, text in pages.items()
+        if not (REFERENCE / name).is_file() or (REFERENCE / name).read_text() != text
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

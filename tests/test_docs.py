@@ -1,6 +1,9 @@
 """The documentation site is checked like code.
 
-* the generated reference pages match the code (``scripts/docs.py --check``);
+* the generated reference pages match the code (``scripts/docs.py --check``), and every model
+  field and settings key has the description the generator needs (it refuses one without);
+* every settings table, key and variable ``harness/config.py`` reads has its row in the
+  generated settings reference;
 * every internal link of every page (and of the README) names a page that exists;
 * every ``harness …`` command line in a shell snippet names a real command and real options;
 * with the site built (``HARNESS_DOCS_DIST``, set by ``scripts/docs-site.sh`` in CI), headless
@@ -54,20 +57,204 @@ def test_generated_reference_pages_are_current() -> None:
     assert stale == [], f"stale generated pages {stale}: run `python scripts/docs.py`"
 
 
+def test_a_model_field_without_a_description_fails_the_generator() -> None:
+    from pydantic import BaseModel, Field
+
+    class Documented(BaseModel):
+        said: int = Field(default=1, description="what it does")
+        unsaid: int = 2
+
+    with pytest.raises(ValueError, match=r"Documented\.unsaid has no description"):
+        _docs_module()._model_section(Documented, "Documented")
+
+
+def test_a_settings_field_without_metadata_fails_the_generator() -> None:
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Undocumented:
+        newly_added: int = 3
+
+    with pytest.raises(ValueError, match=r"Settings\.newly_added has no reference metadata"):
+        _docs_module().settings_keys(Undocumented)
+
+
+def _config_tables_read() -> set[str]:
+    """The top-level tables ``harness/config.py`` reads from a settings file: the string
+    constants of every call that reads the parsed document (``data.get("cache")``,
+    ``_checked_table(data, path, "gc", ...)``)."""
+    import ast
+
+    tables = set()
+    for node in ast.walk(ast.parse((ROOT / "harness" / "config.py").read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        on_data = any(isinstance(a, ast.Name) and a.id == "data" for a in node.args) or (
+            isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "data"
+        )
+        if on_data:
+            tables |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+    return tables
+
+
+def test_every_settings_table_the_loader_reads_is_documented() -> None:
+    documented = {k["table"].split(".")[0] for k in _docs_module().settings_keys()}
+    read = _config_tables_read()
+    assert {"indexes", "cache", "gc"} <= read, f"the table scan found too little: {read}"
+    assert read - documented == set(), (
+        f"settings tables read by harness/config.py without reference: {read - documented}"
+    )
+
+
+def _valid_keys(table: str, tmp_path: Path) -> list[str] | None:
+    """The keys ``load_settings`` names as valid when ``[table]`` holds an unknown one; None
+    when the table takes any key (a table of names)."""
+    from harness.config import load_settings
+    from harness.errors import InputError
+
+    home = tmp_path / table
+    home.mkdir()
+    (home / "config.toml").write_text(f'[{table}]\n"surely-no-such-key" = "file:///x/"\n')
+    try:
+        load_settings(home)
+    except InputError as exc:
+        text = str(exc)
+        for marker in ("valid keys: ", "known: "):
+            if marker in text:
+                return [k.strip() for k in text.split(marker, 1)[1].split("\n")[0].split(",")]
+        return None
+    return None
+
+
+def test_every_settings_key_the_loader_accepts_is_documented(tmp_path: Path) -> None:
+    # The loader refuses an unknown key naming the valid ones: each must have its row in the
+    # generated settings reference (sub-tables such as [lock.python] count as keys of [lock]).
+    keys = _docs_module().settings_keys()
+    checked = 0
+    for table in sorted({k["table"] for k in keys}):
+        valid = _valid_keys(table, tmp_path)
+        rows = [k["key"] for k in keys if k["table"] == table]
+        if valid is None:
+            assert all(not re.fullmatch(r"[a-z][a-z-]*", r) for r in rows), (
+                f"[{table}] takes any key, yet its reference names a fixed one: {rows}"
+            )
+            continue
+        checked += 1
+        subtables = {k["table"].split(".", 1)[1] for k in keys if k["table"].startswith(table + ".")}
+        documented = {w for r in rows for w in re.findall(r"`?([a-z][a-z-]*)`?", r)} | subtables
+        missing = [k for k in valid if k not in documented]
+        assert missing == [], f"[{table}] accepts {missing}, which the settings reference does not name"
+    assert checked >= 4, "the unknown-key probe found too few checked tables"
+
+
+def test_every_settings_variable_is_documented() -> None:
+    import ast
+
+    env_text = " ".join(k["env"] for k in _docs_module().settings_keys())
+    names = {
+        n.value
+        for n in ast.walk(ast.parse((ROOT / "harness" / "config.py").read_text()))
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and re.fullmatch(r"(HARNESS|UV|HF)_[A-Z0-9_]*", n.value)
+    }
+    assert "HARNESS_GC_KEEP_RUNS" in names
+    missing = sorted(n for n in names if n not in env_text)
+    assert missing == [], f"harness/config.py reads {missing}, which the settings reference does not name"
+
+
+def test_every_gpu_manifest_says_where_its_vram_figure_comes_from() -> None:
+    # The services reference marks each VRAM figure measured or estimate from the manifest's
+    # "# - vram_gb: ..." note; a GPU service without one would be listed as neither.
+    import tomllib
+
+    docs = _docs_module()
+    silent = []
+    for path in sorted([*(ROOT / "services").glob("*.toml"), *(ROOT / "benchmarks").glob("*.toml")]):
+        vram = tomllib.loads(path.read_text()).get("vram_gb", 0)
+        if vram and not docs._comment_note(path, "vram_gb"):
+            silent.append(path.relative_to(ROOT).as_posix())
+    assert silent == [], f"say where vram_gb comes from in a '# - vram_gb: ...' note (measured or estimate): {silent}"
+
+
+def test_every_cli_option_says_what_it_does() -> None:
+    # The CLI reference's "meaning" column is each option's help: an option without one is an
+    # empty cell a reader cannot act on.
+    from harness.cli import cli
+
+    ctx = click.Context(cli, info_name="harness")
+    bare: list[str] = []
+
+    def walk(command: click.Command, path: list[str]) -> None:
+        bare.extend(
+            f"{' '.join(path)} {param.opts[0]}"
+            for param in command.params
+            if isinstance(param, click.Option) and not param.hidden and not param.help
+        )
+        if isinstance(command, click.Group):
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                assert sub is not None
+                walk(sub, [*path, name])
+
+    walk(cli, ["harness"])
+    assert bare == [], f"options without help= text: {bare}"
+
+
+def test_every_harness_variable_is_documented() -> None:
+    # The configuration reference lists the variables harness reads or sets; the generated
+    # settings reference lists those that set a key.
+    import ast
+
+    pages = "".join((CONTENT / "reference" / name).read_text() for name in ("configuration.md", "settings.md"))
+    names = {
+        node.value
+        for path in (ROOT / "harness").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"HARNESS_[A-Z0-9_]*[A-Z0-9]", node.value)
+    }
+    assert "HARNESS_HOME" in names
+    missing = sorted(n for n in names if n not in pages)
+    assert missing == [], f"harness reads or sets {missing}, which reference/configuration.md does not list"
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(CONTENT).as_posix())
+def test_titles_are_plain_text(page: Path) -> None:
+    # Starlight prints a title as text in the sidebar and the tab: markdown there shows its marks.
+    title = re.search(r"^title: (.*)$", page.read_text(), flags=re.M)
+    assert title is not None, f"{page.relative_to(ROOT)} has no title"
+    assert not re.search(r"[`*\[]", title.group(1)), f"{page.relative_to(ROOT)}: markdown in its title"
+
+
 def test_the_seed_pages_exist() -> None:
     # The seed (shared/seeds/001) sends readers to these pages.
-    for slug in ["guides/small-machine", "guides/add-a-vla", "guides/manage-services",
-                 "guides/evaluation-through-xpolicylab", "reference/services", "reference/configuration"]:
+    for slug in [
+        "guides/small-machine",
+        "guides/add-a-vla",
+        "guides/manage-services",
+        "guides/evaluation-through-xpolicylab",
+        "reference/services",
+        "reference/configuration",
+    ]:
         assert any(_slug(p) == slug for p in _pages()), f"no page {slug}"
 
 
 _LINK = re.compile(r"\]\((/[^)#\s]*)(#[^)\s]*)?\)")
+_RELATIVE_LINK = re.compile(r"\]\((?![a-z]+:|/|#)([^)\s]+)\)")
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(CONTENT).as_posix())
 def test_internal_links_resolve(page: Path) -> None:
     slugs = {_slug(p) for p in _pages()}
-    broken = [target for target, _ in _LINK.findall(page.read_text()) if target.strip("/") not in slugs]
+    text = page.read_text()
+    broken = [target for target, _ in _LINK.findall(text) if target.strip("/") not in slugs]
+    # A relative link ("guides/runtime.md") resolves against the page's own URL on the built
+    # site, so it breaks; pages link by site path ("/guides/runtime/").
+    broken += _RELATIVE_LINK.findall(text)
     assert broken == [], f"{page.relative_to(ROOT)} links to missing pages {broken}"
 
 
@@ -136,13 +323,20 @@ def test_harness_commands_in_snippets_exist(page: Path) -> None:
         if command is None:
             problems.append(f"{line!r}: no command {' '.join(path)}")
             continue
-        known = {o for p in [*command.params, *cli.params] if isinstance(p, click.Option)
-                 for o in [*p.opts, *p.secondary_opts]} | {"-h", "--help"}
+        known = {
+            o
+            for p in [*command.params, *cli.params]
+            if isinstance(p, click.Option)
+            for o in [*p.opts, *p.secondary_opts]
+        } | {"-h", "--help"}
         unknown = [o for o in options if o not in known]
         if unknown:
             problems.append(f"{line!r}: {' '.join(path)} has no option {unknown}")
-        missing = [p.opts[0] for p in command.params if isinstance(p, click.Option) and p.required
-                   and not set(p.opts) & set(options)]
+        missing = [
+            p.opts[0]
+            for p in command.params
+            if isinstance(p, click.Option) and p.required and not set(p.opts) & set(options)
+        ]
         if missing and "--help" not in options:
             problems.append(f"{line!r}: {' '.join(path)} needs {missing}")
     assert problems == [], f"{page.relative_to(ROOT)}: " + "; ".join(problems)
@@ -182,8 +376,15 @@ def site_url() -> Iterator[str]:
 
 
 def _browser(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-               "--window-size=1280,900", *args]
+    command = [
+        _chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--window-size=1280,900",
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -193,8 +394,8 @@ def _png_colours(path: Path) -> int:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
     pos, idat, width, height, channels = 8, b"", 0, 0, 4
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             width, height, depth, colour = struct.unpack(">IIBB", body[:10])
             assert depth == 8, "8-bit PNGs only"
@@ -208,7 +409,7 @@ def _png_colours(path: Path) -> int:
     previous = bytearray(stride)
     for row in range(height):
         offset = row * (stride + 1)
-        kind, line = raw[offset], bytearray(raw[offset + 1:offset + 1 + stride])
+        kind, line = raw[offset], bytearray(raw[offset + 1 : offset + 1 + stride])
         for i in range(stride):  # undo the PNG row filters
             left = line[i - channels] if i >= channels else 0
             up = previous[i]
@@ -224,7 +425,7 @@ def _png_colours(path: Path) -> int:
                 pa, pb, pc = abs(p - left), abs(p - up), abs(p - up_left)
                 line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else up_left)) & 0xFF
         if row % 8 == 0:
-            colours.update(bytes(line[i:i + channels]) for i in range(0, stride, channels * 4))
+            colours.update(bytes(line[i : i + channels]) for i in range(0, stride, channels * 4))
         previous = line
     return len(colours)
 

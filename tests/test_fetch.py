@@ -348,13 +348,20 @@ def test_progress_display(tmp_path: Path) -> None:
     fetch_all([FetchJob("weights/model.bin", LARGE_FILE_BYTES, run), FetchJob("small", 0, lambda p: None)],
               max_workers=2, show_progress=True, console=console)
     text = out.getvalue()
-    assert "fetching 2/2 files" in text
+    assert "fetching 2 file(s)" in text
     assert f"{LARGE_FILE_BYTES / 1e6:.1f}" in text  # bytes shown, in MB
+    assert "weights/model.bin: 32.0 MiB, done in" in text  # a large file's own line
 
     out = io.StringIO()
     fetch_all([FetchJob("small", 0, lambda p: None)], show_progress=True,
               console=Console(file=out, force_terminal=False))
-    assert out.getvalue() == ""  # not a terminal: no display
+    lines = out.getvalue().splitlines()  # not a terminal: a plain line at the start and at the end
+    assert lines[0] == "fetching 1 file(s) ..." and lines[1].startswith("fetching 1 file(s): done in"), lines
+
+    out = io.StringIO()
+    fetch_all([FetchJob("small", 0, lambda p: None)], show_progress=False,
+              console=Console(file=out, force_terminal=False))
+    assert out.getvalue() == ""
 
 
 # ---------------------------------------------------------------------------------------------

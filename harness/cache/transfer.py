@@ -224,10 +224,20 @@ def _push(
         record = store.record(name)
         assert record is not None  # closure() checked
 
-        def run(progress: Callable[[int], None]) -> None:
+        def run(report: Callable[[int], None]) -> None:
             import tempfile
 
             from harness.cache.nar import pack
+
+            # Packing and uploading each count the NAR's bytes once: half each, so the
+            # phase's total is what is pushed, not twice it.
+            halves = [0, 0]  # bytes counted, bytes reported
+
+            def progress(n: int) -> None:
+                halves[0] += n
+                step = halves[0] // 2 - halves[1]
+                halves[1] += step
+                report(step)
 
             fd, temp_name = tempfile.mkstemp(prefix=".push-", suffix=".nar.zst", dir=staging)
             os.close(fd)
@@ -283,11 +293,16 @@ def _push(
             finally:
                 temp.unlink(missing_ok=True)
 
-        return FetchJob(label=name, size=2 * record.nar_size, run=run)
+        return FetchJob(label=name, size=record.nar_size, run=run)
 
     described = set(result.present)
     try:
-        fetch_all([job(n) for n in missing], max_workers=jobs, show_progress=show_progress)
+        fetch_all(
+            [job(n) for n in missing],
+            max_workers=jobs,
+            show_progress=show_progress,
+            label=f"pushing {len(missing)} path(s) to {backend.url}",
+        )
         for name in missing:  # closure order: references first
             info = infos.get(name)
             record = store.record(name)
@@ -599,7 +614,13 @@ def _fetch_and_register(
         return FetchJob(label=name, size=info.file_size, run=run)
 
     try:
-        fetch_all([job(n) for n in order], max_workers=jobs, show_progress=show_progress)
+        sources = ", ".join(dict.fromkeys(found[n][0].url for n in order))
+        fetch_all(
+            [job(n) for n in order],
+            max_workers=jobs,
+            show_progress=show_progress,
+            label=f"pulling {len(order)} path(s) from {sources}",
+        )
     finally:
         for path in finished_downloads:
             path.unlink(missing_ok=True)

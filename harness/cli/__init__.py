@@ -15,9 +15,12 @@ import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from harness.manifests.project import Project
 
 from harness import __version__
 
@@ -87,7 +90,7 @@ class State:
         raw = self._deploy or os.environ.get("HARNESS_DEPLOY")
         return Path(raw).expanduser() if raw else None
 
-    def project(self) -> Any:
+    def project(self) -> Project:
         from harness.manifests.project import Project, find_project
 
         if self._project:

@@ -9,6 +9,13 @@ from collections.abc import Sequence
 import click
 
 
+#: ``--quiet``: the commands with long phases show progress on stderr (live on a terminal,
+#: plain lines otherwise: ``harness/progress.py``) unless told not to.
+quiet_option = click.option(
+    "--quiet", "-q", is_flag=True, help="Show no progress on stderr (results, warnings and errors still print)."
+)
+
+
 def print_json(data: Any) -> None:
     """Stable, sorted JSON on stdout: the machine-readable face of every listing."""
     click.echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))

@@ -21,11 +21,16 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.errors import HarnessError
 
+if TYPE_CHECKING:
+    from harness.harbor.spec import EnvironmentSpec
+    from harness.lock.document import Lock
 
-def _lock_of(task: Path):
+
+def _lock_of(task: Path) -> tuple[EnvironmentSpec, Lock | None]:
     from harness.harbor.resolve import _project
     from harness.harbor.spec import read_spec
     from harness.lock.lockfile import lock_path, read

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.errors import HarnessError
 from harness.lock.digest import accepted_digests
 from harness.lock.lockfile import lock_path, read
 from harness.manifests.project import Project
+
+if TYPE_CHECKING:
+    from harness.lock.document import Lock, LockedWeights
+    from harness.manifests.model import BenchmarkManifest, ServiceManifest, Weights
+    from harness.store.statcache import HashCache
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,9 @@ def check_locks(project: Project, names: list[str], *, hash_cache: Path | None =
     return stale
 
 
-def _local_weights_changed(project: Project, manifest, lock, cache) -> str | None:
+def _local_weights_changed(
+    project: Project, manifest: ServiceManifest | BenchmarkManifest, lock: Lock, cache: HashCache
+) -> str | None:
     """Re-hash ``path`` weights with the same code that locked them; name the first change.
 
     Files whose stat is unchanged since they were last hashed are taken from ``cache``; only
@@ -89,7 +97,7 @@ def _local_weights_changed(project: Project, manifest, lock, cache) -> str | Non
     return None
 
 
-def _path_weights_unchanged(project: Project, spec, locked, cache) -> bool:
+def _path_weights_unchanged(project: Project, spec: Weights, locked: LockedWeights, cache: HashCache) -> bool:
     """Whether the ``path`` weights of ``spec`` still hold exactly ``locked``'s files, listed
     as :func:`harness.resolve.weights.lock_weights` lists them, hashed through ``cache``."""
     from harness.resolve.weights import _path_root, _walk_folder, include_matches

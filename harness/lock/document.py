@@ -57,110 +57,162 @@ InsidePath = Annotated[str, AfterValidator(_inside)]
 
 
 class LockedInterpreter(Strict):
-    implementation: str
-    version: str
-    platform: str
-    source: Literal["uv-managed", "host"]
-    store: StorePath = ""
+    """The interpreter the environment is built on (for a lock of several platforms: the first's)."""
+
+    implementation: str = Field(description="The Python implementation: cpython.")
+    version: str = Field(description="The exact release, 3.X.Y: the manifest's request as pinned.")
+    platform: str = Field(description="The target platform the lock resolved for, in uv's vocabulary.")
+    source: Literal["uv-managed", "host"] = Field(
+        description="uv-managed: uv offers a download of this release for the platform, and realize installs "
+        "it; host: it offers none, and an installed CPython of this version is copied in."
+    )
+    store: StorePath = Field(default="", description="The store path the interpreter realizes to.")
 
 
 class LockedFile(Strict):
     """A wheel or sdist, by name, size and hash; ``store`` is the path it realizes to."""
 
-    file: FileName
-    size: int = Field(ge=0)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    store: StorePath = ""
+    file: FileName = Field(description="The file name as the index serves it (a plain name, never a URL).")
+    size: int = Field(ge=0, description="Its size in bytes.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Its sha256; realize refuses a file that differs.")
+    store: StorePath = Field(default="", description="The store path the file realizes to.")
 
 
 class LockedPackage(Strict):
-    name: str
-    version: str
-    index: str
-    marker: str = ""
+    """One pinned Python package and the files that install it."""
+
+    name: str = Field(description="The normalized package name.")
+    version: str = Field(description="The exact version uv resolved (a local label such as +cu128 included).")
+    index: str = Field(description="The name of the index its files come from (pypi, or a name from the settings).")
+    marker: str = Field(default="", description="The environment marker under which it is installed (empty: always).")
     #: In a lock for several platforms: the platforms this pin is for (empty: every one).
-    platforms: list[str] = Field(default_factory=list)
-    wheels: list[LockedFile] = Field(default_factory=list)
-    sdist: LockedFile | None = None
+    platforms: list[str] = Field(
+        default_factory=list,
+        description="In a lock for several platforms: the platforms this pin is for (empty: every one).",
+    )
+    wheels: list[LockedFile] = Field(default_factory=list, description="The wheels that fit the target platform(s).")
+    sdist: LockedFile | None = Field(
+        default=None, description="The source distribution, recorded only when no wheel fits; realize builds it."
+    )
 
 
 class LockedSubmodule(Strict):
     """A git submodule of a source: its path in the tree, canonical URL and commit."""
 
-    path: InsidePath
-    url: str
-    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    path: InsidePath = Field(description="Its path in the parent's tree.")
+    url: str = Field(
+        description="Its canonical URL, from the commit's .gitmodules (a relative URL resolved against the parent's)."
+    )
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$", description="The commit the parent's tree pins it to.")
 
 
 class LockedSource(Strict):
-    name: str
-    repo: str
-    rev: str
-    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
-    tree: str = Field(pattern=r"^blake3:[0-9a-f]{64}$")
-    install: Literal["editable", "regular", "none"]
-    subdirectory: InsidePath | None = None
+    """One git source pinned: the manifest's entry, the commit it resolved to and the hash of its files."""
+
+    name: str = Field(description="A short name: the repository's last path component ({source:NAME}).")
+    repo: str = Field(description="The canonical repository URL, as the manifest writes it (never a mirror's).")
+    rev: str = Field(description="The rev the manifest asked for.")
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$", description="The full commit rev resolved to.")
+    tree: str = Field(
+        pattern=r"^blake3:[0-9a-f]{64}$",
+        description="The content hash of the commit's files, submodules included (the store's NAR hash); "
+        "realize checks the export against it.",
+    )
+    install: Literal["editable", "regular", "none"] = Field(description="As the manifest's install.")
+    subdirectory: InsidePath | None = Field(default=None, description="As the manifest's subdirectory.")
     #: False: built against the environment's own packages (``--no-build-isolation``).
-    build_isolation: bool = Field(default=True, alias="build-isolation")
+    build_isolation: bool = Field(
+        default=True,
+        alias="build-isolation",
+        description="false: built against the environment's own packages (--no-build-isolation).",
+    )
     model_config = Strict.model_config | {"populate_by_name": True}
     #: Every submodule, recursively, sorted by path; ``tree`` covers their files.
-    submodules: list[LockedSubmodule] = Field(default_factory=list)
-    store: StorePath = ""
+    submodules: list[LockedSubmodule] = Field(
+        default_factory=list, description="Every submodule, recursively, sorted by path; tree covers their files."
+    )
+    store: StorePath = Field(default="", description="The store path of the exported checkout.")
 
 
 class LockedWeightFile(Strict):
-    path: InsidePath
-    size: int = Field(ge=0)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    revision: str | None = None
+    """One file of a weight set, by path, size and hash."""
+
+    path: InsidePath = Field(description="Its path inside the weight set's folder.")
+    size: int = Field(ge=0, description="Its size in bytes.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Its sha256; realize refuses a download that differs.")
+    revision: str | None = Field(
+        default=None, description="ModelScope only: the commit that last changed the file, fetched at that revision."
+    )
 
 
 class LockedWeights(Strict):
-    dir: InsidePath
-    provider: Literal["huggingface_model", "modelscope_model", "url", "path"]
-    repo: str
-    revision: str | None = None
+    """One weight set pinned: where it comes from and every file it holds."""
+
+    dir: InsidePath = Field(description="The manifest's dir: the folder {weights}/<dir>.")
+    provider: Literal["huggingface_model", "modelscope_model", "url", "path"] = Field(
+        description="Which manifest key it came from."
+    )
+    repo: str = Field(description="That key's value: the hub repository, the URL or the path.")
+    revision: str | None = Field(
+        default=None,
+        description="Hugging Face: the commit the revision resolved to; ModelScope: the tag or branch asked for.",
+    )
     #: Hugging Face repository type; written to the lockfile only when not "model".
-    repo_type: Literal["model", "dataset"] = "model"
-    files: list[LockedWeightFile] = Field(default_factory=list)
-    store: StorePath = ""
+    repo_type: Literal["model", "dataset"] = Field(
+        default="model", description="The Hugging Face repository type; written only when not model."
+    )
+    files: list[LockedWeightFile] = Field(default_factory=list, description="Every file kept, sorted by path.")
+    store: StorePath = Field(default="", description="The store path of the weight set.")
 
 
 class LockedTarget(Strict):
     """One platform of a lock for several (``[lock] platforms``): where its interpreter comes
     from and the store paths its interpreter and environment realize to."""
 
-    platform: str
-    source: Literal["uv-managed", "host"]
-    python: StorePath = ""
-    environment: StorePath = ""
+    platform: str = Field(description="The platform, in uv's vocabulary.")
+    source: Literal["uv-managed", "host"] = Field(description="Where its interpreter comes from, as python.source.")
+    python: StorePath = Field(default="", description="The store path of its interpreter.")
+    environment: StorePath = Field(default="", description="The store path of its environment.")
 
 
 class LockedEnvironment(Strict):
     """The virtual environment built from the interpreter, packages and sources."""
 
-    store: StorePath = ""
+    store: StorePath = Field(default="", description="The store path of the environment.")
 
 
 class Lock(Strict):
     """A whole lockfile."""
 
-    lock_version: int = Field(alias="lock-version")
-    name: str
-    type: Literal["service", "benchmark"]
-    manifest: str
-    manifest_digest: str = Field(alias="manifest-digest")
-    uv: str
-    python: LockedInterpreter
-    environment: LockedEnvironment = Field(default_factory=LockedEnvironment)
+    lock_version: int = Field(alias="lock-version", description="The lock format's version; this harness reads 1.")
+    name: str = Field(description="The manifest's name.")
+    type: Literal["service", "benchmark"] = Field(description="Which kind of manifest it locks.")
+    manifest: str = Field(description="The manifest's path, relative to the project root.")
+    manifest_digest: str = Field(
+        alias="manifest-digest",
+        description="blake3 of the manifest's [environment] and [[weights]] (defaults filled in): the keys that "
+        "shape a lock. lock --check, up and run call the lock stale when it differs.",
+    )
+    uv: str = Field(description="The version of uv that resolved it.")
+    python: LockedInterpreter = Field(description="The interpreter.")
+    environment: LockedEnvironment = Field(default_factory=LockedEnvironment, description="The environment.")
     #: Several platforms in one lock: one entry each, in ``[lock] platforms`` order; empty for a
     #: lock of one platform. ``python`` and ``environment`` then describe the first, and
     #: :func:`harness.lock.platforms.for_platform` gives any one as a lock of its own.
-    targets: list[LockedTarget] = Field(default_factory=list)
-    packages: list[LockedPackage] = Field(default_factory=list)
-    build_packages: list[LockedPackage] = Field(default_factory=list, alias="build-packages")
-    sources: list[LockedSource] = Field(default_factory=list)
-    weights: list[LockedWeights] = Field(default_factory=list)
+    targets: list[LockedTarget] = Field(
+        default_factory=list,
+        description="A lock for several platforms: one entry each, in [lock] platforms order (python and "
+        "environment describe the first); empty for one platform.",
+    )
+    packages: list[LockedPackage] = Field(default_factory=list, description="Every package installed, sorted.")
+    build_packages: list[LockedPackage] = Field(
+        default_factory=list,
+        alias="build-packages",
+        description="The sources' build requirements (what their PEP 517 backends ask for), so realize builds "
+        "them offline.",
+    )
+    sources: list[LockedSource] = Field(default_factory=list, description="The git sources, pinned.")
+    weights: list[LockedWeights] = Field(default_factory=list, description="The weight sets, every file hashed.")
 
     # Spelled out (not Strict.model_config | {...}) so the pydantic mypy plugin sees it.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, populate_by_name=True)

@@ -33,11 +33,15 @@ import urllib.request
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urljoin, urlsplit
 
 from harness.config import DEFAULT_INDEX, Settings
 from harness.errors import HarnessError
 from harness.lock.document import Lock, LockedFile, LockedPackage, LockedSource
+
+if TYPE_CHECKING:
+    import tomlkit.items
 
 _JSON = "application/vnd.pypi.simple.v1+json"
 _ACCEPT = f"{_JSON}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01"
@@ -192,7 +196,9 @@ def to_pylock(lock: Lock, settings: Settings, cache_dir: Path | None = None) -> 
     return text + ("\n".join(blocks) + "\n" if blocks else "")
 
 
-def _pylock_file(package: LockedPackage, file: LockedFile, files: dict[str, tuple[str, str | None]]):
+def _pylock_file(
+    package: LockedPackage, file: LockedFile, files: dict[str, tuple[str, str | None]]
+) -> tomlkit.items.InlineTable:
     import tomlkit
 
     found = files.get(file.file)

@@ -40,37 +40,14 @@ from harness.lock.document import (
 )
 from harness.lock.digest import manifest_digest
 from harness.lock.lockfile import lock_path, read, write
+from harness.lock.outcome import LockOptions as LockOptions
+from harness.lock.outcome import Outcome as Outcome
 from harness.lock.storepaths import assign_store_paths
 from harness.manifests.model import BenchmarkManifest, Environment, ServiceManifest
 from harness.manifests.project import Project
 from harness.resolve.pins import DistFile, GitSource, Interpreter, Package, WeightSet
 
 Manifest = ServiceManifest | BenchmarkManifest
-
-
-@dataclass(frozen=True)
-class LockOptions:
-    """How to lock: target platform, network use and what may move."""
-
-    platform: str | None = None
-    offline: bool = False
-    upgrade: bool = False
-    upgrade_packages: tuple[str, ...] = ()
-    jobs: int = 4
-
-
-@dataclass
-class Outcome:
-    """What happened to one manifest's lock."""
-
-    name: str
-    path: Path
-    changed: bool = False
-    error: str | None = None
-    lock: Lock | None = None
-    notes: list[str] = field(default_factory=list)
-    #: What changed from the previous lock (harness.lock.changes), in order.
-    changes: list[Any] = field(default_factory=list)
 
 
 def load_manifests(project: Project) -> dict[str, tuple[str, Manifest]]:
@@ -104,17 +81,32 @@ def lock_project(
 ) -> list[Outcome]:
     """Lock the named manifests (all when empty), in parallel; each outcome says what happened.
 
-    A manifest that fails keeps its old lock; others still lock.
+    A manifest that fails keeps its old lock; others still lock. A manifest none of whose
+    inputs changed since its last lock keeps it without resolving (:mod:`harness.lock.stamp`),
+    unless ``options`` ask to resolve anyway.
     """
+    from harness.lock.stamp import LockStamps
+
+    stamps = LockStamps(cache_dir, project, platform=options.platform)
+    snapshot = stamps.snapshot()  # before any manifest is read: what the locks are made from
     found = load_manifests(project)
     chosen = select(found, names)
     lock_targets(settings, options)  # a bad platform setting: one clear error, before any work
+    made: dict[str, Lock] = {}
 
     def one(name: str) -> Outcome:
         kind, manifest = found[name]
         path = lock_path(project.locks_dir, name)
+        if snapshot is not None and not options.resolves_anyway:
+            kept = stamps.unchanged(name, _manifest_file(project, name, kind), snapshot.common)
+            if kept is not None:
+                if on_done is not None:
+                    on_done(kept)
+                return kept
         outcome = Outcome(name, path)
         try:
+            if snapshot is not None:
+                stamps.before_resolving(snapshot, name, manifest)
             previous = _previous(path)
             lock = lock_manifest(
                 project,
@@ -128,6 +120,8 @@ def lock_project(
             )
             outcome.changed = write(path, lock)
             outcome.lock = lock
+            outcome.environment = lock.environment.store
+            made[name] = lock
             if outcome.changed:
                 from harness.lock.changes import lock_changes
 
@@ -139,7 +133,14 @@ def lock_project(
         return outcome
 
     with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
-        return list(pool.map(one, chosen))
+        outcomes = list(pool.map(one, chosen))
+    if snapshot is not None and made:
+        stamps.save(snapshot, made)
+    return outcomes
+
+
+def _manifest_file(project: Project, name: str, kind: str) -> Path:
+    return (project.services_dir if kind == "service" else project.benchmarks_dir) / f"{name}.toml"
 
 
 def _previous(path: Path) -> Lock | None:

@@ -34,19 +34,34 @@ from harness.manifests.model import Strict
 class Skill(Strict):
     """One skill of the agent: on or off, and the roles it calls."""
 
-    enabled: bool = True
-    needs: list[str] = Field(default_factory=list, description="roles (service kinds) it calls")
-    summary: str | None = None
+    enabled: bool = Field(
+        default=True, description="Whether the skill is on; an off skill's services are not installed."
+    )
+    needs: list[str] = Field(
+        default_factory=list,
+        description="The roles (service kinds) the skill calls; it drops out of a run when any has no service.",
+    )
+    summary: str | None = Field(
+        default=None, description="What the skill does; a run passes it to the agent in HARNESS_SKILLS."
+    )
 
 
 class AgentSection(Strict):
     """The ``[agent]`` table."""
 
-    name: str | None = None
-    benchmark: str | None = Field(default=None, description="benchmark manifest of its runs")
-    skills: dict[str, Skill] = Field(default_factory=dict)
-    services: dict[str, list[str]] = Field(default_factory=dict, description="role -> the services that fill it")
-    settings: dict[str, Any] = Field(default_factory=dict, description="free-form agent settings")
+    name: str | None = Field(default=None, description="A display name (descriptive; harness does not read it).")
+    benchmark: str | None = Field(
+        default=None, description="The benchmark its runs use; benchmarks/<name>.toml must exist."
+    )
+    skills: dict[str, Skill] = Field(default_factory=dict, description="The agent's skills by name.")
+    services: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Role = the services that fill it; [] turns the role off. An unlisted role uses every "
+        "manifest of that kind. Each name must have a manifest and may appear once per role.",
+    )
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="Free-form settings for the agent itself; harness does not read them."
+    )
 
     @field_validator("services")
     @classmethod
@@ -60,8 +75,10 @@ class AgentSection(Strict):
 class AgentConfig(Strict):
     """A whole agent config file."""
 
-    summary: str | None = None
-    agent: AgentSection = Field(default_factory=AgentSection)
+    summary: str | None = Field(default=None, description="One line about the configuration.")
+    agent: AgentSection = Field(
+        default_factory=AgentSection, description="The agent: its benchmark, skills and services."
+    )
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ Mode = Literal["resident", "on_demand", "external", "off"]
 class Sim(Strict):
     """Simulator workers of ``harness run``: ``workers_per_gpu`` on each of ``gpus``."""
 
-    gpus: list[int] = Field(default_factory=list)
-    workers_per_gpu: int = Field(default=1, ge=1, le=64)
-    base_port: Port = 8771
+    gpus: list[int] = Field(default_factory=list, description="The GPUs simulator workers run on (distinct indexes).")
+    workers_per_gpu: int = Field(default=1, ge=1, le=64, description="Workers started on each of those GPUs, 1-64.")
+    base_port: Port = Field(default=8771, description="The first worker's port; the others follow it.")
 
     @field_validator("gpus")
     @classmethod
@@ -33,12 +33,31 @@ class Sim(Strict):
 class ServiceDeploy(Strict):
     """How one service runs on this machine."""
 
-    gpu: int | Literal["auto"] | None = Field(default=None, description="GPU index or 'auto'")
-    mode: Mode = "resident"
-    swap: str | None = Field(default=None, description="swap group: one member loaded at a time")
-    idle_seconds: float | None = Field(default=None, gt=0)
-    url: str | None = Field(default=None, description="where an external service answers")
-    port: Port | None = Field(default=None, description="overrides the manifest's port")
+    gpu: int | Literal["auto"] | None = Field(
+        default=None,
+        description='The GPU it runs on; "auto" (like unset) lets placement choose the GPU with the most room '
+        "for its vram_gb, largest services first; a swap group's members share one GPU.",
+    )
+    mode: Mode = Field(
+        default="resident",
+        description="resident: started before the first episode (or by harness up) and kept; on_demand: started "
+        "by the broker on first call, stopped after idle_seconds or when a swap peer needs the GPU; external: "
+        "someone else runs it at url, nothing is installed; off: not on this machine (its skills drop out).",
+    )
+    swap: str | None = Field(
+        default=None,
+        description='A swap group name: its members share a GPU, one loaded at a time. Needs mode = "on_demand".',
+    )
+    idle_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description='Stop the service after this long with no lease (never, when unset). Needs mode = "on_demand".',
+    )
+    url: str | None = Field(
+        default=None,
+        description='Where an external service answers; required by, and only allowed with, mode = "external".',
+    )
+    port: Port | None = Field(default=None, description="The port on this machine, instead of the manifest's.")
 
     @field_validator("gpu")
     @classmethod
@@ -63,22 +82,62 @@ class ServiceDeploy(Strict):
 class BrokerDeploy(Strict):
     """``[broker]``: limits of the broker that serves this machine's services."""
 
-    lease_seconds: float | None = Field(default=None, gt=0, description="reclaim a lease held longer")
-    gpu_wait_seconds: float = Field(default=120.0, gt=0, description="after a swap, wait this long for GPU memory")
+    lease_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="A lease held longer is reclaimed, and its holder's release fails with 410 lease_expired "
+        "(no limit when unset).",
+    )
+    gpu_wait_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="After a swap, how long the next member waits for its GPU's free memory to hold its vram_gb "
+        "before its start fails.",
+    )
 
 
 class Deploy(Strict):
     """``configs/deploy/<machine>.toml``: GPUs, paths and service modes for one machine."""
 
-    weights: str | None = Field(default=None, description="where weight views live")
-    state: str | None = Field(default=None, description="logs and pid files")
-    gpus: list[int] | None = Field(default=None, description="GPUs the project may use")
-    gpu_memory_gb: float | None = Field(default=None, gt=0, le=4096)
-    sim: Sim | None = None
-    broker: BrokerDeploy | None = None
-    services: dict[str, ServiceDeploy] = Field(default_factory=dict)
-    substituters: list[str] = Field(default_factory=list, description="binary caches to pull from")
-    trusted_keys: list[str] = Field(default_factory=list, alias="trusted-keys")
+    weights: str | None = Field(
+        default=None,
+        description="Accepted but not read by this version: realized weights live in the store, and {weights} "
+        "names the service's view there.",
+    )
+    state: str | None = Field(
+        default=None,
+        description="The folder for the started services' logs, pid files and the broker's state (default: one "
+        "per project under $HARNESS_HOME/state).",
+    )
+    gpus: list[int] | None = Field(
+        default=None,
+        description="The GPUs the project may use (every GPU found, when unset); every integer services.<name>.gpu "
+        "and sim.gpus entry must be in it.",
+    )
+    gpu_memory_gb: float | None = Field(
+        default=None,
+        gt=0,
+        le=4096,
+        description="The project's share of each GPU in GB: total and free memory are capped at it when planning "
+        "(as measured, when unset).",
+    )
+    sim: Sim | None = Field(default=None, description="Simulator workers of harness run.")
+    broker: BrokerDeploy | None = Field(default=None, description="Limits of the broker.")
+    services: dict[str, ServiceDeploy] = Field(
+        default_factory=dict,
+        description="How each service runs here, by manifest name; a name without a manifest is an error.",
+    )
+    substituters: list[str] = Field(
+        default_factory=list,
+        description="Binary caches realize pulls store paths from (a folder, s3://, http(s)://), added to the "
+        "settings' [cache] substituters.",
+    )
+    trusted_keys: list[str] = Field(
+        default_factory=list,
+        alias="trusted-keys",
+        description="Public keys (name:base64) whose signatures on cached built paths are accepted, added to "
+        "the settings' [cache] trusted-keys; trusted_keys is accepted too.",
+    )
 
     # Spelled out (not Strict.model_config | {...}) so the pydantic mypy plugin sees it.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, populate_by_name=True)

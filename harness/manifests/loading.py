@@ -9,8 +9,6 @@ reported with its line and column. No other exception escapes for any byte strin
 from __future__ import annotations
 
 import difflib
-import re
-import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,48 +16,13 @@ from pydantic import BaseModel, ValidationError
 
 from harness.errors import InputError
 
+# Re-exported: TOML reading lives in a module without pydantic, for the light paths
+# (settings, ``harness lock``'s start) that read TOML before any model is loaded.
+from harness.manifests.tomlfile import display_path as display_path
+from harness.manifests.tomlfile import parse_toml as parse_toml
+from harness.manifests.tomlfile import read_toml as read_toml
+
 M = TypeVar("M", bound=BaseModel)
-
-_TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
-
-
-def display_path(path: Path) -> str:
-    """A path as a user wants to read it: relative to the working directory when inside it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except (ValueError, OSError):
-        return str(path)
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    """Parse ``path`` as TOML; malformed input raises InputError with file, line and column."""
-    shown = display_path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{shown}: no such file") from None
-    except OSError as exc:
-        raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{shown}: not UTF-8 text (byte {exc.start})") from None
-    return parse_toml(text, shown)
-
-
-def parse_toml(text: str, shown: str) -> dict[str, Any]:
-    """Parse TOML ``text`` that came from ``shown``; errors carry line and column."""
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        message = str(exc)
-        match = _TOML_POSITION.search(message)
-        if match:
-            reason = message[: match.start()].strip()
-            raise InputError(f"{shown}:{match.group(1)}:{match.group(2)}: invalid TOML: {reason}") from None
-        raise InputError(f"{shown}: invalid TOML: {message}") from None
-    except RecursionError:
-        raise InputError(f"{shown}: invalid TOML: nested too deeply") from None
 
 
 def load_model(model: type[M], path: Path, *, context: dict[str, Any] | None = None) -> M:

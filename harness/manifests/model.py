@@ -107,18 +107,37 @@ Template = Annotated[str, AfterValidator(check_templates)]
 class Source(Strict):
     """A git repository pinned to a revision, installed into the environment."""
 
-    repo: str = Field(description="git URL (https://, ssh, file://) or local path")
-    rev: str = Field(min_length=1, description="branch, tag or commit; locked to a commit")
+    repo: str = Field(
+        description="A git URL (https://, ssh, file://) or a local path. [git-mirrors] in the settings can "
+        "fetch it from elsewhere; the lock keeps this URL."
+    )
+    rev: str = Field(
+        min_length=1,
+        description="A branch, tag or commit; the lock resolves it to a full commit and the content hash of "
+        "that commit's files (submodules included). Prefer a commit: branches move.",
+    )
     install: Literal["editable", "regular", "none"] = Field(
         default="regular",
-        description="editable or regular install into the environment; none: checkout only",
+        description="editable: install the realized (read-only) checkout in place, for projects that read "
+        "files from it; regular: build and install it as a package; none: realize the checkout without "
+        "installing it (scripts, or a project whose pins conflict with the environment's).",
     )
-    subdirectory: str | None = Field(default=None, description="the package inside the repo")
-    extras: list[str] = Field(default_factory=list, description="the project's extras whose dependencies are locked")
+    subdirectory: str | None = Field(
+        default=None,
+        description="The package inside the repository (source/isaaclab), a relative path; list the same "
+        "repo once per package.",
+    )
+    extras: list[str] = Field(
+        default_factory=list,
+        description="The project's extras whose dependencies are locked and installed too (as "
+        'pip install -e ".[cu12]").',
+    )
     build_isolation: bool = Field(
         default=True,
         alias="build-isolation",
-        description="false: build against the environment's own packages (CUDA extensions need torch)",
+        description="false: build against the environment's own packages (uv's --no-build-isolation), as "
+        "CUDA extensions that compile against the installed torch need; its build requirements are then "
+        "locked into the environment, and it is built after the isolated sources.",
     )
 
     model_config = Strict.model_config | {"populate_by_name": True}
@@ -173,17 +192,31 @@ class Source(Strict):
 class Environment(Strict):
     """Where a service or benchmark runs: a Python version, pinned requirements, sources."""
 
-    python: str = Field(description="Python version request, e.g. '3.11' or '3.11.7'")
-    requirements: list[str] = Field(default_factory=list, description="PEP 508 strings")
-    sources: list[Source] = Field(default_factory=list)
+    python: str = Field(
+        description="The CPython version, 3.X or 3.X.Y; the lock pins the exact patch release "
+        "([lock.python] in the settings can choose it)."
+    )
+    requirements: list[str] = Field(
+        default_factory=list,
+        description="PEP 508 requirements, extras and markers allowed, no URLs (git repositories go in "
+        "sources). Pin with ==: the lock records what a range resolved to, but the manifest is the intent. "
+        "A package may repeat only with an environment marker.",
+    )
+    sources: list[Source] = Field(
+        default_factory=list, description="Git repositories installed into the environment, each pinned."
+    )
     indexes: list[str] = Field(
         default_factory=list,
-        description="extra package indexes by name (addresses come from configuration)",
+        description="Extra package indexes by name (pytorch-cu128), consulted before the default index; each "
+        "package comes from the first index that has it. Addresses come from the settings' [indexes], never "
+        "from the manifest.",
     )
     package_index: dict[str, str] = Field(
         default_factory=dict,
         alias="package-index",
-        description="package name -> the one index it comes from; that index serves no other package",
+        description="Package name = index name: that package comes only from that index, and the index serves "
+        "no other package (a CUDA index cannot hand out numpy). A package named here is installed even if "
+        "nothing else requires it.",
     )
 
     model_config = Strict.model_config | {"populate_by_name": True}
@@ -278,16 +311,42 @@ def _index_name(value: str) -> str:
 class Weights(Strict):
     """One weight set: a folder ``dir`` inside ``{weights}``, from exactly one provider."""
 
-    dir: str
-    modelscope_model: str | None = None
-    huggingface_model: str | None = None
-    url: str | None = None
-    path: str | None = None
-    revision: str | None = Field(default=None, description="branch, tag or commit to pin")
-    include: list[str] = Field(default_factory=list, description="glob patterns of files to keep")
-    sha256: str | None = Field(default=None, description="expected sha256 of a url download")
+    dir: str = Field(
+        description="The folder {weights}/<dir> these files appear in, a relative path; unique within a manifest."
+    )
+    modelscope_model: str | None = Field(default=None, description="A ModelScope model repository, owner/name.")
+    huggingface_model: str | None = Field(
+        default=None,
+        description='A Hugging Face repository, owner/name: a model, or a dataset with repo_type = "dataset".',
+    )
+    url: str | None = Field(
+        default=None,
+        description="One file over http(s):// or file://, named by the URL's last path component; give sha256 "
+        "to have the lock check it.",
+    )
+    path: str | None = Field(
+        default=None,
+        description="A file or folder, project-relative or absolute; every file is hashed at lock time, and a "
+        "changed file makes lock --check fail.",
+    )
+    revision: str | None = Field(
+        default=None,
+        description="Hub weights only: the branch, tag or commit to pin (default: main on Hugging Face, master "
+        "on ModelScope). Hugging Face locks the commit it resolves to; ModelScope locks the tag and each "
+        "file's own revision, and refuses a tag whose files changed.",
+    )
+    include: list[str] = Field(
+        default_factory=list,
+        description="Glob patterns of the files to keep (default: every file): a pattern matches the whole "
+        "relative path, * also crosses /, and a pattern ending in / keeps a folder. Keeping no file is an error.",
+    )
+    sha256: str | None = Field(
+        default=None,
+        description="url only: the expected sha256 (64 lowercase hex digits); the lock fails if the file differs.",
+    )
     repo_type: Literal["model", "dataset"] | None = Field(
-        default=None, description="Hugging Face repository type: 'model' (default) or 'dataset'"
+        default=None,
+        description="huggingface_model only: which kind of repository it names; unset means model.",
     )
 
     @field_validator("dir")
@@ -362,9 +421,17 @@ OverrideValue = str | int | float | bool
 class XPolicyLab(Strict):
     """How XPolicyLab's own ``setup_policy_server.py`` serves a learned policy."""
 
-    policy: str = Field(description="the policy folder inside XPolicyLab, e.g. 'policy/pi0'")
-    checkpoint: str = Field(description="checkpoint path, usually under {weights}")
-    overrides: dict[str, OverrideValue] = Field(default_factory=dict)
+    policy: str = Field(
+        description="The policy folder inside the XPolicyLab checkout (policy/SmolVLA), a relative path."
+    )
+    checkpoint: str = Field(
+        description="The checkpoint path, usually under {weights}; {weights} and {source:NAME} are expanded at launch."
+    )
+    overrides: dict[str, OverrideValue] = Field(
+        default_factory=dict,
+        description="Keys of the policy's deploy.yml to override, passed as setup_policy_server.py --overrides "
+        "key=value; string values may use {weights} and {source:NAME}.",
+    )
 
     @field_validator("overrides")
     @classmethod
@@ -374,7 +441,9 @@ class XPolicyLab(Strict):
                 check_templates(value, frozenset({"weights", "source"}))
         return values
 
-    source: int = Field(default=0, ge=0, description="which [[environment.sources]] entry is XPolicyLab itself")
+    source: int = Field(
+        default=0, ge=0, description="Which [[environment.sources]] entry (from 0) is the XPolicyLab checkout."
+    )
 
     @field_validator("policy")
     @classmethod
@@ -396,23 +465,56 @@ def _check_command(values: list[str]) -> list[str]:
 class ServiceManifest(Strict):
     """``services/<name>.toml``: one model service."""
 
-    kind: str = Field(description="what the service is for: segmenter, pointer, policy, ...")
-    summary: str
+    kind: str = Field(
+        description="What the service is for, a lowercase name (segmenter, pointer, policy, world_model); "
+        "agent skills name kinds as the roles they need."
+    )
+    summary: str = Field(description="One line shown by harness services.")
     protocol: Literal["http", "websocket", "xpolicylab"] = Field(
         default="http",
-        description="how clients talk to it: http, websocket (ws:// URL, ready when a WebSocket "
-        "answers a ping) or xpolicylab (XPolicyLab's WebSocket policy server)",
+        description="http: harness runs command, ready when health answers 2xx (else when the port accepts); "
+        "websocket: its {url} is ws://, ready when a WebSocket opens and answers a ping; xpolicylab: "
+        "XPolicyLab's setup_policy_server.py serves the [xpolicylab] policy over WebSocket.",
     )
-    command: list[Template] | None = None
-    port: Port
-    vram_gb: float = Field(default=0.0, ge=0, le=4096)
-    load_seconds: float = Field(default=60.0, gt=0, le=86400)
-    health: HealthPath = Field(default=None, description="path of a health URL, e.g. '/health'")
-    client: dict[str, Template] = Field(default_factory=dict)
-    scoped: bool = Field(default=False, description="a policy with memory of past frames")
-    environment: Environment
-    weights: list[Weights] = Field(default_factory=list)
-    xpolicylab: XPolicyLab | None = None
+    command: list[Template] | None = Field(
+        default=None,
+        description="The argv that starts the service, templates allowed ({python}, {weights}, {port}, {url}, "
+        "{source:NAME}); required for http and websocket.",
+    )
+    port: Port = Field(description="The port the service listens on, 1-65535; a deploy may give another.")
+    vram_gb: float = Field(
+        default=0.0,
+        ge=0,
+        le=4096,
+        description="GPU memory the service needs once loaded, in GB; placement packs GPUs by it (0: no GPU).",
+    )
+    load_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        description="How long loading may take before the service must be ready; the wait allowed for a start.",
+    )
+    health: HealthPath = Field(
+        default=None,
+        description="The URL path (starting with /) that answers once the service is ready, e.g. /health.",
+    )
+    client: dict[str, Template] = Field(
+        default_factory=dict,
+        description='What an agent\'s client of this service is given (url = "{url}"); templates are checked. '
+        "A run itself passes each service's URL as HARNESS_SERVICE_<NAME>_URL.",
+    )
+    scoped: bool = Field(
+        default=False,
+        description="A policy with memory of past frames: swapped out and back in, it starts that memory "
+        "afresh, and the run records each such reset.",
+    )
+    environment: Environment = Field(description="The environment the service runs in.")
+    weights: list[Weights] = Field(
+        default_factory=list, description="Weight sets, one folder of {weights} each; no two may share a dir."
+    )
+    xpolicylab: XPolicyLab | None = Field(
+        default=None, description='Required with protocol = "xpolicylab", refused otherwise.'
+    )
 
     @field_validator("kind")
     @classmethod
@@ -456,15 +558,26 @@ class BenchmarkManifest(Strict):
     ``observation`` names the observation contract the agent is evaluated under.
     """
 
-    kind: Literal["benchmark", "simulator"] = "benchmark"
-    summary: str
-    worker: list[Template] | None = None
-    vram_gb: float = Field(default=0.0, ge=0, le=4096, description="per worker")
-    load_seconds: float = Field(default=60.0, gt=0, le=86400)
-    health: HealthPath = None
-    observation: str | None = Field(default=None, description="the observation contract")
-    environment: Environment
-    weights: list[Weights] = Field(default_factory=list)
+    kind: Literal["benchmark", "simulator"] = Field(
+        default="benchmark",
+        description="A benchmark's official environment, or a simulator whose tasks a run draws from.",
+    )
+    summary: str = Field(description="One line shown by harness services.")
+    worker: list[Template] | None = Field(
+        default=None,
+        description="The argv of one simulator worker, templates allowed; the runtime starts the deploy's "
+        "[sim] workers_per_gpu of them on each [sim] gpus GPU, on ports from base_port.",
+    )
+    vram_gb: float = Field(default=0.0, ge=0, le=4096, description="GPU memory of one worker, in GB.")
+    load_seconds: float = Field(default=60.0, gt=0, le=86400, description="How long a worker may take to start.")
+    health: HealthPath = Field(default=None, description="A URL path that answers when a worker is ready.")
+    observation: str | None = Field(
+        default=None,
+        description="The name of the observation contract the agent is evaluated under (descriptive; harness "
+        "does not interpret it).",
+    )
+    environment: Environment = Field(description="The environment the benchmark and its workers run in.")
+    weights: list[Weights] = Field(default_factory=list, description="Assets, as a service's weight sets.")
 
     @model_validator(mode="after")
     def _weights_unique(self) -> BenchmarkManifest:

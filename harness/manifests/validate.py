@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from harness.errors import InputError
 from harness.manifests.loading import display_path
@@ -35,23 +38,23 @@ def validate_project(project: Project, *, extra_deploy: Path | None = None) -> R
     kinds = {name: manifest.kind for name, manifest in services.items()}
     if project.agents_dir.is_dir():
         for path in sorted(project.agents_dir.glob("*.toml")):
-            config = _step(report, lambda p=path: project.load_agent(str(p)))
+            config = _step(report, partial(project.load_agent, str(path)))
             if config is not None and services:
-                if (
-                    _step(report, lambda c=config: services_needed(c, kinds, benchmarks=frozenset(benchmarks)))
-                    is not None
-                ):
+                if _step(report, partial(services_needed, config, kinds, benchmarks=frozenset(benchmarks))) is not None:
                     report.checked.append(display_path(path))
     deploys = sorted(project.deploy_dir.glob("*.toml")) if project.deploy_dir.is_dir() else []
     if extra_deploy is not None and extra_deploy not in deploys:
         deploys.append(extra_deploy)
     for path in deploys:
-        if _step(report, lambda p=path: project.load_deploy(p)) is not None:
+        if _step(report, partial(project.load_deploy, path)) is not None:
             report.checked.append(display_path(path))
     return report
 
 
-def _step(report: Report, action):
+_T = TypeVar("_T")
+
+
+def _step(report: Report, action: Callable[[], _T]) -> _T | None:
     try:
         return action()
     except InputError as exc:

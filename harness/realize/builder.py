@@ -29,11 +29,13 @@ import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.config import Settings
 from harness.errors import HarnessError
+from harness.progress import Reporter, reporter
 from harness.store.store import BuildResult, Store
 
 if TYPE_CHECKING:  # the lock models load pydantic: only where a lock is actually read
@@ -91,6 +93,12 @@ class Context:
     #: Binary caches consulted before anything is fetched upstream or built (issue 7).
     substituters: tuple[str, ...] = ()
     trusted_keys: tuple[str, ...] = ()
+
+    @cached_property
+    def progress(self) -> Reporter:
+        """Where realize shows its phases (stderr: live, plain lines or, without
+        ``show_progress``, nothing; ``harness.progress``)."""
+        return reporter(self.show_progress)
 
     @property
     def compile_jobs(self) -> int:
@@ -217,7 +225,11 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
         if lock.name in failures:
             continue
         try:
-            reports.append(_register(ctx, lock) if id(lock) in building else _complete(ctx, lock))
+            if id(lock) in building:
+                with ctx.progress.phase(f"realizing {lock.name}"):
+                    reports.append(_register(ctx, lock))
+            else:
+                reports.append(_complete(ctx, lock))
         except HarnessError as exc:
             if fail_fast:
                 raise
@@ -362,7 +374,7 @@ def _fetch(ctx: Context, locks: list[Lock]) -> None:
         else:
             weights, item = data
             jobs.append(_weight_job(ctx, weights, item))
-    fetch_all(jobs, max_workers=ctx.jobs, show_progress=ctx.show_progress)
+    fetch_all(jobs, max_workers=ctx.jobs, progress=ctx.progress)
 
 
 def _file_urls(ctx: Context, wanted: list[tuple[str, str, LockedFile]]) -> dict[str, str]:
@@ -490,8 +502,14 @@ def _register(ctx: Context, lock: Lock) -> Report:
 
         store.add(file.store, "file", build)
 
-    with ThreadPoolExecutor(max_workers=max(1, ctx.jobs)) as pool:
-        list(pool.map(lambda item: add_file(*item), wanted_once.values()))
+    adding = [item for name, item in wanted_once.items() if not store.is_registered(name)]
+    if adding:
+        with (
+            ctx.progress.phase(f"registering {len(adding)} package file(s)", total=len(adding)) as phase,
+            ThreadPoolExecutor(max_workers=max(1, ctx.jobs)) as pool,
+        ):
+            for _ in pool.map(lambda item: add_file(*item), adding):
+                phase.advance()
     # Drop the downloads the store now holds *before* the environment is built: unlinking a
     # download (a second name of a store file) changes the file's ctime, which uv's cache
     # keys local wheels on, so dropping it later made the next environment's uv unpack every
@@ -535,10 +553,11 @@ def _add_source(ctx: Context, source: Any) -> None:
     )
 
     def build(out: Path) -> BuildResult:
-        export_source(pin, ctx.cache_dir, out, offline=ctx.offline, mirrors=ctx.settings.git_mirrors)
+        with ctx.progress.phase(f"exporting source {source.name} at {source.commit[:12]} (git)"):
+            export_source(pin, ctx.cache_dir, out, offline=ctx.offline, mirrors=ctx.settings.git_mirrors)
         return BuildResult(obtained=f"git {source.repo} {source.commit}")
 
-    ctx.store.add(source.store, "source", build, expected_content=source.tree)
+    ctx.store.add(source.store, "source", build, expected_content=source.tree, progress=ctx.progress)
 
 
 def _add_weights(ctx: Context, weights: LockedWeights) -> None:
@@ -550,7 +569,7 @@ def _add_weights(ctx: Context, weights: LockedWeights) -> None:
             obtained=f"{weights.provider} {weights.repo}" + (f"@{weights.revision}" if weights.revision else "")
         )
 
-    ctx.store.add(weights.store, "weights", build)
+    ctx.store.add(weights.store, "weights", build, progress=ctx.progress)
 
 
 def _add_weights_view(ctx: Context, lock: Lock, view: str) -> None:
@@ -592,12 +611,13 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
                 cache_dir=ctx.cache_dir,
                 offline=ctx.offline,
                 uv_env=ctx.settings.python_download_env(),
+                progress=ctx.progress,
                 jobs=ctx.compile_jobs,
             )
             return BuildResult(obtained=result.source)
 
         try:
-            store.add(python.store, "python", build)
+            store.add(python.store, "python", build, progress=ctx.progress)
             return python.store
         except DownloadUnavailable as exc:
             reason = exc.reason
@@ -650,8 +670,9 @@ def _add_host_copy(ctx: Context, lock: Lock) -> str:
     try:
         built = scratch / "out"
         built.mkdir()
-        result = build_host_copy(lock.python, built, jobs=ctx.compile_jobs)
-        content = nar_digest(built).hash
+        result = build_host_copy(lock.python, built, progress=ctx.progress, jobs=ctx.compile_jobs)
+        with ctx.progress.phase(f"hashing the copy of CPython {lock.python.version}"):
+            content = nar_digest(built).hash
         name = host_interpreter_path(lock.python, content)
         _hold_standin(ctx.store, lock, name)  # before it is registered: gc never sees it unrooted
 
@@ -659,7 +680,7 @@ def _add_host_copy(ctx: Context, lock: Lock) -> str:
             shutil.move(os.fspath(built), os.fspath(out))
             return BuildResult(obtained=result.source, impure=result.source)
 
-        ctx.store.add(name, "python", build, expected_content=content)
+        ctx.store.add(name, "python", build, expected_content=content, progress=ctx.progress)
         return name
     finally:
         remove_tree(scratch)
@@ -756,13 +777,14 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             interpreter_store_name=lock.python.store,
             hashes=hashes,
             prompt=lock.name,
+            progress=ctx.progress,
             jobs=ctx.compile_jobs,
             bytecode_from=reuse,
         )
         built.append(result)
         return BuildResult(obtained=f"uv {lock.uv}")
 
-    store.add(lock.environment.store, "environment", build, references=tuple(references))
+    store.add(lock.environment.store, "environment", build, references=tuple(references), progress=ctx.progress)
     # Registered: its pycs are in the pool now (the environment kind's files are shared).
     for result in built:
         if result.bytecode is not None and result.bytecode.fresh:

@@ -78,6 +78,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
+from harness.progress import QUIET, Reporter
 from harness.realize.bytecode import CompileReport, ReuseFrom
 from harness.realize.interpreter import compile_bytecode, replace_file_bytes
 from harness.errors import HarnessError
@@ -135,6 +136,7 @@ def build_environment(
     hashes: Mapping[str, str] | None = None,
     prompt: str = "env",
     bytecode: bool = True,
+    progress: Reporter = QUIET,
     jobs: int | None = None,
     bytecode_from: ReuseFrom | None = None,
 ) -> EnvironmentBuild:
@@ -162,6 +164,7 @@ def build_environment(
       bytecode index for this interpreter) already holds, which are placed instead;
       :attr:`EnvironmentBuild.bytecode` says which, for the caller to record after
       registration.
+    * ``progress`` shows the install and the bytecode compilation.
 
     Nothing is fetched: every uv call is ``--offline`` and ``--no-index``. Raises
     :class:`HarnessError` (naming uv's explanation or the offending files) on any failure;
@@ -211,62 +214,64 @@ def build_environment(
             build_flags += ["--build-constraints", constraints]
         env = {"UV_NO_INSTALLER_METADATA": "1"}
 
-        run_uv(
-            ["venv", out, "--python", exe, "--relocatable", "--prompt", prompt, "--offline", "--no-project"],
-            cache_dir=cache_dir,
-            cwd=work,
-            env_extra=env,
-        )
-        python = out / "bin" / "python"
-        site_packages = _site_packages(out)
-
-        if dists:
-            pylock = work / "pylock.toml"
-            pylock.write_text(_pylock(dists, hashes))
+        count = f"{len(dists)} package(s)" + (f" and {len(entries)} source(s)" if entries else "")
+        with progress.phase(f"installing {count} into environment {prompt} (uv)"):
             run_uv(
-                [
-                    "pip",
-                    "sync",
-                    pylock,
-                    "--python",
-                    python,
-                    "--preview-features",
-                    "pylock",
-                    *build_flags,
-                    *(["--no-build"] if all(d.is_wheel for d in dists) else []),
-                ],
+                ["venv", out, "--python", exe, "--relocatable", "--prompt", prompt, "--offline", "--no-project"],
                 cache_dir=cache_dir,
                 cwd=work,
                 env_extra=env,
             )
+            python = out / "bin" / "python"
+            site_packages = _site_packages(out)
 
-        before = _dist_infos(site_packages)
-        copies: dict[Path, Path] = {}  # scratch copy -> realized source tree
-        # Isolated builds first (their requirements only from the build wheels), then the
-        # sources built against the environment itself (build-isolation = false: a CUDA
-        # extension compiles against the installed torch), which may import the first ones.
-        for isolated in (True, False):
-            chosen = [(i, e) for i, e in enumerate(entries) if e[3] is isolated]
-            if not chosen:
-                continue
-            args: list[str | os.PathLike[str]] = ["pip", "install", "--python", python, "--no-deps", *build_flags]
-            if not isolated:
-                args.append("--no-build-isolation")
-            for index, (tree, mode, subdirectory, _) in chosen:
-                copy = work / "sources" / str(index) / tree.name
-                _copy_tree(tree, copy)
-                copies[copy] = tree
-                target = copy / subdirectory if subdirectory else copy
-                if mode == "editable":
-                    name = _setuptools_project(target)
-                    if name:
-                        args += ["--config-settings-package", f"{name}:editable_mode=compat"]
-                    args += ["--editable", target]
-                else:
-                    args.append(target)
-            # No cache: built wheels would be cached under the scratch path, never reused.
-            run_uv(args, cache_dir=None, cwd=work, env_extra=env)
-        from_sources = _dist_infos(site_packages) - before
+            if dists:
+                pylock = work / "pylock.toml"
+                pylock.write_text(_pylock(dists, hashes))
+                run_uv(
+                    [
+                        "pip",
+                        "sync",
+                        pylock,
+                        "--python",
+                        python,
+                        "--preview-features",
+                        "pylock",
+                        *build_flags,
+                        *(["--no-build"] if all(d.is_wheel for d in dists) else []),
+                    ],
+                    cache_dir=cache_dir,
+                    cwd=work,
+                    env_extra=env,
+                )
+
+            before = _dist_infos(site_packages)
+            copies: dict[Path, Path] = {}  # scratch copy -> realized source tree
+            # Isolated builds first (their requirements only from the build wheels), then the
+            # sources built against the environment itself (build-isolation = false: a CUDA
+            # extension compiles against the installed torch), which may import the first ones.
+            for isolated in (True, False):
+                chosen = [(i, e) for i, e in enumerate(entries) if e[3] is isolated]
+                if not chosen:
+                    continue
+                args: list[str | os.PathLike[str]] = ["pip", "install", "--python", python, "--no-deps", *build_flags]
+                if not isolated:
+                    args.append("--no-build-isolation")
+                for index, (tree, mode, subdirectory, _) in chosen:
+                    copy = work / "sources" / str(index) / tree.name
+                    _copy_tree(tree, copy)
+                    copies[copy] = tree
+                    target = copy / subdirectory if subdirectory else copy
+                    if mode == "editable":
+                        name = _setuptools_project(target)
+                        if name:
+                            args += ["--config-settings-package", f"{name}:editable_mode=compat"]
+                        args += ["--editable", target]
+                    else:
+                        args.append(target)
+                # No cache: built wheels would be cached under the scratch path, never reused.
+                run_uv(args, cache_dir=None, cwd=work, env_extra=env)
+            from_sources = _dist_infos(site_packages) - before
 
         depth = len(site_packages.relative_to(out).parts) + 1  # up to the store folder
         editable = _relativize_pth(site_packages, copies, depth)
@@ -275,7 +280,12 @@ def build_environment(
         for stray in (out / ".lock",):
             if stray.exists():
                 stray.unlink()
-        report = compile_bytecode(exe, [site_packages], root=out, jobs=jobs, reuse=bytecode_from) if bytecode else None
+        report = None
+        if bytecode:
+            with progress.phase(f"compiling bytecode of environment {prompt}") as phase:
+                report = compile_bytecode(
+                    exe, [site_packages], root=out, jobs=jobs, progress=phase.callback(), reuse=bytecode_from
+                )
 
         needles = {out, interpreter_dir, interpreter_dir.parent, work, cache_dir, *copies.values()}
         embedded = _check_paths(out, site_packages, from_sources, needles)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 
@@ -26,6 +26,7 @@ from harness.download import Progress, download
 from harness.config import Settings, normalize_index_name
 from harness.errors import HarnessError
 from harness.lock.document import Lock, LockedFile, LockedWeightFile, LockedWeights
+from harness.progress import Phase, Reporter, reporter
 from harness.resolve.pins import WeightFile, WeightSet
 
 if TYPE_CHECKING:
@@ -66,12 +67,15 @@ def fetch_all(
     max_workers: int = DEFAULT_JOBS,
     show_progress: bool = True,
     console: Console | None = None,
+    progress: Reporter | None = None,
+    label: str | None = None,
 ) -> None:
     """Run ``jobs`` on up to ``max_workers`` threads; return once all succeeded.
 
-    Progress: one rich display on stderr (or ``console``) with overall bytes, speed and time
-    left, and a bar per running file of at least :data:`LARGE_FILE_BYTES`; none when
-    ``show_progress`` is false or the console is not a terminal.
+    Progress: one phase named ``label`` (default "fetching N file(s)") on ``progress``
+    (default: :func:`harness.progress.reporter` of ``show_progress``, on stderr or
+    ``console``): on a terminal, overall bytes, speed and time left and a bar per running
+    file of at least :data:`LARGE_FILE_BYTES`; otherwise plain lines; nothing when quiet.
 
     Failure: the first failing job stops the rest — jobs not started never start, running
     ones stop at their next progress report (a download's ``.part`` stays for a later resume)
@@ -85,18 +89,23 @@ def fetch_all(
     if max_workers < 1:
         raise ValueError("max_workers must be at least 1")
     cancel = threading.Event()
-    display = _Display.start(jobs, console) if show_progress else None
+    shown = progress if progress is not None else reporter(show_progress, console=console)
+    with shown.phase(label or f"fetching {len(jobs)} file(s)", total=sum(j.size for j in jobs), unit="bytes") as phase:
+        _run_all(jobs, max_workers, cancel, _Display(shown, phase, len(jobs)))
+
+
+def _run_all(jobs: Sequence[FetchJob], max_workers: int, cancel: threading.Event, display: _Display) -> None:
+    """:func:`fetch_all`'s pool, failure handling and errors."""
 
     def work(job: FetchJob) -> None:
         if cancel.is_set():
             raise _Cancelled()
-        handle = display.begin(job) if display else None
+        handle = display.begin(job)
 
         def progress(n: int) -> None:
             if cancel.is_set():
                 raise _Cancelled()
-            if display:
-                display.advance(handle, n)
+            display.advance(handle, n)
 
         succeeded = False
         try:
@@ -109,32 +118,27 @@ def fetch_all(
             cancel.set()
             raise
         finally:
-            if display:
-                display.end(handle, succeeded)
+            display.end(handle, succeeded)
 
     failures: list[BaseException] = []
-    try:
-        with ThreadPoolExecutor(max_workers=min(max_workers, len(jobs)), thread_name_prefix="harness-fetch") as pool:
-            pending: set[Future[None]] = {pool.submit(work, job) for job in jobs}
-            try:
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                    for future in done:
-                        exc = None if future.cancelled() else future.exception()
-                        if exc is not None and not isinstance(exc, _Cancelled):
-                            failures.append(exc)
-                    if failures and not cancel.is_set():
-                        cancel.set()
-                        for future in pending:
-                            future.cancel()
-            except BaseException:  # KeyboardInterrupt in the waiting thread: stop the workers
-                cancel.set()
-                for future in pending:
-                    future.cancel()
-                raise
-    finally:
-        if display:
-            display.stop()
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(jobs)), thread_name_prefix="harness-fetch") as pool:
+        pending: set[Future[None]] = {pool.submit(work, job) for job in jobs}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    exc = None if future.cancelled() else future.exception()
+                    if exc is not None and not isinstance(exc, _Cancelled):
+                        failures.append(exc)
+                if failures and not cancel.is_set():
+                    cancel.set()
+                    for future in pending:
+                        future.cancel()
+        except BaseException:  # KeyboardInterrupt in the waiting thread: stop the workers
+            cancel.set()
+            for future in pending:
+                future.cancel()
+            raise
     if not failures:
         return
     for exc in failures:
@@ -277,68 +281,39 @@ def _weight_set(weights: LockedWeights) -> WeightSet:
 
 
 class _Display:
-    """The rich progress display: an overall bar, and one per large file while it runs."""
+    """The fetch phase's counts: bytes overall, files done, and on a live display a phase of
+    its own for each running file of at least :data:`LARGE_FILE_BYTES` (plain lines would
+    only repeat the overall ones)."""
 
-    def __init__(self, progress: Any, total_task: Any, count: int) -> None:
-        self.progress = progress
-        self.total_task = total_task
+    def __init__(self, shown: Reporter, phase: Phase, count: int) -> None:
+        self.shown = shown
+        self.phase = phase
         self.count = count
         self.done = 0
         self._lock = threading.Lock()
+        self.phase.summary = self._describe()
 
-    @classmethod
-    def start(cls, jobs: Sequence[FetchJob], console: Console | None) -> _Display | None:
-        # rich is imported only when a display may be shown: most commands never draw one.
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
+    def _describe(self) -> str | None:
+        return f"{self.done} of {self.count} files" if self.done < self.count else None
 
-        console = console or Console(stderr=True)
-        if not console.is_terminal:
+    def begin(self, job: FetchJob) -> Phase | None:
+        if self.shown.mode != "live" or job.size < LARGE_FILE_BYTES:
             return None
-        progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-        )
-        total = progress.add_task(cls._describe(0, len(jobs)), total=sum(job.size for job in jobs))
-        progress.start()
-        return cls(progress, total, len(jobs))
+        return self.shown.phase(f"  {job.label}", total=job.size, unit="bytes").start()
 
-    @staticmethod
-    def _describe(done: int, count: int) -> str:
-        return f"fetching {done}/{count} files"
-
-    def begin(self, job: FetchJob) -> Any:
-        if job.size < LARGE_FILE_BYTES:
-            return None
-        return self.progress.add_task(f"  {job.label}", total=job.size)
-
-    def advance(self, task: Any, n: int) -> None:
-        self.progress.advance(self.total_task, n)
+    def advance(self, task: Phase | None, n: int) -> None:
+        self.phase.advance(n)
         if task is not None:
-            self.progress.advance(task, n)
+            task.advance(n)
 
-    def end(self, task: Any, succeeded: bool) -> None:
+    def end(self, task: Phase | None, succeeded: bool) -> None:
         if task is not None:
-            self.progress.remove_task(task)
+            task.finish("done" if succeeded else "failed")
         if not succeeded:
             return
         with self._lock:
             self.done += 1
-            self.progress.update(self.total_task, description=self._describe(self.done, self.count))
-
-    def stop(self) -> None:
-        self.progress.stop()
+            self.phase.summary = self._describe()
 
 
 __all__ = ["DEFAULT_JOBS", "LARGE_FILE_BYTES", "FetchJob", "fetch_all", "weight_jobs", "wheel_jobs"]

@@ -301,6 +301,7 @@ class _Stamp:
         import tomllib
 
         import harness
+        from harness.lock.stamp import code_stats, tree_stats  # light: no pydantic, no resolver
 
         digest = hashlib.sha256(f"harness-up-to-date-v{_STAMP_VERSION}\0{harness.__version__}\0".encode())
         self._racy = False
@@ -327,42 +328,10 @@ class _Stamp:
             add("lock", name, hashlib.sha256(data).hexdigest())
             for weights in tomllib.loads(data.decode("utf-8")).get("weights", []):
                 if weights.get("provider") == "path":
-                    for label, st in _tree_stats(
+                    for label, st in tree_stats(
                         Path(weights["repo"]) if os.path.isabs(weights["repo"]) else root / weights["repo"]
                     ):
                         add_stat(f"weights {weights['dir']}/{label}", st)
-        for label, st in _code_stats():
+        for label, st in code_stats(("pydantic", "pydantic_core")):  # what gives a manifest its meaning
             add(label, st.st_size, st.st_mtime_ns)
         return digest.hexdigest()
-
-
-def _tree_stats(root: Path) -> list[tuple[str, os.stat_result]]:
-    """(relative path, stat following links) of ``root`` and everything under it, sorted."""
-    found = [(".", os.stat(root))]
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            found.append((os.path.relpath(full, root), os.stat(full)))
-    return found
-
-
-def _code_stats() -> list[tuple[str, os.stat_result]]:
-    """The stat of harness's own modules and of pydantic's: what gives a manifest its meaning."""
-    import importlib.util
-
-    import harness
-
-    found: list[tuple[str, os.stat_result]] = []
-    package = Path(harness.__file__).parent
-    for dirpath, dirnames, filenames in os.walk(package):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                full = os.path.join(dirpath, name)
-                found.append((os.path.relpath(full, package), os.stat(full)))
-    for dependency in ("pydantic", "pydantic_core"):
-        spec = importlib.util.find_spec(dependency)
-        if spec is not None and spec.origin:
-            found.append((dependency, os.stat(spec.origin)))
-    return found

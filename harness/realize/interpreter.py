@@ -65,6 +65,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.lock.document import LockedInterpreter
+from harness.progress import QUIET, Reporter
 from harness.realize.bytecode import CompileReport, ReuseFrom, compile_tree
 from harness.resolve.interpreter import installed_paths, list_pythons, parse_platform
 from harness.resolve.uvtool import UvError, run_uv
@@ -227,9 +228,11 @@ def build_uv_managed(
     cache_dir: Path,
     offline: bool,
     uv_env: Mapping[str, str] | None = None,
+    progress: Reporter = QUIET,
     jobs: int | None = None,
 ) -> InterpreterBuild:
-    """Fill the empty directory ``out`` with the uv-managed CPython the lock names (module doc).
+    """Fill the empty directory ``out`` with the uv-managed CPython the lock names (module doc);
+    ``progress`` shows the install and the bytecode compilation, whose workers ``jobs`` bounds.
 
     Raises :class:`DownloadUnavailable` when uv may not or cannot install it (downloads
     forbidden, offline without the archive in uv's cache, no such download, a network
@@ -242,7 +245,9 @@ def build_uv_managed(
     if reason is not None:
         raise DownloadUnavailable(reason)
     try:
-        return _build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env, jobs=jobs)
+        return _build_uv_managed(
+            python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env, progress=progress, jobs=jobs
+        )
     except UvError as exc:
         detail = _last_line(exc.stderr) or str(exc)
         if offline:
@@ -250,14 +255,17 @@ def build_uv_managed(
         raise DownloadUnavailable(f"uv could not install it: {detail}") from None
 
 
-def build_host_copy(python: LockedInterpreter, out: Path, *, jobs: int | None = None) -> InterpreterBuild:
+def build_host_copy(
+    python: LockedInterpreter, out: Path, *, progress: Reporter = QUIET, jobs: int | None = None
+) -> InterpreterBuild:
     """Fill the empty directory ``out`` with a relocatable copy of an installed CPython of
     exactly ``python.version`` (module doc); :class:`HarnessError` naming what was searched
-    when there is none. ``jobs`` bounds the bytecode compile's workers (default: the CPUs)."""
+    when there is none. ``progress`` shows the copy and the bytecode compilation, whose
+    workers ``jobs`` bounds (default: the CPUs)."""
     out = out.absolute()
     _check_empty(out)
     _check_cpython(python)
-    return _build_host(python, out, jobs=jobs)
+    return _build_host(python, out, progress, jobs=jobs)
 
 
 def _check_cpython(python: LockedInterpreter) -> None:
@@ -309,7 +317,8 @@ def _build_uv_managed(
     cache_dir: Path,
     offline: bool,
     uv_env: Mapping[str, str] | None,
-    jobs: int | None,
+    progress: Reporter,
+    jobs: int | None = None,
 ) -> InterpreterBuild:
     target = parse_platform(python.platform)
     request = f"cpython-{python.version}-{target.os}-{target.arch}-{target.libc}"
@@ -322,7 +331,9 @@ def _build_uv_managed(
     if offline:
         args.append("--offline")
     env = {"UV_PYTHON_CACHE_DIR": os.fspath(archives), **(uv_env or {})}
-    run_uv(args, cache_dir=cache_dir, env_extra=env, python_downloads="manual", timeout=1800)
+    with progress.phase(f"installing CPython {python.version} (uv python install)") as phase:
+        phase.failure = "unavailable"  # the caller may fall back to a host copy (DownloadUnavailable)
+        run_uv(args, cache_dir=cache_dir, env_extra=env, python_downloads="manual", timeout=1800)
     installs = [
         p
         for p in scratch.iterdir()
@@ -345,7 +356,16 @@ def _build_uv_managed(
     if not (out / exe).is_file():
         raise HarnessError(f"uv's CPython {python.version} has no {exe}")
     shared = _needs_libpython(out / exe)
-    _finish(out, exe, minor=minor, old_prefix=PBS_PLACEHOLDER, version=python.version, shared=shared, jobs=jobs)
+    _finish(
+        out,
+        exe,
+        minor=minor,
+        old_prefix=PBS_PLACEHOLDER,
+        version=python.version,
+        shared=shared,
+        progress=progress,
+        jobs=jobs,
+    )
     return InterpreterBuild("uv-managed", exe, python.version, shared)
 
 
@@ -369,7 +389,9 @@ def _unpatch_uv_prefix(out: Path, scratch_prefix: str) -> None:
 # --------------------------------------------------------------------------- host copies
 
 
-def _build_host(python: LockedInterpreter, out: Path, *, jobs: int | None) -> InterpreterBuild:
+def _build_host(
+    python: LockedInterpreter, out: Path, progress: Reporter, *, jobs: int | None = None
+) -> InterpreterBuild:
     if sys.platform != "linux":
         raise HarnessError(
             f"CPython {python.version}: harness copies host interpreters on Linux only",
@@ -391,7 +413,8 @@ def _build_host(python: LockedInterpreter, out: Path, *, jobs: int | None) -> In
         )
     minor = _minor(python.version)
     layout = _host_layout(found, minor)
-    _copy_host(found, layout, out)
+    with progress.phase(f"copying CPython {python.version} from {found.executable}"):
+        _copy_host(found, layout, out)
     exe = layout["exe"]
     _finish(
         out,
@@ -400,6 +423,7 @@ def _build_host(python: LockedInterpreter, out: Path, *, jobs: int | None) -> In
         old_prefix=os.fspath(found.base_prefix),
         version=python.version,
         shared=found.shared,
+        progress=progress,
         jobs=jobs,
     )
     # Py_ENABLE_SHARED alone does not say the executable loads libpython: Debian's python3.X
@@ -565,7 +589,15 @@ def _copy_host(probe: _Probe, layout: dict[str, str], out: Path) -> None:
 
 
 def _finish(
-    out: Path, exe: str, *, minor: str, old_prefix: str, version: str, shared: bool, jobs: int | None = None
+    out: Path,
+    exe: str,
+    *,
+    minor: str,
+    old_prefix: str,
+    version: str,
+    shared: bool,
+    progress: Reporter = QUIET,
+    jobs: int | None = None,
 ) -> None:
     """Empty site-packages, dynamic sysconfig, fresh pycs, and a check that the result runs
     from ``out`` (module doc)."""
@@ -582,7 +614,8 @@ def _finish(
     for cache in sorted(out.rglob("__pycache__"), reverse=True):
         shutil.rmtree(cache)
     _verify(out, exe, version=version, shared=shared)
-    compile_bytecode(out / exe, [stdlib], root=out, jobs=jobs)
+    with progress.phase(f"compiling bytecode of CPython {version}'s standard library") as phase:
+        compile_bytecode(out / exe, [stdlib], root=out, jobs=jobs, progress=phase.callback())
 
 
 def _stdlib_dir(out: Path, minor: str) -> Path:

@@ -22,7 +22,7 @@ mirror, is fetched (by id when no branch holds the commit) and exported into its
 the tree hash covers every submodule's files and the lock lists each one's path, URL and
 commit. Realize exports from the lock's list, offline from the mirrors.
 
-**Git mirrors** (settings ``[git.mirrors]``, :func:`fetch_url`): a canonical URL, or a prefix
+**Git mirrors** (settings ``[git-mirrors]``, :func:`fetch_url`): a canonical URL, or a prefix
 of URLs ending in ``/``, maps to a mirror (``file://``, ``https://``, ssh) that is fetched
 from instead. Locks and cache mirrors keep the canonical URL, so the same lock realizes on
 an offline cluster that has only a local mirror.

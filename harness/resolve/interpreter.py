@@ -30,6 +30,7 @@ the wheel tags a target accepts, following uv's own rules, so filtering agrees w
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -300,14 +301,44 @@ def list_pythons(cache_dir: Path | None, *, only_downloads: bool = False) -> lis
     Runs offline: the download list is built into uv. ``UV_PYTHON_DOWNLOADS=automatic`` is
     needed only for uv to *list* downloads; nothing is downloaded. ``only_downloads`` skips
     discovering installed interpreters, which is most of the cost (uv runs each one it finds,
-    and a pyenv shim is a shell script: about 1 s here against 0.06 s).
+    and a pyenv shim is a shell script: about 1 s here against 0.06 s); that list is kept in
+    ``cache_dir`` per uv binary (:func:`~harness.resolve.uvtool.downloads_list_file`), since
+    it is built into the binary and nothing else changes it.
     """
-    args = ["python", "list", "--output-format", "json", "--all-versions", "--all-platforms", "--all-arches"]
-    if only_downloads:
-        args.append("--only-downloads")
+    from harness.resolve.uvtool import downloads_list_file
+
+    args = DOWNLOADS_LIST_ARGS if only_downloads else DOWNLOADS_LIST_ARGS[:-1]
+    kept = downloads_list_file(cache_dir) if only_downloads and cache_dir is not None else None
+    if kept is not None:
+        try:
+            return parse_python_list(kept.read_text(encoding="utf-8"))
+        except (OSError, HarnessError):
+            pass
     with tempfile.TemporaryDirectory(prefix="harness-python-list-") as neutral:  # no project around
         proc = run_uv(args, cache_dir=cache_dir, python_downloads="automatic", cwd=Path(neutral), timeout=120)
-    return parse_python_list(proc.stdout)
+    listings = parse_python_list(proc.stdout)
+    if kept is not None:
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            temp = kept.with_name(f".{kept.name}.{os.getpid()}")
+            temp.write_text(proc.stdout, encoding="utf-8")
+            os.replace(temp, kept)
+        except OSError:
+            pass  # asked again next time
+    return listings
+
+
+#: ``uv python list`` of every download uv knows (its last argument) for any platform.
+DOWNLOADS_LIST_ARGS = (
+    "python",
+    "list",
+    "--output-format",
+    "json",
+    "--all-versions",
+    "--all-platforms",
+    "--all-arches",
+    "--only-downloads",
+)
 
 
 def _probe(path: str, version: str) -> Path | None:

@@ -49,8 +49,6 @@ import re
 import shutil
 import tempfile
 import tomllib
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,13 +61,17 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 
 from harness.config import DEFAULT_INDEX, Settings
 from harness.errors import HarnessError, InputError
+from harness.resolve.compile import INDEX_STRATEGIES as INDEX_STRATEGIES
+from harness.resolve.compile import OUTPUT, compile_command
+from harness.resolve.compile import index_addresses as index_addresses
+from harness.resolve.compile import index_flags as index_flags
+from harness.resolve.compile import preferences_pylock as preferences_pylock
 from harness.resolve.interpreter import target_tags
 from harness.resolve.pins import DistFile, Interpreter, Package
 from harness.resolve.uvtool import UvError, run_uv
 
 #: PEP 517's fallback when a source tree declares no ``[build-system]``.
 DEFAULT_BUILD_REQUIREMENTS = ("setuptools>=40.8.0",)
-INDEX_STRATEGIES = ("first-index", "unsafe-first-match", "unsafe-best-match")
 
 
 # --- pure helpers ---------------------------------------------------------------------------
@@ -82,32 +84,6 @@ def wheel_fits(filename: str, tags: frozenset[Tag]) -> bool:
     except InvalidWheelFilename:
         return False
     return not tags.isdisjoint(wheel_tags)
-
-
-def index_addresses(indexes: Sequence[str], settings: Settings) -> dict[str, str | None]:
-    """Name → address of every index a resolution may use: the manifest's ``indexes`` in
-    order, then ``pypi`` (None when left at uv's default). InputError for an unconfigured name."""
-    out: dict[str, str | None] = {}
-    for name in indexes:
-        if name != DEFAULT_INDEX:
-            out[name] = settings.index_url(name)
-    out[DEFAULT_INDEX] = settings.index_url(DEFAULT_INDEX)
-    return out
-
-
-def index_flags(addresses: Mapping[str, str | None], strategy: str = "first-index") -> list[str]:
-    """uv flags for :func:`index_addresses`' result (module doc, "Indexes")."""
-    if strategy not in INDEX_STRATEGIES:
-        raise InputError(f"index strategy {strategy!r}: expected one of {', '.join(INDEX_STRATEGIES)}")
-    flags: list[str] = []
-    for name, address in addresses.items():
-        if name == DEFAULT_INDEX:
-            if address is not None:
-                flags += ["--default-index", address]
-        else:
-            assert address is not None
-            flags += ["--index", f"{name}={address}"]
-    return [*flags, "--index-strategy", strategy]
 
 
 def explicit_pyproject(
@@ -259,22 +235,6 @@ def to_packages(
             )
         )
     return sorted(packages)
-
-
-def preferences_pylock(previous: Iterable[Package]) -> str:
-    """A minimal PEP 751 document of previous pins (names and versions) that uv reads from an
-    existing ``-o`` file as resolution preferences."""
-    doc = tomlkit.document()
-    doc["lock-version"] = "1.0"
-    doc["created-by"] = "harness"
-    packages = tomlkit.aot()
-    for package in sorted(previous):
-        table = tomlkit.table()
-        table["name"] = package.name
-        table["version"] = package.version
-        packages.append(table)
-    doc["packages"] = packages
-    return tomlkit.dumps(doc)
 
 
 # --- build requirements ----------------------------------------------------------------------
@@ -455,47 +415,29 @@ def resolve_packages(
     all_addresses = {**explicit, **addresses}
     tags = target_tags(interpreter.version, interpreter.platform)
     cache_dir.mkdir(parents=True, exist_ok=True)
+    command = compile_command(
+        requirements,
+        version=interpreter.version,
+        platform=interpreter.platform,
+        addresses=addresses,
+        offline=offline,
+        upgrade=upgrade,
+        upgrade_packages=upgrade_packages,
+        previous=[(p.name, p.version) for p in previous or ()],
+        paths=[_path_line(p) for p in extra_paths],
+        pyproject=explicit_pyproject(requirements, package_index, all_addresses) if package_index else None,
+        exclude_newer=exclude_newer,
+        index_strategy=index_strategy,
+    )
     with tempfile.TemporaryDirectory(prefix="harness-resolve-") as tmp:
         work = Path(tmp)
-        paths = [_path_line(p) for p in extra_paths]
-        inputs = []
-        if package_index:
-            (work / "pyproject.toml").write_text(explicit_pyproject(requirements, package_index, all_addresses))
-            inputs.append("pyproject.toml")
-        if paths or not package_index:
-            lines = paths if package_index else [*requirements, *paths]
-            (work / "requirements.in").write_text("".join(line + "\n" for line in lines))
-            inputs.append("requirements.in")
-        output = work / "pylock.toml"
-        if previous and not upgrade:
-            output.write_text(preferences_pylock(previous))
-        args = [
-            "pip",
-            "compile",
-            *inputs,
-            "--output-file",
-            output.name,
-            "--python-version",
-            interpreter.version,
-            "--python-platform",
-            interpreter.platform,
-            "--no-header",
-            "--quiet",
-            *index_flags(addresses, index_strategy),
-        ]
-        if offline:
-            args.append("--offline")
-        if upgrade:
-            args.append("--upgrade")
-        for name in upgrade_packages:
-            args += ["--upgrade-package", name]
-        if exclude_newer:
-            args += ["--exclude-newer", exclude_newer]
+        for name, content in command.files.items():
+            (work / name).write_text(content)
         try:
-            run_uv(args, cache_dir=cache_dir, cwd=work, timeout=timeout)
+            run_uv(command.args, cache_dir=cache_dir, cwd=work, timeout=timeout)
         except UvError as exc:
             raise _resolution_error(exc, interpreter, offline) from None
-        text = output.read_text()
+        text = (work / OUTPUT).read_text()
     return to_packages(
         parse_pylock(text),
         tags=tags,
@@ -526,6 +468,9 @@ def _resolution_error(exc: UvError, interpreter: Interpreter, offline: bool) -> 
 
 def _remote_size(file: _File, *, offline: bool, addresses: Mapping[str, str | None]) -> int:
     """The size of a file whose index did not publish one (module doc)."""
+    import urllib.error  # here: urllib.request (http.client, ssl, email) is slow to import
+    import urllib.request
+
     index = index_for_url(file.url, addresses)
     if offline:
         raise HarnessError(

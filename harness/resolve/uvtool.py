@@ -30,14 +30,28 @@ the only way the rest of harness should start uv. Every call:
 
 A failure becomes a :class:`UvError` (a :class:`~harness.errors.HarnessError`) carrying
 uv's exit status and stderr, with the command in its message.
+
+**Runs started ahead** (:func:`prestart`): a caller that can tell early which uv command a
+later :func:`run_uv` call will make (``harness lock`` starts each resolution from the raw
+manifest while pydantic and the models load, :mod:`harness.lock.early`) starts it in a
+folder of its own. :func:`run_uv` then takes over such a run instead of starting uv, but
+only when everything that decides uv's result is the same: the whole command line, the
+environment, and the name and bytes of every file in the working folder (the run's own
+output files are copied back into the caller's folder). Anything else runs as usual;
+:func:`discard_prestarted` stops and removes the runs nobody took over.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import subprocess
+import tempfile
+import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -116,6 +130,20 @@ def uv_version() -> str:
     return match.group(1)
 
 
+def downloads_list_file(cache_dir: Path) -> Path:
+    """Where uv's built-in list of interpreter downloads is kept for this uv binary (keyed by
+    its path, size and modification time; see :func:`harness.resolve.interpreter.list_pythons`)."""
+    binary = uv_bin()
+    try:
+        st = os.stat(binary)
+        identity = f"{binary}\0{st.st_size}\0{st.st_mtime_ns}"
+    except OSError:
+        identity = binary
+    import hashlib
+
+    return cache_dir / "python-downloads" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
+
+
 def uv_env(
     env_extra: Mapping[str, str] | None = None,
     *,
@@ -152,21 +180,24 @@ def run_uv(
     uv's stderr; a timeout or a missing binary raises :class:`HarnessError` too.
     ``python_downloads`` is ``UV_PYTHON_DOWNLOADS`` (``never``, ``manual`` or ``automatic``).
     """
-    command = [uv_bin(), "--no-config"]
-    command += ["--cache-dir", os.fspath(cache_dir)] if cache_dir is not None else ["--no-cache"]
-    command += [os.fspath(arg) for arg in args]
+    command = _command(args, cache_dir)
     shown = " ".join(["uv", *command[1:]])
+    env = uv_env(env_extra, python_downloads=python_downloads)
+    early = _take_prestarted(command, env, cwd) if _PRESTARTED else None
     try:
-        proc = subprocess.run(
-            command,
-            check=False,
-            cwd=cwd,
-            env=uv_env(env_extra, python_downloads=python_downloads),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
+        if early is not None:
+            proc = early.finish(cwd, timeout)
+        else:
+            proc = subprocess.run(
+                command,
+                check=False,
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
     except subprocess.TimeoutExpired as exc:
         raise UvError(f"{shown}: timed out after {timeout} s", stderr=_text(exc.stderr)) from None
     except OSError as exc:
@@ -184,3 +215,124 @@ def _text(data: bytes | str | None) -> str:
     if data is None:
         return ""
     return data if isinstance(data, str) else data.decode(errors="replace")
+
+
+def _command(args: Sequence[str | os.PathLike[str]], cache_dir: Path | None) -> list[str]:
+    command = [uv_bin(), "--no-config"]
+    command += ["--cache-dir", os.fspath(cache_dir)] if cache_dir is not None else ["--no-cache"]
+    return command + [os.fspath(arg) for arg in args]
+
+
+# --- runs started ahead (module doc) ----------------------------------------------------------
+
+
+@dataclass
+class _Prestarted:
+    """A uv run started ahead: its process, its folder (``work`` is its working folder)."""
+
+    process: subprocess.Popen[bytes]
+    folder: Path
+
+    @property
+    def work(self) -> Path:
+        return self.folder / "work"
+
+    def finish(self, cwd: Path | None, timeout: float | None) -> subprocess.CompletedProcess[str]:
+        """Wait for the run, put its files into ``cwd`` and return what it printed."""
+        try:
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise
+            if cwd is not None:
+                for path in self.work.iterdir():
+                    if path.is_file():
+                        shutil.copyfile(path, cwd / path.name)
+            out = (self.folder / "stdout").read_bytes().decode(errors="replace")
+            err = (self.folder / "stderr").read_bytes().decode(errors="replace")
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        return subprocess.CompletedProcess(self.process.args, self.process.returncode or 0, out, err)
+
+    def discard(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_Key = tuple[tuple[str, ...], tuple[tuple[str, str], ...], tuple[tuple[str, bytes], ...]]
+_PRESTARTED: dict[_Key, list[_Prestarted]] = {}
+_PRESTARTED_LOCK = threading.Lock()
+
+
+def _folder_files(folder: Path | None) -> tuple[tuple[str, bytes], ...]:
+    """Name and bytes of every file directly in ``folder`` (a run's inputs), sorted."""
+    if folder is None:
+        return ()
+    try:
+        return tuple(sorted((p.name, p.read_bytes()) for p in folder.iterdir() if p.is_file()))
+    except OSError:
+        return (("", b"unreadable"),)  # matches nothing started ahead
+
+
+def _key(command: Sequence[str], env: Mapping[str, str], cwd: Path | None) -> _Key:
+    return tuple(command), tuple(sorted(env.items())), _folder_files(cwd)
+
+
+def prestart(
+    args: Sequence[str | os.PathLike[str]],
+    *,
+    cache_dir: Path | None = None,
+    files: Mapping[str, str] | None = None,
+    python_downloads: str = "never",
+) -> None:
+    """Start ``uv ARGS`` now, in a new folder holding ``files``, for a later :func:`run_uv`
+    call with the same arguments from a folder holding the same files (module doc). Never
+    raises: a run that cannot start is simply not there to take over."""
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="harness-early-uv-"))
+        work = folder / "work"
+        work.mkdir()
+        for name, content in (files or {}).items():
+            (work / name).write_text(content)
+        command = _command(args, cache_dir)
+        env = uv_env(python_downloads=python_downloads)
+        key = _key(command, env, work)
+        with open(folder / "stdout", "wb") as out, open(folder / "stderr", "wb") as err:
+            process = subprocess.Popen(command, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+    except (OSError, HarnessError, subprocess.SubprocessError):
+        return
+    with _PRESTARTED_LOCK:
+        if not _PRESTARTED:
+            atexit.register(discard_prestarted)
+        _PRESTARTED.setdefault(key, []).append(_Prestarted(process, folder))
+
+
+def _take_prestarted(command: Sequence[str], env: Mapping[str, str], cwd: Path | None) -> _Prestarted | None:
+    key = _key(command, env, cwd)
+    with _PRESTARTED_LOCK:
+        runs = _PRESTARTED.get(key)
+        if not runs:
+            return None
+        run = runs.pop(0)
+        if not runs:
+            del _PRESTARTED[key]
+        return run
+
+
+def prestarted_count() -> int:
+    """How many runs started ahead are still waiting to be taken over."""
+    with _PRESTARTED_LOCK:
+        return sum(len(runs) for runs in _PRESTARTED.values())
+
+
+def discard_prestarted() -> None:
+    """Stop and remove every run started ahead that no :func:`run_uv` took over."""
+    with _PRESTARTED_LOCK:
+        runs = [run for queue in _PRESTARTED.values() for run in queue]
+        _PRESTARTED.clear()
+    for run in runs:
+        run.discard()

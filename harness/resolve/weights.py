@@ -49,6 +49,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from harness.download import Progress, download, measure
@@ -342,7 +343,7 @@ def _hf_error(
 # ---------------------------------------------------------------------------------------------
 
 
-def _modelscope_api(settings: Settings):  # -> modelscope_hub.HubApi
+def _modelscope_api(settings: Settings) -> Any:  # modelscope_hub.HubApi, imported only when used
     """The real ModelScope client, at the configured endpoint (None: its own default).
 
     Recent ``modelscope`` releases (1.40 when this was written) delegate their ``HubApi`` to

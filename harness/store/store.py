@@ -33,6 +33,7 @@ from typing import Any
 
 from harness import __version__
 from harness.errors import HarnessError
+from harness.progress import QUIET, Reporter, format_bytes
 
 #: Every object's files get this mtime (Nix uses 1 too): content, not history.
 FIXED_MTIME = 1
@@ -227,13 +228,16 @@ class Store:
         *,
         references: tuple[str, ...] = (),
         expected_content: str | None = None,
+        progress: Reporter = QUIET,
     ) -> Record:
         """Build ``name`` with ``build(out)`` unless registered; return its record.
 
         ``build`` must create ``out`` (a file or a directory; it does not exist on entry).
         ``expected_content``, when given (a source's tree hash), must equal the built
         object's content hash, else nothing is registered and StoreError names both.
-        A failing builder leaves the store exactly as before.
+        A failing builder leaves the store exactly as before. ``progress`` shows what
+        follows the build (sharing files, hashing, registering) as one phase; the builder
+        shows its own.
         """
         from harness.store.hashing import nar_digest
 
@@ -258,38 +262,40 @@ class Store:
                 result = build(out) or BuildResult()
                 if not os.path.lexists(out):
                     raise StoreError(f"building {name} produced nothing")
-                if kind in SHARED_KINDS:
-                    self._share_files(out)
-                # The top directory stays writable until it is in place: moving a directory
-                # to another parent rewrites its ``..``, which Linux allows only in a
-                # directory its owner can write (or to root). Its mode is not content.
-                canonicalize(out, keep_top_writable=True)
-                digest = nar_digest(out)
-                if expected_content is not None and digest.hash != expected_content:
-                    raise StoreError(
-                        f"{name}: content hash mismatch: expected {expected_content}, "
-                        f"got {digest.hash}; nothing was registered"
-                    )
-                os.rename(out, target)
-                # Read-only before registration: a registered path is never writable, and a
-                # crash here leaves an unregistered path that the next add or clean removes.
-                _seal_top(target)
-                # The launch check's fingerprint (inodes, times), taken after the rename and
-                # the sealing, which change the top's ctime; a cache, so written before the record.
-                from harness.store.launchcheck import write_fingerprint
+                with progress.phase(f"hashing and registering {kind} {_display_name(name)}") as phase:
+                    if kind in SHARED_KINDS:
+                        self._share_files(out)
+                    # The top directory stays writable until it is in place: moving a directory
+                    # to another parent rewrites its ``..``, which Linux allows only in a
+                    # directory its owner can write (or to root). Its mode is not content.
+                    canonicalize(out, keep_top_writable=True)
+                    digest = nar_digest(out)
+                    phase.summary = format_bytes(digest.nar_size)
+                    if expected_content is not None and digest.hash != expected_content:
+                        raise StoreError(
+                            f"{name}: content hash mismatch: expected {expected_content}, "
+                            f"got {digest.hash}; nothing was registered"
+                        )
+                    os.rename(out, target)
+                    # Read-only before registration: a registered path is never writable, and a
+                    # crash here leaves an unregistered path that the next add or clean removes.
+                    _seal_top(target)
+                    # The launch check's fingerprint (inodes, times), taken after the rename and
+                    # the sealing, which change the top's ctime; a cache, so written before the record.
+                    from harness.store.launchcheck import write_fingerprint
 
-                write_fingerprint(self.root, name, digest.hash)
-                record = Record(
-                    name=name,
-                    kind=kind,
-                    content=digest.hash,
-                    nar_size=digest.nar_size,
-                    references=tuple(sorted(set(references) | set(result.references))),
-                    obtained=result.obtained,
-                    impure=result.impure,
-                    registered=time.time(),
-                )
-                self._write_record(record)
+                    write_fingerprint(self.root, name, digest.hash)
+                    record = Record(
+                        name=name,
+                        kind=kind,
+                        content=digest.hash,
+                        nar_size=digest.nar_size,
+                        references=tuple(sorted(set(references) | set(result.references))),
+                        obtained=result.obtained,
+                        impure=result.impure,
+                        registered=time.time(),
+                    )
+                    self._write_record(record)
                 return record
             finally:
                 remove_tree(scratch)
@@ -451,6 +457,12 @@ class Store:
             except Timeout:
                 return True
         return False
+
+
+def _display_name(name: str) -> str:
+    """A store path's name without its hash, for people (``<hash>-vlm`` → ``vlm``)."""
+    head, _, rest = name.partition("-")
+    return rest if len(head) == 32 and rest else name
 
 
 def lock_file(path: Path) -> Any:

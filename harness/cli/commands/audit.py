@@ -10,7 +10,7 @@ from harness.cli import State
 @click.command(help="Re-check every store path a run used; exit 1 if any changed.")
 @click.argument("run_id", default="latest")
 @click.option("--strict", is_flag=True, help="Also fail when the run had impurities or a scoped service was reset.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the audit as JSON.")
 @click.pass_obj
 def command(state: State, run_id: str, strict: bool, as_json: bool) -> None:
     from harness.cli.output import print_json

@@ -10,7 +10,7 @@ from harness.cli import State
 @click.command(help="Say what differs between two runs.")
 @click.argument("run_a")
 @click.argument("run_b")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the differences as JSON.")
 @click.pass_obj
 def command(state: State, run_a: str, run_b: str, as_json: bool) -> None:
     from harness.cli.output import print_json

@@ -10,9 +10,9 @@ from harness.cli.commands.plan import GPUS_HELP
 
 @click.command(help="What is installed, what a run would install, GPUs, stale locks, store health.")
 @click.option("--agent", help="Say what a run of this agent config would still install.")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override an agent config key.")
 @click.option("--gpus", "gpus_spec", metavar="SPEC", help=GPUS_HELP)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 @click.pass_obj
 def command(state: State, agent: str | None, sets: tuple[str, ...], gpus_spec: str | None, as_json: bool) -> None:
     from harness.cli.output import print_json

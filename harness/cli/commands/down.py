@@ -8,7 +8,7 @@ from harness.cli import State
 
 
 @click.command(help="Stop what harness up started (SIGINT/SIGTERM, then SIGKILL), nothing else.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print what was stopped as JSON.")
 @click.pass_obj
 def command(state: State, as_json: bool) -> None:
     from harness.cli.commands.status import _state_dir

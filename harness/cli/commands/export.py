@@ -12,7 +12,12 @@ from harness.cli import State
 @click.command(help="Write a lock as hashed requirements.txt or PEP 751 pylock.toml.")
 @click.argument("name")
 @click.option(
-    "--format", "fmt", type=click.Choice(["requirements", "pylock"]), default="requirements", show_default=True
+    "--format",
+    "fmt",
+    type=click.Choice(["requirements", "pylock"]),
+    default="requirements",
+    show_default=True,
+    help="requirements: hashed requirements.txt for pip/uv; pylock: PEP 751 pylock.toml.",
 )
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
 @click.pass_obj

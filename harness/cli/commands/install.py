@@ -5,19 +5,26 @@ from __future__ import annotations
 import click
 
 from harness.cli import State
+from harness.cli.output import quiet_option
 
 
 @click.command(help="Lock if needed, then realize the named services ahead of a run.")
 @click.argument("names", nargs=-1)
 @click.option("--offline", is_flag=True, help="Never touch the network; list everything missing.")
-@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="Parallel downloads and registrations.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
+@quiet_option
 @click.pass_obj
-def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, as_json: bool) -> None:
+def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, as_json: bool, quiet: bool) -> None:
     from harness.realize.install import realize_names
     from harness.cli.commands.realize import _print
 
-    reports = realize_names(
-        state, list(names), offline=offline, jobs=jobs, lock_missing=True, show_progress=not as_json
-    )
+    reports = realize_names(state, list(names), offline=offline, jobs=jobs, lock_missing=True, show_progress=not quiet)
     _print(reports, as_json, state)

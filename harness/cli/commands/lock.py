@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from harness.cli import State
@@ -17,6 +19,11 @@ from harness.cli import State
     multiple=True,
     metavar="NAME",
     help="Allow this package to move (repeatable).",
+)
+@click.option(
+    "--refresh",
+    is_flag=True,
+    help="Resolve again even when no input changed since the last lock (pins stay unless upgrading).",
 )
 @click.option("--offline", is_flag=True, help="Use only what is cached; fail clearly for what is not.")
 @click.option(
@@ -36,6 +43,7 @@ def command(
     check: bool,
     upgrade: bool,
     upgrade_packages: tuple[str, ...],
+    refresh: bool,
     offline: bool,
     platform: str | None,
     jobs: int,
@@ -58,31 +66,30 @@ def command(
                 click.echo("every lock is up to date")
         raise SystemExit(1 if stale else 0)
 
-    import contextlib
     import sys
 
-    from harness.config import load_settings
-    from harness.lock.generate import LockOptions, Outcome, lock_project
+    from harness.lock.outcome import LockOptions, Outcome
 
-    # A spinner and colours on a terminal; plain lines otherwise, without loading rich (30 ms).
+    options = LockOptions(
+        platform=platform,
+        offline=offline,
+        upgrade=upgrade,
+        upgrade_packages=tuple(upgrade_packages),
+        jobs=jobs,
+        refresh=refresh,
+    )
+    # Colours and a spinner on a terminal; plain lines otherwise, without loading rich (30 ms).
     console = None
-    status: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
     if sys.stderr.isatty():
         from rich.console import Console
 
         console = Console(stderr=True)
-        status = console.status("locking…", spinner="dots")
 
     def say(word: str, style: str, rest: str) -> None:
         if console is not None:
             console.print(f"[{style}]{word}[/{style}] {rest}")
         else:
             click.echo(f"{word} {rest}", err=True)
-
-    options = LockOptions(
-        platform=platform, offline=offline, upgrade=upgrade, upgrade_packages=tuple(upgrade_packages), jobs=jobs
-    )
-    settings = load_settings(state.home, project.root)
 
     def report(outcome: Outcome) -> None:
         if as_json:
@@ -97,11 +104,17 @@ def command(
         else:
             say("unchanged", "dim", f"{outcome.name} ({shown})")
 
-    with status:
-        outcomes = lock_project(
-            project, list(names), settings=settings, cache_dir=state.home / "cache", options=options, on_done=report
-        )
-    failed = [o for o in outcomes if o.error]
+    # No input changed since the last lock: answer from the stamp, before loading any model.
+    outcomes = None
+    if not options.resolves_anyway:
+        from harness.lock.stamp import LockStamps
+
+        outcomes = LockStamps(state.home / "cache", project, platform=platform).quick(list(names))
+    if outcomes is not None:
+        for outcome in outcomes:
+            report(outcome)
+    else:
+        outcomes = _lock(state, project, list(names), options, report, console)
     if as_json:
         print_json(
             {
@@ -110,13 +123,40 @@ def command(
                         "name": o.name,
                         "lock": str(o.path),
                         "changed": o.changed,
+                        "resolved": o.resolved,
                         "error": o.error,
-                        "environment": o.lock.environment.store if o.lock else None,
+                        "environment": o.environment,
                         "changes": [c.as_json() for c in o.changes],
                     }
                     for o in outcomes
                 ]
             }
         )
+    failed = [o for o in outcomes if o.error]
     if failed:
         raise HarnessError("\n".join(o.error or "" for o in failed))
+
+
+def _lock(state: State, project: Any, names: list[str], options: Any, report: Any, console: Any) -> list[Any]:
+    """The full path: start uv's resolutions from the raw manifests (harness.lock.early), then
+    load the models, validate, and lock, taking over those runs where they match."""
+    import contextlib
+
+    from harness.lock.early import prestart_locks
+    from harness.resolve.uvtool import discard_prestarted
+
+    try:
+        prestart_locks(state.home, project, names, options)
+        from harness.config import load_settings
+        from harness.lock.generate import lock_project
+
+        settings = load_settings(state.home, project.root)
+        status: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+        if console is not None:
+            status = console.status("locking…", spinner="dots")
+        with status:
+            return lock_project(
+                project, names, settings=settings, cache_dir=state.home / "cache", options=options, on_done=report
+            )
+    finally:
+        discard_prestarted()

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from harness.cli import State
+from harness.cli.output import quiet_option
+
+if TYPE_CHECKING:
+    from harness.realize.builder import Report
 
 
 @click.command(help="Build what the locks name into the store (all when none named).")
@@ -24,8 +30,11 @@ from harness.cli import State
     help="Stop at the first lock that fails [default: realize every other one, then list each failure].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
+@quiet_option
 @click.pass_obj
-def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, fail_fast: bool, as_json: bool) -> None:
+def command(
+    state: State, names: tuple[str, ...], offline: bool, jobs: int, fail_fast: bool, as_json: bool, quiet: bool
+) -> None:
     from harness.realize.builder import RealizeFailed
     from harness.realize.install import realize_names
 
@@ -36,7 +45,7 @@ def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, fail
             offline=offline,
             jobs=jobs,
             lock_missing=False,
-            show_progress=not as_json,
+            show_progress=not quiet,
             fail_fast=fail_fast,
         )
     except RealizeFailed as exc:
@@ -45,7 +54,7 @@ def command(state: State, names: tuple[str, ...], offline: bool, jobs: int, fail
     _print(reports, as_json, state)
 
 
-def _print(reports, as_json: bool, state: State, failures: dict[str, str] | None = None) -> None:
+def _print(reports: list[Report], as_json: bool, state: State, failures: dict[str, str] | None = None) -> None:
     from harness.cli.output import print_json
 
     root = state.home / "store"

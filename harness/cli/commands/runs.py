@@ -10,7 +10,7 @@ from harness.cli import State
 
 
 @click.group(invoke_without_command=True, help="List recorded runs; pin or unpin one (`runs pin ID`).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
 @click.pass_context
 def command(ctx: click.Context, as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from harness.cli import State
 from harness.cli.output import print_json, print_table
+
+if TYPE_CHECKING:
+    from harness.manifests.project import Project
 
 
 @click.command(help="List the project's service and benchmark manifests.")
@@ -31,7 +37,7 @@ def _state_word(entry: dict) -> str:
     return "realized" if entry["realized"] else "locked"
 
 
-def _add_states(entries: list[dict], project, home) -> None:
+def _add_states(entries: list[dict[str, Any]], project: Project, home: Path) -> None:
     """Each manifest's lock state (ok, stale, missing) and whether its store paths are all
     registered in this home. No network: path weights are re-hashed through a stat cache."""
     from harness.realize.builder import missing

@@ -73,7 +73,7 @@ def rehearse(state: State, gpus_spec: str) -> dict[str, Any]:
     metavar="SPEC",
     help="Also show where the deploy would put every service on these GPUs: 4x24, 24,24,80, or none.",
 )
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.pass_obj
 def command(state: State, gpus_spec: str | None, as_json: bool) -> None:
     from harness.cli.output import print_json, print_table

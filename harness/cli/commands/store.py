@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from harness.cli import State
+from harness.cli.output import quiet_option
+
+if TYPE_CHECKING:
+    from harness.cache.backends import Backend
+    from harness.cache.signing import SecretKey
+    from harness.cache.transfer import PushResult
+    from harness.manifests.project import Project
+    from harness.store.store import Store
 
 
 @click.group(
@@ -17,7 +25,7 @@ def command() -> None:
     pass
 
 
-def _store(state: State):
+def _store(state: State) -> Store:
     from harness.store.store import Store
 
     return Store.in_home(state.home)
@@ -54,7 +62,7 @@ def ls(state: State, as_json: bool) -> None:
                     **r.as_json(),
                     "path": str(store.root / r.name),
                     "size": r.nar_size,
-                    "owner": names.get(owners[r.name]),
+                    "owner": _owner_name(names, owners[r.name]),
                 }
                 for r in records
             ]
@@ -70,8 +78,13 @@ def ls(state: State, as_json: bool) -> None:
     print_table(
         None,
         ["path", "kind", "size", "impure", "owner"],
-        [[r.name, r.kind, _size(r.nar_size), r.impure, names.get(owners[r.name])] for r in records],
+        [[r.name, r.kind, _size(r.nar_size), r.impure, _owner_name(names, owners[r.name])] for r in records],
     )
+
+
+def _owner_name(names: dict[int, str], uid: int | None) -> str | None:
+    """The user name of ``uid`` (None: unknown owner or no such user)."""
+    return names.get(uid) if uid is not None else None
 
 
 def _size(n: int) -> str:
@@ -233,7 +246,7 @@ def pin_command(state: State, name: str, remove: bool) -> None:
 # -- binary caches (harness/cache) ------------------------------------------------------
 
 
-def _project_or_none(state: State):
+def _project_or_none(state: State) -> Project | None:
     from harness.errors import ProjectNotFound
 
     try:
@@ -293,7 +306,7 @@ def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _secret(state: State, key: str | None):
+def _secret(state: State, key: str | None) -> SecretKey | None:
     from pathlib import Path
 
     from harness.cache.signing import load_secret
@@ -321,7 +334,15 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def _do_push(state: State, backend, names: tuple[str, ...], all_paths: bool, key: str | None, jobs: int):
+def _do_push(
+    state: State,
+    backend: Backend,
+    names: tuple[str, ...],
+    all_paths: bool,
+    key: str | None,
+    jobs: int,
+    quiet: bool = False,
+) -> PushResult:
     from harness.cache.transfer import push
 
     store = _store(state)
@@ -332,7 +353,9 @@ def _do_push(state: State, backend, names: tuple[str, ...], all_paths: bool, key
             "warning: no signing key (--key or [cache] secret-key-file): built paths will be refused by every puller",
             err=True,
         )
-    return push(store, selected, backend, secret=secret, cache_dir=state.home / "cache", jobs=jobs, show_progress=True)
+    return push(
+        store, selected, backend, secret=secret, cache_dir=state.home / "cache", jobs=jobs, show_progress=not quiet
+    )
 
 
 @command.command("keygen", help="Make an ed25519 signing key pair: NAME.secret and NAME.public.")
@@ -355,11 +378,14 @@ def keygen(name: str, folder: str) -> None:
 @click.option("--all", "all_paths", is_flag=True, help="Every registered path.")
 @click.option("--key", metavar="FILE", help="Secret key to sign with [default: [cache] secret-key-file].")
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
+@quiet_option
 @click.pass_obj
-def push_command(state: State, cache: str, names: tuple[str, ...], all_paths: bool, key: str | None, jobs: int) -> None:
+def push_command(
+    state: State, cache: str, names: tuple[str, ...], all_paths: bool, key: str | None, jobs: int, quiet: bool
+) -> None:
     from harness.cache.backends import open_backend
 
-    result = _do_push(state, open_backend(cache, jobs=jobs), names, all_paths, key, jobs)
+    result = _do_push(state, open_backend(cache, jobs=jobs), names, all_paths, key, jobs, quiet)
     click.echo(
         f"pushed {len(result.pushed)} path(s) ({_mib(result.uploaded_bytes)} uploaded), "
         f"{len(result.present)} already in {cache}"
@@ -378,15 +404,29 @@ def push_command(state: State, cache: str, names: tuple[str, ...], all_paths: bo
     help="Also trust this public key (besides trusted-keys in configuration).",
 )
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
+@quiet_option
 @click.pass_obj
 def pull_command(
-    state: State, cache: str, names: tuple[str, ...], all_paths: bool, trusted_keys: tuple[str, ...], jobs: int
+    state: State,
+    cache: str,
+    names: tuple[str, ...],
+    all_paths: bool,
+    trusted_keys: tuple[str, ...],
+    jobs: int,
+    quiet: bool,
 ) -> None:
-    _do_pull(state, cache, None, names, all_paths, trusted_keys, jobs)
+    _do_pull(state, cache, None, names, all_paths, trusted_keys, jobs, quiet)
 
 
 def _do_pull(
-    state: State, cache: str, backend, names: tuple[str, ...], all_paths: bool, trusted_keys: tuple[str, ...], jobs: int
+    state: State,
+    cache: str,
+    backend: Backend | None,
+    names: tuple[str, ...],
+    all_paths: bool,
+    trusted_keys: tuple[str, ...],
+    jobs: int,
+    quiet: bool = False,
 ) -> None:
     from harness.cache.format import CacheError
     from harness.cache.signing import parse_trusted
@@ -410,7 +450,7 @@ def _do_pull(
         expected=expected_from_locks(_project_locks(state).values()),
         cache_dir=state.home / "cache",
         jobs=jobs,
-        show_progress=True,
+        show_progress=not quiet,
     )
     for line in result.warnings:
         click.echo(f"warning: {line}", err=True)
@@ -425,7 +465,7 @@ def _do_pull(
         raise SystemExit(1)
 
 
-def _all_in_cache(backend, store) -> list[str]:
+def _all_in_cache(backend: Backend, store: Store) -> list[str]:
     """Every store path a cache describes (its narinfos' StorePath lines)."""
     from harness.cache.format import NarInfo
 
@@ -444,9 +484,10 @@ def _all_in_cache(backend, store) -> list[str]:
 @click.option("--all", "all_paths", is_flag=True, help="Every registered path.")
 @click.option("--key", metavar="FILE", help="Secret key to sign with [default: [cache] secret-key-file].")
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel compression.")
+@quiet_option
 @click.pass_obj
 def export_command(
-    state: State, names: tuple[str, ...], output: str, all_paths: bool, key: str | None, jobs: int
+    state: State, names: tuple[str, ...], output: str, all_paths: bool, key: str | None, jobs: int, quiet: bool
 ) -> None:
     from pathlib import Path
 
@@ -455,7 +496,7 @@ def export_command(
     writer = TarWriter(Path(output).expanduser())
     ok = False
     try:
-        result = _do_push(state, writer, names, all_paths, key, jobs)
+        result = _do_push(state, writer, names, all_paths, key, jobs, quiet)
         ok = True
     finally:
         writer.close(keep=ok)
@@ -472,11 +513,12 @@ def export_command(
     help="Also trust this public key (besides trusted-keys in configuration).",
 )
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel unpacking.")
+@quiet_option
 @click.pass_obj
-def import_command(state: State, file: str, trusted_keys: tuple[str, ...], jobs: int) -> None:
+def import_command(state: State, file: str, trusted_keys: tuple[str, ...], jobs: int, quiet: bool) -> None:
     from pathlib import Path
 
     from harness.cache.tarball import TarReader
 
     reader = TarReader(Path(file).expanduser())
-    _do_pull(state, reader.url, reader, (), True, trusted_keys, jobs)
+    _do_pull(state, reader.url, reader, (), True, trusted_keys, jobs, quiet)

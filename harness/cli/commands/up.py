@@ -15,10 +15,10 @@ if TYPE_CHECKING:
 @click.command(help="Start the resident services (or those named) and the broker.")
 @click.argument("names", nargs=-1)
 @click.option("--agent", help="Only the services this agent config needs.")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override an agent config key.")
 @click.option("--gpus", metavar="SPEC", help="Plan for these GPUs instead of the ones found (e.g. 1x24).")
 @click.option("--offline", is_flag=True, help="Never touch the network while realizing.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the services started and the broker as JSON.")
 @click.pass_obj
 def command(
     state: State,

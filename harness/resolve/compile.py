@@ -1,0 +1,124 @@
+"""The ``uv pip compile`` run of one resolution, as data: its input files and its arguments.
+
+:func:`compile_command` is what :func:`harness.resolve.python.resolve_packages` runs, and
+what :mod:`harness.lock.early` starts ahead of time from the raw manifest, before the models
+are loaded; a run started ahead is used only when this function gave both the same files and
+arguments (:func:`harness.resolve.uvtool.prestart`). So this module stays light: the standard
+library and :mod:`harness.config` only (no tomlkit, no packaging). Pure.
+
+See :mod:`harness.resolve.python` for what the flags mean ("Indexes", "Determinism").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from harness.config import DEFAULT_INDEX, Settings
+from harness.errors import InputError
+
+INDEX_STRATEGIES = ("first-index", "unsafe-first-match", "unsafe-best-match")
+#: The file uv writes its PEP 751 output to (and reads previous pins from).
+OUTPUT = "pylock.toml"
+
+
+def index_addresses(indexes: Sequence[str], settings: Settings) -> dict[str, str | None]:
+    """Name → address of every index a resolution may use: the manifest's ``indexes`` in
+    order, then ``pypi`` (None when left at uv's default). InputError for an unconfigured name."""
+    out: dict[str, str | None] = {}
+    for name in indexes:
+        if name != DEFAULT_INDEX:
+            out[name] = settings.index_url(name)
+    out[DEFAULT_INDEX] = settings.index_url(DEFAULT_INDEX)
+    return out
+
+
+def index_flags(addresses: Mapping[str, str | None], strategy: str = "first-index") -> list[str]:
+    """uv flags for :func:`index_addresses`' result (resolve.python's module doc, "Indexes")."""
+    if strategy not in INDEX_STRATEGIES:
+        raise InputError(f"index strategy {strategy!r}: expected one of {', '.join(INDEX_STRATEGIES)}")
+    flags: list[str] = []
+    for name, address in addresses.items():
+        if name == DEFAULT_INDEX:
+            if address is not None:
+                flags += ["--default-index", address]
+        else:
+            assert address is not None
+            flags += ["--index", f"{name}={address}"]
+    return [*flags, "--index-strategy", strategy]
+
+
+def preferences_pylock(pins: Iterable[tuple[str, str]]) -> str:
+    """A minimal PEP 751 document of previous pins (name, version) that uv reads from an
+    existing ``-o`` file as resolution preferences. Sorted, so the same pins give the same
+    bytes; strings are written as JSON strings, which are TOML basic strings."""
+    lines = ['lock-version = "1.0"', 'created-by = "harness"']
+    for name, version in sorted(set(pins)):
+        lines += ["", "[[packages]]", f"name = {json.dumps(name)}", f"version = {json.dumps(version)}"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class CompileCommand:
+    """One ``uv pip compile`` run: files to write into an empty working folder, then ``args``
+    (uv's, after the global options) run there. uv leaves its output in :data:`OUTPUT`."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
+
+
+def compile_command(
+    requirements: Sequence[str],
+    *,
+    version: str,
+    platform: str,
+    addresses: Mapping[str, str | None],
+    offline: bool = False,
+    upgrade: bool = False,
+    upgrade_packages: Sequence[str] = (),
+    previous: Iterable[tuple[str, str]] | None = None,
+    paths: Sequence[str] = (),
+    pyproject: str | None = None,
+    exclude_newer: str | None = None,
+    index_strategy: str = "first-index",
+) -> CompileCommand:
+    """The run that pins ``requirements`` (and the local projects ``paths``, absolute
+    requirement lines) for CPython ``version`` on ``platform``. ``pyproject`` is the
+    throw-away project of explicit per-package indexes, when there are any (it then holds the
+    requirements itself); ``previous`` are pins to keep (ignored when upgrading)."""
+    pins = list(previous or ())
+    files: dict[str, str] = {}
+    inputs = []
+    if pyproject is not None:
+        files["pyproject.toml"] = pyproject
+        inputs.append("pyproject.toml")
+    if paths or pyproject is None:
+        lines = list(paths) if pyproject is not None else [*requirements, *paths]
+        files["requirements.in"] = "".join(line + "\n" for line in lines)
+        inputs.append("requirements.in")
+    if pins and not upgrade:
+        files[OUTPUT] = preferences_pylock(pins)
+    args = [
+        "pip",
+        "compile",
+        *inputs,
+        "--output-file",
+        OUTPUT,
+        "--python-version",
+        version,
+        "--python-platform",
+        platform,
+        "--no-header",
+        "--quiet",
+        *index_flags(addresses, index_strategy),
+    ]
+    if offline:
+        args.append("--offline")
+    if upgrade:
+        args.append("--upgrade")
+    for name in upgrade_packages:
+        args += ["--upgrade-package", name]
+    if exclude_newer:
+        args += ["--exclude-newer", exclude_newer]
+    return CompileCommand(files, args)
