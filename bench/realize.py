@@ -24,12 +24,19 @@ e. downloading those files from a local HTTP server (127.0.0.1, sendfile) throug
    resumable) vs ``curl`` [>= 0.8x its throughput]; also ``curl`` then ``sha256sum``, which
    is what the downloader's check amounts to.
 
-Needs the package registry for (a)-(c) (uv's default index, or a mirror configured for uv;
+f. issue 17, a VLM-like set (:data:`VLM`, 30+ packages): realize of a *second* environment of
+   the same set with everything warm (another name; the first environment's pycs are in the
+   store) vs ``uv venv`` + ``uv pip sync --compile-bytecode`` into a new venv with uv's cache
+   warm [<= 1.0x, aim 0.5x]; and realize from an empty home (interpreter included) vs the
+   same uv commands from an empty cache [<= 2x]. Then one run of each under cProfile, printed
+   as seconds per phase (where the time goes).
+
+Needs the package registry for (a)-(c) and (f) (uv's default index, or a mirror configured for uv;
 ``--offline-only`` skips them). A comparison whose anchor tool is missing is skipped. Python
 downloads are switched off (``UV_PYTHON_DOWNLOADS=never``) for both sides: uv's venv uses the
 host CPython, and harness copies the same one.
 
-    python bench/realize.py [--runs 3] [--gib 1] [--offline-only]
+    python bench/realize.py [--runs 3] [--gib 1] [--offline-only | --only-vlm]
 """
 
 from __future__ import annotations
@@ -58,6 +65,27 @@ from harness.store.hashing import store_hash, store_path_name  # noqa: E402
 from harness.store.store import BuildResult, Store, remove_tree  # noqa: E402
 
 MEDIUM = ["requests==2.32.3", "rich==13.9.4", "pydantic==2.9.2"]
+VLM = ["transformers==4.57.1", "tokenizers==0.22.1", "pillow==11.3.0", "safetensors==0.6.2", "fastapi==0.118.0",
+       "uvicorn==0.37.0"]
+#: Phases of a realize, by the functions that do them (cumulative time in a cProfile).
+PHASES = [
+    ("realize, all of it", "realize/builder.py", "realize_locks"),
+    ("fetch (downloads, index pages)", "realize/builder.py", "_fetch"),
+    ("register fetched files", "realize/builder.py", "_register"),
+    ("interpreter: host copy, all", "realize/builder.py", "_add_host_copy"),
+    ("  copy the files", "realize/interpreter.py", "_copy_host"),
+    ("  compile the stdlib", "realize/interpreter.py", "_finish"),
+    ("environment: store add, all", "realize/builder.py", "_add_environment"),
+    ("  uv venv + pip sync", "resolve/uvtool.py", "run_uv"),
+    ("  bytecode: all", "realize/bytecode.py", "compile_tree"),
+    ("  bytecode: look up, check, link", "realize/bytecode.py", "_place_all"),
+    ("  bytecode: compile workers", "realize/bytecode.py", "_run_workers"),
+    ("  path check", "realize/environment.py", "_check_paths"),
+    ("  share files (pool)", "store/store.py", "_share_files"),
+    ("  canonicalize", "store/store.py", "canonicalize"),
+    ("  content hash", "store/hashing.py", "nar_digest"),
+    ("  record bytecode entries", "store/bytecode.py", "record"),
+]
 SERVER = r"""
 import http.server, os, sys
 root = sys.argv[1]
@@ -215,7 +243,7 @@ def bench_environments(sets: list[EnvSet], runs: int, scratch: Path) -> list[tup
                 shutil.rmtree(base / f"venv-{key}")
                 add(f"warm {key}", env_set.uv(base / f"uv-cache-{key}", base / f"venv-{key}",
                                               compile_bytecode=key == "uv+pyc"))
-            Store.in_home(home).delete(env_set.lock["environment"]["store"])
+            Store.in_home(home).delete(realized_environment(env_set.project, home, env_set.name))
             add("warm harness", env_set.realize(home))
             remove_tree(base)
         for mode, key in (("cold, empty home", "cold harness empty"),
@@ -247,6 +275,85 @@ def bench_disk(project: Path, harness: list[str], scratch: Path) -> list[tuple[s
           f"the twin environment alone: {own / 2**20:.1f} MiB")
     remove_tree(home)
     return [("(b) second environment, store disk growth", growth, "<= 0.05")]
+
+
+# ------------------------------------------------------------------------------------- (f)
+
+
+def realized_environment(project: Path, home: Path, name: str) -> str:
+    """The environment store path ``name`` realized to in ``home`` (a host interpreter copy
+    standing in for the lock's gives it a path of its own)."""
+    from harness.lock.lockfile import read
+    from harness.realize.standin import realized_lock
+
+    return realized_lock(Store.in_home(home), read(project / "locks" / f"{name}.lock.toml")).environment.store
+
+
+def profile_phases(argv: list[str], out: Path) -> dict[str, float]:
+    """Run ``harness ARGV`` under cProfile; seconds per phase (:data:`PHASES`), wall clock."""
+    import pstats
+
+    run([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "harness", *argv], cwd=ROOT)
+    stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
+    totals = dict.fromkeys((label for label, _, _ in PHASES), 0.0)
+    for (filename, _, func), (_, _, _, cumulative, _) in stats.items():
+        for label, module, name in PHASES:
+            if func == name and filename.endswith(f"harness/{module}"):
+                totals[label] += cumulative
+    return totals
+
+
+def bench_vlm(harness: list[str], scratch: Path, runs: int) -> list[tuple[str, float, str]]:
+    project = make_project(scratch / "vlm-project", {"vlm": VLM, "vlm-twin": VLM})
+    run([*harness, "--project", str(project), "--home", str(scratch / "vlm-lock-home"), "lock"])
+    env_set = EnvSet("vlm", project, scratch, harness)
+    samples: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        samples.setdefault(key, []).append(value)
+
+    # Second environment, warm: a home holding the first environment; uv's cache warm.
+    home, uv_cache = scratch / "vlm-home", scratch / "vlm-uv-cache"
+    run([*harness, "--project", str(project), "--home", str(home), "realize", "vlm", "vlm-twin"])
+    twin = realized_environment(project, home, "vlm-twin")
+    env_set.uv(uv_cache, scratch / "vlm-venv-first", compile_bytecode=True)
+    realize_twin = [*harness, "--project", str(project), "--home", str(home), "realize", "vlm-twin"]
+    packages = len(lock_of(project, "vlm")["packages"])
+    for attempt in range(runs):
+        add("second uv", env_set.uv(uv_cache, scratch / f"vlm-venv-{attempt}", compile_bytecode=True))
+        remove_tree(scratch / f"vlm-venv-{attempt}")
+        Store.in_home(home).delete(twin)
+        add("second harness", timed(realize_twin))
+    Store.in_home(home).delete(twin)
+    warm_phases = profile_phases(["--project", str(project), "--home", str(home), "realize", "vlm-twin"],
+                                 scratch / "vlm-warm.prof")
+    # Empty home / empty cache.
+    for attempt in range(runs):
+        base = scratch / f"vlm-empty-{attempt}"
+        add("empty uv", env_set.uv(base / "uv-cache", base / "venv", compile_bytecode=True))
+        add("empty harness", env_set.realize(base / "home"))
+        remove_tree(base)
+    base = scratch / "vlm-empty-profile"
+    empty_phases = profile_phases(["--project", str(project), "--home", str(base / "home"), "realize", "vlm"],
+                                  scratch / "vlm-empty.prof")
+    remove_tree(base)
+    remove_tree(home)
+
+    print(f"\n(f) VLM-like set ({packages} packages: {', '.join(VLM)}), median of {runs} s")
+    print(f"{'case':<44} {'uv+pyc':>7} {'harness':>8} {'h/uv':>6}")
+    results = []
+    for label, key, goal in (("second environment, caches warm", "second", "<= 1.0"),
+                             ("empty home vs empty uv cache", "empty", "<= 2.0")):
+        uv, ours = median(samples[f"{key} uv"]), median(samples[f"{key} harness"])
+        print(f"{label:<44} {uv:7.2f} {ours:8.2f} {ours / uv:6.2f}   "
+              f"(harness {', '.join(f'{v:.2f}' for v in samples[f'{key} harness'])}; "
+              f"uv {', '.join(f'{v:.2f}' for v in samples[f'{key} uv'])})")
+        results.append((f"(f) vlm {label}", ours / uv, goal))
+    print("\nwhere a realize's time goes (one run under cProfile; wall s, cumulative, phases overlap)")
+    print(f"{'phase':<36} {'second env, warm':>17} {'empty home':>11}")
+    for label, _, _ in PHASES:
+        print(f"{label:<36} {warm_phases[label]:17.2f} {empty_phases[label]:11.2f}")
+    return results
 
 
 # ------------------------------------------------------------------------------------- (c)
@@ -411,6 +518,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--gib", type=float, default=1.0, help="size of the synthetic weight set")
     parser.add_argument("--offline-only", action="store_true", help="only (d) and (e): no registry")
+    parser.add_argument("--only-vlm", action="store_true", help="only (f), the VLM-like set of issue 17")
     args = parser.parse_args()
     harness = _harness()
     import harness as package
@@ -424,19 +532,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="harness-bench-realize-") as tmp:
         scratch = Path(tmp)
         try:
-            if not args.offline_only:
+            if args.only_vlm:
+                results += bench_vlm(harness, scratch, args.runs)
+            elif not args.offline_only:
+                results += bench_vlm(harness, scratch, args.runs)
                 medium = make_project(scratch / "medium-project", {"medium": MEDIUM, "medium-twin": MEDIUM})
                 run([*harness, "--project", str(medium), "--home", str(scratch / "lock-home"), "lock"])
                 sets = [EnvSet("kinematics", ROOT, scratch, harness), EnvSet("medium", medium, scratch, harness)]
                 results += bench_environments(sets, args.runs, scratch)
                 results += bench_disk(medium, harness, scratch)
                 results += bench_noop(harness, scratch, max(args.runs, 7))
-            store, name, files, pins = make_weights(scratch, args.gib)
-            results += bench_verify(harness, store, name, files, args.runs)
-            results += bench_download(harness, files, pins, scratch, args.runs)
+            if not args.only_vlm:
+                store, name, files, pins = make_weights(scratch, args.gib)
+                results += bench_verify(harness, store, name, files, args.runs)
+                results += bench_download(harness, files, pins, scratch, args.runs)
         finally:
             for child in scratch.iterdir():
                 remove_tree(child)
+    _summary(results)
+
+
+def _summary(results: list[tuple[str, float, str]]) -> None:
     print("\nsummary")
     for label, value, goal in results:
         bound = float(goal.split()[1])

@@ -32,7 +32,7 @@ import re
 import tarfile
 import threading
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -63,13 +63,15 @@ def _metadata(name: str, version: str, requires: Iterable[str], requires_python:
 
 
 def wheel_bytes(name: str, version: str, *, requires: Iterable[str] = (), tag: str = "py3-none-any",
-                requires_python: str | None = None) -> bytes:
-    """The bytes of an installable wheel holding one module ``<name>`` with ``__version__``."""
+                requires_python: str | None = None, modules: Mapping[str, str] | None = None) -> bytes:
+    """The bytes of an installable wheel holding one module ``<name>`` with ``__version__``,
+    and ``modules`` (path inside the wheel -> text) besides."""
     module = _dist(name)
     info = f"{module}-{version}.dist-info"
     root_is_purelib = "true" if tag.endswith("-any") else "false"
     files = {
         f"{module}/__init__.py": f'__version__ = "{version}"\n',
+        **(modules or {}),
         f"{info}/METADATA": _metadata(name, version, requires, requires_python),
         f"{info}/WHEEL": (
             "Wheel-Version: 1.0\nGenerator: harness-tests\n"
@@ -272,11 +274,12 @@ class LocalIndex:
 
     # --- publishing ---------------------------------------------------------------------
     def add_wheel(self, name: str, version: str, *, requires: Iterable[str] = (),
-                  tag: str = "py3-none-any", requires_python: str | None = None) -> Path:
-        """Write a wheel into the index; returns its path."""
+                  tag: str = "py3-none-any", requires_python: str | None = None,
+                  modules: Mapping[str, str] | None = None) -> Path:
+        """Write a wheel into the index (``modules``: more files in it); returns its path."""
         path = self.root / f"{_dist(name)}-{version}-{tag}.whl"
         path.write_bytes(wheel_bytes(name, version, requires=requires, tag=tag,
-                                     requires_python=requires_python))
+                                     requires_python=requires_python, modules=modules))
         return path
 
     def add_sdist(self, name: str, version: str, *, requires: Iterable[str] = ()) -> Path:

@@ -24,6 +24,7 @@ once, before anything is built.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +101,13 @@ class Context:
         return reporter(self.show_progress)
 
     @property
+    def compile_jobs(self) -> int:
+        """Bytecode compile workers: ``jobs``, but no more than the CPUs (compiling is CPU-bound)."""
+        from harness.realize.bytecode import cpu_count
+
+        return max(1, min(self.jobs, cpu_count()))
+
+    @property
     def downloads(self) -> Path:
         return self.cache_dir / "downloads"
 
@@ -114,15 +122,22 @@ class Context:
         return lock_file(self.downloads / f"{sha256}.lock")
 
 
+@functools.lru_cache(maxsize=16)
+def _tag_ranking(version: str, platform: str) -> dict[Any, int]:
+    """Each wheel tag the target accepts and its rank (0 best). Cached: a realize asks for
+    every package of every lock several times, and building the list takes milliseconds."""
+    from harness.resolve.interpreter import ranked_target_tags
+
+    return {tag: i for i, tag in enumerate(ranked_target_tags(version, platform))}
+
+
 def chosen_file(package: LockedPackage, lock: Lock) -> LockedFile:
     """The one file of ``package`` the environment installs: the best-ranked wheel for the
     lock's target (as an installer would choose), else the sdist. Pure."""
     from packaging.utils import parse_wheel_filename
 
-    from harness.resolve.interpreter import ranked_target_tags
-
     if package.wheels:
-        ranking = {tag: i for i, tag in enumerate(ranked_target_tags(lock.python.version, lock.python.platform))}
+        ranking = _tag_ranking(lock.python.version, lock.python.platform)
 
         def rank(file: LockedFile) -> tuple[int, str]:
             tags = parse_wheel_filename(file.file)[3]
@@ -597,6 +612,7 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
                 offline=ctx.offline,
                 uv_env=ctx.settings.python_download_env(),
                 progress=ctx.progress,
+                jobs=ctx.compile_jobs,
             )
             return BuildResult(obtained=result.source)
 
@@ -654,7 +670,7 @@ def _add_host_copy(ctx: Context, lock: Lock) -> str:
     try:
         built = scratch / "out"
         built.mkdir()
-        result = build_host_copy(lock.python, built, progress=ctx.progress)
+        result = build_host_copy(lock.python, built, progress=ctx.progress, jobs=ctx.compile_jobs)
         with ctx.progress.phase(f"hashing the copy of CPython {lock.python.version}"):
             content = nar_digest(built).hash
         name = host_interpreter_path(lock.python, content)
@@ -720,7 +736,11 @@ def _interpreter_hint(ctx: Context, lock: Lock, hint: str | None) -> str:
 
 
 def _add_environment(ctx: Context, lock: Lock) -> None:
-    from harness.realize.environment import build_environment
+    """Build and register the lock's environment; then record the pycs compiled for it in the
+    store's bytecode index, so the next environment on this interpreter takes them from the
+    pool (``harness/store/bytecode.py``)."""
+    from harness.realize.bytecode import ReuseFrom
+    from harness.realize.environment import EnvironmentBuild, build_environment
 
     store = ctx.store
 
@@ -741,10 +761,12 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
 
     hashes = {chosen_file(p, lock).file: chosen_file(p, lock).sha256 for p in [*lock.packages, *lock.build_packages]}
     major_minor = ".".join(lock.python.version.split(".")[:2])
+    reuse = ReuseFrom(store.root, lock.python.store)
+    built: list[EnvironmentBuild] = []
 
     def build(out: Path) -> BuildResult:
         out.mkdir()
-        build_environment(
+        result = build_environment(
             out,
             interpreter_dir=store.root / lock.python.store,
             interpreter_exe=f"bin/python{major_minor}",
@@ -756,10 +778,17 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             hashes=hashes,
             prompt=lock.name,
             progress=ctx.progress,
+            jobs=ctx.compile_jobs,
+            bytecode_from=reuse,
         )
+        built.append(result)
         return BuildResult(obtained=f"uv {lock.uv}")
 
     store.add(lock.environment.store, "environment", build, references=tuple(references), progress=ctx.progress)
+    # Registered: its pycs are in the pool now (the environment kind's files are shared).
+    for result in built:
+        if result.bytecode is not None and result.bytecode.fresh:
+            reuse.index.record(lock.environment.store, result.bytecode.fresh)
 
 
 def repair_paths(state: Any, store: Store, names: list[str]) -> list[str]:

@@ -38,7 +38,10 @@ the store, ``<store>/<hash>-cpython-3.11.7`` and ``<store>/<hash>-<name>-env``. 
 * the environment's own ``.py`` files are compiled to unchecked-hash pycs with relative file
   names (:func:`harness.realize.interpreter.compile_bytecode`), not with uv's
   ``--compile-bytecode``, whose timestamp pycs embed the build path and go stale when the
-  store fixes mtimes.
+  store fixes mtimes. Their bytes depend only on the interpreter, the source, its relative
+  name and the optimization level (``harness/realize/bytecode.py``), so a pyc another
+  environment on the same interpreter already holds is taken from the store's pool instead
+  of compiled again (``harness/store/bytecode.py``).
 
 Finally every file the build itself wrote or rewrote (outside ``site-packages``, its top-level
 files, and the files of dists built from sources) is scanned for an absolute path of the
@@ -76,6 +79,7 @@ from packaging.utils import (
 )
 
 from harness.progress import QUIET, Reporter
+from harness.realize.bytecode import CompileReport, ReuseFrom
 from harness.realize.interpreter import compile_bytecode, replace_file_bytes
 from harness.errors import HarnessError
 from harness.resolve.uvtool import run_uv
@@ -97,6 +101,7 @@ class EnvironmentBuild:
     build and include folders into debug information): harmless when the store moves, but
     their bytes depend on where the build ran, so such an environment is not reproducible
     across homes; the caller decides (warn, or keep the store location in the hash).
+    ``bytecode`` is what the compile reused and compiled (None without ``bytecode``).
     """
 
     python: str
@@ -104,6 +109,7 @@ class EnvironmentBuild:
     interpreter_link: str
     editable: tuple[str, ...] = ()
     embedded_paths: tuple[str, ...] = ()
+    bytecode: CompileReport | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,8 @@ def build_environment(
     prompt: str = "env",
     bytecode: bool = True,
     progress: Reporter = QUIET,
+    jobs: int | None = None,
+    bytecode_from: ReuseFrom | None = None,
 ) -> EnvironmentBuild:
     """Fill the empty directory ``out`` with a virtual environment (module doc).
 
@@ -151,7 +159,11 @@ def build_environment(
       things a build may use.
     * ``cache_dir`` is uv's cache (on the store's filesystem, so installs hardlink).
     * ``prompt`` is the activation prompt (written into the environment, so it is fixed).
-    * ``bytecode`` writes reproducible pycs for the environment's own files.
+    * ``bytecode`` writes reproducible pycs for the environment's own files, compiled over up
+      to ``jobs`` workers (default: the CPUs) except those ``bytecode_from`` (the store's
+      bytecode index for this interpreter) already holds, which are placed instead;
+      :attr:`EnvironmentBuild.bytecode` says which, for the caller to record after
+      registration.
     * ``progress`` shows the install and the bytecode compilation.
 
     Nothing is fetched: every uv call is ``--offline`` and ``--no-index``. Raises
@@ -268,9 +280,12 @@ def build_environment(
         for stray in (out / ".lock",):
             if stray.exists():
                 stray.unlink()
+        report = None
         if bytecode:
             with progress.phase(f"compiling bytecode of environment {prompt}") as phase:
-                compile_bytecode(exe, [site_packages], root=out, progress=phase.callback())
+                report = compile_bytecode(
+                    exe, [site_packages], root=out, jobs=jobs, progress=phase.callback(), reuse=bytecode_from
+                )
 
         needles = {out, interpreter_dir, interpreter_dir.parent, work, cache_dir, *copies.values()}
         embedded = _check_paths(out, site_packages, from_sources, needles)
@@ -281,6 +296,7 @@ def build_environment(
         interpreter_link=f"../../{link_name}/{interpreter_exe}",
         editable=editable,
         embedded_paths=embedded,
+        bytecode=report,
     )
 
 

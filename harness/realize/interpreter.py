@@ -39,12 +39,12 @@ the directory; nothing inside it names the directory). Two ways to get one:
 Both ways then: ``_sysconfigdata_*.py`` gets a short appended stanza that maps the build-time
 prefix in its values to ``sys.base_prefix`` at import (so ``sysconfig`` and extension builds
 see the interpreter where it is); every ``__pycache__`` is dropped and the standard library
-is compiled again as *unchecked-hash* pycs (PEP 552) in one process with ``PYTHONHASHSEED=0``
-and relative file names (:func:`compile_bytecode`): the store canonicalizes mtimes, which
-would make timestamp pycs stale forever (and the store is read-only, so they could not be
-rewritten), and a parallel compile is not reproducible (marshal's ref flags depend on which
-files a worker compiled before). The copy is then run once: its ``sys.prefix`` must be
-``out`` and a shared libpython must be mapped from inside ``out``.
+is compiled again as *unchecked-hash* pycs (PEP 552) with ``PYTHONHASHSEED=0`` and relative
+file names, over several worker processes whose output does not depend on their number
+(:func:`compile_bytecode`, ``harness/realize/bytecode.py``): the store canonicalizes mtimes,
+which would make timestamp pycs stale forever (and the store is read-only, so they could not
+be rewritten). The copy is run once before that: its ``sys.prefix`` must be ``out`` and a
+shared libpython must be mapped from inside ``out``.
 
 Nothing here knows about the store: directory in, directory out. Linux only for copies
 (ELF); uv-managed installs work wherever uv's do.
@@ -59,8 +59,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +66,7 @@ from pathlib import Path
 from harness.errors import HarnessError
 from harness.lock.document import LockedInterpreter
 from harness.progress import QUIET, Reporter
+from harness.realize.bytecode import CompileReport, ReuseFrom, compile_tree
 from harness.resolve.interpreter import installed_paths, list_pythons, parse_platform
 from harness.resolve.uvtool import UvError, run_uv
 
@@ -89,25 +88,6 @@ print(json.dumps({
     "shared": bool(var("Py_ENABLE_SHARED")),
     "libdir": var("LIBDIR"), "ldlibrary": var("LDLIBRARY"), "instsoname": var("INSTSONAME"),
 }))
-"""
-
-#: Compiles the directories in argv[1:] (relative to the working directory, so the file names
-#: recorded in the pycs are relative too) to unchecked-hash pycs; exits 0 even when a file has
-#: a syntax error (the stdlib ships deliberately broken test data, and a package may too:
-#: those stay uncompiled).
-#: A byte on stdout per source file compiled (a constant: nothing the marshalled code could
-#: share is created), which the parent counts for progress.
-_COMPILE = r"""
-import compileall, os, py_compile, sys
-_compile_file = compileall.compile_file
-def _counted(fullname, *args, **kwargs):
-    if fullname.endswith(".py"):
-        os.write(1, b"\n")
-    return _compile_file(fullname, *args, **kwargs)
-compileall.compile_file = _counted
-for folder in sys.argv[1:]:
-    compileall.compile_dir(folder, quiet=2, workers=1,
-                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
 """
 
 #: The placeholder prefix of python-build-standalone builds, which uv rewrites at install.
@@ -199,6 +179,7 @@ def build_interpreter(
     offline: bool,
     allow_host: bool = True,
     uv_env: Mapping[str, str] | None = None,
+    jobs: int | None = None,
 ) -> InterpreterBuild:
     """Fill the empty directory ``out`` with CPython ``python.version``, relocatable.
 
@@ -208,6 +189,7 @@ def build_interpreter(
     downloaded Python archives are kept in ``cache_dir/python-archives`` so a later offline
     build finds them. ``uv_env`` adds variables for uv (a download list or mirror, say). With
     ``offline`` nothing is downloaded. ``allow_host=False`` refuses the host fallback.
+    ``jobs`` bounds the bytecode compile's workers (default: the CPUs).
 
     This is :func:`build_uv_managed` with :func:`build_host_copy` as the fallback, for callers
     that do not care which they get; realize calls the two itself, since a host copy goes to
@@ -220,7 +202,7 @@ def build_interpreter(
     reason: str | None = None
     if python.source == "uv-managed":
         try:
-            return build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env)
+            return build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env, jobs=jobs)
         except DownloadUnavailable as exc:
             reason = exc.reason
             _empty(out)
@@ -229,7 +211,7 @@ def build_interpreter(
                 f"CPython {python.version}: {reason}",
                 hint="realize once with network access, or allow a host interpreter",
             )
-    build = build_host_copy(python, out)
+    build = build_host_copy(python, out, jobs=jobs)
     return (
         build
         if reason is None
@@ -247,9 +229,10 @@ def build_uv_managed(
     offline: bool,
     uv_env: Mapping[str, str] | None = None,
     progress: Reporter = QUIET,
+    jobs: int | None = None,
 ) -> InterpreterBuild:
     """Fill the empty directory ``out`` with the uv-managed CPython the lock names (module doc);
-    ``progress`` shows the install and the bytecode compilation.
+    ``progress`` shows the install and the bytecode compilation, whose workers ``jobs`` bounds.
 
     Raises :class:`DownloadUnavailable` when uv may not or cannot install it (downloads
     forbidden, offline without the archive in uv's cache, no such download, a network
@@ -262,7 +245,9 @@ def build_uv_managed(
     if reason is not None:
         raise DownloadUnavailable(reason)
     try:
-        return _build_uv_managed(python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env, progress=progress)
+        return _build_uv_managed(
+            python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env, progress=progress, jobs=jobs
+        )
     except UvError as exc:
         detail = _last_line(exc.stderr) or str(exc)
         if offline:
@@ -270,14 +255,17 @@ def build_uv_managed(
         raise DownloadUnavailable(f"uv could not install it: {detail}") from None
 
 
-def build_host_copy(python: LockedInterpreter, out: Path, *, progress: Reporter = QUIET) -> InterpreterBuild:
+def build_host_copy(
+    python: LockedInterpreter, out: Path, *, progress: Reporter = QUIET, jobs: int | None = None
+) -> InterpreterBuild:
     """Fill the empty directory ``out`` with a relocatable copy of an installed CPython of
     exactly ``python.version`` (module doc); :class:`HarnessError` naming what was searched
-    when there is none. ``progress`` shows the copy and the bytecode compilation."""
+    when there is none. ``progress`` shows the copy and the bytecode compilation, whose
+    workers ``jobs`` bounds (default: the CPUs)."""
     out = out.absolute()
     _check_empty(out)
     _check_cpython(python)
-    return _build_host(python, out, progress)
+    return _build_host(python, out, progress, jobs=jobs)
 
 
 def _check_cpython(python: LockedInterpreter) -> None:
@@ -330,6 +318,7 @@ def _build_uv_managed(
     offline: bool,
     uv_env: Mapping[str, str] | None,
     progress: Reporter,
+    jobs: int | None = None,
 ) -> InterpreterBuild:
     target = parse_platform(python.platform)
     request = f"cpython-{python.version}-{target.os}-{target.arch}-{target.libc}"
@@ -367,7 +356,16 @@ def _build_uv_managed(
     if not (out / exe).is_file():
         raise HarnessError(f"uv's CPython {python.version} has no {exe}")
     shared = _needs_libpython(out / exe)
-    _finish(out, exe, minor=minor, old_prefix=PBS_PLACEHOLDER, version=python.version, shared=shared, progress=progress)
+    _finish(
+        out,
+        exe,
+        minor=minor,
+        old_prefix=PBS_PLACEHOLDER,
+        version=python.version,
+        shared=shared,
+        progress=progress,
+        jobs=jobs,
+    )
     return InterpreterBuild("uv-managed", exe, python.version, shared)
 
 
@@ -391,7 +389,9 @@ def _unpatch_uv_prefix(out: Path, scratch_prefix: str) -> None:
 # --------------------------------------------------------------------------- host copies
 
 
-def _build_host(python: LockedInterpreter, out: Path, progress: Reporter) -> InterpreterBuild:
+def _build_host(
+    python: LockedInterpreter, out: Path, progress: Reporter, *, jobs: int | None = None
+) -> InterpreterBuild:
     if sys.platform != "linux":
         raise HarnessError(
             f"CPython {python.version}: harness copies host interpreters on Linux only",
@@ -424,6 +424,7 @@ def _build_host(python: LockedInterpreter, out: Path, progress: Reporter) -> Int
         version=python.version,
         shared=found.shared,
         progress=progress,
+        jobs=jobs,
     )
     # Py_ENABLE_SHARED alone does not say the executable loads libpython: Debian's python3.X
     # links it statically and ships the shared library for embedders only.
@@ -588,7 +589,15 @@ def _copy_host(probe: _Probe, layout: dict[str, str], out: Path) -> None:
 
 
 def _finish(
-    out: Path, exe: str, *, minor: str, old_prefix: str, version: str, shared: bool, progress: Reporter = QUIET
+    out: Path,
+    exe: str,
+    *,
+    minor: str,
+    old_prefix: str,
+    version: str,
+    shared: bool,
+    progress: Reporter = QUIET,
+    jobs: int | None = None,
 ) -> None:
     """Empty site-packages, dynamic sysconfig, fresh pycs, and a check that the result runs
     from ``out`` (module doc)."""
@@ -606,7 +615,7 @@ def _finish(
         shutil.rmtree(cache)
     _verify(out, exe, version=version, shared=shared)
     with progress.phase(f"compiling bytecode of CPython {version}'s standard library") as phase:
-        compile_bytecode(out / exe, [stdlib], root=out, progress=phase.callback())
+        compile_bytecode(out / exe, [stdlib], root=out, jobs=jobs, progress=phase.callback())
 
 
 def _stdlib_dir(out: Path, minor: str) -> Path:
@@ -654,63 +663,22 @@ def _verify(out: Path, exe: str, *, version: str, shared: bool) -> None:
 
 
 def compile_bytecode(
-    python: Path, folders: Iterable[Path], *, root: Path, progress: Callable[[int, int], None] | None = None
-) -> None:
+    python: Path,
+    folders: Iterable[Path],
+    *,
+    root: Path,
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    reuse: ReuseFrom | None = None,
+) -> CompileReport:
     """Compile every ``.py`` under ``folders`` (inside ``root``) to unchecked-hash pycs with
-    ``python``, reproducibly: one process (marshal's reference flags depend on what else is
-    alive, so a worker pool's scheduling shows in the bytes), ``PYTHONHASHSEED=0``, no site,
-    and the folders given relative to ``root`` as the working directory, so the recorded file
-    names are relative (importlib puts the real path back at import) and no path of the build
-    location is alive in the process (3.10 marshals a one-character string constant that also
-    appears as a path component differently). A file that does not compile (deliberately
-    broken test data) is skipped, as pip and uv do.
-
-    ``progress``, when given, is called with (files done, files in all) as the compiler goes
-    (the total counted here first, as compileall walks: no symlinked folders)."""
-    existing = [os.fspath(f.relative_to(root)) for f in folders if f.is_dir()]
-    if not existing:
-        return
-    total = sum(_count_sources(root / folder) for folder in existing) if progress else 0
-    env = _clean_env()
-    env["PYTHONHASHSEED"] = "0"
-    with tempfile.TemporaryFile() as errors:
-        try:
-            proc = subprocess.Popen(
-                [os.fspath(python), "-S", "-B", "-c", _COMPILE, *existing],
-                cwd=root,
-                stdout=subprocess.PIPE,
-                stderr=errors,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-        except OSError as exc:
-            raise HarnessError(f"compiling bytecode with {python} failed: {exc}") from None
-        assert proc.stdout is not None
-        done = 0
-        if progress:
-            progress(0, total)
-        watchdog = threading.Timer(3600, proc.kill)  # as subprocess.run(timeout=3600) did
-        watchdog.start()
-        try:
-            with proc:
-                while chunk := os.read(proc.stdout.fileno(), 1 << 16):
-                    done += chunk.count(b"\n")
-                    if progress:
-                        progress(done, max(done, total))
-                returncode = proc.wait()
-        finally:
-            watchdog.cancel()
-        if returncode != 0:
-            errors.seek(0)
-            stderr = errors.read().decode("utf-8", "replace")
-            raise HarnessError(f"compiling bytecode with {python} failed:\n{stderr.strip()[-3000:]}")
-    if progress:
-        progress(done, max(done, total))
-
-
-def _count_sources(folder: Path) -> int:
-    """How many files compileall would compile under ``folder`` (it skips symlinked folders)."""
-    return sum(name.endswith(".py") for _, _, names in os.walk(folder) for name in names)
+    ``python``, reproducibly and over up to ``jobs`` worker processes (default: the CPUs),
+    the bytes independent of their number: ``PYTHONHASHSEED=0``, no site, one fixed worker
+    script, file names relative to ``root`` (``harness/realize/bytecode.py`` says why each
+    matters). ``progress(files done, total)`` is called as files complete; ``reuse`` places
+    pycs the store already holds instead of compiling them. A file that does not compile
+    (deliberately broken test data) is skipped, as pip and uv do."""
+    return compile_tree(python, folders, root=root, jobs=jobs, progress=progress, reuse=reuse)
 
 
 def _clean_env() -> dict[str, str]:

@@ -20,7 +20,9 @@ In a shared store (``harness store init --group``) a member deletes only the pat
 registered; a project folder another member cannot read counts as present and keeps what it
 last recorded. Collection runs under the exclusive gc lock, so no root can be added between reading the
 roots and deleting (see :mod:`harness.store.roots`). Deletion unregisters first, so a crash
-mid-collection leaves only debris that the next ``clean`` removes.
+mid-collection leaves only debris that the next ``clean`` removes. Then the pool of shared
+files (``.links``) loses the files no path links to any more, and the bytecode index
+(:mod:`harness.store.bytecode`) the entries naming them or a gone interpreter.
 """
 
 from __future__ import annotations
@@ -447,6 +449,10 @@ def collect(
                 store.delete(name)
             store.clean()
             store.collect_links()
+            # Bytecode index entries whose pool file just went, and those of gone interpreters.
+            from harness.store.bytecode import prune
+
+            prune(store.root, [r.name for r in store.records() if r.kind == "python"])
     return result
 
 

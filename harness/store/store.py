@@ -35,6 +35,7 @@ from harness.progress import QUIET, Reporter, format_bytes
 
 #: Every object's files get this mtime (Nix uses 1 too): content, not history.
 FIXED_MTIME = 1
+FIXED_MTIME_NS = FIXED_MTIME * 1_000_000_000
 
 KINDS = ("file", "source", "weights", "weights-view", "python", "environment")
 
@@ -499,8 +500,11 @@ def canonicalize(path: Path, *, keep_top_writable: bool = False) -> None:
     """
 
     def fix(entry: Path, st: os.stat_result) -> None:
+        # What is already canonical is left alone: a file shared with other paths (the pool,
+        # uv's cache) keeps its ctime, which their launch-check fingerprints record.
         if stat.S_ISLNK(st.st_mode):
-            os.utime(entry, (FIXED_MTIME, FIXED_MTIME), follow_symlinks=False)
+            if st.st_mtime_ns != FIXED_MTIME_NS:
+                os.utime(entry, (FIXED_MTIME, FIXED_MTIME), follow_symlinks=False)
             return
         if stat.S_ISDIR(st.st_mode):
             mode = 0o555
@@ -508,8 +512,10 @@ def canonicalize(path: Path, *, keep_top_writable: bool = False) -> None:
             mode = 0o555 if st.st_mode & 0o111 else 0o444
         else:
             raise StoreError(f"{entry}: not a regular file, directory or symlink")
-        os.chmod(entry, mode)
-        os.utime(entry, (FIXED_MTIME, FIXED_MTIME))
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.chmod(entry, mode)
+        if st.st_mtime_ns != FIXED_MTIME_NS:
+            os.utime(entry, (FIXED_MTIME, FIXED_MTIME))
 
     st = os.lstat(path)
     if stat.S_ISDIR(st.st_mode):

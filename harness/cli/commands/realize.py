@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     type=click.IntRange(1, 64),
     default=8,
     show_default=True,
-    help="Parallel downloads and registrations.",
+    help="Parallel downloads and registrations; bytecode compile workers (at most the CPUs).",
 )
 @click.option(
     "--fail-fast",
