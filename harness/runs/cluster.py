@@ -437,6 +437,10 @@ def open_engine(target: Target) -> Any:
     return SubmititEngine(local=target.engine == "slurm-local")
 
 
+#: Tries of ``ray.init`` when the cluster's client server fails to start for this driver.
+_RAY_CONNECT_TRIES = 3
+
+
 class RayEngine:
     """Shards as Ray tasks: resources per shard, ``max_retries`` for dead nodes, cancel on Ctrl-C."""
 
@@ -450,6 +454,29 @@ class RayEngine:
             ) from None
         self.address = address
 
+    def _connect(self, ray: Any, level: int) -> None:
+        """``ray.init`` at the address; a few tries when the cluster answered but its client
+        server for this driver did not start (Ray starts one process per ``ray://`` client, and
+        on a busy head that start can fail once). Anything else is reported at once."""
+        import time
+
+        for attempt in range(_RAY_CONNECT_TRIES):
+            try:
+                ray.init(
+                    address=self.address or "auto", log_to_driver=False, logging_level=level, configure_logging=False
+                )
+                return
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                transient = "client server failed" in str(exc)
+                if transient and attempt + 1 < _RAY_CONNECT_TRIES:
+                    ray.shutdown()
+                    time.sleep(2.0 * (attempt + 1))
+                    continue
+                raise HarnessError(
+                    f"cannot reach the Ray cluster at {self.address or 'RAY_ADDRESS/auto'}: {exc}",
+                    hint="start one with `ray start --head`, or give --cluster ray://HOST:PORT",
+                ) from None
+
     def run(
         self, jobs: list[ShardJob], *, cpus: float, gpus: int, retries: int, folder: Path, echo: Echo
     ) -> list[dict[str, Any]]:
@@ -458,18 +485,7 @@ class RayEngine:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        try:
-            ray.init(
-                address=self.address or "auto",
-                log_to_driver=False,
-                logging_level=logging.WARNING,
-                configure_logging=False,
-            )
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise HarnessError(
-                f"cannot reach the Ray cluster at {self.address or 'RAY_ADDRESS/auto'}: {exc}",
-                hint="start one with `ray start --head`, or give --cluster ray://HOST:PORT",
-            ) from None
+        self._connect(ray, logging.WARNING)
         try:
             here = ray.get_runtime_context().get_node_id()
             # The ledger of attempts lives on the head's node, so a dying node cannot take it along.
