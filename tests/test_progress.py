@@ -19,6 +19,7 @@ import pytest
 from harness import progress as progress_module
 from harness.progress import reporter
 from tests.conftest import run_harness_process
+from tests.upstreams import Upstreams
 
 # -- the reporter ---------------------------------------------------------------------------
 
@@ -169,3 +170,31 @@ def test_realize_push_and_pull_show_their_phases_and_quiet_hides_them(svc: Path,
     quiet_pull = _harness(svc, tmp_path / "home-r", "store", "pull", str(tmp_path / "cache-q"), "--all", "-q",
                           "--trusted-key", public)
     assert quiet_pull.stderr == "" and quiet_pull.stdout.startswith("pulled ")
+
+
+def test_run_and_up_realize_with_progress_and_quiet_hides_it(up: Upstreams, tmp_path: Path) -> None:
+    import sys
+
+    from tests.ports import free_port
+    from tests.test_runs import _project
+
+    project = _project(tmp_path / "p", "alpha==1.0", free_port())
+    assert run_harness_process("--project", str(project), "--home", str(up.home), "lock").returncode == 0
+    command = ("run", "--service", "svc", "--", sys.executable, "caller.py")
+    shown = run_harness_process("--project", str(project), "--home", str(tmp_path / "a"), *command, cwd=project)
+    assert shown.returncode == 0 and "service answered svc" in shown.stdout, shown.stderr
+    assert "realizing svc ..." in _phases(shown.stderr), shown.stderr
+    quiet = run_harness_process(
+        "--project", str(project), "--home", str(tmp_path / "b"), "run", "--quiet", *command[1:], cwd=project
+    )
+    assert quiet.returncode == 0 and "service answered svc" in quiet.stdout, quiet.stderr
+    assert _phases(quiet.stderr) == [], quiet.stderr
+    assert re.search(r"^run \S+: exit 0", quiet.stderr, re.M)  # the run's own lines still print
+    # `up` in a third home: realized quietly, then taken down.
+    up_home = tmp_path / "c"
+    started = run_harness_process("--project", str(project), "--home", str(up_home), "up", "-q", cwd=project)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert _phases(started.stderr) == [], started.stderr
+    finally:
+        run_harness_process("--project", str(project), "--home", str(up_home), "down", cwd=project)

@@ -116,6 +116,7 @@ def run_on_cluster(
     gpus: str | None,
     offline: bool,
     echo: Echo = print,
+    show_progress: bool = True,
 ) -> Any:
     """Run ``command`` (or the benchmark's worker) in ``shards`` shards on ``cluster``.
 
@@ -148,6 +149,7 @@ def run_on_cluster(
         gpus=gpus,
         offline=offline,
         state_dir=run_dir / "services",
+        show_progress=show_progress,
     )
     project = prepared.project
     store = Store.in_home(state.home)

@@ -55,6 +55,7 @@ def run(
     run_id: str | None = None,
     run_dir: Path | None = None,
     ports: dict[str, int] | None = None,
+    show_progress: bool = True,
 ) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) with the closure's services; record it.
 
@@ -84,6 +85,7 @@ def run(
         offline=offline,
         state_dir=run_dir / "services",
         ports=ports,
+        show_progress=show_progress,
     )
     echo(
         f"run {run_id}: services {', '.join(sorted(prepared.specs)) or '(none)'}"

@@ -70,6 +70,7 @@ def prepare(
     state_dir: Path | None = None,
     only: tuple[str, ...] = (),
     ports: dict[str, int] | None = None,
+    show_progress: bool = True,
 ) -> Prepared:
     """Closure, plan and launch specs; realizes what the launched services need.
 
@@ -126,7 +127,7 @@ def prepare(
     to_realize = list(launched) + ([closure.benchmark] if closure.benchmark else [])
     locks: dict[str, Any] = {}
     if to_realize:
-        locks = ensure_realized(state, to_realize, offline=offline, realize=realize)
+        locks = ensure_realized(state, to_realize, offline=offline, realize=realize, show_progress=show_progress)
 
     if state_dir is None:
         state_dir = default_state_dir(home, project.root, deploy)
@@ -228,7 +229,9 @@ def _store(home: Path) -> Any:
     return Store.in_home(home)
 
 
-def ensure_realized(state: Any, names: list[str], *, offline: bool, realize: bool) -> dict[str, Any]:
+def ensure_realized(
+    state: Any, names: list[str], *, offline: bool, realize: bool, show_progress: bool = True
+) -> dict[str, Any]:
     """The locks of ``names``, realized (install on first use) unless ``realize`` is off,
     in which case anything missing is an error naming it."""
     from harness.realize.install import realize_names
@@ -239,7 +242,7 @@ def ensure_realized(state: Any, names: list[str], *, offline: bool, realize: boo
 
     project = state.project()
     if realize:
-        realize_names(state, names, offline=offline, jobs=8, lock_missing=True, show_progress=True)
+        realize_names(state, names, offline=offline, jobs=8, lock_missing=True, show_progress=show_progress)
     locks = {}
     for name in names:
         path = lock_path(project.locks_dir, name)

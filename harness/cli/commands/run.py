@@ -30,6 +30,8 @@ from harness.cli import State
     show_default=True,
     help="With --cluster ray: times a shard whose node died is retried elsewhere.",
 )
+# --quiet without -q: the command's own arguments follow, and a short flag is easily theirs.
+@click.option("--quiet", is_flag=True, help="Show no progress on stderr while realizing (the run's lines still print).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
 def command(
@@ -43,6 +45,7 @@ def command(
     cluster: str | None,
     shards: int | None,
     retries: int,
+    quiet: bool,
     command: tuple[str, ...],
 ) -> None:
     from harness.errors import InputError
@@ -66,6 +69,7 @@ def command(
             gpus=None,
             offline=offline,
             echo=echo,
+            show_progress=not quiet,
         )
     else:
         if shards is not None:
@@ -82,6 +86,7 @@ def command(
             gpus=gpus,
             offline=offline,
             echo=echo,
+            show_progress=not quiet,
         )
     score = f", score {outcome.score:.2f}" if outcome.score is not None else ""
     click.echo(f"run {outcome.run_id}: exit {outcome.exit_status}{score}; record {outcome.run_dir}", err=True)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from harness.cli import State
+from harness.cli.output import quiet_option
 
 if TYPE_CHECKING:
     from harness.runtime.session import Prepared
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 @click.option("--gpus", metavar="SPEC", help="Plan for these GPUs instead of the ones found (e.g. 1x24).")
 @click.option("--offline", is_flag=True, help="Never touch the network while realizing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the services started and the broker as JSON.")
+@quiet_option
 @click.pass_obj
 def command(
     state: State,
@@ -28,6 +30,7 @@ def command(
     gpus: str | None,
     offline: bool,
     as_json: bool,
+    quiet: bool,
 ) -> None:
     import dataclasses
 
@@ -35,7 +38,7 @@ def command(
     from harness.runtime.broker import spawn
     from harness.runtime.session import broker_options, prepare
 
-    prepared = prepare(state, agent=agent, sets=sets, gpus=gpus, offline=offline, only=names)
+    prepared = prepare(state, agent=agent, sets=sets, gpus=gpus, offline=offline, only=names, show_progress=not quiet)
     for note in prepared.plan.notes:
         click.echo(f"note: {note}", err=True)
     wanted = list(names) or [p.name for p in prepared.plan.services if p.mode == "resident"]
