@@ -220,7 +220,9 @@ def bench_environments(sets: list[EnvSet], runs: int, scratch: Path) -> list[tup
     # A home holding only the interpreter, rsynced into each "interpreter present" home.
     seed = scratch / "seed-home"
     sets[0].realize(seed)
-    python_name = sets[0].lock["python"]["store"]
+    # The interpreter as realized there: a host copy standing in has a name of its own, and
+    # the store's note of what it stands in for (.standins) goes along with it.
+    python_name = realized_interpreter(sets[0].project, seed, sets[0].name)
     for env_set in sets:
         samples: dict[str, list[float]] = {}
 
@@ -237,6 +239,8 @@ def bench_environments(sets: list[EnvSet], runs: int, scratch: Path) -> list[tup
             (home / "store" / ".meta").mkdir(parents=True)
             run(["cp", "-a", str(seed / "store" / python_name), str(home / "store")])
             run(["cp", "-a", str(seed / "store" / ".meta" / f"{python_name}.json"), str(home / "store" / ".meta")])
+            if (seed / "store" / ".standins").is_dir():
+                run(["cp", "-a", str(seed / "store" / ".standins"), str(home / "store")])
             add("cold harness", env_set.realize(home))
             # warm: caches kept, the environment deleted
             for key in ("uv", "uv+pyc"):
@@ -278,6 +282,15 @@ def bench_disk(project: Path, harness: list[str], scratch: Path) -> list[tuple[s
 
 
 # ------------------------------------------------------------------------------------- (f)
+
+
+def realized_interpreter(project: Path, home: Path, name: str) -> str:
+    """The interpreter store path ``name``'s environment is built on in ``home`` (a host copy
+    standing in for the lock's has a name of its own)."""
+    from harness.lock.lockfile import read
+    from harness.realize.standin import realized_lock
+
+    return realized_lock(Store.in_home(home), read(project / "locks" / f"{name}.lock.toml")).python.store
 
 
 def realized_environment(project: Path, home: Path, name: str) -> str:
