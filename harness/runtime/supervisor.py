@@ -313,6 +313,13 @@ def _wait_group(pgid: int, proc: subprocess.Popen[bytes] | None, seconds: float)
         if proc is not None:
             proc.poll()  # reap our own child, or its zombie keeps the group alive
         if not _group_alive(pgid):
+            if proc is not None and proc.returncode is None:
+                # Nothing of the group runs, so our child is a zombie (it died after the poll
+                # above): reap it now, or its exit status is lost to the caller.
+                try:
+                    proc.wait(timeout=5.0)
+                except subprocess.TimeoutExpired:
+                    pass
             return True
         if time.monotonic() >= deadline:
             return False
