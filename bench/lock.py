@@ -235,7 +235,7 @@ def main() -> None:
         check = statistics.median(checks)
     print(f"\nharness lock --check, 10 manifests: median {check:.3f} s "
           f"({'meets' if check < 0.3 else 'MISSES'} < 0.3 s)")
-    print(f"harness/uv <= 1.3: {'meets' if all(verdicts) else 'MISSES'} in {sum(verdicts)}/{len(verdicts)}")
+    print(f"harness/uv <= 1.3: {'meets' if all(verdicts) else 'MISSES'} (met in {sum(verdicts)} of {len(verdicts)})")
     print(f"no-op re-lock < 0.2 s: {'meets' if max(noops) < 0.2 else 'MISSES'} (slowest median {max(noops):.3f} s)")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
