@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from harness.cli import State
@@ -50,7 +52,16 @@ def command(
 ) -> None:
     from harness.errors import InputError
 
-    echo = lambda line: click.echo(line, err=True)  # noqa: E731
+    # What a run needs, wherever it runs: one set of arguments for a local run and a cluster's.
+    common: dict[str, Any] = dict(
+        agent=agent,
+        sets=sets,
+        services=services,
+        benchmark=benchmark,
+        offline=offline,
+        echo=lambda line: click.echo(line, err=True),
+        show_progress=not quiet,
+    )
     if cluster is not None:
         if gpus:
             raise InputError("--gpus plans for this machine; a cluster shard plans for the GPUs its node has")
@@ -62,32 +73,15 @@ def command(
             cluster=cluster,
             shards=1 if shards is None else shards,
             retries=retries,
-            agent=agent,
-            sets=sets,
-            services=services,
-            benchmark=benchmark,
             gpus=None,
-            offline=offline,
-            echo=echo,
-            show_progress=not quiet,
+            **common,
         )
     else:
         if shards is not None:
             raise InputError("--shards splits a run over a cluster: give --cluster too")
         from harness.runs.run import run
 
-        outcome = run(
-            state,
-            list(command),
-            agent=agent,
-            sets=sets,
-            services=services,
-            benchmark=benchmark,
-            gpus=gpus,
-            offline=offline,
-            echo=echo,
-            show_progress=not quiet,
-        )
+        outcome = run(state, list(command), gpus=gpus, **common)
     score = f", score {outcome.score:.2f}" if outcome.score is not None else ""
     click.echo(f"run {outcome.run_id}: exit {outcome.exit_status}{score}; record {outcome.run_dir}", err=True)
     raise SystemExit(outcome.exit_status)
