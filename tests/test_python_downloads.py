@@ -220,3 +220,15 @@ def test_host_copy_stands_in_under_its_own_name_until_uv_can_install(example: Pa
     # gc keeps what recent runs used: once only the pure run counts, the copy goes.
     harness(example, home, "store", "gc", env={**with_downloads, "HARNESS_GC_KEEP_RUNS": "1"})
     assert not store.is_registered(host) and store.is_registered(LOCK.python.store)
+
+
+def test_one_realize_asks_uv_for_an_interpreter_once(example: Path, tmp_path: Path) -> None:
+    """Both example locks are built on one interpreter. When uv cannot provide it (a download
+    list without it), the second lock goes straight to the host copy instead of asking uv again,
+    which, with an unreachable list, means waiting through its retries a second time."""
+    listing = tmp_path / "no-pythons.json"
+    listing.write_text("{}\n")
+    result = harness(example, tmp_path / "home", "realize", *NAMES, env=_env(HARNESS_PYTHON_DOWNLOADS_JSON_URL=str(listing)))
+    asked = [line for line in result.stderr.splitlines() if line.endswith("(uv python install) ...")]
+    assert len(asked) == 1, result.stderr
+    assert result.stdout.count("stands in for the lock's") == len(NAMES), result.stdout

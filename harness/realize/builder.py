@@ -93,6 +93,10 @@ class Context:
     #: Binary caches consulted before anything is fetched upstream or built (issue 7).
     substituters: tuple[str, ...] = ()
     trusted_keys: tuple[str, ...] = ()
+    #: Why uv could not install an interpreter, by its store name, once this realize found
+    #: out: the next lock on the same interpreter goes straight to the host copy instead of
+    #: waiting through uv's download retries again.
+    unavailable: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @cached_property
     def progress(self) -> Reporter:
@@ -600,7 +604,9 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
     store, python = ctx.store, lock.python
     if own_interpreter_registered(store, lock):
         return python.store
-    if python.source == "uv-managed":
+    if python.source == "uv-managed" and python.store in ctx.unavailable:
+        reason = ctx.unavailable[python.store]
+    elif python.source == "uv-managed":
         _drop_legacy_host_copy(store, python.store)
 
         def build(out: Path) -> BuildResult:
@@ -620,7 +626,7 @@ def _add_interpreter(ctx: Context, lock: Lock) -> str:
             store.add(python.store, "python", build, progress=ctx.progress)
             return python.store
         except DownloadUnavailable as exc:
-            reason = exc.reason
+            reason = ctx.unavailable[python.store] = exc.reason
     else:
         reason = (
             f'the lock\'s interpreter is a host one (source = "host": uv offers no download of '
