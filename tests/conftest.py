@@ -31,7 +31,8 @@ class Result:
 
 @pytest.fixture
 def harness_cli(capsys: pytest.CaptureFixture[str]):
-    """Run ``harness ARGS`` in-process through the real entry point; returns code/out/err."""
+    """Run ``harness ARGS`` in-process through the CLI (:func:`harness.cli.main`, what the
+    console entry point runs after :mod:`harness.entry`); returns code/out/err."""
     from harness.cli import main
 
     def run(*args: str) -> Result:

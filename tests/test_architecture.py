@@ -38,7 +38,7 @@ EXCEPTIONS: dict[str, set[str]] = {
     "cache/transfer.py": {"realize"},  # the parallel fetcher of realize/fetch.py
     "cache/substitute.py": {"realize"},  # which file of a locked package this host uses
 }
-TOP = {"cli", "harbor", "__main__", "__init__"}  # shells: may import anything
+TOP = {"cli", "entry", "harbor", "__main__", "__init__"}  # shells: may import anything
 
 
 def _part(path: Path) -> str:

@@ -286,3 +286,65 @@ def test_what_moves_upstream() -> None:
         "weights u (a url without sha256)"]
     assert moving(f'[[weights]]\ndir = "u"\nurl = "https://example.invalid/w.bin"\nsha256 = "{"0" * 64}"\n') == []
     assert moving('[[weights]]\ndir = "p"\npath = "assets"\n') == []
+
+
+def test_the_entry_point_reads_only_lock_command_lines_it_fully_knows() -> None:
+    """Pure: what harness.entry starts early for, and what it leaves to the CLI."""
+    from harness.entry import parse_lock_call
+
+    call = parse_lock_call(["--home", "/h", "--project=/p", "lock", "--refresh", "-j2", "--platform",
+                            "aarch64-manylinux_2_28", "--upgrade-package=alpha", "svc", "--", "--odd-name"])
+    assert call is not None
+    assert call.globals == {"--home": "/h", "--project": "/p"}
+    assert call.flags == {"--refresh"}
+    assert call.options == {"--jobs": ["2"], "--platform": ["aarch64-manylinux_2_28"], "--upgrade-package": ["alpha"]}
+    assert call.names == ["svc", "--odd-name"]
+    for other in (["realize"], ["lock", "--check"], ["lock", "--help"], ["--help", "lock"], ["lock", "--jobs"],
+                  ["--home"], ["lock", "--no-such-option"], ["--version"], [], ["--deploy", "d"]):
+        assert parse_lock_call(other) is None, other
+
+
+def test_the_entry_point_knows_every_option_of_lock_and_of_the_group() -> None:
+    """harness.entry spells the CLI's options out (it must not import click); a new option in
+    the CLI must be taught to it, or a lock using it would never start early."""
+    from harness import entry
+    from harness.cli import cli
+    from harness.cli.commands.lock import command
+
+    def spelled(params: list, *, flags: bool) -> set[str]:  # type: ignore[type-arg]
+        return {o for p in params if getattr(p, "is_flag", False) == flags for o in p.opts if o.startswith("-")}
+
+    assert spelled(cli.params, flags=False) == set(entry.GLOBAL_VALUE_OPTIONS)
+    assert spelled(command.params, flags=True) == set(entry.LOCK_FLAGS) | {"--check"}
+    assert spelled(command.params, flags=False) == set(entry.LOCK_VALUE_OPTIONS)
+
+
+def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_nothing_again(
+        index: Index, harness_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``harness lock`` starts its resolution before click or pydantic are imported, and the
+    CLI's lock takes that run over instead of starting its own."""
+    from harness.resolve import uvtool
+
+    project = make_project(tmp_path / "p", {"svc": service(["alpha"])})
+    home = tmp_path / "home"
+    argv = ["--home", str(home), "--project", str(project), "lock"]
+    started = subprocess.run(
+        [sys.executable, "-c", "import sys; from harness.entry import start_early; n = start_early(sys.argv[1:]); "
+         "print(n, 'click' in sys.modules, 'pydantic' in sys.modules)", *argv],
+        capture_output=True, text=True, check=True, env={**os.environ}, timeout=120)
+    assert started.stdout.split() == ["1", "False", "False"], started.stderr
+
+    from harness.entry import start_early
+
+    uvtool.uv_version.cache_clear()
+    try:
+        assert start_early(argv) == 1
+        assert uvtool.prestarted_count() == 3  # uv pip compile, uv --version, uv python list
+        again: list[object] = []
+        monkeypatch.setattr(uvtool, "prestart", lambda *a, **k: again.append(a))
+        assert not harness_cli(*argv).code
+        assert again == [], "the CLI started the lock's runs a second time"
+        assert uvtool.prestarted_count() == 0, "the runs started early were taken over"
+    finally:
+        uvtool.discard_prestarted()
+    assert (project / "locks" / "svc.lock.toml").is_file()

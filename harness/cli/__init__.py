@@ -81,8 +81,9 @@ class State:
     @property
     def home(self) -> Path:
         """``--home``, else ``$HARNESS_HOME``, else ``~/.cache/harness``."""
-        raw = self._home or os.environ.get("HARNESS_HOME") or "~/.cache/harness"
-        return Path(raw).expanduser()
+        from harness.entry import resolve_home
+
+        return resolve_home(self._home)
 
     @property
     def deploy_path(self) -> Path | None:

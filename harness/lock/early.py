@@ -31,13 +31,26 @@ from typing import Any
 from harness.lock.outcome import LockOptions
 
 
-def prestart_locks(home: Path, project: Any, names: list[str], options: LockOptions) -> int:
+#: Locks whose runs were started already, before the CLI was loaded (harness.entry): the
+#: CLI's own call for the same lock then starts nothing again. Each entry is used once.
+_STARTED: set[tuple[Path, Path, tuple[str, ...], LockOptions]] = set()
+
+
+def prestart_locks(home: Path, project: Any, names: list[str], options: LockOptions, *, ahead: bool = False) -> int:
     """Start the resolutions a lock of ``names`` (all when empty) will run; returns how many
-    ``uv pip compile`` runs were started. Never raises."""
+    ``uv pip compile`` runs were started. Never raises. ``ahead``: called before the CLI was
+    loaded (:mod:`harness.entry`); the CLI's own call for the same lock then starts nothing."""
+    key = (home, project.root, tuple(names), options)
+    if not ahead and key in _STARTED:
+        _STARTED.discard(key)
+        return 0
     try:
-        return _prestart(home, project, names, options)
+        started = _prestart(home, project, names, options)
     except Exception:  # a guess only: whatever goes wrong here, the full path decides
         return 0
+    if ahead:
+        _STARTED.add(key)
+    return started
 
 
 def _prestart(home: Path, project: Any, names: list[str], options: LockOptions) -> int:

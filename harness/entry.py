@@ -1,0 +1,159 @@
+"""The ``harness`` console entry point: start what can start before click is loaded, then run
+the CLI (:func:`harness.cli.main`).
+
+Today that is ``harness lock``'s resolutions. uv needs 0.3–0.7 s to resolve a set, and
+importing click, the CLI and the lock models takes the first 0.1–0.3 s of a lock; starting uv
+first lets the two overlap (:mod:`harness.lock.early`). This module reads the command line
+with the standard library only and, when it names ``harness lock`` in a shape it fully
+understands, starts those runs; anything else (an option it does not know, ``--check``,
+``--help``, another command) starts nothing. It is a guess and can only save time: the CLI
+parses the command line again with click, and :mod:`harness.resolve.uvtool` hands a run
+started here to the lock only when the lock asks for exactly that command, environment and
+input files; the rest are stopped unused. So this module never decides anything, and it
+never raises: whatever goes wrong here, the CLI reports.
+
+Kept light (``harness --help`` goes through it): the standard library, and harness modules
+only inside :func:`start_early`.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+#: The CLI group's options that take a value (harness.cli.cli); its others stop the guess.
+GLOBAL_VALUE_OPTIONS = ("--home", "--deploy", "--project")
+#: ``harness lock``'s options (harness.cli.commands.lock): flags, and those taking a value.
+#: ``--check`` and ``--help`` are left out on purpose: neither resolves anything.
+LOCK_FLAGS = ("--upgrade", "--refresh", "--offline", "--json")
+LOCK_VALUE_OPTIONS = ("--upgrade-package", "--platform", "--jobs", "-j")
+
+
+class LockCall:
+    """A ``harness lock`` command line, as far as starting its resolutions needs it."""
+
+    def __init__(self, globals: dict[str, str]) -> None:
+        self.globals = globals
+        self.options: dict[str, list[str]] = {}
+        self.flags: set[str] = set()
+        self.names: list[str] = []
+
+
+def split_globals(argv: Sequence[str]) -> tuple[dict[str, str], list[str]] | None:
+    """``argv`` (without the program name) split into the group's options (name → value) and
+    the rest, which starts with the command; None when it holds a group option this reader
+    does not know (``--help``, ``--version``) or no command."""
+    options: dict[str, str] = {}
+    args = list(argv)
+    while args and args[0].startswith("-"):
+        name, value = _take_option(args, GLOBAL_VALUE_OPTIONS)
+        if name is None or value is None:
+            return None
+        options[name] = value
+    return (options, args) if args else None
+
+
+def parse_lock_call(argv: Sequence[str]) -> LockCall | None:
+    """``argv`` (without the program name) read as ``[GLOBAL OPTIONS] lock [OPTIONS] [NAMES]``;
+    None for any other command line, or one holding something this reader does not know."""
+    split = split_globals(argv)
+    if split is None or split[1][0] != "lock":
+        return None
+    call = LockCall(split[0])
+    args = split[1][1:]
+    names_only = False
+    while args:
+        if names_only or not args[0].startswith("-") or args[0] == "-":
+            call.names.append(args.pop(0))
+        elif args[0] == "--":
+            args.pop(0)
+            names_only = True
+        elif args[0] in LOCK_FLAGS:
+            call.flags.add(args.pop(0))
+        else:
+            name, value = _take_option(args, LOCK_VALUE_OPTIONS)
+            if name is None or value is None:
+                return None
+            call.options.setdefault("--jobs" if name == "-j" else name, []).append(value)
+    return call
+
+
+def _take_option(args: list[str], known: Sequence[str]) -> tuple[str | None, str | None]:
+    """Pop one ``--name value``, ``--name=value`` (or ``-jN``) off ``args``; (None, None) for
+    an option not in ``known`` or one missing its value."""
+    head = args.pop(0)
+    if "=" in head and head.startswith("--"):
+        name, value = head.split("=", 1)
+        return (name, value) if name in known else (None, None)
+    if head in known:
+        return (head, args.pop(0)) if args else (None, None)
+    if head.startswith("-j") and "-j" in known and head[2:].isdigit():
+        return "-j", head[2:]
+    return None, None
+
+
+def start_early(argv: Sequence[str]) -> int:
+    """Start what ``harness ARGV`` will do first, when it is a command line this module
+    understands; returns how many things were started. Never raises."""
+    try:
+        call = parse_lock_call(argv)
+        if call is not None:
+            return _start_lock(call)
+    except Exception:  # only a guess: the CLI decides and reports
+        pass
+    return 0
+
+
+def resolve_home(option: str | None) -> Path:
+    """The home: ``--home``, else ``$HARNESS_HOME``, else ``~/.cache/harness`` (the CLI's
+    :attr:`harness.cli.State.home` too)."""
+    return Path(option or os.environ.get("HARNESS_HOME") or "~/.cache/harness").expanduser()
+
+
+def _start_lock(call: LockCall) -> int:
+    from harness.lock.early import prestart_locks
+    from harness.lock.outcome import LockOptions
+    from harness.manifests.project import Project, find_project
+    from harness.store.shared import apply_group_umask
+
+    home = resolve_home(call.globals.get("--home"))
+    raw_project = call.globals.get("--project")
+    if raw_project:  # as harness.cli.State.project finds it
+        root = Path(raw_project).expanduser()
+        if not (root / "services").is_dir():
+            return 0
+        project = Project(root.resolve())
+    else:
+        project = find_project(Path.cwd())
+    jobs = call.options.get("--jobs", ["4"])[-1]
+    platforms = call.options.get("--platform")
+    options = LockOptions(
+        platform=platforms[-1] if platforms else None,
+        offline="--offline" in call.flags,
+        upgrade="--upgrade" in call.flags,
+        upgrade_packages=tuple(call.options.get("--upgrade-package", [])),
+        jobs=int(jobs),
+        refresh="--refresh" in call.flags,
+    )
+    # uv writes into the home's cache: in a group-shared home, with the group's umask, as the
+    # CLI would set it before locking.
+    apply_group_umask(home)
+    return prestart_locks(home, project, call.names, options, ahead=True)
+
+
+def main() -> None:
+    """Console entry point (``harness``, ``python -m harness``)."""
+    start_early(sys.argv[1:])
+    from harness.cli import main as cli_main
+
+    try:
+        cli_main()
+    finally:
+        # The command is done and the process is about to exit: spare the interpreter's final
+        # collection of everything the command loaded (pydantic's schemas, tomlkit's
+        # documents: 30-60 ms on a lock). Objects are still freed by reference counting, so
+        # files are closed; only garbage in reference cycles is left to the exit.
+        gc.freeze()
