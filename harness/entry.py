@@ -102,6 +102,7 @@ def start_early(argv: Sequence[str]) -> int:
         call = parse_lock_call(argv)
         if call is not None:
             return _start_lock(call)
+        return _start_verify(argv)
     except Exception:  # only a guess: the CLI decides and reports
         pass
     return 0
@@ -142,6 +143,44 @@ def _start_lock(call: LockCall) -> int:
     # CLI would set it before locking.
     apply_group_umask(home)
     return prestart_locks(home, project, call.names, options, ahead=True)
+
+
+#: ``harness store verify``'s flags (harness.cli.commands.store); it has no option taking a value.
+#: ``--help`` is left out: it hashes nothing.
+VERIFY_FLAGS = ("--check-contents", "--repair", "--json")
+
+
+def parse_verify_call(argv: Sequence[str]) -> tuple[dict[str, str], set[str], list[str]] | None:
+    """``argv`` (without the program name) read as ``[GLOBAL OPTIONS] store verify [FLAGS]
+    [NAMES]``: (the group's options, the flags, the names); None for any other command line,
+    or one holding something this reader does not know."""
+    split = split_globals(argv)
+    if split is None or split[1][:2] != ["store", "verify"]:
+        return None
+    flags: set[str] = set()
+    names: list[str] = []
+    names_only = False
+    for arg in split[1][2:]:
+        if names_only or not arg.startswith("-") or arg == "-":
+            names.append(arg)
+        elif arg == "--":
+            names_only = True
+        elif arg in VERIFY_FLAGS:
+            flags.add(arg)
+        else:
+            return None
+    return split[0], flags, names
+
+
+def _start_verify(argv: Sequence[str]) -> int:
+    """Start hashing what ``harness store verify --check-contents`` (or ``--repair``) will hash
+    (:mod:`harness.store.early`); the CLI's verify takes each digest over, or hashes itself."""
+    call = parse_verify_call(argv)
+    if call is None or not call[1] & {"--check-contents", "--repair"}:
+        return 0
+    from harness.store.early import start_hashing
+
+    return start_hashing(resolve_home(call[0].get("--home")), call[2])
 
 
 def main() -> None:

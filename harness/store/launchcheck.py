@@ -21,8 +21,9 @@ Legitimate operations change ctimes too (a new environment hard-linking an older
 into the ``.links`` pool changes their link count): those cost one re-hash of the path, never
 a wrong answer. A fingerprint is a per-machine cache (inode numbers mean nothing elsewhere),
 never part of a path's content, and one that cannot be written costs only time. A refreshed
-fingerprint is not written while any entry changed within :data:`RACY_NS` (a write in the
-same clock tick could leave the times unchanged), as for :mod:`harness.store.statcache`.
+fingerprint is not written while any entry changed within ``RACY_NS``
+(:mod:`harness.store.fingerprint`: a write in the same clock tick could leave the times
+unchanged), as for :mod:`harness.store.statcache`.
 
 :func:`check_closure` is the one entry point: the supervisor calls it before it starts a
 service and ``harness run`` before the benchmark's worker; what it returns is what the run
@@ -36,7 +37,6 @@ import array
 import base64
 import json
 import os
-import stat
 import sys
 import tempfile
 import time
@@ -46,19 +46,16 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
+from harness.store.fingerprint import Entry, racy, take_fingerprint
 
 #: Folder of fingerprints inside the store (beside ``.meta``; never globbed as records).
 FINGERPRINT_DIR = ".stat"
 FINGERPRINT_VERSION = 2
-#: Entries changed this recently are not trusted to a refreshed fingerprint.
-RACY_NS = 2_000_000_000
 #: The file (in a service state folder) that keeps each launch's check, one JSON per line.
 LAUNCH_CHECKS = "launch-checks.jsonl"
 
 #: How many changed files a refusal names.
 _NAMED = 10
-
-Entry = tuple[int, int, int, int, int]  # inode, size, mode, mtime_ns, ctime_ns
 
 
 class IntegrityError(HarnessError):
@@ -92,30 +89,6 @@ class PathCheck:
 
 def fingerprint_path(store_root: Path, name: str) -> Path:
     return store_root / FINGERPRINT_DIR / f"{name}.json"
-
-
-def _entry(st: os.stat_result) -> Entry:
-    return (st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def take_fingerprint(path: Path) -> tuple[int, dict[str, Entry]]:
-    """``(device, {relative entry: (inode, size, mode, mtime_ns, ctime_ns)})`` of ``path``;
-    the root is the entry ``""``. Symlinks are not followed."""
-    root = os.fspath(path)
-    st = os.lstat(root)
-    entries: dict[str, Entry] = {"": _entry(st)}
-    if stat.S_ISDIR(st.st_mode):
-        stack = [""]
-        while stack:
-            rel = stack.pop()
-            with os.scandir(os.path.join(root, rel) if rel else root) as listing:
-                for item in listing:
-                    child = f"{rel}/{item.name}" if rel else item.name
-                    child_st = item.stat(follow_symlinks=False)
-                    entries[child] = _entry(child_st)
-                    if stat.S_ISDIR(child_st.st_mode):
-                        stack.append(child)
-    return st.st_dev, entries
 
 
 def write_fingerprint(
@@ -204,11 +177,6 @@ def _changed(store_root: Path, name: str, content: str) -> list[str] | None:
     ]
 
 
-def _racy(entries: dict[str, Entry]) -> bool:
-    newest = max((max(e[3], e[4]) for e in entries.values()), default=0)
-    return time.time_ns() - newest < RACY_NS
-
-
 def check_path(store_root: Path, name: str, content: str) -> PathCheck:
     """Verify one registered path against its content hash ``content`` (see the module doc)."""
     from harness.store.hashing import HashingError, nar_digest
@@ -227,7 +195,7 @@ def check_path(store_root: Path, name: str, content: str) -> PathCheck:
     if found != content:
         raise IntegrityError(name, changed or [], content, found)
     after = take_fingerprint(path)
-    if after == before and not _racy(after[1]):
+    if after == before and not racy(after[1]):
         write_fingerprint(store_root, name, content, after)
     return PathCheck(name, content, "hash")
 
