@@ -36,7 +36,7 @@ Needs the package registry for (a)-(c) and (f) (uv's default index, or a mirror 
 downloads are switched off (``UV_PYTHON_DOWNLOADS=never``) for both sides: uv's venv uses the
 host CPython, and harness copies the same one.
 
-    python bench/realize.py [--runs 3] [--gib 1] [--offline-only | --only-vlm]
+    python bench/realize.py [--runs 3] [--gib 1] [--offline-only | --only-vlm | --only-verify]
 """
 
 from __future__ import annotations
@@ -432,7 +432,10 @@ def bench_verify(harness: list[str], store: Store, name: str, files: list[Path],
                  runs: int) -> list[tuple[str, float, str]]:
     total = sum(p.stat().st_size for p in files)
     argv = [*harness, "--home", str(store.root.parent), "store", "verify", "--check-contents", name]
-    tools = {"harness verify": argv}
+    # The same entry point without the hashing it starts before the CLI loads (harness.store.early).
+    late = [sys.executable, "-c", "import harness.entry as e; e.start_early = lambda argv: 0; e.main()",
+            *argv[len(harness):]]
+    tools = {"harness verify": argv, "... hashing after the CLI": late}
     for tool in ("b3sum", "sha256sum"):
         if shutil.which(tool):
             tools[tool] = [tool, *map(str, files)]
@@ -446,6 +449,9 @@ def bench_verify(harness: list[str], store: Store, name: str, files: list[Path],
     # make every timed run compile the CLI's modules again, so a warm-up run writes them.
     env = {k: v for k, v in _env().items() if k != "PYTHONDONTWRITEBYTECODE"}
     run(argv, env=env)
+    # A path changed less than 2 s ago is not hashed early (its fingerprint could hide a second
+    # change in the same clock tick): wait that out, as for any path registered a while ago.
+    time.sleep(max(0.0, 2.1 - (time.time() - max(p.stat().st_ctime for p in files))))
     samples: dict[str, list[float]] = {key: [] for key in tools}
     samples["harness, hashing only"] = []  # in this process: verify without the CLI's start-up
     cpu: dict[str, list[float]] = {key: [] for key in tools}
@@ -462,6 +468,7 @@ def bench_verify(harness: list[str], store: Store, name: str, files: list[Path],
     print(f"\n(d) verify {total / 2**30:.2f} GiB ({len(files)} files), page cache warm (median s, GB/s, CPU s); "
           f"load {os.getloadavg()[0]:.1f}")
     ours = median(samples["harness verify"])
+    late_key = "... hashing after the CLI"
     results = []
     hashing = median(samples["harness, hashing only"])
     for key, values in samples.items():
@@ -470,6 +477,8 @@ def bench_verify(harness: list[str], store: Store, name: str, files: list[Path],
         print(f"{key:<22} {t:7.3f} s {total / t / 1e9:6.2f} GB/s {used}  {[round(v, 3) for v in values]}")
         if key in ("b3sum", "sha256sum"):
             results.append((f"(d) verify throughput vs {key}", t / ours, ">= 0.8"))
+            if key == "b3sum":
+                results.append((f"(d) ... hashing after the CLI vs {key}", t / median(samples[late_key]), ">= 0.8"))
             results.append((f"(d) ... hashing only (no start-up) vs {key}", t / hashing, ">= 0.8"))
     return results
 
@@ -532,6 +541,7 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0, help="size of the synthetic weight set")
     parser.add_argument("--offline-only", action="store_true", help="only (d) and (e): no registry")
     parser.add_argument("--only-vlm", action="store_true", help="only (f), the VLM-like set of issue 17")
+    parser.add_argument("--only-verify", action="store_true", help="only (d): no registry, no download")
     args = parser.parse_args()
     harness = _harness()
     import harness as package
@@ -547,7 +557,7 @@ def main() -> None:
         try:
             if args.only_vlm:
                 results += bench_vlm(harness, scratch, args.runs)
-            elif not args.offline_only:
+            elif not (args.offline_only or args.only_verify):
                 results += bench_vlm(harness, scratch, args.runs)
                 medium = make_project(scratch / "medium-project", {"medium": MEDIUM, "medium-twin": MEDIUM})
                 run([*harness, "--project", str(medium), "--home", str(scratch / "lock-home"), "lock"])
@@ -558,7 +568,8 @@ def main() -> None:
             if not args.only_vlm:
                 store, name, files, pins = make_weights(scratch, args.gib)
                 results += bench_verify(harness, store, name, files, args.runs)
-                results += bench_download(harness, files, pins, scratch, args.runs)
+                if not args.only_verify:
+                    results += bench_download(harness, files, pins, scratch, args.runs)
         finally:
             for child in scratch.iterdir():
                 remove_tree(child)

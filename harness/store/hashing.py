@@ -15,15 +15,13 @@ Everything but the file readers is pure (data in, data out).
 
 from __future__ import annotations
 
-import json
 import math
 import mmap
 import os
 import re
 import stat
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import blake3
 
@@ -87,6 +85,8 @@ def canonical_json(value: Any) -> bytes:
     shortest round-trip ``repr``, tuples as arrays. Rejects NaN/±inf (ValueError), non-str
     keys and other types (TypeError) and strings that are not valid Unicode (ValueError).
     """
+    import json  # here: the early verify (harness.store.early) imports this module before the CLI
+
     text = json.dumps(
         _plain(value, "$"),
         sort_keys=True,
@@ -187,8 +187,7 @@ _DIRECTORY = _OPEN + _TYPE + _nar_str(b"directory")
 _ENTRY, _NAME_TAG, _NODE = _nar_str(b"entry"), _nar_str(b"name"), _nar_str(b"node")
 
 
-@dataclass(frozen=True)
-class _Contents:
+class _Contents(NamedTuple):
     """A placeholder in the walk for a regular file's ``size`` bytes, read by the consumer."""
 
     path: bytes
@@ -311,8 +310,7 @@ def iter_nar(path: str | os.PathLike[str]) -> Iterator[bytes]:
         raise _oserror(path, exc) from None
 
 
-@dataclass(frozen=True)
-class NarDigest:
+class NarDigest(NamedTuple):
     """The content hash of a path and the length of its NAR serialization."""
 
     hash: str  # "blake3:<hex>"
