@@ -47,7 +47,9 @@ def verify_store(store: Store, *, check_contents: bool, names: list[str] | None 
             try:
                 # Hashed already when harness.entry started it before the CLI loaded, and the
                 # path is entry for entry what was hashed (harness.store.early).
-                digest = take_digest(store.root / record.name) or nar_digest(store.root / record.name)
+                digest = take_digest(store.root / record.name)
+                if digest is None:
+                    digest = nar_digest(store.root / record.name)
             except HarnessError as exc:
                 findings.append(Finding(record.name, "modified", exc.message))
                 continue
