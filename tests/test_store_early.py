@@ -199,3 +199,19 @@ def test_the_console_entry_point_hashes_early_and_the_cli_takes_it_over(home: Pa
     _rewrite(Store.in_home(home).path(NAME))
     damaged = verify()
     assert damaged.returncode == 1 and damaged.stdout.startswith(f"modified  {NAME}: expected blake3:"), damaged
+
+
+def test_a_verify_that_fails_while_the_early_hashing_runs_reports_as_before(home: Path) -> None:
+    """The CLI stops at an unreadable record before the path hashed early is taken over: the
+    error is the CLI's own, with its exit code, and the hashing thread does not hold up the exit."""
+    bad = "1" * 32 + "-broken"
+    (home / "store" / ".meta" / f"{bad}.json").write_text("{not json")
+    (home / "store" / bad).mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "--home", str(home), "store", "verify", "--check-contents", NAME, bad],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and result.stderr.startswith(f"error: store record {home}"), result
+    assert "Traceback" not in result.stderr
