@@ -5,11 +5,20 @@ Two phases, so the network is touched once and registration is fast and local:
 1. **fetch** — every wheel, sdist and weight file the store lacks is downloaded, in
    parallel with one progress display, into ``$HARNESS_HOME/cache/downloads/<sha256>``
    (resumable: an interrupted download continues from its ``.part``), each checked against
-   the lock's size and sha256 before it is kept;
+   the lock's size and sha256 before it is kept. Meanwhile, on two more threads, the
+   interpreter is installed or copied and compiled, and the git sources are exported and
+   checked against their tree hashes, each *staged* in the store's scratch
+   (:meth:`Store.stage`): nothing is registered yet;
 2. **register** — objects are added to the store in dependency order (files, sources,
    weight sets, the weights view, the interpreter, the environment), each by moving
-   already-verified bytes into its build folder (or building offline from realized
-   parts), so a crash at any point leaves the store consistent (see Store.add).
+   already-verified bytes into its build folder or committing what was staged (or building
+   offline from realized parts), so a crash at any point leaves the store consistent (see
+   Store.add).
+
+A lock that fails in the fetch phase (a wrong hash, an unreachable file), or whose source or
+interpreter could not be had, registers nothing: its staged builds are dropped and the
+project's root is not touched, so a failed realize leaves the store as it was (a build that
+fails later, in uv or an sdist's build, may leave the lock's files and sources registered).
 
 The interpreter is the lock's own (uv-managed: from a binary cache, else installed through
 uv from the configured download list or mirror) whenever that can be had. When it cannot, a
@@ -255,9 +264,7 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
     _drop_downloads(ctx, locks)
     # What this store realized (a host copy and its environments, where one stands in). A lock
     # that failed keeps what the project's root said of it before: a failed realize changes no root.
-    realized = {
-        lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks if lock.name not in failures
-    }
+    realized = {lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks if lock.name not in failures}
     if realized or not locks:
         register_project(ctx.store, ctx.project_root, realized)
     if failures:
