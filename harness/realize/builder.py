@@ -33,6 +33,7 @@ once, before anything is built.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 import functools
 import os
 import shutil
@@ -264,7 +265,9 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
     _drop_downloads(ctx, locks)
     # What this store realized (a host copy and its environments, where one stands in). A lock
     # that failed keeps what the project's root said of it before: a failed realize changes no root.
-    realized = {lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks if lock.name not in failures}
+    realized: dict[str, Iterable[str]] = {
+        lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks if lock.name not in failures
+    }
     if realized or not locks:
         register_project(ctx.store, ctx.project_root, realized)
     if failures:
