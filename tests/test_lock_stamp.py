@@ -321,8 +321,8 @@ def test_the_entry_point_knows_every_option_of_lock_and_of_the_group() -> None:
 
 def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_nothing_again(
         index: Index, harness_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``harness lock`` starts its resolution before click or pydantic are imported, and the
-    CLI's lock takes that run over instead of starting its own."""
+    """``harness lock`` starts its resolution before click, pydantic, packaging or tomlkit are
+    imported, and the CLI's lock takes that run over instead of starting its own."""
     from harness.resolve import uvtool
 
     project = make_project(tmp_path / "p", {"svc": service(["alpha"])})
@@ -330,9 +330,9 @@ def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_noth
     argv = ["--home", str(home), "--project", str(project), "lock"]
     started = subprocess.run(
         [sys.executable, "-c", "import sys; from harness.entry import start_early; n = start_early(sys.argv[1:]); "
-         "print(n, 'click' in sys.modules, 'pydantic' in sys.modules)", *argv],
+         "print(n, *(m in sys.modules for m in ('click', 'pydantic', 'packaging', 'tomlkit')))", *argv],
         capture_output=True, text=True, check=True, env={**os.environ}, timeout=120)
-    assert started.stdout.split() == ["1", "False", "False"], started.stderr
+    assert started.stdout.split() == ["1", "False", "False", "False", "False"], started.stderr
 
     from harness.entry import start_early
 
