@@ -56,7 +56,9 @@ def command(
     if check:
         from harness.lock.check import check_locks
 
-        stale = check_locks(project, list(names))
+        from harness.config import load_settings
+
+        stale = check_locks(project, list(names), settings=load_settings(state.home, project.root))
         if as_json:
             print_json({"stale": [{"name": s.name, "lock": str(s.lock), "reason": s.reason} for s in stale]})
         else:
