@@ -348,3 +348,27 @@ def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_noth
     finally:
         uvtool.discard_prestarted()
     assert (project / "locks" / "svc.lock.toml").is_file()
+
+
+def test_check_answers_from_the_stamp_and_takes_the_full_path_on_any_change(index: Index, harness_cli,
+                                                                            tmp_path: Path) -> None:
+    """``lock --check`` right after a lock: up to date without loading pydantic; after a change
+    the stamp does not cover, the full check decides (and names the stale lock)."""
+    home = tmp_path / "home"
+    project = make_project(tmp_path / "p", {"svc": service(["alpha"]), "other": service(["beta"])})
+    lock(harness_cli, project, home)
+    result = probe(project, home, "--check")
+    assert (result.returncode, result.stdout.strip()) == (0, "every lock is up to date"), result.stderr
+    assert "loaded: \n" in result.stderr, result.stderr
+
+    # Another home has no stamps: the full check, the same answer.
+    result = probe(project, tmp_path / "other-home", "--check")
+    assert (result.returncode, result.stdout.strip()) == (0, "every lock is up to date"), result.stderr
+    assert "pydantic" in result.stderr
+
+    manifest = project / "services" / "svc.toml"
+    manifest.write_text(manifest.read_text().replace('"alpha"', '"alpha", "beta"'))
+    result = probe(project, home, "--check")
+    assert result.returncode == 1
+    assert "stale  svc: manifest changed (locks/svc.lock.toml)" in result.stdout
+    assert "other" not in result.stdout
