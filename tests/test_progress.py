@@ -12,12 +12,13 @@ import io
 import json
 import re
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
 from harness import progress as progress_module
-from harness.progress import reporter
+from harness.progress import Stopped, reporter
 from tests.conftest import run_harness_process
 from tests.upstreams import Upstreams
 
@@ -81,6 +82,19 @@ def test_a_failed_phase_says_so_and_quiet_says_nothing() -> None:
     with quiet.phase("copying", total=3) as phase:
         phase.advance(3)
     assert out.getvalue() == ""
+
+
+def test_a_reporter_until_a_stop_refuses_new_phases_once_stopped() -> None:
+    """realize's builds beside the fetch end at their next phase once the fetch failed."""
+    out = io.StringIO()
+    stop = threading.Event()
+    until = reporter(stream=out).until(stop)
+    with until.phase("copying CPython"):
+        stop.set()  # a phase already running runs to its end
+    with pytest.raises(Stopped):
+        until.phase("compiling bytecode")
+    assert out.getvalue().splitlines()[0] == "copying CPython ..."
+    assert "compiling" not in out.getvalue() and "failed" not in out.getvalue()
 
 
 def test_live_display_on_a_terminal_leaves_one_line_per_phase() -> None:

@@ -236,7 +236,7 @@ def test_one_realize_asks_uv_for_an_interpreter_once(example: Path, tmp_path: Pa
 
 def test_a_failed_fetch_registers_no_interpreter(example: Path, downloads: str, tmp_path: Path) -> None:
     """uv installs the lock's interpreter while the wheels download; the wheel's bytes do not
-    match the lock, so the installed interpreter is dropped, not registered. With a second lock
+    match the lock, so the interpreter (installed, or stopped at its next phase) is dropped. With a second lock
     that needs no wheel, that one is realized (and the interpreter with it) and the failure of
     the first names the file and both hashes."""
     lock = read(example / "locks" / "kinematics.lock.toml")
@@ -251,7 +251,7 @@ def test_a_failed_fetch_registers_no_interpreter(example: Path, downloads: str, 
     store = Store.in_home(home)
 
     alone = harness(bad, home, "realize", "kinematics", env=env, ok=False)
-    assert alone.returncode == 1 and "installing CPython" in alone.stderr, alone.stderr
+    assert alone.returncode == 1, alone.stderr
     assert wheel.file in alone.stderr and "0" * 64 in alone.stderr and wheel.sha256 in alone.stderr
     assert list(store.records()) == []
     assert [p.name for p in store.root.iterdir() if not p.name.startswith(".")] == []

@@ -137,8 +137,9 @@ EMPTY = {"records": [], "paths": [], "meta": [], "tmp": [], "standins": [], "pro
 
 
 def test_wheel_hash_mismatch_names_file_and_leaves_store(project: Path, up: Upstreams, tmp_path: Path) -> None:
-    """The interpreter (a host copy: no downloads here) is built while the files download; one
-    wheel's bytes do not match the lock, so nothing of it is registered, not even the copy."""
+    """The interpreter (a host copy: no downloads here) is built while the files download (and
+    stops at its next phase once the fetch failed); one wheel's bytes do not match the lock, so
+    nothing of it is registered, not even the copy or its scratch build."""
     lock = read(project / "locks" / "svc.lock.toml")
     gamma = next(p for p in lock.packages if p.name == "gamma").wheels[0]
     bad = _tampered(project, tmp_path, lambda t: t.replace(gamma.sha256, "0" * 64))
@@ -146,7 +147,6 @@ def test_wheel_hash_mismatch_names_file_and_leaves_store(project: Path, up: Upst
     result = realize(bad, home, check=False)
     assert result.returncode != 0
     assert gamma.file in result.stderr and "0" * 64 in result.stderr and gamma.sha256 in result.stderr
-    assert "copying CPython" in result.stderr, "the interpreter was being built when the fetch failed"
     assert store_state(home) == EMPTY
 
 

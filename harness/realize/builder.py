@@ -37,6 +37,7 @@ from collections.abc import Iterable
 import functools
 import os
 import shutil
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.config import Settings
 from harness.errors import HarnessError
-from harness.progress import Reporter, reporter
+from harness.progress import Reporter, Stopped, reporter
 from harness.store.store import BuildResult, Staged, Store
 
 if TYPE_CHECKING:  # the lock models load pydantic: only where a lock is actually read
@@ -229,18 +230,23 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
             with ThreadPoolExecutor(max_workers=2) as pool:
                 staging = [pool.submit(_prepare_interpreters, ctx, todo, prepared)]
                 staging.append(pool.submit(_prepare_sources, ctx, todo, prepared))
+                fetched = False
                 try:
-                    _fetch(ctx, todo)
-                except HarnessError:
-                    if fail_fast or len(todo) == 1:
-                        raise
-                    # Which locks lack what: each fetches again on its own (what came is kept).
-                    for lock in todo:
-                        try:
-                            _fetch(ctx, [lock])
-                        except HarnessError as exc:
-                            failures[lock.name] = exc
+                    try:
+                        _fetch(ctx, todo)
+                    except HarnessError:
+                        if fail_fast or len(todo) == 1:
+                            raise
+                        # Which locks lack what: each fetches again on its own (what came is kept).
+                        for lock in todo:
+                            try:
+                                _fetch(ctx, [lock])
+                            except HarnessError as exc:
+                                failures[lock.name] = exc
+                    fetched = True
                 finally:
+                    if not fetched:
+                        prepared.stop.set()  # all of it is dropped: stop at the next phase
                     for future in staging:
                         future.exception()  # waits: nothing is registered while one is building
             for future in staging:
@@ -519,6 +525,8 @@ class _Prepared:
 
     interpreters: dict[str, _Interpreter] = field(default_factory=dict)
     sources: dict[str, Staged | HarnessError] = field(default_factory=dict)
+    #: Set when the fetch failed for good: the builds stop at their next phase (all is dropped).
+    stop: threading.Event = field(default_factory=threading.Event)
 
     def release(self) -> None:
         for interpreter in self.interpreters.values():
@@ -533,11 +541,14 @@ def _prepare_interpreters(ctx: Context, locks: list[Lock], prepared: _Prepared) 
     ``prepared``: one after the other, in name order (their guards are always taken in one
     order, so two realizes never wait for each other)."""
     by_name = {lock.python.store: lock for lock in locks}
+    progress = ctx.progress.until(prepared.stop)
     for name in sorted(by_name):
         try:
-            ready = _prepare_interpreter(ctx, by_name[name])
+            ready = _prepare_interpreter(ctx, by_name[name], progress=progress)
         except HarnessError as exc:
             ready = _Interpreter(error=exc)
+        except Stopped:
+            return
         if ready is not None:
             prepared.interpreters[name] = ready
 
@@ -545,13 +556,16 @@ def _prepare_interpreters(ctx: Context, locks: list[Lock], prepared: _Prepared) 
 def _prepare_sources(ctx: Context, locks: list[Lock], prepared: _Prepared) -> None:
     """Export and check each git source of ``locks`` the store lacks into its scratch, into
     ``prepared`` (a source that cannot be had: its error, raised when a lock registers)."""
+    progress = ctx.progress.until(prepared.stop)
     for source in {s.store: s for lock in locks for s in lock.sources}.values():
         if ctx.store.is_registered(source.store):
             continue
         try:
-            prepared.sources[source.store] = _stage_source(ctx, source)
+            prepared.sources[source.store] = _stage_source(ctx, source, progress)
         except HarnessError as exc:
             prepared.sources[source.store] = exc
+        except Stopped:
+            return
 
 
 def _register(ctx: Context, lock: Lock, prepared: _Prepared | None = None) -> Report:
@@ -628,7 +642,7 @@ def _register(ctx: Context, lock: Lock, prepared: _Prepared | None = None) -> Re
     return report
 
 
-def _source_builder(ctx: Context, source: Any) -> Any:
+def _source_builder(ctx: Context, source: Any, progress: Reporter | None = None) -> Any:
     """The store builder of a locked git source: its files at the locked commit."""
     from harness.resolve.git import export_source
     from harness.resolve.pins import GitSource, Submodule
@@ -645,7 +659,7 @@ def _source_builder(ctx: Context, source: Any) -> Any:
     )
 
     def build(out: Path) -> BuildResult:
-        with ctx.progress.phase(f"exporting source {source.name} at {source.commit[:12]} (git)"):
+        with (progress or ctx.progress).phase(f"exporting source {source.name} at {source.commit[:12]} (git)"):
             export_source(pin, ctx.cache_dir, out, offline=ctx.offline, mirrors=ctx.settings.git_mirrors)
         return BuildResult(obtained=f"git {source.repo} {source.commit}")
 
@@ -658,12 +672,12 @@ def _add_source(ctx: Context, source: Any) -> None:
     )
 
 
-def _stage_source(ctx: Context, source: Any) -> Staged:
+def _stage_source(ctx: Context, source: Any, progress: Reporter) -> Staged:
     """A git source exported and hashed in the store's scratch, checked against the lock's tree
     hash (StoreError naming both, and nothing kept, when they differ), not registered."""
     from harness.store.store import StoreError
 
-    staged = ctx.store.stage("source", _source_builder(ctx, source), label=source.store, progress=ctx.progress)
+    staged = ctx.store.stage("source", _source_builder(ctx, source, progress), label=source.store, progress=progress)
     if staged.digest.hash != source.tree:
         staged.discard()
         raise StoreError(
@@ -740,7 +754,7 @@ def _standin_guard(store: Store, python_store: str) -> Any:
     return lock_file(store.locks_dir / f"{python_store}.standin.lock", thread_local=False)
 
 
-def _prepare_interpreter(ctx: Context, lock: Lock) -> _Interpreter | None:
+def _prepare_interpreter(ctx: Context, lock: Lock, *, progress: Reporter | None = None) -> _Interpreter | None:
     """Make the interpreter ``lock`` is built on here ready to register, registering nothing;
     None when the lock's own is registered already.
 
@@ -757,6 +771,7 @@ def _prepare_interpreter(ctx: Context, lock: Lock) -> _Interpreter | None:
     from harness.store.standins import standin_for
 
     store, python = ctx.store, lock.python
+    progress = progress or ctx.progress
     if own_interpreter_registered(store, lock):
         return None
     # One interpreter build at a time per lock interpreter: concurrent realizes wait for the
@@ -779,13 +794,13 @@ def _prepare_interpreter(ctx: Context, lock: Lock) -> _Interpreter | None:
                     cache_dir=ctx.cache_dir,
                     offline=ctx.offline,
                     uv_env=ctx.settings.python_download_env(),
-                    progress=ctx.progress,
+                    progress=progress,
                     jobs=ctx.compile_jobs,
                 )
                 return BuildResult(obtained=result.source)
 
             try:
-                prepared.staged = store.stage("python", build, label=python.store, progress=ctx.progress)
+                prepared.staged = store.stage("python", build, label=python.store, progress=progress)
                 prepared.name = python.store
                 return prepared
             except DownloadUnavailable as exc:
@@ -807,11 +822,11 @@ def _prepare_interpreter(ctx: Context, lock: Lock) -> _Interpreter | None:
 
         def copy(out: Path) -> BuildResult:
             out.mkdir()
-            result = build_host_copy(python, out, progress=ctx.progress, jobs=ctx.compile_jobs)
+            result = build_host_copy(python, out, progress=progress, jobs=ctx.compile_jobs)
             return BuildResult(obtained=result.source, impure=result.source)
 
         try:
-            prepared.staged = store.stage("python", copy, label=f"cpython-{python.version}-host", progress=ctx.progress)
+            prepared.staged = store.stage("python", copy, label=f"cpython-{python.version}-host", progress=progress)
         except HarnessError as exc:  # no host interpreter either: say which pins would work
             raise HarnessError(
                 f"{exc.message} ({prepared.reason})", hint=_interpreter_hint(ctx, lock, exc.hint)
