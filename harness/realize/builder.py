@@ -16,8 +16,9 @@ Two phases, so the network is touched once and registration is fast and local:
    Store.add).
 
 A lock that fails in the fetch phase (a wrong hash, an unreachable file), or whose source or
-interpreter could not be had, registers nothing: its staged builds are dropped and the
-project's root is not touched, so a failed realize leaves the store as it was (a build that
+interpreter could not be had, registers nothing: its staged builds are dropped (when the whole
+fetch failed, they stop at their next phase first) and the project's root is not touched, so a
+failed realize leaves the store as it was (a build that
 fails later, in uv or an sdist's build, may leave the lock's files and sources registered).
 
 The interpreter is the lock's own (uv-managed: from a binary cache, else installed through
