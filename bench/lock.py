@@ -16,7 +16,8 @@ from the stamp, without resolving). Each round runs every command of a set once,
 uv alternating which goes first. Then ``harness lock --check`` on a temporary project of 10
 locked manifests (5 of them copies of the kinematics example, whose path weight the check
 re-hashes). Goals (issues 3 and 17): harness at most 1.3x uv, cold and warm; the no-op
-re-lock under 0.2 s; ``--check`` under 0.3 s.
+re-lock under 0.2 s; ``--check`` under 0.3 s, timed twice: in the home that locked (every
+stamp holds, so it answers from the stamps) and in a home without stamps (the full check).
 
 Several platforms (issue 13, ``--part platforms``): ``harness lock`` of one manifest for two
 platforms (``[lock] platforms = [x86_64-manylinux_2_28, aarch64-manylinux_2_28]``) beside the
@@ -228,13 +229,21 @@ def main() -> None:
         kinematics = (ROOT / "services" / "kinematics.toml").read_text()
         for i in range(5):
             (project / "services" / f"kinematics{i}.toml").write_text(kinematics)
+        # Files changed within 2 s of a lock get no stamp (harness.lock.stamp): a checkout's
+        # assets are older than that, so the copies made above are left to age first.
+        time.sleep(2.1)
         home = scratch_root / "check-home"
         timed([*harness, "--home", str(home), "--project", str(project), "lock"], cwd=project, env=_env())
-        argv = [*harness, "--home", str(home), "--project", str(project), "lock", "--check"]
-        checks = [timed(argv, cwd=project, env=_env()) for _ in range(max(10, args.runs))]
-        check = statistics.median(checks)
-    print(f"\nharness lock --check, 10 manifests: median {check:.3f} s "
-          f"({'meets' if check < 0.3 else 'MISSES'} < 0.3 s)")
+        checks: dict[str, float] = {}
+        # The home that locked (stamps hold: a pre-commit hook's case), and a home without
+        # stamps (a fresh clone's: the full check, manifests validated, path weights re-hashed).
+        for label, check_home in (("from the stamps", home), ("full check", scratch_root / "check-fresh-home")):
+            argv = [*harness, "--home", str(check_home), "--project", str(project), "lock", "--check"]
+            checks[label] = statistics.median(timed(argv, cwd=project, env=_env()) for _ in range(max(10, args.runs)))
+    print()
+    for label, value in checks.items():
+        print(f"harness lock --check, 10 manifests, {label}: median {value:.3f} s "
+              f"({'meets' if value < 0.3 else 'MISSES'} < 0.3 s)")
     print(f"harness/uv <= 1.3: {'meets' if all(verdicts) else 'MISSES'} (met in {sum(verdicts)} of {len(verdicts)})")
     print(f"no-op re-lock < 0.2 s: {'meets' if max(noops) < 0.2 else 'MISSES'} (slowest median {max(noops):.3f} s)")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

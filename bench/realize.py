@@ -72,7 +72,7 @@ PHASES = [
     ("realize, all of it", "realize/builder.py", "realize_locks"),
     ("fetch (downloads, index pages)", "realize/builder.py", "_fetch"),
     ("register fetched files", "realize/builder.py", "_register"),
-    ("interpreter: host copy, all", "realize/builder.py", "_add_host_copy"),
+    ("interpreter: all (built while fetching)", "realize/builder.py", "_prepare_interpreter"),
     ("  copy the files", "realize/interpreter.py", "_copy_host"),
     ("  compile the stdlib", "realize/interpreter.py", "_finish"),
     ("environment: store add, all", "realize/builder.py", "_add_environment"),

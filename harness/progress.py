@@ -76,6 +76,12 @@ class Reporter:
         context manager: it starts on entry and ends on exit (failed, if by an exception)."""
         return Phase(self, label, total, unit)
 
+    def until(self, stop: threading.Event) -> Reporter:
+        """This reporter, except that asking it for a phase once ``stop`` is set raises
+        :class:`Stopped`: work that became pointless (what realize builds beside a fetch that
+        failed) ends at its next phase instead of running to its end."""
+        return _Until(self, stop)
+
     # -- output, by mode
 
     def _write(self, line: str) -> None:
@@ -84,6 +90,24 @@ class Reporter:
 
     def _live(self) -> _Live:
         return _Live.for_console(self._console)
+
+
+class Stopped(BaseException):
+    """Raised by :meth:`Reporter.until`'s reporter when a phase is asked for after the stop.
+
+    A BaseException, so that no ``except Exception`` between the phase and whoever set the stop
+    takes it for a failure of its own."""
+
+
+class _Until(Reporter):
+    def __init__(self, inner: Reporter, stop: threading.Event) -> None:
+        super().__init__(inner.mode, stream=inner._stream, console=inner._console)
+        self._stop = stop
+
+    def phase(self, label: str, *, total: int | None = None, unit: str = "files") -> Phase:
+        if self._stop.is_set():
+            raise Stopped(label)
+        return super().phase(label, total=total, unit=unit)
 
 
 class Phase:

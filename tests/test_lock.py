@@ -122,6 +122,32 @@ def test_check_names_stale_and_missing_locks(svc: Path, harness_cli, tmp_path: P
     result = check()
     assert (result.code, result.out.strip()) == (0, "every lock is up to date")
 
+    # Settings that shape the lock: the [lock] platforms (set and order) and the Python pin.
+    locked = tomllib.loads((project / "locks" / "svc.lock.toml").read_text())["python"]
+    settings = project / "harness.toml"
+    original_settings = settings.read_text() if settings.is_file() else None
+    request = ".".join(locked["version"].split(".")[:2])
+    for table, reason in (
+        (f'[lock]\nplatforms = ["{locked["platform"]}"]\n', None),
+        (f'[lock]\nplatforms = ["{locked["platform"]}", "aarch64-manylinux_2_28"]\n',
+         f"platforms changed: locked for {locked['platform']}; {settings}: lock.platforms asks for "
+         f"{locked['platform']}, aarch64-manylinux_2_28"),
+        (f'[lock.python]\n"{request}" = "{locked["version"]}"\n', None),
+        (f'[lock.python]\n"{request}" = "{request}.99"\n',
+         f"python pin changed: locked {locked['version']}; lock.python pins {request} to {request}.99"),
+    ):
+        settings.write_text(table)
+        result = check()
+        if reason is None:
+            assert result.code == 0, result.out
+        else:
+            assert (result.code, f"stale  svc: {reason} (locks/svc.lock.toml)") == (1, result.out.strip())
+    if original_settings is None:
+        settings.unlink()
+    else:
+        settings.write_text(original_settings)
+    assert check().code == 0
+
     # A changed path weight is stale although the manifest is not.
     asset = project / "assets" / "local" / "meshes" / "link0.stl"
     asset.write_bytes(b"solid moved\n")

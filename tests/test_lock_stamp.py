@@ -321,8 +321,8 @@ def test_the_entry_point_knows_every_option_of_lock_and_of_the_group() -> None:
 
 def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_nothing_again(
         index: Index, harness_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``harness lock`` starts its resolution before click or pydantic are imported, and the
-    CLI's lock takes that run over instead of starting its own."""
+    """``harness lock`` starts its resolution before click, pydantic, packaging or tomlkit are
+    imported, and the CLI's lock takes that run over instead of starting its own."""
     from harness.resolve import uvtool
 
     project = make_project(tmp_path / "p", {"svc": service(["alpha"])})
@@ -330,9 +330,9 @@ def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_noth
     argv = ["--home", str(home), "--project", str(project), "lock"]
     started = subprocess.run(
         [sys.executable, "-c", "import sys; from harness.entry import start_early; n = start_early(sys.argv[1:]); "
-         "print(n, 'click' in sys.modules, 'pydantic' in sys.modules)", *argv],
+         "print(n, *(m in sys.modules for m in ('click', 'pydantic', 'packaging', 'tomlkit')))", *argv],
         capture_output=True, text=True, check=True, env={**os.environ}, timeout=120)
-    assert started.stdout.split() == ["1", "False", "False"], started.stderr
+    assert started.stdout.split() == ["1", "False", "False", "False", "False"], started.stderr
 
     from harness.entry import start_early
 
@@ -348,3 +348,27 @@ def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_noth
     finally:
         uvtool.discard_prestarted()
     assert (project / "locks" / "svc.lock.toml").is_file()
+
+
+def test_check_answers_from_the_stamp_and_takes_the_full_path_on_any_change(index: Index, harness_cli,
+                                                                            tmp_path: Path) -> None:
+    """``lock --check`` right after a lock: up to date without loading pydantic; after a change
+    the stamp does not cover, the full check decides (and names the stale lock)."""
+    home = tmp_path / "home"
+    project = make_project(tmp_path / "p", {"svc": service(["alpha"]), "other": service(["beta"])})
+    lock(harness_cli, project, home)
+    result = probe(project, home, "--check")
+    assert (result.returncode, result.stdout.strip()) == (0, "every lock is up to date"), result.stderr
+    assert "loaded: \n" in result.stderr, result.stderr
+
+    # Another home has no stamps: the full check, the same answer.
+    result = probe(project, tmp_path / "other-home", "--check")
+    assert (result.returncode, result.stdout.strip()) == (0, "every lock is up to date"), result.stderr
+    assert "pydantic" in result.stderr
+
+    manifest = project / "services" / "svc.toml"
+    manifest.write_text(manifest.read_text().replace('"alpha"', '"alpha", "beta"'))
+    result = probe(project, home, "--check")
+    assert result.returncode == 1
+    assert "stale  svc: manifest changed (locks/svc.lock.toml)" in result.stdout
+    assert "other" not in result.stdout

@@ -12,12 +12,13 @@ import io
 import json
 import re
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
 from harness import progress as progress_module
-from harness.progress import reporter
+from harness.progress import Stopped, reporter
 from tests.conftest import run_harness_process
 from tests.upstreams import Upstreams
 
@@ -83,6 +84,19 @@ def test_a_failed_phase_says_so_and_quiet_says_nothing() -> None:
     assert out.getvalue() == ""
 
 
+def test_a_reporter_until_a_stop_refuses_new_phases_once_stopped() -> None:
+    """realize's builds beside the fetch end at their next phase once the fetch failed."""
+    out = io.StringIO()
+    stop = threading.Event()
+    until = reporter(stream=out).until(stop)
+    with until.phase("copying CPython"):
+        stop.set()  # a phase already running runs to its end
+    with pytest.raises(Stopped):
+        until.phase("compiling bytecode")
+    assert out.getvalue().splitlines()[0] == "copying CPython ..."
+    assert "compiling" not in out.getvalue() and "failed" not in out.getvalue()
+
+
 def test_live_display_on_a_terminal_leaves_one_line_per_phase() -> None:
     from rich.console import Console
 
@@ -128,12 +142,13 @@ def test_realize_push_and_pull_show_their_phases_and_quiet_hides_them(svc: Path,
         r"^fetching \d+ file\(s\): [\d.]+ [KM]iB, done in",
         r"^registering (\d+) package file\(s\): \1 files?, done in",
         r"^exporting source toolkit at [0-9a-f]{12} \(git\): done in",
-        r"^hashing and registering source \S+: [\d.]+ [KM]iB, done in",
+        # Staged while the files download (hashed there), committed after: no second hash.
+        r"^hashing source \S+: [\d.]+ [KM]iB, done in",
         r"^hashing and registering weights \S+: [\d.]+ [KM]iB, done in",
         # No interpreter download here: a host copy stands in.
         r"^copying CPython 3\.\d+\.\d+ from \S+: done in",
         r"^compiling bytecode of CPython 3\.\d+\.\d+'s standard library: \d{3,} files, done in",
-        r"^hashing and registering python \S+: [\d.]+ MiB, done in",
+        r"^hashing python \S+: [\d.]+ MiB, done in",
         r"^installing \d+ package\(s\) and 1 source\(s\) into environment svc \(uv\): done in",
         r"^compiling bytecode of environment svc: \d+ files, done in",
         r"^hashing and registering environment \S+: [\d.]+ [KM]iB, done in",

@@ -232,3 +232,38 @@ def test_one_realize_asks_uv_for_an_interpreter_once(example: Path, tmp_path: Pa
     asked = [line for line in result.stderr.splitlines() if line.endswith("(uv python install) ...")]
     assert len(asked) == 1, result.stderr
     assert result.stdout.count("stands in for the lock's") == len(NAMES), result.stdout
+
+
+def test_a_failed_fetch_registers_no_interpreter(example: Path, downloads: str, tmp_path: Path) -> None:
+    """uv installs the lock's interpreter while the wheels download; the wheel's bytes do not
+    match the lock, so the interpreter (installed, or stopped at its next phase) is dropped. With a second lock
+    that needs no wheel, that one is realized (and the interpreter with it) and the failure of
+    the first names the file and both hashes."""
+    lock = read(example / "locks" / "kinematics.lock.toml")
+    [numpy] = [p for p in lock.packages if p.name == "numpy"]
+    wheel = numpy.wheels[0]
+    bad = tmp_path / "project"
+    shutil.copytree(example, bad)
+    path = bad / "locks" / "kinematics.lock.toml"
+    path.write_text(path.read_text().replace(wheel.sha256, "0" * 64))
+    env = _env(HARNESS_PYTHON_DOWNLOADS_JSON_URL=downloads)
+    home = tmp_path / "home"
+    store = Store.in_home(home)
+
+    alone = harness(bad, home, "realize", "kinematics", env=env, ok=False)
+    assert alone.returncode == 1, alone.stderr
+    assert wheel.file in alone.stderr and "0" * 64 in alone.stderr and wheel.sha256 in alone.stderr
+    assert list(store.records()) == []
+    assert [p.name for p in store.root.iterdir() if not p.name.startswith(".")] == []
+    assert list((store.root / ".tmp").iterdir()) == [], "the staged interpreter is gone"
+    assert list((store.root / ".roots").glob("projects/*.json")) == [], "a failed realize roots nothing"
+
+    both = harness(bad, home, "realize", *NAMES, env=env, ok=False)
+    assert both.returncode == 1 and "1 of 2 failed to realize; 1 other(s) realized" in both.stderr, both.stderr
+    failure = both.stderr.split("1 other(s) realized:", 1)[1]
+    assert "kinematics: " in failure and wheel.file in failure and "0" * 64 in failure and wheel.sha256 in failure
+    reach = read(example / "locks" / "reach.lock.toml")
+    assert {r.name for r in store.records()} == {LOCK.python.store, reach.environment.store}
+    assert list((store.root / ".tmp").iterdir()) == []
+    [root] = (store.root / ".roots" / "projects").glob("*.json")
+    assert set(json.loads(root.read_text())["locks"]) == {"reach"}, "the failed lock is no root"

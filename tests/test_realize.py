@@ -113,7 +113,33 @@ def _tampered(project: Path, tmp_path: Path, edit) -> Path:  # type: ignore[no-u
     return copy
 
 
+def store_state(home: Path) -> dict[str, list[str]]:
+    """What a failed realize must leave as it was: registered paths and their records, every
+    store entry (scratch builds in .tmp included), the stand-in notes and the lasting roots
+    (not a process's temporary roots, which go with it)."""
+    root = home / "store"
+
+    def listing(folder: Path) -> list[str]:
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+    return {
+        "records": sorted(f"{name} {content}" for name, content in snapshot(home).items()),
+        "paths": store_files(home),
+        "meta": listing(root / ".meta"),
+        "tmp": listing(root / ".tmp"),
+        "standins": listing(root / ".standins"),
+        "projects": listing(root / ".roots" / "projects"),
+        "pins": listing(root / ".roots" / "pins"),
+    }
+
+
+EMPTY = {"records": [], "paths": [], "meta": [], "tmp": [], "standins": [], "projects": [], "pins": []}
+
+
 def test_wheel_hash_mismatch_names_file_and_leaves_store(project: Path, up: Upstreams, tmp_path: Path) -> None:
+    """The interpreter (a host copy: no downloads here) is built while the files download (and
+    stops at its next phase once the fetch failed); one wheel's bytes do not match the lock, so
+    nothing of it is registered, not even the copy or its scratch build."""
     lock = read(project / "locks" / "svc.lock.toml")
     gamma = next(p for p in lock.packages if p.name == "gamma").wheels[0]
     bad = _tampered(project, tmp_path, lambda t: t.replace(gamma.sha256, "0" * 64))
@@ -121,7 +147,24 @@ def test_wheel_hash_mismatch_names_file_and_leaves_store(project: Path, up: Upst
     result = realize(bad, home, check=False)
     assert result.returncode != 0
     assert gamma.file in result.stderr and "0" * 64 in result.stderr and gamma.sha256 in result.stderr
-    assert snapshot(home) == {} and store_files(home) == []
+    assert store_state(home) == EMPTY
+
+
+def test_source_tree_mismatch_names_source_and_leaves_store(project: Path, tmp_path: Path) -> None:
+    """A git source whose files do not hash to the lock's tree fails the realize before any
+    path is registered: the wheels downloaded for it and the interpreter built beside them too."""
+    lock = read(project / "locks" / "svc.lock.toml")
+    source = lock.sources[0]
+    wrong = "blake3:" + "2" * 64
+    bad = _tampered(project, tmp_path, lambda t: t.replace(source.tree, wrong))
+    home = tmp_path / "home"
+    result = realize(bad, home, check=False)
+    assert result.returncode == 1, result.stderr
+    assert source.repo in result.stderr and wrong in result.stderr and source.tree in result.stderr
+    assert store_state(home) == EMPTY
+    # The same home realizes the real lock afterwards (what was fetched is reused).
+    realize(project, home)
+    assert Store.in_home(home).is_registered(realized_lock(Store.in_home(home), lock).environment.store)
 
 
 def test_index_lacking_a_file_is_a_clear_error(project: Path, tmp_path: Path) -> None:
@@ -140,7 +183,7 @@ def test_weight_hash_mismatch(project: Path, tmp_path: Path) -> None:
     result = realize(bad, tmp_path / "home", check=False)
     assert result.returncode != 0, result.stderr
     assert hub_file.path in result.stderr and "1" * 64 in result.stderr and hub_file.sha256 in result.stderr
-    assert snapshot(tmp_path / "home") == {}
+    assert store_state(tmp_path / "home") == EMPTY
 
 
 def test_changed_path_weights_make_the_lock_stale(project: Path, tmp_path: Path) -> None:

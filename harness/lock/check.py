@@ -2,8 +2,9 @@
 
 A lock is stale when the digest of what shapes it (the manifest's environment and weights,
 :mod:`harness.lock.digest`; runtime-only keys such as ``load_seconds`` do not count) differs
-from the one it records, when its ``path`` weights changed on disk (re-hashed here, since
-they are local), or when it cannot be read. Hub, git and index upstreams are not consulted: that would need the network.
+from the one it records, when the settings that shape it changed (the ``[lock] platforms``
+set, in order, or the ``[lock.python]`` pin of its Python request), when its ``path``
+weights changed on disk (re-hashed here, since they are local), or when it cannot be read. Hub, git and index upstreams are not consulted: that would need the network.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from harness.lock.lockfile import lock_path, read
 from harness.manifests.project import Project
 
 if TYPE_CHECKING:
+    from harness.config import Settings
     from harness.lock.document import Lock, LockedWeights
     from harness.manifests.model import BenchmarkManifest, ServiceManifest, Weights
     from harness.store.statcache import HashCache
@@ -27,14 +29,20 @@ if TYPE_CHECKING:
 class Staleness:
     name: str
     lock: Path
-    reason: str  # "missing", "manifest changed", "weights <dir> changed: <file>", "unreadable: …"
+    #: "missing", "manifest changed", "platforms changed: …", "python pin changed: …",
+    #: "weights <dir> changed: <file>", "unreadable: …"
+    reason: str
 
 
-def check_locks(project: Project, names: list[str], *, hash_cache: Path | None = None) -> list[Staleness]:
+def check_locks(
+    project: Project, names: list[str], *, settings: Settings | None = None, hash_cache: Path | None = None
+) -> list[Staleness]:
     """Every named (or every) manifest whose lock is missing or stale, with the reason.
 
-    ``hash_cache`` (a file, see :class:`harness.store.statcache.HashCache`) lets ``path``
-    weights whose files' stats are unchanged skip re-hashing.
+    ``settings`` (this machine's, :func:`harness.config.load_settings`) are compared with what
+    each lock was made for; None leaves them out. ``hash_cache`` (a file, see
+    :class:`harness.store.statcache.HashCache`) lets ``path`` weights whose files' stats are
+    unchanged skip re-hashing.
     """
     from harness.lock.generate import load_manifests, select
     from harness.store.statcache import HashCache
@@ -56,11 +64,40 @@ def check_locks(project: Project, names: list[str], *, hash_cache: Path | None =
         if lock.manifest_digest not in accepted_digests(manifest):
             stale.append(Staleness(name, path, "manifest changed"))
             continue
-        reason = _local_weights_changed(project, manifest, lock, cache)
+        reason = _settings_changed(manifest, lock, settings) if settings is not None else None
+        reason = reason or _local_weights_changed(project, manifest, lock, cache)
         if reason:
             stale.append(Staleness(name, path, reason))
     cache.save()
     return stale
+
+
+def _settings_changed(manifest: ServiceManifest | BenchmarkManifest, lock: Lock, settings: Settings) -> str | None:
+    """What a plain ``harness lock`` would now make differently because of the settings: the
+    platforms, when ``[lock] platforms`` names them (without it a lock is for the machine
+    that made it, and a checkout on another machine is not stale for that), and the exact
+    Python release that ``[lock.python]`` pins the manifest's request to."""
+    from harness.lock.generate import lock_targets
+    from harness.lock.outcome import LockOptions
+
+    if settings.lock_platforms:
+        try:
+            wanted = lock_targets(settings, LockOptions())
+        except HarnessError as exc:
+            return f"platforms: {exc.message}"
+        locked = [t.platform for t in lock.targets] or [lock.python.platform]
+        if locked != wanted:
+            return (
+                f"platforms changed: locked for {', '.join(locked)}; "
+                f"{settings.lock_platforms_origin} asks for {', '.join(wanted)}"
+            )
+    environment = getattr(manifest, "environment", None)
+    if environment is None:
+        return None
+    pin = settings.python_pins.get(environment.python)
+    if pin is not None and lock.python.version != pin:
+        return f"python pin changed: locked {lock.python.version}; lock.python pins {environment.python} to {pin}"
+    return None
 
 
 def _local_weights_changed(

@@ -105,15 +105,13 @@ def _prestart(home: Path, project: Any, names: list[str], options: LockOptions) 
     if started:
         # What every lock also asks uv, unless this process already knows the answer
         # (resolve.uvtool.uv_version, generate._pin_interpreter).
-        from harness.resolve.uvtool import downloads_list_file, uv_version
+        from harness.resolve.uvtool import DOWNLOADS_LIST_ARGS, downloads_list_file, uv_version
 
         if not uv_version.cache_info().currsize:
             prestart(["--version"])
         generate = sys.modules.get("harness.lock.generate")
         known = generate is not None and cache_dir in generate._DOWNLOADS
         if not known and not downloads_list_file(cache_dir).is_file():
-            from harness.resolve.interpreter import DOWNLOADS_LIST_ARGS
-
             prestart(DOWNLOADS_LIST_ARGS, cache_dir=cache_dir, python_downloads="automatic")
     return started
 

@@ -22,7 +22,9 @@ With all of them the same, ``harness lock`` answers from the stamp before loadin
 any model (:func:`quick_outcomes`, when every manifest of the project is as stamped: the
 project is then known to validate) or, once the manifests are validated, per manifest
 (:meth:`LockStamps.unchanged`). Any difference takes the full path, which decides and errors
-exactly as before.
+exactly as before. ``harness lock --check`` asks :meth:`LockStamps.quick` first too: every named
+lock as stamped is up to date (a lock of the same inputs would be the same bytes), answered
+without loading a model; otherwise :func:`harness.lock.check.check_locks` decides.
 
 **What is not an input, and what ``lock`` promises about it.** Upstreams are not asked:
 

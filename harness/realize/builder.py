@@ -5,11 +5,21 @@ Two phases, so the network is touched once and registration is fast and local:
 1. **fetch** — every wheel, sdist and weight file the store lacks is downloaded, in
    parallel with one progress display, into ``$HARNESS_HOME/cache/downloads/<sha256>``
    (resumable: an interrupted download continues from its ``.part``), each checked against
-   the lock's size and sha256 before it is kept;
+   the lock's size and sha256 before it is kept. Meanwhile, on two more threads, the
+   interpreter is installed or copied and compiled, and the git sources are exported and
+   checked against their tree hashes, each *staged* in the store's scratch
+   (:meth:`Store.stage`): nothing is registered yet;
 2. **register** — objects are added to the store in dependency order (files, sources,
    weight sets, the weights view, the interpreter, the environment), each by moving
-   already-verified bytes into its build folder (or building offline from realized
-   parts), so a crash at any point leaves the store consistent (see Store.add).
+   already-verified bytes into its build folder or committing what was staged (or building
+   offline from realized parts), so a crash at any point leaves the store consistent (see
+   Store.add).
+
+A lock that fails in the fetch phase (a wrong hash, an unreachable file), or whose source or
+interpreter could not be had, registers nothing: its staged builds are dropped (when the whole
+fetch failed, they stop at their next phase first) and the project's root is not touched, so a
+failed realize leaves the store as it was (a build that
+fails later, in uv or an sdist's build, may leave the lock's files and sources registered).
 
 The interpreter is the lock's own (uv-managed: from a binary cache, else installed through
 uv from the configured download list or mirror) whenever that can be had. When it cannot, a
@@ -24,9 +34,11 @@ once, before anything is built.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 import functools
 import os
 import shutil
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -35,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 from harness.config import Settings
 from harness.errors import HarnessError
-from harness.progress import Reporter, reporter
-from harness.store.store import BuildResult, Store
+from harness.progress import Reporter, Stopped, reporter
+from harness.store.store import BuildResult, Staged, Store
 
 if TYPE_CHECKING:  # the lock models load pydantic: only where a lock is actually read
     from harness.lock.document import (
@@ -210,39 +222,61 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
     if ctx.offline:
         _check_offline(ctx, todo)
     failures: dict[str, HarnessError] = {}
-    if todo:  # leftovers matter only to a build (Store.add clears its own path's anyway)
-        ctx.store.clean()
-        try:
-            _fetch(ctx, todo)
-        except HarnessError:
-            if fail_fast or len(todo) == 1:
-                raise
-            # Which locks lack what: each fetches again on its own (what came is kept).
-            for lock in todo:
+    prepared = _Prepared()
+    try:
+        if todo:  # leftovers matter only to a build (Store.add clears its own path's anyway)
+            ctx.store.clean()
+            # The interpreters and git sources are built in the store's scratch while the files
+            # download (they need none of them), and registered only after the fetch succeeded.
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                staging = [pool.submit(_prepare_interpreters, ctx, todo, prepared)]
+                staging.append(pool.submit(_prepare_sources, ctx, todo, prepared))
+                fetched = False
                 try:
-                    _fetch(ctx, [lock])
-                except HarnessError as exc:
-                    failures[lock.name] = exc
-    building = {id(lock) for lock in todo}
-    reports = []
-    for lock in locks:
-        if lock.name in failures:
-            continue
-        try:
-            if id(lock) in building:
-                with ctx.progress.phase(f"realizing {lock.name}"):
-                    reports.append(_register(ctx, lock))
-            else:
-                reports.append(_complete(ctx, lock))
-        except HarnessError as exc:
-            if fail_fast:
-                raise
-            failures[lock.name] = exc
+                    try:
+                        _fetch(ctx, todo)
+                    except HarnessError:
+                        if fail_fast or len(todo) == 1:
+                            raise
+                        # Which locks lack what: each fetches again on its own (what came is kept).
+                        for lock in todo:
+                            try:
+                                _fetch(ctx, [lock])
+                            except HarnessError as exc:
+                                failures[lock.name] = exc
+                    fetched = True
+                finally:
+                    if not fetched:
+                        prepared.stop.set()  # all of it is dropped: stop at the next phase
+                    for future in staging:
+                        future.exception()  # waits: nothing is registered while one is building
+            for future in staging:
+                future.result()  # a bug, not a lock's failure (those are kept in ``prepared``)
+        building = {id(lock) for lock in todo}
+        reports = []
+        for lock in locks:
+            if lock.name in failures:
+                continue
+            try:
+                if id(lock) in building:
+                    with ctx.progress.phase(f"realizing {lock.name}"):
+                        reports.append(_register(ctx, lock, prepared))
+                else:
+                    reports.append(_complete(ctx, lock))
+            except HarnessError as exc:
+                if fail_fast:
+                    raise
+                failures[lock.name] = exc
+    finally:
+        prepared.release()  # what no lock that succeeded registered: a failed realize leaves nothing
     _drop_downloads(ctx, locks)
-    # What this store realized (a host copy and its environments, where one stands in).
-    register_project(
-        ctx.store, ctx.project_root, {lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks}
-    )
+    # What this store realized (a host copy and its environments, where one stands in). A lock
+    # that failed keeps what the project's root said of it before: a failed realize changes no root.
+    realized: dict[str, Iterable[str]] = {
+        lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks if lock.name not in failures
+    }
+    if realized or not locks:
+        register_project(ctx.store, ctx.project_root, realized)
     if failures:
         if len(failures) == 1 and not reports:
             raise next(iter(failures.values()))
@@ -483,10 +517,71 @@ def _drop_downloads(ctx: Context, locks: list[Lock]) -> None:
                     ctx.download_path(sha256).unlink(missing_ok=True)
 
 
-def _register(ctx: Context, lock: Lock) -> Report:
+@dataclass
+class _Prepared:
+    """What one realize built in the store's scratch alongside the fetch phase, by store name
+    of what needs it: interpreters by the lock interpreter's name, git sources by their own
+    (a source that failed: its error). Each is registered by the first lock that needs it and
+    is realized; :meth:`release` drops the rest."""
+
+    interpreters: dict[str, _Interpreter] = field(default_factory=dict)
+    sources: dict[str, Staged | HarnessError] = field(default_factory=dict)
+    #: Set when the fetch failed for good: the builds stop at their next phase (all is dropped).
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        for interpreter in self.interpreters.values():
+            interpreter.release()
+        for source in self.sources.values():
+            if isinstance(source, Staged):
+                source.discard()
+
+
+def _prepare_interpreters(ctx: Context, locks: list[Lock], prepared: _Prepared) -> None:
+    """Each distinct interpreter of ``locks``, made ready (:func:`_prepare_interpreter`) into
+    ``prepared``: one after the other, in name order (their guards are always taken in one
+    order, so two realizes never wait for each other)."""
+    by_name = {lock.python.store: lock for lock in locks}
+    progress = ctx.progress.until(prepared.stop)
+    for name in sorted(by_name):
+        try:
+            ready = _prepare_interpreter(ctx, by_name[name], progress=progress)
+        except HarnessError as exc:
+            ready = _Interpreter(error=exc)
+        except Stopped:
+            return
+        if ready is not None:
+            prepared.interpreters[name] = ready
+
+
+def _prepare_sources(ctx: Context, locks: list[Lock], prepared: _Prepared) -> None:
+    """Export and check each git source of ``locks`` the store lacks into its scratch, into
+    ``prepared`` (a source that cannot be had: its error, raised when a lock registers)."""
+    progress = ctx.progress.until(prepared.stop)
+    for source in {s.store: s for lock in locks for s in lock.sources}.values():
+        if ctx.store.is_registered(source.store):
+            continue
+        try:
+            prepared.sources[source.store] = _stage_source(ctx, source, progress)
+        except HarnessError as exc:
+            prepared.sources[source.store] = exc
+        except Stopped:
+            return
+
+
+def _register(ctx: Context, lock: Lock, prepared: _Prepared | None = None) -> Report:
     store = ctx.store
     from harness.realize.standin import realized_lock
 
+    prepared = prepared or _Prepared()
+    # What could not be made ready fails the lock before any of its paths is registered.
+    for source in lock.sources:
+        failed = prepared.sources.get(source.store)
+        if isinstance(failed, HarnessError):
+            raise failed
+    interpreter = prepared.interpreters.get(lock.python.store)
+    if interpreter is not None and interpreter.error is not None:
+        raise interpreter.error
     report = Report(lock.name, lock.environment.store)
     candidates = {*lock_objects(lock), *lock_objects(realized_lock(store, lock))}
     present = {name for name in candidates if store.is_registered(name)}
@@ -521,7 +616,11 @@ def _register(ctx: Context, lock: Lock) -> Report:
     _drop_downloads(ctx, [lock])
 
     for source in lock.sources:
-        _add_source(ctx, source)
+        staged = prepared.sources.pop(source.store, None)
+        if isinstance(staged, Staged):
+            store.commit(staged, source.store, expected_content=source.tree)
+        else:
+            _add_source(ctx, source)
     for weights in lock.weights:
         _add_weights(ctx, weights)
     from harness.lock.storepaths import weights_view_path
@@ -531,7 +630,10 @@ def _register(ctx: Context, lock: Lock) -> Report:
         _add_weights_view(ctx, lock, view)
     from harness.lock.storepaths import with_interpreter
 
-    python_store = _add_interpreter(ctx, lock)
+    if lock.python.store in prepared.interpreters:
+        python_store = _commit_interpreter(ctx, lock, prepared.interpreters.pop(lock.python.store))
+    else:
+        python_store = _add_interpreter(ctx, lock)
     realized = lock if python_store == lock.python.store else with_interpreter(lock, python_store)
     report.environment = realized.environment.store
     report.impure += interpreter_notes(store, lock, realized)
@@ -541,7 +643,8 @@ def _register(ctx: Context, lock: Lock) -> Report:
     return report
 
 
-def _add_source(ctx: Context, source: Any) -> None:
+def _source_builder(ctx: Context, source: Any, progress: Reporter | None = None) -> Any:
+    """The store builder of a locked git source: its files at the locked commit."""
     from harness.resolve.git import export_source
     from harness.resolve.pins import GitSource, Submodule
 
@@ -557,11 +660,32 @@ def _add_source(ctx: Context, source: Any) -> None:
     )
 
     def build(out: Path) -> BuildResult:
-        with ctx.progress.phase(f"exporting source {source.name} at {source.commit[:12]} (git)"):
+        with (progress or ctx.progress).phase(f"exporting source {source.name} at {source.commit[:12]} (git)"):
             export_source(pin, ctx.cache_dir, out, offline=ctx.offline, mirrors=ctx.settings.git_mirrors)
         return BuildResult(obtained=f"git {source.repo} {source.commit}")
 
-    ctx.store.add(source.store, "source", build, expected_content=source.tree, progress=ctx.progress)
+    return build
+
+
+def _add_source(ctx: Context, source: Any) -> None:
+    ctx.store.add(
+        source.store, "source", _source_builder(ctx, source), expected_content=source.tree, progress=ctx.progress
+    )
+
+
+def _stage_source(ctx: Context, source: Any, progress: Reporter) -> Staged:
+    """A git source exported and hashed in the store's scratch, checked against the lock's tree
+    hash (StoreError naming both, and nothing kept, when they differ), not registered."""
+    from harness.store.store import StoreError
+
+    staged = ctx.store.stage("source", _source_builder(ctx, source, progress), label=source.store, progress=progress)
+    if staged.digest.hash != source.tree:
+        staged.discard()
+        raise StoreError(
+            f"{source.store}: content hash mismatch: expected {source.tree}, got {staged.digest.hash}; "
+            "nothing was registered"
+        )
+    return staged
 
 
 def _add_weights(ctx: Context, weights: LockedWeights) -> None:
@@ -592,62 +716,157 @@ def _add_weights_view(ctx: Context, lock: Lock, view: str) -> None:
     ctx.store.add(view, "weights-view", build, references=tuple(w.store for w in lock.weights))
 
 
-def _add_interpreter(ctx: Context, lock: Lock) -> str:
-    """Register the interpreter ``lock`` is built on here; return its store path name.
+@dataclass
+class _Interpreter:
+    """The interpreter a lock is built on here, made ready during the fetch phase but not yet
+    registered (:func:`_prepare_interpreter`); :func:`_commit_interpreter` registers it.
+
+    ``name`` is the store path it is (or will be) registered under: the lock's own, or a host
+    copy's. ``staged`` holds a new build in the store's scratch (None when ``name`` is already
+    registered); ``reason`` says why a host copy stands in (None for the lock's own);
+    ``guard`` is the lock on ``<lock interpreter>.standin``, held from before the lookup until
+    the build is registered or dropped, so concurrent realizes build one interpreter at a time
+    and never register one that another is about to. ``error`` is why none could be had (the
+    lock fails, at registration, with it).
+    """
+
+    name: str = ""
+    staged: Staged | None = None
+    reason: str | None = None
+    guard: Any = None
+    error: HarnessError | None = None
+
+    def release(self) -> None:
+        """Drop what was not registered and let concurrent realizes go on. Idempotent."""
+        if self.staged is not None:
+            self.staged.discard()
+            self.staged = None
+        if self.guard is not None:
+            self.guard.release()
+            self.guard = None
+
+
+def _standin_guard(store: Store, python_store: str) -> Any:
+    """The lock serializing interpreter builds for ``python_store`` among realizes; not tied to
+    a thread (it is taken while preparing and released after registering, on another)."""
+    from harness.store.store import lock_file
+
+    store.lock(f"{python_store}.standin")  # checks the name, makes the folders
+    return lock_file(store.locks_dir / f"{python_store}.standin.lock", thread_local=False)
+
+
+def _prepare_interpreter(ctx: Context, lock: Lock, *, progress: Reporter | None = None) -> _Interpreter | None:
+    """Make the interpreter ``lock`` is built on here ready to register, registering nothing;
+    None when the lock's own is registered already.
 
     The lock's own when it is registered or uv can install it now; else the host copy that
-    already stands in for it, else a new host copy (module doc, ``standin.py``)."""
-    from harness.realize.interpreter import DownloadUnavailable, build_uv_managed
+    already stands in for it, else a new host copy (module doc, ``standin.py``). New builds
+    are staged in the store's scratch (:meth:`Store.stage`): realize runs this alongside the
+    fetch phase and registers the result only once every download is in, so a realize that
+    fails leaves the store as it was. A host copy is hashed once, there: its name is its
+    content's.
+    """
+    from harness.lock.storepaths import host_interpreter_path
+    from harness.realize.interpreter import DownloadUnavailable, build_host_copy, build_uv_managed
     from harness.realize.standin import own_interpreter_registered
-    from harness.store.standins import remember_standin, standin_for
+    from harness.store.standins import standin_for
 
     store, python = ctx.store, lock.python
+    progress = progress or ctx.progress
     if own_interpreter_registered(store, lock):
-        return python.store
-    if python.source == "uv-managed" and python.store in ctx.unavailable:
-        reason = ctx.unavailable[python.store]
-    elif python.source == "uv-managed":
-        _drop_legacy_host_copy(store, python.store)
+        return None
+    # One interpreter build at a time per lock interpreter: concurrent realizes wait for the
+    # first rather than each installing or copying and compiling the same interpreter.
+    prepared = _Interpreter(guard=_standin_guard(store, python.store))
+    prepared.guard.acquire()
+    try:
+        if own_interpreter_registered(store, lock):  # the realize we waited for registered it
+            prepared.release()
+            return None
+        if python.source == "uv-managed" and python.store in ctx.unavailable:
+            prepared.reason = ctx.unavailable[python.store]
+        elif python.source == "uv-managed":
 
-        def build(out: Path) -> BuildResult:
-            out.mkdir()
-            result = build_uv_managed(
-                python,
-                out,
-                cache_dir=ctx.cache_dir,
-                offline=ctx.offline,
-                uv_env=ctx.settings.python_download_env(),
-                progress=ctx.progress,
-                jobs=ctx.compile_jobs,
+            def build(out: Path) -> BuildResult:
+                out.mkdir()
+                result = build_uv_managed(
+                    python,
+                    out,
+                    cache_dir=ctx.cache_dir,
+                    offline=ctx.offline,
+                    uv_env=ctx.settings.python_download_env(),
+                    progress=progress,
+                    jobs=ctx.compile_jobs,
+                )
+                return BuildResult(obtained=result.source)
+
+            try:
+                prepared.staged = store.stage("python", build, label=python.store, progress=progress)
+                prepared.name = python.store
+                return prepared
+            except DownloadUnavailable as exc:
+                prepared.reason = ctx.unavailable[python.store] = exc.reason
+        else:
+            prepared.reason = (
+                f'the lock\'s interpreter is a host one (source = "host": uv offers no download of '
+                f"CPython {python.version} for {python.platform})"
             )
-            return BuildResult(obtained=result.source)
-
-        try:
-            store.add(python.store, "python", build, progress=ctx.progress)
-            return python.store
-        except DownloadUnavailable as exc:
-            reason = ctx.unavailable[python.store] = exc.reason
-    else:
-        reason = (
-            f'the lock\'s interpreter is a host one (source = "host": uv offers no download of '
-            f"CPython {python.version} for {python.platform})"
-        )
-    # One host copy at a time per lock interpreter: concurrent realizes wait for the first
-    # rather than each copying and compiling the same interpreter.
-    with store.lock(f"{python.store}.standin"):
         host = standin_for(store, python.store)
         if host is not None:
             # Rooted, then looked up again: a concurrent `store gc` may have taken it between
             # the lookup and the root (nothing else roots a stand-in while the lock is unrooted).
             _hold_standin(store, lock, host)
             host = standin_for(store, python.store)
-        if host is None:
-            try:
-                host = _add_host_copy(ctx, lock)
-            except HarnessError as exc:  # no host interpreter either: say which pins would work
-                raise HarnessError(f"{exc.message} ({reason})", hint=_interpreter_hint(ctx, lock, exc.hint)) from None
-        remember_standin(store, python.store, host, reason)
-    return host
+        if host is not None:
+            prepared.name = host
+            return prepared
+
+        def copy(out: Path) -> BuildResult:
+            out.mkdir()
+            result = build_host_copy(python, out, progress=progress, jobs=ctx.compile_jobs)
+            return BuildResult(obtained=result.source, impure=result.source)
+
+        try:
+            prepared.staged = store.stage("python", copy, label=f"cpython-{python.version}-host", progress=progress)
+        except HarnessError as exc:  # no host interpreter either: say which pins would work
+            raise HarnessError(
+                f"{exc.message} ({prepared.reason})", hint=_interpreter_hint(ctx, lock, exc.hint)
+            ) from None
+        prepared.name = host_interpreter_path(python, prepared.staged.digest.hash)
+        return prepared
+    except BaseException:
+        prepared.release()
+        raise
+
+
+def _commit_interpreter(ctx: Context, lock: Lock, prepared: _Interpreter | None) -> str:
+    """Register what :func:`_prepare_interpreter` made ready for ``lock``; return the store
+    path name of the interpreter its environment is built on. Releases ``prepared``."""
+    from harness.store.standins import remember_standin
+
+    store, python = ctx.store, lock.python
+    if prepared is None:
+        return python.store
+    try:
+        if prepared.error is not None:
+            raise prepared.error
+        if prepared.staged is not None:
+            if prepared.reason is None:
+                _drop_legacy_host_copy(store, python.store)
+            else:
+                _hold_standin(store, lock, prepared.name)  # before it is registered: gc never sees it unrooted
+            store.commit(prepared.staged, prepared.name, expected_content=prepared.staged.digest.hash)
+        if prepared.reason is not None:
+            remember_standin(store, python.store, prepared.name, prepared.reason)
+        return prepared.name
+    finally:
+        prepared.release()
+
+
+def _add_interpreter(ctx: Context, lock: Lock) -> str:
+    """Make ready and register the interpreter ``lock`` is built on here, at once; return its
+    store path name (:func:`_prepare_interpreter`, :func:`_commit_interpreter`)."""
+    return _commit_interpreter(ctx, lock, _prepare_interpreter(ctx, lock))
 
 
 def _hold_standin(store: Store, lock: Lock, host: str) -> None:
@@ -657,39 +876,6 @@ def _hold_standin(store: Store, lock: Lock, host: str) -> None:
     from harness.store.roots import hold
 
     hold(store, [host, with_interpreter(lock, host).environment.store])
-
-
-def _add_host_copy(ctx: Context, lock: Lock) -> str:
-    """Copy this machine's CPython of the lock's version into the store under a name fixed by
-    the copy's content (``host_interpreter_path``); return that name. The copy is built and
-    hashed first, since its name depends on what it is, then moved into the store."""
-    import tempfile
-
-    from harness.lock.storepaths import host_interpreter_path
-    from harness.realize.interpreter import build_host_copy
-    from harness.store.hashing import nar_digest
-    from harness.store.store import remove_tree
-
-    scratch_root = ctx.cache_dir / "host-python"
-    scratch_root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f"cpython-{lock.python.version}.", dir=scratch_root))
-    try:
-        built = scratch / "out"
-        built.mkdir()
-        result = build_host_copy(lock.python, built, progress=ctx.progress, jobs=ctx.compile_jobs)
-        with ctx.progress.phase(f"hashing the copy of CPython {lock.python.version}"):
-            content = nar_digest(built).hash
-        name = host_interpreter_path(lock.python, content)
-        _hold_standin(ctx.store, lock, name)  # before it is registered: gc never sees it unrooted
-
-        def build(out: Path) -> BuildResult:
-            shutil.move(os.fspath(built), os.fspath(out))
-            return BuildResult(obtained=result.source, impure=result.source)
-
-        ctx.store.add(name, "python", build, expected_content=content, progress=ctx.progress)
-        return name
-    finally:
-        remove_tree(scratch)
 
 
 def _drop_legacy_host_copy(store: Store, python_store: str) -> None:

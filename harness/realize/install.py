@@ -102,7 +102,8 @@ def _realize_names(
     from harness.lock.lockfile import lock_path, read
 
     settings = load_settings(home, project.root)
-    stale = {s.name: s for s in check_locks(project, names, hash_cache=home / "cache" / "sha256-stat.json")}
+    hash_cache = home / "cache" / "sha256-stat.json"
+    stale = {s.name: s for s in check_locks(project, names, settings=settings, hash_cache=hash_cache)}
     missing_locks = [n for n, s in stale.items() if s.reason == "missing"]
     if missing_locks and lock_missing:
         if offline:

@@ -43,7 +43,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.errors import HarnessError, InputError
 from harness.resolve.pins import Interpreter
-from harness.resolve.uvtool import run_uv
+from harness.resolve.uvtool import DOWNLOADS_LIST_ARGS, run_uv
 
 #: glibc minors for which uv 0.13 accepts ``<arch>-manylinux_2_<minor>``.
 UV_MANYLINUX_MINORS = (17, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40)
@@ -326,19 +326,6 @@ def list_pythons(cache_dir: Path | None, *, only_downloads: bool = False) -> lis
         except OSError:
             pass  # asked again next time
     return listings
-
-
-#: ``uv python list`` of every download uv knows (its last argument) for any platform.
-DOWNLOADS_LIST_ARGS = (
-    "python",
-    "list",
-    "--output-format",
-    "json",
-    "--all-versions",
-    "--all-platforms",
-    "--all-arches",
-    "--only-downloads",
-)
 
 
 def _probe(path: str, version: str) -> Path | None:

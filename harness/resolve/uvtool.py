@@ -46,7 +46,6 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -128,6 +127,20 @@ def uv_version() -> str:
     if not match:
         raise HarnessError(f"cannot read uv's version from {out.strip()!r}")
     return match.group(1)
+
+
+#: ``uv python list`` of every download uv knows (its last argument) for any platform
+#: (here, not in :mod:`harness.resolve.interpreter`: :mod:`harness.lock.early` starts it, light).
+DOWNLOADS_LIST_ARGS = (
+    "python",
+    "list",
+    "--output-format",
+    "json",
+    "--all-versions",
+    "--all-platforms",
+    "--all-arches",
+    "--only-downloads",
+)
 
 
 def downloads_list_file(cache_dir: Path) -> Path:
@@ -239,6 +252,8 @@ class _Prestarted:
 
     def finish(self, cwd: Path | None, timeout: float | None) -> subprocess.CompletedProcess[str]:
         """Wait for the run, put its files into ``cwd`` and return what it printed."""
+        import shutil  # here, not at the top: harness.entry imports this module before the CLI
+
         try:
             try:
                 self.process.wait(timeout=timeout)
@@ -257,6 +272,8 @@ class _Prestarted:
         return subprocess.CompletedProcess(self.process.args, self.process.returncode or 0, out, err)
 
     def discard(self) -> None:
+        import shutil
+
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()

@@ -14,6 +14,7 @@ def diagnose(
     GPUs under the deploy, plus its benchmark: services external, off in the deploy or off
     for lack of room are never installed (``run_skips`` says which and why); and the store's
     health (existence and references; ``store verify --check-contents`` re-hashes)."""
+    from harness.config import load_settings
     from harness.errors import HarnessError
     from harness.lock.check import check_locks
     from harness.lock.generate import load_manifests
@@ -27,7 +28,7 @@ def diagnose(
     project = state.project()
     store = Store.in_home(state.home)
     found = load_manifests(project)
-    stale = {s.name: s.reason for s in check_locks(project, [])}
+    stale = {s.name: s.reason for s in check_locks(project, [], settings=load_settings(state.home, project.root))}
     manifests: dict[str, dict[str, Any]] = {}
     for name in sorted(found):
         if name in stale:

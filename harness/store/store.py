@@ -27,11 +27,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import __version__
 from harness.errors import HarnessError
 from harness.progress import QUIET, Reporter, format_bytes
+
+if TYPE_CHECKING:
+    from harness.store.hashing import NarDigest
 
 #: Every object's files get this mtime (Nix uses 1 too): content, not history.
 FIXED_MTIME = 1
@@ -93,6 +96,45 @@ class BuildResult:
 
 
 Builder = Callable[[Path], BuildResult | None]
+
+
+class _Guard:
+    """An ``flock`` held on a lock file of its own from any thread until :meth:`release`
+    (filelock's locks belong to the thread that took them; a staged object is built on one
+    thread and committed on another). Held, it tells :meth:`Store.clean` that the scratch
+    folder of the same name is in use."""
+
+    def __init__(self, path: Path) -> None:
+        import fcntl
+
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            self.path.unlink(missing_ok=True)  # its name is this holder's alone
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclass
+class Staged:
+    """An object built, canonicalized and hashed in the store's scratch but not registered
+    (:meth:`Store.stage`): :meth:`Store.commit` registers it, :meth:`discard` drops it."""
+
+    store: Store
+    kind: str
+    out: Path
+    digest: NarDigest
+    result: BuildResult
+    scratch: Path
+    guard: _Guard
+
+    def discard(self) -> None:
+        """Remove the scratch build and let go of it (nothing of it was registered). Idempotent."""
+        remove_tree(self.scratch)
+        self.guard.release()
 
 
 class Store:
@@ -237,8 +279,6 @@ class Store:
         follows the build (sharing files, hashing, registering) as one phase; the builder
         shows its own.
         """
-        from harness.store.hashing import nar_digest
-
         if kind not in KINDS:
             raise ValueError(f"unknown store object kind {kind!r}")
         existing = self.record(name)
@@ -260,45 +300,128 @@ class Store:
             try:
                 out = scratch / "out"
                 result = build(out) or BuildResult()
-                if not os.path.lexists(out):
-                    raise StoreError(f"building {name} produced nothing")
                 with progress.phase(f"hashing and registering {kind} {_display_name(name)}") as phase:
-                    if kind in SHARED_KINDS:
-                        self._share_files(out)
-                    # The top directory stays writable until it is in place: moving a directory
-                    # to another parent rewrites its ``..``, which Linux allows only in a
-                    # directory its owner can write (or to root). Its mode is not content.
-                    canonicalize(out, keep_top_writable=True)
-                    digest = nar_digest(out)
+                    digest = self._seal_and_hash(out, kind, name)
                     phase.summary = format_bytes(digest.nar_size)
-                    if expected_content is not None and digest.hash != expected_content:
-                        raise StoreError(
-                            f"{name}: content hash mismatch: expected {expected_content}, "
-                            f"got {digest.hash}; nothing was registered"
-                        )
-                    os.rename(out, target)
-                    # Read-only before registration: a registered path is never writable, and a
-                    # crash here leaves an unregistered path that the next add or clean removes.
-                    _seal_top(target)
-                    # The launch check's fingerprint (inodes, times), taken after the rename and
-                    # the sealing, which change the top's ctime; a cache, so written before the record.
-                    from harness.store.launchcheck import write_fingerprint
-
-                    write_fingerprint(self.root, name, digest.hash)
-                    record = Record(
-                        name=name,
-                        kind=kind,
-                        content=digest.hash,
-                        nar_size=digest.nar_size,
-                        references=tuple(sorted(set(references) | set(result.references))),
-                        obtained=result.obtained,
-                        impure=result.impure,
-                        registered=time.time(),
-                    )
-                    self._write_record(record)
-                return record
+                    return self._place(out, name, kind, digest, result, references, expected_content)
             finally:
                 remove_tree(scratch)
+
+    def stage(self, kind: str, build: Builder, *, label: str, progress: Reporter = QUIET) -> Staged:
+        """Build an object with ``build(out)`` in the store's scratch, canonicalize and hash it,
+        and register nothing: the caller then :meth:`commit` s it under a name (which may
+        depend on its content hash, computed here once) or :meth:`Staged.discard` s it.
+
+        What this is for: realize builds the interpreter while it fetches, and registers it
+        only once the fetch succeeded, so a failed realize leaves the store as it was. The
+        scratch folder is held (an ``flock`` on ``.locks/<label>-<token>.lock``) until then,
+        so a concurrent :meth:`clean` (another realize, ``gc``) leaves it alone; after a
+        crash it is debris that the next clean removes. A failing builder leaves nothing.
+        """
+        if kind not in KINDS:
+            raise ValueError(f"unknown store object kind {kind!r}")
+        import secrets
+
+        from harness.store.hashing import sanitize_name
+
+        self._ensure_dirs()
+        guard_name = f"{sanitize_name(label)[:60]}-{secrets.token_hex(4)}"
+        guard = _Guard(self.locks_dir / f"{guard_name}.lock")
+        scratch = self.tmp_dir / f"{guard_name}.stage"
+        try:
+            scratch.mkdir()
+            out = scratch / "out"
+            result = build(out) or BuildResult()
+            with progress.phase(f"hashing {kind} {_display_name(label)}") as phase:
+                digest = self._seal_and_hash(out, kind, label)
+                phase.summary = format_bytes(digest.nar_size)
+        except BaseException:
+            remove_tree(scratch)
+            guard.release()
+            raise
+        return Staged(self, kind, out, digest, result, scratch, guard)
+
+    def commit(
+        self,
+        staged: Staged,
+        name: str,
+        *,
+        references: tuple[str, ...] = (),
+        expected_content: str | None = None,
+    ) -> Record:
+        """Register ``staged`` (built and hashed by :meth:`stage`) under ``name``, without
+        hashing it again; return its record. Already registered (another process was first):
+        the staged copy is dropped and the registered record returned. Either way the staged
+        object is gone afterwards. ``expected_content`` as for :meth:`add`."""
+        try:
+            existing = self.record(name)
+            if existing is not None:
+                return existing
+            with self.lock(name):
+                existing = self.record(name)
+                if existing is not None:
+                    return existing
+                target = self.path(name)
+                if os.path.lexists(target):
+                    self.check_removable(name)  # a crash between rename and record (see add)
+                    remove_tree(target)
+                return self._place(
+                    staged.out, name, staged.kind, staged.digest, staged.result, references, expected_content
+                )
+        finally:
+            staged.discard()
+
+    def _seal_and_hash(self, out: Path, kind: str, name: str) -> NarDigest:
+        """Share, canonicalize and hash a built object (the part of a build after the builder)."""
+        from harness.store.hashing import nar_digest
+
+        if not os.path.lexists(out):
+            raise StoreError(f"building {name} produced nothing")
+        if kind in SHARED_KINDS:
+            self._share_files(out)
+        # The top directory stays writable until it is in place: moving a directory to another
+        # parent rewrites its ``..``, which Linux allows only in a directory its owner can write
+        # (or to root). Its mode is not content.
+        canonicalize(out, keep_top_writable=True)
+        return nar_digest(out)
+
+    def _place(
+        self,
+        out: Path,
+        name: str,
+        kind: str,
+        digest: NarDigest,
+        result: BuildResult,
+        references: tuple[str, ...],
+        expected_content: str | None,
+    ) -> Record:
+        """Move a canonicalized, hashed object to ``name`` and register it (under its lock)."""
+        if expected_content is not None and digest.hash != expected_content:
+            raise StoreError(
+                f"{name}: content hash mismatch: expected {expected_content}, got {digest.hash}; nothing was registered"
+            )
+        target = self.path(name)
+        os.rename(out, target)
+        # Read-only before registration: a registered path is never writable, and a crash here
+        # leaves an unregistered path that the next add or clean removes.
+        _seal_top(target)
+        # The launch check's fingerprint (inodes, times), taken after the rename and the
+        # sealing, which change the top's ctime; a cache, so written before the record.
+        from harness.store.launchcheck import write_fingerprint
+
+        write_fingerprint(self.root, name, digest.hash)
+        record = Record(
+            name=name,
+            kind=kind,
+            content=digest.hash,
+            nar_size=digest.nar_size,
+            references=tuple(sorted(set(references) | set(result.references))),
+            obtained=result.obtained,
+            impure=result.impure,
+            registered=time.time(),
+        )
+        self._write_record(record)
+        return record
 
     def _share_files(self, out: Path) -> None:
         """Hard-link each regular file of ``out`` to the one inode holding its content.
@@ -467,15 +590,16 @@ def _display_name(name: str) -> str:
     return rest if len(head) == 32 and rest else name
 
 
-def lock_file(path: Path) -> Any:
+def lock_file(path: Path, *, thread_local: bool = True) -> Any:
     """A ``filelock.FileLock`` on ``path`` that every member of the folder's group can open.
 
     filelock opens the file read-write; a lock file another user created must therefore be
     group-writable (0664; the process umask may still take bits away in a private home).
+    ``thread_local=False`` makes a lock that one thread takes and another releases.
     """
     from filelock import FileLock
 
-    return FileLock(str(path), mode=0o664)
+    return FileLock(str(path), mode=0o664, thread_local=thread_local)
 
 
 def user_name(uid: int) -> str:

@@ -41,11 +41,12 @@ def _add_states(entries: list[dict[str, Any]], project: Project, home: Path) -> 
     """Each manifest's lock state (ok, stale, missing) and whether its store paths are all
     registered in this home. No network: path weights are re-hashed through a stat cache."""
     from harness.realize.builder import missing
+    from harness.config import load_settings
     from harness.lock.check import check_locks
     from harness.lock.lockfile import lock_path, read
     from harness.store.store import Store
 
-    stale = {s.name: s.reason for s in check_locks(project, [])}
+    stale = {s.name: s.reason for s in check_locks(project, [], settings=load_settings(home, project.root))}
     store = Store.in_home(home)
     for entry in entries:
         name = entry["name"]
