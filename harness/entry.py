@@ -12,6 +12,10 @@ started here to the lock only when the lock asks for exactly that command, envir
 input files; the rest are stopped unused. So this module never decides anything, and it
 never raises: whatever goes wrong here, the CLI reports.
 
+``harness store verify --check-contents`` (or ``--repair``) starts its hashing the same way
+(:func:`parse_verify_call`, :mod:`harness.store.early`): the CLI's verify takes a digest over
+only while the path is unchanged.
+
 Kept light (``harness --help`` goes through it): the standard library, and harness modules
 only inside :func:`start_early`.
 """
