@@ -202,7 +202,7 @@ def main() -> None:
                 for key, value in one_round(scratch, name, requirements, harness, run % 2 == 1).items():
                     samples[name].setdefault(key, []).append(value)
                 shutil.rmtree(scratch)
-        print(f"\n{'set':<12} {'mode':<5} {'uv s':>7} {'harness s':>10} {'ratio':>6}   {'CPU s uv':>8} "
+        print(f"\n{'set':<12} {'mode':<5} {'uv s':>7} {'harness s':>10} {'ratio':>6} {'paired':>7}   {'CPU s uv':>8} "
               f"{'harness':>8} {'ratio':>6}   (min-max harness, uv)")
         noops = []
         for name, by_key in samples.items():
@@ -215,8 +215,12 @@ def main() -> None:
                           f"{min(by_key[f'uv {mode}']):.3f}-{max(by_key[f'uv {mode}']):.3f}")
                 uv_cpu = statistics.median(by_key[f"uv {mode} cpu"])
                 our_cpu = statistics.median(by_key[f"harness {mode} cpu"])
-                print(f"{name:<12} {mode:<5} {uv:7.3f} {ours:10.3f} {ratio:6.2f}   {uv_cpu:8.3f} {our_cpu:8.3f} "
-                      f"{our_cpu / uv_cpu:6.2f}   ({spread})")
+                # Each round's harness/uv ratio: both ran back to back, so the index's answer
+                # times (most of uv's wall time) drift less between them than between rounds.
+                rounds = zip(by_key[f"harness {mode}"], by_key[f"uv {mode}"], strict=True)
+                paired = statistics.median(h / u for h, u in rounds)
+                print(f"{name:<12} {mode:<5} {uv:7.3f} {ours:10.3f} {ratio:6.2f} {paired:7.2f}   {uv_cpu:8.3f} "
+                      f"{our_cpu:8.3f} {our_cpu / uv_cpu:6.2f}   ({spread})")
             noop = statistics.median(by_key["harness no-op"])
             noops.append(noop)
             print(f"{name:<12} no-op {'':>7} {noop:10.3f}          {'':>8} {statistics.median(by_key['harness no-op cpu']):8.3f}"
