@@ -15,6 +15,16 @@ quiet_option = click.option(
     "--quiet", "-q", is_flag=True, help="Show no progress on stderr (results, warnings and errors still print)."
 )
 
+#: ``--jobs``/``-j`` of the commands that realize (``realize``, ``install``).
+realize_jobs_option = click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="Parallel downloads and registrations; bytecode compile workers (at most the CPUs).",
+)
+
 
 def print_json(data: Any) -> None:
     """Stable, sorted JSON on stdout: the machine-readable face of every listing."""

@@ -36,7 +36,7 @@ the store, ``<store>/<hash>-cpython-3.11.7`` and ``<store>/<hash>-<name>-env``. 
 * installer metadata is not written (``UV_NO_INSTALLER_METADATA``): ``direct_url.json`` would
   name the scratch copy, and ``uv_cache.json`` holds a timestamp.
 * the environment's own ``.py`` files are compiled to unchecked-hash pycs with relative file
-  names (:func:`harness.realize.interpreter.compile_bytecode`), not with uv's
+  names (:func:`harness.realize.bytecode.compile_tree`), not with uv's
   ``--compile-bytecode``, whose timestamp pycs embed the build path and go stale when the
   store fixes mtimes. Their bytes depend only on the interpreter, the source, its relative
   name and the optimization level (``harness/realize/bytecode.py``), so a pyc another
@@ -80,7 +80,8 @@ from packaging.utils import (
 
 from harness.progress import QUIET, Reporter
 from harness.realize.bytecode import CompileReport, ReuseFrom
-from harness.realize.interpreter import compile_bytecode, replace_file_bytes
+from harness.realize.bytecode import compile_tree
+from harness.realize.interpreter import replace_file_bytes
 from harness.errors import HarnessError
 from harness.resolve.uvtool import run_uv
 from harness.store.hashing import STORE_HASH_CHARS, NIX_BASE32_ALPHABET, file_sha256
@@ -283,7 +284,7 @@ def build_environment(
         report = None
         if bytecode:
             with progress.phase(f"compiling bytecode of environment {prompt}") as phase:
-                report = compile_bytecode(
+                report = compile_tree(
                     exe, [site_packages], root=out, jobs=jobs, progress=phase.callback(), reuse=bytecode_from
                 )
 

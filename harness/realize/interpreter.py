@@ -41,7 +41,7 @@ prefix in its values to ``sys.base_prefix`` at import (so ``sysconfig`` and exte
 see the interpreter where it is); every ``__pycache__`` is dropped and the standard library
 is compiled again as *unchecked-hash* pycs (PEP 552) with ``PYTHONHASHSEED=0`` and relative
 file names, over several worker processes whose output does not depend on their number
-(:func:`compile_bytecode`, ``harness/realize/bytecode.py``): the store canonicalizes mtimes,
+(:func:`harness.realize.bytecode.compile_tree`): the store canonicalizes mtimes,
 which would make timestamp pycs stale forever (and the store is read-only, so they could not
 be rewritten). The copy is run once before that: its ``sys.prefix`` must be ``out`` and a
 shared libpython must be mapped from inside ``out``.
@@ -59,14 +59,14 @@ import shutil
 import struct
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.lock.document import LockedInterpreter
 from harness.progress import QUIET, Reporter
-from harness.realize.bytecode import CompileReport, ReuseFrom, compile_tree
+from harness.realize.bytecode import compile_tree
 from harness.resolve.interpreter import installed_paths, list_pythons, parse_platform
 from harness.resolve.uvtool import UvError, run_uv
 
@@ -615,7 +615,7 @@ def _finish(
         shutil.rmtree(cache)
     _verify(out, exe, version=version, shared=shared)
     with progress.phase(f"compiling bytecode of CPython {version}'s standard library") as phase:
-        compile_bytecode(out / exe, [stdlib], root=out, jobs=jobs, progress=phase.callback())
+        compile_tree(out / exe, [stdlib], root=out, jobs=jobs, progress=phase.callback())
 
 
 def _stdlib_dir(out: Path, minor: str) -> Path:
@@ -660,25 +660,6 @@ def _verify(out: Path, exe: str, *, version: str, shared: bool) -> None:
     strays = [lib for lib in libs if not os.path.realpath(lib).startswith(real + os.sep)]
     if shared and strays:
         raise HarnessError(f"{out / exe}: loads libpython from outside the copy ({', '.join(strays)})")
-
-
-def compile_bytecode(
-    python: Path,
-    folders: Iterable[Path],
-    *,
-    root: Path,
-    jobs: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    reuse: ReuseFrom | None = None,
-) -> CompileReport:
-    """Compile every ``.py`` under ``folders`` (inside ``root``) to unchecked-hash pycs with
-    ``python``, reproducibly and over up to ``jobs`` worker processes (default: the CPUs),
-    the bytes independent of their number: ``PYTHONHASHSEED=0``, no site, one fixed worker
-    script, file names relative to ``root`` (``harness/realize/bytecode.py`` says why each
-    matters). ``progress(files done, total)`` is called as files complete; ``reuse`` places
-    pycs the store already holds instead of compiling them. A file that does not compile
-    (deliberately broken test data) is skipped, as pip and uv do."""
-    return compile_tree(python, folders, root=root, jobs=jobs, progress=progress, reuse=reuse)
 
 
 def _clean_env() -> dict[str, str]:

@@ -5,20 +5,13 @@ from __future__ import annotations
 import click
 
 from harness.cli import State
-from harness.cli.output import quiet_option
+from harness.cli.output import quiet_option, realize_jobs_option
 
 
 @click.command(help="Lock if needed, then realize the named services ahead of a run.")
 @click.argument("names", nargs=-1)
 @click.option("--offline", is_flag=True, help="Never touch the network; list everything missing.")
-@click.option(
-    "--jobs",
-    "-j",
-    type=click.IntRange(1, 64),
-    default=8,
-    show_default=True,
-    help="Parallel downloads and registrations.",
-)
+@realize_jobs_option
 @click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
 @quiet_option
 @click.pass_obj

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from harness.cli import State
-from harness.cli.output import quiet_option
+from harness.cli.output import quiet_option, realize_jobs_option
 
 if TYPE_CHECKING:
     from harness.realize.builder import Report
@@ -16,14 +16,7 @@ if TYPE_CHECKING:
 @click.command(help="Build what the locks name into the store (all when none named).")
 @click.argument("names", nargs=-1)
 @click.option("--offline", is_flag=True, help="Never touch the network; list everything missing.")
-@click.option(
-    "--jobs",
-    "-j",
-    type=click.IntRange(1, 64),
-    default=8,
-    show_default=True,
-    help="Parallel downloads and registrations; bytecode compile workers (at most the CPUs).",
-)
+@realize_jobs_option
 @click.option(
     "--fail-fast",
     is_flag=True,
