@@ -27,6 +27,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.manifests.project import Project
 
 #: The CLI group's options that take a value (harness.cli.cli); its others stop the guess.
 GLOBAL_VALUE_OPTIONS = ("--home", "--deploy", "--project")
@@ -118,21 +122,30 @@ def resolve_home(option: str | None) -> Path:
     return Path(option or os.environ.get("HARNESS_HOME") or "~/.cache/harness").expanduser()
 
 
+def resolve_project(option: str | None) -> Project:
+    """The project: ``--project DIR`` (which must hold ``services/``), else the nearest folder
+    above the working directory holding ``services/`` (the CLI's
+    :meth:`harness.cli.State.project` too). Raises ProjectNotFound."""
+    from harness.manifests.project import Project, find_project
+
+    if option:
+        root = Path(option).expanduser()
+        if not (root / "services").is_dir():
+            from harness.errors import ProjectNotFound
+
+            raise ProjectNotFound(f"--project {option}: no services/ folder there")
+        return Project(root.resolve())
+    return find_project(Path.cwd())
+
+
 def _start_lock(call: LockCall) -> int:
     from harness.lock.early import prestart_locks
     from harness.lock.outcome import LockOptions
-    from harness.manifests.project import Project, find_project
     from harness.store.shared import apply_group_umask
 
     home = resolve_home(call.globals.get("--home"))
-    raw_project = call.globals.get("--project")
-    if raw_project:  # as harness.cli.State.project finds it
-        root = Path(raw_project).expanduser()
-        if not (root / "services").is_dir():
-            return 0
-        project = Project(root.resolve())
-    else:
-        project = find_project(Path.cwd())
+    # No project: start_early gives up, and the CLI reports it in its own words.
+    project = resolve_project(call.globals.get("--project"))
     jobs = call.options.get("--jobs", ["4"])[-1]
     platforms = call.options.get("--platform")
     options = LockOptions(

@@ -92,16 +92,9 @@ class State:
         return Path(raw).expanduser() if raw else None
 
     def project(self) -> Project:
-        from harness.manifests.project import Project, find_project
+        from harness.entry import resolve_project
 
-        if self._project:
-            root = Path(self._project).expanduser()
-            if not (root / "services").is_dir():
-                from harness.errors import ProjectNotFound
-
-                raise ProjectNotFound(f"--project {self._project}: no services/ folder there")
-            return Project(root.resolve())
-        return find_project(Path.cwd())
+        return resolve_project(self._project)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
