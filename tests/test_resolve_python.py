@@ -189,6 +189,42 @@ def test_find_interpreter_for_a_series(tmp_path: Path) -> None:
         assert out == interpreter.version
 
 
+
+def _choice(request: str, listings: list, platform: str, pin: str | None) -> tuple[str, str] | str:
+    """choose_version's answer, or its error's words and hint."""
+    try:
+        return choose_version(request, listings, platform=platform, pin=pin)
+    except InputError as exc:
+        return f"{exc.message} ({exc.hint})"
+
+
+def test_one_platforms_downloads_choose_as_the_whole_list(tmp_path: Path) -> None:
+    """A lock asks uv for one platform's downloads (≈ 160 rows, not ≈ 2,600): for every
+    platform and request, the choice is the one the list of every platform gives, and the
+    answer is kept per uv binary and platform and read back without running uv."""
+    from harness.resolve.interpreter import list_downloads, list_pythons, python_list_key
+    from harness.resolve.uvtool import downloads_list_file
+
+    cache = tmp_path / "uv-cache"
+    everything = [row for row in list_pythons(cache) if row.downloadable]
+    platforms = ["x86_64-manylinux_2_28", "aarch64-manylinux_2_17", "x86_64-unknown-linux-musl",
+                 "aarch64-apple-darwin", "x86_64-pc-windows-msvc"]
+    for platform in platforms:
+        target = parse_platform(platform)
+        one = list_downloads(cache, target)
+        kept = downloads_list_file(cache, python_list_key(target))
+        assert kept.is_file() and len(one) < len(everything) / 5
+        assert {(r.os, r.arch, r.libc) for r in one} == {(target.os, "x86_64" if target.arch == "x86_64"
+                                                         else target.arch, target.libc)}
+        for request, pin in (("3.11", None), ("3.12", None), ("3.11", "3.11.7"), ("3.10.4", None), ("3.9.1", None)):
+            assert _choice(request, one, platform, pin) == _choice(request, everything, platform, pin)
+        # Read back from the kept file: a corrupt file is listed again, a good one is used as is.
+        kept.write_text("[]")
+        assert list_downloads(cache, target) == []
+        kept.write_text("not json")
+        assert list_downloads(cache, target) == one
+        assert json.loads(kept.read_text()) and list_downloads(cache, target) == one
+
 # --- index names: pure parts -----------------------------------------------------------------
 
 

@@ -105,15 +105,27 @@ def _prestart(home: Path, project: Any, names: list[str], options: LockOptions) 
     if started:
         # What every lock also asks uv, unless this process already knows the answer
         # (resolve.uvtool.uv_version, generate._pin_interpreter).
-        from harness.resolve.uvtool import DOWNLOADS_LIST_ARGS, downloads_list_file, uv_version
+        from harness.resolve.uvtool import downloads_list_args, downloads_list_file, uv_version
 
         if not uv_version.cache_info().currsize:
             prestart(["--version"])
         generate = sys.modules.get("harness.lock.generate")
-        known = generate is not None and cache_dir in generate._DOWNLOADS
-        if not known and not downloads_list_file(cache_dir).is_file():
-            prestart(DOWNLOADS_LIST_ARGS, cache_dir=cache_dir, python_downloads="automatic")
+        for key in dict.fromkeys(_list_key(target) for target in targets):
+            known = generate is not None and (cache_dir, key) in generate._DOWNLOADS
+            if not known and not downloads_list_file(cache_dir, key).is_file():
+                prestart(downloads_list_args(key), cache_dir=cache_dir, python_downloads="automatic")
     return started
+
+
+def _list_key(platform: str) -> str:
+    """:func:`harness.resolve.interpreter.python_list_key` of a canonical platform; a manylinux
+    one without importing that module."""
+    match = _CANONICAL.fullmatch(platform)
+    if match:
+        return f"linux-{match.group(1)}-gnu"
+    from harness.resolve.interpreter import parse_platform, python_list_key
+
+    return python_list_key(parse_platform(platform))
 
 
 def _strings(values: object) -> bool:

@@ -548,7 +548,10 @@ def _direct_only(package_index: dict[str, str], requirements: list[str]) -> dict
     return {k: v for k, v in package_index.items() if canonicalize_name(k) in named}
 
 
-_DOWNLOADS: dict[Path, list] = {}
+#: uv's CPython downloads per (cache, platform), once per process (generate's and
+#: harness.lock.early's readers); each key's first reader lists, the others wait for it.
+_DOWNLOADS: dict[tuple[Path, str], list] = {}
+_DOWNLOADS_LOCKS: dict[tuple[Path, str], threading.Lock] = {}
 _DOWNLOADS_LOCK = threading.Lock()
 
 
@@ -556,24 +559,29 @@ def _pin_interpreter(request: str, *, platform: str | None, cache_dir: Path, pin
     """The interpreter a lock records: :func:`~harness.resolve.interpreter.find_interpreter`'s
     choice, without the installed path it also looks for (a lock does not need it).
 
-    uv's download list (built into uv, listed in 0.06 s, once per process) decides whenever it
-    offers the version; only otherwise are installed interpreters discovered, which takes
-    seconds where pyenv shims are on PATH. The choice is the same either way, since
-    ``choose_version`` prefers a download and falls back to installed ones only without one.
+    uv's download list for the platform (built into uv, listed in 0.02–0.05 s and kept per uv
+    binary) decides whenever it offers the version; only otherwise are installed interpreters
+    discovered, which takes seconds where pyenv shims are on PATH. The choice is the same
+    either way, since ``choose_version`` prefers a download and falls back to installed ones
+    only without one.
     """
     from harness.resolve.interpreter import (
         choose_version,
         find_interpreter,
         host_platform,
-        list_pythons,
+        list_downloads,
         parse_platform,
+        python_list_key,
     )
 
     target = parse_platform(platform if platform is not None else host_platform())
-    with _DOWNLOADS_LOCK:  # once per process: the list is built into the uv binary
-        if cache_dir not in _DOWNLOADS:
-            _DOWNLOADS[cache_dir] = list_pythons(cache_dir, only_downloads=True)
-        downloads = _DOWNLOADS[cache_dir]
+    key = (cache_dir, python_list_key(target))
+    with _DOWNLOADS_LOCK:
+        listing_lock = _DOWNLOADS_LOCKS.setdefault(key, threading.Lock())
+    with listing_lock:
+        if key not in _DOWNLOADS:
+            _DOWNLOADS[key] = list_downloads(cache_dir, target)
+        downloads = _DOWNLOADS[key]
     try:
         version, source = choose_version(request, downloads, platform=target.platform, pin=pin)
     except InputError:  # no download fits: installed interpreters may (or the full error says why)

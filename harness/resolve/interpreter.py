@@ -43,7 +43,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.errors import HarnessError, InputError
 from harness.resolve.pins import Interpreter
-from harness.resolve.uvtool import DOWNLOADS_LIST_ARGS, run_uv
+from harness.resolve.uvtool import PYTHON_LIST_ARGS, run_uv
 
 #: glibc minors for which uv 0.13 accepts ``<arch>-manylinux_2_<minor>``.
 UV_MANYLINUX_MINORS = (17, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40)
@@ -295,27 +295,45 @@ def installed_paths(version: str, listings: Iterable[PythonListing], *, platform
     return out
 
 
-def list_pythons(cache_dir: Path | None, *, only_downloads: bool = False) -> list[PythonListing]:
+def list_pythons(cache_dir: Path | None) -> list[PythonListing]:
     """Ask uv for every CPython it can download (any platform) or finds installed.
 
     Runs offline: the download list is built into uv. ``UV_PYTHON_DOWNLOADS=automatic`` is
-    needed only for uv to *list* downloads; nothing is downloaded. ``only_downloads`` skips
-    discovering installed interpreters, which is most of the cost (uv runs each one it finds,
-    and a pyenv shim is a shell script: about 1 s here against 0.06 s); that list is kept in
-    ``cache_dir`` per uv binary (:func:`~harness.resolve.uvtool.downloads_list_file`), since
-    it is built into the binary and nothing else changes it.
+    needed only for uv to *list* downloads; nothing is downloaded. Discovering installed
+    interpreters is most of the cost (uv runs each one it finds, and a pyenv shim is a shell
+    script: about 1 s here); where downloads are enough, :func:`list_downloads` is quicker.
     """
-    from harness.resolve.uvtool import downloads_list_file
+    with tempfile.TemporaryDirectory(prefix="harness-python-list-") as neutral:  # no project around
+        proc = run_uv(
+            PYTHON_LIST_ARGS, cache_dir=cache_dir, python_downloads="automatic", cwd=Path(neutral), timeout=120
+        )
+    return parse_python_list(proc.stdout)
 
-    args = DOWNLOADS_LIST_ARGS if only_downloads else DOWNLOADS_LIST_ARGS[:-1]
-    kept = downloads_list_file(cache_dir) if only_downloads and cache_dir is not None else None
+
+def python_list_key(target: Target) -> str:
+    """``target`` as ``uv python list`` spells a platform: ``<os>-<arch>-<libc>``."""
+    return f"{target.os}-{_PYTHON_LIST_ARCH[target.arch]}-{target.libc}"
+
+
+def list_downloads(cache_dir: Path | None, target: Target) -> list[PythonListing]:
+    """Every CPython build uv can download for ``target``'s platform, any version (no
+    installed interpreter is looked for: 0.02–0.05 s). The answer is built into the uv binary,
+    so it is kept in ``cache_dir`` per uv binary and platform
+    (:func:`~harness.resolve.uvtool.downloads_list_file`) and read from there afterwards.
+    Asking for one platform, not all, keeps it small: a lock reads ≈ 160 rows, not ≈ 2,600."""
+    from harness.resolve.uvtool import downloads_list_args, downloads_list_file
+
+    key = python_list_key(target)
+    kept = downloads_list_file(cache_dir, key) if cache_dir is not None else None
     if kept is not None:
         try:
             return parse_python_list(kept.read_text(encoding="utf-8"))
         except (OSError, HarnessError):
             pass
     with tempfile.TemporaryDirectory(prefix="harness-python-list-") as neutral:  # no project around
-        proc = run_uv(args, cache_dir=cache_dir, python_downloads="automatic", cwd=Path(neutral), timeout=120)
+        proc = run_uv(
+            downloads_list_args(key), cache_dir=cache_dir, python_downloads="automatic", cwd=Path(neutral), timeout=120
+        )
     listings = parse_python_list(proc.stdout)
     if kept is not None:
         try:

@@ -47,6 +47,7 @@ import atexit
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
@@ -106,8 +107,18 @@ class UvError(HarnessError):
 
 
 @lru_cache(maxsize=1)
+@lru_cache(maxsize=1)
 def uv_bin() -> str:
-    """The path of the uv executable that the installed ``uv`` wheel ships."""
+    """The path of the uv executable that the installed ``uv`` wheel ships.
+
+    In a virtual environment on a POSIX system that is ``<venv>/bin/uv`` whenever that file
+    exists: the first place ``uv.find_uv_bin`` looks (the running interpreter's scripts
+    folder, which a venv's scheme puts there), so the answer is the same, without loading
+    ``sysconfig`` (≈ 5 ms before every lock's first uv run)."""
+    if os.name == "posix" and sys.prefix != sys.base_prefix:
+        candidate = os.path.join(sys.prefix, "bin", "uv")
+        if os.path.isfile(candidate):
+            return candidate
     try:
         import uv
     except ImportError as exc:  # pragma: no cover - uv is a hard dependency
@@ -129,23 +140,23 @@ def uv_version() -> str:
     return match.group(1)
 
 
-#: ``uv python list`` of every download uv knows (its last argument) for any platform
-#: (here, not in :mod:`harness.resolve.interpreter`: :mod:`harness.lock.early` starts it, light).
-DOWNLOADS_LIST_ARGS = (
-    "python",
-    "list",
-    "--output-format",
-    "json",
-    "--all-versions",
-    "--all-platforms",
-    "--all-arches",
-    "--only-downloads",
-)
+#: ``uv python list`` of every interpreter uv knows or finds (downloads and installations) for
+#: any platform (:func:`harness.resolve.interpreter.list_pythons`).
+PYTHON_LIST_ARGS = ("python", "list", "--output-format", "json", "--all-versions", "--all-platforms", "--all-arches")
 
 
-def downloads_list_file(cache_dir: Path) -> Path:
-    """Where uv's built-in list of interpreter downloads is kept for this uv binary (keyed by
-    its path, size and modification time; see :func:`harness.resolve.interpreter.list_pythons`)."""
+def downloads_list_args(key: str) -> tuple[str, ...]:
+    """``uv python list`` of every CPython build uv can download for one platform, ``key`` in
+    uv's spelling ``<os>-<arch>-<libc>`` (``linux-x86_64-gnu``): ≈ 160 rows, where the list
+    for every platform has ≈ 2,600 (1 MB of JSON, ≈ 40 ms to parse on every lock). Here, not
+    in :mod:`harness.resolve.interpreter`: :mod:`harness.lock.early` starts it, light."""
+    return ("python", "list", f"cpython-{key}", "--output-format", "json", "--all-versions", "--only-downloads")
+
+
+def downloads_list_file(cache_dir: Path, key: str) -> Path:
+    """Where :func:`downloads_list_args`'s answer for platform ``key`` is kept for this uv
+    binary: the list is built into the binary, so it is keyed by the binary's path, size and
+    modification time (see :func:`harness.resolve.interpreter.list_downloads`)."""
     binary = uv_bin()
     try:
         st = os.stat(binary)
@@ -154,7 +165,8 @@ def downloads_list_file(cache_dir: Path) -> Path:
         identity = binary
     import hashlib
 
-    return cache_dir / "python-downloads" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:32]
+    return cache_dir / "python-downloads" / f"{digest}-{key}.json"
 
 
 def uv_env(
@@ -256,7 +268,7 @@ class _Prestarted:
 
         try:
             try:
-                self.process.wait(timeout=timeout)
+                wait_for_exit(self.process, timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
@@ -278,6 +290,32 @@ class _Prestarted:
             self.process.kill()
         self.process.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def wait_for_exit(process: subprocess.Popen[bytes], timeout: float | None) -> int:
+    """Wait until ``process`` exits and return its exit code; raise
+    :class:`subprocess.TimeoutExpired` after ``timeout`` seconds (None: no limit).
+
+    ``Popen.wait(timeout=...)`` polls, sleeping up to 50 ms between looks, so it notices an
+    exit up to 50 ms late (25 ms on average, on the critical path of every lock). Here the
+    kernel says when: a pidfd (Linux ≥ 5.3) becomes readable at the exit, and the blocking
+    ``wait`` after it returns at once. Elsewhere, and for a process already reaped, this is
+    ``Popen.wait``."""
+    if timeout is None:
+        return process.wait()
+    try:
+        fd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # not Linux, an old kernel, or already reaped
+        return process.wait(timeout=timeout)
+    try:
+        import select
+
+        readable, _, _ = select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+    if not readable:
+        raise subprocess.TimeoutExpired(process.args, timeout)
+    return process.wait()
 
 
 _Key = tuple[tuple[str, ...], tuple[tuple[str, str], ...], tuple[tuple[str, bytes], ...]]
