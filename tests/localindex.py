@@ -227,14 +227,15 @@ def write_source_tree(directory: Path, name: str, version: str, requires: Iterab
     return directory
 
 
-def sdist_bytes(name: str, version: str, *, requires: Iterable[str] = ()) -> bytes:
-    """The bytes of a deterministic ``.tar.gz`` sdist (PKG-INFO, pyproject.toml, backend, module)."""
+def sdist_bytes(name: str, version: str, *, requires: Iterable[str] = (), backend: str = BACKEND) -> bytes:
+    """The bytes of a deterministic ``.tar.gz`` sdist (PKG-INFO, pyproject.toml, backend, module);
+    ``backend``: the in-tree build backend's source (:data:`BACKEND`, or one built on it)."""
     requires = list(requires)
     stem = f"{_dist(name)}-{version}"
     members = {
         "PKG-INFO": _metadata(name, version, requires, None),
         "pyproject.toml": pyproject_text(name, version, requires),
-        "backend.py": BACKEND,
+        "backend.py": backend,
         f"{_dist(name)}/__init__.py": f'__version__ = "{version}"\n',
     }
     raw = io.BytesIO()
@@ -282,10 +283,10 @@ class LocalIndex:
                                      requires_python=requires_python, modules=modules))
         return path
 
-    def add_sdist(self, name: str, version: str, *, requires: Iterable[str] = ()) -> Path:
-        """Write an sdist into the index; returns its path."""
+    def add_sdist(self, name: str, version: str, *, requires: Iterable[str] = (), backend: str = BACKEND) -> Path:
+        """Write an sdist into the index (``backend``: as for :func:`sdist_bytes`); returns its path."""
         path = self.root / f"{_dist(name)}-{version}.tar.gz"
-        path.write_bytes(sdist_bytes(name, version, requires=requires))
+        path.write_bytes(sdist_bytes(name, version, requires=requires, backend=backend))
         return path
 
     def cut_next(self, filename: str, *, after: int) -> None:

@@ -437,3 +437,45 @@ def test_gc_settings_and_their_bad_values(tmp_path: Path, monkeypatch: pytest.Mo
     (tmp_path / "config.toml").unlink()
     with pytest.raises(InputError, match="HARNESS_GC_KEEP_RUNS"):
         load_settings(tmp_path)
+
+
+# ------------------------------------------------------------- giving up what a realize registered
+
+
+def test_discard_unused_deletes_only_what_no_one_else_took_up(tmp_path: Path) -> None:
+    """What a failed realize gives up goes unless another holder roots it, a pin or a run (of
+    any age) names it, a project recorded it, or a kept path references it; the caller's own
+    temporary roots count for nothing, and referrers go before what they reference."""
+    from harness.store.gc import discard_unused, register_project
+    from harness.store.hashing import store_hash, store_path_name
+    from harness.store.roots import TempRoots, held
+    from harness.store import gc
+
+    home = tmp_path / "home"
+    store = Store.in_home(home)
+    names = {k: _add(store, store_path_name(store_hash("source", k, {}), k), size=64)
+             for k in ("held", "pinned", "recorded", "run", "referenced", "gone", "gone-too")}
+    # Registered after what they reference, as a build would; neither is given up.
+    keeper = _add(store, store_path_name(store_hash("source", "keeper", {}), "keeper"), (names["referenced"],))
+    # "top" references "gone": both go, the referrer first.
+    top = _add(store, store_path_name(store_hash("source", "top", {}), "top"), (names["gone"],))
+    gc.pin(store, keeper)
+    gc.pin(store, names["pinned"])
+    # A project that realized "recorded" (its folder holds no locks now: gc would not keep it).
+    (tmp_path / "elsewhere").mkdir()
+    register_project(store, tmp_path / "elsewhere", {"svc": [names["recorded"]]})
+    run = home / "runs" / "20260101-000000-000-abcd"
+    run.mkdir(parents=True)
+    (run / "lock.json").write_text(json.dumps({"store_paths": [{"path": names["run"]}]}))
+    own = TempRoots(store, "the failed realize")
+    own.add([*names.values(), top])
+    order: list[str] = []
+    try:
+        with held(store, [names["held"]], "another realize"):
+            deleted = discard_unused(store, [*names.values(), top], own_roots=own.path, before_delete=order.append)
+    finally:
+        own.close()
+    assert deleted == sorted([names["gone"], names["gone-too"], top])
+    assert order.index(top) < order.index(names["gone"])
+    assert sorted(order) == deleted
+    assert {r.name for r in store.records()} == {keeper, *(names[k] for k in ("held", "pinned", "recorded", "run", "referenced"))}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -308,3 +309,149 @@ def test_a_host_copy_left_under_a_locks_own_name_is_removed_with_what_was_built_
     store.add(python, "python", folder())
     _drop_legacy_host_copy(store, python)
     assert store.is_registered(python)
+
+
+# ------------------------------------------------------- a lock that fails while registering
+
+
+def _needs_toolchain(up: Upstreams, tmp_path: Path) -> Path:
+    """Publish ``needstool`` 1.0, an sdist whose wheel build fails (as a missing compiler or
+    system header makes one fail) until the returned file exists; its metadata needs no build,
+    so it locks. The file is the fix a user applies before retrying."""
+    from tests.localindex import BACKEND
+
+    toolchain = tmp_path / "toolchain"
+    backend = BACKEND + f"""
+
+_build_wheel = build_wheel
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    if not os.path.exists({str(toolchain)!r}):
+        raise RuntimeError("needstool: the frobnicator toolchain is missing")
+    return _build_wheel(wheel_directory, config_settings, metadata_directory)
+"""
+    up.index.add_sdist("needstool", "1.0", backend=backend)
+    return toolchain
+
+
+def _locked(root: Path, manifests: dict[str, str]) -> Path:
+    from tests.upstreams import make_project
+
+    project = make_project(root, manifests, {f"assets/local/{k}": v for k, v in LOCAL_FILES.items()})
+    result = run_harness_process("--project", str(project), "lock")
+    assert result.returncode == 0, result.stderr
+    return project
+
+
+def _realize_failing(project: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A realize that fails with the sdist build's own error (uv's report, with the backend's
+    traceback in it) and nothing of harness's own: no harness traceback, no warning."""
+    result = run_harness_process("--project", str(project), "--home", str(home), "realize", *args)
+    assert result.returncode == 1, result.stderr
+    assert "frobnicator toolchain is missing" in result.stderr
+    assert re.search(r'File "[^"]*/harness/[^"]*\.py"', result.stderr) is None, result.stderr
+    assert "warning" not in result.stderr.lower() and "internal error" not in result.stderr, result.stderr
+    return result
+
+
+def _downloads(home: Path) -> set[str]:
+    folder = home / "cache" / "downloads"
+    return {p.name for p in folder.iterdir() if len(p.name) == 64} if folder.is_dir() else set()
+
+
+def test_a_failed_environment_build_gives_back_what_the_lock_registered(up: Upstreams, tmp_path: Path) -> None:
+    """Every kind of path (package files, the git source, weight sets, the weights view, the
+    host interpreter copy) is registered before uv builds the environment; the sdist's build
+    fails, so all of it is given up again: the store is as it was (empty), the downloads are
+    back in the download cache, and the retry after the fix downloads nothing."""
+    from tests.upstreams import svc_manifest
+
+    toolchain = _needs_toolchain(up, tmp_path)
+    manifest = svc_manifest(up).replace('"delta==1.0"', '"delta==1.0", "needstool==1.0"')
+    assert "needstool" in manifest
+    project = _locked(tmp_path / "project", {"svc": manifest})
+    lock = read(project / "locks" / "svc.lock.toml")
+    home = tmp_path / "home"
+
+    _realize_failing(project, home)
+    assert store_state(home) == EMPTY
+    assert verify_store(Store.in_home(home), check_contents=True) == []
+    from harness.realize.builder import chosen_file
+
+    files = {chosen_file(p, lock).sha256 for p in [*lock.packages, *lock.build_packages]}
+    weights = {f.sha256 for w in lock.weights for f in w.files}
+    assert files | weights <= _downloads(home)
+
+    toolchain.write_text("")
+    up.index.requests.clear()
+    up.hub.clear_requests()
+    realize(project, home)
+    assert [r for r in up.index.requests if r.startswith("/files/")] == []
+    assert up.hub.requests == []
+    store = Store.in_home(home)
+    assert store.is_registered(realized_lock(store, lock).environment.store)
+    assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
+    assert _downloads(home) == set()  # the store holds them now
+
+
+def test_a_failed_realize_keeps_what_was_there_and_what_another_process_holds(up: Upstreams, tmp_path: Path) -> None:
+    """Paths registered before the failed realize (a wheel and the interpreter shared with a
+    lock realized earlier) stay, and so does a path it registered that another process roots
+    meanwhile; the rest of what it registered goes."""
+    from harness.realize.builder import chosen_file
+    from harness.store.roots import held
+    from tests.upstreams import service
+
+    toolchain = _needs_toolchain(up, tmp_path)
+    project = _locked(
+        tmp_path / "project",
+        {"base": service(["beta==1.0"]), "broken": service(["beta==1.0", "delta==1.0", "needstool==1.0"])},
+    )
+    base, broken = (read(project / "locks" / f"{n}.lock.toml") for n in ("base", "broken"))
+    home = tmp_path / "home"
+    realize(project, home, "base")
+    store = Store.in_home(home)
+    before = store_state(home)
+
+    def file_of(name: str) -> str:
+        return chosen_file(next(p for p in broken.packages if p.name == name), broken).store
+
+    beta, delta, needstool = file_of("beta"), file_of("delta"), file_of("needstool")
+    assert store.is_registered(beta) and not store.is_registered(delta)
+    with held(store, [delta], "a concurrent realize"):
+        _realize_failing(project, home, "broken")
+    after = store_state(home)
+    assert after["paths"] == sorted([*before["paths"], delta])
+    assert {k: v for k, v in after.items() if k not in ("records", "paths", "meta")} == {
+        k: v for k, v in before.items() if k not in ("records", "paths", "meta")
+    }
+    assert store.is_registered(beta) and store.is_registered(realized_lock(store, base).python.store)
+    assert not store.is_registered(needstool)
+    assert chosen_file(next(p for p in broken.packages if p.name == "needstool"), broken).sha256 in _downloads(home)
+    assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
+
+    toolchain.write_text("")
+    realize(project, home, "broken")
+    assert store.is_registered(realized_lock(store, broken).environment.store)
+
+
+def test_what_a_failed_lock_shares_with_one_realized_beside_it_stays(up: Upstreams, tmp_path: Path) -> None:
+    """Two locks realized together into an empty store: the one that fails gives up only what
+    the other (realized) does not use: the shared wheel and interpreter stay."""
+    from harness.realize.builder import chosen_file, lock_objects
+    from tests.upstreams import service
+
+    _needs_toolchain(up, tmp_path)
+    project = _locked(
+        tmp_path / "project",
+        {"good": service(["delta==1.0"]), "broken": service(["delta==1.0", "needstool==1.0"])},
+    )
+    good, broken = (read(project / "locks" / f"{n}.lock.toml") for n in ("good", "broken"))
+    home = tmp_path / "home"
+    _realize_failing(project, home)
+    store = Store.in_home(home)
+    assert sorted(r.name for r in store.records()) == sorted(lock_objects(realized_lock(store, good)))
+    needstool = chosen_file(next(p for p in broken.packages if p.name == "needstool"), broken)
+    assert not store.is_registered(needstool.store) and needstool.sha256 in _downloads(home)
+    assert all(f.status == "ok" for f in verify_store(store, check_contents=True))

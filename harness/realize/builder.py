@@ -17,9 +17,14 @@ Two phases, so the network is touched once and registration is fast and local:
 
 A lock that fails in the fetch phase (a wrong hash, an unreachable file), or whose source or
 interpreter could not be had, registers nothing: its staged builds are dropped (when the whole
-fetch failed, they stop at their next phase first) and the project's root is not touched, so a
-failed realize leaves the store as it was (a build that
-fails later, in uv or an sdist's build, may leave the lock's files and sources registered).
+fetch failed, they stop at their next phase first) and the project's root is not touched. A
+lock that fails while it registers (uv, an sdist's build, a missing build dependency) gives
+up again the paths it newly registered: once every lock is done, those no lock of this
+realize that succeeded needs are deleted by :func:`harness.store.gc.discard_unused`, which
+keeps any that another process has taken into use meanwhile (its roots say so), and the
+package files among them are first put back into the download cache, so the retry downloads
+nothing (the weight files are still there: their downloads are dropped only once the store
+holds them for good). Either way a failed realize leaves the store as it was.
 
 The interpreter is the lock's own (uv-managed: from a binary cache, else installed through
 uv from the configured download list or mirror) whenever that can be had. When it cannot, a
@@ -201,7 +206,8 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
     """Realize several locks: fetch everything first (one progress display), then build.
 
     A lock that fails (a download, a build) does not stop the others: every lock that can
-    be realized is, then :class:`RealizeFailed` lists every failure. With ``fail_fast`` the
+    be realized is, then :class:`RealizeFailed` lists every failure. What a failed lock had
+    registered is given up again (module doc). With ``fail_fast`` the
     first failure is raised as it is, and nothing after it is built.
     """
     from harness.realize.standin import realized_lock
@@ -223,6 +229,9 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
         _check_offline(ctx, todo)
     failures: dict[str, HarnessError] = {}
     prepared = _Prepared()
+    #: Per lock that failed while registering: the paths it newly registered (``_register``).
+    given_up: dict[str, set[str]] = {}
+    reports: list[Report] = []
     try:
         if todo:  # leftovers matter only to a build (Store.add clears its own path's anyway)
             ctx.store.clean()
@@ -253,14 +262,13 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
             for future in staging:
                 future.result()  # a bug, not a lock's failure (those are kept in ``prepared``)
         building = {id(lock) for lock in todo}
-        reports = []
         for lock in locks:
             if lock.name in failures:
                 continue
             try:
                 if id(lock) in building:
                     with ctx.progress.phase(f"realizing {lock.name}"):
-                        reports.append(_register(ctx, lock, prepared))
+                        reports.append(_register(ctx, lock, prepared, given_up.setdefault(lock.name, set())))
                 else:
                     reports.append(_complete(ctx, lock))
             except HarnessError as exc:
@@ -269,6 +277,13 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
                 failures[lock.name] = exc
     finally:
         prepared.release()  # what no lock that succeeded registered: a failed realize leaves nothing
+        done = {report.name for report in reports}
+        _give_up(
+            ctx,
+            [lock for lock in locks if given_up.get(lock.name)],
+            [lock for lock in locks if lock.name in done],
+            given_up,
+        )
     _drop_downloads(ctx, locks)
     # What this store realized (a host copy and its environments, where one stands in). A lock
     # that failed keeps what the project's root said of it before: a failed realize changes no root.
@@ -569,7 +584,91 @@ def _prepare_sources(ctx: Context, locks: list[Lock], prepared: _Prepared) -> No
             return
 
 
-def _register(ctx: Context, lock: Lock, prepared: _Prepared | None = None) -> Report:
+def _give_up(ctx: Context, failed: list[Lock], succeeded: list[Lock], given_up: dict[str, set[str]]) -> None:
+    """Delete again the paths that ``failed`` locks newly registered before they failed
+    (``given_up``, by lock name), except those a lock in ``succeeded`` realized and those
+    another process has taken into use (:func:`harness.store.gc.discard_unused`).
+
+    Before a package file's path goes, its bytes go back to ``downloads/<sha256>`` (a hard
+    link, checked against the lock's sha256 as a download is), and a weight set's files too
+    where their download is gone; a host copy's stand-in note goes with it. A rollback that
+    itself fails only warns: the lock's own error is the one to report, and the paths left are
+    valid ones that ``harness store gc`` removes.
+    """
+    names = {name for lock in failed for name in given_up[lock.name]}
+    if not names:
+        return
+    try:
+        _discard_given_up(ctx, failed, succeeded, names)
+    except (HarnessError, OSError) as exc:
+        import sys
+
+        print(
+            f"warning: could not remove what the failed lock(s) registered ({exc}); "
+            "those paths are complete, and `harness store gc` removes them",
+            file=sys.stderr,
+        )
+
+
+def _discard_given_up(ctx: Context, failed: list[Lock], succeeded: list[Lock], names: set[str]) -> None:
+    """The work of :func:`_give_up`, which reports what this raises."""
+    from harness.realize.standin import realized_lock
+    from harness.store.gc import discard_unused
+    from harness.store.roots import process_roots
+    from harness.store.standins import forget_standin
+
+    names -= {name for lock in succeeded for name in lock_objects(realized_lock(ctx.store, lock))}
+    if not names:
+        return
+    files: dict[str, list[tuple[str, int, str]]] = {}  # store name -> (sha256, size, file in it)
+    notes: dict[str, str] = {}  # host copy -> the interpreter it stands in for
+    for lock in failed:
+        for package in [*lock.packages, *lock.build_packages]:
+            file = chosen_file(package, lock)
+            files.setdefault(file.store, [(file.sha256, file.size, file.file)])
+        for weights in lock.weights:
+            files.setdefault(weights.store, [(item.sha256, item.size, item.path) for item in weights.files])
+        host = realized_lock(ctx.store, lock).python.store
+        if host != lock.python.store:
+            notes[host] = lock.python.store
+
+    def before_delete(name: str) -> None:
+        for sha256, size, rel in files.get(name, []):
+            _salvage_download(ctx, sha256, size, ctx.store.root / name / rel)
+        if name in notes:
+            forget_standin(ctx.store, notes[name], name)
+
+    # This process's own roots name them all (realize_locks held them first): they keep nothing.
+    discard_unused(ctx.store, names, own_roots=process_roots(ctx.store).path, before_delete=before_delete)
+
+
+def _salvage_download(ctx: Context, sha256: str, size: int, stored: Path) -> None:
+    """Put ``stored`` (a registered file about to be deleted) back at ``downloads/<sha256>``
+    unless a download is there: a hard link (a copy where none can be made), kept only when
+    its size and sha256 are the lock's, as a download is (:mod:`harness.download`)."""
+    from harness.store.hashing import file_sha256
+
+    dest = ctx.download_path(sha256)
+    with ctx.download_lock(sha256):
+        if dest.is_file() or not stored.is_file():
+            return
+        temp = dest.with_name(f"{sha256}.{os.getpid()}.back")
+        temp.unlink(missing_ok=True)
+        try:
+            try:
+                os.link(stored, temp)
+            except OSError:
+                shutil.copyfile(stored, temp)
+            if temp.stat().st_size == size and file_sha256(temp) == sha256:
+                os.replace(temp, dest)
+        finally:
+            temp.unlink(missing_ok=True)
+
+
+def _register(ctx: Context, lock: Lock, prepared: _Prepared | None = None, left: set[str] | None = None) -> Report:
+    """Register every path of ``lock`` in dependency order (module doc) and build its
+    environment. When it fails after registering some, ``left`` receives the paths it newly
+    registered (not registered when it began), for the caller to give up again."""
     store = ctx.store
     from harness.realize.standin import realized_lock
 
@@ -585,6 +684,19 @@ def _register(ctx: Context, lock: Lock, prepared: _Prepared | None = None) -> Re
     report = Report(lock.name, lock.environment.store)
     candidates = {*lock_objects(lock), *lock_objects(realized_lock(store, lock))}
     present = {name for name in candidates if store.is_registered(name)}
+    try:
+        return _register_paths(ctx, lock, prepared, report, present)
+    except Exception:
+        if left is not None:
+            # Computed again: a host copy built here has a name of its own (its content's).
+            names = candidates | set(lock_objects(realized_lock(store, lock)))
+            left.update(name for name in names - present if store.is_registered(name))
+        raise
+
+
+def _register_paths(ctx: Context, lock: Lock, prepared: _Prepared, report: Report, present: set[str]) -> Report:
+    """The body of :func:`_register`; ``present``: the lock's paths registered before it."""
+    store = ctx.store
     report.present = sorted(present)
     wanted_once: dict[str, tuple[str, LockedFile]] = {}
     for package in [*lock.packages, *lock.build_packages]:

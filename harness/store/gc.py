@@ -23,6 +23,10 @@ roots and deleting (see :mod:`harness.store.roots`). Deletion unregisters first,
 mid-collection leaves only debris that the next ``clean`` removes. Then the pool of shared
 files (``.links``) loses the files no path links to any more, and the bytecode index
 (:mod:`harness.store.bytecode`) the entries naming them or a gone interpreter.
+
+:func:`discard_unused` is the same collection narrowed to paths a caller registered and now
+gives up (a realize that failed after registering some of a lock's paths): it deletes those
+of them nobody else has taken into use, under the same lock, by the same roots.
 """
 
 from __future__ import annotations
@@ -236,6 +240,7 @@ def _project_root(
     out: Roots,
     write: bool,
     checkout_code: CheckoutCode | None,
+    recorded: bool = False,
 ) -> None:
     from harness.errors import HarnessError
     from harness.lock.lockfile import read
@@ -244,6 +249,14 @@ def _project_root(
     recorded_locks: dict[str, list[str]] = data.get("locks") or {}
     recorded_code: dict[str, str] = data.get("code") or {}
     detail: dict[str, str] = {}
+    if recorded:  # what the project took into use, whatever its folder holds now
+        for lock_name, named in sorted(recorded_locks.items()):
+            for path in named:
+                detail.setdefault(path, f"lock {lock_name}, recorded")
+        for label, path in sorted(recorded_code.items()):
+            detail.setdefault(path, f"{label}, recorded")
+        out.roots.append(Root("project", f"{project} (as recorded)", frozenset(detail), tuple(sorted(detail.items()))))
+        return
     try:
         present = project.is_dir()
         if present:
@@ -318,12 +331,17 @@ def gather_roots(
     now: float | None = None,
     write: bool = False,
     checkout_code: CheckoutCode | None = None,
+    recorded: bool = False,
+    skip_holder: Path | None = None,
 ) -> Roots:
     """Every root and the store paths it names directly.
 
     ``write`` lets it record when a project was first found missing (a real collection
     does; ``--dry-run`` and ``why`` do not). ``checkout_code`` says which code paths a
     present project's checkout would launch (without it: the code it last registered).
+    ``recorded`` takes each project's paths from what it recorded when it last realized
+    rather than from its current locks (:func:`discard_unused`); ``skip_holder`` leaves out
+    the temporary roots in that file (the caller's own).
     """
     from harness.store.roots import live_holders
 
@@ -345,6 +363,7 @@ def gather_roots(
                 out=out,
                 write=write,
                 checkout_code=checkout_code,
+                recorded=recorded,
             )
     folder = store.roots_dir / "pins"
     for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
@@ -361,7 +380,10 @@ def gather_roots(
             out.roots.append(Root("run", f"{run.name} (one of the last {keep_runs} runs)", paths))
         else:
             out.old_runs.append((run.name, paths))
+    skipped = os.path.abspath(skip_holder) if skip_holder is not None else None
     for holder in live_holders(store):
+        if skipped is not None and holder.file is not None and os.path.abspath(holder.file) == skipped:
+            continue
         kind = "live process" if holder.kind == "process" else "services"
         out.roots.append(Root(kind, f"{holder.pid}: {holder.label}", holder.names))
     return out
@@ -448,12 +470,86 @@ def collect(
             for name in dead:
                 store.delete(name)
             store.clean()
-            store.collect_links()
-            # Bytecode index entries whose pool file just went, and those of gone interpreters.
-            from harness.store.bytecode import prune
-
-            prune(store.root, [r.name for r in store.records() if r.kind == "python"])
+            _tidy(store)
     return result
+
+
+def _tidy(store: Store) -> None:
+    """After deleting paths (under the exclusive gc lock): drop the pool files no path links to
+    any more, and the bytecode index entries whose pool file went or whose interpreter did."""
+    from harness.store.bytecode import prune
+
+    store.collect_links()
+    prune(store.root, [r.name for r in store.records() if r.kind == "python"])
+
+
+def discard_unused(
+    store: Store,
+    names: Iterable[str],
+    *,
+    own_roots: Path | None = None,
+    runs_dir: Path | None = None,
+    before_delete: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Delete those of ``names`` that nobody else has taken into use; return them, sorted.
+
+    For paths the caller itself registered and now gives up: a realize that failed after
+    registering some of a lock's paths. A path is kept when it is live by :func:`collect`'s
+    roots, with two differences: a project keeps what it *recorded* when it last realized
+    (its current locks still name the paths of a lock that failed to realize; a lock that
+    realized, here or in another process, recorded what it uses), and ``own_roots`` (the
+    caller's temporary-roots file) counts for nothing, since the caller is the one giving the
+    paths up. So a path another live process roots (a realize or a launch that found it
+    registered), one a completed realize recorded, a pin, a run record (of any age), or one a
+    kept path references, stays. Runs are looked for in ``runs_dir`` (default: ``runs`` beside
+    the store, as in ``$HARNESS_HOME``).
+
+    Decided and deleted under the exclusive gc lock, as a collection is: a process that roots
+    one of the paths afterwards finds it unregistered and builds or fetches it again (the
+    contract of :mod:`harness.store.roots`). Referrers go before what they reference, so a
+    crash midway leaves no registered path whose reference is gone; ``before_delete(name)``
+    runs just before each deletion. In a shared store only the caller's own paths go.
+    """
+    from harness.store.roots import gc_lock
+
+    wanted = sorted(set(names))
+    if not wanted:
+        return []
+    with gc_lock(store, exclusive=True):
+        found = gather_roots(
+            store,
+            runs_dir=store.root.parent / "runs" if runs_dir is None else runs_dir,
+            recorded=True,
+            skip_holder=own_roots,
+        )
+        named = [n for root in found.roots for n in root.names]
+        named += [n for _, paths in found.old_runs for n in paths]
+        live = closure_of(store, named)
+        dead = [name for name in wanted if name not in live and store.is_registered(name) and store.may_remove(name)]
+        for name in _referrers_first(store, dead):
+            if before_delete is not None:
+                before_delete(name)
+            store.delete(name)
+        if dead:
+            _tidy(store)
+    return dead
+
+
+def _referrers_first(store: Store, names: list[str]) -> list[str]:
+    """``names`` ordered so that each comes before every one of them it references."""
+    references = {}
+    for name in names:
+        record = store.record(name, even_if_gone=True)
+        references[name] = set(record.references) & set(names) if record is not None else set()
+    ordered: list[str] = []
+    pending = sorted(names)
+    while pending:
+        # Not referenced by any name still pending (a cycle cannot occur: references point at
+        # paths registered earlier; the fallback only guards against a damaged record).
+        free = [n for n in pending if not any(n in references[m] for m in pending if m != n)] or pending[:1]
+        ordered += free
+        pending = [n for n in pending if n not in free]
+    return ordered
 
 
 def _reasons(store: Store, dead: list[str], found: Roots, keep_runs: int) -> dict[str, str]:

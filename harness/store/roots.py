@@ -232,6 +232,8 @@ class LiveHolder:
     label: str
     pid: int
     names: frozenset[str]
+    #: the temporary-roots file (``TempRoots.path``) or the services' root file
+    file: Path | None = None
 
 
 def live_holders(store: Store) -> list[LiveHolder]:
@@ -258,7 +260,11 @@ def live_holders(store: Store) -> list[LiveHolder]:
         if process_alive(pid, data.get("started")):
             found.append(
                 LiveHolder(
-                    "services", str(data.get("label", "")), pid, frozenset(str(n) for n in data.get("paths", []))
+                    "services",
+                    str(data.get("label", "")),
+                    pid,
+                    frozenset(str(n) for n in data.get("paths", [])),
+                    path,
                 )
             )
         else:
@@ -294,4 +300,4 @@ def _read_temp(path: Path) -> LiveHolder | None:
         os.close(fd)
     label = lines[0][2:] if lines and lines[0].startswith("# ") else path.name
     names = frozenset(line for line in lines if line and not line.startswith("#"))
-    return LiveHolder("process", label, _pid_of(path), names)
+    return LiveHolder("process", label, _pid_of(path), names, path)

@@ -37,6 +37,14 @@ def remember_standin(store: Store, python_store: str, host_store: str, reason: s
     os.replace(temp, folder / python_store)
 
 
+def forget_standin(store: Store, python_store: str, host_store: str) -> None:
+    """Drop the note that ``host_store`` stands in for ``python_store``, if it says so (the
+    copy is being deleted again: the realize that registered it failed); a note naming
+    another copy stays."""
+    if _read(store, python_store).get("host") == host_store:
+        (store.root / STANDINS / python_store).unlink(missing_ok=True)
+
+
 def _read(store: Store, python_store: str) -> dict[str, str]:
     try:
         data = json.loads((store.root / STANDINS / python_store).read_text(encoding="utf-8"))
