@@ -13,11 +13,13 @@ input files; the rest are stopped unused. So this module never decides anything,
 never raises: whatever goes wrong here, the CLI reports.
 
 ``harness store verify --check-contents`` (or ``--repair``) starts its hashing the same way
-(:func:`parse_verify_call`, :mod:`harness.store.early`): the CLI's verify takes a digest over
-only while the path is unchanged.
+(:func:`parse_verify_call`, :mod:`harness.store.early`): the verify takes a digest over
+only while the path is unchanged. A verify without ``--repair`` is then run here, without
+click or the CLI (:func:`verify_without_cli`: the same functions, the same words, and the
+CLI again for anything that goes wrong), since loading them beside the hashing slows it.
 
 Kept light (``harness --help`` goes through it): the standard library, and harness modules
-only inside :func:`start_early`.
+only inside :func:`start_early` and :func:`verify_without_cli`.
 """
 
 from __future__ import annotations
@@ -200,9 +202,46 @@ def _start_verify(argv: Sequence[str]) -> int:
     return start_hashing(resolve_home(call[0].get("--home")), call[2])
 
 
+def verify_without_cli(argv: Sequence[str]) -> int | None:
+    """Run ``harness [GLOBAL OPTIONS] store verify [--check-contents] [--json] [NAMES]``
+    without loading click or the CLI, and return its exit status; None when the CLI must run
+    the command line: any other command, ``--repair`` (it realizes), or anything that went
+    wrong here, which the CLI then does again and reports in its own words (a verify only
+    reads). Prints what the CLI's verify prints (:func:`harness.store.verify.report`: one
+    function for both).
+
+    Why: a verify of 1 GiB hashes for ≈ 0.2 s on two cores, and loading click and the CLI
+    beside it (≈ 45 ms of CPU) slows that hashing by ≈ 25 ms."""
+    call = parse_verify_call(argv)
+    if call is None or "--repair" in call[1]:
+        return None
+    try:
+        from harness.store.store import Store
+        from harness.store.verify import report, verify_store
+
+        store = Store.in_home(resolve_home(call[0].get("--home")))
+        findings = verify_store(store, check_contents="--check-contents" in call[1], names=call[2] or None)
+        text, status = report(findings, [], as_json="--json" in call[1])
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    except Exception:  # the CLI does it again and says what went wrong
+        return None
+    try:
+        if text:
+            sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # as the CLI: a reader that stopped early is not an error
+        return 0
+    return status
+
+
 def main() -> None:
     """Console entry point (``harness``, ``python -m harness``)."""
     start_early(sys.argv[1:])
+    status = verify_without_cli(sys.argv[1:])
+    if status is not None:
+        sys.exit(status)
     from harness.cli import main as cli_main
 
     try:

@@ -15,7 +15,7 @@ import pytest
 
 from harness.store import early, fingerprint
 from harness.store.hashing import nar_digest
-from harness.store.store import FIXED_MTIME, BuildResult, Store
+from harness.store.store import FIXED_MTIME, BuildResult, Store, remove_tree
 from harness.store.verify import verify_store
 
 NAME = "0" * 32 + "-weights"
@@ -195,7 +195,7 @@ def test_the_console_entry_point_hashes_early_and_the_cli_takes_it_over(home: Pa
 
     clean = verify()
     assert (clean.returncode, clean.stdout.split()) == (0, ["ok", NAME]), clean.stderr
-    assert "left 0 click True" in clean.stderr, "the CLI took the early digest over"
+    assert "left 0 click False" in clean.stderr, "the verify took the early digest over, without click"
     _rewrite(Store.in_home(home).path(NAME))
     damaged = verify()
     assert damaged.returncode == 1 and damaged.stdout.startswith(f"modified  {NAME}: expected blake3:"), damaged
@@ -215,3 +215,58 @@ def test_a_verify_that_fails_while_the_early_hashing_runs_reports_as_before(home
     )
     assert result.returncode == 1 and result.stderr.startswith(f"error: store record {home}"), result
     assert "Traceback" not in result.stderr
+
+
+def test_verify_without_click_prints_what_the_cli_prints(home: Path, tmp_path: Path) -> None:
+    """``harness store verify`` runs without click or the CLI (harness.entry.verify_without_cli):
+    for clean, modified, missing and unknown paths, with and without --check-contents and
+    --json, it prints the CLI's words and exits with its status; --repair is left to the CLI."""
+    store = Store.in_home(home)
+    gone = "2" * 32 + "-gone"
+    store.add(gone, "weights", _tree)
+    remove_tree(store.path(gone))
+    _rewrite(store.path(NAME))
+    empty = tmp_path / "empty-home"
+    probe = (
+        "import sys, harness.entry as e\n"
+        "if sys.argv[1] == 'cli': e.verify_without_cli = lambda argv: None\n"
+        "sys.argv[1:2] = []\n"
+        "try:\n    e.main()\n"
+        "finally:\n    sys.stderr.write(f'click {\"click\" in sys.modules}\\n')\n"
+    )
+    for args in (
+        ["store", "verify"],
+        ["store", "verify", "--check-contents"],
+        ["store", "verify", "--check-contents", "--json"],
+        ["store", "verify", "--json", NAME, "9" * 32 + "-unknown"],
+        ["store", "verify", "--check-contents", "--", NAME],
+    ):
+        for where in (home, empty):
+            runs = {
+                way: subprocess.run(
+                    [sys.executable, "-c", probe, way, "--home", str(where), *args],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                for way in ("direct", "cli")
+            }
+            direct, cli = runs["direct"], runs["cli"]
+            assert (direct.returncode, direct.stdout) == (cli.returncode, cli.stdout), (args, direct, cli)
+            assert direct.stderr == "click False\n" and cli.stderr == "click True\n", (args, direct, cli)
+            assert direct.stdout.strip(), args
+    full = subprocess.run(
+        [sys.executable, "-m", "harness", "--home", str(home), "store", "verify", "--check-contents"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert full.returncode == 1
+    assert f"modified  {NAME}: expected blake3:" in full.stdout and f"missing   {gone}" in full.stdout
+    repair = subprocess.run(
+        [sys.executable, "-c", probe, "direct", "--home", str(home), "store", "verify", "--repair", NAME],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert repair.stderr.endswith("click True\n"), "--repair realizes: the CLI's to do"

@@ -60,6 +60,29 @@ def verify_store(store: Store, *, check_contents: bool, names: list[str] | None 
     return sorted(findings, key=lambda f: f.name)
 
 
+def report(findings: list[Finding], repaired: list[str], *, as_json: bool) -> tuple[str, int]:
+    """What ``harness store verify`` prints for ``findings`` (and the paths ``--repair``
+    repaired), and its exit status: 1 when a path is modified or missing and was not repaired.
+    One function for the CLI and for :mod:`harness.entry`'s verify without click."""
+    bad = [f for f in findings if f.status != "ok"]
+    if as_json:
+        import json
+
+        data = {"findings": [f.__dict__ for f in findings], "repaired": repaired}
+        text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)  # as cli.output.print_json
+    else:
+        lines = [
+            f"{f.status:<9} {f.name}{f': {f.detail}' if f.detail else ''}"
+            for f in findings
+            if f.status != "ok" or not bad
+        ]
+        if not findings:
+            lines.append("the store is empty")
+        lines += [f"repaired  {name}" for name in repaired]
+        text = "\n".join(lines)
+    return text, 1 if bad and set(repaired) != {f.name for f in bad} else 0
+
+
 def _record_or_missing(store: Store, name: str, findings: list[Finding]) -> Record | None:
     record = store.record(name, even_if_gone=True)
     if record is None:

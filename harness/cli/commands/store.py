@@ -127,8 +127,7 @@ def path(state: State, name: str, weights: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def verify(state: State, names: tuple[str, ...], check_contents: bool, repair: bool, as_json: bool) -> None:
-    from harness.cli.output import print_json
-    from harness.store.verify import verify_store
+    from harness.store.verify import report, verify_store
 
     store = _store(state)
     findings = verify_store(store, check_contents=check_contents or repair, names=list(names) or None)
@@ -138,19 +137,11 @@ def verify(state: State, names: tuple[str, ...], check_contents: bool, repair: b
         from harness.realize.builder import repair_paths
 
         repaired = repair_paths(state, store, [f.name for f in bad])
-    if as_json:
-        print_json({"findings": [f.__dict__ for f in findings], "repaired": repaired})
-    else:
-        for finding in findings:
-            if finding.status != "ok" or not bad:
-                detail = f": {finding.detail}" if finding.detail else ""
-                click.echo(f"{finding.status:<9} {finding.name}{detail}")
-        if not findings:
-            click.echo("the store is empty")
-        for name in repaired:
-            click.echo(f"repaired  {name}")
-    if bad and set(repaired) != {f.name for f in bad}:
-        raise SystemExit(1)
+    text, status = report(findings, repaired, as_json=as_json)
+    if text:
+        click.echo(text)
+    if status:
+        raise SystemExit(status)
 
 
 def _gc_options(state: State) -> dict[str, Any]:
