@@ -255,6 +255,41 @@ def test_store_and_usr_are_read_only(tmp_path: Path, project: tuple[Path, str], 
 
 
 @needs_sandbox
+def test_exec_streams_output_as_it_comes(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
+    """``on_output`` gets each stream's text while the command still runs, and the outcome
+    holds the same text, each stream apart; a stream with nothing on it is None."""
+    pin = _realized_env(home, project)
+
+    async def scenario() -> None:
+        box = _sandbox(tmp_path, home, pin, network=False)
+        await box.start()
+        try:
+            pieces: list[tuple[str, str]] = []
+            first = asyncio.get_running_loop().create_future()
+
+            async def seen(text: str, stream: str) -> None:
+                pieces.append((stream, text))
+                if not first.done():
+                    first.set_result(None)
+
+            command = "echo one; echo bad >&2; until [ -e /app/go ]; do sleep 0.05; done; echo two; exit 5"
+            task = asyncio.ensure_future(box.exec(command, cwd="/app", env=_env(home, pin), on_output=seen))
+            await asyncio.wait_for(first, timeout=30)  # output arrives before the command ends
+            assert not task.done()
+            (tmp_path / "root" / "app" / "go").write_text("\n")
+            outcome = await asyncio.wait_for(task, timeout=30)
+            assert (outcome.return_code, outcome.stdout, outcome.stderr) == (5, "one\ntwo\n", "bad\n")
+            assert "".join(t for s, t in pieces if s == "stdout") == "one\ntwo\n"
+            assert "".join(t for s, t in pieces if s == "stderr") == "bad\n"
+            quiet = await box.exec("true", cwd="/app", env=_env(home, pin))
+            assert (quiet.return_code, quiet.stdout, quiet.stderr) == (0, None, None)
+        finally:
+            await box.stop(delete=True)
+
+    asyncio.run(scenario())
+
+
+@needs_sandbox
 def test_timeout_kills_the_whole_process_group(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
     pin = _realized_env(home, project)
     marker = f"{os.getpid() % 1000 + 3000}"
@@ -823,6 +858,11 @@ async def main():
         }.items():
             r = await box.exec(cmd, cwd="/app", env=env, timeout=60)
             runs[name] = [r.return_code, r.stdout, r.stderr]
+        pieces = []
+        async def seen(text, stream):
+            pieces.append([stream, text])
+        r = await box.exec("echo out; echo err >&2; exit 3", cwd="/app", env=env, timeout=60, on_output=seen)
+        runs["streamed"] = [r.return_code, r.stdout, r.stderr, pieces]
         await box.upload_file(Path(sys.argv[0]), "/app/uploaded.py")
         await box.download_file("/app/w", root.parent / "downloaded")
         out["describe"] = box.describe()
@@ -861,6 +901,9 @@ def test_landlock_proot_confinement_without_user_namespaces(tmp_path: Path, proj
     assert runs["app"][:2] == [0, "ok\n/app\n"], runs["app"]
     assert (tmp_path / "root" / "app" / "w").read_text() == "ok\n"
     assert runs["status"][0] == 7
+    code, stdout, stderr, pieces = runs["streamed"]  # on_output saw what the outcome holds
+    assert (code, stdout, stderr) == (3, "out\n", "err\n")
+    assert sorted(pieces) == [["stderr", "err\n"], ["stdout", "out\n"]]
     assert runs["background"][:2] == [0, "started\n"]
     assert runs["tcp"][1].strip() == "13"  # EACCES: Landlock refuses the connection
     assert "No such file or directory" in runs["host_tree"][1]

@@ -162,3 +162,18 @@ def test_python_download_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("HARNESS_PYTHON_INSTALL_MIRROR", "mirror/pbs")
     with pytest.raises(InputError, match=r"HARNESS_PYTHON_INSTALL_MIRROR: expected an http\(s\):// or file:// address"):
         load_settings(home, project)
+
+
+def test_a_locked_weight_set_gives_back_the_resolver_pin_it_records() -> None:
+    """Realize's fetch jobs and a re-lock's ``previous`` start from ``LockedWeights.pin()``:
+    every field and every file (in the lock's order, each with its revision), no store path."""
+    from harness.resolve.pins import WeightFile, WeightSet
+
+    locked = LockedWeights(dir="ds", provider="huggingface_model", repo="org/data", revision="c" * 40,
+                           repo_type="dataset", store="", files=[
+                               LockedWeightFile(path="b.bin", size=3, sha256=SHA, revision="r2"),
+                               LockedWeightFile(path="a.bin", size=2, sha256="cd" * 32)])
+    assert locked.pin() == WeightSet(dir="ds", provider="huggingface_model", repo="org/data", revision="c" * 40,
+                                     repo_type="dataset", files=(WeightFile("b.bin", 3, SHA, "r2"),
+                                                                 WeightFile("a.bin", 2, "cd" * 32, None)))
+    assert locked.files[0].pin() == WeightFile("b.bin", 3, SHA, "r2")

@@ -46,6 +46,7 @@ from harness.harbor.sandbox import (
     Sandbox,
     SandboxConfig,
     SandboxError,
+    StreamedOutput,
     inside_path,
 )
 
@@ -320,16 +321,10 @@ class ConfinedSandbox(Sandbox):
             os.close(status_w)
         self._tracers.add(process.pid)
         self._running.add(process.pid)
-        chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
-
-        async def pump(stream: asyncio.StreamReader | None, name: str) -> None:
-            while stream is not None and (data := await stream.read(65536)):
-                chunks[name].append(data)
-                if on_output is not None:
-                    await on_output(data.decode(errors="replace"), name)
+        output = StreamedOutput(on_output)
 
         async def run() -> bytes:
-            pumps = asyncio.gather(pump(process.stdout, "stdout"), pump(process.stderr, "stderr"))
+            pumps = asyncio.gather(output.pump(process.stdout, "stdout"), output.pump(process.stderr, "stderr"))
             status = await asyncio.to_thread(_read_line, status_r)
             if not status:  # the wrapper never ran: PRoot exits, and its pipes with it
                 await pumps
@@ -349,10 +344,10 @@ class ConfinedSandbox(Sandbox):
         try:
             raw = await (asyncio.wait_for(run(), timeout=timeout) if timeout else run())
         except TimeoutError:
-            await self._kill_session_group(process)
+            await self._kill(process)
             raise RuntimeError(f"Command timed out after {timeout} seconds") from None
         except BaseException:
-            await self._kill_session_group(process)
+            await self._kill(process)
             raise
         finally:
             self._running.discard(process.pid)
@@ -362,19 +357,7 @@ class ConfinedSandbox(Sandbox):
             code = int(text)
         else:  # the wrapper never ran (the helper or PRoot failed): PRoot's own status
             code = await process.wait() or 1
-        out = b"".join(chunks["stdout"]).decode(errors="replace")
-        err = b"".join(chunks["stderr"]).decode(errors="replace")
-        return ExecOutcome(code, out or None, err or None)
-
-    async def _kill_session_group(self, process: asyncio.subprocess.Process) -> None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            await asyncio.wait_for(process.wait(), timeout=10)
-        except TimeoutError:
-            pass
+        return output.outcome(code)
 
     async def _run_io(
         self, argv: list[str], *, stdin: Any = None, stdout: Any = None, timeout: float = 600, privileged: bool = False
@@ -392,7 +375,7 @@ class ConfinedSandbox(Sandbox):
         try:
             _, err = await asyncio.wait_for(process.communicate(), timeout=timeout)
         except BaseException:
-            await self._kill_session_group(process)
+            await self._kill(process)
             raise
         return process.returncode or 0, err.decode(errors="replace").strip()
 

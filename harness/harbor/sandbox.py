@@ -288,6 +288,33 @@ class ExecOutcome:
     stderr: str | None
 
 
+class StreamedOutput:
+    """The stdout and stderr of one command, collected while they stream.
+
+    Every sandbox's ``exec`` reads the command's pipes the same way whatever wraps it
+    (bubblewrap or PRoot), so one reader serves them all: ``pump`` keeps every piece and
+    hands its text to ``on_output`` as it arrives, ``outcome`` joins the pieces."""
+
+    def __init__(self, on_output: OutputCallback | None) -> None:
+        self.on_output = on_output
+        self.chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+
+    async def pump(self, stream: asyncio.StreamReader | None, name: str) -> None:
+        """Read ``stream`` to its end in pieces of up to 64 KiB, keeping each under ``name``
+        (``"stdout"`` or ``"stderr"``) and passing it, decoded with undecodable bytes
+        replaced, to ``on_output`` before the next read; a None stream reads nothing."""
+        while stream is not None and (data := await stream.read(65536)):
+            self.chunks[name].append(data)
+            if self.on_output is not None:
+                await self.on_output(data.decode(errors="replace"), name)
+
+    def outcome(self, return_code: int) -> ExecOutcome:
+        """``return_code`` with everything pumped so far, decoded; an empty stream is None."""
+        out = b"".join(self.chunks["stdout"]).decode(errors="replace")
+        err = b"".join(self.chunks["stderr"]).decode(errors="replace")
+        return ExecOutcome(return_code, out or None, err or None)
+
+
 class Sandbox:
     """One running session; see the module doc. Async: call from one event loop."""
 
@@ -676,21 +703,10 @@ class Sandbox:
             start_new_session=True,
         )
         self._running.add(process.pid)
-        chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
-
-        async def pump(stream: asyncio.StreamReader | None, name: str) -> None:
-            if stream is None:
-                return
-            while True:
-                data = await stream.read(65536)
-                if not data:
-                    return
-                chunks[name].append(data)
-                if on_output is not None:
-                    await on_output(data.decode(errors="replace"), name)
+        output = StreamedOutput(on_output)
 
         async def run() -> None:
-            await asyncio.gather(pump(process.stdout, "stdout"), pump(process.stderr, "stderr"))
+            await asyncio.gather(output.pump(process.stdout, "stdout"), output.pump(process.stderr, "stderr"))
             await process.wait()
 
         try:
@@ -706,11 +722,11 @@ class Sandbox:
             raise
         finally:
             self._running.discard(process.pid)
-        out = b"".join(chunks["stdout"]).decode(errors="replace")
-        err = b"".join(chunks["stderr"]).decode(errors="replace")
-        return ExecOutcome(process.returncode or 0, out or None, err or None)
+        return output.outcome(process.returncode or 0)
 
     async def _kill(self, process: asyncio.subprocess.Process) -> None:
+        """SIGKILL ``process``'s session (its process group: it starts a new session) and wait
+        up to 10 s for it; one already gone, or no longer ours to signal, is not an error."""
         _killpg(process.pid)
         try:
             await asyncio.wait_for(process.wait(), timeout=10)

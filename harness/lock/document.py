@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
 from harness.manifests.model import Strict
+from harness.resolve.pins import WeightFile, WeightSet
 
 LOCK_VERSION = 1
 #: The lock versions this harness reads.
@@ -144,6 +145,11 @@ class LockedWeightFile(Strict):
         default=None, description="ModelScope only: the commit that last changed the file, fetched at that revision."
     )
 
+    def pin(self) -> WeightFile:
+        """This file as the resolver pins it (:class:`harness.resolve.pins.WeightFile`): what
+        ``fetch_weight_file`` downloads and checks."""
+        return WeightFile(self.path, self.size, self.sha256, self.revision)
+
 
 class LockedWeights(Strict):
     """One weight set pinned: where it comes from and every file it holds."""
@@ -163,6 +169,19 @@ class LockedWeights(Strict):
     )
     files: list[LockedWeightFile] = Field(default_factory=list, description="Every file kept, sorted by path.")
     store: StorePath = Field(default="", description="The store path of the weight set.")
+
+    def pin(self) -> WeightSet:
+        """This weight set as the resolver pins it (:class:`harness.resolve.pins.WeightSet`),
+        every file in the lock's order: what realize fetches from and a re-lock starts from.
+        Everything but the store path, which only the lock knows."""
+        return WeightSet(
+            dir=self.dir,
+            provider=self.provider,
+            repo=self.repo,
+            revision=self.revision,
+            repo_type=self.repo_type,
+            files=tuple(f.pin() for f in self.files),
+        )
 
 
 class LockedTarget(Strict):

@@ -225,7 +225,7 @@ def _lock_manifest(
                 settings=settings,
                 cache_dir=cache_dir,
                 offline=options.offline,
-                previous=_to_weight_set(old_weights[spec.dir]) if spec.dir in old_weights else None,
+                previous=old_weights[spec.dir].pin() if spec.dir in old_weights else None,
             )
             for spec in manifest.weights
         ]
@@ -620,16 +620,3 @@ def _to_pins(packages: list[LockedPackage]) -> list[Package]:
         )
         for p in packages
     ]
-
-
-def _to_weight_set(weights: LockedWeights) -> WeightSet:
-    from harness.resolve.pins import WeightFile
-
-    return WeightSet(
-        dir=weights.dir,
-        provider=weights.provider,
-        repo=weights.repo,
-        revision=weights.revision,
-        repo_type=weights.repo_type,
-        files=tuple(WeightFile(f.path, f.size, f.sha256, f.revision) for f in weights.files),
-    )

@@ -466,18 +466,10 @@ def _file_job(ctx: Context, file: LockedFile, url: str) -> Any:
 
 def _weight_job(ctx: Context, weights: LockedWeights, item: LockedWeightFile) -> Any:
     from harness.realize.fetch import FetchJob
-    from harness.resolve.pins import WeightFile, WeightSet
     from harness.resolve.weights import fetch_weight_file
 
-    pin = WeightSet(
-        dir=weights.dir,
-        provider=weights.provider,
-        repo=weights.repo,
-        revision=weights.revision,
-        repo_type=weights.repo_type,
-        files=tuple(WeightFile(f.path, f.size, f.sha256, f.revision) for f in weights.files),
-    )
-    file_pin = WeightFile(item.path, item.size, item.sha256, item.revision)
+    pin = weights.pin()
+    file_pin = item.pin()
 
     def run(progress: Any) -> None:
         with ctx.download_lock(item.sha256):

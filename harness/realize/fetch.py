@@ -213,7 +213,7 @@ def weight_jobs(
 
     jobs: list[FetchJob] = []
     for weights in lock.weights:
-        ws = _weight_set(weights)
+        ws = weights.pin()
         for locked, pin in zip(weights.files, ws.files, strict=True):
             dest = dest_for(weights, locked)
 
@@ -267,17 +267,6 @@ def _wheel_runner(lookup: _ProjectLookup, f: LockedFile, dest: Path) -> Callable
         )
 
     return run
-
-
-def _weight_set(weights: LockedWeights) -> WeightSet:
-    return WeightSet(
-        dir=weights.dir,
-        provider=weights.provider,
-        repo=weights.repo,
-        revision=weights.revision,
-        repo_type=weights.repo_type,
-        files=tuple(WeightFile(f.path, f.size, f.sha256, f.revision) for f in weights.files),
-    )
 
 
 class _Display:

@@ -126,7 +126,7 @@ def run_on_cluster(
     from harness.cache.signing import parse_trusted
     from harness.config import load_settings
     from harness.realize.project_code import benchmark_worker_code
-    from harness.runs.record import closure_of, host_facts, new_run_id, runs_dir, tool_versions
+    from harness.runs.record import closure_of, new_run_id, run_config, runs_dir
     from harness.runs.run import RunOutcome
     from harness.runtime.session import prepare
     from harness.store.store import Store
@@ -175,23 +175,12 @@ def run_on_cluster(
     pushed = push_closure(store, [e["path"] for e in closure["store_paths"]], settings, state.home, echo)
     cpus, gpu_count = shard_resources(prepared.plan)
     config = {
-        "id": run_id,
-        "started": started,
-        "command": list(command) if command else worker,
-        "project": {"root": str(project.root)},
-        "agent": {"name": agent, "skills": prepared.skills} if agent else None,
-        "overrides": list(sets),
-        "services": sorted(prepared.specs),
-        "benchmark": prepared.benchmark,
+        **run_config(run_id, started, command, prepared, agent=agent, sets=sets),
         "deploy": (
             {"path": str(prepared.deploy_path), "text": prepared.deploy_path.read_text()}
             if prepared.deploy_path
             else None
         ),
-        "plan": prepared.plan.as_json(),
-        "host": host_facts(),
-        "versions": tool_versions(),
-        "impurities": list(prepared.impurities),
         "cluster": {
             "engine": target.engine,
             "address": target.address,

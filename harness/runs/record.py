@@ -22,10 +22,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import __version__
 from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    from harness.runtime.session import Prepared
 
 
 def runs_dir(home: Path) -> Path:
@@ -235,6 +238,41 @@ def tool_versions() -> dict[str, str]:
     from harness.resolve.uvtool import uv_version
 
     return {"harness": __version__, "uv": uv_version()}
+
+
+def run_config(
+    run_id: str,
+    started: float,
+    command: list[str],
+    prepared: Prepared,
+    *,
+    agent: str | None,
+    sets: tuple[str, ...],
+) -> dict[str, Any]:
+    """The ``config.json`` fields that every kind of run writes alike (a local run, a shard
+    on its node, a cluster head): what was asked and what it was planned onto.
+
+    ``command`` is the command as given; when empty, the benchmark's worker as its manifest
+    writes it (templates unexpanded), so two runs of the same command compare equal even
+    when a store path inside the resolved argv moved. The host's facts and the tools'
+    versions are read now. The caller adds what only it knows: the deploy, the resolved
+    argv and launches, the broker, the shard or the cluster.
+    """
+    manifest = prepared.benchmark_manifest
+    return {
+        "id": run_id,
+        "started": started,
+        "command": list(command) if command else list((manifest.worker if manifest else None) or ()),
+        "project": {"root": str(prepared.project.root)},
+        "agent": {"name": agent, "skills": prepared.skills} if agent else None,
+        "overrides": list(sets),
+        "services": sorted(prepared.specs),
+        "benchmark": prepared.benchmark,
+        "plan": prepared.plan.as_json(),
+        "host": host_facts(),
+        "versions": tool_versions(),
+        "impurities": list(prepared.impurities),
+    }
 
 
 def list_runs(home: Path) -> list[dict[str, Any]]:

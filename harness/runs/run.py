@@ -22,12 +22,11 @@ from harness.errors import HarnessError
 from harness.runs.record import (
     closure_of,
     command_launch,
-    host_facts,
     new_run_id,
     read_json,
+    run_config,
     runs_dir,
     service_launch,
-    tool_versions,
     write_json,
 )
 
@@ -122,22 +121,9 @@ def run(
     closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=code)
     deploy_text = prepared.deploy_path.read_text() if prepared.deploy_path else None
     config = {
-        "id": run_id,
-        "started": started,
-        # As asked (a benchmark's worker as its manifest writes it), so two runs of the same
-        # command compare equal even when a store path inside the resolved argv moved.
-        "command": list(command) if command else list(benchmark_manifest.worker if benchmark_manifest else ()),
+        **run_config(run_id, started, command, prepared, agent=agent, sets=sets),
         "argv": argv,
-        "project": {"root": str(project.root)},
-        "agent": {"name": agent, "skills": prepared.skills} if agent else None,
-        "overrides": list(sets),
-        "services": sorted(prepared.specs),
-        "benchmark": prepared.benchmark,
         "deploy": {"path": str(prepared.deploy_path), "text": deploy_text} if deploy_text else None,
-        "plan": prepared.plan.as_json(),
-        "host": host_facts(),
-        "versions": tool_versions(),
-        "impurities": list(prepared.impurities),
         # Everything that shapes what the services and the command compute, as launched.
         "launch": {
             "services": {name: service_launch(spec, store.root) for name, spec in sorted(prepared.specs.items())},

@@ -1170,13 +1170,8 @@ def spawn(
     deadline = time.monotonic() + timeout
     token = read_token(state_dir)
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise supervisor.ServiceStartError(
-                f"the broker exited with {supervisor._describe_exit(proc.returncode)}; log: {log}",
-                log_tail=supervisor.log_tail(log),
-            )
-        state = read_state(state_dir)
-        if state is not None and state.get("pid") == proc.pid:
+        state = _serving_state(proc, state_dir, log)
+        if state is not None:
             try:
                 current = _http_json("GET", f"{state['url']}/status", timeout=5.0, token=token)
             except (OSError, ValueError):
@@ -1220,17 +1215,26 @@ def _start_detached(
         )
 
 
+def _serving_state(proc: subprocess.Popen[bytes], state_dir: Path, log: Path) -> dict[str, Any] | None:
+    """One look at a broker started detached as ``proc``: its ``broker.json`` once it has
+    written it (it serves), None before then (or while the file is another pid's).
+
+    Raises :class:`~harness.runtime.supervisor.ServiceStartError`, with the exit and the
+    tail of ``log``, once ``proc`` has exited: it will never serve."""
+    if proc.poll() is not None:
+        raise supervisor.ServiceStartError(
+            f"the broker exited with {supervisor._describe_exit(proc.returncode)}; log: {log}",
+            log_tail=supervisor.log_tail(log),
+        )
+    state = read_state(state_dir)
+    return state if state is not None and state.get("pid") == proc.pid else None
+
+
 def _wait_serving(proc: subprocess.Popen[bytes], state_dir: Path, log: Path, timeout: float) -> None:
     """Wait until the new broker has written ``broker.json`` (it serves: others may join)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise supervisor.ServiceStartError(
-                f"the broker exited with {supervisor._describe_exit(proc.returncode)}; log: {log}",
-                log_tail=supervisor.log_tail(log),
-            )
-        state = read_state(state_dir)
-        if state is not None and state.get("pid") == proc.pid:
+        if _serving_state(proc, state_dir, log) is not None:
             return
         time.sleep(0.02)
     proc.terminate()

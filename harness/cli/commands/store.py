@@ -25,6 +25,21 @@ def command() -> None:
     pass
 
 
+#: ``--key``: what the commands that write a cache (``push``, ``export``) sign with.
+_signing_key_option = click.option(
+    "--key", metavar="FILE", help="Secret key to sign with [default: [cache] secret-key-file]."
+)
+#: ``--trusted-key``: what the commands that read a cache (``pull``, ``import``) trust
+#: besides the configuration's keys; repeatable.
+_trusted_key_option = click.option(
+    "--trusted-key",
+    "trusted_keys",
+    multiple=True,
+    metavar="NAME:BASE64",
+    help="Also trust this public key (besides trusted-keys in configuration).",
+)
+
+
 def _store(state: State) -> Store:
     from harness.store.store import Store
 
@@ -367,7 +382,7 @@ def keygen(name: str, folder: str) -> None:
 @click.argument("cache")
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_paths", is_flag=True, help="Every registered path.")
-@click.option("--key", metavar="FILE", help="Secret key to sign with [default: [cache] secret-key-file].")
+@_signing_key_option
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
 @quiet_option
 @click.pass_obj
@@ -387,13 +402,7 @@ def push_command(
 @click.argument("cache")
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_paths", is_flag=True, help="Every path the cache holds.")
-@click.option(
-    "--trusted-key",
-    "trusted_keys",
-    multiple=True,
-    metavar="NAME:BASE64",
-    help="Also trust this public key (besides trusted-keys in configuration).",
-)
+@_trusted_key_option
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
 @quiet_option
 @click.pass_obj
@@ -473,7 +482,7 @@ def _all_in_cache(backend: Backend, store: Store) -> list[str]:
 @click.argument("names", nargs=-1)
 @click.option("-o", "--output", required=True, metavar="FILE", help="The tar to write.")
 @click.option("--all", "all_paths", is_flag=True, help="Every registered path.")
-@click.option("--key", metavar="FILE", help="Secret key to sign with [default: [cache] secret-key-file].")
+@_signing_key_option
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel compression.")
 @quiet_option
 @click.pass_obj
@@ -496,13 +505,7 @@ def export_command(
 
 @command.command("import", help="Register the paths of a tar written by `harness store export`.")
 @click.argument("file")
-@click.option(
-    "--trusted-key",
-    "trusted_keys",
-    multiple=True,
-    metavar="NAME:BASE64",
-    help="Also trust this public key (besides trusted-keys in configuration).",
-)
+@_trusted_key_option
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel unpacking.")
 @quiet_option
 @click.pass_obj
