@@ -143,7 +143,7 @@ class HubServer:
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "HubServer":
+    def start(self) -> HubServer:
         """Bind a random loopback port and serve in a daemon thread."""
         server = self
 
@@ -164,7 +164,7 @@ class HubServer:
             self._httpd.server_close()
             self._httpd = None
 
-    def __enter__(self) -> "HubServer":
+    def __enter__(self) -> HubServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -328,13 +328,13 @@ class _Handler(BaseHTTPRequestHandler):
     hub: HubServer
     protocol_version = "HTTP/1.1"  # keep-alive, as both clients' connection pools expect
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
+    def log_message(self, format: str, *args: Any) -> None:  # `format`: the stdlib method's parameter name
         pass  # quiet: the request log is in HubServer.requests
 
-    def do_HEAD(self) -> None:  # noqa: N802 - stdlib name
+    def do_HEAD(self) -> None:  # named by BaseHTTPRequestHandler's dispatch
         self._route(head=True)
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+    def do_GET(self) -> None:  # named by BaseHTTPRequestHandler's dispatch
         self._route(head=False)
 
     # ------------------------------------------------------------------ routing

@@ -243,6 +243,17 @@ def test_export_with_a_wrong_expectation_fails_and_leaves_nothing(upstream: Upst
     assert list(dest.parent.iterdir()) == []
 
 
+def test_export_unchecked_leaves_the_tree_hash_to_the_caller(upstream: Upstream, tmp_path: Path) -> None:
+    """``check_tree=False`` (realize, whose store hashes the files once) reads no file back:
+    a wrong expectation goes unnoticed here, and the files are the commit's all the same."""
+    cache = tmp_path / "cache"
+    pin = lock(upstream, cache, "main")
+    wrong = dataclasses.replace(pin, tree="blake3:" + "0" * 64)
+    dest = tmp_path / "store" / "src"
+    export_source(wrong, cache, dest, offline=False, check_tree=False)
+    assert content_hash(dest) == pin.tree
+
+
 def test_export_catches_a_tampered_mirror(upstream: Upstream, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     pin = lock(upstream, cache, "main")

@@ -65,7 +65,7 @@ def reference_fk(q: np.ndarray) -> np.ndarray:
     """
     assert DESCRIPTION["tool"] == {"xyz": [0.0, 0.0, 0.0], "rpy": [0.0, 0.0, 0.0]}
     pose = np.eye(4)
-    for joint, angle in zip(DESCRIPTION["joints"], q):
+    for joint, angle in zip(DESCRIPTION["joints"], q, strict=True):
         pose = pose @ rot_x(joint["alpha"]) @ trans(joint["a"], 0, 0) @ rot_z(angle + joint["offset"]) @ trans(0, 0, joint["d"])
     flange = DESCRIPTION["flange"]
     return pose @ rot_x(flange["alpha"]) @ trans(flange["a"], 0, 0) @ rot_z(flange["theta"]) @ trans(0, 0, flange["d"])
@@ -210,7 +210,7 @@ def test_ik_round_trip(server: Server) -> None:
     rng = np.random.default_rng(2024)
     targets = rng.uniform(LOWER, UPPER, size=(20, 7))
     seeds = rng.uniform(LOWER, UPPER, size=(20, 7))
-    for index, (q, seed) in enumerate(zip(targets, seeds)):
+    for index, (q, seed) in enumerate(zip(targets, seeds, strict=True)):
         _, pose = server.request("POST", "/fk", {"joints": q.tolist()})
         with_orientation = index % 2 == 0
         request: dict[str, Any] = {"position": pose["position"], "seed": seed.tolist()}

@@ -103,7 +103,7 @@ def as_user(user: User, action: Callable[[], Any]) -> Any:
             os.setuid(user.uid)
             os.umask(0o077)
             outcome: tuple[str, Any] = ("ok", action())
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        except BaseException as exc:  # anything at all: reported to the parent
             outcome = ("raised", (type(exc).__name__, str(exc)))
         with os.fdopen(write_end, "wb") as sink:
             pickle.dump(outcome, sink)

@@ -16,6 +16,7 @@ import pytest
 
 from harness.store.gc import collect, pin, why
 from harness.store.hashing import content_hash
+from harness.store.launchcheck import check_closure
 from harness.store.store import FIXED_MTIME, BuildResult, Store, StoreError
 from harness.store.verify import verify_store
 
@@ -66,6 +67,50 @@ def test_expected_content_is_enforced(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="content hash mismatch: expected blake3:00"):
         store.add(NAME, "source", _tree, expected_content="blake3:" + "0" * 64)
     assert not store.is_registered(NAME) and not os.path.lexists(store.root / NAME)
+
+
+def _rewrite(path: Path, data: bytes) -> None:
+    """Change a canonical (read-only, mtime 1) file's bytes and put its mode and mtime back:
+    only its ctime (which no user can set) tells."""
+    path.chmod(0o644)
+    path.write_bytes(data)
+    path.chmod(0o444)
+    os.utime(path, (FIXED_MTIME, FIXED_MTIME))
+
+
+def test_commit_registers_what_was_staged_with_its_launch_fingerprint(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store")
+    staged = store.stage("source", _tree, label=NAME)
+    assert not os.path.lexists(store.root / NAME)  # staged: nothing registered yet
+    record = store.commit(staged, NAME, expected_content=staged.digest.hash)
+    assert store.is_registered(NAME) and record.content == content_hash(store.path(NAME))
+    assert list(store.tmp_dir.iterdir()) == []
+    # The fingerprint written at registration describes the path as it is: the launch check
+    # passes on stat alone, with no re-hash.
+    assert [(c.path, c.verified) for c in check_closure(store.root, [NAME])] == [(NAME, "stat")]
+
+
+def test_commit_refuses_a_staged_build_changed_after_it_was_hashed(tmp_path: Path) -> None:
+    """Mode, mtime and size as hashed, other bytes: the staged hash no longer describes them."""
+    store = Store(tmp_path / "store")
+    staged = store.stage("source", _tree, label=NAME)
+    _rewrite(staged.out / "data.txt", b"HELLO\n")
+    with pytest.raises(StoreError, match="changed after it was hashed"):
+        store.commit(staged, NAME)
+    assert not store.is_registered(NAME) and not os.path.lexists(store.root / NAME)
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_commit_of_a_staged_build_with_only_new_times_registers_it(tmp_path: Path) -> None:
+    """A changed ctime alone (the same bytes written again) costs a re-hash, not a refusal."""
+    store = Store(tmp_path / "store")
+    staged = store.stage("source", _tree, label=NAME)
+    digest = staged.digest
+    time.sleep(0.01)  # a later ctime than the stage's fingerprint, even on a coarse clock
+    _rewrite(staged.out / "data.txt", b"hello\n")
+    record = store.commit(staged, NAME)
+    assert record.content == digest.hash == content_hash(store.path(NAME))
+    assert [c.verified for c in check_closure(store.root, [NAME])] == ["stat"]
 
 
 def test_unregistered_leftover_is_rebuilt(tmp_path: Path) -> None:

@@ -748,7 +748,12 @@ def _register_paths(ctx: Context, lock: Lock, prepared: _Prepared, report: Repor
 
 
 def _source_builder(ctx: Context, source: Any, progress: Reporter | None = None) -> Any:
-    """The store builder of a locked git source: its files at the locked commit."""
+    """The store builder of a locked git source: its files at the locked commit, *unchecked*.
+
+    The export does not hash the files itself (``check_tree=False``): the store hashes what
+    the builder made (:meth:`Store.stage`), and :func:`_stage_source` compares that with the
+    lock's tree hash before anything is registered; one read of every byte, not two.
+    """
     from harness.resolve.git import export_source
     from harness.resolve.pins import GitSource, Submodule
 
@@ -765,30 +770,31 @@ def _source_builder(ctx: Context, source: Any, progress: Reporter | None = None)
 
     def build(out: Path) -> BuildResult:
         with (progress or ctx.progress).phase(f"exporting source {source.name} at {source.commit[:12]} (git)"):
-            export_source(pin, ctx.cache_dir, out, offline=ctx.offline, mirrors=ctx.settings.git_mirrors)
+            export_source(
+                pin, ctx.cache_dir, out, offline=ctx.offline, mirrors=ctx.settings.git_mirrors, check_tree=False
+            )
         return BuildResult(obtained=f"git {source.repo} {source.commit}")
 
     return build
 
 
 def _add_source(ctx: Context, source: Any) -> None:
-    ctx.store.add(
-        source.store, "source", _source_builder(ctx, source), expected_content=source.tree, progress=ctx.progress
-    )
+    """Register a git source that was not staged ahead (:func:`_stage_source`, then commit)."""
+    if not ctx.store.is_registered(source.store):
+        ctx.store.commit(_stage_source(ctx, source, ctx.progress), source.store, expected_content=source.tree)
 
 
 def _stage_source(ctx: Context, source: Any, progress: Reporter) -> Staged:
-    """A git source exported and hashed in the store's scratch, checked against the lock's tree
-    hash (StoreError naming both, and nothing kept, when they differ), not registered."""
-    from harness.store.store import StoreError
+    """A git source exported and hashed (once) in the store's scratch, checked against the
+    lock's tree hash, not registered. When they differ, GitError names the repo, the commit
+    and both hashes, and nothing is kept."""
+    from harness.resolve.git import GitError, tree_mismatch
 
     staged = ctx.store.stage("source", _source_builder(ctx, source, progress), label=source.store, progress=progress)
     if staged.digest.hash != source.tree:
         staged.discard()
-        raise StoreError(
-            f"{source.store}: content hash mismatch: expected {source.tree}, got {staged.digest.hash}; "
-            "nothing was registered"
-        )
+        message = tree_mismatch(source.repo, source.commit, staged.digest.hash, source.tree)
+        raise GitError(f"{message}; nothing was registered")
     return staged
 
 

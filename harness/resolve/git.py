@@ -3,7 +3,9 @@
 :func:`lock_source` resolves a branch, tag or commit to a full commit and records the
 content hash of that commit's files (the store's NAR scheme, ``harness.store.hashing``);
 :func:`export_source` writes the same files again and checks them against that hash, so
-every byte entering the store is one the lock recorded (DESIGN invariant 3).
+every byte entering the store is one the lock recorded (DESIGN invariant 3). Realize exports
+with ``check_tree=False``: the store hashes what it is given anyway (``Store.stage``) and
+the builder compares that hash with the lock's, so the files are read once, not twice.
 
 Each repository gets one bare mirror, ``<cache_dir>/git/<hash of its URL>.git``, that
 holds every branch and tag (and any commit fetched by id); it is only written under a file
@@ -551,13 +553,24 @@ def lock_source(
     )
 
 
+def tree_mismatch(repo: str, commit: str, actual: str, expected: str) -> str:
+    """The message for files of ``repo`` at ``commit`` that do not hash to the lock's tree."""
+    return f"{repo} at {commit}: the exported files hash to {actual}, the lock expects {expected}"
+
+
 def _submodule_entries(submodules: Sequence[Submodule]) -> list[_Entry]:
     """Submodule folders as entries, so a subdirectory inside one is found."""
     return [_Entry("040000", "tree", s.commit, f"{s.path}/.") for s in submodules]
 
 
 def export_source(
-    pin: GitSource, cache_dir: Path, dest: Path, *, offline: bool, mirrors: Mapping[str, str] | None = None
+    pin: GitSource,
+    cache_dir: Path,
+    dest: Path,
+    *,
+    offline: bool,
+    mirrors: Mapping[str, str] | None = None,
+    check_tree: bool = True,
 ) -> None:
     """Write the files of ``pin.commit`` and of ``pin.submodules`` into ``dest``, which must
     not exist yet.
@@ -566,6 +579,10 @@ def export_source(
     when one lacks a commit. The files are written beside ``dest`` and renamed into place
     only once ``content_hash`` of them equals ``pin.tree``; otherwise GitError names the
     repo, commit, expected and actual hashes, and nothing is left at ``dest``.
+
+    ``check_tree=False`` skips that hash (a full read of every file): for a caller that
+    hashes ``dest`` itself and compares the result with ``pin.tree`` before trusting it, as
+    realize does through the store. Nothing else about the export changes.
     """
     if not _FULL_HEX.match(pin.commit):
         raise GitError(f"lock entry for {pin.repo} has commit {pin.commit!r}, not 40 hex digits")
@@ -595,12 +612,13 @@ def export_source(
         with _locked_mirror(cache_dir, pin.repo) as mirror:
             _export_commit(mirror, entries, staging)
         _export_submodules(cache_dir, pin.submodules, staging, offline=offline, mirrors=mirrors)
-        actual = content_hash(staging)
-        if actual != pin.tree:
-            raise GitError(f"{pin.repo} at {commit}: the exported files hash to {actual}, the lock expects {pin.tree}")
+        if check_tree:
+            actual = content_hash(staging)
+            if actual != pin.tree:
+                raise GitError(tree_mismatch(pin.repo, commit, actual, pin.tree))
         os.rename(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-__all__ = ["GitError", "export_source", "fetch_url", "join_url", "lock_source", "mirror_path"]
+__all__ = ["GitError", "export_source", "fetch_url", "join_url", "lock_source", "mirror_path", "tree_mismatch"]

@@ -49,6 +49,12 @@ def take_fingerprint(path: str | os.PathLike[str]) -> tuple[int, dict[str, Entry
     return st.st_dev, entries
 
 
+def take_top(path: str | os.PathLike[str]) -> Entry:
+    """The root entry of ``take_fingerprint(path)`` alone (after a move or a ``chmod`` of the
+    root, which change nothing below it)."""
+    return _entry(os.lstat(path))
+
+
 def racy(entries: dict[str, Entry], now_ns: int | None = None) -> bool:
     """Whether an entry changed within :data:`RACY_NS` before ``now_ns`` (default: now)."""
     newest = max((max(e[3], e[4]) for e in entries.values()), default=0)

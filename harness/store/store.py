@@ -34,6 +34,7 @@ from harness.errors import HarnessError
 from harness.progress import QUIET, Reporter, format_bytes
 
 if TYPE_CHECKING:
+    from harness.store.fingerprint import Entry
     from harness.store.hashing import NarDigest
 
 #: Every object's files get this mtime (Nix uses 1 too): content, not history.
@@ -121,7 +122,12 @@ class _Guard:
 @dataclass
 class Staged:
     """An object built, canonicalized and hashed in the store's scratch but not registered
-    (:meth:`Store.stage`): :meth:`Store.commit` registers it, :meth:`discard` drops it."""
+    (:meth:`Store.stage`): :meth:`Store.commit` registers it, :meth:`discard` drops it.
+
+    ``fingerprint`` is the stat fingerprint of ``out`` taken after canonicalizing and before
+    hashing (:mod:`harness.store.fingerprint`): commit compares it, instead of hashing again,
+    to know that ``digest`` still describes the bytes it registers.
+    """
 
     store: Store
     kind: str
@@ -130,6 +136,7 @@ class Staged:
     result: BuildResult
     scratch: Path
     guard: _Guard
+    fingerprint: tuple[int, dict[str, Entry]]
 
     def discard(self) -> None:
         """Remove the scratch build and let go of it (nothing of it was registered). Idempotent."""
@@ -312,8 +319,10 @@ class Store:
         and register nothing: the caller then :meth:`commit` s it under a name (which may
         depend on its content hash, computed here once) or :meth:`Staged.discard` s it.
 
-        What this is for: realize builds the interpreter while it fetches, and registers it
-        only once the fetch succeeded, so a failed realize leaves the store as it was. The
+        What this is for: realize builds the interpreter and exports the git sources while it
+        fetches, and registers them only once the fetch succeeded, so a failed realize leaves
+        the store as it was. The bytes are read once, here: commit relies on a stat
+        fingerprint taken before the hash (:class:`Staged`). The
         scratch folder is held (an ``flock`` on ``.locks/<label>-<token>.lock``) until then,
         so a concurrent :meth:`clean` (another realize, ``gc``) leaves it alone; after a
         crash it is debris that the next clean removes. A failing builder leaves nothing.
@@ -333,13 +342,14 @@ class Store:
             out = scratch / "out"
             result = build(out) or BuildResult()
             with progress.phase(f"hashing {kind} {_display_name(label)}") as phase:
-                digest = self._seal_and_hash(out, kind, label)
+                fingerprints: list[tuple[int, dict[str, Entry]]] = []
+                digest = self._seal_and_hash(out, kind, label, fingerprints=fingerprints)
                 phase.summary = format_bytes(digest.nar_size)
         except BaseException:
             remove_tree(scratch)
             guard.release()
             raise
-        return Staged(self, kind, out, digest, result, scratch, guard)
+        return Staged(self, kind, out, digest, result, scratch, guard, fingerprints[0])
 
     def commit(
         self,
@@ -352,7 +362,13 @@ class Store:
         """Register ``staged`` (built and hashed by :meth:`stage`) under ``name``, without
         hashing it again; return its record. Already registered (another process was first):
         the staged copy is dropped and the registered record returned. Either way the staged
-        object is gone afterwards. ``expected_content`` as for :meth:`add`."""
+        object is gone afterwards. ``expected_content`` as for :meth:`add`.
+
+        The staged hash is trusted only while the staged tree's stat fingerprint is the one
+        taken before it was hashed (one ``lstat`` per entry, no reads). Anything different (a
+        file written or replaced in the scratch since; or merely a changed ctime, as a hard
+        link elsewhere gives) costs one re-hash: the same content is registered, other
+        content is refused with StoreError and nothing is registered."""
         try:
             existing = self.record(name)
             if existing is not None:
@@ -365,14 +381,42 @@ class Store:
                 if os.path.lexists(target):
                     self.check_removable(name)  # a crash between rename and record (see add)
                     remove_tree(target)
+                taken = self._check_staged(staged, name)
                 return self._place(
-                    staged.out, name, staged.kind, staged.digest, staged.result, references, expected_content
+                    staged.out, name, staged.kind, staged.digest, staged.result, references, expected_content, taken
                 )
         finally:
             staged.discard()
 
-    def _seal_and_hash(self, out: Path, kind: str, name: str) -> NarDigest:
-        """Share, canonicalize and hash a built object (the part of a build after the builder)."""
+    @staticmethod
+    def _check_staged(staged: Staged, name: str) -> tuple[int, dict[str, Entry]]:
+        """``staged.out``'s fingerprint now, once its bytes are known to be the hashed ones
+        (the stage's fingerprint is unchanged, or a re-hash gives the staged digest); else
+        StoreError. Taken before any re-hash, as the stage's is: a change while re-hashing
+        then shows at the next launch check rather than being recorded as registered."""
+        from harness.store.fingerprint import take_fingerprint
+        from harness.store.hashing import nar_digest
+
+        now = take_fingerprint(staged.out)
+        if now == staged.fingerprint:
+            return now
+        digest = nar_digest(staged.out)
+        if digest != staged.digest:
+            raise StoreError(
+                f"{name}: the staged build changed after it was hashed (hashed {staged.digest.hash}, "
+                f"now {digest.hash}); nothing was registered"
+            )
+        return now
+
+    def _seal_and_hash(
+        self, out: Path, kind: str, name: str, *, fingerprints: list[tuple[int, dict[str, Entry]]] | None = None
+    ) -> NarDigest:
+        """Share, canonicalize and hash a built object (the part of a build after the builder).
+
+        ``fingerprints``, when given, receives ``out``'s stat fingerprint taken between
+        canonicalizing and hashing: any later change to an entry changes its ctime, so the
+        fingerprint still matching later means the bytes are the hashed ones.
+        """
         from harness.store.hashing import nar_digest
 
         if not os.path.lexists(out):
@@ -383,6 +427,10 @@ class Store:
         # parent rewrites its ``..``, which Linux allows only in a directory its owner can write
         # (or to root). Its mode is not content.
         canonicalize(out, keep_top_writable=True)
+        if fingerprints is not None:
+            from harness.store.fingerprint import take_fingerprint
+
+            fingerprints.append(take_fingerprint(out))
         return nar_digest(out)
 
     def _place(
@@ -394,8 +442,14 @@ class Store:
         result: BuildResult,
         references: tuple[str, ...],
         expected_content: str | None,
+        taken: tuple[int, dict[str, Entry]] | None = None,
     ) -> Record:
-        """Move a canonicalized, hashed object to ``name`` and register it (under its lock)."""
+        """Move a canonicalized, hashed object to ``name`` and register it (under its lock).
+
+        ``taken``: ``out``'s fingerprint just taken (by :meth:`commit`), reused for the launch
+        check's with only the top entry taken again (the move and the sealing change it alone);
+        without it the whole path is walked after the move.
+        """
         if expected_content is not None and digest.hash != expected_content:
             raise StoreError(
                 f"{name}: content hash mismatch: expected {expected_content}, got {digest.hash}; nothing was registered"
@@ -409,7 +463,11 @@ class Store:
         # sealing, which change the top's ctime; a cache, so written before the record.
         from harness.store.launchcheck import write_fingerprint
 
-        write_fingerprint(self.root, name, digest.hash)
+        if taken is not None:
+            from harness.store.fingerprint import take_top
+
+            taken = (taken[0], {**taken[1], "": take_top(target)})
+        write_fingerprint(self.root, name, digest.hash, taken)
         record = Record(
             name=name,
             kind=kind,
