@@ -90,6 +90,39 @@ def test_run_uv_failure_carries_stderr(tmp_path: Path) -> None:
     assert "missing.in" in info.value.stderr and "missing.in" in str(info.value)
 
 
+
+def test_wait_for_exit_returns_the_status_or_times_out() -> None:
+    """uvtool.wait_for_exit: the exit status of a real process, TimeoutExpired while it runs
+    (it is left running), a process already reaped, and a pidfd numbered above 1023 (where
+    select() would refuse it)."""
+    import resource
+
+    from harness.resolve.uvtool import wait_for_exit
+
+    quick = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert wait_for_exit(quick, 60) == 3
+    assert wait_for_exit(quick, 60) == 3  # reaped already: Popen's own answer
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            wait_for_exit(slow, 0.2)
+        assert slow.poll() is None
+    finally:
+        slow.kill()
+        slow.wait()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files ({hard}) keeps descriptors below 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        high = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(5)"])
+        assert wait_for_exit(high, 60) == 5
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
 # --- interpreter: pure parts -----------------------------------------------------------------
 
 

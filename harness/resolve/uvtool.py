@@ -310,10 +310,13 @@ def wait_for_exit(process: subprocess.Popen[bytes], timeout: float | None) -> in
     try:
         import select
 
-        readable, _, _ = select.select([fd], [], [], timeout)
+        # poll, not select: select refuses descriptors above 1023 (a busy process has them).
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        ready = poller.poll(timeout * 1000)  # milliseconds; a fraction is rounded up
     finally:
         os.close(fd)
-    if not readable:
+    if not ready:
         raise subprocess.TimeoutExpired(process.args, timeout)
     return process.wait()
 
