@@ -30,9 +30,9 @@ def _isolated_git(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
 
 
-def git(cwd: Path, *args: str) -> str:
+def git(cwd: Path, *args: str, input_text: str | None = None) -> str:
     result = subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                            text=True, env={**os.environ, **IDENTITY})
+                            text=True, env={**os.environ, **IDENTITY}, input=input_text)
     return result.stdout.strip()
 
 
@@ -427,3 +427,117 @@ def test_fetch_url_and_join_url() -> None:
     assert join_url("https://h/org/parent", "./sub") == "https://h/org/parent/sub"
     assert join_url("git@h:org/parent", "../lib") == "git@h:org/lib"
     assert join_url("https://h/org/parent", "https://x/y") == "https://x/y"
+
+
+# ------------------------------------------------------------------- export: the same bytes
+
+#: content_hash of the ``golden`` fixture's commit, as exported by every harness version so
+#: far (the first ones wrote each blob from ``git cat-file``): locks record it, so an export
+#: that writes other bytes, modes or symlinks would make every existing lock fail realize.
+GOLDEN_TREE = "blake3:646d70615b2ade90727829dfc5a000c30a1718b3dc530a4ea78e1b3c4caf5237"
+
+
+def _golden(root: Path) -> str:
+    """parent (executables, symlinks, nested folders, bytes that .gitattributes would convert
+    on checkout) with a submodule ``vendor/sub`` (a relative URL, so .gitmodules' bytes do not
+    depend on where the test runs) holding an executable, a symlink and a nested file."""
+    sub = root / "sub"
+    (sub / "tools").mkdir(parents=True)
+    git(sub, "init", "-q", "-b", "main")
+    (sub / "tools" / "run").write_text("#!/bin/sh\necho sub\n")
+    (sub / "tools" / "run").chmod(0o755)
+    (sub / "tools" / "deep").mkdir()
+    (sub / "tools" / "deep" / "data.txt").write_bytes(b"line\r\nline\n")
+    (sub / "run-link").symlink_to("tools/run")
+    commit_all(sub, "sub")
+    parent = root / "parent"
+    (parent / "a" / "b" / "c").mkdir(parents=True)
+    git(parent, "init", "-q", "-b", "main")
+    (parent / "a" / "b" / "c" / "deep.py").write_text("DEEP = 1\n")
+    (parent / "a" / "b" / "empty").write_bytes(b"")
+    (parent / "bin").mkdir()
+    (parent / "bin" / "tool").write_text("#!/bin/sh\necho tool\n")
+    (parent / "bin" / "tool").chmod(0o755)
+    (parent / "bin" / "plain").write_text("not executable\n")
+    (parent / "crlf.txt").write_bytes(b"one\r\ntwo\n")
+    (parent / "ident.txt").write_text("$Id$\n")
+    (parent / "model.bin").write_bytes(b"version https://git-lfs.github.com/spec/v1\nsize 3\n")
+    (parent / "to-deep").symlink_to("a/b/c/deep.py")
+    (parent / "a" / "up").symlink_to("../bin")
+    (parent / "dangling").symlink_to("nowhere/at/all")
+    git(parent, "-c", "protocol.file.allow=always", "submodule", "add", "-q", sub.as_uri(), "vendor/sub")
+    git(parent, "config", "-f", ".gitmodules", "submodule.vendor/sub.url", "../sub")
+    commit_all(parent, "files")
+    # Attributes that would change the bytes on checkout, committed after the files (so
+    # that committing them normalized nothing): eol conversion, ident, a smudge filter.
+    (parent / ".gitattributes").write_text("* text eol=crlf\nident.txt ident\nmodel.bin filter=lfs\n")
+    git(parent, "add", ".gitattributes")  # that file alone: `add -A` would renormalize the rest
+    git(parent, "commit", "-q", "-m", "attributes")
+    return git(parent, "rev-parse", "HEAD")
+
+
+def test_export_writes_the_bytes_locks_already_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same tree hash as every earlier export, whatever the user's git config and umask:
+    blobs as committed (no eol, ident or filter), modes, symlinks, nested folders, and a
+    submodule at its pinned commit."""
+    commit = _golden(tmp_path / "repos")
+    url = (tmp_path / "repos" / "parent").as_uri()
+    # A user's config that would change every one of those on a plain checkout.
+    hostile = tmp_path / "gitconfig"
+    hostile.write_text(
+        "[core]\n\tautocrlf = true\n\tsymlinks = false\n\teol = crlf\n\tsparseCheckout = true\n"
+        '[filter "lfs"]\n\tsmudge = tr a-z A-Z\n\trequired = true\n'
+        "[checkout]\n\tworkers = 4\n\tthresholdForParallelism = 1\n"
+    )
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(hostile))
+    old_umask = os.umask(0o077)
+    try:
+        pin = lock_source(Source(repo=url, rev="main"), tmp_path / "cache")
+        dest = tmp_path / "store" / "parent"
+        export_source(pin, tmp_path / "cache", dest, offline=True)
+    finally:
+        os.umask(old_umask)
+    assert pin.commit == commit
+    assert [m.path for m in pin.submodules] == ["vendor/sub"]
+    assert pin.tree == GOLDEN_TREE
+    assert content_hash(dest) == GOLDEN_TREE
+    assert (dest / "crlf.txt").read_bytes() == b"one\r\ntwo\n"
+    assert (dest / "ident.txt").read_bytes() == b"$Id$\n"
+    assert (dest / "model.bin").read_bytes().startswith(b"version https://git-lfs")
+    assert (dest / "vendor" / "sub" / "tools" / "deep" / "data.txt").read_bytes() == b"line\r\nline\n"
+    assert os.readlink(dest / "to-deep") == "a/b/c/deep.py"
+    assert os.readlink(dest / "a" / "up") == "../bin"
+    assert os.readlink(dest / "dangling") == "nowhere/at/all"
+    assert os.readlink(dest / "vendor" / "sub" / "run-link") == "tools/run"
+    for executable in ("bin/tool", "vendor/sub/tools/run"):
+        assert os.stat(dest / executable).st_mode & 0o777 == 0o755
+    for plain in ("bin/plain", "a/b/empty", ".gitmodules", "vendor/sub/tools/deep/data.txt"):
+        assert os.stat(dest / plain).st_mode & 0o777 == 0o644
+    assert not (dest / ".git").exists() and not (dest / "vendor" / "sub" / ".git").exists()
+
+
+def test_lock_can_keep_the_files_it_hashed(upstream: Upstream, tmp_path: Path) -> None:
+    """``keep``: the lock's one export stays, the same files a later export writes."""
+    cache = tmp_path / "cache"
+    kept = tmp_path / "scratch" / "kept"
+    kept.parent.mkdir()
+    pin = lock_source(Source(repo=upstream.url, rev="main"), cache, keep=kept)
+    assert content_hash(kept) == pin.tree == lock(upstream, cache, "main").tree
+    assert os.readlink(kept / "link") == "README" and os.access(kept / "bin" / "tool", os.X_OK)
+    with pytest.raises(GitError, match="already exists"):
+        lock_source(Source(repo=upstream.url, rev="main"), cache, keep=kept)
+    with pytest.raises(GitError, match="subdirectory 'nope' does not exist"):
+        lock_source(Source(repo=upstream.url, rev="main", subdirectory="nope"), cache, keep=tmp_path / "k2")
+    assert not (tmp_path / "k2").exists()
+
+
+def test_a_malformed_tree_is_refused_before_anything_is_written(upstream: Upstream, tmp_path: Path) -> None:
+    """A tree (made with mktree, as no checkout would) that holds a file and a folder of the
+    same name: writing both would put the folder's files where the file is."""
+    blob = git(upstream.path, "rev-parse", "HEAD:README")
+    inner = git(upstream.path, "mktree", input_text=f"100644 blob {blob}\tb\n")
+    tree = git(upstream.path, "mktree", input_text=f"100644 blob {blob}\ta\n040000 tree {inner}\ta\n")
+    commit = git(upstream.path, "commit-tree", tree, "-m", "malformed")
+    git(upstream.path, "update-ref", "refs/heads/malformed", commit)
+    with pytest.raises(GitError, match="malformed tree: 'a' collides"):
+        lock(upstream, tmp_path / "cache", "malformed")

@@ -406,25 +406,31 @@ def _sources(
     from harness.resolve.python import build_requirements, dynamic_build_requirements
 
     pins: list[GitSource] = []
+    # Where each installed source's files are left by lock_source, which exports them to
+    # hash them anyway: one export per source, not a second one to read them.
+    exported: list[Path] = []
     if environment.sources:
         from harness.resolve.git import lock_source
 
-        pins = [
-            lock_source(source, cache_dir, offline=options.offline, mirrors=settings.git_mirrors)
-            for source in environment.sources
-        ]
+        for number, source in enumerate(environment.sources):
+            keep = scratch / f"source-{number}"
+            pins.append(
+                lock_source(
+                    source,
+                    cache_dir,
+                    offline=options.offline,
+                    mirrors=settings.git_mirrors,
+                    keep=None if source.install == "none" else keep,
+                )
+            )
+            exported.append(keep)
     project_dirs: list[tuple[Path, tuple[str, ...]]] = []
     build_reqs: list[str] = []
     env_reqs: list[str] = []
-    for pin_, source in zip(pins, environment.sources, strict=True):
-        from harness.resolve.git import export_source
-
-        dest = scratch / pin_.commit
-        if not dest.exists():
-            export_source(pin_, cache_dir, dest, offline=options.offline, mirrors=settings.git_mirrors)
-        root = dest / pin_.subdirectory if pin_.subdirectory else dest
+    for pin_, source, dest in zip(pins, environment.sources, exported, strict=True):
         if pin_.install == "none":
             continue  # a checkout only: realized into the store, never installed
+        root = dest / pin_.subdirectory if pin_.subdirectory else dest
         if not ((root / "pyproject.toml").is_file() or (root / "setup.py").is_file()):
             raise HarnessError(
                 f"source {pin_.repo} at {pin_.commit[:12]}"

@@ -16,6 +16,9 @@ What is exported is the commit's tree exactly as git stores it: blob bytes as co
 ``100755`` files executable, symlinks as symlinks. ``.gitattributes`` (eol conversion,
 ``export-ignore``, ``export-subst``, filters such as Git LFS) and the user's git config do
 not apply, so the same commit always gives the same bytes (LFS files stay pointers).
+``git checkout-index`` writes them, two processes per repository however many files it has
+(:func:`_write_tree`), in a private git directory whose attributes and settings switch every
+conversion off and which reads the mirror's objects without writing to it.
 
 **Submodules** are pinned recursively: each gitlink of the commit's tree is a submodule at
 that path and commit, its URL read from the commit's own ``.gitmodules`` (a relative URL,
@@ -41,7 +44,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO
 
 import blake3
 
@@ -52,7 +54,6 @@ from harness.store.hashing import content_hash, nix_base32
 
 _FULL_HEX = re.compile(r"^[0-9a-fA-F]{40}$")
 _SHORT_HEX = re.compile(r"^[0-9a-fA-F]{4,39}$")
-_COPY_CHUNK = 1 << 20
 
 # Variables that point git at another repository, index or object store (set, for example,
 # when harness runs inside a git hook); the mirror must be the only repository git sees.
@@ -324,74 +325,129 @@ def _check_subdirectory(entries: Sequence[_Entry], subdirectory: str | None, rep
         raise GitError(f"subdirectory {subdirectory!r} does not exist in {repo} at {commit}")
 
 
-def _read_exactly(stream: IO[bytes], size: int) -> Iterator[bytes]:
-    while size:
-        chunk = stream.read(min(size, _COPY_CHUNK))
-        if not chunk:
-            raise GitError("git cat-file ended early while exporting a source")
-        size -= len(chunk)
-        yield chunk
-
-
-def _write_tree(mirror: Path, entries: Sequence[_Entry], dest: Path) -> None:
-    """Write ``entries`` under ``dest`` (a new, empty directory) from the mirror's objects.
-
-    Parents are only ever directories made here: a malformed tree that puts a file under a
-    symlink (or lists a path twice) is refused rather than followed out of ``dest``.
-    """
-    made_dirs: set[str] = {""}
+def _check_layout(entries: Sequence[_Entry]) -> None:
+    """Refuse a malformed tree (fsck would) that lists a path twice or puts an entry under a
+    file or symlink: written out, the second would replace the first or follow the symlink.
+    Pure; ``entries`` are the files and symlinks to write (gitlinks are checked when their
+    submodule is written into place)."""
     leaves: set[str] = set()
-    process = subprocess.Popen(
-        ["git", f"--git-dir={mirror}", "cat-file", "--batch"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=_environment(),
+    dirs: set[str] = set()
+    for entry in entries:
+        if entry.path in leaves:
+            raise GitError(f"malformed tree: {entry.path!r} collides with another entry")
+        leaves.add(entry.path)
+        parent = entry.path
+        while True:  # add every ancestor; one already present had its own ancestors added
+            parent = parent.rpartition("/")[0]
+            if not parent or parent in dirs:
+                break
+            dirs.add(parent)
+    clash = leaves & dirs
+    if clash:
+        raise GitError(f"malformed tree: {min(clash)!r} collides with another entry")
+
+
+#: What git would otherwise change between a blob and the file it writes: end-of-line
+#: conversion (``text``, ``eol``, ``crlf``), smudge filters (Git LFS included), ``ident``
+#: expansion and re-encoding. This file is ``$GIT_DIR/info/attributes`` of the private git
+#: directory an export runs in, which outranks every ``.gitattributes`` of the commit.
+_RAW_ATTRIBUTES = "* -text -filter -ident -working-tree-encoding\n"
+
+#: Settings that make ``read-tree``/``checkout-index`` write blobs as stored whatever the
+#: user's git config says: symlinks as symlinks, no eol conversion, every path the tree
+#: holds (``_check_entries`` has refused the unsafe ones; protectNTFS would refuse more
+#: than the store can hold), no sparse checkout, fsmonitor or split index.
+_CHECKOUT_CONFIG = (
+    f"core.attributesFile={os.devnull}",  # not even ~/.config/git/attributes
+    "core.symlinks=true",
+    "core.autocrlf=false",
+    "core.eol=lf",
+    "core.safecrlf=false",
+    "core.ignoreCase=false",
+    "core.precomposeUnicode=false",
+    "core.protectNTFS=false",
+    "core.protectHFS=false",
+    "core.sparseCheckout=false",
+    "core.fsmonitor=false",
+    "core.splitIndex=false",
+    "index.sparse=false",
+)
+
+#: ``checkout.workers``: git's parallel checkout, one worker per CPU (0), for trees of more
+#: than ``checkout.thresholdForParallelism`` (100) files.
+_CHECKOUT_WORKERS = 0
+
+
+def _checkout_environment(git_dir: Path, work_tree: Path) -> dict[str, str]:
+    """:func:`_environment` for git working in ``git_dir`` on ``work_tree`` with no config
+    or attributes of the user's or the system's (``GIT_CONFIG_*`` variables included)."""
+    env = {key: value for key, value in _environment().items() if not key.startswith(("GIT_CONFIG", "GIT_ATTR"))}
+    env.update(
+        GIT_DIR=os.path.abspath(git_dir),  # absolute: git runs with the work tree as its cwd
+        GIT_WORK_TREE=os.path.abspath(work_tree),
+        GIT_INDEX_FILE=os.path.abspath(git_dir / "index"),
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_ATTR_NOSYSTEM="1",
     )
-    assert process.stdin is not None and process.stdout is not None
+    return env
+
+
+def _private_git_dir(mirror: Path, where: Path) -> Path:
+    """A throwaway git directory under ``where`` that reads ``mirror``'s objects (through
+    ``objects/info/alternates``, so nothing is ever written into the mirror, which may be
+    another user's or read-only) and holds :data:`_RAW_ATTRIBUTES` and its own index."""
+    git_dir = Path(tempfile.mkdtemp(prefix=".export-", dir=where))
+    (git_dir / "refs").mkdir()
+    (git_dir / "objects" / "info").mkdir(parents=True)
+    (git_dir / "info").mkdir()
+    (git_dir / "HEAD").write_text("ref: refs/heads/export\n")
+    (git_dir / "objects" / "info" / "alternates").write_bytes(os.fsencode(mirror.resolve() / "objects") + b"\n")
+    (git_dir / "info" / "attributes").write_text(_RAW_ATTRIBUTES)
+    return git_dir
+
+
+def _write_tree(mirror: Path, commit: str, entries: Sequence[_Entry], dest: Path) -> None:
+    """Write the files and symlinks of ``commit`` (its ``entries``, gitlinks left out) under
+    ``dest``, an existing empty directory, from the mirror's objects.
+
+    Two git processes, whatever the number of files: ``read-tree`` puts the commit into a
+    private index and ``checkout-index`` writes the listed paths (git's parallel checkout
+    on several CPUs). Files are ``0644``, or ``0755`` for ``100755`` blobs (umask ``022``
+    for git, whatever this process's), directories ``0755``; blob bytes are written as
+    stored (:data:`_RAW_ATTRIBUTES`, :data:`_CHECKOUT_CONFIG`). A malformed tree is refused
+    (:func:`_check_layout`) before anything is written.
+    """
+    files = [entry for entry in entries if not _is_gitlink(entry)]
+    _check_layout(files)
+    if not files:
+        return
+    git_dir = _private_git_dir(mirror, mirror.parent)
     try:
-        for entry in entries:
-            parent = entry.path.rpartition("/")[0]
-            ancestors = [p for p in _prefixes(parent) if p not in made_dirs]
-            clash = entry.path in leaves or entry.path in made_dirs
-            if clash or any(p in leaves for p in ancestors):
-                raise GitError(f"malformed tree: {entry.path!r} collides with another entry")
-            for ancestor in ancestors:
-                (dest / ancestor).mkdir()
-                made_dirs.add(ancestor)
-            leaves.add(entry.path)
-            process.stdin.write(f"{entry.oid}\n".encode())
-            process.stdin.flush()
-            header = process.stdout.readline().split()
-            if len(header) != 3 or header[1] != b"blob":
-                raise GitError(f"object {entry.oid} ({entry.path}) is missing from the mirror")
-            size = int(header[2])
-            target = dest / entry.path
-            if entry.mode == "120000":
-                os.symlink(b"".join(_read_exactly(process.stdout, size)), os.fsencode(target))
-            else:
-                with open(target, "xb") as handle:
-                    for chunk in _read_exactly(process.stdout, size):
-                        handle.write(chunk)
-                target.chmod(0o755 if entry.mode == "100755" else 0o644)
-            process.stdout.read(1)  # the newline after each object
+        env = _checkout_environment(git_dir, dest)
+        config = [arg for setting in _CHECKOUT_CONFIG for arg in ("-c", setting)]
+        workers = ["-c", f"checkout.workers={_CHECKOUT_WORKERS}"]
+        runs = (
+            (["git", *config, "read-tree", commit], b""),
+            (
+                ["git", *config, *workers, "checkout-index", "--force", "--quiet", "-z", "--stdin"],
+                b"".join(os.fsencode(entry.path) + b"\0" for entry in files),
+            ),
+        )
+        for command, stdin in runs:
+            try:
+                result = subprocess.run(command, input=stdin, capture_output=True, cwd=dest, env=env, umask=0o022)
+            except FileNotFoundError:
+                raise GitError("git is not installed (git sources need the git command)") from None
+            if result.returncode != 0:
+                raise GitError(f"cannot write {commit} from {mirror}: {_stderr_line(result.stderr)}")
     finally:
-        process.stdin.close()
-        process.stdout.close()
-        process.wait()
-        assert process.stderr is not None
-        process.stderr.close()
+        shutil.rmtree(git_dir, ignore_errors=True)
 
 
-def _prefixes(path: str) -> list[str]:
-    """``"a/b/c"`` → ``["a", "a/b", "a/b/c"]``; ``""`` → ``[]``."""
-    parts = path.split("/") if path else []
-    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
-
-
-def _export_commit(mirror: Path, entries: Sequence[_Entry], dest: Path) -> None:
+def _export_commit(mirror: Path, commit: str, entries: Sequence[_Entry], dest: Path) -> None:
     dest.mkdir()
-    _write_tree(mirror, [e for e in entries if not _is_gitlink(e)], dest)
+    _write_tree(mirror, commit, entries, dest)
 
 
 # ---------------------------------------------------------------------------- submodules
@@ -498,16 +554,33 @@ def _export_submodules(
         target = dest / sub.path
         if target.is_symlink() or (target.exists() and any(target.iterdir())):
             raise GitError(f"submodule path {sub.path!r} collides with other files of the source")
-        target.mkdir(parents=True, exist_ok=True)
+        _make_inside(dest, sub.path)
         with _locked_mirror(cache_dir, sub.url) as mirror:
-            _write_tree(mirror, [e for e in entries if not _is_gitlink(e)], target)
+            _write_tree(mirror, sub.commit, entries, target)
+
+
+def _make_inside(root: Path, path: str) -> None:
+    """Create ``root/path`` and any missing parents as directories, following no symlink:
+    a lock's submodule path under a symlink of the source must not lead git out of it."""
+    current = root
+    for part in PurePosixPath(path).parts:
+        current = current / part
+        if current.is_symlink() or (current.exists() and not current.is_dir()):
+            raise GitError(f"submodule path {path!r} collides with other files of the source")
+        if not current.exists():
+            current.mkdir()
 
 
 # -------------------------------------------------------------------------------- public
 
 
 def lock_source(
-    source: Source, cache_dir: Path, *, offline: bool = False, mirrors: Mapping[str, str] | None = None
+    source: Source,
+    cache_dir: Path,
+    *,
+    offline: bool = False,
+    mirrors: Mapping[str, str] | None = None,
+    keep: Path | None = None,
 ) -> GitSource:
     """Pin ``source``: resolve its rev to a full commit, pin its submodules recursively and
     hash the files of all of them together.
@@ -517,9 +590,17 @@ def lock_source(
     ``mirrors`` names for its URL if any (:func:`fetch_url`). Raises GitError when the
     repository or a submodule cannot be fetched, the rev names no commit, or
     ``source.subdirectory`` is not a directory in it.
+
+    The files are exported to be hashed; ``keep`` (a path that must not exist yet, its
+    parent a directory) is where they are left afterwards, exactly what
+    :func:`export_source` of the returned pin would write there, so a caller that needs them
+    (``harness lock`` reads each installed source's build requirements) exports once. On
+    failure nothing is left at ``keep``. Without it they are removed.
     """
     repo = source.repo
     _check_repo(repo)
+    if keep is not None and os.path.lexists(keep):
+        raise GitError(f"cannot export {repo} into {keep}: it already exists")
     url = fetch_url(repo, mirrors)
     with _locked_mirror(cache_dir, repo) as mirror:
         if offline:
@@ -532,14 +613,21 @@ def lock_source(
     _check_entries(entries, repo, commit)
     submodules = _pin_submodules(cache_dir, repo, commit, entries, offline=offline, mirrors=mirrors)
     _check_subdirectory(entries + _submodule_entries(submodules), source.subdirectory, repo, commit)
-    scratch = Path(tempfile.mkdtemp(prefix=".lock-", dir=mirror_path(cache_dir, repo).parent))
+    scratch: Path | None = None
+    if keep is None:
+        scratch = Path(tempfile.mkdtemp(prefix=".lock-", dir=mirror_path(cache_dir, repo).parent))
+        out = scratch / "tree"
+    else:
+        out = keep
     try:
-        with _locked_mirror(cache_dir, repo) as mirror:
-            _export_commit(mirror, entries, scratch / "tree")
-        _export_submodules(cache_dir, submodules, scratch / "tree", offline=True, mirrors=mirrors)
-        tree = content_hash(scratch / "tree")
+        _write_source(cache_dir, repo, commit, entries, submodules, out, offline=True, mirrors=mirrors)
+        tree = content_hash(out)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return GitSource(
         name=source.name,
         repo=repo,
@@ -551,6 +639,25 @@ def lock_source(
         submodules=tuple(submodules),
         build_isolation=source.build_isolation,
     )
+
+
+def _write_source(
+    cache_dir: Path,
+    repo: str,
+    commit: str,
+    entries: Sequence[_Entry],
+    submodules: Sequence[Submodule],
+    out: Path,
+    *,
+    offline: bool,
+    mirrors: Mapping[str, str] | None,
+) -> None:
+    """Write ``commit`` of ``repo`` (its tree ``entries``, already checked) and its
+    ``submodules`` into ``out``, a new directory: the one export that locking and realizing
+    share, so both hash the same files."""
+    with _locked_mirror(cache_dir, repo) as mirror:
+        _export_commit(mirror, commit, entries, out)
+    _export_submodules(cache_dir, submodules, out, offline=offline, mirrors=mirrors)
 
 
 def tree_mismatch(repo: str, commit: str, actual: str, expected: str) -> str:
@@ -609,9 +716,7 @@ def export_source(
         staging = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
     try:
-        with _locked_mirror(cache_dir, pin.repo) as mirror:
-            _export_commit(mirror, entries, staging)
-        _export_submodules(cache_dir, pin.submodules, staging, offline=offline, mirrors=mirrors)
+        _write_source(cache_dir, pin.repo, commit, entries, pin.submodules, staging, offline=offline, mirrors=mirrors)
         if check_tree:
             actual = content_hash(staging)
             if actual != pin.tree:
