@@ -48,11 +48,16 @@ def harness_cli(capsys: pytest.CaptureFixture[str]):
     return run
 
 
-def run_harness_process(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-                        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_harness_process(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m harness ARGS`` as a real subprocess."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "harness", *args],
-        cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd or REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )

@@ -194,11 +194,7 @@ class HubServer:
             for name in sorted(files):
                 digest.update(name.encode() + b"\0" + sha256_hex(files[name]).encode())
             sha = digest.hexdigest()
-            lfs_set = (
-                frozenset(lfs)
-                if lfs is not None
-                else frozenset(p for p in files if p.endswith(LFS_SUFFIXES))
-            )
+            lfs_set = frozenset(lfs) if lfs is not None else frozenset(p for p in files if p.endswith(LFS_SUFFIXES))
             # A fixed clock keeps tag ordering deterministic; ModelScope reports epoch seconds.
             repo.commits[sha] = Commit(sha, parent, dict(files), lfs_set, 1_700_000_000 + n)
             repo.branches[branch] = sha
@@ -303,20 +299,14 @@ class HubServer:
     def requests_for(self, path_contains: str, method: str | None = None) -> list[Request]:
         """Requests whose path contains ``path_contains`` (and of ``method``, if given)."""
         with self._lock:
-            return [
-                r
-                for r in self.requests
-                if path_contains in r.path and (method is None or r.method == method)
-            ]
+            return [r for r in self.requests if path_contains in r.path and (method is None or r.method == method)]
 
     def served_bytes(self, hub: str, repo_id: str, path: str, data: bytes) -> bytes:
         with self._lock:
             return self._tampered.get((hub, repo_id, path), data)
 
 
-_HF_API = re.compile(
-    r"^/api/(?P<kind>models|datasets)/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?/?$"
-)
+_HF_API = re.compile(r"^/api/(?P<kind>models|datasets)/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?/?$")
 _HF_RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 _HF_DATASET_RESOLVE = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 _MS = re.compile(r"^/api/v1/models/(?P<repo>[^/]+/[^/]+)(?P<rest>/revisions|/repo/files|/repo)?/?$")
@@ -355,8 +345,14 @@ class _Handler(BaseHTTPRequestHandler):
                 repos = self.hub.hf_datasets if m["kind"] == "datasets" else self.hub.hf
                 self._hf_info(repos, unquote(m["repo"]), rev, blobs=query.get("blobs", "").lower() == "true")
             elif m := _HF_DATASET_RESOLVE.match(raw_path):
-                self._hf_resolve(self.hub.hf_datasets, unquote(m["repo"]), unquote(m["rev"]),
-                                 unquote(m["path"]), head=head, hub="hf-dataset")
+                self._hf_resolve(
+                    self.hub.hf_datasets,
+                    unquote(m["repo"]),
+                    unquote(m["rev"]),
+                    unquote(m["path"]),
+                    head=head,
+                    hub="hf-dataset",
+                )
             elif m := _HF_RESOLVE.match(raw_path):
                 self._hf_resolve(self.hub.hf, unquote(m["repo"]), unquote(m["rev"]), unquote(m["path"]), head=head)
             else:
@@ -481,15 +477,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._hf_error(404, "RevisionNotFound", f"Invalid rev id: {revision}", head=head)
             return
         if repo.gated:
-            self._hf_error(
-                401, "GatedRepo", "Access to model is restricted. You must have access to it.", head=head
-            )
+            self._hf_error(401, "GatedRepo", "Access to model is restricted. You must have access to it.", head=head)
             return
         data = commit.files.get(path)
         if data is None:
-            self._hf_error(
-                404, "EntryNotFound", "Entry not found", head=head, **{"X-Repo-Commit": commit.sha}
-            )
+            self._hf_error(404, "EntryNotFound", "Entry not found", head=head, **{"X-Repo-Commit": commit.sha})
             return
         headers = {"X-Repo-Commit": commit.sha}
         if path in commit.lfs:
@@ -518,6 +510,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._ms_reply(None, status=404, message=f"model {repo_id} not found")
             return
         if rest == "/revisions":
+
             def detail(name: str, sha: str) -> dict[str, Any]:
                 commit = repo.commits[sha]
                 return {"Revision": name, "CommitId": sha, "CreatedAt": commit.created_at, "Message": ""}
@@ -565,8 +558,15 @@ class _Handler(BaseHTTPRequestHandler):
                 folder = "/".join(filter(None, [root, *parts[:depth]]))
                 entries.setdefault(
                     folder,
-                    {"Name": parts[depth - 1], "Path": folder, "Type": "tree", "Size": 0,
-                     "Revision": commit.sha, "Sha256": "", "IsLFS": False},
+                    {
+                        "Name": parts[depth - 1],
+                        "Path": folder,
+                        "Type": "tree",
+                        "Size": 0,
+                        "Revision": commit.sha,
+                        "Sha256": "",
+                        "IsLFS": False,
+                    },
                 )
             if not recursive and len(parts) > 1:
                 continue
@@ -587,4 +587,3 @@ class _Handler(BaseHTTPRequestHandler):
                 "Id": git_blob_sha1(data),
             }
         return [entries[k] for k in sorted(entries)]
-

@@ -62,8 +62,15 @@ def _metadata(name: str, version: str, requires: Iterable[str], requires_python:
     return "\n".join(lines) + "\n"
 
 
-def wheel_bytes(name: str, version: str, *, requires: Iterable[str] = (), tag: str = "py3-none-any",
-                requires_python: str | None = None, modules: Mapping[str, str] | None = None) -> bytes:
+def wheel_bytes(
+    name: str,
+    version: str,
+    *,
+    requires: Iterable[str] = (),
+    tag: str = "py3-none-any",
+    requires_python: str | None = None,
+    modules: Mapping[str, str] | None = None,
+) -> bytes:
     """The bytes of an installable wheel holding one module ``<name>`` with ``__version__``,
     and ``modules`` (path inside the wheel -> text) besides."""
     module = _dist(name)
@@ -74,8 +81,7 @@ def wheel_bytes(name: str, version: str, *, requires: Iterable[str] = (), tag: s
         **(modules or {}),
         f"{info}/METADATA": _metadata(name, version, requires, requires_python),
         f"{info}/WHEEL": (
-            "Wheel-Version: 1.0\nGenerator: harness-tests\n"
-            f"Root-Is-Purelib: {root_is_purelib}\nTag: {tag}\n"
+            f"Wheel-Version: 1.0\nGenerator: harness-tests\nRoot-Is-Purelib: {root_is_purelib}\nTag: {tag}\n"
         ),
     }
     record = []
@@ -100,7 +106,7 @@ def wheel_bytes(name: str, version: str, *, requires: Iterable[str] = (), tag: s
 #: a pure wheel of the package folder named after the project.
 #: PEP 660 for the in-tree backend: a wheel whose .pth names the tree absolutely, as
 #: hatchling, flit and setuptools' compat mode write it.
-BUILD_EDITABLE = r'''
+BUILD_EDITABLE = r"""
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
     _, module, stem = _names()
@@ -111,9 +117,10 @@ def build_editable(wheel_directory, config_settings=None, metadata_directory=Non
         info + "/WHEEL": b"Wheel-Version: 1.0\nGenerator: harness-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     return _write_wheel(wheel_directory, stem, files)
-'''
+"""
 
-BACKEND = r'''
+BACKEND = (
+    r'''
 """In-tree PEP 517 backend used by harness's tests (no build requirements)."""
 import base64, hashlib, io, os, re, tarfile, zipfile
 
@@ -203,15 +210,17 @@ def build_sdist(sdist_directory, config_settings=None):
                 p = os.path.join(dirpath, n)
                 t.add(p, arcname=stem + "/" + os.path.relpath(p, "."))
     return name
-''' + BUILD_EDITABLE
+'''
+    + BUILD_EDITABLE
+)
 
 
 def pyproject_text(name: str, version: str, requires: Iterable[str] = ()) -> str:
     """A static pyproject.toml using the in-tree :data:`BACKEND`."""
     deps = "".join(f'    "{req}",\n' for req in requires)
     return (
-        "[build-system]\nrequires = []\nbuild-backend = \"backend\"\nbackend-path = [\".\"]\n\n"
-        f"[project]\nname = \"{name}\"\nversion = \"{version}\"\ndependencies = [\n{deps}]\n"
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n\n'
+        f'[project]\nname = "{name}"\nversion = "{version}"\ndependencies = [\n{deps}]\n'
     )
 
 
@@ -274,13 +283,21 @@ class LocalIndex:
         self.root.mkdir(parents=True, exist_ok=True)
 
     # --- publishing ---------------------------------------------------------------------
-    def add_wheel(self, name: str, version: str, *, requires: Iterable[str] = (),
-                  tag: str = "py3-none-any", requires_python: str | None = None,
-                  modules: Mapping[str, str] | None = None) -> Path:
+    def add_wheel(
+        self,
+        name: str,
+        version: str,
+        *,
+        requires: Iterable[str] = (),
+        tag: str = "py3-none-any",
+        requires_python: str | None = None,
+        modules: Mapping[str, str] | None = None,
+    ) -> Path:
         """Write a wheel into the index (``modules``: more files in it); returns its path."""
         path = self.root / f"{_dist(name)}-{version}-{tag}.whl"
-        path.write_bytes(wheel_bytes(name, version, requires=requires, tag=tag,
-                                     requires_python=requires_python, modules=modules))
+        path.write_bytes(
+            wheel_bytes(name, version, requires=requires, tag=tag, requires_python=requires_python, modules=modules)
+        )
         return path
 
     def add_sdist(self, name: str, version: str, *, requires: Iterable[str] = (), backend: str = BACKEND) -> Path:
@@ -399,16 +416,23 @@ class _Handler(BaseHTTPRequestHandler):
                 "name": name,
                 "versions": [],
                 "files": [
-                    {"filename": f, "url": f"/files/{f}", "hashes": {"sha256": h}, "size": s}
-                    for f, h, s in files
+                    {"filename": f, "url": f"/files/{f}", "hashes": {"sha256": h}, "size": s} for f, h, s in files
                 ],
             }
             return self._send(200, json.dumps(body).encode(), "application/vnd.pypi.simple.v1+json", head)
         links = "".join(f'<a href="/files/{html.escape(f)}#sha256={h}">{html.escape(f)}</a>\n' for f, h, _ in files)
         return self._send(200, _page(links), "text/html", head)
 
-    def _send(self, code: int, body: bytes, content_type: str, head: bool, *, cut: int | None = None,
-              extra: dict[str, str] | None = None) -> None:
+    def _send(
+        self,
+        code: int,
+        body: bytes,
+        content_type: str,
+        head: bool,
+        *,
+        cut: int | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))

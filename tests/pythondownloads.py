@@ -79,11 +79,27 @@ def download_list(archive: Path, url: str, version: str, folder: Path) -> Path:
     major, minor, patch = (int(x) for x in version.split("."))
     arch = platform.machine()
     listing = folder / "downloads.json"
-    listing.write_text(json.dumps({f"cpython-{version}-linux-{arch}-gnu": {
-        "name": "cpython", "arch": {"family": arch, "variant": None}, "os": "linux", "libc": "gnu",
-        "major": major, "minor": minor, "patch": patch, "prerelease": "", "variant": None, "build": "test",
-        "url": url, "sha256": hashlib.sha256(archive.read_bytes()).hexdigest(),
-    }}, indent=1))
+    listing.write_text(
+        json.dumps(
+            {
+                f"cpython-{version}-linux-{arch}-gnu": {
+                    "name": "cpython",
+                    "arch": {"family": arch, "variant": None},
+                    "os": "linux",
+                    "libc": "gnu",
+                    "major": major,
+                    "minor": minor,
+                    "patch": patch,
+                    "prerelease": "",
+                    "variant": None,
+                    "build": "test",
+                    "url": url,
+                    "sha256": hashlib.sha256(archive.read_bytes()).hexdigest(),
+                }
+            },
+            indent=1,
+        )
+    )
     return listing
 
 

@@ -86,32 +86,61 @@ def _start(name: str, args: list[str], home: Path, temp: Path, root: Path) -> No
     home.mkdir(parents=True, exist_ok=True)
     temp.mkdir(parents=True, exist_ok=True)
     log = root / f"{name}.log"
-    env = {**os.environ, "HARNESS_HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0",
-           # Notice a dead node within seconds (the test kills one), not the default half minute.
-           "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
-           "RAY_health_check_initial_delay_ms": "1000"}
+    env = {
+        **os.environ,
+        "HARNESS_HOME": str(home),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # Notice a dead node within seconds (the test kills one), not the default half minute.
+        "RAY_health_check_period_ms": "1000",
+        "RAY_health_check_failure_threshold": "3",
+        "RAY_health_check_initial_delay_ms": "1000",
+    }
     env.pop("RAY_ADDRESS", None)
     with open(log, "wb") as sink:
-        proc = subprocess.Popen([str(RAY), "start", "--block", "--node-ip-address", "127.0.0.1",
-                                 "--num-cpus", "2", "--num-gpus", "0", "--temp-dir", str(temp),
-                                 "--disable-usage-stats", *args],
-                                env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                str(RAY),
+                "start",
+                "--block",
+                "--node-ip-address",
+                "127.0.0.1",
+                "--num-cpus",
+                "2",
+                "--num-gpus",
+                "0",
+                "--temp-dir",
+                str(temp),
+                "--disable-usage-stats",
+                *args,
+            ],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return Node(name, home, temp, proc, log)
 
 
 def _wait_nodes(address: str, count: int, nodes: list[Node]) -> None:
     """Until ``count`` nodes are alive (asked through ``ray status``-like state, from a subprocess
     so this test process never becomes a Ray driver)."""
-    probe = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False);"
-             "print(sum(1 for n in ray.nodes() if n['Alive']))")
+    probe = (
+        "import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False);"
+        "print(sum(1 for n in ray.nodes() if n['Alive']))"
+    )
     deadline = time.time() + START_TIMEOUT_S
     last = ""
     while time.time() < deadline:
         for node in nodes:
             if node.proc.poll() is not None:
                 raise RuntimeError(f"ray start of {node.name} exited: {node.log.read_text()[-2000:]}")
-        result = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True,
-                                timeout=120, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+        result = subprocess.run(
+            [sys.executable, "-c", probe, address],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+        )
         last = result.stdout.strip() + result.stderr[-500:]
         if result.returncode == 0 and result.stdout.strip().splitlines()[-1:] == [str(count)]:
             return
@@ -124,8 +153,13 @@ def start_cluster(root: Path) -> Cluster:
     port, client = free_port(), free_port()
     # Ray's session paths are long; a unix socket path must stay under 108 bytes.
     temps = Path(f"/tmp/hr-{os.getpid()}-{port}")
-    head = _start("head", ["--head", "--port", str(port), "--ray-client-server-port", str(client),
-                           "--include-dashboard", "false"], root / "home-head", temps / "h", root)
+    head = _start(
+        "head",
+        ["--head", "--port", str(port), "--ray-client-server-port", str(client), "--include-dashboard", "false"],
+        root / "home-head",
+        temps / "h",
+        root,
+    )
     nodes = [head]
     try:
         address = f"127.0.0.1:{port}"

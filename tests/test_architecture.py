@@ -73,8 +73,9 @@ def test_imports_follow_the_layering(path: Path) -> None:
 
 
 def test_nothing_imports_the_shells() -> None:
-    offenders = [p.relative_to(PACKAGE).as_posix() for p in _files()
-                 if _part(p) not in TOP and _imports(p) & {"cli", "harbor"}]
+    offenders = [
+        p.relative_to(PACKAGE).as_posix() for p in _files() if _part(p) not in TOP and _imports(p) & {"cli", "harbor"}
+    ]
     assert offenders == []
 
 

@@ -109,8 +109,9 @@ def _tree(folder: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("bad", ["../../../escaped", "x/../../escaped", "a/b", ".hidden"])
-def test_lock_store_name_outside_the_store_is_refused_before_any_file(bad: str, svc: Path, tmp_path: Path,
-                                                                     harness_cli) -> None:
+def test_lock_store_name_outside_the_store_is_refused_before_any_file(
+    bad: str, svc: Path, tmp_path: Path, harness_cli
+) -> None:
     from harness.lock.lockfile import read
 
     lock = read(svc / "locks" / "svc.lock.toml")
@@ -176,18 +177,25 @@ def test_cache_entry_larger_than_the_free_space_is_refused_before_writing(tmp_pa
 def _mount_tmpfs(target: Path, size: str, *options: str) -> bool:
     target.mkdir(parents=True, exist_ok=True)
     opts = ",".join([f"size={size}", *options])
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(target)],
-                          capture_output=True, check=False).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(target)], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
 
 
-needs_mount = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None,
-                                 reason="needs root to mount a small tmpfs (the root run of CI covers it)")
+needs_mount = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("mount") is None,
+    reason="needs root to mount a small tmpfs (the root run of CI covers it)",
+)
 
 
 @pytest.mark.root
 @needs_mount
-def test_full_disk_during_realize_is_a_short_failure_and_the_store_verifies(svc: Path, tmp_path: Path,
-                                                                            harness_cli) -> None:
+def test_full_disk_during_realize_is_a_short_failure_and_the_store_verifies(
+    svc: Path, tmp_path: Path, harness_cli
+) -> None:
     disk = tmp_path / "small"
     if not _mount_tmpfs(disk, "24m"):
         pytest.skip("mounting a tmpfs failed here (a container without CAP_SYS_ADMIN?)")
@@ -217,7 +225,7 @@ def test_read_only_home_is_a_short_failure(svc: Path, tmp_path: Path, harness_cl
     try:
         result = harness_cli("--project", str(svc), "--home", str(home), "realize")
         assert result.code == 1, result
-        assert ("read-only file system" in result.err or "permission denied" in result.err), result.err
+        assert "read-only file system" in result.err or "permission denied" in result.err, result.err
         assert "hint: make it writable" in result.err and len(result.err) < 600
     finally:
         if os.geteuid() == 0:
@@ -233,8 +241,15 @@ def _special_paths(tmp_path: Path) -> dict[str, Path]:
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(sock))
     server.close()
-    return {"proc": Path("/proc/cpuinfo"), "proc folder": Path("/proc/self"), "sys": Path("/sys/kernel"),
-            "dev": Path("/dev/zero"), "fifo": fifo, "socket": sock, "link to dev": _link(tmp_path, "/dev/null")}
+    return {
+        "proc": Path("/proc/cpuinfo"),
+        "proc folder": Path("/proc/self"),
+        "sys": Path("/sys/kernel"),
+        "dev": Path("/dev/zero"),
+        "fifo": fifo,
+        "socket": sock,
+        "link to dev": _link(tmp_path, "/dev/null"),
+    }
 
 
 def _link(tmp_path: Path, target: str) -> Path:
@@ -251,16 +266,24 @@ def test_weights_path_naming_a_special_file_is_refused_at_lock_time(tmp_path: Pa
 
     for what, path in _special_paths(tmp_path).items():
         with pytest.raises(InputError) as refused:
-            lock_weights(Weights(dir="w", path=str(path)), project_root=tmp_path, settings=Settings(),
-                         cache_dir=tmp_path / "cache")
+            lock_weights(
+                Weights(dir="w", path=str(path)),
+                project_root=tmp_path,
+                settings=Settings(),
+                cache_dir=tmp_path / "cache",
+            )
         assert str(path) in refused.value.message, what
-        assert ("pseudo-filesystem" in refused.value.message or "not a file or folder" in refused.value.message), what
+        assert "pseudo-filesystem" in refused.value.message or "not a file or folder" in refused.value.message, what
     # An absolute path outside the project is allowed (documented): a regular folder locks.
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "model.bin").write_bytes(b"w")
-    pinned = lock_weights(Weights(dir="w", path=str(outside)), project_root=tmp_path / "project",
-                          settings=Settings(), cache_dir=tmp_path / "cache")
+    pinned = lock_weights(
+        Weights(dir="w", path=str(outside)),
+        project_root=tmp_path / "project",
+        settings=Settings(),
+        cache_dir=tmp_path / "cache",
+    )
     assert [f.path for f in pinned.files] == ["model.bin"]
 
 

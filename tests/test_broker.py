@@ -55,15 +55,21 @@ PY = sys.executable
 # ------------------------------------------------------------------------------ helpers
 
 
-def fake(name: str, state: Path, *args: str, load: float = 0.05, load_seconds: float = 10.0,
-         health: bool = True) -> LaunchSpec:
+def fake(
+    name: str, state: Path, *args: str, load: float = 0.05, load_seconds: float = 10.0, health: bool = True
+) -> LaunchSpec:
     """A LaunchSpec of the fake model service on a free port."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     return LaunchSpec(
-        name=name, argv=(PY, str(FAKE), "--name", name, "--port", str(port), "--load-seconds", str(load), *args),
-        env=clean_environment(os.environ, None), cwd=REPO, port=port, url=url,
-        health_url=f"{url}/health" if health else None, load_seconds=load_seconds,
+        name=name,
+        argv=(PY, str(FAKE), "--name", name, "--port", str(port), "--load-seconds", str(load), *args),
+        env=clean_environment(os.environ, None),
+        cwd=REPO,
+        port=port,
+        url=url,
+        health_url=f"{url}/health" if health else None,
+        load_seconds=load_seconds,
         log_path=state / "logs" / f"{name}.log",
     )
 
@@ -161,14 +167,37 @@ def test_launch_spec_fills_templates_and_cleans_the_environment(tmp_path: Path) 
     manifest = load_model(ServiceManifest, REPO / "services" / "kinematics.toml")
     where = ServicePlacement("kinematics", "resident", None, 18830, "http://127.0.0.1:18830")
     caller = {
-        "PATH": f"/venv/bin{os.pathsep}/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
-        "VIRTUAL_ENV": "/venv", "PYTHONPATH": "/leak", "PYTHONHOME": "/x", "PYTHONSTARTUP": "/s.py",
-        "CONDA_PREFIX": "/conda", "CONDA_DEFAULT_ENV": "base", "CUDA_VISIBLE_DEVICES": "0,1",
+        "PATH": f"/venv/bin{os.pathsep}/usr/bin",
+        "HOME": "/home/u",
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",
+        "VIRTUAL_ENV": "/venv",
+        "PYTHONPATH": "/leak",
+        "PYTHONHOME": "/x",
+        "PYTHONSTARTUP": "/s.py",
+        "CONDA_PREFIX": "/conda",
+        "CONDA_DEFAULT_ENV": "base",
+        "CUDA_VISIBLE_DEVICES": "0,1",
     }
-    spec = launch_spec("kinematics", manifest, where, python=Path("/store/env/bin/python"),
-                       weights=Path("/store/w"), cwd=REPO, state_dir=tmp_path, base_env=caller)
-    assert spec.argv == ("/store/env/bin/python", "-u", "services/servers/serve_kinematics.py", "--robot",
-                         "/store/w/arm7/arm7.json", "--port", "18830")
+    spec = launch_spec(
+        "kinematics",
+        manifest,
+        where,
+        python=Path("/store/env/bin/python"),
+        weights=Path("/store/w"),
+        cwd=REPO,
+        state_dir=tmp_path,
+        base_env=caller,
+    )
+    assert spec.argv == (
+        "/store/env/bin/python",
+        "-u",
+        "services/servers/serve_kinematics.py",
+        "--robot",
+        "/store/w/arm7/arm7.json",
+        "--port",
+        "18830",
+    )
     assert spec.health_url == "http://127.0.0.1:18830/health" and spec.load_seconds == 10
     assert spec.log_path == tmp_path / "logs" / "kinematics.log"
     env = dict(spec.env)
@@ -178,35 +207,75 @@ def test_launch_spec_fills_templates_and_cleans_the_environment(tmp_path: Path) 
         assert leaked not in env
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # CPU only: no GPU visible
     assert env["PYTHONDONTWRITEBYTECODE"] == "1" and env["PYTHONNOUSERSITE"] == "1"
-    on_gpu = launch_spec("kinematics", manifest, ServicePlacement("kinematics", "on_demand", 2, 1, None),
-                         python=Path("/p"), weights=Path("/w"), cwd=REPO, state_dir=tmp_path, base_env=caller)
+    on_gpu = launch_spec(
+        "kinematics",
+        manifest,
+        ServicePlacement("kinematics", "on_demand", 2, 1, None),
+        python=Path("/p"),
+        weights=Path("/w"),
+        cwd=REPO,
+        state_dir=tmp_path,
+        base_env=caller,
+    )
     assert on_gpu.env["CUDA_VISIBLE_DEVICES"] == "2" and on_gpu.url == "http://127.0.0.1:1"
     with pytest.raises(LaunchError, match=r"\{weights\}"):
-        launch_spec("kinematics", manifest, where, python=Path("/p"), weights=None, cwd=REPO,
-                    state_dir=tmp_path, base_env=caller)
+        launch_spec(
+            "kinematics",
+            manifest,
+            where,
+            python=Path("/p"),
+            weights=None,
+            cwd=REPO,
+            state_dir=tmp_path,
+            base_env=caller,
+        )
     with pytest.raises(LaunchError, match="launches no process"):
-        launch_spec("kinematics", manifest, ServicePlacement("kinematics", "external", None, None, "http://x"),
-                    python=Path("/p"), weights=None, cwd=REPO, state_dir=tmp_path)
+        launch_spec(
+            "kinematics",
+            manifest,
+            ServicePlacement("kinematics", "external", None, None, "http://x"),
+            python=Path("/p"),
+            weights=None,
+            cwd=REPO,
+            state_dir=tmp_path,
+        )
 
 
 def test_launch_spec_xpolicylab_runs_setup_policy_server_from_the_realized_source(tmp_path: Path) -> None:
     manifest = load_model(ServiceManifest, REPO / "services" / "smolvla.toml")
     where = ServicePlacement("smolvla", "on_demand", 0, 8820, "http://127.0.0.1:8820", swap="models")
     src = Path("/store/abc-XPolicyLab")
-    spec = launch_spec("smolvla", manifest, where, python=Path("/store/env/bin/python"),
-                       weights=Path("/store/w"), cwd=tmp_path, state_dir=tmp_path, sources={0: src}, base_env={})
+    spec = launch_spec(
+        "smolvla",
+        manifest,
+        where,
+        python=Path("/store/env/bin/python"),
+        weights=Path("/store/w"),
+        cwd=tmp_path,
+        state_dir=tmp_path,
+        sources={0: src},
+        base_env={},
+    )
     argv = list(spec.argv)
     assert argv[:2] == ["/store/env/bin/python", f"{src}/setup_policy_server.py"]
     assert argv[argv.index("--config_path") + 1] == f"{src}/policy/SmolVLA/deploy.yml"
     assert argv[argv.index("--port") + 1] == "8820" and argv[argv.index("--host") + 1] == "127.0.0.1"
-    overrides = argv[argv.index("--overrides") + 1:]  # argparse.REMAINDER: must be last
+    overrides = argv[argv.index("--overrides") + 1 :]  # argparse.REMAINDER: must be last
     assert overrides[:2] == ["policy_name=SmolVLA", "checkpoint_path=/store/w/smolvla"]
     assert "smovla_vlm_path=/store/w/smolvlm2" in overrides and "env_cfg_type=arx_x5" in overrides
     assert spec.health_url is None  # readiness: the websocket port accepts connections
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "0"
     with pytest.raises(LaunchError, match="not realized"):
-        launch_spec("smolvla", manifest, where, python=Path("/p"), weights=Path("/w"), cwd=tmp_path,
-                    state_dir=tmp_path, sources={})
+        launch_spec(
+            "smolvla",
+            manifest,
+            where,
+            python=Path("/p"),
+            weights=Path("/w"),
+            cwd=tmp_path,
+            state_dir=tmp_path,
+            sources={},
+        )
 
 
 # ---------------------------------------------------------------------------- supervisor
@@ -216,8 +285,10 @@ def test_stop_escalates_to_sigkill_for_the_whole_process_group(tmp_path: Path) -
     spec = fake(f"{tmp_path.name}-stubborn", tmp_path, "--ignore-signals", "--child", load=0)
     proc = supervisor.start(spec, tmp_path)
     supervisor.wait_healthy(spec, proc)
-    members = wait_until(lambda: len(supervisor._group_members(proc.pid)) == 2 and supervisor._group_members(proc.pid),
-                         what="the child in the service's group")
+    members = wait_until(
+        lambda: len(supervisor._group_members(proc.pid)) == 2 and supervisor._group_members(proc.pid),
+        what="the child in the service's group",
+    )
     record = supervisor.read_pidfiles(tmp_path)[0]
     assert record.alive and record.pid == proc.pid and record.name == spec.name
     assert supervisor.stop(proc.pid, proc=proc, grace=(0.2, 0.2)) == "SIGKILL"
@@ -316,8 +387,10 @@ def test_200_concurrent_acquires_in_one_swap_group(make_broker, tmp_path: Path) 
     rows = [service_status(broker, n) for n in names]
     assert sum(r["leases"] for r in rows) == 0 and sum(r["waiting"] for r in rows) == 0
     assert sum(r["state"] == "ready" for r in rows) == 1
-    print(f"400 acquires, {sum(r['starts'] for r in rows)} starts, {time.monotonic() - began:.2f} s, "
-          f"{sampler.samples} process-table samples")
+    print(
+        f"400 acquires, {sum(r['starts'] for r in rows)} starts, {time.monotonic() - began:.2f} s, "
+        f"{sampler.samples} process-table samples"
+    )
 
 
 def test_waiting_callers_are_served_in_order(make_broker, tmp_path: Path) -> None:
@@ -334,6 +407,7 @@ def test_waiting_callers_are_served_in_order(make_broker, tmp_path: Path) -> Non
                 granted.append((label, lease))
             time.sleep(0.05)
             client.release(lease)
+
         thread = threading.Thread(target=run)
         thread.start()
         return thread
@@ -487,16 +561,28 @@ def test_down_after_the_broker_was_killed_stops_only_what_harness_started(tmp_pa
         started = fake_processes({resident.name, lazy.name})
         assert set(started) == {resident.name, lazy.name}
         # A pid file that names the bystander with another create time: a recycled pid.
-        (tmp_path / "pids" / "recycled.json").write_text(json.dumps({
-            "harness": supervisor.PIDFILE_MARKER, "name": "recycled", "pid": bystander.pid,
-            "pgid": bystander.pid, "create_time": 1.0, "started": 1.0}))
+        (tmp_path / "pids" / "recycled.json").write_text(
+            json.dumps(
+                {
+                    "harness": supervisor.PIDFILE_MARKER,
+                    "name": "recycled",
+                    "pid": bystander.pid,
+                    "pgid": bystander.pid,
+                    "create_time": 1.0,
+                    "started": 1.0,
+                }
+            )
+        )
         broker_pid = current["broker"]["pid"]
         os.kill(broker_pid, signal.SIGKILL)
         wait_until(lambda: read_state(tmp_path) is None, what="the broker to die")
         offline = status(tmp_path)
         assert offline["broker"] is None
         assert {r["name"]: r["alive"] for r in offline["services"]} == {
-            resident.name: True, lazy.name: True, "recycled": False}
+            resident.name: True,
+            lazy.name: True,
+            "recycled": False,
+        }
         report = down(tmp_path, grace=(2.0, 2.0))
         assert report["broker"] == "not running"
         outcomes = {r["name"]: r["outcome"] for r in report["services"]}
@@ -520,13 +606,23 @@ def test_the_kinematics_service_behind_the_broker(make_broker, tmp_path: Path) -
     port = free_port()
     where = ServicePlacement("kinematics", "resident", None, port, f"http://127.0.0.1:{port}")
     # Until the store realizes its environment, the project's interpreter stands in for {python}.
-    spec = launch_spec("kinematics", manifest, where, python=Path(PY), weights=REPO / "services" / "assets",
-                       cwd=REPO, state_dir=tmp_path)
+    spec = launch_spec(
+        "kinematics",
+        manifest,
+        where,
+        python=Path(PY),
+        weights=REPO / "services" / "assets",
+        cwd=REPO,
+        state_dir=tmp_path,
+    )
     broker, client = make_broker([where], [spec])
     assert broker.start() == {"kinematics": None}
     with client.use("kinematics") as lease:
-        request = urllib.request.Request(lease.url + "/fk", data=json.dumps({"joints": [0.0] * 7}).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            lease.url + "/fk",
+            data=json.dumps({"joints": [0.0] * 7}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             answer = json.loads(response.read())
     assert len(answer["position"]) == 3 and isinstance(answer["within_limits"], bool)
@@ -539,10 +635,17 @@ def test_the_kinematics_service_behind_the_broker(make_broker, tmp_path: Path) -
 def test_a_lease_held_by_a_client_that_died_is_released(make_broker, tmp_path: Path) -> None:
     a, b = (fake(f"{tmp_path.name}-{x}", tmp_path) for x in "ab")
     broker, client = make_broker([placement(s, swap="g") for s in (a, b)], [a, b])
-    script = ("import os, sys; from harness.client import Client; "
-              "Client(sys.argv[1]).acquire(sys.argv[2]); os._exit(0)")  # exits holding the lease
-    subprocess.run([PY, "-c", script, client.address, a.name], check=True, cwd=REPO, timeout=30,
-                   env={**os.environ, "HARNESS_BROKER_TOKEN": broker.token})
+    script = (
+        "import os, sys; from harness.client import Client; "
+        "Client(sys.argv[1]).acquire(sys.argv[2]); os._exit(0)"
+    )  # exits holding the lease
+    subprocess.run(
+        [PY, "-c", script, client.address, a.name],
+        check=True,
+        cwd=REPO,
+        timeout=30,
+        env={**os.environ, "HARNESS_BROKER_TOKEN": broker.token},
+    )
     assert service_status(broker, a.name)["leases"] == 1
     with client.use(b.name, timeout=10) as lease:  # a is evictable once its lease is reaped
         assert lease.fresh
@@ -551,14 +654,34 @@ def test_a_lease_held_by_a_client_that_died_is_released(make_broker, tmp_path: P
 
 def test_the_client_needs_only_the_standard_library(tmp_path: Path) -> None:
     light = subprocess.run(
-        [PY, "-c", ("import sys, harness.client; heavy = {'psutil', 'pydantic', 'click', 'rich'} & set(sys.modules); "
-                    "print(sorted(heavy))")], capture_output=True, text=True, cwd=REPO, check=True)
+        [
+            PY,
+            "-c",
+            (
+                "import sys, harness.client; heavy = {'psutil', 'pydantic', 'click', 'rich'} & set(sys.modules); "
+                "print(sorted(heavy))"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
     assert light.stdout.strip() == "[]"
     # Copied alone, outside the package, into an interpreter without site-packages.
     (tmp_path / "harness_client.py").write_text((REPO / "harness" / "client.py").read_text())
     alone = subprocess.run(
-        [PY, "-S", "-c", ("import harness_client as c; print(c.BrokerError.__mro__[1].__name__); "
-                          "c.Client('http://127.0.0.1:9')")], capture_output=True, text=True, cwd=tmp_path, check=False)
+        [
+            PY,
+            "-S",
+            "-c",
+            ("import harness_client as c; print(c.BrokerError.__mro__[1].__name__); c.Client('http://127.0.0.1:9')"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
     assert alone.returncode == 0, alone.stderr
     assert alone.stdout.strip() == "Exception"
 
@@ -569,9 +692,12 @@ def test_the_http_protocol_without_the_client(make_broker, tmp_path: Path) -> No
     broker, client = make_broker([placement(spec), off], [spec])
 
     def post(path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        request = urllib.request.Request(client.address + path, data=body, method="POST",
-                                         headers={"Content-Type": "application/json",
-                                                  "Authorization": f"Bearer {broker.token}"})
+        request = urllib.request.Request(
+            client.address + path,
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {broker.token}"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, json.loads(response.read())
@@ -607,8 +733,9 @@ def test_start_refuses_while_an_earlier_brokers_services_run(make_broker, tmp_pa
 # ------------------------------------------------------------------------- authentication
 
 
-def raw_request(address: str, method: str, path: str, *, headers: dict[str, str] | None = None,
-                body: bytes | None = None) -> tuple[int, dict[str, Any]]:
+def raw_request(
+    address: str, method: str, path: str, *, headers: dict[str, str] | None = None, body: bytes | None = None
+) -> tuple[int, dict[str, Any]]:
     """One request exactly as given (headers unchecked by the client library); status and JSON."""
     import http.client
 
@@ -699,15 +826,20 @@ def test_malformed_requests_get_400_never_500(make_broker, tmp_path: Path) -> No
     # Too large: refused from the headers alone, before a byte of the body is read. (Sending
     # the 2 MiB body raced the refusal: the broker closes, and the sender saw a broken pipe.)
     with socket.create_connection(("127.0.0.1", int(client.address.rsplit(":", 1)[1])), timeout=30) as sock:
-        sock.sendall(f"POST /acquire HTTP/1.1\r\nHost: {client.address.removeprefix('http://')}\r\n"
-                     f"Authorization: Bearer {broker.token}\r\nContent-Length: {2 << 20}\r\n\r\n".encode())
+        sock.sendall(
+            f"POST /acquire HTTP/1.1\r\nHost: {client.address.removeprefix('http://')}\r\n"
+            f"Authorization: Bearer {broker.token}\r\nContent-Length: {2 << 20}\r\n\r\n".encode()
+        )
         head = sock.makefile("rb").read().decode(errors="replace")
     assert head.startswith("HTTP/1.1 413") and '"bad_request"' in head, head
+
     # A body shorter than its Content-Length (the caller hung up halfway).
     def truncated(host: str) -> str:
         with socket.create_connection(("127.0.0.1", int(client.address.rsplit(":", 1)[1])), timeout=30) as sock:
-            sock.sendall(f"POST /acquire HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {broker.token}\r\n"
-                         "Content-Length: 100\r\n\r\n{\"service\"".encode())
+            sock.sendall(
+                f"POST /acquire HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {broker.token}\r\n"
+                'Content-Length: 100\r\n\r\n{"service"'.encode()
+            )
             sock.shutdown(socket.SHUT_WR)
             chunks = []
             while chunk := sock.recv(65536):
@@ -726,8 +858,9 @@ def test_malformed_requests_get_400_never_500(make_broker, tmp_path: Path) -> No
 OTHER_USER = "harness-broker-other"
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/sbin/useradd").exists(),
-                    reason="creates another user (needs root and useradd)")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/sbin/useradd").exists(), reason="creates another user (needs root and useradd)"
+)
 def test_another_local_user_cannot_use_or_stop_the_broker(tmp_path: Path) -> None:
     import pwd
     import shutil
@@ -764,16 +897,33 @@ for method, path, body in (("GET", "/status", None), ("POST", "/shutdown", b"{}"
     except urllib.error.HTTPError as exc:
         print(path, exc.code)
 """
-        runnable = [p for p in ("/usr/bin/python3", sys.executable, shutil.which("python3")) if p and subprocess.run(
-            ["runuser", "-u", OTHER_USER, "--", p, "-c", "pass"], capture_output=True, check=False).returncode == 0]
+        runnable = [
+            p
+            for p in ("/usr/bin/python3", sys.executable, shutil.which("python3"))
+            if p
+            and subprocess.run(
+                ["runuser", "-u", OTHER_USER, "--", p, "-c", "pass"], capture_output=True, check=False
+            ).returncode
+            == 0
+        ]
         if not runnable:
             pytest.skip(f"no Python that {OTHER_USER} may run")
         python = runnable[0]
-        result = subprocess.run(["runuser", "-u", OTHER_USER, "--", python, "-I", "-c", probe, str(state), address,
-                                 spec.name], capture_output=True, text=True, timeout=60, cwd="/")
+        result = subprocess.run(
+            ["runuser", "-u", OTHER_USER, "--", python, "-I", "-c", probe, str(state), address, spec.name],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
         assert result.returncode == 0, result.stderr
-        assert result.stdout.split("\n")[:5] == ["token-unreadable", "url True", "/status 401", "/shutdown 401",
-                                                 "/acquire 401"], result.stdout
+        assert result.stdout.split("\n")[:5] == [
+            "token-unreadable",
+            "url True",
+            "/status 401",
+            "/shutdown 401",
+            "/acquire 401",
+        ], result.stdout
         row = service_status(broker, spec.name)
         assert row["state"] == "stopped" and row["starts"] == 0 and not broker.status()["broker"]["closing"]
         assert fake_processes({spec.name}) == {}
@@ -815,8 +965,9 @@ class FakeInventory:
 def test_after_a_swap_the_next_member_waits_for_gpu_memory(make_broker, tmp_path: Path) -> None:
     a, b = (fake(f"{tmp_path.name}-{x}", tmp_path) for x in "ab")
     inventory = FakeInventory(free_gb=2.0)
-    broker, client = make_broker([placement(s, swap="g", vram_gb=6.0) for s in (a, b)], [a, b],
-                                 gpu_free=inventory, gpu_wait_seconds=60.0)
+    broker, client = make_broker(
+        [placement(s, swap="g", vram_gb=6.0) for s in (a, b)], [a, b], gpu_free=inventory, gpu_wait_seconds=60.0
+    )
     with client.use(a.name):
         pass
     assert inventory.calls == 0  # a first start waits for nothing: the planner made room

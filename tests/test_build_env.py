@@ -67,8 +67,11 @@ def _wheel_with_script(name: str, version: str) -> bytes:
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: harness-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
         f"{info}/entry_points.txt": f"[console_scripts]\n{name}-cli = {name}:main\n",
     }
-    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
-              f"{len(text.encode())}" for path, text in files.items()]
+    record = [
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+        f"{len(text.encode())}"
+        for path, text in files.items()
+    ]
     files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
@@ -143,7 +146,8 @@ def _inputs(store: Path, interpreter: Path, build: InterpreterBuild) -> Inputs:
     regular_root = store / _name("source", "regpkg")
     regular = write_source_tree(regular_root / "python", "regpkg", "0.2", requires=["beta"])
     (regular / "pyproject.toml").write_text(
-        pyproject_text("regpkg", "0.2", ["beta"]).replace("requires = []", 'requires = ["buildhelper"]'))
+        pyproject_text("regpkg", "0.2", ["beta"]).replace("requires = []", 'requires = ["buildhelper"]')
+    )
     backend = regular / "backend.py"
     backend.write_text("import buildhelper  # a locked build requirement\n" + backend.read_text())
     for path in (editable, regular_root):
@@ -170,8 +174,14 @@ def _build_env(inputs: Inputs, *, cache: Path) -> Path:
 
 
 def _run(env: Path) -> dict:
-    proc = subprocess.run([os.fspath(env / "bin" / "python"), "-c", PROBE], capture_output=True, text=True,
-                          timeout=60, cwd="/", env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")})
+    proc = subprocess.run(
+        [os.fspath(env / "bin" / "python"), "-c", PROBE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -220,9 +230,11 @@ def test_interpreter_runs_from_a_copy_elsewhere(built: tuple[Inputs, Path], tmp_
     copy = tmp_path / "elsewhere" / "python"
     shutil.copytree(inputs.interpreter, copy, symlinks=True)
     exe = copy / inputs.build.executable
-    code = ("import json, sys, ssl, sqlite3, ctypes\n"
-            "maps = open('/proc/self/maps').read()\n"
-            "print(json.dumps([sys.prefix, sorted({l.split()[-1] for l in maps.splitlines() if 'libpython' in l})]))")
+    code = (
+        "import json, sys, ssl, sqlite3, ctypes\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print(json.dumps([sys.prefix, sorted({l.split()[-1] for l in maps.splitlines() if 'libpython' in l})]))"
+    )
     proc = subprocess.run([os.fspath(exe), "-I", "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     prefix, libs = json.loads(proc.stdout)
@@ -331,9 +343,14 @@ def test_environment_refuses_a_wrong_hash(built: tuple[Inputs, Path], tmp_path: 
     out = tmp_path / "env"
     out.mkdir()
     with pytest.raises(HarnessError, match=r"(?s)Hash mismatch for `alpha==1\.0`.*0000000000"):
-        build_environment(out, interpreter_dir=inputs.interpreter, interpreter_exe=inputs.build.executable,
-                          wheels=inputs.wheels[:1], cache_dir=tmp_path / "uv-cache",
-                          hashes={"alpha-1.0-py3-none-any.whl": "0" * 64})
+        build_environment(
+            out,
+            interpreter_dir=inputs.interpreter,
+            interpreter_exe=inputs.build.executable,
+            wheels=inputs.wheels[:1],
+            cache_dir=tmp_path / "uv-cache",
+            hashes={"alpha-1.0-py3-none-any.whl": "0" * 64},
+        )
 
 
 def test_environment_refuses_a_wrong_build_requirement_hash(built: tuple[Inputs, Path], tmp_path: Path) -> None:
@@ -342,9 +359,16 @@ def test_environment_refuses_a_wrong_build_requirement_hash(built: tuple[Inputs,
     out.mkdir()
     hashes = {**_locked_hashes(*inputs.wheels), "buildhelper-1.0-py3-none-any.whl": "1" * 64}
     with pytest.raises(HarnessError, match=r"(?s)Hash mismatch for `buildhelper==1\.0`"):
-        build_environment(out, interpreter_dir=inputs.interpreter, interpreter_exe=inputs.build.executable,
-                          wheels=inputs.wheels, sources=[(inputs.regular, "regular", "python")],
-                          build_wheels=inputs.build_wheels, cache_dir=tmp_path / "uv-cache", hashes=hashes)
+        build_environment(
+            out,
+            interpreter_dir=inputs.interpreter,
+            interpreter_exe=inputs.build.executable,
+            wheels=inputs.wheels,
+            sources=[(inputs.regular, "regular", "python")],
+            build_wheels=inputs.build_wheels,
+            cache_dir=tmp_path / "uv-cache",
+            hashes=hashes,
+        )
 
 
 def test_environment_refuses_an_unlocked_build_requirement(built: tuple[Inputs, Path], tmp_path: Path) -> None:
@@ -354,9 +378,14 @@ def test_environment_refuses_an_unlocked_build_requirement(built: tuple[Inputs, 
     out = tmp_path / "env"
     out.mkdir()
     with pytest.raises(HarnessError, match="buildhelper"):
-        build_environment(out, interpreter_dir=inputs.interpreter, interpreter_exe=inputs.build.executable,
-                          wheels=inputs.wheels, sources=[(inputs.regular, "regular", "python")],
-                          cache_dir=tmp_path / "uv-cache")
+        build_environment(
+            out,
+            interpreter_dir=inputs.interpreter,
+            interpreter_exe=inputs.build.executable,
+            wheels=inputs.wheels,
+            sources=[(inputs.regular, "regular", "python")],
+            cache_dir=tmp_path / "uv-cache",
+        )
 
 
 def test_environment_refuses_an_editable_that_cannot_move(built: tuple[Inputs, Path], tmp_path: Path) -> None:
@@ -368,7 +397,8 @@ def test_environment_refuses_an_editable_that_cannot_move(built: tuple[Inputs, P
     hook = EDITABLE_HOOK.replace(
         '"_" + module + ".pth": (os.path.abspath(".") + "\\n").encode(),',
         '"_" + module + ".pth": ("import _" + module + "_finder\\n").encode(),\n'
-        '        "_" + module + "_finder.py": ("ROOT = " + repr(os.path.abspath(".")) + "\\n").encode(),')
+        '        "_" + module + "_finder.py": ("ROOT = " + repr(os.path.abspath(".")) + "\\n").encode(),',
+    )
     assert hook != EDITABLE_HOOK
     with (tree / "backend.py").open("a") as f:
         f.write(hook)
@@ -376,8 +406,14 @@ def test_environment_refuses_an_editable_that_cannot_move(built: tuple[Inputs, P
     out.mkdir()
     try:
         with pytest.raises(HarnessError, match=r"names absolute build paths.*_hooked_finder\.py"):
-            build_environment(out, interpreter_dir=inputs.interpreter, interpreter_exe=inputs.build.executable,
-                              wheels=[], sources=[(tree, "editable", None)], cache_dir=tmp_path / "uv-cache")
+            build_environment(
+                out,
+                interpreter_dir=inputs.interpreter,
+                interpreter_exe=inputs.build.executable,
+                wheels=[],
+                sources=[(tree, "editable", None)],
+                cache_dir=tmp_path / "uv-cache",
+            )
     finally:
         shutil.rmtree(tree)
 
@@ -399,15 +435,15 @@ def test_uv_managed_interpreter_is_relocatable_and_reproducible(
 ) -> None:
     monkeypatch.delenv("UV_PYTHON_DOWNLOADS", raising=False)  # downloads from the list below
     listing = _fake_download(built, tmp_path)
-    locked = LockedInterpreter(implementation="cpython", version=VERSION, platform=host_platform(),
-                               source="uv-managed")
+    locked = LockedInterpreter(implementation="cpython", version=VERSION, platform=host_platform(), source="uv-managed")
     cache = tmp_path / "uv-cache"
     hashes = []
     for n, offline in enumerate((False, True)):  # the second from uv's archive cache, offline
         out = tmp_path / f"home-{n}" / ("store" * (n + 1)) / f"cpython-{VERSION}"
         out.mkdir(parents=True)
-        build = build_interpreter(locked, out, cache_dir=cache, offline=offline,
-                                  uv_env={"UV_PYTHON_DOWNLOADS_JSON_URL": os.fspath(listing)})
+        build = build_interpreter(
+            locked, out, cache_dir=cache, offline=offline, uv_env={"UV_PYTHON_DOWNLOADS_JSON_URL": os.fspath(listing)}
+        )
         assert build.source == "uv-managed" and build.fallback_reason is None
         assert sorted(p.name for p in out.iterdir()) == ["BUILD", "bin", "include", "lib"]  # BUILD: uv's build tag
         for folder, _, names in os.walk(out):

@@ -168,12 +168,20 @@ def homes(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "machine-a" / "home", tmp_path / "b" / "deeper" / "still" / "other-home"
 
 
-def _pull(store: Store, urls: list[str], names: list[str], *, trusted: list[str] = TRUSTED,
-          expected: dict[str, ExpectedContent] | None = None, cache_dir: Path) -> PullResult:
+def _pull(
+    store: Store,
+    urls: list[str],
+    names: list[str],
+    *,
+    trusted: list[str] = TRUSTED,
+    expected: dict[str, ExpectedContent] | None = None,
+    cache_dir: Path,
+) -> PullResult:
     subs, warnings = open_substituters(urls)
     assert subs, warnings
-    return pull(store, names, subs, trusted=parse_trusted(trusted), expected=expected or {},
-                cache_dir=cache_dir, jobs=4)
+    return pull(
+        store, names, subs, trusted=parse_trusted(trusted), expected=expected or {}, cache_dir=cache_dir, jobs=4
+    )
 
 
 def _assert_untouched(store: Store) -> None:
@@ -185,13 +193,17 @@ def _assert_untouched(store: Store) -> None:
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_ino)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_ino)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _run_from(store: Store, closure: Closure) -> str:
-    proc = subprocess.run([str(store.root / closure.env / "bin" / "run")], capture_output=True, text=True,
-                          timeout=30, check=True)
+    proc = subprocess.run(
+        [str(store.root / closure.env / "bin" / "run")], capture_output=True, text=True, timeout=30, check=True
+    )
     return proc.stdout.strip()
 
 
@@ -320,7 +332,10 @@ def _round_trip_checks(home_b: Path, closure: Closure, a: Store, harness_cli) ->
         record_a, record_b = a.record(name), b.record(name)
         assert record_b is not None, name
         assert (record_b.content, record_b.kind, record_b.references) == (
-            record_a.content, record_a.kind, record_a.references)
+            record_a.content,
+            record_a.kind,
+            record_a.references,
+        )
         assert record_b.obtained.startswith("cache ")
     assert b.record(closure.python).impure == "host: /usr/bin/python3.11"
     result = harness_cli("--home", str(home_b), "store", "verify", "--check-contents")
@@ -370,7 +385,8 @@ def test_s3_cache_round_trip_with_multipart(homes, s3, harness_cli) -> None:  # 
     result = push(a, closure.roots, open_backend(url), secret=KEY, cache_dir=home_a / "cache")
     assert sorted(result.pushed) == sorted(closure.every)
     weights_info = NarInfo.parse(
-        client.get_object(Bucket=bucket, Key=f"lab/cache/{narinfo_key(closure.weights)}")["Body"].read().decode(), "")
+        client.get_object(Bucket=bucket, Key=f"lab/cache/{narinfo_key(closure.weights)}")["Body"].read().decode(), ""
+    )
     etag = client.head_object(Bucket=bucket, Key=f"lab/cache/{weights_info.url}")["ETag"]
     assert re.search(r"-\d+\"?$", etag), f"not a multipart upload: {etag}"
 
@@ -386,8 +402,9 @@ def test_s3_cache_round_trip_with_multipart(homes, s3, harness_cli) -> None:  # 
     # The endpoint can come from the standard AWS setting instead of the URL.
     os.environ["AWS_ENDPOINT_URL"] = endpoint  # restored by the s3 fixture's monkeypatch
     b = Store.in_home(home_b)
-    pulled = _pull(b, [f"s3://{bucket}/lab/cache"], closure.roots, expected=closure.expected,
-                   cache_dir=home_b / "cache")
+    pulled = _pull(
+        b, [f"s3://{bucket}/lab/cache"], closure.roots, expected=closure.expected, cache_dir=home_b / "cache"
+    )
     assert pulled.failed == {} and sorted(pulled.registered) == sorted(closure.every)
     assert pulled.downloaded_bytes > 6 << 20
     assert list((home_b / "cache" / "nar").glob("*.nar.zst*")) == []  # downloads cleaned up
@@ -419,19 +436,22 @@ def test_cli_keygen_push_pull(homes, tmp_path: Path, harness_cli, monkeypatch: p
     assert (secret.stat().st_mode & 0o777) == 0o600
     assert harness_cli("store", "keygen", "ci-1", "--dir", str(tmp_path / "keys")).code != 0  # no overwrite
     cache = tmp_path / "cache"
-    out = harness_cli("--home", str(home_a), "store", "push", str(cache), closure.env, closure.view,
-                      "--key", str(secret))
+    out = harness_cli(
+        "--home", str(home_a), "store", "push", str(cache), closure.env, closure.view, "--key", str(secret)
+    )
     assert out.code == 0, out.err
     assert "pushed 5 path(s)" in out.out
-    out = harness_cli("--home", str(home_a), "store", "push", str(cache), closure.env, closure.view,
-                      "--key", str(secret))
+    out = harness_cli(
+        "--home", str(home_a), "store", "push", str(cache), closure.env, closure.view, "--key", str(secret)
+    )
     assert "pushed 0 path(s) (0.0 MiB uploaded), 5 already" in out.out
     # Without the public key, built paths are refused; with it, everything arrives.
     refused = harness_cli("--home", str(home_b), "store", "pull", str(cache), closure.env)
     assert refused.code == 1 and "not signed by a trusted key" in refused.err
     _assert_untouched(Store.in_home(home_b))
-    out = harness_cli("--home", str(home_b), "store", "pull", str(cache), "--all",
-                      "--trusted-key", public.read_text().strip())
+    out = harness_cli(
+        "--home", str(home_b), "store", "pull", str(cache), "--all", "--trusted-key", public.read_text().strip()
+    )
     assert out.code == 0, out.err
     assert "pulled 5 path(s)" in out.out
     assert harness_cli("--home", str(home_b), "store", "verify", "--check-contents").code == 0
@@ -449,8 +469,10 @@ def test_signatures_decide_built_paths_hashes_decide_fixed_output(homes, tmp_pat
     push(a, closure.roots, open_backend(str(foreign)), secret=OTHER_KEY, cache_dir=home_a / "cache")
     fixed = {closure.wheel, closure.source, closure.weights}
 
-    for cache, why in ((unsigned, "not signed, and a built path needs a signature"),
-                       (foreign, "not signed by a trusted key")):
+    for cache, why in (
+        (unsigned, "not signed, and a built path needs a signature"),
+        (foreign, "not signed by a trusted key"),
+    ):
         b = Store(tmp_path / f"b-{cache.name}" / "store")
         pulled = _pull(b, [str(cache)], closure.every, expected=closure.expected, cache_dir=tmp_path / "dl")
         # Fixed-output paths are trusted by the lock's hashes, without any signature.
@@ -495,8 +517,10 @@ def test_fixed_output_paths_must_match_the_lock(homes, tmp_path: Path) -> None: 
     assert "is not the lock's" in pulled.failed[closure.source]
     _assert_untouched(b)
     kind = {closure.wheel: ExpectedContent("weights", files={WHEEL_FILE: "0" * 64})}
-    assert "the lock a 'weights'" in _pull(b, [str(cache)], list(kind), expected=kind,
-                                            cache_dir=tmp_path / "dl").failed[closure.wheel]
+    assert (
+        "the lock a 'weights'"
+        in _pull(b, [str(cache)], list(kind), expected=kind, cache_dir=tmp_path / "dl").failed[closure.wheel]
+    )
 
 
 # ------------------------------------------------------------------- hand-made archives
@@ -517,8 +541,9 @@ def _link(target: str) -> bytes:
 
 
 def _dir(*entries: tuple[str, bytes]) -> bytes:
-    body = b"".join(_s("entry") + _s("(") + _s("name") + _s(name) + _s("node") + node + _s(")")
-                    for name, node in entries)
+    body = b"".join(
+        _s("entry") + _s("(") + _s("name") + _s(name) + _s("node") + node + _s(")") for name, node in entries
+    )
     return _s("(") + _s("type") + _s("directory") + body + _s(")")
 
 
@@ -526,9 +551,19 @@ def _nar(node: bytes) -> bytes:
     return _s("nix-archive-1") + node
 
 
-def publish(cache: Path, name: str, nar: bytes, *, kind: str = "environment", refs: tuple[str, ...] = (),
-            content: str | None = None, nar_size: int | None = None, archive: bytes | None = None,
-            key=KEY, impure: str | None = None) -> NarInfo:  # type: ignore[no-untyped-def]
+def publish(
+    cache: Path,
+    name: str,
+    nar: bytes,
+    *,
+    kind: str = "environment",
+    refs: tuple[str, ...] = (),
+    content: str | None = None,
+    nar_size: int | None = None,
+    archive: bytes | None = None,
+    key=KEY,
+    impure: str | None = None,
+) -> NarInfo:  # type: ignore[no-untyped-def]
     """Write one path into a directory cache by hand (cache-info, archive, signed narinfo)."""
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "harness-cache-info").write_text("Format: harness-cache-1\nCompression: zstd\nPriority: 40\n")
@@ -536,11 +571,17 @@ def publish(cache: Path, name: str, nar: bytes, *, kind: str = "environment", re
     file_hash = f"blake3:{blake3.blake3(compressed).hexdigest()}"
     (cache / "nar").mkdir(exist_ok=True)
     (cache / archive_key(file_hash)).write_bytes(archive if archive is not None else compressed)
-    info = NarInfo(store_path=name, kind=kind, url=archive_key(file_hash), file_hash=file_hash,
-                   file_size=len(archive if archive is not None else compressed),
-                   content=content or f"blake3:{blake3.blake3(nar).hexdigest()}",
-                   nar_size=len(nar) if nar_size is None else nar_size, references=tuple(sorted(refs)),
-                   impure=impure)
+    info = NarInfo(
+        store_path=name,
+        kind=kind,
+        url=archive_key(file_hash),
+        file_hash=file_hash,
+        file_size=len(archive if archive is not None else compressed),
+        content=content or f"blake3:{blake3.blake3(nar).hexdigest()}",
+        nar_size=len(nar) if nar_size is None else nar_size,
+        references=tuple(sorted(refs)),
+        impure=impure,
+    )
     if key is not None:
         info = info.with_signatures([key.sign(info)])
     (cache / narinfo_key(name)).write_text(info.render())
@@ -553,32 +594,54 @@ SIBLING = _name("python", "cpython-3.11.7", {"bad": True})
 
 def _bad_cases() -> dict[str, tuple[dict, str]]:
     ok_file = _file()
-    bad_padding = _s("(") + _s("type") + _s("regular") + _s("contents") + (3).to_bytes(8, "little") + b"abcXYZ\0\0" + _s(")")
+    bad_padding = (
+        _s("(") + _s("type") + _s("regular") + _s("contents") + (3).to_bytes(8, "little") + b"abcXYZ\0\0" + _s(")")
+    )
     zeros = b"\0" * 64
     return {
         "absolute entry name": ({"nar": _nar(_dir(("/etc", ok_file)))}, "absolute or climbing path"),
         "dot-dot entry name": ({"nar": _nar(_dir(("..", ok_file)))}, "absolute or climbing path"),
         "absolute symlink": ({"nar": _nar(_dir(("passwd", _link("/etc/passwd"))))}, "is absolute"),
-        "symlink out of the store": ({"nar": _nar(_dir(("x", _link("../../../etc/passwd"))))},
-                                     "points out of the store"),
-        "symlink to a non-reference": ({"nar": _nar(_dir(("x", _link(f"../{SIBLING}/bin/python3.11"))))},
-                                       "not one of its references"),
-        "symlink climbing after descending": ({"nar": _nar(_dir(("d", _link(".")), ("x", _link("d/../../..")))),
-                                              }, "climbs after descending"),
-        "device file": ({"nar": _nar(_dir(("dev", _s("(") + _s("type") + _s("character") + _s(")"))))},
-                        "device, fifo or other special file"),
+        "symlink out of the store": (
+            {"nar": _nar(_dir(("x", _link("../../../etc/passwd"))))},
+            "points out of the store",
+        ),
+        "symlink to a non-reference": (
+            {"nar": _nar(_dir(("x", _link(f"../{SIBLING}/bin/python3.11"))))},
+            "not one of its references",
+        ),
+        "symlink climbing after descending": (
+            {
+                "nar": _nar(_dir(("d", _link(".")), ("x", _link("d/../../..")))),
+            },
+            "climbs after descending",
+        ),
+        "device file": (
+            {"nar": _nar(_dir(("dev", _s("(") + _s("type") + _s("character") + _s(")"))))},
+            "device, fifo or other special file",
+        ),
         "duplicate entries": ({"nar": _nar(_dir(("a", ok_file), ("a", ok_file)))}, "appears twice"),
         "unsorted entries": ({"nar": _nar(_dir(("b", ok_file), ("a", ok_file)))}, "must be sorted"),
         "non-zero padding": ({"nar": _nar(bad_padding)}, "non-zero padding"),
-        "content hash mismatch": ({"nar": _nar(_dir(("a", ok_file))), "content": "blake3:" + "ab" * 32},
-                                  "content hash mismatch"),
-        "NAR longer than NarSize": ({"nar": _nar(_dir(("a", _file(zeros)))), "nar_size": 200},
-                                    "longer than its NarSize"),
-        "bytes after the NAR": ({"nar": _nar(_dir(("a", ok_file))) + zeros, "nar_size": len(_nar(_dir(("a", ok_file)))) + 64},
-                                "bytes after the end"),
-        "archive not its FileHash": ({"nar": _nar(_dir(("a", ok_file))),
-                                          "archive": zstandard.ZstdCompressor().compress(_nar(_dir(("b", ok_file))))},
-                                     "FileSize|FileHash"),
+        "content hash mismatch": (
+            {"nar": _nar(_dir(("a", ok_file))), "content": "blake3:" + "ab" * 32},
+            "content hash mismatch",
+        ),
+        "NAR longer than NarSize": (
+            {"nar": _nar(_dir(("a", _file(zeros)))), "nar_size": 200},
+            "longer than its NarSize",
+        ),
+        "bytes after the NAR": (
+            {"nar": _nar(_dir(("a", ok_file))) + zeros, "nar_size": len(_nar(_dir(("a", ok_file)))) + 64},
+            "bytes after the end",
+        ),
+        "archive not its FileHash": (
+            {
+                "nar": _nar(_dir(("a", ok_file))),
+                "archive": zstandard.ZstdCompressor().compress(_nar(_dir(("b", ok_file)))),
+            },
+            "FileSize|FileHash",
+        ),
         "not zstd": ({"nar": _nar(_dir(("a", ok_file))), "archive": b"\0" * 40}, "not valid zstd|FileSize"),
     }
 
@@ -600,8 +663,12 @@ def test_a_good_hand_made_archive_is_accepted(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     sibling = _nar(_dir(("bin", _dir(("python3.11", _file(b"#!/bin/sh\n", executable=True))))))
     publish(cache, SIBLING, sibling, kind="python")
-    publish(cache, BAD, _nar(_dir(("a", _file()), ("b", _link("a")),
-                                   ("py", _link(f"../{SIBLING}/bin/python3.11")))), refs=(SIBLING,))
+    publish(
+        cache,
+        BAD,
+        _nar(_dir(("a", _file()), ("b", _link("a")), ("py", _link(f"../{SIBLING}/bin/python3.11")))),
+        refs=(SIBLING,),
+    )
     b = Store(tmp_path / "b" / "store")
     pulled = _pull(b, [str(cache)], [BAD], cache_dir=tmp_path / "dl")
     assert pulled.failed == {} and pulled.registered == [SIBLING, BAD]
@@ -708,8 +775,19 @@ def test_export_import_round_trip(homes, tmp_path: Path, harness_cli, monkeypatc
     closure = populate(a)
     secret, public = write_key_pair("airgap-1", tmp_path / "keys")
     tar = tmp_path / "closure.tar"
-    out = harness_cli("--home", str(home_a), "store", "export", closure.env, closure.view, closure.wheel,
-                      "-o", str(tar), "--key", str(secret))
+    out = harness_cli(
+        "--home",
+        str(home_a),
+        "store",
+        "export",
+        closure.env,
+        closure.view,
+        closure.wheel,
+        "-o",
+        str(tar),
+        "--key",
+        str(secret),
+    )
     assert out.code == 0, out.err
     with tarfile.open(tar) as archive:
         names = archive.getnames()
@@ -720,19 +798,23 @@ def test_export_import_round_trip(homes, tmp_path: Path, harness_cli, monkeypatc
         assert names.index(info.url) < names.index(narinfo_key(name))
         assert all(names.index(narinfo_key(r)) < names.index(narinfo_key(name)) for r in info.references)
 
-    out = harness_cli("--home", str(home_b), "store", "import", str(tar),
-                      "--trusted-key", public.read_text().strip())
+    out = harness_cli("--home", str(home_b), "store", "import", str(tar), "--trusted-key", public.read_text().strip())
     assert out.code == 0, out.err
     assert {r.name for r in Store.in_home(home_b).records()} == set(closure.every)
     assert harness_cli("--home", str(home_b), "store", "verify", "--check-contents").code == 0
     assert _run_from(Store.in_home(home_b), closure).startswith("python at ")
 
 
-def test_import_refuses_a_tar_with_a_device_file_or_climbing_name(tmp_path: Path, harness_cli,  # type: ignore[no-untyped-def]
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_import_refuses_a_tar_with_a_device_file_or_climbing_name(
+    tmp_path: Path,
+    harness_cli,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(tmp_path)
-    for member, message in ((tarfile.TarInfo("nar/dev"), "device file"),
-                            (tarfile.TarInfo("../escape.narinfo"), "absolute or climbing")):
+    for member, message in (
+        (tarfile.TarInfo("nar/dev"), "device file"),
+        (tarfile.TarInfo("../escape.narinfo"), "absolute or climbing"),
+    ):
         if member.name == "nar/dev":
             member.type = tarfile.CHRTYPE
         tar = tmp_path / "bad.tar"
@@ -761,9 +843,18 @@ def test_substitute_uses_priorities_skips_bad_caches_and_raises_only_for_config(
     lines: list[str] = []
     nobody = _name("environment", "never-pushed-env", {})
     got = substitute(
-        b, [closure.env, closure.view, nobody],
-        substituters=[f"file://{good}?priority=30", "http://127.0.0.1:9/nothing-listens", f"file://{untrusted}?priority=10"],
-        trusted_keys=TRUSTED, expected=closure.expected, cache_dir=home_b / "cache", jobs=4, warn=lines.append,
+        b,
+        [closure.env, closure.view, nobody],
+        substituters=[
+            f"file://{good}?priority=30",
+            "http://127.0.0.1:9/nothing-listens",
+            f"file://{untrusted}?priority=10",
+        ],
+        trusted_keys=TRUSTED,
+        expected=closure.expected,
+        cache_dir=home_b / "cache",
+        jobs=4,
+        warn=lines.append,
     )
     # References first. The untrusted cache is asked first (priority 10): its fixed-output
     # paths are trusted by the lock's hashes, its built paths are not, so those come from
@@ -775,28 +866,46 @@ def test_substitute_uses_priorities_skips_bad_caches_and_raises_only_for_config(
     assert all(str(untrusted) in origin[n] for n in (closure.source, closure.weights))
     assert any("nothing-listens" in line for line in lines)  # the unreachable cache: a warning
     assert not any(nobody in line for line in lines)  # a path nobody has: quietly left to realize
-    assert substitute(b, [closure.env], substituters=[str(good)], trusted_keys=TRUSTED, expected={},
-                      cache_dir=home_b / "cache") == []  # already registered
+    assert (
+        substitute(
+            b, [closure.env], substituters=[str(good)], trusted_keys=TRUSTED, expected={}, cache_dir=home_b / "cache"
+        )
+        == []
+    )  # already registered
 
     with pytest.raises(CacheConfigError, match="unknown scheme"):
-        substitute(b, [nobody], substituters=["ftp://example.invalid/cache"], trusted_keys=[], expected={},
-                   cache_dir=tmp_path)
+        substitute(
+            b, [nobody], substituters=["ftp://example.invalid/cache"], trusted_keys=[], expected={}, cache_dir=tmp_path
+        )
     with pytest.raises(CacheConfigError, match="unknown option"):
-        substitute(b, [nobody], substituters=[f"file://{good}?prio=1"], trusted_keys=[], expected={},
-                   cache_dir=tmp_path)
+        substitute(
+            b, [nobody], substituters=[f"file://{good}?prio=1"], trusted_keys=[], expected={}, cache_dir=tmp_path
+        )
     with pytest.raises(CacheConfigError, match="base64|32 bytes"):
-        substitute(b, [nobody], substituters=[str(good)], trusted_keys=["lab:not-base64!"], expected={},
-                   cache_dir=tmp_path)
+        substitute(
+            b, [nobody], substituters=[str(good)], trusted_keys=["lab:not-base64!"], expected={}, cache_dir=tmp_path
+        )
 
 
 def test_narinfo_round_trip_and_strictness() -> None:
-    info = NarInfo(store_path=BAD, kind="environment", url=archive_key("blake3:" + "a" * 64),
-                   file_hash="blake3:" + "a" * 64, file_size=10, content="blake3:" + "b" * 64, nar_size=96,
-                   references=(SIBLING,), impure="host: /usr/bin/python3", obtained="uv 0.13.9")
+    info = NarInfo(
+        store_path=BAD,
+        kind="environment",
+        url=archive_key("blake3:" + "a" * 64),
+        file_hash="blake3:" + "a" * 64,
+        file_size=10,
+        content="blake3:" + "b" * 64,
+        nar_size=96,
+        references=(SIBLING,),
+        impure="host: /usr/bin/python3",
+        obtained="uv 0.13.9",
+    )
     signed = info.with_signatures([KEY.sign(info)])
     assert NarInfo.parse(signed.render(), "x") == signed
-    assert signed.fingerprint() == (f"harness-1;{BAD};blake3:{'b' * 64};96;{SIBLING};environment;"
-                                    "host: /usr/bin/python3").encode()
+    assert (
+        signed.fingerprint()
+        == (f"harness-1;{BAD};blake3:{'b' * 64};96;{SIBLING};environment;host: /usr/bin/python3").encode()
+    )
     for edit, message in (("NarSize: 96", "NarSize: 96\nNarSize: 97"), ("Kind: environment", "Kind: spaceship")):
         with pytest.raises(CacheError):
             NarInfo.parse(signed.render().replace(edit, message), "x")
@@ -848,9 +957,14 @@ def test_real_interpreter_and_environment_run_from_another_home(homes, tmp_path:
 
     def build_env(out: Path) -> BuildResult:
         out.mkdir()
-        build_environment(out, interpreter_dir=a.root / python, interpreter_exe=built["exe"],
-                          wheels=[a.root / wheel / wheel_file], cache_dir=home_a / "cache" / "uv",
-                          interpreter_store_name=python)
+        build_environment(
+            out,
+            interpreter_dir=a.root / python,
+            interpreter_exe=built["exe"],
+            wheels=[a.root / wheel / wheel_file],
+            cache_dir=home_a / "cache" / "uv",
+            interpreter_store_name=python,
+        )
         return BuildResult(obtained="uv")
 
     a.add(env, "environment", build_env, references=(python,))
@@ -862,9 +976,15 @@ def test_real_interpreter_and_environment_run_from_another_home(homes, tmp_path:
     assert all(f.status == "ok" for f in verify_store(b, check_contents=True))
     shutil.rmtree(home_a / "cache", ignore_errors=True)
     probe = "import sys, alpha; print(sys.prefix); print(sys.base_prefix); print(alpha.__file__)"
-    proc = subprocess.run([str(b.root / env / "bin" / "python"), "-c", probe], check=False, capture_output=True,
-                          text=True, timeout=60, cwd="/",
-                          env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")})
+    proc = subprocess.run(
+        [str(b.root / env / "bin" / "python"), "-c", probe],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+    )
     assert proc.returncode == 0, proc.stderr
     prefix, base, module = proc.stdout.split()
     assert os.path.realpath(prefix) == str((b.root / env).resolve())
@@ -913,8 +1033,10 @@ def test_a_host_interpreter_never_travels_under_a_locks_own_name(homes, tmp_path
     b = Store(tmp_path / "b" / "store")
     pulled = _pull(b, [str(cache)], [canonical, own], cache_dir=tmp_path / "dl")
     assert pulled.registered == [own]
-    assert "a host interpreter (host: /usr/bin/python3.11) under the name of a lock's own interpreter" \
+    assert (
+        "a host interpreter (host: /usr/bin/python3.11) under the name of a lock's own interpreter"
         in pulled.failed[canonical]
+    )
     assert b.record(own).impure == "host: /usr/bin/python3.11"  # type: ignore[union-attr]
 
     home_a, _ = homes

@@ -8,8 +8,18 @@ import sys
 from harness import __version__
 from tests.conftest import REPO, run_harness_process
 
-HEAVY = ("pydantic", "rich", "huggingface_hub", "modelscope", "tomlkit", "blake3", "numpy",
-         "psutil", "packaging.requirements", "harness.manifests.model")
+HEAVY = (
+    "pydantic",
+    "rich",
+    "huggingface_hub",
+    "modelscope",
+    "tomlkit",
+    "blake3",
+    "numpy",
+    "psutil",
+    "packaging.requirements",
+    "harness.manifests.model",
+)
 
 
 def test_help_imports_nothing_heavy() -> None:

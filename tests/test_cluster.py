@@ -54,12 +54,22 @@ class Setup:
     gates: Path
 
 
-def _harness(setup: Setup, *args: str, env: dict[str, str] | None = None,
-             timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home), "RAY_ADDRESS": setup.cluster.address,
-            **(env or {})}
-    result = subprocess.run([sys.executable, "-m", "harness", "--project", str(REPO), *args], env=full,
-                            capture_output=True, text=True, timeout=timeout)
+def _harness(
+    setup: Setup, *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    full = {
+        **os.environ,
+        "HARNESS_HOME": str(setup.cluster.head.home),
+        "RAY_ADDRESS": setup.cluster.address,
+        **(env or {}),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "--project", str(REPO), *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
@@ -76,15 +86,30 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     head_home.mkdir()
     keys = root / "keys"
     cache = root / "cache"
-    subprocess.run([sys.executable, "-m", "harness", "store", "keygen", "lab", "--dir", str(keys)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "harness", "store", "keygen", "lab", "--dir", str(keys)], check=True, capture_output=True
+    )
     public = (keys / "lab.public").read_text().strip()
     (head_home / "config.toml").write_text(
-        f'[cache]\nsubstituters = ["{cache}"]\ntrusted-keys = ["{public}"]\n'
-        f'secret-key-file = "{keys / "lab.secret"}"\n')
+        f'[cache]\nsubstituters = ["{cache}"]\ntrusted-keys = ["{public}"]\nsecret-key-file = "{keys / "lab.secret"}"\n'
+    )
     # The head's store is realized while the cluster starts (both take a while on busy cores).
-    realize = subprocess.Popen([sys.executable, "-m", "harness", "--project", str(REPO), "--home", str(head_home),
-                                "realize", "kinematics", "reach"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    realize = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "--project",
+            str(REPO),
+            "--home",
+            str(head_home),
+            "realize",
+            "kinematics",
+            "reach",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         cluster = start_cluster(root)
     except BaseException:
@@ -104,8 +129,18 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 def test_node_that_cannot_realize_fails_its_shard_with_the_reason(setup: Setup) -> None:
     """No cache and --offline: the second node's empty home cannot realize; its shards fail
     naming the node's home and what is missing; the head's shards still run; exit 1."""
-    result = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "ray", "--shards", "2",
-                      "--offline", env={"HARNESS_SUBSTITUTERS": ""})
+    result = _harness(
+        setup,
+        "run",
+        "--agent",
+        "kinematics-only",
+        "--cluster",
+        "ray",
+        "--shards",
+        "2",
+        "--offline",
+        env={"HARNESS_SUBSTITUTERS": ""},
+    )
     assert result.returncode == 1, result.stderr
     outcome = json.loads((_run_dir(setup, result.stderr) / "result.json").read_text())
     second = str(setup.cluster.second.home)
@@ -115,15 +150,15 @@ def test_node_that_cannot_realize_fails_its_shard_with_the_reason(setup: Setup) 
         assert shard["status"] == "failed"
         assert second in shard["reason"] and "offline, and the store lacks" in shard["reason"], shard["reason"]
     assert not (setup.cluster.second.home / "store").is_dir() or not any(
-        p.name.endswith("-kinematics-env") for p in (setup.cluster.second.home / "store").iterdir())
+        p.name.endswith("-kinematics-env") for p in (setup.cluster.second.home / "store").iterdir()
+    )
 
 
 def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> None:
     """4 shards over both nodes (the second realizing from the head's signed cache) run the
     same episodes with the same targets and score as 1 shard; the audit proves every shard
     ran the lock's store paths and names a node whose record says otherwise."""
-    four = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", setup.cluster.client,
-                    "--shards", "4")
+    four = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", setup.cluster.client, "--shards", "4")
     assert four.returncode == 0, four.stderr
     run4 = _run_dir(setup, four.stderr)
     config = json.loads((run4 / "config.json").read_text())
@@ -172,11 +207,31 @@ def _gated(setup: Setup, tag: str, shards: int) -> tuple[subprocess.Popen[str], 
     gates = setup.gates / tag
     gates.mkdir()
     env = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home), "RAY_ADDRESS": setup.cluster.address}
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "--project", str(REPO), "run", "--agent",
-                             "kinematics-only", "--cluster", "ray", "--shards", str(shards), "--",
-                             sys.executable, str(setup.gates / "gate.py"), str(gates),
-                             str(REPO / "benchmarks" / "reach" / "episodes.py")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "--project",
+            str(REPO),
+            "run",
+            "--agent",
+            "kinematics-only",
+            "--cluster",
+            "ray",
+            "--shards",
+            str(shards),
+            "--",
+            sys.executable,
+            str(setup.gates / "gate.py"),
+            str(gates),
+            str(REPO / "benchmarks" / "reach" / "episodes.py"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, gates
 
 

@@ -41,8 +41,17 @@ def test_cli_refuses_shards_without_a_cluster_and_unknown_clusters(harness_cli: 
 
 
 def test_combined_benchmark_is_the_union_of_the_shards() -> None:
-    shards = [{"benchmark": "reach", "seed": 0, "shard": f"{i}/2", "episodes": 2, "successes": s,
-               "episode_results": [{"episode": i + 2 * k} for k in range(2)]} for i, s in ((0, 2), (1, 1))]
+    shards = [
+        {
+            "benchmark": "reach",
+            "seed": 0,
+            "shard": f"{i}/2",
+            "episodes": 2,
+            "successes": s,
+            "episode_results": [{"episode": i + 2 * k} for k in range(2)],
+        }
+        for i, s in ((0, 2), (1, 1))
+    ]
     combined = combine_benchmarks(shards, 2)
     assert combined is not None
     assert (combined["episodes"], combined["successes"], combined["success_rate"]) == (4, 3, 0.75)
@@ -58,9 +67,14 @@ def _write(path: Path, data: Any) -> None:
 def _record(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     """A cluster run's record with three shards: the same closure, another one, none."""
     run = tmp_path / "runs" / "r1"
-    closure = {"store_paths": [{"path": "aaa-env", "content": "blake3:1", "kind": "environment"},
-                               {"path": "bbb-code", "content": "blake3:2", "kind": "source"}],
-               "locks": {"svc": {"lock_blake3": "L"}}, "project_files": {}}
+    closure = {
+        "store_paths": [
+            {"path": "aaa-env", "content": "blake3:1", "kind": "environment"},
+            {"path": "bbb-code", "content": "blake3:2", "kind": "source"},
+        ],
+        "locks": {"svc": {"lock_blake3": "L"}},
+        "project_files": {},
+    }
     _write(run / "config.json", {"id": "r1", "impurities": [], "cluster": {"shards": 3}})
     _write(run / "lock.json", closure)
     _write(run / "shards" / "0" / "lock.json", closure)
@@ -69,8 +83,10 @@ def _record(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     other["store_paths"][0]["content"] = "blake3:9"
     _write(run / "shards" / "1" / "lock.json", other)
     _write(run / "shards" / "1" / "shard.json", {"hostname": "gpu-b", "home": "/h/b"})
-    _write(run / "shards" / "2" / "shard.json", {"hostname": "gpu-c", "home": "/h/c",
-                                                 "reason": "on gpu-c (/h/c): offline, and the store lacks 1 thing(s)"})
+    _write(
+        run / "shards" / "2" / "shard.json",
+        {"hostname": "gpu-c", "home": "/h/c", "reason": "on gpu-c (/h/c): offline, and the store lacks 1 thing(s)"},
+    )
     return run, closure
 
 
@@ -95,10 +111,12 @@ def test_closure_digest_depends_on_paths_and_content_only(tmp_path: Path) -> Non
     assert closure_digest(changed) != closure_digest(closure)
 
 
-@pytest.mark.parametrize(("cluster", "module", "extra"), [("ray", "ray", "harness[ray]"),
-                                                         ("slurm", "submitit", "harness[slurm]")])
-def test_a_missing_engine_says_which_extra_to_install(harness_cli: Any, monkeypatch: pytest.MonkeyPatch,
-                                                      cluster: str, module: str, extra: str) -> None:
+@pytest.mark.parametrize(
+    ("cluster", "module", "extra"), [("ray", "ray", "harness[ray]"), ("slurm", "submitit", "harness[slurm]")]
+)
+def test_a_missing_engine_says_which_extra_to_install(
+    harness_cli: Any, monkeypatch: pytest.MonkeyPatch, cluster: str, module: str, extra: str
+) -> None:
     """Before anything is realized: the optional engine is not importable (as without the extra)."""
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
     result = harness_cli("run", "--agent", "kinematics-only", "--cluster", cluster, "--shards", "2")

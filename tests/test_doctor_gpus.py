@@ -21,8 +21,9 @@ def test_doctor_counts_only_what_the_plan_launches(harness_cli, tmp_path: Path) 
     # An external service is never installed either.
     deploy = tmp_path / "external.toml"
     deploy.write_text('[services.sam3]\nmode = "external"\nurl = "http://10.0.0.5:8000"\n')
-    external = json.loads(harness_cli(*base, "--deploy", str(deploy), "doctor", "--agent", "default",
-                                      "--gpus", "1x24", "--json").out)
+    external = json.loads(
+        harness_cli(*base, "--deploy", str(deploy), "doctor", "--agent", "default", "--gpus", "1x24", "--json").out
+    )
     assert "sam3" not in external["run_would_install"] and external["run_skips"]["sam3"].startswith("external")
     text = harness_cli(*base, "doctor", "--agent", "default", "--gpus", "none")
     assert "GPUs (--gpus none)" in text.out and "not installed: simate (off: no GPU" in text.out

@@ -60,14 +60,22 @@ def locked(index: LocalIndex, filename: str, **override: object) -> LockedFile:
     return LockedFile(**fields)
 
 
-def make_lock(packages: list[LockedPackage], *, build: Sequence[LockedPackage] = (),
-              weights: Sequence[LockedWeights] = ()) -> Lock:
+def make_lock(
+    packages: list[LockedPackage], *, build: Sequence[LockedPackage] = (), weights: Sequence[LockedWeights] = ()
+) -> Lock:
     return Lock(
-        lock_version=1, name="t", type="service", manifest="services/t.toml",
-        manifest_digest="blake3:" + "0" * 64, uv="0.13.9",
-        python=LockedInterpreter(implementation="cpython", version="3.11.9",
-                                 platform="x86_64-manylinux_2_28", source="uv-managed"),
-        packages=packages, build_packages=list(build), weights=list(weights),
+        lock_version=1,
+        name="t",
+        type="service",
+        manifest="services/t.toml",
+        manifest_digest="blake3:" + "0" * 64,
+        uv="0.13.9",
+        python=LockedInterpreter(
+            implementation="cpython", version="3.11.9", platform="x86_64-manylinux_2_28", source="uv-managed"
+        ),
+        packages=packages,
+        build_packages=list(build),
+        weights=list(weights),
     )
 
 
@@ -76,8 +84,14 @@ def from_pins(pins: list[Package]) -> list[LockedPackage]:
         return LockedFile(file=d.file, size=d.size, sha256=d.sha256)
 
     return [
-        LockedPackage(name=p.name, version=p.version, index=p.index, marker=p.marker,
-                      wheels=[lf(w) for w in p.wheels], sdist=lf(p.sdist) if p.sdist else None)
+        LockedPackage(
+            name=p.name,
+            version=p.version,
+            index=p.index,
+            marker=p.marker,
+            wheels=[lf(w) for w in p.wheels],
+            sdist=lf(p.sdist) if p.sdist else None,
+        )
         for p in pins
     ]
 
@@ -124,11 +138,17 @@ def test_find_file_urls_json_and_html(tmp_path: Path, json_api: bool) -> None:
         find_file_urls(index.url + "/", "delta", names[:1])  # cached: no second page request
         assert index.requests.count("/simple/delta/") == 1
 
-        with pytest.raises(HarnessError, match=r"index 'pypi' has no file delta-9\.0-py3-none-any\.whl "
-                                               r"for project delta"):
+        with pytest.raises(
+            HarnessError,
+            match=r"index 'pypi' has no file delta-9\.0-py3-none-any\.whl "
+            r"for project delta",
+        ):
             find_file_urls(index.url, "delta", ["delta-9.0-py3-none-any.whl"], index_name="pypi")
-        with pytest.raises(HarnessError, match=r"index 'pypi' has no file nope-1\.0\.tar\.gz for project nope: "
-                                               r"it has no project nope"):
+        with pytest.raises(
+            HarnessError,
+            match=r"index 'pypi' has no file nope-1\.0\.tar\.gz for project nope: "
+            r"it has no project nope",
+        ):
             find_file_urls(index.url, "nope", ["nope-1.0.tar.gz"], index_name="pypi")
 
 
@@ -142,7 +162,8 @@ def test_find_file_urls_unreachable_and_file_index(tmp_path: Path) -> None:
     (tmp_path / "files" / "alpha-1.0-py3-none-any.whl").write_bytes(data)
     (tmp_path / "simple" / "alpha").mkdir(parents=True)
     (tmp_path / "simple" / "alpha" / "index.html").write_text(
-        f'<a href="../../files/alpha-1.0-py3-none-any.whl#sha256={sha(data)}">alpha-1.0-py3-none-any.whl</a>')
+        f'<a href="../../files/alpha-1.0-py3-none-any.whl#sha256={sha(data)}">alpha-1.0-py3-none-any.whl</a>'
+    )
     urls = find_file_urls((tmp_path / "simple").as_uri(), "alpha", ["alpha-1.0-py3-none-any.whl"])
     dest = tmp_path / "out" / "alpha.whl"
     download(urls["alpha-1.0-py3-none-any.whl"], dest, sha256=sha(data), size=len(data))
@@ -162,8 +183,13 @@ def test_credentials_and_redaction() -> None:
 
 
 def test_fetch_a_resolved_lock(local_index: LocalIndex, tmp_path: Path) -> None:
-    pins = resolve_packages(["gamma", "delta"], interpreter=LINUX, indexes=[],
-                            settings=Settings(indexes={"pypi": local_index.url}), cache_dir=tmp_path / "uv")
+    pins = resolve_packages(
+        ["gamma", "delta"],
+        interpreter=LINUX,
+        indexes=[],
+        settings=Settings(indexes={"pypi": local_index.url}),
+        cache_dir=tmp_path / "uv",
+    )
     lock = make_lock(from_pins(pins), build=from_pins([p for p in pins if p.name == "alpha"]))
     files = [f for p in lock.packages for f in [*p.wheels, *([p.sdist] if p.sdist else [])]]
     assert len(files) == 6  # alpha, beta, delta (pure + manylinux), epsilon sdist, gamma
@@ -187,10 +213,14 @@ def test_fetch_a_resolved_lock(local_index: LocalIndex, tmp_path: Path) -> None:
 
 def test_html_only_index(tmp_path: Path) -> None:
     with publish_standard(LocalIndex(tmp_path / "index", json_api=False)) as index:
-        lock = make_lock([
-            LockedPackage(name="alpha", version="1.0", index="pypi", wheels=[locked(index, "alpha-1.0-py3-none-any.whl")]),
-            LockedPackage(name="epsilon", version="1.0", index="pypi", sdist=locked(index, "epsilon-1.0.tar.gz")),
-        ])
+        lock = make_lock(
+            [
+                LockedPackage(
+                    name="alpha", version="1.0", index="pypi", wheels=[locked(index, "alpha-1.0-py3-none-any.whl")]
+                ),
+                LockedPackage(name="epsilon", version="1.0", index="pypi", sdist=locked(index, "epsilon-1.0.tar.gz")),
+            ]
+        )
         fetch_lock(lock, index, tmp_path / "out")
         assert (tmp_path / "out" / "epsilon-1.0.tar.gz").read_bytes() == index.file("epsilon-1.0.tar.gz").read_bytes()
 
@@ -198,8 +228,9 @@ def test_html_only_index(tmp_path: Path) -> None:
 def test_hash_mismatch_leaves_nothing(local_index: LocalIndex, tmp_path: Path) -> None:
     good = locked(local_index, "beta-1.0-py3-none-any.whl")
     wrong = "0" * 64
-    lock = make_lock([LockedPackage(name="beta", version="1.0", index="pypi",
-                                    wheels=[good.model_copy(update={"sha256": wrong})])])
+    lock = make_lock(
+        [LockedPackage(name="beta", version="1.0", index="pypi", wheels=[good.model_copy(update={"sha256": wrong})])]
+    )
     with pytest.raises(HarnessError) as info:
         fetch_lock(lock, local_index, tmp_path / "out")
     message = str(info.value)
@@ -208,21 +239,39 @@ def test_hash_mismatch_leaves_nothing(local_index: LocalIndex, tmp_path: Path) -
     assert not any((tmp_path / "out").iterdir())
 
     # A wrong size is caught too.
-    lock = make_lock([LockedPackage(name="beta", version="1.0", index="pypi",
-                                    wheels=[good.model_copy(update={"size": good.size + 1})])])
+    lock = make_lock(
+        [
+            LockedPackage(
+                name="beta", version="1.0", index="pypi", wheels=[good.model_copy(update={"size": good.size + 1})]
+            )
+        ]
+    )
     with pytest.raises(HarnessError, match=rf"expected sha256 {good.sha256} \({good.size + 1} bytes\)"):
         fetch_lock(lock, local_index, tmp_path / "out")
     assert not any((tmp_path / "out").iterdir())
 
 
 def test_file_the_index_lacks(local_index: LocalIndex, tmp_path: Path) -> None:
-    lock = make_lock([LockedPackage(name="alpha", version="3.0", index="pypi", wheels=[
-        LockedFile(file="alpha-3.0-py3-none-any.whl", size=10, sha256="1" * 64)])])
+    lock = make_lock(
+        [
+            LockedPackage(
+                name="alpha",
+                version="3.0",
+                index="pypi",
+                wheels=[LockedFile(file="alpha-3.0-py3-none-any.whl", size=10, sha256="1" * 64)],
+            )
+        ]
+    )
     with pytest.raises(HarnessError, match=r"index 'pypi' has no file alpha-3\.0-py3-none-any\.whl for project alpha"):
         fetch_lock(lock, local_index, tmp_path / "out")
     # An index name nobody configured fails before anything runs.
-    lock = make_lock([LockedPackage(name="alpha", version="1.0", index="lab",
-                                    wheels=[locked(local_index, "alpha-1.0-py3-none-any.whl")])])
+    lock = make_lock(
+        [
+            LockedPackage(
+                name="alpha", version="1.0", index="lab", wheels=[locked(local_index, "alpha-1.0-py3-none-any.whl")]
+            )
+        ]
+    )
     with pytest.raises(HarnessError, match="index 'lab' has no address on this machine"):
         wheel_jobs(lock, Settings(), None, lambda f: tmp_path / f.file)
 
@@ -242,8 +291,11 @@ def test_truncated_download_is_resumed(tmp_path: Path, ranges: bool) -> None:
         (tmp_path / "out" / name).unlink()
         for _ in range(3):
             index.cut_next(name, after=1000)
-        with pytest.raises(HarnessError, match=rf"{name} from index 'pypi': transfer from .*/files/{name} "
-                                               r"failed 3 times"):
+        with pytest.raises(
+            HarnessError,
+            match=rf"{name} from index 'pypi': transfer from .*/files/{name} "
+            r"failed 3 times",
+        ):
             fetch_lock(lock, index, tmp_path / "out")
         assert not (tmp_path / "out" / name).exists()
         index.range_headers.clear()
@@ -259,10 +311,12 @@ def test_parallel_fetch_of_several_files(tmp_path: Path) -> None:
         for i in range(12):
             index.add_wheel(f"pkg{i}", "1.0")
             names.append(f"pkg{i}-1.0-py3-none-any.whl")
-        lock = make_lock([
-            LockedPackage(name=f"pkg{i}", version="1.0", index="pypi", wheels=[locked(index, n)])
-            for i, n in enumerate(names)
-        ])
+        lock = make_lock(
+            [
+                LockedPackage(name=f"pkg{i}", version="1.0", index="pypi", wheels=[locked(index, n)])
+                for i, n in enumerate(names)
+            ]
+        )
         seen = threading.Event()
         active = 0
         peak = 0
@@ -283,6 +337,7 @@ def test_parallel_fetch_of_several_files(tmp_path: Path) -> None:
                     with guard:
                         active -= 1
                 seen.set()
+
             return FetchJob(job.label, job.size, run)
 
         fetch_all([wrap(j) for j in jobs], max_workers=6, show_progress=False)
@@ -310,8 +365,7 @@ def test_first_failure_cancels_the_rest(tmp_path: Path) -> None:
         raise HarnessError("x.whl does not match the lock")
 
     never_started = threading.Event()
-    jobs = [FetchJob("slow", 500, slow), FetchJob("bad", 1, fail),
-            FetchJob("later", 1, lambda p: never_started.set())]
+    jobs = [FetchJob("slow", 500, slow), FetchJob("bad", 1, fail), FetchJob("later", 1, lambda p: never_started.set())]
     started = time.monotonic()
     with pytest.raises(HarnessError, match="^x.whl does not match the lock$"):
         fetch_all(jobs, max_workers=2, show_progress=False)
@@ -327,11 +381,11 @@ def test_first_failure_cancels_the_rest(tmp_path: Path) -> None:
         def run(progress) -> None:
             barrier.wait(timeout=5)
             raise HarnessError(f"{name}: HTTP 500")
+
         return run
 
     with pytest.raises(HarnessError) as info:
-        fetch_all([FetchJob("a", 1, failing("a")), FetchJob("b", 1, failing("b"))], max_workers=2,
-                  show_progress=False)
+        fetch_all([FetchJob("a", 1, failing("a")), FetchJob("b", 1, failing("b"))], max_workers=2, show_progress=False)
     assert str(info.value).startswith("2 downloads failed:") and "a: HTTP 500" in str(info.value)
     assert "b: HTTP 500" in str(info.value)
 
@@ -345,22 +399,28 @@ def test_progress_display(tmp_path: Path) -> None:
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=120)
-    fetch_all([FetchJob("weights/model.bin", LARGE_FILE_BYTES, run), FetchJob("small", 0, lambda p: None)],
-              max_workers=2, show_progress=True, console=console)
+    fetch_all(
+        [FetchJob("weights/model.bin", LARGE_FILE_BYTES, run), FetchJob("small", 0, lambda p: None)],
+        max_workers=2,
+        show_progress=True,
+        console=console,
+    )
     text = out.getvalue()
     assert "fetching 2 file(s)" in text
     assert f"{LARGE_FILE_BYTES / 1e6:.1f}" in text  # bytes shown, in MB
     assert "weights/model.bin: 32.0 MiB, done in" in text  # a large file's own line
 
     out = io.StringIO()
-    fetch_all([FetchJob("small", 0, lambda p: None)], show_progress=True,
-              console=Console(file=out, force_terminal=False))
+    fetch_all(
+        [FetchJob("small", 0, lambda p: None)], show_progress=True, console=Console(file=out, force_terminal=False)
+    )
     lines = out.getvalue().splitlines()  # not a terminal: a plain line at the start and at the end
     assert lines[0] == "fetching 1 file(s) ..." and lines[1].startswith("fetching 1 file(s): done in"), lines
 
     out = io.StringIO()
-    fetch_all([FetchJob("small", 0, lambda p: None)], show_progress=False,
-              console=Console(file=out, force_terminal=False))
+    fetch_all(
+        [FetchJob("small", 0, lambda p: None)], show_progress=False, console=Console(file=out, force_terminal=False)
+    )
     assert out.getvalue() == ""
 
 
@@ -378,10 +438,18 @@ def test_weight_jobs(tmp_path: Path) -> None:
     single = tmp_path / "policy.pt"
     single.write_bytes(b"policy")
     weights = [
-        LockedWeights(dir="arm", provider="path", repo="assets/arm", files=[
-            LockedWeightFile(path=rel, size=len(data), sha256=sha(data)) for rel, data in sorted(files.items())]),
-        LockedWeights(dir="policy", provider="url", repo=single.as_uri(), files=[
-            LockedWeightFile(path="policy.pt", size=6, sha256=sha(b"policy"))]),
+        LockedWeights(
+            dir="arm",
+            provider="path",
+            repo="assets/arm",
+            files=[LockedWeightFile(path=rel, size=len(data), sha256=sha(data)) for rel, data in sorted(files.items())],
+        ),
+        LockedWeights(
+            dir="policy",
+            provider="url",
+            repo=single.as_uri(),
+            files=[LockedWeightFile(path="policy.pt", size=6, sha256=sha(b"policy"))],
+        ),
     ]
     lock = make_lock([], weights=weights)
     jobs = weight_jobs(lock, project, Settings(), lambda w, f: tmp_path / "out" / w.dir / f.path)
@@ -395,6 +463,9 @@ def test_weight_jobs(tmp_path: Path) -> None:
     (project / "assets" / "arm" / "arm.json").write_bytes(b'{"dof": 6}')
     (tmp_path / "out" / "arm" / "arm.json").unlink()
     with pytest.raises(HarnessError, match=r"weights 'arm': arm.json from path assets/arm does not match the lock"):
-        fetch_all(weight_jobs(lock, project, Settings(), lambda w, f: tmp_path / "out" / w.dir / f.path),
-                  max_workers=2, show_progress=False)
+        fetch_all(
+            weight_jobs(lock, project, Settings(), lambda w, f: tmp_path / "out" / w.dir / f.path),
+            max_workers=2,
+            show_progress=False,
+        )
     assert not (tmp_path / "out" / "arm" / "arm.json").exists()

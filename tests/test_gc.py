@@ -61,8 +61,9 @@ def gc_loop(home: Path, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """Collect ``home``'s store over and over while the block runs; the summary is filled in
     at the end (rounds, paths deleted, errors: there must be none)."""
     stop = tmp_path / f"stop-{time.monotonic_ns()}"
-    proc = subprocess.Popen([sys.executable, "-c", GC_LOOP, str(home), str(stop)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GC_LOOP, str(home), str(stop)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     summary: dict[str, Any] = {}
     try:
         yield summary
@@ -150,10 +151,17 @@ def _add(store: Store, name: str, references: tuple[str, ...] = (), size: int = 
 
 def _orphans(cache: Path) -> list[str]:
     """Archives of ``cache`` that no narinfo names."""
-    named = {line.split(":", 1)[1].strip() for info in cache.glob("*.narinfo")
-             for line in info.read_text().splitlines() if line.startswith("URL:")}
-    archives = {str(p.relative_to(cache)) for p in (cache / "nar").glob("*") if not p.name.startswith(".")} \
-        if (cache / "nar").is_dir() else set()
+    named = {
+        line.split(":", 1)[1].strip()
+        for info in cache.glob("*.narinfo")
+        for line in info.read_text().splitlines()
+        if line.startswith("URL:")
+    }
+    archives = (
+        {str(p.relative_to(cache)) for p in (cache / "nar").glob("*") if not p.name.startswith(".")}
+        if (cache / "nar").is_dir()
+        else set()
+    )
     return sorted(archives - named)
 
 
@@ -265,7 +273,9 @@ def test_gc_keeps_the_last_runs_and_pinned_ones_and_audit_names_what_went(projec
 # --------------------------------------------------------------------------------- diff
 
 
-def _mutated(run_dir: Path, tmp_path: Path, name: str, change: Callable[[dict[str, Any], dict[str, Any]], None]) -> Path:
+def _mutated(
+    run_dir: Path, tmp_path: Path, name: str, change: Callable[[dict[str, Any], dict[str, Any]], None]
+) -> Path:
     """A copy of ``run_dir`` whose config and closure ``change(config, closure)`` edited."""
     target = tmp_path / name
     shutil.copytree(run_dir, target)
@@ -319,19 +329,29 @@ def test_diff_names_exactly_each_change(project: Path, tmp_path: Path) -> None:
 
     def with_source(install: str, commit: str) -> Callable[[dict[str, Any], dict[str, Any]], None]:
         def change(c: dict[str, Any], k: dict[str, Any]) -> None:
-            k["locks"]["svc"]["sources"]["toolkit"] = {"repo": "file:///repo", "commit": commit, "tree": commit[:8],
-                                                       "install": install, "subdirectory": None}
+            k["locks"]["svc"]["sources"]["toolkit"] = {
+                "repo": "file:///repo",
+                "commit": commit,
+                "tree": commit[:8],
+                "install": install,
+                "subdirectory": None,
+            }
+
         return change
 
     def with_weights(sha: str) -> Callable[[dict[str, Any], dict[str, Any]], None]:
         def change(c: dict[str, Any], k: dict[str, Any]) -> None:
             k["locks"]["svc"]["weights"]["hf"] = {"model.safetensors": sha}
+
         return change
 
-    def both(*changes: Callable[[dict[str, Any], dict[str, Any]], None]) -> Callable[[dict[str, Any], dict[str, Any]], None]:
+    def both(
+        *changes: Callable[[dict[str, Any], dict[str, Any]], None],
+    ) -> Callable[[dict[str, Any], dict[str, Any]], None]:
         def change(c: dict[str, Any], k: dict[str, Any]) -> None:
             for one in changes:
                 one(c, k)
+
         return change
 
     def command(c: dict[str, Any], k: dict[str, Any]) -> None:
@@ -370,14 +390,26 @@ def test_diff_names_exactly_each_change(project: Path, tmp_path: Path) -> None:
     cases: list[tuple[str, Path, Callable[[dict[str, Any], dict[str, Any]], None], str]] = [
         ("command", run_dir, command, "svc: command {store}/svc-env/bin/python -u services/servers/"),
         ("argv", run_dir, argv, "configuration command: ["),
-        ("install", base_with_source, both(with_source("editable", "c" * 40), new_environment),
-         "svc: source toolkit install: regular → editable"),
+        (
+            "install",
+            base_with_source,
+            both(with_source("editable", "c" * 40), new_environment),
+            "svc: source toolkit install: regular → editable",
+        ),
         ("env", run_dir, env_var, "svc: env PYTHONUNBUFFERED: 1 → 0"),
-        ("weight", base_with_weights, both(with_weights("b" * 64), new_environment),
-         f"svc: weights hf model.safetensors: {'a' * 64} → {'b' * 64}"),
+        (
+            "weight",
+            base_with_weights,
+            both(with_weights("b" * 64), new_environment),
+            f"svc: weights hf model.safetensors: {'a' * 64} → {'b' * 64}",
+        ),
         ("package", run_dir, package, "svc: package alpha: 1.0 → 2.0"),
-        ("commit", base_with_source, both(with_source("regular", "d" * 40), new_environment),
-         f"svc: source toolkit: {'c' * 40} → {'d' * 40}"),
+        (
+            "commit",
+            base_with_source,
+            both(with_source("regular", "d" * 40), new_environment),
+            f"svc: source toolkit: {'c' * 40} → {'d' * 40}",
+        ),
         ("code", run_dir, new_code, f"svc: code {code} → {_other(code)}"),
         ("deploy", run_dir, deploy, "configuration deploy: None → "),
         ("placement", run_dir, placement, "placement svc.gpu: None → 1"),
@@ -412,7 +444,6 @@ def test_diff_names_a_changed_service_command(project: Path, tmp_path: Path) -> 
     manifest.write_text(text)
 
 
-
 # ----------------------------------------------------------------------------- settings
 
 
@@ -427,8 +458,11 @@ def test_gc_settings_and_their_bad_values(tmp_path: Path, monkeypatch: pytest.Mo
     assert settings.gc_keep_runs == 3 and settings.gc_missing_project_days == 0
     monkeypatch.setenv("HARNESS_GC_KEEP_RUNS", "5")
     assert load_settings(tmp_path).gc_keep_runs == 5
-    for text, key in (('keep-runs = "ten"', "gc.keep-runs"), ("missing-project-days = -1", "gc.missing-project-days"),
-                      ("keep = 1", "gc.keep: unknown key")):
+    for text, key in (
+        ('keep-runs = "ten"', "gc.keep-runs"),
+        ("missing-project-days = -1", "gc.missing-project-days"),
+        ("keep = 1", "gc.keep: unknown key"),
+    ):
         (tmp_path / "config.toml").write_text(f"[gc]\n{text}\n")
         with pytest.raises(InputError, match=key) as info:
             load_settings(tmp_path)
@@ -453,8 +487,10 @@ def test_discard_unused_deletes_only_what_no_one_else_took_up(tmp_path: Path) ->
 
     home = tmp_path / "home"
     store = Store.in_home(home)
-    names = {k: _add(store, store_path_name(store_hash("source", k, {}), k), size=64)
-             for k in ("held", "pinned", "recorded", "run", "referenced", "gone", "gone-too")}
+    names = {
+        k: _add(store, store_path_name(store_hash("source", k, {}), k), size=64)
+        for k in ("held", "pinned", "recorded", "run", "referenced", "gone", "gone-too")
+    }
     # Registered after what they reference, as a build would; neither is given up.
     keeper = _add(store, store_path_name(store_hash("source", "keeper", {}), "keeper"), (names["referenced"],))
     # "top" references "gone": both go, the referrer first.
@@ -478,4 +514,7 @@ def test_discard_unused_deletes_only_what_no_one_else_took_up(tmp_path: Path) ->
     assert deleted == sorted([names["gone"], names["gone-too"], top])
     assert order.index(top) < order.index(names["gone"])
     assert sorted(order) == deleted
-    assert {r.name for r in store.records()} == {keeper, *(names[k] for k in ("held", "pinned", "recorded", "run", "referenced"))}
+    assert {r.name for r in store.records()} == {
+        keeper,
+        *(names[k] for k in ("held", "pinned", "recorded", "run", "referenced")),
+    }

@@ -14,28 +14,79 @@ from harness.manifests.deploy import Deploy
 from harness.manifests.loading import parse_toml, validate_data
 from harness.manifests.model import BenchmarkManifest, ServiceManifest
 
-KEYS = ["kind", "summary", "protocol", "command", "port", "vram_gb", "load_seconds", "client",
-        "scoped", "environment", "weights", "xpolicylab", "health", "python", "requirements",
-        "sources", "repo", "rev", "install", "subdirectory", "dir", "modelscope_model",
-        "huggingface_model", "url", "path", "revision", "include", "sha256", "gpu", "mode",
-        "swap", "idle_seconds", "gpus", "sim", "services", "agent", "skills", "needs", "x"]
+KEYS = [
+    "kind",
+    "summary",
+    "protocol",
+    "command",
+    "port",
+    "vram_gb",
+    "load_seconds",
+    "client",
+    "scoped",
+    "environment",
+    "weights",
+    "xpolicylab",
+    "health",
+    "python",
+    "requirements",
+    "sources",
+    "repo",
+    "rev",
+    "install",
+    "subdirectory",
+    "dir",
+    "modelscope_model",
+    "huggingface_model",
+    "url",
+    "path",
+    "revision",
+    "include",
+    "sha256",
+    "gpu",
+    "mode",
+    "swap",
+    "idle_seconds",
+    "gpus",
+    "sim",
+    "services",
+    "agent",
+    "skills",
+    "needs",
+    "x",
+]
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1),
-    st.floats(allow_nan=True), st.text(max_size=20),
-    st.sampled_from(["{python}", "{weights}/m", "{port", "{x}", "3.11", "torch==2.7.0",
-                     "editable", "auto", "on_demand", "a/b", "../x", "https://h/x"]),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.sampled_from(
+        [
+            "{python}",
+            "{weights}/m",
+            "{port",
+            "{x}",
+            "3.11",
+            "torch==2.7.0",
+            "editable",
+            "auto",
+            "on_demand",
+            "a/b",
+            "../x",
+            "https://h/x",
+        ]
+    ),
 )
 values = st.recursive(
     scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4),
-                            st.dictionaries(st.sampled_from(KEYS), inner, max_size=5)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(KEYS), inner, max_size=5)),
     max_leaves=20,
 )
 documents = st.dictionaries(st.sampled_from(KEYS), values, max_size=10)
 
-VALID = {"kind": "policy", "summary": "s", "command": ["{python}"], "port": 9000,
-         "environment": {"python": "3.11"}}
+VALID = {"kind": "policy", "summary": "s", "command": ["{python}"], "port": 9000, "environment": {"python": "3.11"}}
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)

@@ -18,8 +18,10 @@ from harness.resolve.pins import GitSource
 from harness.store.hashing import content_hash
 
 IDENTITY = {
-    "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.invalid",
-    "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.invalid",
+    "GIT_AUTHOR_NAME": "Test",
+    "GIT_AUTHOR_EMAIL": "test@example.invalid",
+    "GIT_COMMITTER_NAME": "Test",
+    "GIT_COMMITTER_EMAIL": "test@example.invalid",
 }
 
 
@@ -31,8 +33,15 @@ def _isolated_git(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def git(cwd: Path, *args: str, input_text: str | None = None) -> str:
-    result = subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                            text=True, env={**os.environ, **IDENTITY}, input=input_text)
+    result = subprocess.run(
+        ["git", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **IDENTITY},
+        input=input_text,
+    )
     return result.stdout.strip()
 
 
@@ -82,10 +91,8 @@ def upstream(tmp_path: Path) -> Upstream:
     return Upstream(repo, repo.as_uri(), c1, c2, c3, c4)
 
 
-def lock(up: Upstream, cache: Path, rev: str, *, offline: bool = False,
-         subdirectory: str | None = None) -> GitSource:
-    return lock_source(Source(repo=up.url, rev=rev, subdirectory=subdirectory), cache,
-                       offline=offline)
+def lock(up: Upstream, cache: Path, rev: str, *, offline: bool = False, subdirectory: str | None = None) -> GitSource:
+    return lock_source(Source(repo=up.url, rev=rev, subdirectory=subdirectory), cache, offline=offline)
 
 
 def checkout_hash(up: Upstream, commit: str, tmp_path: Path) -> str:
@@ -100,10 +107,8 @@ def checkout_hash(up: Upstream, commit: str, tmp_path: Path) -> str:
 # --------------------------------------------------------------------------------- locking
 
 
-def test_lock_by_branch_pins_commit_and_tree_of_a_checkout(upstream: Upstream,
-                                                            tmp_path: Path) -> None:
-    pin = lock_source(Source(repo=upstream.url, rev="main", install="editable",
-                             subdirectory="pkg"), tmp_path / "cache")
+def test_lock_by_branch_pins_commit_and_tree_of_a_checkout(upstream: Upstream, tmp_path: Path) -> None:
+    pin = lock_source(Source(repo=upstream.url, rev="main", install="editable", subdirectory="pkg"), tmp_path / "cache")
     assert (pin.name, pin.repo, pin.rev) == ("upstream", upstream.url, "main")
     assert (pin.commit, pin.install, pin.subdirectory) == (upstream.c3, "editable", "pkg")
     assert pin.tree == checkout_hash(upstream, upstream.c3, tmp_path)
@@ -127,11 +132,9 @@ def test_lock_by_full_and_abbreviated_commit(upstream: Upstream, tmp_path: Path)
     assert (short.commit, short.rev) == (upstream.c4, upstream.c4[:8])
 
 
-def test_same_files_at_two_commits_give_the_same_tree(upstream: Upstream,
-                                                      tmp_path: Path) -> None:
+def test_same_files_at_two_commits_give_the_same_tree(upstream: Upstream, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    first, second, third = (lock(upstream, cache, c) for c in
-                            (upstream.c1, upstream.c2, upstream.c3))
+    first, second, third = (lock(upstream, cache, c) for c in (upstream.c1, upstream.c2, upstream.c3))
     assert first.commit != third.commit
     assert first.tree == third.tree
     assert first.tree != second.tree
@@ -189,12 +192,10 @@ def test_relative_local_path_is_refused(tmp_path: Path) -> None:
         lock_source(Source(repo="some/checkout", rev="main"), tmp_path / "cache")
 
 
-def test_subdirectory_must_be_a_directory_of_the_commit(upstream: Upstream,
-                                                        tmp_path: Path) -> None:
+def test_subdirectory_must_be_a_directory_of_the_commit(upstream: Upstream, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     assert lock(upstream, cache, "main", subdirectory="pkg/src").subdirectory == "pkg/src"
-    with pytest.raises(GitError, match=r"subdirectory 'nope' does not exist in file://.* at "
-                                       + upstream.c3):
+    with pytest.raises(GitError, match=r"subdirectory 'nope' does not exist in file://.* at " + upstream.c3):
         lock(upstream, cache, "main", subdirectory="nope")
     with pytest.raises(GitError, match=r"subdirectory 'README' .* is a file"):
         lock(upstream, cache, "main", subdirectory="README")
@@ -228,8 +229,7 @@ def test_export_writes_the_commit_and_verifies_it(upstream: Upstream, tmp_path: 
         export_source(pin, cache, dest, offline=False)
 
 
-def test_export_with_a_wrong_expectation_fails_and_leaves_nothing(upstream: Upstream,
-                                                                  tmp_path: Path) -> None:
+def test_export_with_a_wrong_expectation_fails_and_leaves_nothing(upstream: Upstream, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     pin = lock(upstream, cache, "main")
     wrong = dataclasses.replace(pin, tree="blake3:" + "0" * 64)
@@ -301,8 +301,7 @@ def test_offline_works_from_the_mirror_alone(upstream: Upstream, tmp_path: Path)
         lock(upstream, cache, "main")
 
 
-def test_offline_fails_clearly_for_what_was_never_fetched(upstream: Upstream,
-                                                          tmp_path: Path) -> None:
+def test_offline_fails_clearly_for_what_was_never_fetched(upstream: Upstream, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     with pytest.raises(GitError, match="has no local mirror"):
         lock(upstream, cache, "main", offline=True)
@@ -310,8 +309,11 @@ def test_offline_fails_clearly_for_what_was_never_fetched(upstream: Upstream,
     git(upstream.path, "checkout", "-q", "-b", "later")
     (upstream.path / "later.txt").write_text("later\n")
     later = commit_all(upstream.path, "later")
-    with pytest.raises(GitError, match=r"rev 'later' is not a branch, tag or commit of the "
-                                       r"local mirror of file://.* \(offline\)"):
+    with pytest.raises(
+        GitError,
+        match=r"rev 'later' is not a branch, tag or commit of the "
+        r"local mirror of file://.* \(offline\)",
+    ):
         lock(upstream, cache, "later", offline=True)
     with pytest.raises(GitError, match=rf"commit {later} is not in the local mirror"):
         lock(upstream, cache, later, offline=True)
@@ -345,8 +347,16 @@ def nested(tmp_path: Path) -> Nested:
         if name == "lib":
             git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", (root / "deep").as_uri(), "deep")
         if name == "parent":
-            git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", (root / "lib").as_uri(),
-                "vendor/lib")
+            git(
+                repo,
+                "-c",
+                "protocol.file.allow=always",
+                "submodule",
+                "add",
+                "-q",
+                (root / "lib").as_uri(),
+                "vendor/lib",
+            )
             git(repo, "config", "-f", ".gitmodules", "submodule.vendor/lib.url", "../lib")
         commits[name] = commit_all(repo, name)
     return Nested(root, commits["parent"], commits["lib"], commits["deep"])
@@ -380,9 +390,14 @@ def test_submodules_are_pinned_recursively_and_hashed_with_the_tree(nested: Nest
     assert (dest / "vendor" / "lib" / "deep" / "deep.txt").read_text() == "deep\n"
     assert not (dest / "vendor" / "lib" / ".git").exists()
     with pytest.raises(GitError, match="no local mirror"):
-        export_source(dataclasses.replace(pin, submodules=(
-            *pin.submodules, dataclasses.replace(pin.submodules[0], url="file:///nowhere/x"))),
-            tmp_path / "cache", tmp_path / "store" / "other", offline=True)
+        export_source(
+            dataclasses.replace(
+                pin, submodules=(*pin.submodules, dataclasses.replace(pin.submodules[0], url="file:///nowhere/x"))
+            ),
+            tmp_path / "cache",
+            tmp_path / "store" / "other",
+            offline=True,
+        )
 
 
 def test_a_changed_submodule_commit_changes_the_tree(nested: Nested, tmp_path: Path) -> None:

@@ -54,17 +54,21 @@ EXAMPLES = REPO / "tests" / "harbor"
 ENV = "harness.harbor:HarnessEnvironment"
 
 _SANDBOX_REASON = unavailable_reason()
-needs_sandbox = pytest.mark.skipif(_SANDBOX_REASON is not None,
-                                   reason=f"no native sandbox here: {_SANDBOX_REASON}")
+needs_sandbox = pytest.mark.skipif(_SANDBOX_REASON is not None, reason=f"no native sandbox here: {_SANDBOX_REASON}")
 _HARBOR_BIN = Path(sys.executable).parent / "harbor"
 _HARBOR_REASON = (
     f"Harbor is not importable in this Python ({platform.python_version()}; it needs >= 3.12): "
     "`.ci/run` runs these tests in a Python 3.12 venv with harness[harbor]"
-    if importlib.util.find_spec("harbor") is None or not _HARBOR_BIN.exists() else None)
+    if importlib.util.find_spec("harbor") is None or not _HARBOR_BIN.exists()
+    else None
+)
 needs_harbor = pytest.mark.skipif(_HARBOR_REASON is not None, reason=_HARBOR_REASON or "")
 
-MANIFEST = (REPO / "benchmarks" / "reach.toml").read_text().replace(
-    'python = "3.11"', f'python = "{platform.python_version()}"')
+MANIFEST = (
+    (REPO / "benchmarks" / "reach.toml")
+    .read_text()
+    .replace('python = "3.11"', f'python = "{platform.python_version()}"')
+)
 
 
 # ------------------------------------------------------------------------------ fixtures
@@ -123,15 +127,20 @@ def _task(name: str, dest: Path, project: Path, pin: str, *, folder: str | None 
     task = dest / (folder or name)
     shutil.copytree(EXAMPLES / name, task)
     (task / "environment" / "harness.toml").write_text(
-        f'manifest = "reach"\nproject = "{project}"\nenvironment = "{pin}"\n')
+        f'manifest = "reach"\nproject = "{project}"\nenvironment = "{pin}"\n'
+    )
     return task
 
 
 def _harbor(*args: str, home: Path, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HARNESS_HOME": str(home), "UV_PYTHON_DOWNLOADS": "never",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "COLUMNS": "200"}
-    return subprocess.run([str(_HARBOR_BIN), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    env = {
+        **os.environ,
+        "HARNESS_HOME": str(home),
+        "UV_PYTHON_DOWNLOADS": "never",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "COLUMNS": "200",
+    }
+    return subprocess.run([str(_HARBOR_BIN), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _trials(job: Path) -> dict[str, dict[str, Any]]:
@@ -185,9 +194,13 @@ def test_spec_forms_and_overrides(tmp_path: Path) -> None:
     assert read_spec(env, {"environment": "b" * 32 + "-x"}).environment == "b" * 32 + "-x"
     (env / "harness.toml").write_text('lock = "reach.lock.toml"\n')
     assert read_spec(env).lock == env / "reach.lock.toml"
-    for text, message in (('manifest = "a"\nlock = "b"\n', "either manifest or lock"),
-                          ('image = "x"\n', "unknown key"), ('environment = "nope"\n', "not a store path"),
-                          ("manifest = \n", "not valid TOML"), ("", "names no environment")):
+    for text, message in (
+        ('manifest = "a"\nlock = "b"\n', "either manifest or lock"),
+        ('image = "x"\n', "unknown key"),
+        ('environment = "nope"\n', "not a store path"),
+        ("manifest = \n", "not valid TOML"),
+        ("", "names no environment"),
+    ):
         (env / "harness.toml").write_text(text)
         with pytest.raises(InputError, match=message):
             read_spec(env)
@@ -207,8 +220,9 @@ def test_inside_paths_refuse_escapes() -> None:
 
 
 def _sandbox(tmp_path: Path, home: Path, pin: str, **kw: Any) -> Sandbox:
-    return Sandbox(SandboxConfig(root=tmp_path / "root", store_paths=_closure(home, pin),
-                                 dirs=["/app", "/logs/agent"], **kw))
+    return Sandbox(
+        SandboxConfig(root=tmp_path / "root", store_paths=_closure(home, pin), dirs=["/app", "/logs/agent"], **kw)
+    )
 
 
 def _env(home: Path, pin: str) -> dict[str, str]:
@@ -225,15 +239,23 @@ def test_store_and_usr_are_read_only(tmp_path: Path, project: tuple[Path, str], 
         await box.start()
         try:
             outcomes = []
-            for target in ("/usr/harness-probe", "/etc/harness-probe", f"{home}/store/{pin}/probe",
-                           f"{home}/store/{pin}/bin/python"):
+            for target in (
+                "/usr/harness-probe",
+                "/etc/harness-probe",
+                f"{home}/store/{pin}/probe",
+                f"{home}/store/{pin}/bin/python",
+            ):
                 r = await box.exec(f"echo x >> {target}", cwd="/app", env=_env(home, pin))
                 outcomes.append(r.stderr or "")
-            r = await box.exec("mount -o remount,rw /usr; chmod u+w $HARNESS_ENVIRONMENT/bin",
-                               cwd="/app", env=_env(home, pin))
+            r = await box.exec(
+                "mount -o remount,rw /usr; chmod u+w $HARNESS_ENVIRONMENT/bin", cwd="/app", env=_env(home, pin)
+            )
             assert r.return_code != 0
-            r = await box.exec("python -c 'import sys; print(sys.prefix)' && echo ok > /app/written && "
-                               "grep CapEff /proc/self/status", cwd="/app", env=_env(home, pin))
+            r = await box.exec(
+                "python -c 'import sys; print(sys.prefix)' && echo ok > /app/written && grep CapEff /proc/self/status",
+                cwd="/app",
+                env=_env(home, pin),
+            )
             assert r.return_code == 0, r
             assert r.stdout.splitlines()[0] == f"{home}/store/{pin}"
             caps = int(r.stdout.split()[-1], 16)
@@ -300,8 +322,12 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path, project: tuple[Pa
         try:
             started = time.monotonic()
             with pytest.raises(RuntimeError, match="Command timed out after 1 seconds"):
-                await box.exec(f"sleep {marker}1 & (sleep {marker}2 &) ; sleep {marker}3", cwd="/app",
-                               env=_env(home, pin), timeout=1)
+                await box.exec(
+                    f"sleep {marker}1 & (sleep {marker}2 &) ; sleep {marker}3",
+                    cwd="/app",
+                    env=_env(home, pin),
+                    timeout=1,
+                )
             assert time.monotonic() - started < 5
             await asyncio.sleep(0.2)
             assert not _processes_with(f"sleep {marker}"), "a timed-out command left processes behind"
@@ -326,16 +352,16 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path, project: tuple[Pa
 
 
 @needs_sandbox
-def test_nothing_is_written_outside_the_session_root(tmp_path: Path, project: tuple[Path, str],
-                                                     home: Path) -> None:
+def test_nothing_is_written_outside_the_session_root(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
     """Every directory the sandbox sees (the store paths, /usr and /etc to depth 3, the root's
     own folders) is tried; whatever could be created exists only under the session root."""
     pin = _realized_env(home, project)
     token = f"harness-probe-{os.getpid()}"
     script = (
         "for d in / $(find / -maxdepth 3 \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o -type d -print) "
-        "$(find \"$HARNESS_ENVIRONMENT\" -type d); do "
-        f"if touch \"$d/{token}\" 2>/dev/null; then echo \"W $d\"; else echo \"R $d\"; fi; done")
+        '$(find "$HARNESS_ENVIRONMENT" -type d); do '
+        f'if touch "$d/{token}" 2>/dev/null; then echo "W $d"; else echo "R $d"; fi; done'
+    )
 
     async def scenario() -> str:
         box = _sandbox(tmp_path, home, pin, network=False)
@@ -378,9 +404,13 @@ def test_transfers_stay_inside(tmp_path: Path, project: tuple[Path, str], home: 
         try:
             await box.upload_dir(tmp_path / "up", "/app/in")
             await box.upload_file(tmp_path / "up" / "a.txt", "/tests/deep/a.txt")
-            r = await box.exec("cat /app/in/a.txt /app/in/sub/b.txt /tests/deep/a.txt && "
-                               "ln -s /etc /app/in/etc-link && ln -s ../../../../../etc/passwd /app/in/up && "
-                               "ln -s sub/b.txt /app/in/inside", cwd="/app", env=_env(home, pin))
+            r = await box.exec(
+                "cat /app/in/a.txt /app/in/sub/b.txt /tests/deep/a.txt && "
+                "ln -s /etc /app/in/etc-link && ln -s ../../../../../etc/passwd /app/in/up && "
+                "ln -s sub/b.txt /app/in/inside",
+                cwd="/app",
+                env=_env(home, pin),
+            )
             assert (r.return_code, r.stdout) == (0, "aba"), r
             for bad in ("relative/x", "/../x", "/usr/bin/x", f"{home}/store/{pin}/x", "/proc/1/environ"):
                 with pytest.raises(SandboxPathError):
@@ -418,16 +448,19 @@ def test_broker_reachable_without_network(tmp_path: Path, project: tuple[Path, s
     try:
         url = broker.serve_in_thread()
         port = int(url.rsplit(":", 1)[1])
-        probe = ("import json, os, socket, urllib.request\n"
-                 "print(json.load(urllib.request.urlopen(os.environ['HARNESS_BROKER'] + '/health', timeout=5))['status'])\n"
-                 f"s = socket.socket()\ns.settimeout(2)\nprint(s.connect_ex(('127.0.0.1', {other.getsockname()[1]})))\n")
+        probe = (
+            "import json, os, socket, urllib.request\n"
+            "print(json.load(urllib.request.urlopen(os.environ['HARNESS_BROKER'] + '/health', timeout=5))['status'])\n"
+            f"s = socket.socket()\ns.settimeout(2)\nprint(s.connect_ex(('127.0.0.1', {other.getsockname()[1]})))\n"
+        )
 
         async def scenario() -> str:
             box = _sandbox(tmp_path, home, pin, network=False, forward_ports=[port])
             await box.start()
             try:
-                r = await box.exec(f"python -c {shlex.quote(probe)}", cwd="/app",
-                                   env={**_env(home, pin), "HARNESS_BROKER": url})
+                r = await box.exec(
+                    f"python -c {shlex.quote(probe)}", cwd="/app", env={**_env(home, pin), "HARNESS_BROKER": url}
+                )
                 assert r.return_code == 0, r
                 return r.stdout or ""
             finally:
@@ -446,8 +479,7 @@ def test_broker_reachable_without_network(tmp_path: Path, project: tuple[Path, s
 
 @needs_harbor
 @needs_sandbox
-def test_environment_exec_honours_cwd_env_and_timeout(tmp_path: Path, project: tuple[Path, str],
-                                                      home: Path) -> None:
+def test_environment_exec_honours_cwd_env_and_timeout(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
     """HarnessEnvironment as Harbor calls it, in-process: cwd, env (persistent < per call),
     timeout_sec, transfers, the record; a broken spec fails at start, not at construction."""
     from harbor.models.task.config import EnvironmentConfig
@@ -463,9 +495,15 @@ def test_environment_exec_honours_cwd_env_and_timeout(tmp_path: Path, project: t
 
     def make(**kw: Any) -> Any:
         return HarnessEnvironment(
-            environment_dir=task / "environment", environment_name="reach-python", session_id="trial__env",
-            trial_paths=trial, task_env_config=EnvironmentConfig(network_mode="no-network", workdir="/work"),
-            persistent_env={"A": "persistent", "B": "persistent"}, home=str(home), **kw)
+            environment_dir=task / "environment",
+            environment_name="reach-python",
+            session_id="trial__env",
+            trial_paths=trial,
+            task_env_config=EnvironmentConfig(network_mode="no-network", workdir="/work"),
+            persistent_env={"A": "persistent", "B": "persistent"},
+            home=str(home),
+            **kw,
+        )
 
     async def scenario() -> None:
         env = make()
@@ -509,8 +547,24 @@ def test_example_task_scores_one_with_record_and_digest(tmp_path: Path, project:
     else:  # this machine lacks CPython 3.11.7 offline: the same task on the test project's lock
         task, cwd, pin = EXAMPLES / "reach-python", tmp_path, project[1]
         extra = ["--ek", f"project={project[0]}", "--ek", "manifest=reach", "--ek", f"environment={pin}"]
-    result = _harbor("run", "-p", str(task), "-a", "oracle", "-e", ENV, "-o", str(tmp_path / "jobs"),
-                     "--job-name", "example", "--ek", "offline=true", *extra, home=home, cwd=cwd)
+    result = _harbor(
+        "run",
+        "-p",
+        str(task),
+        "-a",
+        "oracle",
+        "-e",
+        ENV,
+        "-o",
+        str(tmp_path / "jobs"),
+        "--job-name",
+        "example",
+        "--ek",
+        "offline=true",
+        *extra,
+        home=home,
+        cwd=cwd,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     job = tmp_path / "jobs" / "example"
     trial = _trials(job)["reach-python"]
@@ -542,8 +596,21 @@ def test_example_task_scores_one_with_record_and_digest(tmp_path: Path, project:
 def test_separate_verifier_and_job_regrade(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
     root, pin = project
     task = _task("reach-separate", tmp_path / "tasks", root, pin)
-    result = _harbor("run", "-p", str(task), "-a", "oracle", "-e", ENV, "-o", str(tmp_path / "jobs"),
-                     "--job-name", "sep", home=home, cwd=tmp_path)
+    result = _harbor(
+        "run",
+        "-p",
+        str(task),
+        "-a",
+        "oracle",
+        "-e",
+        ENV,
+        "-o",
+        str(tmp_path / "jobs"),
+        "--job-name",
+        "sep",
+        home=home,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     trial = _trials(tmp_path / "jobs" / "sep")["reach-separate"]
     assert trial["exception_info"] is None, trial["exception_info"]
@@ -551,18 +618,36 @@ def test_separate_verifier_and_job_regrade(tmp_path: Path, project: tuple[Path, 
     records = sorted(p.name for p in (trial["_dir"] / "harness").glob("*.json"))
     assert records[0] == "env.json" and records[1].startswith("verifier__"), records
     verifier = json.loads((trial["_dir"] / "harness" / records[1]).read_text())
-    assert verifier["session"]["id"] != json.loads((trial["_dir"] / "harness" / "env.json").read_text())["session"]["id"]
+    assert (
+        verifier["session"]["id"] != json.loads((trial["_dir"] / "harness" / "env.json").read_text())["session"]["id"]
+    )
 
     # Regrade with a new verifier (same task name): only a separate verifier runs.
     v2 = tmp_path / "v2" / "reach-separate"
     shutil.copytree(task, v2)
     test = v2 / "tests" / "test.sh"
-    test.write_text(test.read_text().replace(
-        'open("/logs/verifier/reward.txt", "w").write("1\\n" if ok and fresh else "0\\n")',
-        'json.dump({"reward": float(ok and fresh), "v2": 1.0}, open("/logs/verifier/reward.json", "w"))'))
+    test.write_text(
+        test.read_text().replace(
+            'open("/logs/verifier/reward.txt", "w").write("1\\n" if ok and fresh else "0\\n")',
+            'json.dump({"reward": float(ok and fresh), "v2": 1.0}, open("/logs/verifier/reward.json", "w"))',
+        )
+    )
     assert "v2" in test.read_text()
-    result = _harbor("job", "regrade", str(tmp_path / "jobs" / "sep"), "-p", str(v2), "-e", ENV,
-                     "-o", str(tmp_path / "jobs"), "--job-name", "regraded", home=home, cwd=tmp_path)
+    result = _harbor(
+        "job",
+        "regrade",
+        str(tmp_path / "jobs" / "sep"),
+        "-p",
+        str(v2),
+        "-e",
+        ENV,
+        "-o",
+        str(tmp_path / "jobs"),
+        "--job-name",
+        "regraded",
+        home=home,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     regraded = next(iter(_trials(tmp_path / "jobs" / "regraded").values()))
     assert regraded["exception_info"] is None, regraded["exception_info"]
@@ -573,7 +658,8 @@ def test_separate_verifier_and_job_regrade(tmp_path: Path, project: tuple[Path, 
 @needs_harbor
 @needs_sandbox
 def test_bad_environments_fail_their_trial_only_and_resume_refuses_drift(
-        tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
+    tmp_path: Path, project: tuple[Path, str], home: Path
+) -> None:
     root, pin = project
     tasks = tmp_path / "tasks"
     good = _task("reach-python", tasks, root, pin, folder="good")
@@ -581,14 +667,30 @@ def test_bad_environments_fail_their_trial_only_and_resume_refuses_drift(
     (missing / "environment" / "harness.toml").write_text(f'manifest = "absent"\nproject = "{root}"\n')
     drifted = _task("reach-python", tasks, root, pin, folder="drifted")
     (drifted / "environment" / "harness.toml").write_text(
-        f'manifest = "reach"\nproject = "{root}"\nenvironment = "{"0" * 32}-reach-env"\n')
+        f'manifest = "reach"\nproject = "{root}"\nenvironment = "{"0" * 32}-reach-env"\n'
+    )
     slow = _task("reach-python", tasks, root, pin, folder="slow")
     marker = f"{os.getpid() % 1000 + 5000}7"
     (slow / "solution" / "solve.sh").write_text(f"#!/bin/bash\nsleep {marker} & sleep {marker}\n")
     config = (slow / "task.toml").read_text().replace("[agent]\ntimeout_sec = 120.0", "[agent]\ntimeout_sec = 2.0")
     (slow / "task.toml").write_text(config)
-    result = _harbor("run", "-p", str(tasks), "-a", "oracle", "-e", ENV, "-n", "4", "-o", str(tmp_path / "jobs"),
-                     "--job-name", "mixed", home=home, cwd=tmp_path)
+    result = _harbor(
+        "run",
+        "-p",
+        str(tasks),
+        "-a",
+        "oracle",
+        "-e",
+        ENV,
+        "-n",
+        "4",
+        "-o",
+        str(tmp_path / "jobs"),
+        "--job-name",
+        "mixed",
+        home=home,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     trials = _trials(tmp_path / "jobs" / "mixed")
     assert set(trials) == {"good", "missing", "drifted", "slow"}
@@ -602,7 +704,8 @@ def test_bad_environments_fail_their_trial_only_and_resume_refuses_drift(
 
     # Re-pinning a task changes its digest: the recorded job refuses to resume.
     (good / "environment" / "harness.toml").write_text(
-        f'manifest = "reach"\nproject = "{root}"\nenvironment = "{"1" * 32}-reach-env"\n')
+        f'manifest = "reach"\nproject = "{root}"\nenvironment = "{"1" * 32}-reach-env"\n'
+    )
     result = _harbor("job", "resume", "-p", str(tmp_path / "jobs" / "mixed"), home=home, cwd=tmp_path)
     assert result.returncode != 0
     assert "does not match" in result.stdout + result.stderr
@@ -617,7 +720,11 @@ def test_task_users_plan_and_files() -> None:
     multi = IdMap("root", 0, 0, 100000, 100000, 65536)
     table = UserTable.plan(["agent", "verifier", "agent", 1500, "root"], multi)
     assert {n: (u.uid, u.gid) for n, u in table.users.items()} == {
-        "root": (0, 0), "agent": (1000, 1000), "verifier": (1001, 1001), "1500": (1500, 1500)}
+        "root": (0, 0),
+        "agent": (1000, 1000),
+        "verifier": (1001, 1001),
+        "1500": (1500, 1500),
+    }
     assert table.get(None) is None and table.get("root") is None and table.get(0) is None
     assert table.get("agent").uid == 1000 and table.get(1500).uid == 1500  # type: ignore[union-attr]
     assert "agent:x:1000:1000:agent:/home/agent:/bin/bash" in table.passwd().splitlines()
@@ -669,7 +776,8 @@ def test_limits_read_cgroup_v1_and_v2_layouts(tmp_path: Path) -> None:
     (proc / "mountinfo").write_text(
         f"32 31 0:29 / {v1cpu} rw,relatime - cgroup cgroup rw,cpu\n"
         f"35 31 0:32 / {v1mem} rw,relatime - cgroup cgroup rw,memory\n"
-        f"41 31 0:38 / {v2} rw,relatime - cgroup2 cgroup2 rw\n")
+        f"41 31 0:38 / {v2} rw,relatime - cgroup2 cgroup2 rw\n"
+    )
     (proc / "cgroup").write_text("4:memory:/b\n1:cpu:/a\n0::/\n")
     out = enforce("trial__env", 1.5, 512, proc=proc)
     assert out.cpu_enforced and out.memory_enforced, out.as_json()
@@ -689,18 +797,29 @@ def test_limits_read_cgroup_v1_and_v2_layouts(tmp_path: Path) -> None:
 def test_dockerfile_translation_lists_every_step_it_cannot_translate() -> None:
     from harness.harbor.dockerfile import translate
 
-    text = ("FROM python:3.12-slim AS base\n# a comment\n"
-            "RUN apt-get update && apt-get install -y git \\\n    && rm -rf /var/lib/apt/lists/*\n"
-            "COPY requirements.txt /tmp/req.txt\n"
-            "RUN pip install --no-cache-dir -r /tmp/req.txt && python -m pip install 'numpy==2.1.0' requests\n"
-            "RUN uv pip install --system pyyaml>=6 ./local_pkg\nWORKDIR /app\nUSER agent\nENV A=1\n"
-            "RUN curl -L x | sh\n")
+    text = (
+        "FROM python:3.12-slim AS base\n# a comment\n"
+        "RUN apt-get update && apt-get install -y git \\\n    && rm -rf /var/lib/apt/lists/*\n"
+        "COPY requirements.txt /tmp/req.txt\n"
+        "RUN pip install --no-cache-dir -r /tmp/req.txt && python -m pip install 'numpy==2.1.0' requests\n"
+        "RUN uv pip install --system pyyaml>=6 ./local_pkg\nWORKDIR /app\nUSER agent\nENV A=1\n"
+        "RUN curl -L x | sh\n"
+    )
     out = translate(text, lambda path: "attrs==24.2.0\n# c\nsix\n--hash x\n" if path == "requirements.txt" else None)
     assert out.python == "3.12"
     assert out.requirements == ["attrs==24.2.0", "six", "numpy==2.1.0", "requests", "pyyaml>=6"]
     steps = "\n".join(out.untranslated)
-    for expected in ("line 1: FROM python:3.12-slim", "line 3: RUN apt-get install -y git", "line 5: COPY",
-                     "--hash x", "./local_pkg", "WORKDIR /app", "USER agent", "ENV A=1", "RUN curl -L x | sh"):
+    for expected in (
+        "line 1: FROM python:3.12-slim",
+        "line 3: RUN apt-get install -y git",
+        "line 5: COPY",
+        "--hash x",
+        "./local_pkg",
+        "WORKDIR /app",
+        "USER agent",
+        "ENV A=1",
+        "RUN curl -L x | sh",
+    ):
         assert expected in steps, (expected, steps)
     assert (out.workdir, out.user) == ("/app", "agent")
     other = translate("FROM ubuntu:22.04\nRUN pip3 install flask\n")
@@ -718,7 +837,8 @@ def test_init_writes_manifest_and_harness_toml(tmp_path: Path) -> None:
     (task / "environment").mkdir(parents=True)
     (task / "task.toml").write_text("[environment]\n")
     (task / "environment" / "Dockerfile").write_text(
-        "FROM python:3.11\nCOPY requirements.txt .\nRUN pip install -r requirements.txt\nRUN make\n")
+        "FROM python:3.11\nCOPY requirements.txt .\nRUN pip install -r requirements.txt\nRUN make\n"
+    )
     (task / "environment" / "requirements.txt").write_text("six==1.16.0\n")
     assert main(["init", str(task), "--project", str(root)]) == 0
     manifest = Project(root).load_benchmarks()["my-task"]
@@ -758,8 +878,9 @@ def test_host_summary_and_executables_cache(tmp_path: Path) -> None:
 
 @needs_harbor
 @needs_sandbox
-def test_task_users_limits_and_host_in_a_job_with_network(tmp_path: Path, project: tuple[Path, str],
-                                                          home: Path) -> None:
+def test_task_users_limits_and_host_in_a_job_with_network(
+    tmp_path: Path, project: tuple[Path, str], home: Path
+) -> None:
     """tests/harbor/reach-users: [agent] user and [verifier] user under ids of their own with
     Docker's permissions where this machine can map them (else the record and the trial log
     say why not), cpus = 0.5 (fractional: the job must run) and memory_mb enforced as the
@@ -769,8 +890,21 @@ def test_task_users_limits_and_host_in_a_job_with_network(tmp_path: Path, projec
 
     root, pin = project
     task = _task("reach-users", tmp_path / "tasks", root, pin)
-    result = _harbor("run", "-p", str(task), "-a", "oracle", "-e", ENV, "-o", str(tmp_path / "jobs"),
-                     "--job-name", "users", home=home, cwd=tmp_path)
+    result = _harbor(
+        "run",
+        "-p",
+        str(task),
+        "-a",
+        "oracle",
+        "-e",
+        ENV,
+        "-o",
+        str(tmp_path / "jobs"),
+        "--job-name",
+        "users",
+        home=home,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     trial = _trials(tmp_path / "jobs" / "users")["reach-users"]
     assert trial["exception_info"] is None, trial["exception_info"]
@@ -818,8 +952,16 @@ def test_task_users_limits_and_host_in_a_job_with_network(tmp_path: Path, projec
 
 # ------------------------------------------------------- machines without user namespaces
 
-_NO_USERNS = ["unshare", "--user", "--map-root-user", "--", "sh", "-c",
-              'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "no-userns"]
+_NO_USERNS = [
+    "unshare",
+    "--user",
+    "--map-root-user",
+    "--",
+    "sh",
+    "-c",
+    'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"',
+    "no-userns",
+]
 
 
 def _no_userns_reason() -> str | None:
@@ -833,7 +975,7 @@ def _no_userns_reason() -> str | None:
 
 needs_confine = pytest.mark.skipif(_no_userns_reason() is not None, reason=f"{_no_userns_reason()}")
 
-_CONFINED_SCRIPT = r'''
+_CONFINED_SCRIPT = r"""
 import asyncio, json, sys
 from pathlib import Path
 from harness.harbor import confine
@@ -873,12 +1015,13 @@ async def main():
     out["marked_after_stop"] = len(confine._marked(box.marker))
 asyncio.run(main())
 print(json.dumps(out))
-'''
+"""
 
 
 @needs_confine
-def test_landlock_proot_confinement_without_user_namespaces(tmp_path: Path, project: tuple[Path, str],
-                                                            home: Path) -> None:
+def test_landlock_proot_confinement_without_user_namespaces(
+    tmp_path: Path, project: tuple[Path, str], home: Path
+) -> None:
     """With user.max_user_namespaces = 0 (in a user namespace of the test's own, so nothing
     else on the machine notices, and restored when it ends), bubblewrap cannot start and the
     Landlock + PRoot confinement runs the session: store and /usr read-only, writes land in
@@ -888,9 +1031,13 @@ def test_landlock_proot_confinement_without_user_namespaces(tmp_path: Path, proj
     script = tmp_path / "confined.py"
     script.write_text(_CONFINED_SCRIPT)
     closure = [str(p) for p in _closure(home, pin)]
-    result = subprocess.run([*_NO_USERNS, sys.executable, str(script), str(tmp_path / "root"),
-                             str(home / "store" / pin), *closure], capture_output=True, text=True, timeout=300,
-                            cwd=REPO)
+    result = subprocess.run(
+        [*_NO_USERNS, sys.executable, str(script), str(tmp_path / "root"), str(home / "store" / pin), *closure],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.splitlines()[-1])
     assert "cannot create namespaces" in out["bwrap"] and out["confine"] is None
@@ -922,11 +1069,35 @@ def test_harbor_job_without_user_namespaces(tmp_path: Path, project: tuple[Path,
     PRoot, scores 1.0, and its record and log say so."""
     root, pin = project
     task = _task("reach-python", tmp_path / "tasks", root, pin)
-    env = {**os.environ, "HARNESS_HOME": str(home), "UV_PYTHON_DOWNLOADS": "never",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "COLUMNS": "200"}
-    result = subprocess.run([*_NO_USERNS, str(_HARBOR_BIN), "run", "-p", str(task), "-a", "oracle", "-e", ENV,
-                             "-o", str(tmp_path / "jobs"), "--job-name", "confined"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "HARNESS_HOME": str(home),
+        "UV_PYTHON_DOWNLOADS": "never",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "COLUMNS": "200",
+    }
+    result = subprocess.run(
+        [
+            *_NO_USERNS,
+            str(_HARBOR_BIN),
+            "run",
+            "-p",
+            str(task),
+            "-a",
+            "oracle",
+            "-e",
+            ENV,
+            "-o",
+            str(tmp_path / "jobs"),
+            "--job-name",
+            "confined",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     trial = _trials(tmp_path / "jobs" / "confined")["reach-python"]
     assert trial["exception_info"] is None, trial["exception_info"]
@@ -940,8 +1111,9 @@ def test_harbor_job_without_user_namespaces(tmp_path: Path, project: tuple[Path,
 
 @needs_sandbox
 @pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup-if-possible", "per-process"])
-def test_memory_limit_stops_a_command_that_exceeds_it(tmp_path: Path, project: tuple[Path, str], home: Path,
-                                                      cgroups: bool) -> None:
+def test_memory_limit_stops_a_command_that_exceeds_it(
+    tmp_path: Path, project: tuple[Path, str], home: Path, cgroups: bool
+) -> None:
     """memory_mb = 64: a command touching 200 MiB fails (the cgroup's OOM kill, or MemoryError
     under RLIMIT_AS), one touching 8 MiB does not; the cgroup is gone after stop."""
     from harness.harbor.limits import enforce
@@ -971,7 +1143,8 @@ def test_memory_limit_stops_a_command_that_exceeds_it(tmp_path: Path, project: t
 
 @needs_sandbox
 def test_one_id_namespace_runs_task_users_as_root_and_keeps_no_capabilities(
-        tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
+    tmp_path: Path, project: tuple[Path, str], home: Path
+) -> None:
     """Where the namespace can hold one id only (an unprivileged user without a subordinate
     range), a task user's command runs as the sandbox's root, with no capabilities at all."""
     from harness.harbor.ids import IdMap
@@ -984,8 +1157,7 @@ def test_one_id_namespace_runs_task_users_as_root_and_keeps_no_capabilities(
         await box.start()
         try:
             assert await box.ensure_user("agent") is None
-            return await box.exec("id -u; grep CapEff /proc/self/status", cwd="/app", env=_env(home, pin),
-                                  user="agent")
+            return await box.exec("id -u; grep CapEff /proc/self/status", cwd="/app", env=_env(home, pin), user="agent")
         finally:
             await box.stop(delete=True)
 

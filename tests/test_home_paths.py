@@ -28,8 +28,13 @@ def _realize_and_run(project: Path, home: Path, env: dict[str, str] | None = Non
     # As realized here: without interpreter downloads a host copy stands in for the lock's.
     lock = realized_lock(store, read(project / "locks" / "svc.lock.toml"))
     python = store.root / lock.environment.store / "bin" / "python"
-    ran = subprocess.run([str(python), "-c", "import alpha, gamma, toolkit, sys; print(sys.prefix)"],
-                         capture_output=True, text=True, timeout=60, check=False)
+    ran = subprocess.run(
+        [str(python), "-c", "import alpha, gamma, toolkit, sys; print(sys.prefix)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert ran.returncode == 0, ran.stderr
     assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
 

@@ -66,7 +66,13 @@ def reference_fk(q: np.ndarray) -> np.ndarray:
     assert DESCRIPTION["tool"] == {"xyz": [0.0, 0.0, 0.0], "rpy": [0.0, 0.0, 0.0]}
     pose = np.eye(4)
     for joint, angle in zip(DESCRIPTION["joints"], q, strict=True):
-        pose = pose @ rot_x(joint["alpha"]) @ trans(joint["a"], 0, 0) @ rot_z(angle + joint["offset"]) @ trans(0, 0, joint["d"])
+        pose = (
+            pose
+            @ rot_x(joint["alpha"])
+            @ trans(joint["a"], 0, 0)
+            @ rot_z(angle + joint["offset"])
+            @ trans(0, 0, joint["d"])
+        )
     flange = DESCRIPTION["flange"]
     return pose @ rot_x(flange["alpha"]) @ trans(flange["a"], 0, 0) @ rot_z(flange["theta"]) @ trans(0, 0, flange["d"])
 
@@ -279,7 +285,9 @@ BAD_REQUESTS: list[tuple[str, str, bytes, int, str]] = [
 
 
 @pytest.mark.parametrize(("method", "path", "raw", "code", "message"), BAD_REQUESTS)
-def test_bad_requests_get_json_errors(server: Server, method: str, path: str, raw: bytes, code: int, message: str) -> None:
+def test_bad_requests_get_json_errors(
+    server: Server, method: str, path: str, raw: bytes, code: int, message: str
+) -> None:
     status, answer = server.request(method, path, raw=raw if raw else None)
     assert status == code
     assert set(answer) == {"error"} and message in answer["error"]
@@ -307,9 +315,7 @@ def test_signal_stops_the_server_cleanly(tmp_path: Path, sig: int) -> None:
 
 
 def run_to_exit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=30, cwd=REPO
-    )
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=30, cwd=REPO)
 
 
 def test_missing_robot_file_exits_2(tmp_path: Path) -> None:

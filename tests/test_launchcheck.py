@@ -21,6 +21,7 @@ def _tree(files: dict[str, bytes]):  # type: ignore[no-untyped-def]
         for rel, data in files.items():
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             (out / rel).write_bytes(data)
+
     return build
 
 
@@ -64,8 +65,7 @@ def test_an_added_file_is_refused_naming_its_folder(store: Store) -> None:
 
 def test_a_reference_is_checked_too(store: Store) -> None:
     base = store.add("d" * 32 + "-python", "python", _tree({"bin/python": b"#!/bin/sh\n"}))
-    env = store.add("e" * 32 + "-env", "environment", _tree({"pyvenv.cfg": b"home = x\n"}),
-                    references=(base.name,))
+    env = store.add("e" * 32 + "-env", "environment", _tree({"pyvenv.cfg": b"home = x\n"}), references=(base.name,))
     assert {c.path for c in check_closure(store.root, [env.name])} == {base.name, env.name}
     target = store.root / base.name / "bin" / "python"
     _writable(target)
@@ -75,7 +75,8 @@ def test_a_reference_is_checked_too(store: Store) -> None:
 
 
 def test_an_unchanged_path_without_fingerprint_is_rehashed_and_remembered(
-        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     record = store.add("f" * 32 + "-weights", "weights", _tree({"w.bin": b"w" * 100}))
     launchcheck.fingerprint_path(store.root, record.name).unlink()
     monkeypatch.setattr(fingerprint, "RACY_NS", 0)  # the files were written just now
@@ -102,9 +103,16 @@ def test_supervisor_refuses_to_start_a_changed_closure_and_logs_it(store: Store,
     state = tmp_path / "state"
     marker = tmp_path / "started"
     spec = LaunchSpec(
-        name="svc", argv=(sys.executable, "-c", f"open({str(marker)!r}, 'w')"), env=dict(os.environ),
-        cwd=tmp_path, port=1, url="http://127.0.0.1:1", health_url=None, load_seconds=5,
-        log_path=state / "logs" / "svc.log", closure=(str(store.root / record.name),),
+        name="svc",
+        argv=(sys.executable, "-c", f"open({str(marker)!r}, 'w')"),
+        env=dict(os.environ),
+        cwd=tmp_path,
+        port=1,
+        url="http://127.0.0.1:1",
+        health_url=None,
+        load_seconds=5,
+        log_path=state / "logs" / "svc.log",
+        closure=(str(store.root / record.name),),
     )
     proc = start(spec, state)  # unchanged: starts, and the check is logged
     proc.wait(timeout=30)

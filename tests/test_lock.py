@@ -24,7 +24,7 @@ from harness.lock.lockfile import read
 from harness.lock.storepaths import assign_store_paths, file_path
 from tests.conftest import REPO
 from tests.localindex import LocalIndex
-from tests.upstreams import (HF_FILES, LOCAL_FILES, MS_FILES, STORE, Upstreams, make_project, service, sha)
+from tests.upstreams import HF_FILES, LOCAL_FILES, MS_FILES, STORE, Upstreams, make_project, service, sha
 
 ORIGINAL_ENV = dict(os.environ)  # before the module's fixtures point everything at local servers
 
@@ -42,21 +42,36 @@ def test_lock_pins_every_input(svc: Path, up: Upstreams) -> None:
     text = path.read_text()
     data = tomllib.loads(text)
     assert (data["lock-version"], data["name"], data["type"], data["manifest"]) == (
-        1, "svc", "service", "services/svc.toml")
+        1,
+        "svc",
+        "service",
+        "services/svc.toml",
+    )
     assert data["manifest-digest"].startswith("blake3:")
     assert data["python"] | {"store": ""} == {
-        "implementation": "cpython", "version": "3.11.7", "platform": "x86_64-manylinux_2_28",
-        "source": "uv-managed", "store": ""}
+        "implementation": "cpython",
+        "version": "3.11.7",
+        "platform": "x86_64-manylinux_2_28",
+        "source": "uv-managed",
+        "store": "",
+    }
 
     # Packages: the manifest's, their dependencies, and the git source's own (beta → alpha).
     packages = {p["name"]: p for p in data["packages"]}
     assert {n: p["version"] for n, p in packages.items()} == {
-        "alpha": "2.0", "beta": "1.0", "delta": "1.0", "epsilon": "1.0", "gamma": "1.0"}
+        "alpha": "2.0",
+        "beta": "1.0",
+        "delta": "1.0",
+        "epsilon": "1.0",
+        "gamma": "1.0",
+    }
     assert "toolkit" not in packages  # the source is a source, not an index package
     assert all(p["index"] == "pypi" for p in packages.values())
     # Every wheel that fits the target, not the Windows one; the sdist only where no wheel is.
     assert [w["file"] for w in packages["delta"]["wheels"]] == [
-        "delta-1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "delta-1.0-py3-none-any.whl"]
+        "delta-1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "delta-1.0-py3-none-any.whl",
+    ]
     assert "sdist" not in packages["delta"] and "wheels" not in packages["epsilon"]
     files = [f for p in packages.values() for f in [*p.get("wheels", []), *filter(None, [p.get("sdist")])]]
     for f in files:
@@ -66,28 +81,42 @@ def test_lock_pins_every_input(svc: Path, up: Upstreams) -> None:
     assert [(p["name"], p["version"]) for p in data["build-packages"]] == [("tinybuild", "1.0")]
 
     [source] = data["sources"]
-    assert source | {"store": ""} == {"name": "toolkit", "repo": up.repo_url, "rev": "v1",
-                                      "commit": up.commit, "tree": up.tree, "install": "editable",
-                                      "store": ""}
+    assert source | {"store": ""} == {
+        "name": "toolkit",
+        "repo": up.repo_url,
+        "rev": "v1",
+        "commit": up.commit,
+        "tree": up.tree,
+        "install": "editable",
+        "store": "",
+    }
 
     weights = {w["dir"]: w for w in data["weights"]}
     hf = weights["hf"]
     assert (hf["provider"], hf["repo"], hf["revision"]) == ("huggingface_model", "org/model", up.hf_commit)
     assert [(f["path"], f["size"], f["sha256"]) for f in hf["files"]] == [
-        (p, len(HF_FILES[p]), sha(HF_FILES[p])) for p in ("config.json", "model.safetensors", "tokenizer/vocab.txt")]
+        (p, len(HF_FILES[p]), sha(HF_FILES[p])) for p in ("config.json", "model.safetensors", "tokenizer/vocab.txt")
+    ]
     ms = weights["ms"]
     assert (ms["provider"], ms["repo"], ms["revision"]) == ("modelscope_model", "org/ms-model", "v1.0")
     assert [(f["path"], f["size"], f["sha256"], f["revision"]) for f in ms["files"]] == [
-        (p, len(MS_FILES[p]), sha(MS_FILES[p]), up.ms_commit) for p in sorted(MS_FILES)]
+        (p, len(MS_FILES[p]), sha(MS_FILES[p]), up.ms_commit) for p in sorted(MS_FILES)
+    ]
     local = weights["local"]
     assert (local["provider"], local["repo"], "revision" in local) == ("path", "assets/local", False)
     assert [(f["path"], f["size"], f["sha256"]) for f in local["files"]] == [
-        (p, len(LOCAL_FILES[p]), sha(LOCAL_FILES[p])) for p in sorted(LOCAL_FILES)]
+        (p, len(LOCAL_FILES[p]), sha(LOCAL_FILES[p])) for p in sorted(LOCAL_FILES)
+    ]
 
     # A store path on every object, and all of them a pure function of the lock's content.
-    stores = [data["python"]["store"], data["environment"]["store"], source["store"],
-              *(w["store"] for w in data["weights"]), *(f["store"] for f in files),
-              *(w["store"] for p in data["build-packages"] for w in p["wheels"])]
+    stores = [
+        data["python"]["store"],
+        data["environment"]["store"],
+        source["store"],
+        *(w["store"] for w in data["weights"]),
+        *(f["store"] for f in files),
+        *(w["store"] for p in data["build-packages"] for w in p["wheels"]),
+    ]
     assert all(STORE.match(s) for s in stores), stores
     assert len(set(stores)) == len(stores)
     lock = read(path)
@@ -129,12 +158,16 @@ def test_check_names_stale_and_missing_locks(svc: Path, harness_cli, tmp_path: P
     request = ".".join(locked["version"].split(".")[:2])
     for table, reason in (
         (f'[lock]\nplatforms = ["{locked["platform"]}"]\n', None),
-        (f'[lock]\nplatforms = ["{locked["platform"]}", "aarch64-manylinux_2_28"]\n',
-         f"platforms changed: locked for {locked['platform']}; {settings}: lock.platforms asks for "
-         f"{locked['platform']}, aarch64-manylinux_2_28"),
+        (
+            f'[lock]\nplatforms = ["{locked["platform"]}", "aarch64-manylinux_2_28"]\n',
+            f"platforms changed: locked for {locked['platform']}; {settings}: lock.platforms asks for "
+            f"{locked['platform']}, aarch64-manylinux_2_28",
+        ),
         (f'[lock.python]\n"{request}" = "{locked["version"]}"\n', None),
-        (f'[lock.python]\n"{request}" = "{request}.99"\n',
-         f"python pin changed: locked {locked['version']}; lock.python pins {request} to {request}.99"),
+        (
+            f'[lock.python]\n"{request}" = "{request}.99"\n',
+            f"python pin changed: locked {locked['version']}; lock.python pins {request} to {request}.99",
+        ),
     ):
         settings.write_text(table)
         result = check()
@@ -191,8 +224,9 @@ def test_kinematics_example_locks_like_the_committed_lock(up: Upstreams, harness
     committed = read(REPO / "locks" / "kinematics.lock.toml")
     wheel = up.index.file(committed.packages[0].wheels[0].file).read_bytes()
     [package] = committed.packages
-    stand_in = package.model_copy(update={"wheels": [package.wheels[0].model_copy(
-        update={"size": len(wheel), "sha256": sha(wheel)})]})
+    stand_in = package.model_copy(
+        update={"wheels": [package.wheels[0].model_copy(update={"size": len(wheel), "sha256": sha(wheel)})]}
+    )
     expected = assign_store_paths(committed.model_copy(update={"packages": [stand_in]}))
     assert ours == expected
     result = harness_cli("--project", str(project), "lock", "--check")
@@ -208,21 +242,35 @@ def test_kinematics_relocks_to_the_committed_bytes_from_the_real_index(tmp_path:
     shutil.copytree(REPO / "services", project / "services")
     shutil.copy(REPO / "harness.toml", project / "harness.toml")
     env = {**ORIGINAL_ENV, "HARNESS_HOME": str(tmp_path / "home")}  # this machine's settings
-    result = subprocess.run([sys.executable, "-m", "harness", "lock", "kinematics"], cwd=project,
-                            env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "lock", "kinematics"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
-    assert (project / "locks" / "kinematics.lock.toml").read_bytes() == \
-        (REPO / "locks" / "kinematics.lock.toml").read_bytes()
-    result = subprocess.run([sys.executable, "-m", "harness", "lock", "--check", "kinematics"], cwd=project,
-                            env=env, capture_output=True, text=True, timeout=60)
+    assert (project / "locks" / "kinematics.lock.toml").read_bytes() == (
+        REPO / "locks" / "kinematics.lock.toml"
+    ).read_bytes()
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "lock", "--check", "kinematics"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 # ----------------------------------------------------------------------------- upgrading
 
 
-def test_upgrade_package_moves_only_that_package(up: Upstreams, harness_cli, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_upgrade_package_moves_only_that_package(
+    up: Upstreams, harness_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with LocalIndex(tmp_path / "index") as index:
         for name in ("alpha", "beta", "zeta"):
             index.add_wheel(name, "1.0")
@@ -268,27 +316,39 @@ def good_lock(up: Upstreams, tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 
 BAD = {
-    "unsatisfiable": (lambda up: service(["beta==1.0", "alpha<1.0"]),
-                      [r"cannot resolve the requirements for CPython 3\.11\.7",
-                       r"(?s)No solution found.*alpha.*beta"]),
-    "missing-rev": (lambda up: service([], extra=f'[[environment.sources]]\nrepo = "{up.repo_url}"\nrev = "v9"\n'),
-                    [r"rev 'v9' is not a branch, tag or commit of"]),
-    "unknown-hub-repo": (lambda up: service([], extra='[[weights]]\ndir = "m"\nhuggingface_model = "org/missing"\n'),
-                         [r"Hugging Face repo org/missing \(revision main\): repository not found"]),
-    "include-nothing": (lambda up: service([], extra='[[weights]]\ndir = "m"\nhuggingface_model = "org/model"\n'
-                                                     'include = ["*.onnx"]\n'),
-                        [r"weights 'm': no file of Hugging Face org/model@[0-9a-f]{40} matches include"]),
-    "url-sha256": (lambda up: service([], extra=f'[[weights]]\ndir = "u"\nurl = "{up.hub.static("w.bin", b"real")}"\n'
-                                               f'sha256 = "{"0" * 64}"\n'),
-                   [rf"weights 'u': .*w\.bin has sha256 {sha(b'real')}, the manifest expects 0{{64}}"]),
-    "unknown-index": (lambda up: service(["alpha"], extra='indexes = ["lab-cuda"]\n'),
-                      [r"index 'lab-cuda' has no address on this machine", r"HARNESS_INDEX_LAB_CUDA"]),
+    "unsatisfiable": (
+        lambda up: service(["beta==1.0", "alpha<1.0"]),
+        [r"cannot resolve the requirements for CPython 3\.11\.7", r"(?s)No solution found.*alpha.*beta"],
+    ),
+    "missing-rev": (
+        lambda up: service([], extra=f'[[environment.sources]]\nrepo = "{up.repo_url}"\nrev = "v9"\n'),
+        [r"rev 'v9' is not a branch, tag or commit of"],
+    ),
+    "unknown-hub-repo": (
+        lambda up: service([], extra='[[weights]]\ndir = "m"\nhuggingface_model = "org/missing"\n'),
+        [r"Hugging Face repo org/missing \(revision main\): repository not found"],
+    ),
+    "include-nothing": (
+        lambda up: service([], extra='[[weights]]\ndir = "m"\nhuggingface_model = "org/model"\ninclude = ["*.onnx"]\n'),
+        [r"weights 'm': no file of Hugging Face org/model@[0-9a-f]{40} matches include"],
+    ),
+    "url-sha256": (
+        lambda up: service(
+            [], extra=f'[[weights]]\ndir = "u"\nurl = "{up.hub.static("w.bin", b"real")}"\nsha256 = "{"0" * 64}"\n'
+        ),
+        [rf"weights 'u': .*w\.bin has sha256 {sha(b'real')}, the manifest expects 0{{64}}"],
+    ),
+    "unknown-index": (
+        lambda up: service(["alpha"], extra='indexes = ["lab-cuda"]\n'),
+        [r"index 'lab-cuda' has no address on this machine", r"HARNESS_INDEX_LAB_CUDA"],
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_input_is_one_clear_error_and_keeps_the_old_lock(case: str, up: Upstreams, good_lock: bytes,
-                                                             harness_cli, tmp_path: Path) -> None:
+def test_bad_input_is_one_clear_error_and_keeps_the_old_lock(
+    case: str, up: Upstreams, good_lock: bytes, harness_cli, tmp_path: Path
+) -> None:
     make_manifest, patterns = BAD[case]
     project = make_project(tmp_path / "p", {"svc": make_manifest(up)}, {"locks/svc.lock.toml": good_lock})
     result = harness_cli("--project", str(project), "lock")
@@ -300,8 +360,9 @@ def test_bad_input_is_one_clear_error_and_keeps_the_old_lock(case: str, up: Upst
     assert (project / "locks" / "svc.lock.toml").read_bytes() == good_lock
 
 
-def test_no_index_reachable(up: Upstreams, good_lock: bytes, harness_cli, tmp_path: Path,
-                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_index_reachable(
+    up: Upstreams, good_lock: bytes, harness_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The index is down: online, a clear error; --offline with empty caches, a clear error
     saying the cache lacks what is needed. Either way the old lock stays."""
     down = LocalIndex(tmp_path / "down").start()
@@ -309,12 +370,14 @@ def test_no_index_reachable(up: Upstreams, good_lock: bytes, harness_cli, tmp_pa
     down.stop()
     monkeypatch.setenv("HARNESS_INDEX_PYPI", address)
     monkeypatch.setenv("UV_HTTP_RETRIES", "0")  # a refused connection fails at once, not in 10 s
-    project = make_project(tmp_path / "p", {"svc": service(["beta", "alpha<2"])},
-                           {"locks/svc.lock.toml": good_lock})
+    project = make_project(tmp_path / "p", {"svc": service(["beta", "alpha<2"])}, {"locks/svc.lock.toml": good_lock})
     for args, pattern in (
         ([], r"(?s)cannot resolve the requirements for CPython 3\.11\.7.*(Failed to fetch|onnect)"),
-        (["--offline"], r"(?s)cannot resolve for CPython 3\.11\.7 on x86_64-manylinux_2_28 offline: "
-                        r"uv's cache lacks what it needs.*hint: lock once with network access"),
+        (
+            ["--offline"],
+            r"(?s)cannot resolve for CPython 3\.11\.7 on x86_64-manylinux_2_28 offline: "
+            r"uv's cache lacks what it needs.*hint: lock once with network access",
+        ),
     ):
         result = harness_cli("--home", str(tmp_path / "cold"), "--project", str(project), "lock", *args)
         no_traceback(result)
@@ -325,8 +388,7 @@ def test_no_index_reachable(up: Upstreams, good_lock: bytes, harness_cli, tmp_pa
 
 
 def test_one_bad_manifest_does_not_stop_the_others(up: Upstreams, harness_cli, tmp_path: Path) -> None:
-    project = make_project(tmp_path / "p", {"good": service(["alpha==1.0"]),
-                                            "bad": service(["alpha==9.9"])})
+    project = make_project(tmp_path / "p", {"good": service(["alpha==1.0"]), "bad": service(["alpha==9.9"])})
     result = harness_cli("--project", str(project), "lock", "--json")
     no_traceback(result)
     assert result.code == 1
@@ -380,8 +442,10 @@ def make_venv(path: Path) -> Path:
 
 
 def installed(python: Path) -> dict[str, str]:
-    code = ("import importlib.metadata as m, json; print(json.dumps(sorted("
-            "(d.metadata['Name'], d.version) for d in m.distributions())))")
+    code = (
+        "import importlib.metadata as m, json; print(json.dumps(sorted("
+        "(d.metadata['Name'], d.version) for d in m.distributions())))"
+    )
     out = subprocess.run([str(python), "-I", "-c", code], check=True, capture_output=True, text=True).stdout
     return dict(tomllib.loads(f"x = {out}")["x"])
 
@@ -403,20 +467,34 @@ def test_export_requirements_installs_hash_checked(svc: Path, up: Upstreams, har
     assert "# Weights:" in text and "#   hf: huggingface_model org/model at " in text
     assert "git source(s) toolkit as commented lines" in result.err and "weights hf, ms, local" in result.err
     python = make_venv(tmp_path / "venv")
-    run_uv(["pip", "install", "--quiet", "--require-hashes", "-r", str(requirements), "--python", str(python)],
-           cache_dir=up.home / "cache")
+    run_uv(
+        ["pip", "install", "--quiet", "--require-hashes", "-r", str(requirements), "--python", str(python)],
+        cache_dir=up.home / "cache",
+    )
     assert installed(python) == LOCKED
 
     # A file whose bytes are not the locked ones is refused.
     alpha = sha(up.index.file("alpha-2.0-py3-none-any.whl").read_bytes())
     requirements.write_text(text.replace(alpha, "0" * 64))
     with pytest.raises(UvError, match="(?i)hash"):
-        run_uv(["pip", "install", "--quiet", "--require-hashes", "-r", str(requirements),
-                "--python", str(make_venv(tmp_path / "venv2"))], cache_dir=up.home / "cache")
+        run_uv(
+            [
+                "pip",
+                "install",
+                "--quiet",
+                "--require-hashes",
+                "-r",
+                str(requirements),
+                "--python",
+                str(make_venv(tmp_path / "venv2")),
+            ],
+            cache_dir=up.home / "cache",
+        )
 
 
-def test_export_pylock_fills_addresses_from_configuration(svc: Path, up: Upstreams, harness_cli, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_export_pylock_fills_addresses_from_configuration(
+    svc: Path, up: Upstreams, harness_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from harness.resolve.uvtool import run_uv
 
     pylock = tmp_path / "pylock.toml"
@@ -427,8 +505,12 @@ def test_export_pylock_fills_addresses_from_configuration(svc: Path, up: Upstrea
     assert (data["lock-version"], data["created-by"], data["requires-python"]) == ("1.0", "harness", "==3.11.*")
     lock = read(svc / "locks" / "svc.lock.toml")
     vcs = [p for p in data["packages"] if "vcs" in p]
-    assert vcs == [{"name": "toolkit", "vcs": {"type": "git", "url": up.repo_url, "requested-revision": "v1",
-                                               "commit-id": up.commit}}]
+    assert vcs == [
+        {
+            "name": "toolkit",
+            "vcs": {"type": "git", "url": up.repo_url, "requested-revision": "v1", "commit-id": up.commit},
+        }
+    ]
     assert "# Weights:" in text
     indexed = [p for p in data["packages"] if "vcs" not in p]
     assert [(p["name"], p["version"]) for p in indexed] == [(p.name, p.version) for p in lock.packages]
@@ -437,12 +519,26 @@ def test_export_pylock_fills_addresses_from_configuration(svc: Path, up: Upstrea
         files = entry.get("wheels", []) + ([entry["sdist"]] if "sdist" in entry else [])
         locked = package.wheels + ([package.sdist] if package.sdist else [])
         assert [(f["name"], f["url"], f["size"], f["hashes"]) for f in files] == [
-            (f.file, f"{up.index.base}/files/{f.file}", f.size, {"sha256": f.sha256}) for f in locked]
+            (f.file, f"{up.index.base}/files/{f.file}", f.size, {"sha256": f.sha256}) for f in locked
+        ]
 
     python = make_venv(tmp_path / "venv")
     # (the git source's build requirement comes from the index the installer is given)
-    run_uv(["pip", "sync", "--quiet", "--preview-features", "pylock", str(pylock), "--python", str(python),
-            "--default-index", up.index.url], cache_dir=up.home / "cache")
+    run_uv(
+        [
+            "pip",
+            "sync",
+            "--quiet",
+            "--preview-features",
+            "pylock",
+            str(pylock),
+            "--python",
+            str(python),
+            "--default-index",
+            up.index.url,
+        ],
+        cache_dir=up.home / "cache",
+    )
     assert installed(python) == LOCKED | {"toolkit": "0.1"}
 
     def export() -> str:
@@ -466,5 +562,8 @@ def test_export_pylock_fills_addresses_from_configuration(svc: Path, up: Upstrea
         result = harness_cli("--project", str(svc), "export", "svc", "--format", "pylock")
     no_traceback(result)
     assert result.code == 1
-    assert re.search(r"error: (alpha 2\.0: index 'pypi' no longer lists alpha-2\.0-py3-none-any\.whl"
-                     r"|index 'pypi' does not list beta \(\S+: HTTP 404\))", result.err), result.err
+    assert re.search(
+        r"error: (alpha 2\.0: index 'pypi' no longer lists alpha-2\.0-py3-none-any\.whl"
+        r"|index 'pypi' does not list beta \(\S+: HTTP 404\))",
+        result.err,
+    ), result.err

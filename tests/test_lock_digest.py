@@ -10,16 +10,32 @@ from harness.manifests.loading import load_model
 from harness.manifests.model import ServiceManifest
 from tests.conftest import REPO
 
-BASE = {"kind": "policy", "summary": "s", "command": ["{python}", "serve.py"], "port": 9000,
-        "environment": {"python": "3.11", "requirements": ["alpha==1.0"]}}
+BASE = {
+    "kind": "policy",
+    "summary": "s",
+    "command": ["{python}", "serve.py"],
+    "port": 9000,
+    "environment": {"python": "3.11", "requirements": ["alpha==1.0"]},
+}
 
 
 def test_runtime_only_keys_leave_the_digest_alone() -> None:
     base = ServiceManifest.model_validate(BASE)
-    runtime = ServiceManifest.model_validate({
-        **BASE, "summary": "other", "command": ["{python}", "other.py", "{port}"], "port": 9100, "vram_gb": 12,
-        "load_seconds": 300, "health": "/health", "client": {"url": "{url}"}, "scoped": True, "kind": "planner",
-        "protocol": "websocket"})
+    runtime = ServiceManifest.model_validate(
+        {
+            **BASE,
+            "summary": "other",
+            "command": ["{python}", "other.py", "{port}"],
+            "port": 9100,
+            "vram_gb": 12,
+            "load_seconds": 300,
+            "health": "/health",
+            "client": {"url": "{url}"},
+            "scoped": True,
+            "kind": "planner",
+            "protocol": "websocket",
+        }
+    )
     assert manifest_digest(runtime) == manifest_digest(base)
     shaped = ServiceManifest.model_validate({**BASE, "environment": {"python": "3.11", "requirements": ["alpha==2.0"]}})
     assert manifest_digest(shaped) != manifest_digest(base)

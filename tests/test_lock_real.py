@@ -46,8 +46,10 @@ def cuda_index(up: Upstreams, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def torch_service(extra: str = "") -> str:
-    return service(["torchvision==0.22.1", "numpy"], extra=(
-        'package-index = { torch = "pytorch-cu128", torchvision = "pytorch-cu128" }\n' + extra))
+    return service(
+        ["torchvision==0.22.1", "numpy"],
+        extra=('package-index = { torch = "pytorch-cu128", torchvision = "pytorch-cu128" }\n' + extra),
+    )
 
 
 def lock(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -92,8 +94,9 @@ def test_package_index_realizes_the_local_version_exactly(torch_project: Path, t
     assert out.split() == ["2.7.1+cu128", "0.22.1+cu128", "2.2.6"]
 
 
-def test_package_missing_from_its_index_is_not_taken_elsewhere(up: Upstreams, cuda_index: LocalIndex,
-                                                               tmp_path: Path) -> None:
+def test_package_missing_from_its_index_is_not_taken_elsewhere(
+    up: Upstreams, cuda_index: LocalIndex, tmp_path: Path
+) -> None:
     # alpha is on the default index only: pinned to pytorch-cu128 it must fail, not fall back.
     root = make_project(tmp_path, {"pinned": service(["alpha"], extra='package-index = { alpha = "pytorch-cu128" }\n')})
     result = lock(root, check=False)
@@ -101,13 +104,18 @@ def test_package_missing_from_its_index_is_not_taken_elsewhere(up: Upstreams, cu
     assert "services/pinned.toml" in result.stderr and "alpha" in result.stderr
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ('indexes = ["pytorch-cu128"]\npackage-index = { torch = "pytorch-cu128" }\n',
-     "is in both indexes and package-index"),
-    ('package-index = { torch = "pypi" }\n', "the default index serves every package"),
-    ('package-index = { torch = "https://example.invalid/simple" }\n', "must be a name"),
-    ('package-index = { "not a name" = "cu" }\n', "is not a package name"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            'indexes = ["pytorch-cu128"]\npackage-index = { torch = "pytorch-cu128" }\n',
+            "is in both indexes and package-index",
+        ),
+        ('package-index = { torch = "pypi" }\n', "the default index serves every package"),
+        ('package-index = { torch = "https://example.invalid/simple" }\n', "must be a name"),
+        ('package-index = { "not a name" = "cu" }\n', "is not a package name"),
+    ],
+)
 def test_package_index_bad_input(extra: str, message: str, tmp_path: Path) -> None:
     root = make_project(tmp_path, {"bad": service(["alpha"], extra=extra)})
     result = run_harness_process("--project", str(root), "lock")
@@ -135,8 +143,10 @@ def settings_toml(platforms: list[str]) -> str:
 
 def two_platform_service() -> str:
     # jetson-stats only on aarch64: a pin that one platform has and the other lacks.
-    return service(["torchvision==0.22.1", "numpy", "jetson-stats ; platform_machine == 'aarch64'"],
-                   extra='package-index = { torch = "pytorch-cu128", torchvision = "pytorch-cu128" }\n')
+    return service(
+        ["torchvision==0.22.1", "numpy", "jetson-stats ; platform_machine == 'aarch64'"],
+        extra='package-index = { torch = "pytorch-cu128", torchvision = "pytorch-cu128" }\n',
+    )
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +174,9 @@ def test_one_lock_holds_every_platform(two_platforms: Path) -> None:
     assert len({t["python"] for t in data["targets"]}) == 2
     packages = {p["name"]: p for p in data["packages"]}
     assert sorted(w["file"] for w in packages["torch"]["wheels"]) == [
-        f"torch-2.7.1+cu128-cp311-cp311-{ARM}.whl", f"torch-2.7.1+cu128-cp311-cp311-{X86}.whl"]
+        f"torch-2.7.1+cu128-cp311-cp311-{ARM}.whl",
+        f"torch-2.7.1+cu128-cp311-cp311-{X86}.whl",
+    ]
     assert "platforms" not in packages["torch"]  # the same pin everywhere: one entry
     assert packages["jetson-stats"]["platforms"] == ["aarch64-manylinux_2_28"]
     whole = read(two_platforms / "locks" / "robot.lock.toml", whole=True)
@@ -207,8 +219,9 @@ def test_realize_picks_this_machines_platform(two_platforms: Path, tmp_path: Pat
     python = Store.in_home(tmp_path).root / lock_.environment.store / "bin" / "python"
     code = "import torch, numpy; print(torch.__file__)"
     subprocess.run([str(python), "-c", code], check=True, capture_output=True)
-    assert not (Store.in_home(tmp_path).root / lock_.environment.store / "lib" / "python3.11" / "site-packages"
-                / "jetson_stats").exists()
+    assert not (
+        Store.in_home(tmp_path).root / lock_.environment.store / "lib" / "python3.11" / "site-packages" / "jetson_stats"
+    ).exists()
 
 
 def test_realize_says_when_the_lock_has_nothing_for_this_machine(arm_ready: None, tmp_path: Path) -> None:
@@ -222,12 +235,15 @@ def test_realize_says_when_the_lock_has_nothing_for_this_machine(arm_ready: None
     assert not (tmp_path / "home" / "store").exists() or not any((tmp_path / "home" / "store").iterdir())
 
 
-@pytest.mark.parametrize(("table", "message"), [
-    ('platform = "x86_64-manylinux_2_28"\nplatforms = ["x86_64-manylinux_2_28"]', "not both"),
-    ('platforms = []', "non-empty list"),
-    ('platforms = ["x86_64-manylinux_2_28", "x86_64-manylinux_2_28"]', "listed twice"),
-    ('platforms = ["sparc-solaris"]', "lock.platforms: platform 'sparc-solaris'"),
-])
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('platform = "x86_64-manylinux_2_28"\nplatforms = ["x86_64-manylinux_2_28"]', "not both"),
+        ("platforms = []", "non-empty list"),
+        ('platforms = ["x86_64-manylinux_2_28", "x86_64-manylinux_2_28"]', "listed twice"),
+        ('platforms = ["sparc-solaris"]', "lock.platforms: platform 'sparc-solaris'"),
+    ],
+)
 def test_bad_platforms_setting(table: str, message: str, tmp_path: Path) -> None:
     root = make_project(tmp_path, {"robot": service(["alpha"])})
     (root / "harness.toml").write_text(f"[lock]\n{table}\n")
@@ -239,7 +255,7 @@ def test_bad_platforms_setting(table: str, message: str, tmp_path: Path) -> None
 # --------------------------------------------------------------------------- sources
 
 
-DYNAMIC_EDITABLE = '''
+DYNAMIC_EDITABLE = """
 
 def get_requires_for_build_editable(config_settings=None):
     return ["editables>=0.3"]  # asked for dynamically, as hatchling does
@@ -251,9 +267,9 @@ _static_build_editable = build_editable
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
     import editables  # noqa: F401 - only there if the lock pinned what the backend asked for
     return _static_build_editable(wheel_directory, config_settings, metadata_directory)
-'''
+"""
 
-NEEDS_TORCH = '''
+NEEDS_TORCH = """
 
 _isolated_build_wheel = build_wheel
 
@@ -261,11 +277,12 @@ _isolated_build_wheel = build_wheel
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     import torch  # noqa: F401 - a CUDA extension compiles against the environment's torch
     return _isolated_build_wheel(wheel_directory, config_settings, metadata_directory)
-'''
+"""
 
 
-def git_repo(path: Path, name: str, requires: list[str], backend_extra: str = "",
-             build_requires: list[str] | None = None) -> str:
+def git_repo(
+    path: Path, name: str, requires: list[str], backend_extra: str = "", build_requires: list[str] | None = None
+) -> str:
     """A one-commit git repository holding a buildable project; returns its file:// URL."""
     from tests.localindex import write_source_tree
     from tests.upstreams import git
@@ -321,15 +338,20 @@ def test_source_extras_and_dynamic_build_requirements_lock(sources_project: Path
     assert "build-isolation" not in sources["hatchy"]
 
 
-def test_sources_realize_offline_builds_and_the_template_names_the_checkout(sources_project: Path,
-                                                                            tmp_path: Path) -> None:
+def test_sources_realize_offline_builds_and_the_template_names_the_checkout(
+    sources_project: Path, tmp_path: Path
+) -> None:
     result = run_harness_process("--project", str(sources_project), "--home", str(tmp_path), "realize")
     assert result.returncode == 0, result.stderr
     lock_ = realized_lock(Store.in_home(tmp_path), read(sources_project / "locks" / "src.lock.toml"))
     store = Store.in_home(tmp_path)
     python = store.root / lock_.environment.store / "bin" / "python"
-    out = subprocess.run([str(python), "-c", "import hatchy, cudaext, beta; print(hatchy.__file__)"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [str(python), "-c", "import hatchy, cudaext, beta; print(hatchy.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     hatchy = next(s for s in lock_.sources if s.name == "hatchy")
     assert out.strip().startswith(str(store.root / hatchy.store))  # editable: imported from the store
 
@@ -342,10 +364,13 @@ def test_sources_realize_offline_builds_and_the_template_names_the_checkout(sour
     assert _expand(manifest.command[1], values, "src") == f"{store.root / hatchy.store}/run.py"  # type: ignore[index]
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ('command = ["{python}", "{source:nowhere}/run.py"]', "names no [[environment.sources]] entry"),
-    ('command = ["{python}", "{source}/run.py"]', "needs a source name"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('command = ["{python}", "{source:nowhere}/run.py"]', "names no [[environment.sources]] entry"),
+        ('command = ["{python}", "{source}/run.py"]', "needs a source name"),
+    ],
+)
 def test_source_template_bad_input(extra: str, message: str, tmp_path: Path) -> None:
     text = service(["alpha"]).replace('command = ["{python}", "-c", "pass"]', extra)
     root = make_project(tmp_path, {"bad": text})
@@ -397,14 +422,16 @@ def test_realize_builds_every_lock_it_can_then_lists_each_failure(tmp_path: Path
         index.add_wheel("bad", "1.0")
         index.add_wheel("worse", "1.0")
         env = {"HARNESS_INDEX_PYPI": index.url}
-        root = make_project(tmp_path / "p", {"one": service(["good"]), "two": service(["bad"]),
-                                             "three": service(["worse", "good"])})
+        root = make_project(
+            tmp_path / "p", {"one": service(["good"]), "two": service(["bad"]), "three": service(["worse", "good"])}
+        )
         assert run_harness_process("--project", str(root), "lock", env=env).returncode == 0
         index.file("bad-1.0-py3-none-any.whl").write_bytes(b"not the locked bytes")
         index.file("worse-1.0-py3-none-any.whl").unlink()
 
-        fast = run_harness_process("--project", str(root), "--home", str(tmp_path / "fast"), "realize",
-                                   "--fail-fast", env=env)
+        fast = run_harness_process(
+            "--project", str(root), "--home", str(tmp_path / "fast"), "realize", "--fail-fast", env=env
+        )
         assert fast.returncode == 1 and "Traceback" not in fast.stderr
         one = read(root / "locks" / "one.lock.toml")
         fast_store = Store.in_home(tmp_path / "fast")
@@ -427,8 +454,9 @@ def test_unrealizable_python_hint_names_installed_patches_and_the_pin(up: Upstre
     (root / "harness.toml").write_text('[lock]\nplatform = "x86_64-manylinux_2_28"\n')  # no [lock.python] pin
     lock(root)
     version = read(root / "locks" / "new.lock.toml").python.version
-    result = run_harness_process("--project", str(root), "--home", str(tmp_path / "home"), "realize", "--offline",
-                                 env={"PATH": "/usr/bin:/bin"})  # no pyenv: nothing of 3.13 installed here
+    result = run_harness_process(
+        "--project", str(root), "--home", str(tmp_path / "home"), "realize", "--offline", env={"PATH": "/usr/bin:/bin"}
+    )  # no pyenv: nothing of 3.13 installed here
     if result.returncode == 0:
         pytest.skip(f"CPython {version} is installed on this machine")
     assert result.returncode == 1, result.stderr

@@ -43,8 +43,11 @@ class Index:
     def __init__(self, index: LocalIndex) -> None:
         self.index = index
         # Tags a resolution for CPython 3.11 on x86_64-manylinux_2_28 takes.
-        self.tags = iter(f"{python}-none-manylinux_2_{glibc}_x86_64"
-                         for python in ("py3", "py311", "cp311") for glibc in range(5, 29))
+        self.tags = iter(
+            f"{python}-none-manylinux_2_{glibc}_x86_64"
+            for python in ("py3", "py311", "cp311")
+            for glibc in range(5, 29)
+        )
         index.add_wheel("alpha", "1.0")
         index.add_wheel("beta", "1.0")
 
@@ -73,12 +76,18 @@ def lock(harness_cli, project: Path, home: Path, *args: str) -> dict[str, dict]:
 
 
 def probe(project: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", PROBE, "--home", str(home), "--project", str(project), "lock",
-                           *args], capture_output=True, text=True, check=False, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, "--home", str(home), "--project", str(project), "lock", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
 
 
-def test_relock_with_no_input_changed_does_not_resolve(index: Index, harness_cli, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relock_with_no_input_changed_does_not_resolve(
+    index: Index, harness_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / "home"
     project = make_project(tmp_path / "p", {"svc": service(["alpha"]), "other": service(["beta"])})
     svc = project / "locks" / "svc.lock.toml"
@@ -119,8 +128,8 @@ def test_relock_with_no_input_changed_does_not_resolve(index: Index, harness_cli
     resolves(lambda: svc.write_text(svc.read_text().replace(wheels(svc)[0], "edited.whl")))
     resolves(svc.unlink)
     settings = project / "harness.toml"
-    resolves(lambda: settings.write_text(settings.read_text() + "\n[indexes]\nlab = \"http://lab.invalid/simple\"\n"))
-    resolves(lambda: (home / "config.toml").write_text("[hubs]\nhuggingface = \"http://hub.invalid\"\n"))
+    resolves(lambda: settings.write_text(settings.read_text() + '\n[indexes]\nlab = "http://lab.invalid/simple"\n'))
+    resolves(lambda: (home / "config.toml").write_text('[hubs]\nhuggingface = "http://hub.invalid"\n'))
     resolves(lambda: monkeypatch.setenv("UV_HTTP_TIMEOUT", "123"))
     resolves(lambda: monkeypatch.setenv("HARNESS_INDEX_LAB", "http://lab.invalid/other"))
     resolves(lambda: None, "--upgrade-package", "alpha")
@@ -148,8 +157,9 @@ def test_relock_with_no_input_changed_does_not_resolve(index: Index, harness_cli
 
 def test_path_weights_are_inputs(index: Index, harness_cli, tmp_path: Path) -> None:
     extra = '\n[[weights]]\ndir = "local"\npath = "assets/local"\n'
-    project = make_project(tmp_path / "p", {"svc": service(["alpha"], extra=extra)},
-                           {"assets/local/arm.json": b'{"dof": 7}\n'})
+    project = make_project(
+        tmp_path / "p", {"svc": service(["alpha"], extra=extra)}, {"assets/local/arm.json": b'{"dof": 7}\n'}
+    )
     home = tmp_path / "home"
     svc = project / "locks" / "svc.lock.toml"
     assert lock(harness_cli, project, home)["svc"]["resolved"]
@@ -174,9 +184,12 @@ def test_path_weights_are_inputs(index: Index, harness_cli, tmp_path: Path) -> N
 def test_moving_refs_always_resolve(up: Upstreams, harness_cli, tmp_path: Path) -> None:
     """A git source at a branch or tag can move upstream without any local change: its
     manifest resolves on every lock (and follows the move). At a commit it cannot."""
+
     def source(rev: str) -> str:
-        return service(["alpha==1.0"], extra=f'\n[[environment.sources]]\nrepo = "{up.repo_url}"\n'
-                                             f'rev = "{rev}"\ninstall = "none"\n')
+        return service(
+            ["alpha==1.0"],
+            extra=f'\n[[environment.sources]]\nrepo = "{up.repo_url}"\nrev = "{rev}"\ninstall = "none"\n',
+        )
 
     project = make_project(tmp_path / "p", {"tagged": source("v1"), "pinned": source(up.commit)})
     home = tmp_path / "home"
@@ -215,8 +228,7 @@ def test_a_run_started_ahead_is_taken_over_only_by_the_same_run(up: Upstreams, t
     assert prestarted_count() == 0
 
 
-def test_lock_starts_uv_before_validating_and_gives_the_same_lock(index: Index, harness_cli,
-                                                                  tmp_path: Path) -> None:
+def test_lock_starts_uv_before_validating_and_gives_the_same_lock(index: Index, harness_cli, tmp_path: Path) -> None:
     """The runs started from the raw manifest are the ones the validated path takes over,
     and the lock is the same bytes as one locked without them (another home, --refresh)."""
     from harness.config import load_settings
@@ -233,8 +245,9 @@ def test_lock_starts_uv_before_validating_and_gives_the_same_lock(index: Index, 
         uv_version.cache_clear()
         assert prestart_locks(home, Project(project), [], LockOptions()) == 2
         assert prestarted_count() == 4  # and uv --version, uv python list
-        outcomes = lock_project(Project(project), [], settings=load_settings(home, project),
-                                cache_dir=home / "cache", options=LockOptions())
+        outcomes = lock_project(
+            Project(project), [], settings=load_settings(home, project), cache_dir=home / "cache", options=LockOptions()
+        )
         assert all(o.changed and not o.error for o in outcomes)
         assert prestarted_count() == 0, "every run started ahead was taken over"
     finally:
@@ -248,8 +261,13 @@ def test_lock_starts_uv_before_validating_and_gives_the_same_lock(index: Index, 
     # A previous lock's pins are guessed too (preferences), and still taken over.
     try:
         assert prestart_locks(home, Project(project), ["svc"], LockOptions(refresh=True)) == 1
-        lock_project(Project(project), ["svc"], settings=load_settings(home, project), cache_dir=home / "cache",
-                     options=LockOptions(refresh=True))
+        lock_project(
+            Project(project),
+            ["svc"],
+            settings=load_settings(home, project),
+            cache_dir=home / "cache",
+            options=LockOptions(refresh=True),
+        )
         assert prestarted_count() == 0
     finally:
         discard_prestarted()
@@ -283,7 +301,8 @@ def test_what_moves_upstream() -> None:
     assert moving('[[weights]]\ndir = "m"\nhuggingface_model = "o/m"\n') == ["weights m at the default branch"]
     assert moving('[[weights]]\ndir = "m"\nmodelscope_model = "o/m"\nrevision = "v1.0"\n') == ["weights m at v1.0"]
     assert moving('[[weights]]\ndir = "u"\nurl = "https://example.invalid/w.bin"\n') == [
-        "weights u (a url without sha256)"]
+        "weights u (a url without sha256)"
+    ]
     assert moving(f'[[weights]]\ndir = "u"\nurl = "https://example.invalid/w.bin"\nsha256 = "{"0" * 64}"\n') == []
     assert moving('[[weights]]\ndir = "p"\npath = "assets"\n') == []
 
@@ -292,15 +311,39 @@ def test_the_entry_point_reads_only_lock_command_lines_it_fully_knows() -> None:
     """Pure: what harness.entry starts early for, and what it leaves to the CLI."""
     from harness.entry import parse_lock_call
 
-    call = parse_lock_call(["--home", "/h", "--project=/p", "lock", "--refresh", "-j2", "--platform",
-                            "aarch64-manylinux_2_28", "--upgrade-package=alpha", "svc", "--", "--odd-name"])
+    call = parse_lock_call(
+        [
+            "--home",
+            "/h",
+            "--project=/p",
+            "lock",
+            "--refresh",
+            "-j2",
+            "--platform",
+            "aarch64-manylinux_2_28",
+            "--upgrade-package=alpha",
+            "svc",
+            "--",
+            "--odd-name",
+        ]
+    )
     assert call is not None
     assert call.globals == {"--home": "/h", "--project": "/p"}
     assert call.flags == {"--refresh"}
     assert call.options == {"--jobs": ["2"], "--platform": ["aarch64-manylinux_2_28"], "--upgrade-package": ["alpha"]}
     assert call.names == ["svc", "--odd-name"]
-    for other in (["realize"], ["lock", "--check"], ["lock", "--help"], ["--help", "lock"], ["lock", "--jobs"],
-                  ["--home"], ["lock", "--no-such-option"], ["--version"], [], ["--deploy", "d"]):
+    for other in (
+        ["realize"],
+        ["lock", "--check"],
+        ["lock", "--help"],
+        ["--help", "lock"],
+        ["lock", "--jobs"],
+        ["--home"],
+        ["lock", "--no-such-option"],
+        ["--version"],
+        [],
+        ["--deploy", "d"],
+    ):
         assert parse_lock_call(other) is None, other
 
 
@@ -320,7 +363,8 @@ def test_the_entry_point_knows_every_option_of_lock_and_of_the_group() -> None:
 
 
 def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_nothing_again(
-        index: Index, harness_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    index: Index, harness_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``harness lock`` starts its resolution before click, pydantic, packaging or tomlkit are
     imported, and the CLI's lock takes that run over instead of starting its own."""
     from harness.resolve import uvtool
@@ -329,9 +373,19 @@ def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_noth
     home = tmp_path / "home"
     argv = ["--home", str(home), "--project", str(project), "lock"]
     started = subprocess.run(
-        [sys.executable, "-c", "import sys; from harness.entry import start_early; n = start_early(sys.argv[1:]); "
-         "print(n, *(m in sys.modules for m in ('click', 'pydantic', 'packaging', 'tomlkit')))", *argv],
-        capture_output=True, text=True, check=True, env={**os.environ}, timeout=120)
+        [
+            sys.executable,
+            "-c",
+            "import sys; from harness.entry import start_early; n = start_early(sys.argv[1:]); "
+            "print(n, *(m in sys.modules for m in ('click', 'pydantic', 'packaging', 'tomlkit')))",
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ},
+        timeout=120,
+    )
     assert started.stdout.split() == ["1", "False", "False", "False", "False"], started.stderr
 
     from harness.entry import start_early
@@ -350,8 +404,9 @@ def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_noth
     assert (project / "locks" / "svc.lock.toml").is_file()
 
 
-def test_check_answers_from_the_stamp_and_takes_the_full_path_on_any_change(index: Index, harness_cli,
-                                                                            tmp_path: Path) -> None:
+def test_check_answers_from_the_stamp_and_takes_the_full_path_on_any_change(
+    index: Index, harness_cli, tmp_path: Path
+) -> None:
     """``lock --check`` right after a lock: up to date without loading pydantic; after a change
     the stamp does not cover, the full check decides (and names the stale lock)."""
     home = tmp_path / "home"

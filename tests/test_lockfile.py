@@ -8,8 +8,14 @@ import pytest
 
 from harness.errors import InputError
 from harness.lock.document import (
-    LOCK_VERSION, Lock, LockedFile, LockedInterpreter, LockedPackage, LockedSource,
-    LockedWeightFile, LockedWeights,
+    LOCK_VERSION,
+    Lock,
+    LockedFile,
+    LockedInterpreter,
+    LockedPackage,
+    LockedSource,
+    LockedWeightFile,
+    LockedWeights,
 )
 from harness.lock.lockfile import dumps, read, write
 from harness.lock.storepaths import assign_store_paths
@@ -19,22 +25,55 @@ SHA = "ab" * 32
 
 def _lock(**changes: object) -> Lock:
     base = dict(
-        lock_version=LOCK_VERSION, name="demo", type="service", manifest="services/demo.toml",
-        manifest_digest="blake3:" + "0" * 64, uv="0.13.9",
-        python=LockedInterpreter(implementation="cpython", version="3.11.7",
-                                 platform="x86_64-manylinux_2_28", source="uv-managed"),
+        lock_version=LOCK_VERSION,
+        name="demo",
+        type="service",
+        manifest="services/demo.toml",
+        manifest_digest="blake3:" + "0" * 64,
+        uv="0.13.9",
+        python=LockedInterpreter(
+            implementation="cpython", version="3.11.7", platform="x86_64-manylinux_2_28", source="uv-managed"
+        ),
         packages=[
-            LockedPackage(name="zeta", version="1.0", index="pypi",
-                          wheels=[LockedFile(file="zeta-1.0-py3-none-any.whl", size=10, sha256=SHA)]),
-            LockedPackage(name="alpha", version="2.0", index="lab", marker='sys_platform == "linux"',
-                          wheels=[LockedFile(file="alpha-2.0-cp311-cp311-manylinux_2_28_x86_64.whl", size=5, sha256="cd" * 32),
-                                  LockedFile(file="alpha-2.0-cp311-cp311-manylinux_2_17_x86_64.whl", size=6, sha256="ef" * 32)]),
+            LockedPackage(
+                name="zeta",
+                version="1.0",
+                index="pypi",
+                wheels=[LockedFile(file="zeta-1.0-py3-none-any.whl", size=10, sha256=SHA)],
+            ),
+            LockedPackage(
+                name="alpha",
+                version="2.0",
+                index="lab",
+                marker='sys_platform == "linux"',
+                wheels=[
+                    LockedFile(file="alpha-2.0-cp311-cp311-manylinux_2_28_x86_64.whl", size=5, sha256="cd" * 32),
+                    LockedFile(file="alpha-2.0-cp311-cp311-manylinux_2_17_x86_64.whl", size=6, sha256="ef" * 32),
+                ],
+            ),
         ],
-        sources=[LockedSource(name="tool", repo="file:///srv/tool.git", rev="main", commit="1" * 40,
-                              tree="blake3:" + "2" * 64, install="editable", subdirectory="py")],
-        weights=[LockedWeights(dir="arm", provider="path", repo="assets/arm", files=[
-            LockedWeightFile(path="b.json", size=3, sha256=SHA),
-            LockedWeightFile(path="a.json", size=2, sha256="cd" * 32)])],
+        sources=[
+            LockedSource(
+                name="tool",
+                repo="file:///srv/tool.git",
+                rev="main",
+                commit="1" * 40,
+                tree="blake3:" + "2" * 64,
+                install="editable",
+                subdirectory="py",
+            )
+        ],
+        weights=[
+            LockedWeights(
+                dir="arm",
+                provider="path",
+                repo="assets/arm",
+                files=[
+                    LockedWeightFile(path="b.json", size=3, sha256=SHA),
+                    LockedWeightFile(path="a.json", size=2, sha256="cd" * 32),
+                ],
+            )
+        ],
     )
     base.update(changes)
     return assign_store_paths(Lock(**base))  # type: ignore[arg-type]
@@ -64,17 +103,21 @@ def test_store_paths_every_object_and_stable() -> None:
     assert all(w.store.endswith(w.file) for p in lock.packages for w in p.wheels)
     assert lock.sources[0].store.endswith("-tool")
     assert lock.weights[0].store.endswith("-demo-arm")
-    assert all(len(s.split("-", 1)[0]) == 32 for s in
-               [lock.python.store, lock.environment.store, lock.sources[0].store, lock.weights[0].store])
+    assert all(
+        len(s.split("-", 1)[0]) == 32
+        for s in [lock.python.store, lock.environment.store, lock.sources[0].store, lock.weights[0].store]
+    )
 
 
 def test_leaf_paths_are_fixed_output() -> None:
     lock = _lock()
-    moved = _lock(sources=[lock.sources[0].model_copy(update={"repo": "https://mirror/tool.git",
-                                                             "rev": "v1", "store": ""})])
+    moved = _lock(
+        sources=[lock.sources[0].model_copy(update={"repo": "https://mirror/tool.git", "rev": "v1", "store": ""})]
+    )
     assert moved.sources[0].store == lock.sources[0].store, "where a source came from is not an input"
-    bumped_pkg = lock.packages[1].model_copy(update={"wheels": [
-        lock.packages[1].wheels[0].model_copy(update={"sha256": "ee" * 32, "store": ""})]})
+    bumped_pkg = lock.packages[1].model_copy(
+        update={"wheels": [lock.packages[1].wheels[0].model_copy(update={"sha256": "ee" * 32, "store": ""})]}
+    )
     bumped = _lock(packages=[lock.packages[0], bumped_pkg])
     assert bumped.environment.store != lock.environment.store
     assert bumped.python.store == lock.python.store
@@ -133,8 +176,12 @@ def test_host_copies_and_host_locks_never_take_the_uv_managed_name() -> None:
 def test_python_download_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.config import load_settings
 
-    for name in ("HARNESS_PYTHON_DOWNLOADS_JSON_URL", "UV_PYTHON_DOWNLOADS_JSON_URL",
-                 "HARNESS_PYTHON_INSTALL_MIRROR", "UV_PYTHON_INSTALL_MIRROR"):
+    for name in (
+        "HARNESS_PYTHON_DOWNLOADS_JSON_URL",
+        "UV_PYTHON_DOWNLOADS_JSON_URL",
+        "HARNESS_PYTHON_INSTALL_MIRROR",
+        "UV_PYTHON_INSTALL_MIRROR",
+    ):
         monkeypatch.delenv(name, raising=False)
     home, project = tmp_path / "home", tmp_path / "project"
     home.mkdir()
@@ -145,15 +192,20 @@ def test_python_download_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     settings = load_settings(home, project)
     assert settings.python_download_env() == {
         "UV_PYTHON_DOWNLOADS_JSON_URL": str(project / "pythons" / "list.json"),
-        "UV_PYTHON_INSTALL_MIRROR": "http://mirror.invalid/pbs"}
+        "UV_PYTHON_INSTALL_MIRROR": "http://mirror.invalid/pbs",
+    }
     monkeypatch.setenv("UV_PYTHON_DOWNLOADS_JSON_URL", "http://uv.invalid/list.json")
-    assert load_settings(home, project).python_downloads_json_url == str(project / "pythons" / "list.json"), \
+    assert load_settings(home, project).python_downloads_json_url == str(project / "pythons" / "list.json"), (
         "uv's own variable only fills in what harness's settings leave unset"
+    )
     monkeypatch.setenv("HARNESS_PYTHON_DOWNLOADS_JSON_URL", "http://lab.invalid/list.json")
     assert load_settings(home, project).python_downloads_json_url == "http://lab.invalid/list.json"
     (home / "config.toml").write_text('[python]\nmirror = "x"\n')
-    with pytest.raises(InputError, match=r"config.toml: python.mirror: unknown key; valid keys: "
-                                         r"downloads-json-url, install-mirror"):
+    with pytest.raises(
+        InputError,
+        match=r"config.toml: python.mirror: unknown key; valid keys: "
+        r"downloads-json-url, install-mirror",
+    ):
         load_settings(home, project)
     (home / "config.toml").write_text('[python]\ninstall-mirror = "ftp://x"\n')
     with pytest.raises(InputError, match=r"python.install-mirror: expected an http\(s\):// or file:// address"):
@@ -169,11 +221,24 @@ def test_a_locked_weight_set_gives_back_the_resolver_pin_it_records() -> None:
     every field and every file (in the lock's order, each with its revision), no store path."""
     from harness.resolve.pins import WeightFile, WeightSet
 
-    locked = LockedWeights(dir="ds", provider="huggingface_model", repo="org/data", revision="c" * 40,
-                           repo_type="dataset", store="", files=[
-                               LockedWeightFile(path="b.bin", size=3, sha256=SHA, revision="r2"),
-                               LockedWeightFile(path="a.bin", size=2, sha256="cd" * 32)])
-    assert locked.pin() == WeightSet(dir="ds", provider="huggingface_model", repo="org/data", revision="c" * 40,
-                                     repo_type="dataset", files=(WeightFile("b.bin", 3, SHA, "r2"),
-                                                                 WeightFile("a.bin", 2, "cd" * 32, None)))
+    locked = LockedWeights(
+        dir="ds",
+        provider="huggingface_model",
+        repo="org/data",
+        revision="c" * 40,
+        repo_type="dataset",
+        store="",
+        files=[
+            LockedWeightFile(path="b.bin", size=3, sha256=SHA, revision="r2"),
+            LockedWeightFile(path="a.bin", size=2, sha256="cd" * 32),
+        ],
+    )
+    assert locked.pin() == WeightSet(
+        dir="ds",
+        provider="huggingface_model",
+        repo="org/data",
+        revision="c" * 40,
+        repo_type="dataset",
+        files=(WeightFile("b.bin", 3, SHA, "r2"), WeightFile("a.bin", 2, "cd" * 32, None)),
+    )
     assert locked.files[0].pin() == WeightFile("b.bin", 3, SHA, "r2")

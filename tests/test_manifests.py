@@ -21,8 +21,13 @@ def test_seed_sam3_manifest_loads_unchanged() -> None:
     assert manifest.kind == "segmenter"
     assert manifest.protocol == "http"
     assert manifest.command == [
-        "{python}", "-u", "services/servers/serve_sam3.py", "--checkpoint",
-        "{weights}/sam3/sam3.pt", "--port", "{port}",
+        "{python}",
+        "-u",
+        "services/servers/serve_sam3.py",
+        "--checkpoint",
+        "{weights}/sam3/sam3.pt",
+        "--port",
+        "{port}",
     ]
     assert (manifest.port, manifest.vram_gb, manifest.load_seconds) == (8810, 7.2, 60)
     assert manifest.client == {"url": "{url}"}
@@ -30,7 +35,10 @@ def test_seed_sam3_manifest_loads_unchanged() -> None:
     assert manifest.environment.requirements[0] == "torch==2.7.0"
     source = manifest.environment.sources[0]
     assert (source.repo, source.install, source.name) == (
-        "https://github.com/facebookresearch/sam3", "editable", "sam3")
+        "https://github.com/facebookresearch/sam3",
+        "editable",
+        "sam3",
+    )
     assert manifest.weights[0].provider == "modelscope_model"
     assert manifest.weights[0].location == "facebook/sam3"
 
@@ -86,8 +94,11 @@ def test_find_project_walks_up(tmp_path: Path) -> None:
 
 def _manifest(**changes: object) -> dict:
     base: dict = {
-        "kind": "policy", "summary": "s", "command": ["{python}", "x.py", "--port", "{port}"],
-        "port": 9000, "environment": {"python": "3.11"},
+        "kind": "policy",
+        "summary": "s",
+        "command": ["{python}", "x.py", "--port", "{port}"],
+        "port": 9000,
+        "environment": {"python": "3.11"},
     }
     base.update(changes)
     return base
@@ -101,7 +112,8 @@ def test_templates_checked_everywhere() -> None:
 
 def test_xpolicylab_protocol() -> None:
     data = _manifest(
-        protocol="xpolicylab", command=None,
+        protocol="xpolicylab",
+        command=None,
         environment={"python": "3.10", "sources": [{"repo": "file:///x", "rev": "main"}]},
         xpolicylab={"policy": "policy/pi0", "checkpoint": "{weights}/pi0", "overrides": {"steps": 10}},
     )
@@ -114,8 +126,13 @@ def test_xpolicylab_protocol() -> None:
 
 
 def _kinds() -> dict[str, str]:
-    return {"sam3": "segmenter", "molmo2": "pointer", "simate": "policy",
-            "openwam": "world_model", "kinematics": "kinematics"}
+    return {
+        "sam3": "segmenter",
+        "molmo2": "pointer",
+        "simate": "policy",
+        "openwam": "world_model",
+        "kinematics": "kinematics",
+    }
 
 
 def _agent(document: dict, *sets: str) -> AgentConfig:
@@ -169,7 +186,15 @@ def test_override_values() -> None:
 
 
 def test_closure_cli_on_shipped_agent(harness_cli) -> None:
-    result = harness_cli("--project", str(REPO), "closure", "--agent", "default", "--json",
-                         "--set", 'agent.services.world_models=["openwam"]')
+    result = harness_cli(
+        "--project",
+        str(REPO),
+        "closure",
+        "--agent",
+        "default",
+        "--json",
+        "--set",
+        'agent.services.world_models=["openwam"]',
+    )
     assert result.code == 0, result.err
     assert "openwam" in json.loads(result.out)["services"]

@@ -28,7 +28,8 @@ from tests.conftest import REPO
 PROJECT = Project(REPO)
 # The seed's services, so services other work adds to the project cannot move these tests.
 SERVICES = {
-    name: manifest for name, manifest in PROJECT.load_services().items()
+    name: manifest
+    for name, manifest in PROJECT.load_services().items()
     if name in ("kinematics", "molmo2", "openwam", "sam3", "simate", "smolvla")
 }
 ROBODOJO = PROJECT.load_benchmarks()["robodojo"]  # 8 GB per simulator worker
@@ -39,10 +40,17 @@ def example(name: str) -> Deploy:
 
 
 def service(vram_gb: float, port: int, kind: str = "segmenter", **extra: Any) -> ServiceManifest:
-    return ServiceManifest.model_validate({
-        "kind": kind, "summary": "test service", "command": ["{python}", "serve.py", "{port}"],
-        "port": port, "vram_gb": vram_gb, "environment": {"python": "3.11"}, **extra,
-    })
+    return ServiceManifest.model_validate(
+        {
+            "kind": kind,
+            "summary": "test service",
+            "command": ["{python}", "serve.py", "{port}"],
+            "port": port,
+            "vram_gb": vram_gb,
+            "environment": {"python": "3.11"},
+            **extra,
+        }
+    )
 
 
 def benchmark(vram_gb: float) -> BenchmarkManifest:
@@ -83,11 +91,9 @@ def test_four_gpus_example_matches_the_seed() -> None:
         p = result.service(name)
         assert (p.mode, p.gpu, p.swap) == ("on_demand", 1, "experiments")
     assert result.swap_groups() == {"experiments": ["molmo2", "openwam"]}
-    assert [(w.gpu, w.port) for w in result.sim_workers] == [
-        (2, 8771), (2, 8772), (3, 8773), (3, 8774)]
+    assert [(w.gpu, w.port) for w in result.sim_workers] == [(2, 8771), (2, 8772), (3, 8773), (3, 8774)]
     kinematics = result.service("kinematics")
-    assert (kinematics.mode, kinematics.gpu, kinematics.url) == (
-        "resident", None, "http://127.0.0.1:8830")
+    assert (kinematics.mode, kinematics.gpu, kinematics.url) == ("resident", None, "http://127.0.0.1:8830")
     assert result.service("sam3").url == "http://127.0.0.1:8810"
     assert result.service("simate").scoped
     # Nothing the deploy does not mention lands on the simulator's GPUs.
@@ -165,8 +171,7 @@ def test_without_deploy_a_model_too_big_for_any_gpu_is_off() -> None:
 
 
 def test_auto_places_largest_first_on_the_gpu_with_most_room() -> None:
-    services = {"a": service(10, 9001), "b": service(8, 9002), "c": service(6, 9003),
-                "d": service(5, 9004)}
+    services = {"a": service(10, 9001), "b": service(8, 9002), "c": service(6, 9003), "d": service(5, 9004)}
     result = plan(services, deploy(services={"a": {"gpu": "auto"}}), parse_gpus("16,12"))
     # a (10) → GPU 0 (16); b (8) → GPU 1 (12); c (6) → GPU 0 (6 left vs 4); d (5) fits nowhere.
     assert [result.service(n).gpu for n in "abc"] == [0, 1, 0]
@@ -194,25 +199,38 @@ def test_swap_group_goes_to_one_gpu_sized_by_its_largest_member() -> None:
 
 def test_swap_group_follows_a_pinned_member() -> None:
     services = {"a": service(10, 9001), "b": service(8, 9002)}
-    result = plan(services, deploy(services={
-        "a": {"mode": "on_demand", "swap": "g"},
-        "b": {"mode": "on_demand", "swap": "g", "gpu": 1},
-    }), parse_gpus("2x24"))
+    result = plan(
+        services,
+        deploy(
+            services={
+                "a": {"mode": "on_demand", "swap": "g"},
+                "b": {"mode": "on_demand", "swap": "g", "gpu": 1},
+            }
+        ),
+        parse_gpus("2x24"),
+    )
     assert (result.service("a").gpu, result.service("b").gpu) == (1, 1)
 
 
 def test_swap_group_pinned_to_two_gpus_is_an_error() -> None:
     services = {"a": service(10, 9001), "b": service(8, 9002)}
     with pytest.raises(InputError, match=r"swap group 'g' is pinned to more than one GPU \(a on GPU 0, b on GPU 1\)"):
-        plan(services, deploy(services={
-            "a": {"mode": "on_demand", "swap": "g", "gpu": 0},
-            "b": {"mode": "on_demand", "swap": "g", "gpu": 1},
-        }), parse_gpus("2x24"))
+        plan(
+            services,
+            deploy(
+                services={
+                    "a": {"mode": "on_demand", "swap": "g", "gpu": 0},
+                    "b": {"mode": "on_demand", "swap": "g", "gpu": 1},
+                }
+            ),
+            parse_gpus("2x24"),
+        )
 
 
 def test_infeasible_explicit_placement_names_services_gpu_and_sizes() -> None:
-    pinned = deploy(gpus=[0], sim={"gpus": [0], "workers_per_gpu": 1},
-                    services={"sam3": {"gpu": 0}, "simate": {"gpu": 0}})
+    pinned = deploy(
+        gpus=[0], sim={"gpus": [0], "workers_per_gpu": 1}, services={"sam3": {"gpu": 0}, "simate": {"gpu": 0}}
+    )
     services = {n: SERVICES[n] for n in ("sam3", "simate")}
     with pytest.raises(InputError) as caught:
         plan(services, pinned, parse_gpus("1x24"), benchmark=benchmark(9))
@@ -222,16 +240,24 @@ def test_infeasible_explicit_placement_names_services_gpu_and_sizes() -> None:
     )
     assert "swap" in (caught.value.hint or "")
     # The same pair as a swap group needs only its largest member: it fits.
-    grouped = deploy(gpus=[0], sim={"gpus": [0]}, services={
-        "sam3": {"gpu": 0, "mode": "on_demand", "swap": "m"},
-        "simate": {"gpu": 0, "mode": "on_demand", "swap": "m"}})
+    grouped = deploy(
+        gpus=[0],
+        sim={"gpus": [0]},
+        services={
+            "sam3": {"gpu": 0, "mode": "on_demand", "swap": "m"},
+            "simate": {"gpu": 0, "mode": "on_demand", "swap": "m"},
+        },
+    )
     assert plan(services, grouped, parse_gpus("1x24"), benchmark=benchmark(9)).service("sam3").gpu == 0
 
 
 def test_infeasible_swap_group_is_described_as_a_group() -> None:
     services = {"a": service(10, 9001), "b": service(30, 9002)}
     group = {"mode": "on_demand", "swap": "g", "gpu": 0}
-    with pytest.raises(InputError, match=r"swap group 'g' \(a, b: 30 GB for its largest member, b\) needs 30 GB on GPU 0, which has 24 GB\nhint: move it"):
+    with pytest.raises(
+        InputError,
+        match=r"swap group 'g' \(a, b: 30 GB for its largest member, b\) needs 30 GB on GPU 0, which has 24 GB\nhint: move it",
+    ):
         plan(services, deploy(services={"a": group, "b": group}), parse_gpus("24"))
 
 
@@ -248,18 +274,28 @@ def test_simulator_workers_that_do_not_fit_are_an_error() -> None:
 
 
 def test_external_off_port_override_and_idle_seconds() -> None:
-    result = plan(SERVICES, deploy(services={
-        "sam3": {"mode": "external", "url": "http://gpu-box:8810"},
-        "molmo2": {"mode": "off"},
-        "simate": {"mode": "on_demand", "port": 9100, "idle_seconds": 120},
-    }), parse_gpus("4x24"))
+    result = plan(
+        SERVICES,
+        deploy(
+            services={
+                "sam3": {"mode": "external", "url": "http://gpu-box:8810"},
+                "molmo2": {"mode": "off"},
+                "simate": {"mode": "on_demand", "port": 9100, "idle_seconds": 120},
+            }
+        ),
+        parse_gpus("4x24"),
+    )
     sam3 = result.service("sam3")
     assert (sam3.mode, sam3.gpu, sam3.port, sam3.url) == ("external", None, None, "http://gpu-box:8810")
     molmo2 = result.service("molmo2")
     assert (molmo2.mode, molmo2.gpu, molmo2.port, molmo2.url) == ("off", None, None, None)
     simate = result.service("simate")
     assert (simate.mode, simate.port, simate.url, simate.idle_seconds) == (
-        "on_demand", 9100, "http://127.0.0.1:9100", 120)
+        "on_demand",
+        9100,
+        "http://127.0.0.1:9100",
+        120,
+    )
     # A service the deploy does not mention is resident on auto.
     assert result.service("openwam").mode == "resident" and result.service("openwam").gpu is not None
     assert all(p.reason for p in result.services)
@@ -267,8 +303,9 @@ def test_external_off_port_override_and_idle_seconds() -> None:
 
 def test_a_port_used_twice_is_an_error() -> None:
     with pytest.raises(InputError, match="port 8771 is used by both simulator worker 0 and sam3"):
-        plan({"sam3": SERVICES["sam3"]}, deploy(sim={"gpus": [0]}, services={"sam3": {"port": 8771}}),
-             parse_gpus("2x24"))
+        plan(
+            {"sam3": SERVICES["sam3"]}, deploy(sim={"gpus": [0]}, services={"sam3": {"port": 8771}}), parse_gpus("2x24")
+        )
 
 
 def test_deploy_gpus_and_gpu_memory_limit_what_is_visible() -> None:
@@ -283,28 +320,39 @@ def test_deploy_gpus_and_gpu_memory_limit_what_is_visible() -> None:
 def test_closure_plan_covers_the_agents_services_and_benchmark() -> None:
     config = PROJECT.load_agent("default")
     closure = services_needed(config, {n: m.kind for n, m in SERVICES.items()})
-    result = closure_plan(SERVICES, closure, example("one-gpu"), parse_gpus("1x24"),
-                          PROJECT.load_benchmarks())
+    result = closure_plan(SERVICES, closure, example("one-gpu"), parse_gpus("1x24"), PROJECT.load_benchmarks())
     assert [p.name for p in result.services] == ["kinematics", "sam3", "simate"]
     assert not any("not counted" in note for note in result.notes)  # robodojo sized the worker
 
 
 def test_the_agents_models_fit_one_24_gb_gpu_resident() -> None:
     # Seed ("A deploy written for you"): kinematics, SAM 3 and Simate fit one 24 GB GPU.
-    closure = services_needed(AgentConfig.model_validate(tomllib.loads(
-        (REPO / "configs" / "agents" / "default.toml").read_text())),
-        {n: m.kind for n, m in SERVICES.items()})
+    closure = services_needed(
+        AgentConfig.model_validate(tomllib.loads((REPO / "configs" / "agents" / "default.toml").read_text())),
+        {n: m.kind for n, m in SERVICES.items()},
+    )
     result = closure_plan(SERVICES, closure, None, parse_gpus("1x24"))
     assert {p.mode for p in result.services} == {"resident"}
 
 
 def test_a_skill_whose_service_the_plan_turns_off_for_room_drops_out() -> None:
-    services = {"seg": service(7, 9101, kind="segmenter"), "wam": service(40, 9102, kind="world_model"),
-                "kin": service(0, 9103, kind="kinematics"), "helper": service(1, 9104, kind="helper")}
-    config = AgentConfig.model_validate({"agent": {"skills": {
-        "segment": {"needs": ["segmenter"], "summary": "Segment objects"},
-        "imagine": {"needs": ["world_model", "helper"], "summary": "Imagine the future"},
-        "kinematics": {"needs": ["kinematics"]}}}})
+    services = {
+        "seg": service(7, 9101, kind="segmenter"),
+        "wam": service(40, 9102, kind="world_model"),
+        "kin": service(0, 9103, kind="kinematics"),
+        "helper": service(1, 9104, kind="helper"),
+    }
+    config = AgentConfig.model_validate(
+        {
+            "agent": {
+                "skills": {
+                    "segment": {"needs": ["segmenter"], "summary": "Segment objects"},
+                    "imagine": {"needs": ["world_model", "helper"], "summary": "Imagine the future"},
+                    "kinematics": {"needs": ["kinematics"]},
+                }
+            }
+        }
+    )
     closure, result = agent_plan(services, config, None, parse_gpus("1x24"), {})
     assert closure.skills_on == ("kinematics", "segment")
     assert [s for s, _ in closure.skills_dropped] == ["imagine"]
@@ -320,10 +368,19 @@ def test_a_skill_whose_service_the_plan_turns_off_for_room_drops_out() -> None:
 # --- inventory -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("spec", "sizes"), [
-    ("4x24", [24, 24, 24, 24]), ("2X80", [80, 80]), ("24,24,80", [24, 24, 80]),
-    ("40.5", [40.5]), (" 1 x 24 ", [24]), ("0", []), ("none", []), ("NONE", []),
-])
+@pytest.mark.parametrize(
+    ("spec", "sizes"),
+    [
+        ("4x24", [24, 24, 24, 24]),
+        ("2X80", [80, 80]),
+        ("24,24,80", [24, 24, 80]),
+        ("40.5", [40.5]),
+        (" 1 x 24 ", [24]),
+        ("0", []),
+        ("none", []),
+        ("NONE", []),
+    ],
+)
 def test_parse_gpus(spec: str, sizes: list[float]) -> None:
     gpus = parse_gpus(spec)
     assert [g.total_gb for g in gpus] == sizes
@@ -349,10 +406,15 @@ def test_detect_gpus_is_empty_without_a_gpu() -> None:
 # --- a deploy written for you -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("spec", "strategy"), [
-    ("0", "all_on_demand"), ("1x24", "all_on_demand"), ("24,40", "policies_on_demand"),
-    ("4x80", "resident"),
-])
+@pytest.mark.parametrize(
+    ("spec", "strategy"),
+    [
+        ("0", "all_on_demand"),
+        ("1x24", "all_on_demand"),
+        ("24,40", "policies_on_demand"),
+        ("4x80", "resident"),
+    ],
+)
 def test_written_deploy_validates_and_plans(tmp_path: Path, spec: str, strategy: str) -> None:
     gpus = parse_gpus(spec)
     text, layout = write_deploy(SERVICES, gpus, machine="testbox")
@@ -386,8 +448,7 @@ def test_written_deploy_moves_ports_in_use_without_a_cascade() -> None:
 
 
 def test_assign_ports() -> None:
-    assert assign_ports({"a": 8000, "b": 8000, "c": 8001}, lambda p: False) == {
-        "a": 8000, "c": 8001, "b": 8002}
+    assert assign_ports({"a": 8000, "b": 8000, "c": 8001}, lambda p: False) == {"a": 8000, "c": 8001, "b": 8002}
     with pytest.raises(InputError, match="no free port for a"):
         assign_ports({"a": 65535}, lambda p: True)
 
@@ -402,9 +463,16 @@ def test_default_deploy_path_is_the_short_hostname() -> None:
 
 
 def test_cli_plan_json_one_gpu_example(harness_cli) -> None:
-    result = harness_cli("--project", str(REPO), "--deploy",
-                         str(REPO / "configs" / "deploy" / "example-one-gpu.toml"),
-                         "plan", "--gpus", "1x24", "--json")
+    result = harness_cli(
+        "--project",
+        str(REPO),
+        "--deploy",
+        str(REPO / "configs" / "deploy" / "example-one-gpu.toml"),
+        "plan",
+        "--gpus",
+        "1x24",
+        "--json",
+    )
     assert result.code == 0, result.err
     data = json.loads(result.out)
     placed = {s["name"]: s for s in data["services"]}
@@ -428,8 +496,7 @@ def test_cli_plan_table_agent_and_services(harness_cli) -> None:
 
 def test_cli_plan_infeasible_deploy_exits_2(harness_cli, tmp_path: Path) -> None:
     path = tmp_path / "tight.toml"
-    path.write_text('gpus = [0]\n[services.sam3]\ngpu = 0\n[services.simate]\ngpu = 0\n'
-                    '[services.openwam]\ngpu = 0\n')
+    path.write_text("gpus = [0]\n[services.sam3]\ngpu = 0\n[services.simate]\ngpu = 0\n[services.openwam]\ngpu = 0\n")
     result = harness_cli("--project", str(REPO), "--deploy", str(path), "plan", "--gpus", "1x24")
     assert result.code == 2
     assert "need 43.2 GB on GPU 0, which has 24 GB" in result.err
@@ -440,8 +507,7 @@ def test_cli_deploy_write_gives_every_instance_ports_of_its_own(harness_cli, tmp
 
     def write(name: str, *extra: str) -> dict[str, int]:
         out = tmp_path / f"{name}.toml"
-        result = harness_cli("--project", str(REPO), *home, "deploy", "write", "-o", str(out), "--gpus", "1x24",
-                             *extra)
+        result = harness_cli("--project", str(REPO), *home, "deploy", "write", "-o", str(out), "--gpus", "1x24", *extra)
         assert result.code == 0, result.err
         return {n: s.port for n, s in PROJECT.load_deploy(out).services.items() if s.port is not None}
 
@@ -459,16 +525,40 @@ def test_cli_deploy_write_gives_every_instance_ports_of_its_own(harness_cli, tmp
 
 def test_cli_deploy_write(harness_cli, tmp_path: Path) -> None:
     out = tmp_path / "box.toml"
-    result = harness_cli("--project", str(REPO), "--home", str(tmp_path / "home"), "deploy", "write", "-o",
-                         str(out), "--gpus", "1x24", "--agent", "default")
+    result = harness_cli(
+        "--project",
+        str(REPO),
+        "--home",
+        str(tmp_path / "home"),
+        "deploy",
+        "write",
+        "-o",
+        str(out),
+        "--gpus",
+        "1x24",
+        "--agent",
+        "default",
+    )
     assert result.code == 0, result.err
     written = PROJECT.load_deploy(out)
     assert written.services["sam3"].mode == "resident" and written.services["openwam"].mode == "off"
-    again = harness_cli("--project", str(REPO), "--home", str(tmp_path / "home"), "deploy", "write", "-o", str(out),
-                        "--gpus", "1x24")
+    again = harness_cli(
+        "--project", str(REPO), "--home", str(tmp_path / "home"), "deploy", "write", "-o", str(out), "--gpus", "1x24"
+    )
     assert again.code == 2 and "--force" in again.err
-    forced = harness_cli("--project", str(REPO), "--home", str(tmp_path / "home"), "deploy", "write", "-o", str(out),
-                         "--gpus", "1x24", "--force")
+    forced = harness_cli(
+        "--project",
+        str(REPO),
+        "--home",
+        str(tmp_path / "home"),
+        "deploy",
+        "write",
+        "-o",
+        str(out),
+        "--gpus",
+        "1x24",
+        "--force",
+    )
     assert forced.code == 0, forced.err
     assert PROJECT.load_deploy(out).services["openwam"].mode == "on_demand"
     planned = harness_cli("--project", str(REPO), "--deploy", str(out), "plan", "--gpus", "1x24", "--json")

@@ -126,8 +126,9 @@ def _phases(stderr: str) -> list[str]:
 
 def _harness(project: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     # No interpreter download can succeed here: say so, rather than let uv try for seconds.
-    result = run_harness_process("--project", str(project), "--home", str(home), *args, timeout=600,
-                                 env={"UV_PYTHON_DOWNLOADS": "never"})
+    result = run_harness_process(
+        "--project", str(project), "--home", str(home), *args, timeout=600, env={"UV_PYTHON_DOWNLOADS": "never"}
+    )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     return result
@@ -170,20 +171,28 @@ def test_realize_push_and_pull_show_their_phases_and_quiet_hides_them(svc: Path,
         pushed.stderr
     )
     pulled = _harness(svc, tmp_path / "home-b", "store", "pull", str(cache), "--all", "--trusted-key", public)
-    assert re.search(r"^pulling (\d+) path\(s\) from \S+: [\d.]+ [KM]iB, done in", pulled.stderr, re.M), (
-        pulled.stderr
-    )
+    assert re.search(r"^pulling (\d+) path\(s\) from \S+: [\d.]+ [KM]iB, done in", pulled.stderr, re.M), pulled.stderr
     assert pulled.stdout.startswith("pulled ")
 
     # --quiet: the same work, not a line of progress.
     quiet = _harness(svc, tmp_path / "home-q", "realize", "--quiet")
     assert quiet.stdout.startswith("svc: built ")
     assert _phases(quiet.stderr) == [], quiet.stderr
-    quiet_push = _harness(svc, tmp_path / "home-q", "store", "push", str(tmp_path / "cache-q"), "svc", "-q",
-                          "--key", str(keys / "lab.secret"))
+    quiet_push = _harness(
+        svc,
+        tmp_path / "home-q",
+        "store",
+        "push",
+        str(tmp_path / "cache-q"),
+        "svc",
+        "-q",
+        "--key",
+        str(keys / "lab.secret"),
+    )
     assert quiet_push.stderr == "" and quiet_push.stdout.startswith("pushed ")
-    quiet_pull = _harness(svc, tmp_path / "home-r", "store", "pull", str(tmp_path / "cache-q"), "--all", "-q",
-                          "--trusted-key", public)
+    quiet_pull = _harness(
+        svc, tmp_path / "home-r", "store", "pull", str(tmp_path / "cache-q"), "--all", "-q", "--trusted-key", public
+    )
     assert quiet_pull.stderr == "" and quiet_pull.stdout.startswith("pulled ")
 
 

@@ -33,8 +33,10 @@ from harness.store.store import Store
 from tests.conftest import REPO, run_harness_process
 from tests.pythondownloads import python_downloads
 
-pytestmark = [pytest.mark.network,
-              pytest.mark.skipif(platform.system() != "Linux", reason="host copies (the archive's source) are Linux-only")]
+pytestmark = [
+    pytest.mark.network,
+    pytest.mark.skipif(platform.system() != "Linux", reason="host copies (the archive's source) are Linux-only"),
+]
 
 NAMES = ("kinematics", "reach")
 LOCK = read(REPO / "locks" / "kinematics.lock.toml")
@@ -70,9 +72,19 @@ def downloads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _env(**extra: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("UV_PYTHON_DOWNLOADS", "UV_PYTHON_DOWNLOADS_JSON_URL", "HARNESS_PYTHON_DOWNLOADS_JSON_URL",
-                        "HARNESS_SUBSTITUTERS", "HARNESS_TRUSTED_KEYS", "HARNESS_DEPLOY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "UV_PYTHON_DOWNLOADS",
+            "UV_PYTHON_DOWNLOADS_JSON_URL",
+            "HARNESS_PYTHON_DOWNLOADS_JSON_URL",
+            "HARNESS_SUBSTITUTERS",
+            "HARNESS_TRUSTED_KEYS",
+            "HARNESS_DEPLOY",
+        )
+    }
     # uv's default, said outright: the conftest forbids downloads for every other test, and
     # run_harness_process lays this over the process environment.
     env["UV_PYTHON_DOWNLOADS"] = "automatic"
@@ -80,10 +92,12 @@ def _env(**extra: str | None) -> dict[str, str]:
     return env
 
 
-def harness(project: Path, home: Path, *args: str, env: dict[str, str], ok: bool = True,
-            timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    result = run_harness_process("--project", str(project), "--home", str(home), *args, env=env,
-                                 timeout=timeout, cwd=project)
+def harness(
+    project: Path, home: Path, *args: str, env: dict[str, str], ok: bool = True, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    result = run_harness_process(
+        "--project", str(project), "--home", str(home), *args, env=env, timeout=timeout, cwd=project
+    )
     assert "Traceback" not in result.stderr, result.stderr
     if ok:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -125,8 +139,7 @@ def online(example: Path, downloads: str, tmp_path_factory: pytest.TempPathFacto
     return home
 
 
-def test_uv_managed_interpreter_end_to_end(example: Path, online: Path, downloads: str,
-                                           tmp_path: Path) -> None:
+def test_uv_managed_interpreter_end_to_end(example: Path, online: Path, downloads: str, tmp_path: Path) -> None:
     store = Store.in_home(online)
     record = store.record(LOCK.python.store)
     assert record is not None and record.impure is None and record.obtained == "uv-managed"
@@ -135,8 +148,9 @@ def test_uv_managed_interpreter_end_to_end(example: Path, online: Path, download
         assert store.is_registered(read(example / "locks" / f"{name}.lock.toml").environment.store)
     # The built environment runs on the uv-managed interpreter, from inside the store.
     env_python = store.root / LOCK.environment.store / "bin" / "python"
-    probe = subprocess.run([env_python, "-c", "import sys, numpy; print(sys.base_prefix)"],
-                           capture_output=True, text=True, check=True)
+    probe = subprocess.run(
+        [env_python, "-c", "import sys, numpy; print(sys.base_prefix)"], capture_output=True, text=True, check=True
+    )
     assert os.path.realpath(probe.stdout.strip()) == os.path.realpath(store.root / LOCK.python.store)
 
     _pure_run(example, online, _env())
@@ -165,16 +179,20 @@ def test_offline_cluster_pulls_the_uv_managed_closure(example: Path, online: Pat
     harness(example, online, "store", "push", "--key", str(keys / "lab.secret"), str(cache), *NAMES, env=env)
 
     node = tmp_path / "node" / "home"
-    offline = _env(UV_PYTHON_DOWNLOADS="never", HARNESS_SUBSTITUTERS=str(cache),
-                   HARNESS_TRUSTED_KEYS=(keys / "lab.public").read_text().strip())
+    offline = _env(
+        UV_PYTHON_DOWNLOADS="never",
+        HARNESS_SUBSTITUTERS=str(cache),
+        HARNESS_TRUSTED_KEYS=(keys / "lab.public").read_text().strip(),
+    )
     result = harness(example, node, "realize", "--offline", *NAMES, env=offline)
     assert "impure" not in result.stdout and "stands in" not in result.stdout, result.stdout
     assert _python_paths(node) == _python_paths(online)
     _pure_run(example, node, offline, "--offline")
 
 
-def test_host_copy_stands_in_under_its_own_name_until_uv_can_install(example: Path, downloads: str,
-                                                                      tmp_path: Path) -> None:
+def test_host_copy_stands_in_under_its_own_name_until_uv_can_install(
+    example: Path, downloads: str, tmp_path: Path
+) -> None:
     home = tmp_path / "home"
     no_downloads = _env(UV_PYTHON_DOWNLOADS="never")
     result = harness(example, home, "realize", *NAMES, env=no_downloads)
@@ -183,7 +201,9 @@ def test_host_copy_stands_in_under_its_own_name_until_uv_can_install(example: Pa
     assert is_host_interpreter(host) and host != LOCK.python.store and not store.is_registered(LOCK.python.store)
     assert store.record(host).impure.startswith("host: ")  # type: ignore[union-attr]
     # realize says plainly what stands in for what, and why.
-    assert f"host interpreter {host}" in result.stdout and f"stands in for the lock's {LOCK.python.store}" in result.stdout
+    assert (
+        f"host interpreter {host}" in result.stdout and f"stands in for the lock's {LOCK.python.store}" in result.stdout
+    )
     assert "UV_PYTHON_DOWNLOADS=never forbids downloading it" in result.stdout
     # The environments built on it have paths of their own.
     for name in NAMES:
@@ -215,8 +235,10 @@ def test_host_copy_stands_in_under_its_own_name_until_uv_can_install(example: Pa
     assert "impure" not in replaced.stdout and store.is_registered(LOCK.python.store), replaced.stdout
     _pure_run(example, home, with_downloads)
     diff = harness(example, home, "diff", host_run, "latest", env=with_downloads)
-    assert f"kinematics: interpreter {host} (host copy, standing in for {LOCK.python.store}) → " \
-           f"{LOCK.python.store}" in diff.stdout, diff.stdout
+    assert (
+        f"kinematics: interpreter {host} (host copy, standing in for {LOCK.python.store}) → "
+        f"{LOCK.python.store}" in diff.stdout
+    ), diff.stdout
     # gc keeps what recent runs used: once only the pure run counts, the copy goes.
     harness(example, home, "store", "gc", env={**with_downloads, "HARNESS_GC_KEEP_RUNS": "1"})
     assert not store.is_registered(host) and store.is_registered(LOCK.python.store)
@@ -228,7 +250,9 @@ def test_one_realize_asks_uv_for_an_interpreter_once(example: Path, tmp_path: Pa
     which, with an unreachable list, means waiting through its retries a second time."""
     listing = tmp_path / "no-pythons.json"
     listing.write_text("{}\n")
-    result = harness(example, tmp_path / "home", "realize", *NAMES, env=_env(HARNESS_PYTHON_DOWNLOADS_JSON_URL=str(listing)))
+    result = harness(
+        example, tmp_path / "home", "realize", *NAMES, env=_env(HARNESS_PYTHON_DOWNLOADS_JSON_URL=str(listing))
+    )
     asked = [line for line in result.stderr.splitlines() if line.endswith("(uv python install) ...")]
     assert len(asked) == 1, result.stderr
     assert result.stdout.count("stands in for the lock's") == len(NAMES), result.stdout

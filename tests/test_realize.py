@@ -75,8 +75,9 @@ def test_realize_builds_every_object_and_the_environment_runs(project: Path, rea
     result = subprocess.run([str(env_python), "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith(lock.environment.store)
-    view = run_harness_process("--project", str(project), "--home", str(realized), "store", "path",
-                               "svc", "--weights").stdout.strip()
+    view = run_harness_process(
+        "--project", str(project), "--home", str(realized), "store", "path", "svc", "--weights"
+    ).stdout.strip()
     assert (Path(view) / "local" / "arm.json").read_bytes() == LOCAL_FILES["arm.json"]
     assert (Path(view) / "hf" / "config.json").is_file()
     assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
@@ -100,8 +101,11 @@ def test_two_homes_same_hashes_and_a_copied_env_runs(project: Path, realized: Pa
     third.mkdir(parents=True)
     for name in [lock.environment.store, lock.python.store, *[s.store for s in lock.sources]]:
         subprocess.run(["cp", "-a", str(realized / "store" / name), str(third / name)], check=True)
-    result = subprocess.run([str(third / lock.environment.store / "bin" / "python"), "-c",
-                             "import toolkit, alpha, sys; print(sys.prefix)"], capture_output=True, text=True)
+    result = subprocess.run(
+        [str(third / lock.environment.store / "bin" / "python"), "-c", "import toolkit, alpha, sys; print(sys.prefix)"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(third / lock.environment.store)
 
@@ -196,8 +200,9 @@ def test_changed_path_weights_make_the_lock_stale(project: Path, tmp_path: Path)
     assert snapshot(tmp_path / "home") == {}
 
 
-def test_offline_lists_everything_missing_then_works_when_present(project: Path, realized: Path,
-                                                                   tmp_path: Path) -> None:
+def test_offline_lists_everything_missing_then_works_when_present(
+    project: Path, realized: Path, tmp_path: Path
+) -> None:
     result = realize(project, tmp_path / "cold", "--offline", check=False)
     assert result.returncode != 0
     assert "offline" in result.stderr and "gamma" in result.stderr and "org/model" in result.stderr
@@ -207,7 +212,9 @@ def test_offline_lists_everything_missing_then_works_when_present(project: Path,
 
 
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare for a network namespace")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare for a network namespace"
+)
 def test_offline_in_a_network_namespace(project: Path, realized: Path, tmp_path: Path) -> None:
     """With no network reachable at all, an offline realize of what is present succeeds."""
     probe = subprocess.run(["unshare", "-n", "true"], capture_output=True)
@@ -215,8 +222,19 @@ def test_offline_in_a_network_namespace(project: Path, realized: Path, tmp_path:
         pytest.skip(f"cannot create a network namespace here: {probe.stderr.decode().strip()}")
     home = tmp_path / "home"
     shutil.copytree(realized, home, symlinks=True)
-    cmd = ["unshare", "-n", sys.executable, "-m", "harness", "--project", str(project), "--home",
-           str(home), "realize", "--offline"]
+    cmd = [
+        "unshare",
+        "-n",
+        sys.executable,
+        "-m",
+        "harness",
+        "--project",
+        str(project),
+        "--home",
+        str(home),
+        "realize",
+        "--offline",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
@@ -224,9 +242,16 @@ def test_offline_in_a_network_namespace(project: Path, realized: Path, tmp_path:
 def test_concurrent_realizes_build_once(project: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = {**os.environ}
-    procs = [subprocess.Popen([sys.executable, "-m", "harness", "--project", str(project), "--home",
-                               str(home), "realize", "--json"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "harness", "--project", str(project), "--home", str(home), "realize", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(4)
+    ]
     results = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [r[1] for r in results]
     assert all(f.status == "ok" for f in verify_store(Store.in_home(home), check_contents=True))
@@ -240,8 +265,11 @@ def test_sigkill_during_realize_never_corrupts_the_store(project: Path, realized
     rng = random.Random(11)
     lock = realized_lock(Store.in_home(realized), read(project / "locks" / "svc.lock.toml"))
     for attempt in range(20):
-        proc = subprocess.Popen([sys.executable, "-m", "harness", "--project", str(project), "--home",
-                                 str(home), "realize"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "harness", "--project", str(project), "--home", str(home), "realize"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(rng.uniform(0.2, 2.5))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -254,19 +282,33 @@ def test_sigkill_during_realize_never_corrupts_the_store(project: Path, realized
     assert snapshot(home) == snapshot(realized)
 
 
-def test_realize_substitutes_from_a_signed_cache_without_upstreams(project: Path, realized: Path,
-                                                                     up: Upstreams, tmp_path: Path) -> None:
+def test_realize_substitutes_from_a_signed_cache_without_upstreams(
+    project: Path, realized: Path, up: Upstreams, tmp_path: Path
+) -> None:
     """Home A pushes to a directory cache; home B realizes from it with no index or hub."""
     keys, cache = tmp_path / "keys", tmp_path / "cache"
     assert run_harness_process("store", "keygen", "lab", "--dir", str(keys)).returncode == 0
-    push = run_harness_process("--project", str(project), "--home", str(realized), "store", "push",
-                               str(cache), "--key", str(keys / "lab.secret"))
+    push = run_harness_process(
+        "--project",
+        str(project),
+        "--home",
+        str(realized),
+        "store",
+        "push",
+        str(cache),
+        "--key",
+        str(keys / "lab.secret"),
+    )
     assert push.returncode == 0, push.stderr
     public = (keys / "lab.public").read_text().strip()
-    env = {"HARNESS_SUBSTITUTERS": cache.as_uri(), "HARNESS_TRUSTED_KEYS": public,
-           # Every upstream unreachable: what B gets must come from the cache.
-           "HARNESS_INDEX_PYPI": "http://127.0.0.1:9/simple", "HF_ENDPOINT": "http://127.0.0.1:9",
-           "HARNESS_MODELSCOPE_ENDPOINT": "http://127.0.0.1:9"}
+    env = {
+        "HARNESS_SUBSTITUTERS": cache.as_uri(),
+        "HARNESS_TRUSTED_KEYS": public,
+        # Every upstream unreachable: what B gets must come from the cache.
+        "HARNESS_INDEX_PYPI": "http://127.0.0.1:9/simple",
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "HARNESS_MODELSCOPE_ENDPOINT": "http://127.0.0.1:9",
+    }
     other = tmp_path / "home-b"
     result = run_harness_process("--project", str(project), "--home", str(other), "realize", env=env)
     assert result.returncode == 0, result.stderr
@@ -290,14 +332,17 @@ def test_a_host_copy_left_under_a_locks_own_name_is_removed_with_what_was_built_
 
     store = Store(tmp_path / "store")
     python = store_path_name(store_hash("python", "cpython-3.11.7", {"t": 1}), "cpython-3.11.7")
-    names = {kind: store_path_name(store_hash(kind, f"x-{kind}", {"t": 1}), f"x-{kind}")
-             for kind in ("environment", "source")}
+    names = {
+        kind: store_path_name(store_hash(kind, f"x-{kind}", {"t": 1}), f"x-{kind}")
+        for kind in ("environment", "source")
+    }
 
     def folder(impure: str | None = None):  # type: ignore[no-untyped-def]
         def build(out: Path) -> BuildResult:
             out.mkdir()
             (out / "f").write_text("x")
             return BuildResult(impure=impure)
+
         return build
 
     store.add(python, "python", folder("host: /usr/bin/python3.11"))
@@ -321,7 +366,9 @@ def _needs_toolchain(up: Upstreams, tmp_path: Path) -> Path:
     from tests.localindex import BACKEND
 
     toolchain = tmp_path / "toolchain"
-    backend = BACKEND + f"""
+    backend = (
+        BACKEND
+        + f"""
 
 _build_wheel = build_wheel
 
@@ -331,6 +378,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         raise RuntimeError("needstool: the frobnicator toolchain is missing")
     return _build_wheel(wheel_directory, config_settings, metadata_directory)
 """
+    )
     up.index.add_sdist("needstool", "1.0", backend=backend)
     return toolchain
 

@@ -75,8 +75,17 @@ def test_uv_version_is_the_pinned_one() -> None:
 
 
 def test_uv_env_strips_what_changes_results() -> None:
-    env = uv_env(base={"UV_INDEX_STRATEGY": "x", "UV_EXCLUDE_NEWER": "x", "UV_DEFAULT_INDEX": "m",
-                       "VIRTUAL_ENV": "/v", "PIP_FIND_LINKS": "/w", "PATH": "/bin", "HOME": "/h"})
+    env = uv_env(
+        base={
+            "UV_INDEX_STRATEGY": "x",
+            "UV_EXCLUDE_NEWER": "x",
+            "UV_DEFAULT_INDEX": "m",
+            "VIRTUAL_ENV": "/v",
+            "PIP_FIND_LINKS": "/w",
+            "PATH": "/bin",
+            "HOME": "/h",
+        }
+    )
     assert env["UV_DEFAULT_INDEX"] == "m" and env["PATH"] == "/bin"
     assert env["UV_PYTHON_DOWNLOADS"] == "never"
     for gone in ("UV_INDEX_STRATEGY", "UV_EXCLUDE_NEWER", "VIRTUAL_ENV", "PIP_FIND_LINKS"):
@@ -88,7 +97,6 @@ def test_run_uv_failure_carries_stderr(tmp_path: Path) -> None:
         run_uv(["pip", "compile", str(tmp_path / "missing.in")], cache_dir=tmp_path / "c")
     assert info.value.returncode == 2
     assert "missing.in" in info.value.stderr and "missing.in" in str(info.value)
-
 
 
 def test_wait_for_exit_returns_the_status_or_times_out() -> None:
@@ -123,29 +131,51 @@ def test_wait_for_exit_returns_the_status_or_times_out() -> None:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
+
 # --- interpreter: pure parts -----------------------------------------------------------------
 
 
-def _row(version: str, *, path: str | None = None, url: bool = True, os_: str = "linux",
-         arch: str = "x86_64", libc: str = "gnu", variant: str = "default", impl: str = "cpython") -> dict:
-    return {"key": f"{impl}-{version}", "version": version, "path": path,
-            "url": "u" if url and not path else None, "os": os_, "arch": arch, "libc": libc,
-            "variant": variant, "implementation": impl}
+def _row(
+    version: str,
+    *,
+    path: str | None = None,
+    url: bool = True,
+    os_: str = "linux",
+    arch: str = "x86_64",
+    libc: str = "gnu",
+    variant: str = "default",
+    impl: str = "cpython",
+) -> dict:
+    return {
+        "key": f"{impl}-{version}",
+        "version": version,
+        "path": path,
+        "url": "u" if url and not path else None,
+        "os": os_,
+        "arch": arch,
+        "libc": libc,
+        "variant": variant,
+        "implementation": impl,
+    }
 
 
-LISTING = parse_python_list(json.dumps([
-    _row("3.14.0rc1"),
-    _row("3.12.9", variant="freethreaded"),
-    _row("3.12.8"),
-    _row("3.11.10"),
-    _row("3.11.9"),
-    _row("3.11.7", path="/usr/bin/python3.11"),
-    _row("3.11.7"),
-    _row("3.11.2", path="/usr/bin/python3"),
-    _row("3.10.99", path="/opt/py310", url=False),
-    _row("3.11.11", os_="macos", arch="aarch64", libc="none"),
-    _row("3.11.12", impl="pypy"),
-]))
+LISTING = parse_python_list(
+    json.dumps(
+        [
+            _row("3.14.0rc1"),
+            _row("3.12.9", variant="freethreaded"),
+            _row("3.12.8"),
+            _row("3.11.10"),
+            _row("3.11.9"),
+            _row("3.11.7", path="/usr/bin/python3.11"),
+            _row("3.11.7"),
+            _row("3.11.2", path="/usr/bin/python3"),
+            _row("3.10.99", path="/opt/py310", url=False),
+            _row("3.11.11", os_="macos", arch="aarch64", libc="none"),
+            _row("3.11.12", impl="pypy"),
+        ]
+    )
+)
 
 
 def test_choose_version_prefers_newest_uv_download() -> None:
@@ -190,22 +220,25 @@ def test_platform_vocabulary() -> None:
         parse_platform("x86_64-manylinux_2_29")
 
 
-@pytest.mark.parametrize(("wheel", "platform", "fits"), [
-    ("a-1-py3-none-any.whl", "x86_64-pc-windows-msvc", True),
-    ("a-1-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "x86_64-manylinux_2_28", True),
-    ("a-1-cp311-cp311-manylinux_2_31_x86_64.whl", "x86_64-manylinux_2_28", False),
-    ("a-1-cp311-cp311-manylinux_2_31_x86_64.whl", "x86_64-manylinux_2_36", True),
-    ("a-1-cp311-cp311-linux_x86_64.whl", "x86_64-manylinux_2_28", True),
-    ("a-1-cp311-cp311-musllinux_1_2_x86_64.whl", "x86_64-manylinux_2_28", False),
-    ("a-1-cp311-cp311-musllinux_1_1_x86_64.whl", "x86_64-unknown-linux-musl", True),
-    ("a-1-cp311-cp311-win_amd64.whl", "x86_64-manylinux_2_28", False),
-    ("a-1-cp312-cp312-manylinux_2_17_x86_64.whl", "x86_64-manylinux_2_28", False),
-    ("a-1-cp38-abi3-manylinux_2_17_x86_64.whl", "x86_64-manylinux_2_28", True),
-    ("a-1-cp311-cp311-manylinux_2_17_aarch64.whl", "x86_64-manylinux_2_28", False),
-    ("a-1-cp311-cp311-macosx_11_0_arm64.whl", "aarch64-apple-darwin", True),
-    ("a-1-cp311-cp311-macosx_14_0_arm64.whl", "aarch64-apple-darwin", False),
-    ("not-a-wheel.tar.gz", "x86_64-manylinux_2_28", False),
-])
+@pytest.mark.parametrize(
+    ("wheel", "platform", "fits"),
+    [
+        ("a-1-py3-none-any.whl", "x86_64-pc-windows-msvc", True),
+        ("a-1-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "x86_64-manylinux_2_28", True),
+        ("a-1-cp311-cp311-manylinux_2_31_x86_64.whl", "x86_64-manylinux_2_28", False),
+        ("a-1-cp311-cp311-manylinux_2_31_x86_64.whl", "x86_64-manylinux_2_36", True),
+        ("a-1-cp311-cp311-linux_x86_64.whl", "x86_64-manylinux_2_28", True),
+        ("a-1-cp311-cp311-musllinux_1_2_x86_64.whl", "x86_64-manylinux_2_28", False),
+        ("a-1-cp311-cp311-musllinux_1_1_x86_64.whl", "x86_64-unknown-linux-musl", True),
+        ("a-1-cp311-cp311-win_amd64.whl", "x86_64-manylinux_2_28", False),
+        ("a-1-cp312-cp312-manylinux_2_17_x86_64.whl", "x86_64-manylinux_2_28", False),
+        ("a-1-cp38-abi3-manylinux_2_17_x86_64.whl", "x86_64-manylinux_2_28", True),
+        ("a-1-cp311-cp311-manylinux_2_17_aarch64.whl", "x86_64-manylinux_2_28", False),
+        ("a-1-cp311-cp311-macosx_11_0_arm64.whl", "aarch64-apple-darwin", True),
+        ("a-1-cp311-cp311-macosx_14_0_arm64.whl", "aarch64-apple-darwin", False),
+        ("not-a-wheel.tar.gz", "x86_64-manylinux_2_28", False),
+    ],
+)
 def test_wheel_fits_target(wheel: str, platform: str, fits: bool) -> None:
     assert wheel_fits(wheel, target_tags("3.11.9", platform)) is fits
 
@@ -217,10 +250,13 @@ def test_find_interpreter_for_a_series(tmp_path: Path) -> None:
     assert interpreter.implementation == "cpython" and interpreter.source == "uv-managed"
     parse_platform(interpreter.platform)  # a platform uv and harness both understand
     if path is not None:
-        out = subprocess.run([path, "-c", "import platform; print(platform.python_version())"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run(
+            [path, "-c", "import platform; print(platform.python_version())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         assert out == interpreter.version
-
 
 
 def _choice(request: str, listings: list, platform: str, pin: str | None) -> tuple[str, str] | str:
@@ -240,15 +276,21 @@ def test_one_platforms_downloads_choose_as_the_whole_list(tmp_path: Path) -> Non
 
     cache = tmp_path / "uv-cache"
     everything = [row for row in list_pythons(cache) if row.downloadable]
-    platforms = ["x86_64-manylinux_2_28", "aarch64-manylinux_2_17", "x86_64-unknown-linux-musl",
-                 "aarch64-apple-darwin", "x86_64-pc-windows-msvc"]
+    platforms = [
+        "x86_64-manylinux_2_28",
+        "aarch64-manylinux_2_17",
+        "x86_64-unknown-linux-musl",
+        "aarch64-apple-darwin",
+        "x86_64-pc-windows-msvc",
+    ]
     for platform in platforms:
         target = parse_platform(platform)
         one = list_downloads(cache, target)
         kept = downloads_list_file(cache, python_list_key(target))
         assert kept.is_file() and len(one) < len(everything) / 5
-        assert {(r.os, r.arch, r.libc) for r in one} == {(target.os, "x86_64" if target.arch == "x86_64"
-                                                         else target.arch, target.libc)}
+        assert {(r.os, r.arch, r.libc) for r in one} == {
+            (target.os, "x86_64" if target.arch == "x86_64" else target.arch, target.libc)
+        }
         for request, pin in (("3.11", None), ("3.12", None), ("3.11", "3.11.7"), ("3.10.4", None), ("3.9.1", None)):
             assert _choice(request, one, platform, pin) == _choice(request, everything, platform, pin)
         # Read back from the kept file: a corrupt file is listed again, a good one is used as is.
@@ -258,23 +300,29 @@ def test_one_platforms_downloads_choose_as_the_whole_list(tmp_path: Path) -> Non
         assert list_downloads(cache, target) == one
         assert json.loads(kept.read_text()) and list_downloads(cache, target) == one
 
+
 # --- index names: pure parts -----------------------------------------------------------------
 
 
 def test_index_for_url_and_flags() -> None:
-    addresses = {"lab": "http://10.0.0.1:8080/lab/simple", "torch": "http://10.0.0.1:8080/whl/cu121",
-                 "pypi": None}
+    addresses = {"lab": "http://10.0.0.1:8080/lab/simple", "torch": "http://10.0.0.1:8080/whl/cu121", "pypi": None}
     assert index_for_url("http://10.0.0.1:8080/whl/cu121/torch-2.0-cp311-none-any.whl", addresses) == "torch"
     assert index_for_url("http://10.0.0.1:8080/lab/files/x.whl", addresses) == "lab"
     assert index_for_url("https://files.example.invalid/p/x.whl", addresses) == "pypi"
     assert index_for_url("http://10.0.0.1:9999/whl/cu121/x.whl", addresses) == "pypi"  # other port
     assert index_flags(addresses) == [
-        "--index", "lab=http://10.0.0.1:8080/lab/simple", "--index", "torch=http://10.0.0.1:8080/whl/cu121",
-        "--index-strategy", "first-index",
+        "--index",
+        "lab=http://10.0.0.1:8080/lab/simple",
+        "--index",
+        "torch=http://10.0.0.1:8080/whl/cu121",
+        "--index-strategy",
+        "first-index",
     ]
     settings = Settings(indexes={"pypi": "http://mirror.invalid/simple", "lab": "http://lab.invalid/simple"})
-    assert index_addresses(["lab"], settings) == {"lab": "http://lab.invalid/simple",
-                                                  "pypi": "http://mirror.invalid/simple"}
+    assert index_addresses(["lab"], settings) == {
+        "lab": "http://lab.invalid/simple",
+        "pypi": "http://mirror.invalid/simple",
+    }
     assert index_flags(index_addresses([], settings))[:2] == ["--default-index", "http://mirror.invalid/simple"]
     with pytest.raises(InputError, match="no address"):
         index_addresses(["nowhere"], settings)
@@ -297,7 +345,12 @@ def test_parse_pylock_skips_nothing_and_marks_local() -> None:
 def test_resolve_pins_exact_files(local_index: LocalIndex, tmp_path: Path) -> None:
     packages = resolve(local_index, ["gamma", "delta"], tmp_path)
     assert [(p.name, p.version) for p in packages] == [
-        ("alpha", "2.0"), ("beta", "1.0"), ("delta", "1.0"), ("epsilon", "1.0"), ("gamma", "1.0")]
+        ("alpha", "2.0"),
+        ("beta", "1.0"),
+        ("delta", "1.0"),
+        ("epsilon", "1.0"),
+        ("gamma", "1.0"),
+    ]
     pins = by_name(packages)
     assert pins["alpha"].wheels == (on_disk(local_index, "alpha-2.0-py3-none-any.whl"),)
     assert pins["gamma"].wheels == (on_disk(local_index, "gamma-1.0-py3-none-any.whl"),)
@@ -315,8 +368,10 @@ def test_resolve_pins_exact_files(local_index: LocalIndex, tmp_path: Path) -> No
 
 def test_resolve_for_another_platform(local_index: LocalIndex, tmp_path: Path) -> None:
     pins = by_name(resolve(local_index, ["delta", "winonly"], tmp_path, interpreter=WINDOWS))
-    assert [w.file for w in pins["delta"].wheels] == ["delta-1.0-cp311-cp311-win_amd64.whl",
-                                                      "delta-1.0-py3-none-any.whl"]
+    assert [w.file for w in pins["delta"].wheels] == [
+        "delta-1.0-cp311-cp311-win_amd64.whl",
+        "delta-1.0-py3-none-any.whl",
+    ]
     assert pins["winonly"].wheels == (on_disk(local_index, "winonly-1.0-cp311-cp311-win_amd64.whl"),)
     with pytest.raises(HarnessError, match="winonly"):
         resolve(local_index, ["winonly"], tmp_path)  # nothing for Linux
@@ -329,7 +384,10 @@ def test_extra_named_index_and_first_index_strategy(local_index: LocalIndex, tmp
         settings = Settings(indexes={"pypi": local_index.url, "lab": lab.url})
         pins = by_name(resolve(local_index, ["private"], tmp_path, indexes=["lab"], settings=settings))
     assert {n: (p.version, p.index) for n, p in pins.items()} == {
-        "private": ("0.3", "lab"), "alpha": ("1.0", "lab"), "beta": ("1.0", "pypi")}
+        "private": ("0.3", "lab"),
+        "alpha": ("1.0", "lab"),
+        "beta": ("1.0", "pypi"),
+    }
     assert pins["private"].wheels == (on_disk(lab, "private-0.3-py3-none-any.whl"),)
     assert "://" not in repr(pins)
 
@@ -354,8 +412,10 @@ def test_previous_pins_hold_until_upgraded(local_index: LocalIndex, tmp_path: Pa
     assert [(p.name, p.version) for p in old] == [("alpha", "1.0")]
     kept = resolve(local_index, ["beta"], tmp_path, previous=old)
     assert by_name(kept)["alpha"].version == "1.0"
-    assert by_name(resolve(local_index, ["beta"], tmp_path, previous=old,
-                           upgrade_packages=["alpha"]))["alpha"].version == "2.0"
+    assert (
+        by_name(resolve(local_index, ["beta"], tmp_path, previous=old, upgrade_packages=["alpha"]))["alpha"].version
+        == "2.0"
+    )
     assert by_name(resolve(local_index, ["beta"], tmp_path, previous=old, upgrade=True))["alpha"].version == "2.0"
 
 
@@ -376,8 +436,7 @@ def test_offline_uses_the_cache_or_says_what_is_missing(local_index: LocalIndex,
     assert local_index.requests == []
 
 
-def test_local_source_dependencies_resolve_but_source_is_not_a_package(
-        local_index: LocalIndex, tmp_path: Path) -> None:
+def test_local_source_dependencies_resolve_but_source_is_not_a_package(local_index: LocalIndex, tmp_path: Path) -> None:
     source = write_source_tree(tmp_path / "checkout", "mysource", "0.1", ["beta"])
     packages = resolve(local_index, ["delta"], tmp_path, extra_paths=[source])
     assert [p.name for p in packages] == ["alpha", "beta", "delta"]
@@ -388,7 +447,8 @@ def test_build_requirements(tmp_path: Path) -> None:
     assert build_requirements(tmp_path) == ["setuptools>=40.8.0"]
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["hatchling>=1.20", "hatch-vcs"]\nbuild-backend = "hatchling.build"\n')
+        '[build-system]\nrequires = ["hatchling>=1.20", "hatch-vcs"]\nbuild-backend = "hatchling.build"\n'
+    )
     assert build_requirements(tmp_path, "pkg") == ["hatchling>=1.20", "hatch-vcs"]
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
     assert build_requirements(tmp_path) == ["setuptools>=40.8.0"]
@@ -419,8 +479,19 @@ def test_pylock_for_install_installs_realized_files(local_index: LocalIndex, tmp
     run_uv(["venv", str(venv), "--python", sys.executable], cache_dir=cache)
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     local_index.stop()  # prove it installs with no index at all
-    run_uv(["pip", "sync", "--offline", "--preview-features", "pylock", "--python", str(python),
-            str(lock_dir / "pylock.toml")], cache_dir=cache)
+    run_uv(
+        [
+            "pip",
+            "sync",
+            "--offline",
+            "--preview-features",
+            "pylock",
+            "--python",
+            str(python),
+            str(lock_dir / "pylock.toml"),
+        ],
+        cache_dir=cache,
+    )
     code = "import alpha, beta, delta, epsilon, gamma; print(alpha.__version__, epsilon.__version__)"
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["2.0", "1.0"]
@@ -430,16 +501,24 @@ def test_pylock_for_install_installs_realized_files(local_index: LocalIndex, tmp
     tampered.parent.mkdir()
     tampered.write_bytes(realized["alpha-2.0-py3-none-any.whl"].read_bytes() + b"\0")
     (lock_dir / "pylock.toml").write_text(
-        pylock_for_install(packages, {**realized, "alpha-2.0-py3-none-any.whl": tampered}))
-    sync = ["pip", "sync", "--offline", "--preview-features", "pylock", "--python", str(python),
-            str(lock_dir / "pylock.toml")]
+        pylock_for_install(packages, {**realized, "alpha-2.0-py3-none-any.whl": tampered})
+    )
+    sync = [
+        "pip",
+        "sync",
+        "--offline",
+        "--preview-features",
+        "pylock",
+        "--python",
+        str(python),
+        str(lock_dir / "pylock.toml"),
+    ]
     size = realized["alpha-2.0-py3-none-any.whl"].stat().st_size
     with pytest.raises(UvError, match=f"size {size + 1}, but the lockfile records {size}"):
         run_uv(sync, cache_dir=cache)
     alpha = by_name(packages)["alpha"]
     wrong = DistFile(alpha.wheels[0].file, "0" * 64, alpha.wheels[0].size)
-    relocked = [p if p.name != "alpha" else Package(p.name, p.version, p.index, wheels=(wrong,))
-                for p in packages]
+    relocked = [p if p.name != "alpha" else Package(p.name, p.version, p.index, wheels=(wrong,)) for p in packages]
     (lock_dir / "pylock.toml").write_text(pylock_for_install(relocked, realized))
     with pytest.raises(UvError, match="(?i)hash mismatch"):
         run_uv(sync, cache_dir=cache)
@@ -453,8 +532,9 @@ def test_pylock_for_install_needs_a_file_per_package() -> None:
 
 @pytest.mark.network
 def test_resolve_from_uvs_default_index(tmp_path: Path) -> None:
-    packages = resolve_packages(["six==1.16.0"], interpreter=LINUX, indexes=[], settings=Settings(),
-                                cache_dir=tmp_path / "uv-cache")
+    packages = resolve_packages(
+        ["six==1.16.0"], interpreter=LINUX, indexes=[], settings=Settings(), cache_dir=tmp_path / "uv-cache"
+    )
     assert [(p.name, p.version, p.index) for p in packages] == [("six", "1.16.0", "pypi")]
     assert [w.file for w in packages[0].wheels] == ["six-1.16.0-py2.py3-none-any.whl"]
     assert packages[0].wheels[0].size > 0 and len(packages[0].wheels[0].sha256) == 64

@@ -164,9 +164,27 @@ def test_failing_command_still_leaves_a_record(project: Path, tmp_path: Path, ho
 
 def test_sigint_still_writes_the_record(project: Path, tmp_path: Path, home: Path) -> None:
     before = set((home / "runs").glob("*/logs/command.log")) if (home / "runs").exists() else set()
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "--project", str(project), "--home", str(home),
-                             "run", "--service", "svc", "--", sys.executable, "caller.py", "sleep"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "--project",
+            str(project),
+            "--home",
+            str(home),
+            "run",
+            "--service",
+            "svc",
+            "--",
+            sys.executable,
+            "caller.py",
+            "sleep",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     log = None
     while time.monotonic() < deadline:
@@ -184,9 +202,12 @@ def test_sigint_still_writes_the_record(project: Path, tmp_path: Path, home: Pat
     # Nothing the run started is left running.
     import psutil
 
-    leftovers = [p for p in psutil.process_iter(["cmdline"])
-                 if any("fake_model.py" in part for part in (p.info["cmdline"] or []))
-                 and str(home) in " ".join(p.info["cmdline"] or [])]
+    leftovers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if any("fake_model.py" in part for part in (p.info["cmdline"] or []))
+        and str(home) in " ".join(p.info["cmdline"] or [])
+    ]
     assert leftovers == []
 
 
@@ -194,9 +215,26 @@ def test_a_run_killed_with_sigkill_leaves_no_service_running(project: Path, home
     import psutil
 
     before = set((home / "runs").glob("*/logs/command.log")) if (home / "runs").exists() else set()
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "--project", str(project), "--home", str(home),
-                             "run", "--service", "svc", "--", sys.executable, "caller.py", "sleep"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "--project",
+            str(project),
+            "--home",
+            str(home),
+            "run",
+            "--service",
+            "svc",
+            "--",
+            sys.executable,
+            "caller.py",
+            "sleep",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     log = None
     while time.monotonic() < deadline and log is None:
@@ -207,9 +245,12 @@ def test_a_run_killed_with_sigkill_leaves_no_service_running(project: Path, home
     assert log is not None, "the command never called its service"
 
     def services() -> list[psutil.Process]:
-        return [p for p in psutil.process_iter(["cmdline"])
-                if any("fake_model.py" in part for part in (p.info["cmdline"] or []))
-                and str(home) in " ".join(p.info["cmdline"] or [])]
+        return [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if any("fake_model.py" in part for part in (p.info["cmdline"] or []))
+            and str(home) in " ".join(p.info["cmdline"] or [])
+        ]
 
     assert services(), "the service runs while the run does"
     proc.kill()  # nothing in the run's process gets to clean up

@@ -20,14 +20,28 @@ from harness.runtime.scheduling import Action, BrokerError, Scheduler, Start, St
 
 
 def spec(name: str, port: int) -> LaunchSpec:
-    return LaunchSpec(name=name, argv=("/store/env/bin/python", "serve.py"), env={}, cwd=Path("/store/code"),
-                      port=port, url=f"http://127.0.0.1:{port}", health_url=None, load_seconds=10.0,
-                      log_path=Path(f"/state/logs/{name}.log"))
+    return LaunchSpec(
+        name=name,
+        argv=("/store/env/bin/python", "serve.py"),
+        env={},
+        cwd=Path("/store/code"),
+        port=port,
+        url=f"http://127.0.0.1:{port}",
+        health_url=None,
+        load_seconds=10.0,
+        log_path=Path(f"/state/logs/{name}.log"),
+    )
 
 
 def place(name: str, port: int, mode: str = "on_demand", **kw: Any) -> ServicePlacement:
-    return ServicePlacement(name=name, mode=mode, gpu=kw.pop("gpu", 0), port=port,  # type: ignore[arg-type]
-                            url=f"http://127.0.0.1:{port}", **kw)
+    return ServicePlacement(
+        name=name,
+        mode=mode,
+        gpu=kw.pop("gpu", 0),
+        port=port,  # type: ignore[arg-type]
+        url=f"http://127.0.0.1:{port}",
+        **kw,
+    )
 
 
 def scheduler(*placements: ServicePlacement, **options: Any) -> Scheduler:
@@ -72,8 +86,11 @@ def test_first_acquire_starts_the_service_and_callers_join_the_load() -> None:
 
 
 def test_unknown_off_external_and_closing() -> None:
-    s = scheduler(place("seg", 9001), place("remote", 0, mode="external", gpu=None),
-                  place("sam3", 0, mode="off", gpu=None, reason="no GPU can hold 7.2 GB"))
+    s = scheduler(
+        place("seg", 9001),
+        place("remote", 0, mode="external", gpu=None),
+        place("sam3", 0, mode="off", gpu=None, reason="no GPU can hold 7.2 GB"),
+    )
     with pytest.raises(BrokerError) as unknown:
         s.enqueue("nope", "agent", 0.0)
     assert unknown.value.status == 404 and "known: remote, sam3, seg" in str(unknown.value)
@@ -346,4 +363,3 @@ def test_random_callers_never_see_two_members_loaded_and_nobody_starves(seed: in
     for name in names:
         granted = [t.lease.granted for t in tickets if t.service == name and t.lease is not None]
         assert granted == sorted(granted), f"callers of {name} were admitted out of order"
-

@@ -17,15 +17,25 @@ def test_a_scoped_service_swapped_out_and_back_is_recorded_as_reset(tmp_path: Pa
     policy = fake(f"{tmp_path.name}-policy", tmp_path)
     seg = fake(f"{tmp_path.name}-seg", tmp_path)
     log = tmp_path / "run" / RESETS_FILE
-    broker = RecordingBroker(Plan((placement(policy, swap="g", scoped=True), placement(seg, swap="g"))),
-                             {policy.name: policy, seg.name: seg}, tmp_path, tick=0.05, grace=(2.0, 2.0),
-                             resets=ResetLog(log))
+    broker = RecordingBroker(
+        Plan((placement(policy, swap="g", scoped=True), placement(seg, swap="g"))),
+        {policy.name: policy, seg.name: seg},
+        tmp_path,
+        tick=0.05,
+        grace=(2.0, 2.0),
+        resets=ResetLog(log),
+    )
     try:
         agent = Client(broker.serve_in_thread(), client_id="agent", token=broker.token)
         other = Client(agent.address, client_id="other", token=broker.token)
         leases = []
-        for client, name in ((agent, policy.name), (agent, policy.name), (agent, seg.name),
-                             (other, policy.name), (agent, policy.name)):
+        for client, name in (
+            (agent, policy.name),
+            (agent, policy.name),
+            (agent, seg.name),
+            (other, policy.name),
+            (agent, policy.name),
+        ):
             with client.use(name) as lease:
                 leases.append(lease)
         assert [lease.fresh for lease in leases] == [True, False, True, True, True]
@@ -47,8 +57,14 @@ def _record(run: Path, resets: list[dict[str, object]]) -> Path:
 
 
 def test_audit_shows_resets_and_diff_compares_them(tmp_path: Path) -> None:
-    reset = {"service": "simate", "at": 1_700_000_000.0, "client": "agent", "lease": "ab12",
-             "incarnation": 2, "previous_incarnation": 1}
+    reset = {
+        "service": "simate",
+        "at": 1_700_000_000.0,
+        "client": "agent",
+        "lease": "ab12",
+        "incarnation": 2,
+        "previous_incarnation": 1,
+    }
     quiet = _record(tmp_path / "a", [])
     swapped = _record(tmp_path / "b", [reset, {**reset, "lease": "cd34", "incarnation": 3}])
     report = audit_run(swapped, tmp_path / "store", None)

@@ -40,7 +40,7 @@ from tests.hubserver import HubServer
 from tests.localindex import LocalIndex, write_source_tree
 from tests.upstreams import git
 
-DYNAMIC_EDITABLE = '''
+DYNAMIC_EDITABLE = """
 
 def get_requires_for_build_editable(config_settings=None):
     return ["editables>=0.3"]  # asked for dynamically, as hatchling does
@@ -52,23 +52,54 @@ _static_build_editable = build_editable
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
     import editables  # noqa: F401 - only there if the lock pinned what the backend asked for
     return _static_build_editable(wheel_directory, config_settings, metadata_directory)
-'''
+"""
 
 #: Every requirement pin of the shipped manifests that the default index serves.
 DEFAULT_INDEX = [
-    ("torch", "2.7.0"), ("torch", "2.7.1"), ("torchvision", "0.22.0"), ("torchvision", "0.22.1"),
-    ("transformers", "4.57.1"), ("transformers", "5.5.0"), ("accelerate", "1.10.1"), ("einops", "0.8.1"),
-    ("pillow", "11.3.0"), ("decord2", "3.0.0"), ("molmo_utils", "0.0.1"), ("diffusers", "0.38.0"),
-    ("timm", "1.0.30"), ("ftfy", "6.1.1"), ("iopath", "0.1.10"), ("pycocotools", "2.0.11"),
-    ("lerobot", "0.4.4"), ("torchcodec", "0.5"), ("h5py", "3.14.0"), ("safetensors", "0.6.2"),
-    ("numpy", "2.2.6"), ("numpy", "1.26.0"), ("packaging", "23.0"), ("typing_extensions", "4.12.2"),
-    ("filelock", "3.13.1"), ("websockets", "12.0"), ("scipy", "1.15.3"), ("warp-lang", "1.11.0"),
-    ("click", "8.1.7"), ("psutil", "5.9.8"), ("virtualenv", "20.30.0"),
-    ("opencv-python-headless", "4.11.0.86"), ("transforms3d", "0.4.2"), ("open3d", "0.19.0"),
-    ("msgpack-numpy", "0.4.8"), ("editables", "0.5"),
+    ("torch", "2.7.0"),
+    ("torch", "2.7.1"),
+    ("torchvision", "0.22.0"),
+    ("torchvision", "0.22.1"),
+    ("transformers", "4.57.1"),
+    ("transformers", "5.5.0"),
+    ("accelerate", "1.10.1"),
+    ("einops", "0.8.1"),
+    ("pillow", "11.3.0"),
+    ("decord2", "3.0.0"),
+    ("molmo_utils", "0.0.1"),
+    ("diffusers", "0.38.0"),
+    ("timm", "1.0.30"),
+    ("ftfy", "6.1.1"),
+    ("iopath", "0.1.10"),
+    ("pycocotools", "2.0.11"),
+    ("lerobot", "0.4.4"),
+    ("torchcodec", "0.5"),
+    ("h5py", "3.14.0"),
+    ("safetensors", "0.6.2"),
+    ("numpy", "2.2.6"),
+    ("numpy", "1.26.0"),
+    ("packaging", "23.0"),
+    ("typing_extensions", "4.12.2"),
+    ("filelock", "3.13.1"),
+    ("websockets", "12.0"),
+    ("scipy", "1.15.3"),
+    ("warp-lang", "1.11.0"),
+    ("click", "8.1.7"),
+    ("psutil", "5.9.8"),
+    ("virtualenv", "20.30.0"),
+    ("opencv-python-headless", "4.11.0.86"),
+    ("transforms3d", "0.4.2"),
+    ("open3d", "0.19.0"),
+    ("msgpack-numpy", "0.4.8"),
+    ("editables", "0.5"),
 ]
-CUDA_INDEX = [("torch", "2.7.1+cu128"), ("torchvision", "0.22.1+cu128"), ("torch", "2.7.0+cu128"),
-              ("torchvision", "0.22.0+cu128"), ("torchaudio", "2.7.0+cu128")]
+CUDA_INDEX = [
+    ("torch", "2.7.1+cu128"),
+    ("torchvision", "0.22.1+cu128"),
+    ("torch", "2.7.0+cu128"),
+    ("torchvision", "0.22.0+cu128"),
+    ("torchaudio", "2.7.0+cu128"),
+]
 ISAACLAB = ["isaaclab", "isaaclab_assets", "isaaclab_contrib", "isaaclab_mimic", "isaaclab_rl", "isaaclab_tasks"]
 
 
@@ -191,8 +222,11 @@ platform = "x86_64-manylinux_2_28"
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seed]:
     base = tmp_path_factory.mktemp("seed")
-    default, cuda, nvidia = (LocalIndex(base / "pypi"), LocalIndex(base / "cu128", json_api=False),
-                             LocalIndex(base / "nvidia"))
+    default, cuda, nvidia = (
+        LocalIndex(base / "pypi"),
+        LocalIndex(base / "cu128", json_api=False),
+        LocalIndex(base / "nvidia"),
+    )
     for name, version in DEFAULT_INDEX:
         default.add_wheel(name, version)
     for name, version in CUDA_INDEX:
@@ -203,11 +237,20 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seed]:
         mp.setenv("GIT_CONFIG_NOSYSTEM", "1")
         for name in list(os.environ):  # nothing but the settings file may say where things are
             if name.startswith(("HARNESS_INDEX_", "UV_")) or name in (
-                    "HF_ENDPOINT", "HARNESS_MODELSCOPE_ENDPOINT", "MODELSCOPE_ENDPOINT", "HF_TOKEN",
-                    "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HARNESS_DEPLOY"):
+                "HF_ENDPOINT",
+                "HARNESS_MODELSCOPE_ENDPOINT",
+                "MODELSCOPE_ENDPOINT",
+                "HF_TOKEN",
+                "HUGGING_FACE_HUB_TOKEN",
+                "HF_HUB_OFFLINE",
+                "HARNESS_DEPLOY",
+            ):
                 mp.delenv(name)
-        for key, value in {"HF_HOME": base / "hf-home", "MODELSCOPE_CACHE": base / "ms-cache",
-                           "MODELSCOPE_HOME": base / "ms-home"}.items():
+        for key, value in {
+            "HF_HOME": base / "hf-home",
+            "MODELSCOPE_CACHE": base / "ms-cache",
+            "MODELSCOPE_HOME": base / "ms-home",
+        }.items():
             mp.setenv(key, str(value))
         commits = make_repos(base / "github")
         project = base / "project"
@@ -222,14 +265,26 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seed]:
             hub.hf_commit("OpenWAM/OpenWAM-Alpha-Sim-RoboDojo", {"config.json": b"{}", "dit.safetensors": b"wam"})
             hub.hf_commit("lerobot/smolvla_base", {"config.json": b"{}", "model.safetensors": b"smolvla"})
             hub.hf_commit("HuggingFaceTB/SmolVLM2-500M-Video-Instruct", {"config.json": b"{}"})
-            hub.hf_dataset_commit("RoboDojo-Benchmark/RoboDojo", {
-                "Assets/Robots/arx_x5.usd": b"robot", "Assets/Eval_Layout/task0.json": b"{}",
-                "ckpt/RoboDojo/SmolVLA/model.safetensors": b"not in Assets/"})
+            hub.hf_dataset_commit(
+                "RoboDojo-Benchmark/RoboDojo",
+                {
+                    "Assets/Robots/arx_x5.usd": b"robot",
+                    "Assets/Eval_Layout/task0.json": b"{}",
+                    "ckpt/RoboDojo/SmolVLA/model.safetensors": b"not in Assets/",
+                },
+            )
             home = base / "home"
             home.mkdir()
-            (home / "config.toml").write_text(settings(
-                home, pypi=default.url, cuda=cuda.url, nvidia=nvidia.url, hub=hub.url,
-                github=(base / "github").as_uri()))
+            (home / "config.toml").write_text(
+                settings(
+                    home,
+                    pypi=default.url,
+                    cuda=cuda.url,
+                    nvidia=nvidia.url,
+                    hub=hub.url,
+                    github=(base / "github").as_uri(),
+                )
+            )
             yield Seed(project, home, commits, cuda)
 
 
@@ -260,7 +315,8 @@ def test_every_shipped_manifest_locks(locked: Seed) -> None:
     [source] = openwam["sources"]
     assert source["repo"] == "https://github.com/OpenWAM-Official/OpenWAM"  # canonical, not the mirror
     assert [(m["path"], m["url"]) for m in source["submodules"]] == [
-        ("third_party/Wan", "https://github.com/OpenWAM-Official/Wan")]
+        ("third_party/Wan", "https://github.com/OpenWAM-Official/Wan")
+    ]
 
     robodojo = tomllib.loads((locked.project / "locks" / "robodojo.lock.toml").read_text())
     packages = {p["name"]: p for p in robodojo["packages"]}
@@ -270,7 +326,9 @@ def test_every_shipped_manifest_locks(locked: Seed) -> None:
     assert [m["path"] for m in dojo["submodules"]] == ["XPolicyLab", "third_party/IsaacLab", "third_party/curobo"]
     [assets] = robodojo["weights"]
     assert assets["repo_type"] == "dataset" and {f["path"] for f in assets["files"]} == {
-        "Assets/Robots/arx_x5.usd", "Assets/Eval_Layout/task0.json"}
+        "Assets/Robots/arx_x5.usd",
+        "Assets/Eval_Layout/task0.json",
+    }
 
     smolvla = tomllib.loads((locked.project / "locks" / "smolvla.lock.toml").read_text())
     assert {p["name"] for p in smolvla["build-packages"]} == {"editables"}  # XPolicyLab asked for it

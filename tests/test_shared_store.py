@@ -41,10 +41,13 @@ from harness.cli import main
 from harness.errors import HarnessError
 from harness.store.store import BuildResult, Store, StoreError
 
-pytestmark = [pytest.mark.root, pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("useradd") is None,
-    reason="needs root and useradd: it creates two users in one group (the root run of CI covers it)",
-)]
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("useradd") is None,
+        reason="needs root and useradd: it creates two users in one group (the root run of CI covers it)",
+    ),
+]
 
 GROUP = "harness-lab-test"
 NAMES = ("harness-lab-a", "harness-lab-b")
@@ -197,8 +200,13 @@ def test_another_member_reuses_a_path_but_cannot_change_or_remove_it(lab: tuple[
             except PermissionError as exc:
                 refused[what] = str(exc)
         code, _, _ = cli(home, "store", "verify", "--repair")
-        return {"content": record.content, "ok": [f.status for f in findings], "refused": refused,
-                "repair": code, "read": (store.root / P1 / "data.txt").read_text()}
+        return {
+            "content": record.content,
+            "ok": [f.status for f in findings],
+            "refused": refused,
+            "repair": code,
+            "read": (store.root / P1 / "data.txt").read_text(),
+        }
 
     seen = as_user(b, member_b)
     assert seen["read"] == "weights\n" and seen["ok"] == ["ok"]

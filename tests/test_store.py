@@ -147,11 +147,13 @@ def test_verify_finds_modified_and_missing(tmp_path: Path) -> None:
     findings = {f.name: f for f in verify_store(store, check_contents=True)}
     assert findings[NAME].status == "modified" and "expected blake3:" in findings[NAME].detail
     assert findings[other].status == "ok"
-    assert {f.status for f in verify_store(store, check_contents=False)} == {"ok"}, \
+    assert {f.status for f in verify_store(store, check_contents=False)} == {"ok"}, (
         "without --check-contents only existence is checked"
+    )
     os.chmod(store.path(other), 0o755)
     os.chmod(store.path(other) / "bin", 0o755)
     import shutil
+
     shutil.rmtree(store.path(other))
     assert store.record(other) is None
     assert verify_store(store, check_contents=False, names=[other])[0].status == "missing"
@@ -199,8 +201,12 @@ ADDER = textwrap.dedent("""
 def test_concurrent_adds_build_once(tmp_path: Path) -> None:
     store_root = tmp_path / "store"
     log = tmp_path / "builds.log"
-    procs = [subprocess.Popen([sys.executable, "-c", ADDER, str(store_root), str(log), NAME],
-                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", ADDER, str(store_root), str(log), NAME], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
     outputs = [p.communicate(timeout=60)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs) and all("done" in o for o in outputs)
     assert log.read_text().count("build") == 1
@@ -213,8 +219,9 @@ def test_sigkill_at_random_moments_never_leaves_a_half_registered_path(tmp_path:
     names = [f"{i:032d}-obj{i}" for i in range(6)]
     rng = random.Random(7)
     for _ in range(20):
-        proc = subprocess.Popen([sys.executable, "-c", ADDER, str(store_root), str(log), *names],
-                                stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ADDER, str(store_root), str(log), *names], stdout=subprocess.DEVNULL
+        )
         time.sleep(rng.uniform(0.05, 0.6))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -223,8 +230,9 @@ def test_sigkill_at_random_moments_never_leaves_a_half_registered_path(tmp_path:
             assert finding.status == "ok", finding
     store = Store(store_root)
     store.clean()
-    subprocess.run([sys.executable, "-c", ADDER, str(store_root), str(log), *names], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-c", ADDER, str(store_root), str(log), *names], check=True, stdout=subprocess.DEVNULL
+    )
     assert sorted(r.name for r in store.records()) == sorted(names)
     assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
     assert list(store.tmp_dir.iterdir()) == []

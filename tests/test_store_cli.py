@@ -141,15 +141,23 @@ def test_ls_table_and_json(run, project: Path, home: Path, monkeypatch: pytest.M
 # ----------------------------------------------------------------------------------- path
 
 
-def test_path_prints_the_realized_environment_and_weights(run, project: Path, home: Path,  # type: ignore[no-untyped-def]
-                                                          tmp_path: Path) -> None:
+def test_path_prints_the_realized_environment_and_weights(
+    run,
+    project: Path,
+    home: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     lock = svc_lock(project, home)
     result = run("store", "path", "svc")
     assert result.code == 0, result.err
     env = Path(result.out.strip())
     assert env == home / "store" / lock.environment.store
-    python = subprocess.run([str(env / "bin" / "python"), "-c", "import alpha, beta, delta; print('ok')"],
-                            capture_output=True, text=True, check=False)
+    python = subprocess.run(
+        [str(env / "bin" / "python"), "-c", "import alpha, beta, delta; print('ok')"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert python.stdout.strip() == "ok", python.stderr
     view = Path(run("store", "path", "svc", "--weights").out.strip())
     assert (view / "local" / "arm.json").read_bytes() == LOCAL_FILES["arm.json"]
@@ -234,8 +242,11 @@ if sys.argv[2] == "stay":
 
 def hold_in_process(store: Store, names: list[str], *, stay: bool) -> subprocess.Popen[str]:
     """A real process holding temporary roots on ``names`` (until killed, or not at all)."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(store.root), "stay" if stay else "exit", *names],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(store.root), "stay" if stay else "exit", *names],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     if not stay:
         proc.wait()
@@ -245,8 +256,11 @@ def hold_in_process(store: Store, names: list[str], *, stay: bool) -> subprocess
 def gc_lines(out: str, verb: str) -> list[str]:
     """The path names of ``would delete NAME: why`` lines, sorted."""
     at = len(verb.split())
-    return sorted(line.split()[at].rstrip(":") for line in out.splitlines()
-                  if line.startswith(verb + " ") and not line.split()[at].rstrip(";").isdigit())
+    return sorted(
+        line.split()[at].rstrip(":")
+        for line in out.splitlines()
+        if line.startswith(verb + " ") and not line.split()[at].rstrip(";").isdigit()
+    )
 
 
 def test_gc_collects_only_unreachable_paths(run, project: Path, home: Path) -> None:  # type: ignore[no-untyped-def]
@@ -319,8 +333,9 @@ def test_install_locks_a_missing_lock_then_realizes(run, project: Path, home: Pa
     store = Store.in_home(home)
     assert all(store.is_registered(name) for name in lock_objects(lock))
     env_python = home / "store" / lock.environment.store / "bin" / "python"
-    result = subprocess.run([str(env_python), "-c", "import alpha; print(alpha.__version__)"],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [str(env_python), "-c", "import alpha; print(alpha.__version__)"], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr
     # Installed again: nothing to lock or build.
     again = run("install", "later", "--json", project_root=copy)
@@ -375,8 +390,12 @@ def test_noop_realize_notices_every_change(run, project: Path, home: Path, tmp_p
     assert json.loads(result.out)[0]["built"] == []
     assert list((home / "cache" / "up-to-date").glob("*.json")), "a no-op leaves a stamp"
     # The next no-op is decided from the stamp alone: no manifest model (pydantic) is loaded.
-    probe = subprocess.run([sys.executable, "-c", NOOP_PROBE, "--project", str(copy), "--home", str(home),
-                            "realize", "svc", "--json"], capture_output=True, text=True, check=False)
+    probe = subprocess.run(
+        [sys.executable, "-c", NOOP_PROBE, "--project", str(copy), "--home", str(home), "realize", "svc", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert probe.returncode == 0, probe.stderr
     assert json.loads(probe.stdout)[0]["built"] == [] and probe.stderr.strip() == "pydantic loaded: False"
 
@@ -419,8 +438,12 @@ def test_noop_realize_notices_every_change(run, project: Path, home: Path, tmp_p
     assert json.loads(rebuilt.out)[0]["built"] == [view]
 
 
-def test_a_second_environment_of_the_same_wheels_shares_its_files(run, project: Path, home: Path,  # type: ignore[no-untyped-def]
-                                                                  tmp_path: Path) -> None:
+def test_a_second_environment_of_the_same_wheels_shares_its_files(
+    run,
+    project: Path,
+    home: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     copy = tmp_path / "project"
     shutil.copytree(project, copy)
     (copy / "services" / "twin.toml").write_text(service(["beta==1.0", "delta==1.0"]))
@@ -433,8 +456,11 @@ def test_a_second_environment_of_the_same_wheels_shares_its_files(run, project: 
         return {str(p.relative_to(root)): p.lstat() for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
 
     ours, theirs = files(first), files(twin)
-    shared = [rel for rel, st in theirs.items()
-              if rel in ours and (ours[rel].st_ino, ours[rel].st_dev) == (st.st_ino, st.st_dev)]
+    shared = [
+        rel
+        for rel, st in theirs.items()
+        if rel in ours and (ours[rel].st_ino, ours[rel].st_dev) == (st.st_ino, st.st_dev)
+    ]
     unshared = sorted(set(theirs) - set(shared))
     # Only what names the environment differs (its prompt in pyvenv.cfg and activate scripts).
     assert len(shared) > 10, shared

@@ -59,9 +59,18 @@ def _of(kind: str) -> list[dict[str, list[Any]]]:
 
 
 def test_spec_has_every_kind_of_vector() -> None:
-    counts = {kind: len(_of(kind)) for kind in (
-        "canonical_json", "canonical_json_rejects", "nix_base32", "store_hash", "store_name",
-        "content_hash", "file_hashes")}
+    counts = {
+        kind: len(_of(kind))
+        for kind in (
+            "canonical_json",
+            "canonical_json_rejects",
+            "nix_base32",
+            "store_hash",
+            "store_name",
+            "content_hash",
+            "file_hashes",
+        )
+    }
     assert all(counts.values()), counts
     assert len(VECTORS) == sum(counts.values()), "a vector block of an unknown kind"
 
@@ -176,9 +185,17 @@ def test_store_hash_separates_kind_name_and_inputs() -> None:
     assert set(base) <= set("0123456789abcdfghijklmnpqrsvwxyz")
 
 
-@pytest.mark.parametrize("kind,name", [("Source", "x"), ("", "x"), ("source", ".x"),
-                                       ("source", "a/b"), ("source", ""),
-                                       ("source", "x" * (STORE_NAME_MAX + 1))])
+@pytest.mark.parametrize(
+    "kind,name",
+    [
+        ("Source", "x"),
+        ("", "x"),
+        ("source", ".x"),
+        ("source", "a/b"),
+        ("source", ""),
+        ("source", "x" * (STORE_NAME_MAX + 1)),
+    ],
+)
 def test_store_hash_refuses_bad_kind_or_name(kind: str, name: str) -> None:
     with pytest.raises(ValueError):
         store_hash(kind, name, {})

@@ -110,8 +110,16 @@ def test_down_after_the_broker_died(project: Path, home: Path) -> None:
 
 
 def test_a_port_taken_by_a_foreign_process_is_left_alone(project: Path, home: Path) -> None:
-    foreign = subprocess.Popen([sys.executable, str(Path(__file__).parent / "services" / "fake_model.py"),
-                                "--name", "foreign", "--port", str(PORT)])
+    foreign = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "services" / "fake_model.py"),
+            "--name",
+            "foreign",
+            "--port",
+            str(PORT),
+        ]
+    )
     try:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -150,8 +158,9 @@ def test_a_run_uses_the_services_of_harness_up(project: Path, home: Path) -> Non
         closure = {e["path"] for e in json.loads((run_dir / "lock.json").read_text())["store_paths"]}
         cmdline = psutil.Process(before["pid"]).cmdline()
         assert any(part.startswith(str(home / "store")) for part in cmdline)
-        used = {Path(part).relative_to(home / "store").parts[0] for part in cmdline
-                if part.startswith(str(home / "store"))}
+        used = {
+            Path(part).relative_to(home / "store").parts[0] for part in cmdline if part.startswith(str(home / "store"))
+        }
         assert used <= closure, "the run records the store paths of the process that served it"
         after = _service(_status(project, home))
         assert after["pid"] == before["pid"] and after["starts"] == 1, "the run neither restarted nor stopped it"
@@ -197,8 +206,9 @@ def test_the_deploy_sets_the_brokers_limits(project: Path, home: Path, tmp_path:
 def test_up_fails_when_a_service_crashes_on_start_and_shows_its_log(project: Path, home: Path) -> None:
     try:
         # The stand-in model reads FAKE_FAIL_LOAD from the environment harness passes on.
-        result = run_harness_process("--project", str(project), "--home", str(home), "up",
-                                     env={"FAKE_FAIL_LOAD": "5"}, timeout=300)
+        result = run_harness_process(
+            "--project", str(project), "--home", str(home), "up", env={"FAKE_FAIL_LOAD": "5"}, timeout=300
+        )
         assert result.returncode == 1, result.stdout
         assert "1 service(s) did not start" in result.stderr and "svc" in result.stderr
         assert "exit code 5" in result.stderr
@@ -209,9 +219,16 @@ def test_up_fails_when_a_service_crashes_on_start_and_shows_its_log(project: Pat
 
 
 def test_up_refuses_a_port_held_by_a_process_that_does_not_answer(project: Path, home: Path) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-        f"s.bind(('127.0.0.1', {PORT})); s.listen(); time.sleep(300)")])
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                f"s.bind(('127.0.0.1', {PORT})); s.listen(); time.sleep(300)"
+            ),
+        ]
+    )
     try:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:

@@ -34,8 +34,18 @@ from tests.upstreams import Upstreams, git, make_project
 
 
 def _spec(port: int, protocol: str = "websocket") -> LaunchSpec:
-    return LaunchSpec(name="ws", argv=("true",), env={}, cwd=Path("."), port=port, url=f"ws://127.0.0.1:{port}",
-                      health_url=None, load_seconds=5, log_path=Path(os.devnull), protocol=protocol)
+    return LaunchSpec(
+        name="ws",
+        argv=("true",),
+        env={},
+        cwd=Path("."),
+        port=port,
+        url=f"ws://127.0.0.1:{port}",
+        health_url=None,
+        load_seconds=5,
+        log_path=Path(os.devnull),
+        protocol=protocol,
+    )
 
 
 @pytest.fixture
@@ -82,15 +92,16 @@ def test_websocket_protocols_get_ws_urls(tmp_path: Path) -> None:
     manifest = load_model(ServiceManifest, REPO / "services" / "openwam.toml")
     assert manifest.protocol == "websocket"
     where = ServicePlacement("openwam", "on_demand", 0, 8848, None)
-    spec = launch_spec("openwam", manifest, where, python=Path("/p"), weights=Path("/w"), cwd=tmp_path,
-                       state_dir=tmp_path, base_env={})
+    spec = launch_spec(
+        "openwam", manifest, where, python=Path("/p"), weights=Path("/w"), cwd=tmp_path, state_dir=tmp_path, base_env={}
+    )
     assert spec.url == "ws://127.0.0.1:8848" and spec.protocol == "websocket"
     assert LaunchSpec.from_json(spec.as_json()) == spec
 
 
 # ------------------------------------------------------------------------- end to end
 
-MODEL = '''import json
+MODEL = """import json
 from pathlib import Path
 
 
@@ -101,7 +112,7 @@ def load(config):
         return {"action": [x * hidden * config["scale"] for x in observation["state"]],
                 "policy": config["policy_name"], "bench": config["bench_name"]}
     return act
-'''
+"""
 
 MANIFEST = """kind = "policy"
 summary = "a tiny policy through XPolicyLab's policy server"
@@ -162,15 +173,15 @@ def test_an_xpolicylab_policy_serves_actions_over_websocket_through_the_broker(u
         probe_socket.bind(("127.0.0.1", 0))
         port = probe_socket.getsockname()[1]
     repo = _xpolicylab_repo(tmp_path / "XPolicyLab")
-    project = make_project(tmp_path / "project", {"tinyvla": MANIFEST % (port, repo)},
-                           {"client.py": CLIENT.encode()})
+    project = make_project(tmp_path / "project", {"tinyvla": MANIFEST % (port, repo)}, {"client.py": CLIENT.encode()})
     home = tmp_path / "home"
     env = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
     common = ("--project", str(project), "--home", str(home))
     locked = run_harness_process(*common, "lock", env=env, timeout=300)
     assert locked.returncode == 0, locked.stderr
-    result = run_harness_process(*common, "run", "--service", "tinyvla", "--", sys.executable, "client.py",
-                                 env=env, timeout=300)
+    result = run_harness_process(
+        *common, "run", "--service", "tinyvla", "--", sys.executable, "client.py", env=env, timeout=300
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     answer = json.loads(result.stdout.strip().splitlines()[-1])
     assert answer["url"] == f"ws://127.0.0.1:{port}"
@@ -184,5 +195,12 @@ def test_an_xpolicylab_policy_serves_actions_over_websocket_through_the_broker(u
     assert f"{home / 'store' / source}/setup_policy_server.py" in pidlog
     checks = [json.loads(line) for line in (run_dir / "services" / "launch-checks.jsonl").read_text().splitlines()]
     assert all(source in c["paths"] and lock.environment.store in c["paths"] for c in checks)
-    assert subprocess.run(["git", "-C", str(tmp_path / "XPolicyLab"), "status", "--porcelain"],
-                          check=True, capture_output=True, text=True).stdout == "", "the checkout itself was not used"
+    assert (
+        subprocess.run(
+            ["git", "-C", str(tmp_path / "XPolicyLab"), "status", "--porcelain"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        == ""
+    ), "the checkout itself was not used"

@@ -131,7 +131,11 @@ def test_hf_unreachable_and_offline(hub_server: HubServer, tmp_path: Path) -> No
     online = lock(spec, hub_server, tmp_path)
     offline = lock_weights(
         Weights(dir="m", huggingface_model="org/model", include=["*.bin"]),
-        project_root=tmp_path, settings=dead, cache_dir=tmp_path / "c", offline=True, previous=online,
+        project_root=tmp_path,
+        settings=dead,
+        cache_dir=tmp_path / "c",
+        offline=True,
+        previous=online,
     )
     assert offline.revision == online.revision
     assert [f.path for f in offline.files] == ["sub/shard-1.bin"]
@@ -280,8 +284,11 @@ def test_url_file_scheme(tmp_path: Path) -> None:
     source = tmp_path / "w.bin"
     source.write_bytes(CONFIG)
     ws = lock_weights(
-        Weights(dir="w", url=source.as_uri()), project_root=tmp_path, settings=Settings(),
-        cache_dir=tmp_path / "c", offline=True,  # a file:// URL needs no network
+        Weights(dir="w", url=source.as_uri()),
+        project_root=tmp_path,
+        settings=Settings(),
+        cache_dir=tmp_path / "c",
+        offline=True,  # a file:// URL needs no network
     )
     assert ws.files == (WeightFile("w.bin", len(CONFIG), sha(CONFIG)),)
     dest = tmp_path / "out" / "w.bin"
@@ -298,8 +305,9 @@ def test_path_file_and_folder(tmp_path: Path) -> None:
     (folder / "parts").symlink_to("meshes", target_is_directory=True)
     settings = Settings()
 
-    ws = lock_weights(Weights(dir="a", path="assets"), project_root=tmp_path, settings=settings,
-                      cache_dir=tmp_path / "c")
+    ws = lock_weights(
+        Weights(dir="a", path="assets"), project_root=tmp_path, settings=settings, cache_dir=tmp_path / "c"
+    )
     assert ws.repo == "assets" and ws.revision is None
     assert [(f.path, f.size, f.sha256) for f in ws.files] == [
         ("alias.xml", 9, sha(b"<mujoco/>")),
@@ -307,8 +315,12 @@ def test_path_file_and_folder(tmp_path: Path) -> None:
         ("parts/arm.obj", 8, sha(b"v 0 0 0\n")),
         ("scene.xml", 9, sha(b"<mujoco/>")),
     ]
-    single = lock_weights(Weights(dir="a", path=str(folder / "scene.xml")), project_root=Path("/nonexistent"),
-                          settings=settings, cache_dir=tmp_path / "c")
+    single = lock_weights(
+        Weights(dir="a", path=str(folder / "scene.xml")),
+        project_root=Path("/nonexistent"),
+        settings=settings,
+        cache_dir=tmp_path / "c",
+    )
     assert single.files == (WeightFile("scene.xml", 9, sha(b"<mujoco/>")),)
 
     for f in ws.files:
@@ -318,11 +330,13 @@ def test_path_file_and_folder(tmp_path: Path) -> None:
     (tmp_path / "secret").write_bytes(b"x")
     (folder / "leak").symlink_to(tmp_path / "secret")
     with pytest.raises(HarnessError, match=r"leak is a symbolic link to .*secret, outside"):
-        lock_weights(Weights(dir="a", path="assets"), project_root=tmp_path, settings=settings,
-                     cache_dir=tmp_path / "c")
+        lock_weights(
+            Weights(dir="a", path="assets"), project_root=tmp_path, settings=settings, cache_dir=tmp_path / "c"
+        )
     with pytest.raises(HarnessError, match="does not exist"):
-        lock_weights(Weights(dir="a", path="nothing"), project_root=tmp_path, settings=settings,
-                     cache_dir=tmp_path / "c")
+        lock_weights(
+            Weights(dir="a", path="nothing"), project_root=tmp_path, settings=settings, cache_dir=tmp_path / "c"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,7 +446,11 @@ def test_real_modelscope_client_downloads_from_server(hub_server: HubServer, tmp
 
     hub_server.ms_commit("ms/model", MS_V1, tag="v1.0")
     path = HubApi(endpoint=hub_server.url).download_file(
-        "ms/model", "model", "tok/vocab.txt", revision="v1.0", local_dir=tmp_path / "dl",
+        "ms/model",
+        "model",
+        "tok/vocab.txt",
+        revision="v1.0",
+        local_dir=tmp_path / "dl",
         expected_sha256=sha(VOCAB),
     )
     assert Path(path).read_bytes() == VOCAB

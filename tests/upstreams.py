@@ -22,8 +22,10 @@ from tests.localindex import LocalIndex, publish_standard, write_source_tree
 
 STORE = re.compile(r"^[0-9a-df-np-sv-z]{32}-[A-Za-z0-9+._?=-]+$")  # Nix base32, then a name
 IDENTITY = {
-    "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.invalid",
-    "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.invalid",
+    "GIT_AUTHOR_NAME": "Test",
+    "GIT_AUTHOR_EMAIL": "test@example.invalid",
+    "GIT_COMMITTER_NAME": "Test",
+    "GIT_COMMITTER_EMAIL": "test@example.invalid",
 }
 HF_FILES = {
     "config.json": b'{"hidden_size": 8}\n',
@@ -40,8 +42,9 @@ def sha(data: bytes) -> str:
 
 
 def git(cwd: Path, *args: str) -> str:
-    result = subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
-                            env={**os.environ, **IDENTITY})
+    result = subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env={**os.environ, **IDENTITY}
+    )
     return result.stdout.strip()
 
 
@@ -110,8 +113,15 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstreams]:
                 "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             }.items():
                 mp.setenv(key, value)
-            for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELSCOPE_API_TOKEN", "HF_HUB_OFFLINE",
-                         "UV_DEFAULT_INDEX", "UV_INDEX_URL", "HARNESS_DEPLOY"):
+            for name in (
+                "HF_TOKEN",
+                "HUGGING_FACE_HUB_TOKEN",
+                "MODELSCOPE_API_TOKEN",
+                "HF_HUB_OFFLINE",
+                "UV_DEFAULT_INDEX",
+                "UV_INDEX_URL",
+                "HARNESS_DEPLOY",
+            ):
                 mp.delenv(name, raising=False)
             for name in os.environ:  # no index of this machine's configuration may leak in
                 if name.startswith("HARNESS_INDEX_") and name != "HARNESS_INDEX_PYPI":
@@ -142,7 +152,9 @@ def make_project(root: Path, manifests: dict[str, str], files: dict[str, bytes] 
 
 
 def svc_manifest(up: Upstreams) -> str:
-    return service(["gamma==1.0", "delta==1.0"], extra=f"""
+    return service(
+        ["gamma==1.0", "delta==1.0"],
+        extra=f"""
 [[environment.sources]]
 repo = "{up.repo_url}"
 rev = "v1"
@@ -161,7 +173,8 @@ revision = "v1.0"
 [[weights]]
 dir = "local"
 path = "assets/local"
-""")
+""",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -169,11 +182,12 @@ def svc(up: Upstreams, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project with a git source, hub weights and a path weight, locked once (read-only)."""
     from harness.cli import main
 
-    root = make_project(tmp_path_factory.mktemp("svc"), {"svc": svc_manifest(up)},
-                        {f"assets/local/{k}": v for k, v in LOCAL_FILES.items()})
+    root = make_project(
+        tmp_path_factory.mktemp("svc"),
+        {"svc": svc_manifest(up)},
+        {f"assets/local/{k}": v for k, v in LOCAL_FILES.items()},
+    )
     with pytest.raises(SystemExit) as exit_:
         main(["--project", str(root), "lock"])
     assert exit_.value.code == 0
     return root
-
-

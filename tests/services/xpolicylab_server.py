@@ -72,8 +72,12 @@ def handshake(conn: socket.socket) -> None:
     lines = request.decode("latin-1").split("\r\n")[1:]
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if line)}
     accept = base64.b64encode(hashlib.sha1((headers["sec-websocket-key"] + GUID).encode()).digest()).decode()
-    conn.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                  f"Sec-WebSocket-Accept: {accept}\r\n\r\n").encode())
+    conn.sendall(
+        (
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Accept: {accept}\r\n\r\n"
+        ).encode()
+    )
 
 
 def serve(conn: socket.socket, policy: Callable[[Any], Any]) -> None:
