@@ -34,11 +34,14 @@ import harness.cli.output
 import harness.lock.lockfile
 import harness.lock.storepaths
 import harness.realize.builder
+import harness.resolve.git
 import harness.store.gc
 import harness.store.shared
 import harness.store.verify
 from harness.cli import main
 from harness.errors import HarnessError
+from harness.manifests.model import Source
+from harness.store.hashing import content_hash
 from harness.store.store import BuildResult, Store, StoreError
 
 pytestmark = [
@@ -317,3 +320,33 @@ def test_init_refuses_a_group_the_caller_is_not_in(lab: tuple[User, User], home:
     assert code == 2 and "not a member of root" in err
     code, _, err = as_user(a, lambda: cli(home, "store", "init", "--group", "no-such-group-here"))
     assert code == 2 and "no such group" in err
+
+
+def test_a_git_mirror_one_member_made_serves_the_others(lab: tuple[User, User], home: Path) -> None:
+    """Member a locks a git source in the shared home, which makes its mirror; member b then
+    exports the locked commit from that mirror (as realize does, offline) and locks it again
+    offline through it: the mirror is the group's, not only its maker's."""
+    a, b = lab
+    upstream = home.parent / "upstream"
+
+    def lock_as_a() -> Any:
+        init_and_add(home)
+        upstream.mkdir()
+        for args in (["init", "-q", "-b", "main"], ["config", "user.name", "a"], ["config", "user.email", "a@lab"]):
+            subprocess.run(["git", *args], cwd=upstream, check=True)
+        (upstream / "setup.py").write_text("print('hello')\n")
+        subprocess.run(["git", "add", "-A"], cwd=upstream, check=True)
+        subprocess.run(["git", "commit", "-q", "-m", "first"], cwd=upstream, check=True)
+        return harness.resolve.git.lock_source(Source(repo=upstream.as_uri(), rev="main"), home / "cache")
+
+    pin = as_user(a, lock_as_a)
+    mirror = harness.resolve.git.mirror_path(home / "cache", pin.repo)
+    assert mirror.stat().st_mode & 0o070 == 0o070, oct(mirror.stat().st_mode)
+
+    def use_as_b() -> Any:
+        out = home.parent / "exported-by-b"
+        harness.resolve.git.export_source(pin, home / "cache", out, offline=True)
+        again = harness.resolve.git.lock_source(Source(repo=pin.repo, rev="main"), home / "cache", offline=True)
+        return content_hash(out), again.commit, again.tree
+
+    assert as_user(b, use_as_b) == (pin.tree, pin.commit, pin.tree)

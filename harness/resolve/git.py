@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -168,10 +169,17 @@ def _locked_mirror(cache_dir: Path, repo: str) -> Iterator[Path]:
 
 
 def _create_mirror(mirror: Path, repo: str) -> None:
-    """Make an empty bare repository at ``mirror`` (created beside it, then renamed in)."""
-    staging = Path(tempfile.mkdtemp(prefix=".init-", dir=mirror.parent))
+    """Make an empty bare repository at ``mirror`` (created beside it, then renamed in).
+
+    Its folder gets the umask's mode (``mkdtemp``'s 0700 would shut a shared home's group out
+    of it). In a home a group shares (``store init --group``: the mirrors' folder is setgid)
+    the repository is the group's (git's ``core.sharedRepository=group``), so every member
+    reads it when realizing and fetches into it when locking, whoever made it."""
+    staging = mirror.parent / f".init-{os.getpid()}-{os.urandom(6).hex()}"
+    staging.mkdir()
+    shared = bool(mirror.parent.stat().st_mode & stat.S_ISGID)
     try:
-        _git(["init", "--bare", "--quiet", str(staging)])
+        _git(["init", "--bare", "--quiet", *(["--shared=group"] if shared else []), str(staging)])
         # Recorded for people reading the cache; fetches always name the URL explicitly.
         _git(["config", "remote.origin.url", repo], git_dir=staging)
         os.rename(staging, mirror)
