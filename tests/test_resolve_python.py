@@ -276,6 +276,10 @@ def test_one_platforms_downloads_choose_as_the_whole_list(tmp_path: Path) -> Non
 
     cache = tmp_path / "uv-cache"
     everything = [row for row in list_pythons(cache) if row.downloadable]
+    # A list of every platform kept by an older harness is dropped once one platform's is kept.
+    old_list = downloads_list_file(cache, "linux-x86_64-gnu").parent / ("0" * 32 + ".json")
+    old_list.parent.mkdir(parents=True)
+    old_list.write_text("[]")
     platforms = [
         "x86_64-manylinux_2_28",
         "aarch64-manylinux_2_17",
@@ -288,6 +292,7 @@ def test_one_platforms_downloads_choose_as_the_whole_list(tmp_path: Path) -> Non
         one = list_downloads(cache, target)
         kept = downloads_list_file(cache, python_list_key(target))
         assert kept.is_file() and len(one) < len(everything) / 5
+        assert not old_list.exists()
         assert {(r.os, r.arch, r.libc) for r in one} == {
             (target.os, "x86_64" if target.arch == "x86_64" else target.arch, target.libc)
         }

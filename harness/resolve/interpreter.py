@@ -343,7 +343,26 @@ def list_downloads(cache_dir: Path | None, target: Target) -> list[PythonListing
             os.replace(temp, kept)
         except OSError:
             pass  # asked again next time
+        _drop_whole_lists(kept.parent)
     return listings
+
+
+def _drop_whole_lists(folder: Path) -> None:
+    """Delete the lists of every platform's downloads (``<32 hex>.json``, 1 MB each) that
+    harness kept there before it asked for one platform's: nothing reads them any more."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if _WHOLE_LIST.fullmatch(name):
+            try:
+                os.unlink(folder / name)
+            except OSError:
+                pass  # another member's, in a shared home: theirs to drop
+
+
+_WHOLE_LIST = re.compile(r"[0-9a-f]{32}\.json")
 
 
 def _probe(path: str, version: str) -> Path | None:
