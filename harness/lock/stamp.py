@@ -69,7 +69,7 @@ _RACY_NS = 2_000_000_000
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
-def _sha(data: bytes) -> str:
+def _digest(data: bytes) -> str:
     # blake3, not hashlib's sha256: loading OpenSSL for hashlib costs ≈ 2.5 ms before every
     # lock's first uv run, and blake3 is loaded for the store anyway.
     return blake3.blake3(data).hexdigest()
@@ -111,7 +111,7 @@ class LockStamps:
         self.project = project
         self.platform = platform
         self.cache_dir = cache_dir
-        key = _sha(str(project.root).encode())[:32]
+        key = _digest(str(project.root).encode())[:32]
         self.file = cache_dir / "up-to-date" / f"lock-{key}.json"
 
     # --- fingerprints -------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class LockStamps:
 
         for label, path in (("project", self.project.root / "harness.toml"), ("home", self._home_config())):
             try:
-                add(label, _sha(path.read_bytes()))
+                add(label, _digest(path.read_bytes()))
             except OSError:
                 add(label, None)
         add("env", sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)))
@@ -150,7 +150,7 @@ class LockStamps:
         digest = blake3.blake3(b"harness-lock-project-v1\0")
         for name in sorted(files):
             digest.update(f"{name}\0{self._relative(files[name])}\0".encode())
-            digest.update(_sha(files[name].read_bytes()).encode())
+            digest.update(_digest(files[name].read_bytes()).encode())
         return digest.hexdigest()
 
     def _relative(self, path: Path) -> str:
@@ -170,9 +170,9 @@ class LockStamps:
                 racy = racy or now - max(st.st_mtime_ns, st.st_ctime_ns) < _RACY_NS
         return digest.hexdigest(), racy
 
-    def _lock_sha(self, name: str) -> str | None:
+    def _lock_digest(self, name: str) -> str | None:
         try:
-            return _sha((self.project.locks_dir / f"{name}.lock.toml").read_bytes())
+            return _digest((self.project.locks_dir / f"{name}.lock.toml").read_bytes())
         except OSError:
             return None
 
@@ -197,8 +197,8 @@ class LockStamps:
             return (
                 isinstance(entry, dict)
                 and entry.get("manifest") == self._relative(path)
-                and entry.get("manifest-digest") == _sha(path.read_bytes())
-                and entry.get("lock-digest") == self._lock_sha(name)
+                and entry.get("manifest-digest") == _digest(path.read_bytes())
+                and entry.get("lock-digest") == self._lock_digest(name)
                 and entry.get("inputs") == self.weights_fingerprint(common, list(entry.get("weights", [])))[0]
             )
         except (OSError, TypeError, ValueError):
@@ -249,7 +249,7 @@ class LockStamps:
             return _Snapshot(
                 common=self.common(),
                 project=self.project_digest(files),
-                manifests={name: _sha(path.read_bytes()) for name, path in files.items()},
+                manifests={name: _digest(path.read_bytes()) for name, path in files.items()},
             )
         except (OSError, ValueError):
             return None
@@ -288,13 +288,13 @@ class LockStamps:
                 roots, fingerprint = snapshot.weights[name]
                 if self.weights_fingerprint(snapshot.common, roots) != (fingerprint, False):
                     continue
-                lock_sha = self._lock_sha(name)
-                if lock_sha is None:
+                lock_digest = self._lock_digest(name)
+                if lock_digest is None:
                     continue
                 entries[name] = {
                     "manifest": self._relative(files[name]),
                     "manifest-digest": snapshot.manifests[name],
-                    "lock-digest": lock_sha,
+                    "lock-digest": lock_digest,
                     "weights": roots,
                     "inputs": fingerprint,
                     "project": snapshot.project,

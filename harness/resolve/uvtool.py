@@ -106,7 +106,6 @@ class UvError(HarnessError):
 
 
 @lru_cache(maxsize=1)
-@lru_cache(maxsize=1)
 def uv_bin() -> str:
     """The path of the uv executable that the installed ``uv`` wheel ships.
 

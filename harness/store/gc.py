@@ -229,6 +229,16 @@ def standin_paths(store: Store, lock: Any) -> set[str]:
 CheckoutCode = Callable[[Path], Mapping[str, str]]
 
 
+def _add_recorded(detail: dict[str, str], locks: Mapping[str, list[str]], code: Mapping[str, str]) -> None:
+    """Add to ``detail`` (path → why kept) the paths a project's file recorded: its locks'
+    and its code's, as of its last realize."""
+    for lock_name, named in sorted(locks.items()):
+        for path in named:
+            detail.setdefault(path, f"lock {lock_name}, recorded")
+    for label, path in sorted(code.items()):
+        detail.setdefault(path, f"{label}, recorded")
+
+
 def _project_root(
     store: Store,
     data: dict[str, Any],
@@ -250,11 +260,7 @@ def _project_root(
     recorded_code: dict[str, str] = data.get("code") or {}
     detail: dict[str, str] = {}
     if recorded:  # what the project took into use, whatever its folder holds now
-        for lock_name, named in sorted(recorded_locks.items()):
-            for path in named:
-                detail.setdefault(path, f"lock {lock_name}, recorded")
-        for label, path in sorted(recorded_code.items()):
-            detail.setdefault(path, f"{label}, recorded")
+        _add_recorded(detail, recorded_locks, recorded_code)
         out.roots.append(Root("project", f"{project} (as recorded)", frozenset(detail), tuple(sorted(detail.items()))))
         return
     try:
@@ -274,16 +280,11 @@ def _project_root(
                 for manifest, path in checkout_code(project).items():
                     detail.setdefault(path, f"code of {manifest}")
             else:  # without the realize stage's help: the code it last registered
-                for label, path in sorted(recorded_code.items()):
-                    detail.setdefault(path, f"{label}, recorded")
+                _add_recorded(detail, {}, recorded_code)
     except PermissionError:
         # Another member's project this user cannot read (a shared store): it is there, so
         # it is not missing; keep what it last recorded.
-        for lock_name, named in sorted(recorded_locks.items()):
-            for path in named:
-                detail.setdefault(path, f"lock {lock_name}, recorded")
-        for label, path in sorted(recorded_code.items()):
-            detail.setdefault(path, f"{label}, recorded")
+        _add_recorded(detail, recorded_locks, recorded_code)
         out.roots.append(Root("project", f"{project} (unreadable)", frozenset(detail), tuple(sorted(detail.items()))))
         return
     if present:
@@ -293,11 +294,7 @@ def _project_root(
         out.roots.append(Root("project", str(project), frozenset(detail), tuple(sorted(detail.items()))))
         return
     # The folder is gone: keep what it last named, say so, and drop it only when asked.
-    for lock_name, named in sorted(recorded_locks.items()):
-        for path in named:
-            detail.setdefault(path, f"lock {lock_name}, recorded")
-    for label, path in sorted(recorded_code.items()):
-        detail.setdefault(path, f"{label}, recorded")
+    _add_recorded(detail, recorded_locks, recorded_code)
     since = float(data.get("missing_since") or now)
     forgotten = forget_missing or (grace_days > 0 and now - since > grace_days * 86400)
     out.missing.append(MissingProject(str(project), since, len(detail), forgotten))
