@@ -50,7 +50,7 @@ def _hashed_early(home: Path, names: list[str]) -> None:
     """Start the early hashing and wait until it is done, as a slow CLI would."""
     assert early.start_hashing(home, names) == 1
     for job in early._STARTED.values():
-        job.done.wait()
+        job.wait()
 
 
 def test_the_entry_point_reads_only_verify_command_lines_it_fully_knows() -> None:
@@ -155,10 +155,23 @@ def test_names_the_cli_reports_are_not_hashed(home: Path) -> None:
     assert early._STARTED == {}
 
 
+def _on_exit(line: str) -> str:
+    """Python run by the probes below: write ``line`` (an f-string) to stderr as the process
+    ends, whether through the CLI (``finally``) or through the verify without it, which leaves
+    with ``os._exit`` and so runs no ``finally`` block."""
+    return (
+        "import os, sys\n"
+        f"def report():\n    sys.stderr.write(f'{line}\\n'); sys.stderr.flush()\n"
+        "def leave(status, _exit=os._exit):\n    report(); _exit(status)\n"
+        "os._exit = leave\n"
+    )
+
+
 _ENTRY = (
     "import sys; import harness.store.early as e; import harness.store.fingerprint as f; f.RACY_NS = 0\n"
-    "from harness.entry import main\n"
-    "try:\n    main()\nfinally:\n    sys.stderr.write(f'left {len(e._STARTED)} click {\"click\" in sys.modules}\\n')\n"
+    + _on_exit('left {len(e._STARTED)} click {"click" in sys.modules}')
+    + "from harness.entry import main\n"
+    "try:\n    main()\nfinally:\n    report()\n"
 )
 
 
@@ -229,10 +242,11 @@ def test_verify_without_click_prints_what_the_cli_prints(home: Path, tmp_path: P
     empty = tmp_path / "empty-home"
     probe = (
         "import sys, harness.entry as e\n"
-        "if sys.argv[1] == 'cli': e.verify_without_cli = lambda argv: None\n"
+        + _on_exit('click {"click" in sys.modules}')
+        + "if sys.argv[1] == 'cli': e.verify_without_cli = lambda argv: None\n"
         "sys.argv[1:2] = []\n"
         "try:\n    e.main()\n"
-        "finally:\n    sys.stderr.write(f'click {\"click\" in sys.modules}\\n')\n"
+        "finally:\n    report()\n"
     )
     for args in (
         ["store", "verify"],

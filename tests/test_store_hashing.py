@@ -194,6 +194,10 @@ def test_store_hash_separates_kind_name_and_inputs() -> None:
         ("source", "a/b"),
         ("source", ""),
         ("source", "x" * (STORE_NAME_MAX + 1)),
+        # A trailing newline, which a regular expression's ``$`` would let through.
+        ("source\n", "x"),
+        ("source", "x\n"),
+        ("-source", "x"),
     ],
 )
 def test_store_hash_refuses_bad_kind_or_name(kind: str, name: str) -> None:
@@ -213,6 +217,13 @@ def test_store_names() -> None:
         store_path_name("E" * 32, "x")  # 'e' is not in Nix's alphabet, nor are capitals
     with pytest.raises(ValueError):
         store_path_name("0" * 31, "x")
+    for bad_hash in ("0" * 31 + "\n", "0" * 32 + "\n", "0" * 33):
+        with pytest.raises(ValueError):
+            store_path_name(bad_hash, "x")
+    for bad_name in ("x\n", "x y", ".x", "x\u00e9"):
+        with pytest.raises(ValueError):
+            check_store_name(bad_name)
+    assert sanitize_name("torch 2.7 (cu128)\n") == "torch-2.7-cu128-"
 
 
 def test_nix_base32_matches_nix_reference_loop() -> None:

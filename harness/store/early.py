@@ -21,44 +21,57 @@ is not hashed here at all (git's "racily clean" entries, as the launch check doe
 that cannot be hashed (a fifo, an unreadable file) is left to the CLI too, which then
 reports it in its own words.
 
-Light on purpose (no click, no pydantic): the hashing and fingerprint modules and the standard
-library.
+Light on purpose: the hashing and fingerprint modules and the few standard modules the
+interpreter has loaded already at start-up (no click, no pydantic, and not even pathlib,
+typing or threading: each would delay the hashing's start by milliseconds; ``_thread`` is
+built in).
 """
 
 from __future__ import annotations
 
+import _thread
 import os
-import threading
 import time
-from pathlib import Path
 
-from harness.store.fingerprint import Entry, racy, take_fingerprint
-from harness.store.hashing import NarDigest, check_store_name, nar_digest
+from harness.store.fingerprint import racy, take_fingerprint
+from harness.store.hashing import check_store_name, nar_digest
 
-Fingerprint = tuple[int, dict[str, Entry]]
+TYPE_CHECKING = False  # not typing's: see the module doc
+if TYPE_CHECKING:
+    from harness.store.fingerprint import Entry
+    from harness.store.hashing import NarDigest
+
+    Fingerprint = tuple[int, dict[str, Entry]]
 
 
 class _Early:
-    """One path's early hashing: set ``done`` once ``digest`` and ``fingerprint`` are final."""
+    """One path's early hashing: ``running`` is released once ``digest`` and ``fingerprint`` are final."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.done = threading.Event()
+        # Held until the digest is final (a threading.Event without importing threading).
+        self.running = _thread.allocate_lock()
+        self.running.acquire()
         self.fingerprint: Fingerprint | None = None
         self.digest: NarDigest | None = None
+
+    def wait(self) -> None:
+        """Return once the background thread is done with this path."""
+        with self.running:
+            pass
 
 
 #: Paths being (or already) hashed early, by absolute path; each is taken over once.
 _STARTED: dict[str, _Early] = {}
 
 
-def start_hashing(home: Path, names: list[str]) -> int:
+def start_hashing(home: str | os.PathLike[str], names: list[str]) -> int:
     """Start hashing, in one background thread, the store paths of ``home`` that ``harness
     store verify --check-contents NAMES`` will hash (every registered one when ``names`` is
     empty), in the order it will; returns how many. Names that are not store path names, not
     registered or gone are skipped (the CLI reports them). Never raises."""
     try:
-        store = os.path.abspath(home / "store")
+        store = os.path.abspath(os.path.join(home, "store"))
         meta = os.path.join(store, ".meta")
         if not names:  # as Store.records: every record, sorted by name
             names = sorted(entry[: -len(".json")] for entry in os.listdir(meta) if entry.endswith(".json"))
@@ -78,20 +91,21 @@ def start_hashing(home: Path, names: list[str]) -> int:
             return 0
         for job in jobs:
             _STARTED[job.path] = job
-        threading.Thread(target=_hash_all, args=(jobs,), name="harness-early-verify", daemon=True).start()
+        # A bare thread (daemonic, as _thread's are): the process never waits for it at exit.
+        _thread.start_new_thread(_hash_all, (jobs,))
         return len(jobs)
     except Exception:  # only a guess: the CLI decides and reports
         return 0
 
 
-def take_digest(path: Path) -> NarDigest | None:
+def take_digest(path: str | os.PathLike[str]) -> NarDigest | None:
     """The digest :func:`start_hashing` took of ``path``, when it took one and the path is
     still, entry for entry, what it hashed; None otherwise (the caller hashes it itself). Waits
     for the background thread to finish that path. Each digest is handed over once."""
     job = _STARTED.pop(os.path.abspath(path), None)
     if job is None:
         return None
-    job.done.wait()
+    job.wait()
     if job.digest is None or job.fingerprint is None:
         return None
     try:
@@ -109,7 +123,7 @@ def _hash_all(jobs: list[_Early]) -> None:
         except Exception:  # a guess: the CLI hashes this path itself, and reports what fails
             job.digest, job.fingerprint = None, None
         finally:
-            job.done.set()
+            job.running.release()
 
 
 def _hash_one(job: _Early) -> None:

@@ -11,6 +11,10 @@
   blake3 of that stream, ``"blake3:<hex>"``.
 
 Everything but the file readers is pure (data in, data out).
+
+Light at import on purpose (``os``, ``mmap``, ``stat``, blake3; not ``re``, ``typing`` or
+``collections``): the early verify (:mod:`harness.store.early`) starts hashing as soon as this
+module is loaded.
 """
 
 from __future__ import annotations
@@ -18,14 +22,16 @@ from __future__ import annotations
 import math
 import mmap
 import os
-import re
 import stat
-from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
 
 import blake3
 
 from harness.errors import HarnessError
+
+TYPE_CHECKING = False  # not typing's: see the module doc
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+    from typing import Any
 
 #: Prefix of every store hash preimage; bump the version to change the scheme wholesale.
 STORE_HASH_DOMAIN = b"harness-store-v1\0"
@@ -38,10 +44,13 @@ STORE_HASH_CHARS = 32
 #: suffixes of records and locks kept beside a path (``.json``, ``.lock``, ``.tmp-…``).
 STORE_NAME_MAX = 200
 
-_NAME = re.compile(r"^[A-Za-z0-9+_-][A-Za-z0-9+._-]*$")
-_NAME_BAD_RUN = re.compile(r"[^A-Za-z0-9+._-]+")
-_KIND = re.compile(r"^[a-z][a-z0-9-]*$")
-_HASH = re.compile(rf"^[{NIX_BASE32_ALPHABET}]{{{STORE_HASH_CHARS}}}$")
+# Character sets, not regular expressions: ``re`` costs start-up, and ``$`` would let a
+# trailing newline through.
+_LOWER = frozenset("abcdefghijklmnopqrstuvwxyz")
+_DIGITS = frozenset("0123456789")
+_NAME_CHARS = _LOWER | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ") | _DIGITS | frozenset("+._-")
+_KIND_CHARS = _LOWER | _DIGITS | frozenset("-")
+_HASH_CHARS = frozenset(NIX_BASE32_ALPHABET)
 
 # Files at least this large are hashed through mmap with blake3's multithreaded update,
 # which is about twice as fast as read() into a buffer (no copy); smaller ones are read.
@@ -58,6 +67,8 @@ class HashingError(HarnessError):
 
 def _plain(value: Any, where: str) -> Any:
     """``value`` as plain dict/list/scalars; raise ValueError/TypeError on anything else."""
+    from collections.abc import Mapping  # here: see the module doc
+
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -121,7 +132,7 @@ def check_store_name(name: str) -> str:
     Allowed: ASCII letters, digits and ``+ - . _``; not starting with ``.``; 1 to
     :data:`STORE_NAME_MAX` characters.
     """
-    if not _NAME.match(name) or len(name) > STORE_NAME_MAX:
+    if not name or name[0] == "." or len(name) > STORE_NAME_MAX or not _NAME_CHARS.issuperset(name):
         raise ValueError(
             f"store name {name!r} must be 1-{STORE_NAME_MAX} of A-Z a-z 0-9 + - . _ and must not start with '.'"
         )
@@ -134,7 +145,9 @@ def sanitize_name(text: str) -> str:
 
     Raises ValueError when nothing usable is left (e.g. ``""`` or ``"..."``).
     """
-    name = _NAME_BAD_RUN.sub("-", text).lstrip(".")[:STORE_NAME_MAX]
+    import re  # here: see the module doc
+
+    name = re.sub(r"[^A-Za-z0-9+._-]+", "-", text).lstrip(".")[:STORE_NAME_MAX]
     if not name:
         raise ValueError(f"{text!r} leaves nothing to name a store path with")
     return check_store_name(name)
@@ -148,7 +161,9 @@ def store_hash(kind: str, name: str, inputs: Mapping[str, Any]) -> str:
     ``wheel``, ``environment``…); ``name`` must already be a valid store name (see
     :func:`sanitize_name`) so that the hash and the path's name always agree.
     """
-    if not _KIND.match(kind):
+    from collections.abc import Mapping  # here: see the module doc
+
+    if not kind or kind[0] not in _LOWER or not _KIND_CHARS.issuperset(kind):
         raise ValueError(f"store kind {kind!r} must be lowercase letters, digits and '-'")
     check_store_name(name)
     if not isinstance(inputs, Mapping):
@@ -159,7 +174,7 @@ def store_hash(kind: str, name: str, inputs: Mapping[str, Any]) -> str:
 
 def store_path_name(hash: str, name: str) -> str:
     """``f"{hash}-{name}"``, the final component of a store path, both parts checked."""
-    if not _HASH.match(hash):
+    if len(hash) != STORE_HASH_CHARS or not _HASH_CHARS.issuperset(hash):
         raise ValueError(f"store hash {hash!r} must be {STORE_HASH_CHARS} Nix-base32 characters")
     return f"{hash}-{check_store_name(name)}"
 
@@ -187,11 +202,14 @@ _DIRECTORY = _OPEN + _TYPE + _nar_str(b"directory")
 _ENTRY, _NAME_TAG, _NODE = _nar_str(b"entry"), _nar_str(b"name"), _nar_str(b"node")
 
 
-class _Contents(NamedTuple):
+class _Contents:
     """A placeholder in the walk for a regular file's ``size`` bytes, read by the consumer."""
 
-    path: bytes
-    size: int
+    __slots__ = ("path", "size")
+
+    def __init__(self, path: bytes, size: int) -> None:
+        self.path = path
+        self.size = size
 
 
 def _kind_of(mode: int) -> str:
@@ -310,11 +328,25 @@ def iter_nar(path: str | os.PathLike[str]) -> Iterator[bytes]:
         raise _oserror(path, exc) from None
 
 
-class NarDigest(NamedTuple):
-    """The content hash of a path and the length of its NAR serialization."""
+class NarDigest(tuple[str, int]):
+    """The content hash of a path (``"blake3:<hex>"``) and the length of its NAR serialization:
+    a named pair, as a NamedTuple would be, without importing typing (see the module doc)."""
 
-    hash: str  # "blake3:<hex>"
-    nar_size: int
+    __slots__ = ()
+
+    def __new__(cls, hash: str, nar_size: int) -> NarDigest:
+        return super().__new__(cls, (hash, nar_size))
+
+    @property
+    def hash(self) -> str:
+        return self[0]
+
+    @property
+    def nar_size(self) -> int:
+        return self[1]
+
+    def __repr__(self) -> str:
+        return f"NarDigest(hash={self[0]!r}, nar_size={self[1]!r})"
 
 
 def nar_digest(path: str | os.PathLike[str]) -> NarDigest:
