@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,3 +25,34 @@ def make_project(root: Path, manifests: dict[str, list[str]]) -> Path:
     for name, requirements in manifests.items():
         (root / "services" / f"{name}.toml").write_text(manifest(name, requirements))
     return root
+
+
+def regular_install(where: Path) -> Path:
+    """The ``harness`` command of a regular (not editable) install of this checkout in a new
+    venv under ``where``, as a user's ``pip install`` leaves it: a wheel built from the working
+    tree, installed with its bytecode compiled; its dependencies are the running venv's (a
+    ``.pth`` line), so only the wheel's build system may come from the index.
+
+    Why: ``scripts/bootstrap.sh`` installs harness editable, and setuptools' editable import
+    finder runs at every interpreter start (it imports ``pathlib``, ``re``, ``urllib``…: 10–30 ms
+    on two cores), which no user's install pays. Start-up-bound figures (the early verify, a
+    small lock) are measured on both."""
+    from harness.resolve.uvtool import uv_bin
+
+    wheels, venv = where / "wheel", where / "venv"
+    quiet = {"check": True, "stdout": subprocess.DEVNULL}
+    # Built from a copy: a build in the checkout would leave build/ and *.egg-info there.
+    source = where / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv*", "node_modules", "__pycache__",
+                                                                 "build", "dist", "*.egg-info", "weights"))
+    # uv builds it with the build system pyproject.toml names (from uv's cache or the index).
+    subprocess.run([uv_bin(), "--no-config", "build", "--quiet", "--wheel", "--out-dir", str(wheels), str(source)],
+                   **quiet)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], **quiet)
+    python = venv / "bin" / "python"
+    subprocess.run([uv_bin(), "--no-config", "pip", "install", "--quiet", "--offline", "--no-deps",
+                    "--compile-bytecode", "--python", str(python), *map(str, wheels.glob("*.whl"))], **quiet)
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    Path(site, "_bench_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv / "bin" / "harness"

@@ -24,6 +24,10 @@ platforms (``[lock] platforms = [x86_64-manylinux_2_28, aarch64-manylinux_2_28]`
 same lock for the first alone, and beside ``uv pip compile --universal`` (every platform in
 one resolution, with markers), cold and warm as above. Goal: two platforms at most 1.5x one.
 
+harness runs as a user's install has it (a wheel of this checkout in a new venv:
+``benchproject.regular_install``); ``--editable`` runs this checkout's editable install
+instead, whose import finder adds to every start-up.
+
 Needs the package registry (uv's default index, or the mirror configured for uv).
 
     python bench/lock.py [--runs 5]
@@ -48,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.resolve.uvtool import uv_bin, uv_env  # noqa: E402
-from bench.benchproject import make_project  # noqa: E402
+from bench.benchproject import make_project, regular_install  # noqa: E402
 
 PYTHON, TARGET = "3.11.7", "x86_64-manylinux_2_28"
 SETS = {
@@ -173,10 +177,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--part", choices=("all", "single", "platforms"), default="all",
                         help="single: harness beside uv for one target; platforms: one lock for two platforms")
-    parser.add_argument("--harness", help="the harness command to run (default: this Python's), e.g. a baseline's")
+    parser.add_argument("--harness", help="the harness command to run (default: a regular install of this checkout), "
+                        "e.g. a baseline's")
+    parser.add_argument("--editable", action="store_true", help="run this Python's harness (the editable install)")
     parser.add_argument("--sets", default=",".join(SETS), help=f"requirement sets to run (of {', '.join(SETS)})")
     args = parser.parse_args()
-    harness = args.harness.split() if args.harness else _harness()
+    installed = tempfile.TemporaryDirectory(prefix="harness-bench-install-")
+    if args.harness:
+        harness = args.harness.split()
+    elif args.editable:
+        harness = _harness()
+    else:
+        harness = [str(regular_install(Path(installed.name)))]
     global HAS_REFRESH
     HAS_REFRESH = "--refresh" in subprocess.run([*harness, "lock", "--help"], capture_output=True, text=True,
                                                 cwd=tempfile.gettempdir()).stdout

@@ -18,7 +18,8 @@ c. a no-op realize of every example that is locked (and realizable without a GPU
    compared, path weights checked, store paths looked up).
 d. ``harness store verify --check-contents`` of a synthetic 1 GiB weight set (4 random files,
    registered with Store.add) vs ``b3sum`` and ``sha256sum`` of the same files, page cache warm
-   [>= 0.8x their throughput].
+   [>= 0.8x their throughput]. harness as a user's install runs it (a wheel of this checkout
+   in a new venv: benchproject.regular_install), and also this checkout's editable install.
 e. downloading those files from a local HTTP server (127.0.0.1, sendfile) through
    harness's downloader (``harness.download.download``: streamed, sha256-checked,
    resumable) vs ``curl`` [>= 0.8x its throughput]; also ``curl`` then ``sha256sum``, which
@@ -60,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.resolve.uvtool import uv_bin  # noqa: E402
-from bench.benchproject import make_project  # noqa: E402
+from bench.benchproject import make_project, regular_install  # noqa: E402
 from harness.store.hashing import store_hash, store_path_name  # noqa: E402
 from harness.store.store import BuildResult, Store, remove_tree  # noqa: E402
 
@@ -429,16 +430,20 @@ def make_weights(scratch: Path, gib: float) -> tuple[Store, str, list[Path], lis
 
 
 def bench_verify(harness: list[str], store: Store, name: str, files: list[Path],
-                 runs: int) -> list[tuple[str, float, str]]:
+                 runs: int, installed: Path) -> list[tuple[str, float, str]]:
+    """``installed``: the ``harness`` of a regular install (benchproject.regular_install), as
+    users run it; ``harness``: this checkout's (the editable install of scripts/bootstrap.sh)."""
     total = sum(p.stat().st_size for p in files)
-    argv = [*harness, "--home", str(store.root.parent), "store", "verify", "--check-contents", name]
+    args = ["--home", str(store.root.parent), "store", "verify", "--check-contents", name]
+    argv = [str(installed), *args]
+    python = str(installed.with_name("python"))
     # The same entry point through click and the CLI (as before verify ran without them), and
     # also without the hashing it starts before the CLI loads (harness.store.early).
-    cli = [sys.executable, "-c", "import harness.entry as e; e.verify_without_cli = lambda argv: None; e.main()",
-           *argv[len(harness):]]
-    late = [sys.executable, "-c", "import harness.entry as e; e.verify_without_cli = lambda argv: None; "
-            "e.start_early = lambda argv: 0; e.main()", *argv[len(harness):]]
-    tools = {"harness verify": argv, "... through the CLI": cli, "... hashing after the CLI": late}
+    cli = [python, "-c", "import harness.entry as e; e.verify_without_cli = lambda argv: None; e.main()", *args]
+    late = [python, "-c", "import harness.entry as e; e.verify_without_cli = lambda argv: None; "
+            "e.start_early = lambda argv: 0; e.main()", *args]
+    tools = {"harness verify": argv, "... editable install": [*harness, *args], "... through the CLI": cli,
+             "... hashing after the CLI": late}
     for tool in ("b3sum", "sha256sum"):
         if shutil.which(tool):
             tools[tool] = [tool, *map(str, files)]
@@ -452,6 +457,7 @@ def bench_verify(harness: list[str], store: Store, name: str, files: list[Path],
     # make every timed run compile the CLI's modules again, so a warm-up run writes them.
     env = {k: v for k, v in _env().items() if k != "PYTHONDONTWRITEBYTECODE"}
     run(argv, env=env)
+    run([*harness, *args], env=env)
     # A path changed less than 2 s ago is not hashed early (its fingerprint could hide a second
     # change in the same clock tick): wait that out, as for any path registered a while ago.
     time.sleep(max(0.0, 2.1 - (time.time() - max(p.stat().st_ctime for p in files))))
@@ -481,6 +487,8 @@ def bench_verify(harness: list[str], store: Store, name: str, files: list[Path],
         if key in ("b3sum", "sha256sum"):
             results.append((f"(d) verify throughput vs {key}", t / ours, ">= 0.8"))
             if key == "b3sum":
+                results.append((f"(d) ... editable install vs {key}", t / median(samples["... editable install"]),
+                                ">= 0.8"))
                 results.append((f"(d) ... through the CLI vs {key}", t / median(samples["... through the CLI"]), ">= 0.8"))
                 results.append((f"(d) ... hashing after the CLI vs {key}", t / median(samples[late_key]), ">= 0.8"))
             results.append((f"(d) ... hashing only (no start-up) vs {key}", t / hashing, ">= 0.8"))
@@ -571,7 +579,8 @@ def main() -> None:
                 results += bench_noop(harness, scratch, max(args.runs, 7))
             if not args.only_vlm:
                 store, name, files, pins = make_weights(scratch, args.gib)
-                results += bench_verify(harness, store, name, files, args.runs)
+                installed = regular_install(scratch / "regular-install")
+                results += bench_verify(harness, store, name, files, args.runs, installed)
                 if not args.only_verify:
                     results += bench_download(harness, files, pins, scratch, args.runs)
         finally:

@@ -263,9 +263,39 @@ def main() -> None:
 
     try:
         cli_main()
+    except SystemExit as done:
+        if parse_lock_call(sys.argv[1:]) is not None:
+            exit_without_teardown(done.code)
+        raise
     finally:
         # The command is done and the process is about to exit: spare the interpreter's final
         # collection of everything the command loaded (pydantic's schemas, tomlkit's
         # documents: 30-60 ms on a lock). Objects are still freed by reference counting, so
         # files are closed; only garbage in reference cycles is left to the exit.
         gc.freeze()
+
+
+def exit_without_teardown(code: object) -> None:
+    """End the process with ``code`` (a ``SystemExit``'s) at once, after what a normal exit
+    must still do here: the ``atexit`` handlers (uv runs started ahead and not taken over are
+    stopped and their folders removed) and flushing the output. What is skipped is the
+    interpreter's teardown, which unloads every module one by one: after a lock (pydantic,
+    click, tomlkit, packaging) ≈ 20 ms, measured beside uv on two cores.
+
+    Returns, leaving the exit to the interpreter, when that would not be the same: a status
+    that is not a number (Python prints it), another thread still running (a normal exit
+    waits for it), or output that cannot be flushed. Used for ``harness lock``, whose files
+    are all written and closed, or renamed into place, before its command returns."""
+    import threading
+
+    if not (code is None or isinstance(code, int)) or threading.active_count() != 1:
+        return
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        return
+    os._exit(code or 0)

@@ -404,6 +404,73 @@ def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_noth
     assert (project / "locks" / "svc.lock.toml").is_file()
 
 
+def test_a_lock_that_fails_after_uv_started_early_stops_it_and_leaves_no_folder(index: Index, tmp_path: Path) -> None:
+    """A lock leaves through :func:`harness.entry.exit_without_teardown`, failed ones too: a uv
+    run started ahead that the CLI never takes over (the manifest fails validation after it
+    started) is still stopped and its folder removed (by the lock command, with ``atexit`` as
+    the backstop), and the error is the CLI's own, with its status."""
+    project = make_project(tmp_path / "p", {"svc": service(["alpha"])})
+    manifest = project / "services" / "svc.toml"
+    manifest.write_text("not-a-key = 1\n" + manifest.read_text())  # the raw TOML read ignores it
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    argv = ["--home", str(tmp_path / "home"), "--project", str(project), "lock"]
+    started = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from harness.entry import start_early; print(start_early(sys.argv[1:]))",
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert started.stdout.strip() == "1", "the early path starts uv for this manifest"
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", *argv], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode != 0 and "not-a-key" in result.stderr, result
+    assert "Traceback" not in result.stderr
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("harness-early-uv-")] == []
+
+
+_EXIT_PROBE = """
+import atexit, os, sys, threading, time
+from harness.entry import exit_without_teardown
+marker = sys.argv[1]
+atexit.register(lambda: open(marker, "a").write("atexit "))
+if sys.argv[2] == "thread":
+    def late() -> None:
+        time.sleep(0.3)
+        open(marker, "a").write("thread ")
+    threading.Thread(target=late).start()
+sys.stdout.write("unflushed")
+exit_without_teardown("not a number" if sys.argv[2] == "text" else 3)
+open(marker, "a").write("returned ")
+"""
+
+
+@pytest.mark.parametrize("case", ["plain", "thread", "text"])
+def test_exit_without_teardown_runs_atexit_and_flushes_or_leaves_the_exit_to_python(tmp_path: Path, case: str) -> None:
+    """It exits at once with the code, after the atexit handlers and with the output flushed;
+    with another thread running or a status that is not a number it returns instead, and the
+    interpreter's own exit then waits for that thread."""
+    marker = tmp_path / "marker"
+    result = subprocess.run(
+        [sys.executable, "-c", _EXIT_PROBE, str(marker), case], capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout == "unflushed", result
+    if case == "plain":
+        assert (result.returncode, marker.read_text()) == (3, "atexit ")
+    elif case == "thread":
+        assert (result.returncode, marker.read_text()) == (0, "returned thread atexit ")
+    else:
+        assert (result.returncode, marker.read_text()) == (0, "returned atexit ")
+
+
 def test_check_answers_from_the_stamp_and_takes_the_full_path_on_any_change(
     index: Index, harness_cli, tmp_path: Path
 ) -> None:
