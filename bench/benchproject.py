@@ -14,8 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def manifest(name: str, requirements: list[str]) -> str:
     """A minimal service manifest whose environment holds ``requirements``."""
     reqs = ", ".join(f'"{r}"' for r in requirements)
-    return (f'kind = "{name}"\nsummary = "bench"\ncommand = ["{{python}}", "-c", "pass"]\nport = 9000\n\n'
-            f'[environment]\npython = "3.11"\nrequirements = [{reqs}]\n')
+    return (
+        f'kind = "{name}"\nsummary = "bench"\ncommand = ["{{python}}", "-c", "pass"]\nport = 9000\n\n'
+        f'[environment]\npython = "3.11"\nrequirements = [{reqs}]\n'
+    )
 
 
 def make_project(root: Path, manifests: dict[str, list[str]]) -> Path:
@@ -43,16 +45,40 @@ def regular_install(where: Path) -> Path:
     quiet = {"check": True, "stdout": subprocess.DEVNULL}
     # Built from a copy: a build in the checkout would leave build/ and *.egg-info there.
     source = where / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv*", "node_modules", "__pycache__",
-                                                                 "build", "dist", "*.egg-info", "weights"))
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "node_modules", "__pycache__", "build", "dist", "*.egg-info", "weights"
+        ),
+    )
     # uv builds it with the build system pyproject.toml names (from uv's cache or the index).
-    subprocess.run([uv_bin(), "--no-config", "build", "--quiet", "--wheel", "--out-dir", str(wheels), str(source)],
-                   **quiet)
+    subprocess.run(
+        [uv_bin(), "--no-config", "build", "--quiet", "--wheel", "--out-dir", str(wheels), str(source)], **quiet
+    )
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], **quiet)
     python = venv / "bin" / "python"
-    subprocess.run([uv_bin(), "--no-config", "pip", "install", "--quiet", "--offline", "--no-deps",
-                    "--compile-bytecode", "--python", str(python), *map(str, wheels.glob("*.whl"))], **quiet)
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(
+        [
+            uv_bin(),
+            "--no-config",
+            "pip",
+            "install",
+            "--quiet",
+            "--offline",
+            "--no-deps",
+            "--compile-bytecode",
+            "--python",
+            str(python),
+            *map(str, wheels.glob("*.whl")),
+        ],
+        **quiet,
+    )
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     Path(site, "_bench_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv / "bin" / "harness"

@@ -37,13 +37,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.client import Client
-from harness.manifests.loading import load_model
-from harness.manifests.model import ServiceManifest
-from harness.runtime import supervisor
-from harness.runtime.broker import Broker, down, spawn
-from harness.runtime.launch import LaunchSpec, clean_environment, launch_spec
-from harness.runtime.plan import Plan, ServicePlacement
+from harness.client import Client  # noqa: E402
+from harness.manifests.loading import load_model  # noqa: E402
+from harness.manifests.model import ServiceManifest  # noqa: E402
+from harness.runtime import supervisor  # noqa: E402
+from harness.runtime.broker import Broker, down, spawn  # noqa: E402
+from harness.runtime.launch import LaunchSpec, clean_environment, launch_spec  # noqa: E402
+from harness.runtime.plan import Plan, ServicePlacement  # noqa: E402
 
 FAKE = ROOT / "tests" / "services" / "fake_model.py"
 
@@ -63,18 +63,32 @@ def kinematics_spec(name: str, state: Path) -> tuple[LaunchSpec, ServicePlacemen
     manifest = load_model(ServiceManifest, ROOT / "services" / "kinematics.toml")
     port = free_port()
     where = ServicePlacement(name, "on_demand", None, port, f"http://127.0.0.1:{port}", swap="cpu")
-    spec = launch_spec(name, manifest, where, python=Path(sys.executable),
-                       weights=ROOT / "services" / "assets", cwd=ROOT, state_dir=state)
+    spec = launch_spec(
+        name,
+        manifest,
+        where,
+        python=Path(sys.executable),
+        weights=ROOT / "services" / "assets",
+        cwd=ROOT,
+        state_dir=state,
+    )
     return spec, where
 
 
 def fake_spec(name: str, state: Path, load: float) -> tuple[LaunchSpec, ServicePlacement]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    spec = LaunchSpec(name, (sys.executable, str(FAKE), "--name", name, "--port", str(port),
-                             "--load-seconds", str(load)),
-                      clean_environment({"PATH": "/usr/bin:/bin"}, None), ROOT, port, url,
-                      f"{url}/health", load + 30, state / "logs" / f"{name}.log")
+    spec = LaunchSpec(
+        name,
+        (sys.executable, str(FAKE), "--name", name, "--port", str(port), "--load-seconds", str(load)),
+        clean_environment({"PATH": "/usr/bin:/bin"}, None),
+        ROOT,
+        port,
+        url,
+        f"{url}/health",
+        load + 30,
+        state / "logs" / f"{name}.log",
+    )
     return spec, ServicePlacement(name, "on_demand", 0, port, url, swap="gpu0")
 
 
@@ -103,7 +117,8 @@ def in_process(requests: int) -> dict[str, list[float]]:
             times["direct_release"].append(time.perf_counter() - t1)
         handler = _Handler.__new__(_Handler)
         handler.server = types.SimpleNamespace(  # type: ignore[assignment]
-            token=broker.token.encode(), allowed_hosts=frozenset({"127.0.0.1:8000"}))
+            token=broker.token.encode(), allowed_hosts=frozenset({"127.0.0.1:8000"})
+        )
         headers = email.message.Message()
         headers["Host"] = "127.0.0.1:8000"
         headers["Authorization"] = f"Bearer {broker.token}"
@@ -206,8 +221,14 @@ def direct_start(spec: LaunchSpec, stops: list[float] | None = None) -> float:
     The service is then stopped (SIGINT to its group); that time goes to ``stops``.
     """
     t0 = time.perf_counter()
-    proc = subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=dict(spec.env), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        list(spec.argv),
+        cwd=spec.cwd,
+        env=dict(spec.env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         while True:
             try:
@@ -275,8 +296,11 @@ def main() -> None:
     p99 = pct(times["acquire"], 0.99) * 1e3
     print(f"goal: acquire p99 < 2 ms (authenticated): {p99:.3f} ms ({'meets' if p99 < 2 else 'MISSES'})\n")
     if args.latency_only:
-        print(json.dumps({"latency_ms": {k: {"p50": pct(v, 0.5) * 1e3, "p99": pct(v, 0.99) * 1e3}
-                                         for k, v in times.items()}}))
+        print(
+            json.dumps(
+                {"latency_ms": {k: {"p50": pct(v, 0.5) * 1e3, "p99": pct(v, 0.99) * 1e3} for k, v in times.items()}}
+            )
+        )
         return
 
     print(f"swap A→B via the broker vs starting B directly, median of {args.swaps} (s)")
@@ -288,10 +312,18 @@ def main() -> None:
     ]
     for r in results:
         rest = (r["swap"] - r["direct"] - r["stop"]) / r["direct"]
-        print(f"{r['label']:<34} {r['direct']:7.3f} {r['swap']:7.3f} {r['overhead'] * 100:8.1f}% "
-              f"{r['stop']:7.3f} {rest * 100:8.1f}%")
-    print(json.dumps({"latency_ms": {k: {"p50": pct(v, 0.5) * 1e3, "p99": pct(v, 0.99) * 1e3}
-                                     for k, v in times.items()}, "swaps": results}))
+        print(
+            f"{r['label']:<34} {r['direct']:7.3f} {r['swap']:7.3f} {r['overhead'] * 100:8.1f}% "
+            f"{r['stop']:7.3f} {rest * 100:8.1f}%"
+        )
+    print(
+        json.dumps(
+            {
+                "latency_ms": {k: {"p50": pct(v, 0.5) * 1e3, "p99": pct(v, 0.99) * 1e3} for k, v in times.items()},
+                "swaps": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -92,8 +92,9 @@ def populate(store: Store, size_mb: int) -> tuple[list[str], dict[str, ExpectedC
         def build_weights(out: Path, shares: tuple[int, ...] = shares, sha: dict[str, str] = sha) -> BuildResult:
             out.mkdir()
             for k, share in enumerate(shares):
-                sha[f"model-{k:05d}.safetensors"] = _random_file(out / f"model-{k:05d}.safetensors",
-                                                                 weight_total * share // 100)
+                sha[f"model-{k:05d}.safetensors"] = _random_file(
+                    out / f"model-{k:05d}.safetensors", weight_total * share // 100
+                )
             (out / "config.json").write_text('{"hidden": 1024}\n')
             sha["config.json"] = hashlib.sha256(b'{"hidden": 1024}\n').hexdigest()
             return BuildResult(obtained="bench")
@@ -151,21 +152,28 @@ def run(work: Path, args: argparse.Namespace) -> None:
     total = sum(a.record(n).nar_size for n in names)  # type: ignore[union-attr]
     files = sum(len(fs) for n in names for _, _, fs in os.walk(a.root / n))
     cache = work / "cache"
-    first_push = _time(lambda: push(a, names, open_backend(str(cache)), secret=key, cache_dir=home_a / "cache",
-                                    jobs=args.jobs))
+    first_push = _time(
+        lambda: push(a, names, open_backend(str(cache)), secret=key, cache_dir=home_a / "cache", jobs=args.jobs)
+    )
     trusted = parse_trusted([key.public().render()])
-    times: dict[str, list[float]] = {"pull (all checks)": [], "cp -r": [], "cp -r + sha256sum": [],
-                                     "push unchanged (process)": [], "push unchanged (in-process)": []}
+    times: dict[str, list[float]] = {
+        "pull (all checks)": [],
+        "cp -r": [],
+        "cp -r + sha256sum": [],
+        "push unchanged (process)": [],
+        "push unchanged (in-process)": [],
+    }
     harness = [sys.executable, "-m", "harness"]
     # Run 0 is a warm-up (page cache, imports, first writeback), not counted.
     for r in range(args.runs + 1):
         home_b = work / f"b{r}"
         b = Store.in_home(home_b)
 
-        def do_pull() -> None:
+        def do_pull(b: Store = b, home_b: Path = home_b) -> None:
             subs, _ = open_substituters([str(cache)])
-            result = pull(b, names, subs, trusted=trusted, expected=expected, cache_dir=home_b / "cache",
-                          jobs=args.jobs)
+            result = pull(
+                b, names, subs, trusted=trusted, expected=expected, cache_dir=home_b / "cache", jobs=args.jobs
+            )
             assert not result.failed and len(result.registered) == len(names), result.failed
 
         times["pull (all checks)"].append(_time(do_pull))
@@ -174,36 +182,54 @@ def run(work: Path, args: argparse.Namespace) -> None:
         dest = work / f"cp{r}"
         sources = [str(a.root / n) for n in names]
 
-        def do_cp() -> None:
+        def do_cp(dest: Path = dest, sources: list[str] = sources) -> None:
             dest.mkdir()
             subprocess.run(["cp", "-r", *sources, str(dest)], check=True)
 
         times["cp -r"].append(_time(do_cp))
         remove_tree(dest)
 
-        def do_cp_check() -> None:
+        def do_cp_check(dest: Path = dest, sources: list[str] = sources) -> None:
             dest.mkdir()
             subprocess.run(["cp", "-r", *sources, str(dest)], check=True)
             listed = [str(p) for p in dest.rglob("*") if p.is_file() and not p.is_symlink()]
-            subprocess.run(["xargs", "-0", "sha256sum"], input="\0".join(listed).encode(), check=True,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                ["xargs", "-0", "sha256sum"], input="\0".join(listed).encode(), check=True, stdout=subprocess.DEVNULL
+            )
 
         times["cp -r + sha256sum"].append(_time(do_cp_check))
         remove_tree(dest)
 
-        argv = [*harness, "--home", str(home_a), "store", "push", str(cache), *names,
-                "--key", str(work / "bench-1.secret")]
+        argv = [
+            *harness,
+            "--home",
+            str(home_a),
+            "store",
+            "push",
+            str(cache),
+            *names,
+            "--key",
+            str(work / "bench-1.secret"),
+        ]
         times["push unchanged (process)"].append(
-            _time(lambda: subprocess.run(argv, check=True, cwd=work, stdout=subprocess.DEVNULL)))
-        times["push unchanged (in-process)"].append(_time(lambda: push(
-            a, names, open_backend(str(cache)), secret=key, cache_dir=home_a / "cache", jobs=args.jobs)))
+            _time(lambda argv=argv: subprocess.run(argv, check=True, cwd=work, stdout=subprocess.DEVNULL))
+        )
+        times["push unchanged (in-process)"].append(
+            _time(
+                lambda: push(a, names, open_backend(str(cache)), secret=key, cache_dir=home_a / "cache", jobs=args.jobs)
+            )
+        )
 
     times = {label: samples[1:] for label, samples in times.items()}
     cp = statistics.median(times["cp -r"])
-    print(f"\nmachine: nproc {os.cpu_count()}, {platform.machine()}, {platform.system()} {platform.release()}, "
-          f"Python {platform.python_version()}; {time.strftime('%Y-%m-%d')}")
-    print(f"closure: {len(names)} paths, {total / MB:.0f} MiB NAR, {files} files; runs {args.runs}; "
-          f"first push {first_push:.2f} s")
+    print(
+        f"\nmachine: nproc {os.cpu_count()}, {platform.machine()}, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}; {time.strftime('%Y-%m-%d')}"
+    )
+    print(
+        f"closure: {len(names)} paths, {total / MB:.0f} MiB NAR, {files} files; runs {args.runs}; "
+        f"first push {first_push:.2f} s"
+    )
     print("\n| operation | median s | min–max s | × cp -r |\n|---|---|---|---|")
     for label, samples in times.items():
         median = statistics.median(samples)

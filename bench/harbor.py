@@ -59,15 +59,21 @@ requirements = []
 
 def harness(home: Path, project: Path, *args: str) -> None:
     env = {**os.environ, "HARNESS_HOME": str(home), "UV_PYTHON_DOWNLOADS": "never"}
-    subprocess.run([sys.executable, "-m", "harness", "--project", str(project), *args],
-                   check=True, env=env, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "harness", "--project", str(project), *args],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 def make_task(base: Path, project: Path, pin: str) -> Path:
     task = base / "task"
     (task / "environment").mkdir(parents=True)
     (task / "environment" / "harness.toml").write_text(
-        f'manifest = "bench"\nproject = "{project}"\nenvironment = "{pin}"\n')
+        f'manifest = "bench"\nproject = "{project}"\nenvironment = "{pin}"\n'
+    )
     return task
 
 
@@ -82,9 +88,14 @@ async def rounds(task: Path, home: Path, n: int) -> dict[str, list[float]]:
         trial = TrialPaths(trial_dir=task.parent / "trials" / f"t{i:03d}")
         trial.mkdir()
         env = HarnessEnvironment(
-            environment_dir=task / "environment", environment_name="bench", session_id=f"t{i:03d}__env",
-            trial_paths=trial, task_env_config=EnvironmentConfig(network_mode="no-network", workdir="/app"),
-            home=str(home), realize=False)
+            environment_dir=task / "environment",
+            environment_name="bench",
+            session_id=f"t{i:03d}__env",
+            trial_paths=trial,
+            task_env_config=EnvironmentConfig(network_mode="no-network", workdir="/app"),
+            home=str(home),
+            realize=False,
+        )
         t0 = time.perf_counter()
         proc = await asyncio.create_subprocess_exec("true")
         await proc.wait()
@@ -138,27 +149,55 @@ def job(trials: int, concurrent: int, home_arg: str | None) -> None:
         task = base / "tasks" / "reach-python"
         shutil.copytree(ROOT / "tests" / "harbor" / "reach-python", task)
         (task / "environment" / "harness.toml").write_text(
-            f'manifest = "bench"\nproject = "{project}"\nenvironment = "{pin}"\n')
+            f'manifest = "bench"\nproject = "{project}"\nenvironment = "{pin}"\n'
+        )
         env = {**os.environ, "HARNESS_HOME": str(home), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         started = time.perf_counter()
-        subprocess.run([str(harbor), "run", "-p", str(task), "-a", "oracle", "-e", "harness.harbor:HarnessEnvironment",
-                        "-k", str(trials), "-n", str(concurrent), "-o", str(base / "jobs"), "--job-name", "scale",
-                        "--quiet"], check=True, env=env, cwd=base, capture_output=True, text=True)
+        subprocess.run(
+            [
+                str(harbor),
+                "run",
+                "-p",
+                str(task),
+                "-a",
+                "oracle",
+                "-e",
+                "harness.harbor:HarnessEnvironment",
+                "-k",
+                str(trials),
+                "-n",
+                str(concurrent),
+                "-o",
+                str(base / "jobs"),
+                "--job-name",
+                "scale",
+                "--quiet",
+            ],
+            check=True,
+            env=env,
+            cwd=base,
+            capture_output=True,
+            text=True,
+        )
         wall = time.perf_counter() - started
         results = [json.loads(p.read_text()) for p in (base / "jobs" / "scale").glob("*/result.json")]
     rewards = [((r.get("verifier_result") or {}).get("rewards") or {}).get("reward") for r in results]
     work = sum(_seconds(r.get("agent_execution")) + _seconds(r.get("verifier")) for r in results)
     whole = sum(_seconds({"started_at": r.get("started_at"), "finished_at": r.get("finished_at")}) for r in results)
     setup = sum(_seconds(r.get("environment_setup")) for r in results)
-    print(f"harbor run: {len(results)} oracle trials, {concurrent} concurrent, as uid {os.getuid()}; "
-          f"Python {platform.python_version()}, {os.cpu_count()} CPUs")
+    print(
+        f"harbor run: {len(results)} oracle trials, {concurrent} concurrent, as uid {os.getuid()}; "
+        f"Python {platform.python_version()}, {os.cpu_count()} CPUs"
+    )
     print(f"  rewards 1.0                     {sum(1 for x in rewards if x == 1.0):8d} of {len(results)}")
     print(f"  wall time of the job            {wall:8.2f} s")
     print(f"  sum(agent + verifier) / {concurrent}      {work / concurrent:8.2f} s")
     print(f"  sum(whole trials) / {concurrent}          {whole / concurrent:8.2f} s")
     print(f"  sum(environment setup) / {concurrent}     {setup / concurrent:8.2f} s")
-    print(f"ratio: wall / (sum(agent + verifier) / {concurrent}) = {wall / max(work / concurrent, 1e-9):.1f}x; "
-          f"wall / (sum(whole trials) / {concurrent}) = {wall / max(whole / concurrent, 1e-9):.2f}x")
+    print(
+        f"ratio: wall / (sum(agent + verifier) / {concurrent}) = {wall / max(work / concurrent, 1e-9):.1f}x; "
+        f"wall / (sum(whole trials) / {concurrent}) = {wall / max(whole / concurrent, 1e-9):.2f}x"
+    )
 
 
 def main() -> None:
@@ -193,16 +232,20 @@ def main() -> None:
 
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     trial = med["start"] + med["exec"] + med["stop"]
-    print(f"HarnessEnvironment overhead, {args.rounds} rounds (+1 warm-up), medians; "
-          f"Python {platform.python_version()}, {os.cpu_count()} CPUs")
+    print(
+        f"HarnessEnvironment overhead, {args.rounds} rounds (+1 warm-up), medians; "
+        f"Python {platform.python_version()}, {os.cpu_count()} CPUs"
+    )
     print(f"  bare subprocess `true`          {med['bare']:8.2f} ms")
     print(f"  start()                         {med['start']:8.2f} ms")
     print(f"  exec('true'), first             {med['exec']:8.2f} ms")
     print(f"  exec('true'), later             {med['exec_warm']:8.2f} ms")
     print(f"  stop(delete=True)               {med['stop']:8.2f} ms")
     print(f"  start + exec + stop             {trial:8.2f} ms")
-    print(f"ratio: start+exec+stop / bare subprocess = {trial / med['bare']:.1f}x; "
-          f"exec in a started sandbox / bare subprocess = {med['exec_warm'] / med['bare']:.1f}x")
+    print(
+        f"ratio: start+exec+stop / bare subprocess = {trial / med['bare']:.1f}x; "
+        f"exec in a started sandbox / bare subprocess = {med['exec_warm'] / med['bare']:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,11 @@ def build_store(root: Path, size_gb: float, files: int, small: int) -> list[str]
     w = store.add("w" * 32 + "-weights", "weights", weights)
     p = store.add("p" * 32 + "-python", "python", python)
     e = store.add("e" * 32 + "-env", "source", environment, references=(p.name,))
-    print(f"registered the closure in {time.perf_counter() - started:.1f} s "
-          f"({size_gb:g} GB in {files} files, {small} small files)", flush=True)
+    print(
+        f"registered the closure in {time.perf_counter() - started:.1f} s "
+        f"({size_gb:g} GB in {files} files, {small} small files)",
+        flush=True,
+    )
     return [e.name, w.name]
 
 
@@ -87,8 +90,7 @@ def main() -> None:
             times["check (stat)"].append(time.perf_counter() - started)
             assert all(c.verified == "stat" for c in checks), checks
             started = time.perf_counter()
-            subprocess.run(["find", *closure, "-printf", "%i %s %C@ %T@ %p\n"], stdout=subprocess.DEVNULL,
-                           check=True)
+            subprocess.run(["find", *closure, "-printf", "%i %s %C@ %T@ %p\n"], stdout=subprocess.DEVNULL, check=True)
             times["find -printf"].append(time.perf_counter() - started)
         for name in roots + ["p" * 32 + "-python"]:
             fingerprint_path(root, name).unlink()
@@ -97,8 +99,10 @@ def main() -> None:
         rehash = time.perf_counter() - started
         assert all(c.verified == "hash" for c in checks)
     anchor = statistics.median(times["find -printf"])
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}, "
-          f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}, "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+    )
     print(f"{'what':<18} {'median s':>9} {'p90 s':>7} {'× find':>7}")
     for what, values in times.items():
         values.sort()

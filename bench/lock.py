@@ -59,8 +59,14 @@ SETS = {
     "kinematics": ["numpy==2.2.6"],
     "medium": ["requests==2.32.3", "rich==13.9.4", "pydantic==2.9.2"],
     # A VLM-like service (issue 17).
-    "vlm": ["transformers==4.57.1", "tokenizers==0.22.1", "pillow==11.3.0", "safetensors==0.6.2",
-            "fastapi==0.118.0", "uvicorn==0.37.0"],
+    "vlm": [
+        "transformers==4.57.1",
+        "tokenizers==0.22.1",
+        "pillow==11.3.0",
+        "safetensors==0.6.2",
+        "fastapi==0.118.0",
+        "uvicorn==0.37.0",
+    ],
     # A GPU service's stack (the example manifests' torch and transformers pins).
     "large": ["torch==2.7.0", "torchvision==0.22.0", "transformers==4.57.1", "accelerate==1.10.1"],
 }
@@ -98,14 +104,32 @@ def uv_compile(work: Path, requirements: list[str]) -> tuple[list[str], Path]:
     """``uv pip compile --generate-hashes`` for harness's one target (issue 17's anchor)."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "req.in").write_text("".join(r + "\n" for r in requirements))
-    argv = [uv_bin(), "--no-config", "--cache-dir", str(work / "cache"), "pip", "compile", "req.in",
-            "-o", "requirements.txt", "--generate-hashes", "--python-version", PYTHON, "--python-platform", TARGET,
-            "--no-header", "--quiet", "--index-strategy", "first-index"]
+    argv = [
+        uv_bin(),
+        "--no-config",
+        "--cache-dir",
+        str(work / "cache"),
+        "pip",
+        "compile",
+        "req.in",
+        "-o",
+        "requirements.txt",
+        "--generate-hashes",
+        "--python-version",
+        PYTHON,
+        "--python-platform",
+        TARGET,
+        "--no-header",
+        "--quiet",
+        "--index-strategy",
+        "first-index",
+    ]
     return argv, work
 
 
-def one_round(scratch: Path, name: str, requirements: list[str], harness: list[str],
-              harness_first: bool) -> dict[str, float]:
+def one_round(
+    scratch: Path, name: str, requirements: list[str], harness: list[str], harness_first: bool
+) -> dict[str, float]:
     """Cold then warm, for uv and for harness, in fresh folders; then harness's no-op."""
     times: dict[str, float] = {}
     uv_argv, uv_work = uv_compile(scratch / "uv", requirements)
@@ -136,9 +160,24 @@ def platforms_round(scratch: Path, name: str, requirements: list[str], harness: 
     work = scratch / "universal"
     work.mkdir(parents=True)
     (work / "req.in").write_text("".join(r + "\n" for r in requirements))
-    argv = [uv_bin(), "--no-config", "--cache-dir", str(work / "cache"), "pip", "compile", "req.in",
-            "-o", "pylock.toml", "--universal", "--python-version", PYTHON,
-            "--no-header", "--quiet", "--index-strategy", "first-index"]
+    argv = [
+        uv_bin(),
+        "--no-config",
+        "--cache-dir",
+        str(work / "cache"),
+        "pip",
+        "compile",
+        "req.in",
+        "-o",
+        "pylock.toml",
+        "--universal",
+        "--python-version",
+        PYTHON,
+        "--no-header",
+        "--quiet",
+        "--index-strategy",
+        "first-index",
+    ]
     env_uv = uv_env(base=_env())
     times["universal cold"] = timed(argv, cwd=work, env=env_uv)
     times["universal warm"] = timed(argv, cwd=work, env=env_uv)
@@ -162,7 +201,9 @@ def bench_platforms(runs: int, harness: list[str]) -> None:
                 for key, value in platforms_round(scratch, name, requirements, harness).items():
                     samples[name].setdefault(key, []).append(value)
                 shutil.rmtree(scratch)
-    print(f"\n{'set':<8} {'mode':<5} {'uv --universal s':>17} {'one platform s':>15} {'two platforms s':>16} {'two/one':>8}")
+    print(
+        f"\n{'set':<8} {'mode':<5} {'uv --universal s':>17} {'one platform s':>15} {'two platforms s':>16} {'two/one':>8}"
+    )
     verdicts = []
     for name, by_key in samples.items():
         for mode in ("cold", "warm"):
@@ -175,10 +216,15 @@ def bench_platforms(runs: int, harness: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--part", choices=("all", "single", "platforms"), default="all",
-                        help="single: harness beside uv for one target; platforms: one lock for two platforms")
-    parser.add_argument("--harness", help="the harness command to run (default: a regular install of this checkout), "
-                        "e.g. a baseline's")
+    parser.add_argument(
+        "--part",
+        choices=("all", "single", "platforms"),
+        default="all",
+        help="single: harness beside uv for one target; platforms: one lock for two platforms",
+    )
+    parser.add_argument(
+        "--harness", help="the harness command to run (default: a regular install of this checkout), e.g. a baseline's"
+    )
     parser.add_argument("--editable", action="store_true", help="run this Python's harness (the editable install)")
     parser.add_argument("--sets", default=",".join(SETS), help=f"requirement sets to run (of {', '.join(SETS)})")
     args = parser.parse_args()
@@ -190,15 +236,21 @@ def main() -> None:
     else:
         harness = [str(regular_install(Path(installed.name)))]
     global HAS_REFRESH
-    HAS_REFRESH = "--refresh" in subprocess.run([*harness, "lock", "--help"], capture_output=True, text=True,
-                                                cwd=tempfile.gettempdir()).stdout
+    HAS_REFRESH = (
+        "--refresh"
+        in subprocess.run(
+            [*harness, "lock", "--help"], capture_output=True, text=True, cwd=tempfile.gettempdir()
+        ).stdout
+    )
     # Bytecode as an installed harness has it (PYTHONDONTWRITEBYTECODE would leave harness's
     # own modules compiled from source on every run of an editable install).
     compileall.compile_dir(str(ROOT / "harness"), quiet=1)
     print(f"harness: {' '.join(harness)}{'' if HAS_REFRESH else ' (no --refresh: warm and no-op both resolve)'}")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.system()} "
-          f"{platform.release()}, CPython {platform.python_version()}; {args.runs} runs; "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.system()} "
+        f"{platform.release()}, CPython {platform.python_version()}; {args.runs} runs; "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     if args.part in ("all", "platforms"):
         bench_platforms(args.runs, harness)
     if args.part == "platforms":
@@ -214,8 +266,10 @@ def main() -> None:
                 for key, value in one_round(scratch, name, requirements, harness, run % 2 == 1).items():
                     samples[name].setdefault(key, []).append(value)
                 shutil.rmtree(scratch)
-        print(f"\n{'set':<12} {'mode':<5} {'uv s':>7} {'harness s':>10} {'ratio':>6} {'paired':>7}   {'CPU s uv':>8} "
-              f"{'harness':>8} {'ratio':>6}   (min-max harness, uv)")
+        print(
+            f"\n{'set':<12} {'mode':<5} {'uv s':>7} {'harness s':>10} {'ratio':>6} {'paired':>7}   {'CPU s uv':>8} "
+            f"{'harness':>8} {'ratio':>6}   (min-max harness, uv)"
+        )
         noops = []
         for name, by_key in samples.items():
             for mode in ("cold", "warm"):
@@ -223,20 +277,26 @@ def main() -> None:
                 ours = statistics.median(by_key[f"harness {mode}"])
                 ratio = ours / uv
                 verdicts.append(ratio <= 1.3)
-                spread = (f"{min(by_key[f'harness {mode}']):.3f}-{max(by_key[f'harness {mode}']):.3f}, "
-                          f"{min(by_key[f'uv {mode}']):.3f}-{max(by_key[f'uv {mode}']):.3f}")
+                spread = (
+                    f"{min(by_key[f'harness {mode}']):.3f}-{max(by_key[f'harness {mode}']):.3f}, "
+                    f"{min(by_key[f'uv {mode}']):.3f}-{max(by_key[f'uv {mode}']):.3f}"
+                )
                 uv_cpu = statistics.median(by_key[f"uv {mode} cpu"])
                 our_cpu = statistics.median(by_key[f"harness {mode} cpu"])
                 # Each round's harness/uv ratio: both ran back to back, so the index's answer
                 # times (most of uv's wall time) drift less between them than between rounds.
                 rounds = zip(by_key[f"harness {mode}"], by_key[f"uv {mode}"], strict=True)
                 paired = statistics.median(h / u for h, u in rounds)
-                print(f"{name:<12} {mode:<5} {uv:7.3f} {ours:10.3f} {ratio:6.2f} {paired:7.2f}   {uv_cpu:8.3f} "
-                      f"{our_cpu:8.3f} {our_cpu / uv_cpu:6.2f}   ({spread})")
+                print(
+                    f"{name:<12} {mode:<5} {uv:7.3f} {ours:10.3f} {ratio:6.2f} {paired:7.2f}   {uv_cpu:8.3f} "
+                    f"{our_cpu:8.3f} {our_cpu / uv_cpu:6.2f}   ({spread})"
+                )
             noop = statistics.median(by_key["harness no-op"])
             noops.append(noop)
-            print(f"{name:<12} no-op {'':>7} {noop:10.3f}          {'':>8} {statistics.median(by_key['harness no-op cpu']):8.3f}"
-                  f"          (re-lock, nothing changed: no resolver)")
+            print(
+                f"{name:<12} no-op {'':>7} {noop:10.3f}          {'':>8} {statistics.median(by_key['harness no-op cpu']):8.3f}"
+                f"          (re-lock, nothing changed: no resolver)"
+            )
 
         # lock --check on 10 locked manifests: 5 copies of the kinematics example (its path
         # weight is re-hashed by the check) and 5 of the medium set.
@@ -258,8 +318,10 @@ def main() -> None:
             checks[label] = statistics.median(timed(argv, cwd=project, env=_env()) for _ in range(max(10, args.runs)))
     print()
     for label, value in checks.items():
-        print(f"harness lock --check, 10 manifests, {label}: median {value:.3f} s "
-              f"({'meets' if value < 0.3 else 'MISSES'} < 0.3 s)")
+        print(
+            f"harness lock --check, 10 manifests, {label}: median {value:.3f} s "
+            f"({'meets' if value < 0.3 else 'MISSES'} < 0.3 s)"
+        )
     print(f"harness/uv <= 1.3: {'meets' if all(verdicts) else 'MISSES'} (met in {sum(verdicts)} of {len(verdicts)})")
     print(f"no-op re-lock < 0.2 s: {'meets' if max(noops) < 0.2 else 'MISSES'} (slowest median {max(noops):.3f} s)")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

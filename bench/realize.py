@@ -66,8 +66,14 @@ from harness.store.hashing import store_hash, store_path_name  # noqa: E402
 from harness.store.store import BuildResult, Store, remove_tree  # noqa: E402
 
 MEDIUM = ["requests==2.32.3", "rich==13.9.4", "pydantic==2.9.2"]
-VLM = ["transformers==4.57.1", "tokenizers==0.22.1", "pillow==11.3.0", "safetensors==0.6.2", "fastapi==0.118.0",
-       "uvicorn==0.37.0"]
+VLM = [
+    "transformers==4.57.1",
+    "tokenizers==0.22.1",
+    "pillow==11.3.0",
+    "safetensors==0.6.2",
+    "fastapi==0.118.0",
+    "uvicorn==0.37.0",
+]
 #: Phases of a realize, by the functions that do them (cumulative time in a cProfile).
 PHASES = [
     ("realize, all of it", "realize/builder.py", "realize_locks"),
@@ -208,8 +214,17 @@ class EnvSet:
         env = _env(UV_CACHE_DIR=str(cache))
         start = time.perf_counter()
         run([uv_bin(), "--no-config", "venv", "--quiet", "--python", self.python, str(venv)], env=env)
-        sync = [uv_bin(), "--no-config", "pip", "sync", "--quiet", "--require-hashes", "--python",
-                str(venv / "bin" / "python"), str(self.requirements)]
+        sync = [
+            uv_bin(),
+            "--no-config",
+            "pip",
+            "sync",
+            "--quiet",
+            "--require-hashes",
+            "--python",
+            str(venv / "bin" / "python"),
+            str(self.requirements),
+        ]
         run(sync + (["--compile-bytecode"] if compile_bytecode else []), env=env)
         return time.perf_counter() - start
 
@@ -246,18 +261,23 @@ def bench_environments(sets: list[EnvSet], runs: int, scratch: Path) -> list[tup
             # warm: caches kept, the environment deleted
             for key in ("uv", "uv+pyc"):
                 shutil.rmtree(base / f"venv-{key}")
-                add(f"warm {key}", env_set.uv(base / f"uv-cache-{key}", base / f"venv-{key}",
-                                              compile_bytecode=key == "uv+pyc"))
+                add(
+                    f"warm {key}",
+                    env_set.uv(base / f"uv-cache-{key}", base / f"venv-{key}", compile_bytecode=key == "uv+pyc"),
+                )
             Store.in_home(home).delete(realized_environment(env_set.project, home, env_set.name))
             add("warm harness", env_set.realize(home))
             remove_tree(base)
-        for mode, key in (("cold, empty home", "cold harness empty"),
-                          ("cold, interpreter in", "cold harness"), ("warm", "warm harness")):
+        for mode, key in (
+            ("cold, empty home", "cold harness empty"),
+            ("cold, interpreter in", "cold harness"),
+            ("warm", "warm harness"),
+        ):
             phase = mode.split(",")[0]
-            uv, uvpyc, ours = (median(samples[f"{phase} uv"]), median(samples[f"{phase} uv+pyc"]),
-                               median(samples[key]))
-            print(f"{env_set.name:<11} {mode:<22} {uv:7.2f} {uvpyc:7.2f} {ours:8.2f} {ours / uv:6.2f} "
-                  f"{ours / uvpyc:8.2f}")
+            uv, uvpyc, ours = (median(samples[f"{phase} uv"]), median(samples[f"{phase} uv+pyc"]), median(samples[key]))
+            print(
+                f"{env_set.name:<11} {mode:<22} {uv:7.2f} {uvpyc:7.2f} {ours:8.2f} {ours / uv:6.2f} {ours / uvpyc:8.2f}"
+            )
             results.append((f"(a) {env_set.name} {mode}", ours / uv, "<= 1.2"))
     remove_tree(seed)
     return results
@@ -275,9 +295,11 @@ def bench_disk(project: Path, harness: list[str], scratch: Path) -> list[tuple[s
     own = du(twin_env)
     growth = (two - one) / one
     print("\n(b) a second environment with the same wheels (du, hard links once)")
-    print(f"store: {one / 2**20:.1f} MiB -> {two / 2**20:.1f} MiB (+{growth:.1%}); "
-          f"store+cache: {one_all / 2**20:.1f} -> {two_all / 2**20:.1f} MiB; "
-          f"the twin environment alone: {own / 2**20:.1f} MiB")
+    print(
+        f"store: {one / 2**20:.1f} MiB -> {two / 2**20:.1f} MiB (+{growth:.1%}); "
+        f"store+cache: {one_all / 2**20:.1f} -> {two_all / 2**20:.1f} MiB; "
+        f"the twin environment alone: {own / 2**20:.1f} MiB"
+    )
     remove_tree(home)
     return [("(b) second environment, store disk growth", growth, "<= 0.05")]
 
@@ -339,8 +361,9 @@ def bench_vlm(harness: list[str], scratch: Path, runs: int) -> list[tuple[str, f
         Store.in_home(home).delete(twin)
         add("second harness", timed(realize_twin))
     Store.in_home(home).delete(twin)
-    warm_phases = profile_phases(["--project", str(project), "--home", str(home), "realize", "vlm-twin"],
-                                 scratch / "vlm-warm.prof")
+    warm_phases = profile_phases(
+        ["--project", str(project), "--home", str(home), "realize", "vlm-twin"], scratch / "vlm-warm.prof"
+    )
     # Empty home / empty cache.
     for attempt in range(runs):
         base = scratch / f"vlm-empty-{attempt}"
@@ -348,20 +371,25 @@ def bench_vlm(harness: list[str], scratch: Path, runs: int) -> list[tuple[str, f
         add("empty harness", env_set.realize(base / "home"))
         remove_tree(base)
     base = scratch / "vlm-empty-profile"
-    empty_phases = profile_phases(["--project", str(project), "--home", str(base / "home"), "realize", "vlm"],
-                                  scratch / "vlm-empty.prof")
+    empty_phases = profile_phases(
+        ["--project", str(project), "--home", str(base / "home"), "realize", "vlm"], scratch / "vlm-empty.prof"
+    )
     remove_tree(base)
     remove_tree(home)
 
     print(f"\n(f) VLM-like set ({packages} packages: {', '.join(VLM)}), median of {runs} s")
     print(f"{'case':<44} {'uv+pyc':>7} {'harness':>8} {'h/uv':>6}")
     results = []
-    for label, key, goal in (("second environment, caches warm", "second", "<= 1.0"),
-                             ("empty home vs empty uv cache", "empty", "<= 2.0")):
+    for label, key, goal in (
+        ("second environment, caches warm", "second", "<= 1.0"),
+        ("empty home vs empty uv cache", "empty", "<= 2.0"),
+    ):
         uv, ours = median(samples[f"{key} uv"]), median(samples[f"{key} harness"])
-        print(f"{label:<44} {uv:7.2f} {ours:8.2f} {ours / uv:6.2f}   "
-              f"(harness {', '.join(f'{v:.2f}' for v in samples[f'{key} harness'])}; "
-              f"uv {', '.join(f'{v:.2f}' for v in samples[f'{key} uv'])})")
+        print(
+            f"{label:<44} {uv:7.2f} {ours:8.2f} {ours / uv:6.2f}   "
+            f"(harness {', '.join(f'{v:.2f}' for v in samples[f'{key} harness'])}; "
+            f"uv {', '.join(f'{v:.2f}' for v in samples[f'{key} uv'])})"
+        )
         results.append((f"(f) vlm {label}", ours / uv, goal))
     print("\nwhere a realize's time goes (one run under cProfile; wall s, cumulative, phases overlap)")
     print(f"{'phase':<36} {'second env, warm':>17} {'empty home':>11}")
@@ -390,8 +418,10 @@ def bench_noop(harness: list[str], scratch: Path, runs: int) -> list[tuple[str, 
     print(f"\n(c) no-op realize of {', '.join(examples)} (median of {runs}; python -c pass {baseline:.3f} s)")
     print(f"with its stamp: {median(stamped):.3f} s; full decision (no stamp): {median(full):.3f} s")
     remove_tree(home)
-    return [("(c) no-op realize, s", median(stamped), "< 0.5"),
-            ("(c) no-op realize without the stamp, s", median(full), "< 0.5")]
+    return [
+        ("(c) no-op realize, s", median(stamped), "< 0.5"),
+        ("(c) no-op realize without the stamp, s", median(full), "< 0.5"),
+    ]
 
 
 # ------------------------------------------------------------------------------ (d) and (e)
@@ -429,8 +459,9 @@ def make_weights(scratch: Path, gib: float) -> tuple[Store, str, list[Path], lis
     return store, name, [store.path(name) / p.name for p in files], pins
 
 
-def bench_verify(harness: list[str], store: Store, name: str, files: list[Path],
-                 runs: int, installed: Path) -> list[tuple[str, float, str]]:
+def bench_verify(
+    harness: list[str], store: Store, name: str, files: list[Path], runs: int, installed: Path
+) -> list[tuple[str, float, str]]:
     """``installed``: the ``harness`` of a regular install (benchproject.regular_install), as
     users run it; ``harness``: this checkout's (the editable install of scripts/bootstrap.sh)."""
     total = sum(p.stat().st_size for p in files)
@@ -440,10 +471,18 @@ def bench_verify(harness: list[str], store: Store, name: str, files: list[Path],
     # The same entry point through click and the CLI (as before verify ran without them), and
     # also without the hashing it starts before the CLI loads (harness.store.early).
     cli = [python, "-c", "import harness.entry as e; e.verify_without_cli = lambda argv: None; e.main()", *args]
-    late = [python, "-c", "import harness.entry as e; e.verify_without_cli = lambda argv: None; "
-            "e.start_early = lambda argv: 0; e.main()", *args]
-    tools = {"harness verify": argv, "... editable install": [*harness, *args], "... through the CLI": cli,
-             "... hashing after the CLI": late}
+    late = [
+        python,
+        "-c",
+        "import harness.entry as e; e.verify_without_cli = lambda argv: None; e.start_early = lambda argv: 0; e.main()",
+        *args,
+    ]
+    tools = {
+        "harness verify": argv,
+        "... editable install": [*harness, *args],
+        "... through the CLI": cli,
+        "... hashing after the CLI": late,
+    }
     for tool in ("b3sum", "sha256sum"):
         if shutil.which(tool):
             tools[tool] = [tool, *map(str, files)]
@@ -474,8 +513,10 @@ def bench_verify(harness: list[str], store: Store, name: str, files: list[Path],
         start = time.perf_counter()
         assert verify_store(store, check_contents=True, names=[name])[0].status == "ok"
         samples["harness, hashing only"].append(time.perf_counter() - start)
-    print(f"\n(d) verify {total / 2**30:.2f} GiB ({len(files)} files), page cache warm (median s, GB/s, CPU s); "
-          f"load {os.getloadavg()[0]:.1f}")
+    print(
+        f"\n(d) verify {total / 2**30:.2f} GiB ({len(files)} files), page cache warm (median s, GB/s, CPU s); "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
     ours = median(samples["harness verify"])
     late_key = "... hashing after the CLI"
     results = []
@@ -487,21 +528,24 @@ def bench_verify(harness: list[str], store: Store, name: str, files: list[Path],
         if key in ("b3sum", "sha256sum"):
             results.append((f"(d) verify throughput vs {key}", t / ours, ">= 0.8"))
             if key == "b3sum":
-                results.append((f"(d) ... editable install vs {key}", t / median(samples["... editable install"]),
-                                ">= 0.8"))
-                results.append((f"(d) ... through the CLI vs {key}", t / median(samples["... through the CLI"]), ">= 0.8"))
+                results.append(
+                    (f"(d) ... editable install vs {key}", t / median(samples["... editable install"]), ">= 0.8")
+                )
+                results.append(
+                    (f"(d) ... through the CLI vs {key}", t / median(samples["... through the CLI"]), ">= 0.8")
+                )
                 results.append((f"(d) ... hashing after the CLI vs {key}", t / median(samples[late_key]), ">= 0.8"))
             results.append((f"(d) ... hashing only (no start-up) vs {key}", t / hashing, ">= 0.8"))
     return results
 
 
-def bench_download(harness: list[str], files: list[Path], pins: list[tuple[str, int]], scratch: Path,
-                   runs: int) -> list[tuple[str, float, str]]:
+def bench_download(
+    harness: list[str], files: list[Path], pins: list[tuple[str, int]], scratch: Path, runs: int
+) -> list[tuple[str, float, str]]:
     if not shutil.which("curl"):
         print("\n(e) curl is not installed: the download comparison is skipped")
         return []
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(files[0].parent)], stdout=subprocess.PIPE,
-                              text=True)
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(files[0].parent)], stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline())  # type: ignore[union-attr]
         base = f"http://127.0.0.1:{port}"
@@ -531,17 +575,26 @@ def bench_download(harness: list[str], files: list[Path], pins: list[tuple[str, 
     finally:
         server.terminate()
         server.wait()
-    print(f"\n(e) download {total / 2**30:.2f} GiB from 127.0.0.1 (median s, GB/s, CPU s of the client; "
-          f"the server's is not counted); load {os.getloadavg()[0]:.1f}")
+    print(
+        f"\n(e) download {total / 2**30:.2f} GiB from 127.0.0.1 (median s, GB/s, CPU s of the client; "
+        f"the server's is not counted); load {os.getloadavg()[0]:.1f}"
+    )
     for key, values in samples.items():
         t = median(values)
-        print(f"{key:<22} {t:7.3f} s {total / t / 1e9:6.2f} GB/s {median(cpu[key]):7.3f} CPU s  "
-              f"{[round(v, 3) for v in values]}")
+        print(
+            f"{key:<22} {t:7.3f} s {total / t / 1e9:6.2f} GB/s {median(cpu[key]):7.3f} CPU s  "
+            f"{[round(v, 3) for v in values]}"
+        )
     ours_t = median(samples["harness download"])
-    return [("(e) download throughput vs curl", median(samples["curl"]) / ours_t, ">= 0.8"),
-            ("(e) ... 4 files in parallel vs curl", median(samples["curl"]) / median(samples["harness, 4 in parallel"]),
-             ">= 0.8"),
-            ("(e) download throughput vs curl + sha256sum", median(samples["curl + sha256sum"]) / ours_t, ">= 0.8")]
+    return [
+        ("(e) download throughput vs curl", median(samples["curl"]) / ours_t, ">= 0.8"),
+        (
+            "(e) ... 4 files in parallel vs curl",
+            median(samples["curl"]) / median(samples["harness, 4 in parallel"]),
+            ">= 0.8",
+        ),
+        ("(e) download throughput vs curl + sha256sum", median(samples["curl + sha256sum"]) / ours_t, ">= 0.8"),
+    ]
 
 
 # ------------------------------------------------------------------------------------ main
@@ -558,11 +611,13 @@ def main() -> None:
     harness = _harness()
     import harness as package
 
-    print(f"date {datetime.date.today()}; machine {platform.machine()}, nproc {os.cpu_count()}, "
-          f"{platform.system()} {platform.release()}; CPython {platform.python_version()}; "
-          f"harness {package.__version__}; {version([uv_bin(), '--version'])}; "
-          f"{version(['b3sum', '--version']) or 'no b3sum'}; {version(['sha256sum', '--version']) or 'no sha256sum'}; "
-          f"{(version(['curl', '--version']) or 'no curl').split(' (')[0]}; {args.runs} runs")
+    print(
+        f"date {datetime.date.today()}; machine {platform.machine()}, nproc {os.cpu_count()}, "
+        f"{platform.system()} {platform.release()}; CPython {platform.python_version()}; "
+        f"harness {package.__version__}; {version([uv_bin(), '--version'])}; "
+        f"{version(['b3sum', '--version']) or 'no b3sum'}; {version(['sha256sum', '--version']) or 'no sha256sum'}; "
+        f"{(version(['curl', '--version']) or 'no curl').split(' (')[0]}; {args.runs} runs"
+    )
     results: list[tuple[str, float, str]] = []
     with tempfile.TemporaryDirectory(prefix="harness-bench-realize-") as tmp:
         scratch = Path(tmp)
