@@ -301,6 +301,43 @@ def test_offline_works_from_the_mirror_alone(upstream: Upstream, tmp_path: Path)
         lock(upstream, cache, "main")
 
 
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands the repository to another user (needs root)")
+def test_a_repository_another_user_owns_is_fetched_by_path_and_file_url(upstream: Upstream, tmp_path: Path) -> None:
+    """A lab's shared repository, or a colleague's, on this machine: git refuses to serve a
+    repository its user does not own ("dubious ownership") unless told it is safe; harness
+    tells it so for the one upload-pack of that fetch. By branch, by a commit no branch holds
+    (fetched by id), through a file:// URL and a plain path, and exported again."""
+    git(upstream.path, "checkout", "-q", "--detach", upstream.c2)
+    (upstream.path / "loose.txt").write_text("loose\n")
+    loose = commit_all(upstream.path, "loose")
+    git(upstream.path, "checkout", "-q", "main")
+    subprocess.run(["chown", "-R", "65534:65534", str(upstream.path)], check=True)
+    refused = subprocess.run(
+        ["git", "ls-remote", upstream.url], capture_output=True, text=True, env={**os.environ, **IDENTITY}
+    )
+    assert refused.returncode != 0 and "dubious ownership" in refused.stderr, "git itself refuses this repository"
+    cache = tmp_path / "cache"
+    pin = lock(upstream, cache, "main")
+    assert pin.commit == upstream.c3
+    assert lock(upstream, cache, loose).commit == loose
+    by_path = lock_source(Source(repo=str(upstream.path), rev="feature"), tmp_path / "cache-by-path")
+    assert by_path.commit == upstream.c4
+    export_source(pin, tmp_path / "fresh-cache", tmp_path / "dest", offline=False)
+    assert content_hash(tmp_path / "dest") == pin.tree
+
+
+def test_local_urls_are_told_from_remote_ones() -> None:
+    """git's rule: file:// and paths are fetched by an upload-pack on this machine; every
+    other scheme, and ssh's host:path, are not (and keep git's own upload-pack)."""
+    from harness.resolve.git import is_local_url
+
+    for url in ("file:///srv/git/a.git", "/srv/git/a.git", "./a.git", "a.git", "dir/with:colon"):
+        assert is_local_url(url), url
+    for url in ("https://h/a.git", "ssh://h/a.git", "git@h:org/a.git", "h:a.git", "git://h/a"):
+        assert not is_local_url(url), url
+
+
 def test_offline_fails_clearly_for_what_was_never_fetched(upstream: Upstream, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     with pytest.raises(GitError, match="has no local mirror"):

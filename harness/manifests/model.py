@@ -108,7 +108,9 @@ class Source(Strict):
     """A git repository pinned to a revision, installed into the environment."""
 
     repo: str = Field(
-        description="A git URL (https://, ssh, file://) or a local path. [git-mirrors] in the settings can "
+        description="A git URL (https://, ssh, file://) or a local path; a repository on this machine is fetched "
+        "whichever user owns it (a lab's or a colleague's: git's safe.directory is set for that fetch alone). "
+        "[git-mirrors] in the settings can "
         "fetch it from elsewhere; the lock keeps this URL."
     )
     rev: str = Field(

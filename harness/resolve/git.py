@@ -187,9 +187,33 @@ def _create_mirror(mirror: Path, repo: str) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+#: The upload-pack a fetch from a repository on this machine runs (git starts it through the
+#: shell, in that repository). git refuses to serve a repository another user owns ("dubious
+#: ownership") unless ``safe.directory`` allows it, and clears ``-c`` settings and
+#: ``GIT_CONFIG_*`` from a local upload-pack's environment, so the setting goes on its own
+#: command line. It covers that one process, which opens the one repository a manifest (or a
+#: mirror setting) names: a lab's shared repository, or a colleague's, whose code harness then
+#: builds and runs anyway.
+_TRUSTING_UPLOAD_PACK = "git -c safe.directory='*' upload-pack"
+
+
+def is_local_url(url: str) -> bool:
+    """Whether git fetches ``url`` by running upload-pack on this machine: a ``file://`` URL or
+    a path (git's rule: no ``scheme://``, and no colon before the first slash, which would make
+    it ssh's ``host:path``)."""
+    if "://" in url:
+        return url.startswith("file://")
+    colon, slash = url.find(":"), url.find("/")
+    return colon == -1 or (slash != -1 and slash < colon)
+
+
 def _fetch(mirror: Path, repo: str, refspecs: Sequence[str]) -> subprocess.CompletedProcess[bytes]:
+    # Never for a remote: over ssh the option would change the command the server is asked to run.
+    trusting = ["--upload-pack", _TRUSTING_UPLOAD_PACK] if is_local_url(repo) else []
     return _git(
-        ["fetch", "--quiet", "--prune", "--no-tags", "--force", "--", repo, *refspecs], git_dir=mirror, check=False
+        ["fetch", "--quiet", "--prune", "--no-tags", "--force", *trusting, "--", repo, *refspecs],
+        git_dir=mirror,
+        check=False,
     )
 
 
