@@ -322,21 +322,28 @@ def test_init_refuses_a_group_the_caller_is_not_in(lab: tuple[User, User], home:
     assert code == 2 and "no such group" in err
 
 
+def _make_upstream(upstream: Path) -> None:
+    """A repository the lab can read (a shared one, or a colleague's), made by the caller."""
+    upstream.mkdir()
+    for args in (["init", "-q", "-b", "main"], ["config", "user.name", "a"], ["config", "user.email", "a@lab"]):
+        subprocess.run(["git", *args], cwd=upstream, check=True)
+    (upstream / "setup.py").write_text("print('hello')\n")
+    subprocess.run(["git", "add", "-A"], cwd=upstream, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "first"], cwd=upstream, check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(upstream)], check=True)
+
+
 def test_a_git_mirror_one_member_made_serves_the_others(lab: tuple[User, User], home: Path) -> None:
     """Member a locks a git source in the shared home, which makes its mirror; member b then
     exports the locked commit from that mirror (as realize does, offline) and locks it again
-    offline through it: the mirror is the group's, not only its maker's."""
+    offline through it: the mirror is the group's, not only its maker's. And online: b
+    fetches from a's repository, which git serves to b only with safe.directory set."""
     a, b = lab
     upstream = home.parent / "upstream"
 
     def lock_as_a() -> Any:
         init_and_add(home)
-        upstream.mkdir()
-        for args in (["init", "-q", "-b", "main"], ["config", "user.name", "a"], ["config", "user.email", "a@lab"]):
-            subprocess.run(["git", *args], cwd=upstream, check=True)
-        (upstream / "setup.py").write_text("print('hello')\n")
-        subprocess.run(["git", "add", "-A"], cwd=upstream, check=True)
-        subprocess.run(["git", "commit", "-q", "-m", "first"], cwd=upstream, check=True)
+        _make_upstream(upstream)
         return harness.resolve.git.lock_source(Source(repo=upstream.as_uri(), rev="main"), home / "cache")
 
     pin = as_user(a, lock_as_a)
@@ -347,6 +354,40 @@ def test_a_git_mirror_one_member_made_serves_the_others(lab: tuple[User, User], 
         out = home.parent / "exported-by-b"
         harness.resolve.git.export_source(pin, home / "cache", out, offline=True)
         again = harness.resolve.git.lock_source(Source(repo=pin.repo, rev="main"), home / "cache", offline=True)
-        return content_hash(out), again.commit, again.tree
+        # Online too: b fetches from a's repository, which git calls "dubious ownership".
+        online = harness.resolve.git.lock_source(Source(repo=pin.repo, rev="main"), home / "cache")
+        return content_hash(out), again.commit, again.tree, online.commit
 
-    assert as_user(b, use_as_b) == (pin.tree, pin.commit, pin.tree)
+    assert as_user(b, use_as_b) == (pin.tree, pin.commit, pin.tree, pin.commit)
+
+
+def test_a_mirror_a_member_made_before_it_was_shared_is_refused_by_name_until_opened(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """A mirror left 0700 by an older harness (or made before the home was shared) is its
+    maker's alone: another member gets an error naming the maker and the command that opens
+    it, not git's "permission denied"; once the maker runs ``store init --group`` again, the
+    other member locks through it."""
+    a, b = lab
+    upstream = home.parent / "upstream"
+
+    def lock_as_a_and_close() -> Any:
+        init_and_add(home)
+        _make_upstream(upstream)
+        pin = harness.resolve.git.lock_source(Source(repo=upstream.as_uri(), rev="main"), home / "cache")
+        mirror = harness.resolve.git.mirror_path(home / "cache", pin.repo)
+        subprocess.run(["chmod", "-R", "go-rwx", str(mirror)], check=True)  # as mirrors were made before
+        return pin
+
+    pin = as_user(a, lock_as_a_and_close)
+
+    def lock_as_b() -> Any:
+        try:
+            return harness.resolve.git.lock_source(Source(repo=pin.repo, rev="main"), home / "cache").commit
+        except HarnessError as exc:
+            return f"{exc.message} | {exc.hint}"
+
+    refused = as_user(b, lock_as_b)
+    assert f"is {a.name}'s and closed to you" in refused and "store init --group" in refused, refused
+    assert as_user(a, lambda: cli(home, "store", "init", "--group", GROUP)[0]) == 0
+    assert as_user(b, lock_as_b) == pin.commit

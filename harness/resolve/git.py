@@ -165,7 +165,32 @@ def _locked_mirror(cache_dir: Path, repo: str) -> Iterator[Path]:
     from harness.store.store import lock_file
 
     with lock_file(Path(f"{mirror}.lock")):  # group-writable: a shared home's members all open it
+        _check_usable(mirror, repo, write=False)
         yield mirror
+
+
+def _check_usable(mirror: Path, repo: str, *, write: bool) -> None:
+    """Raise a GitError saying whose the mirror is and what opens it, when it exists but this
+    user cannot read it (or, with ``write``, fetch into it): in a shared home, a mirror a
+    member made before harness opened mirrors to the group is theirs alone (0700)."""
+    wanted = os.R_OK | os.X_OK | (os.W_OK if write else 0)
+    try:
+        if not mirror.is_dir() or all(os.access(p, wanted) for p in (mirror, mirror / "objects", mirror / "refs")):
+            return
+        uid = mirror.stat().st_uid
+    except OSError:
+        return  # gone meanwhile: made again below
+    try:
+        import pwd
+
+        owner = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        owner = f"user {uid}"
+    raise GitError(
+        f"the git mirror of {repo} in this home ({mirror}) is {owner}'s and closed to you",
+        hint=f"{owner} can open it to the home's group by running `harness store init --group GROUP` in it once "
+        "more (it hands what they made before to the group), or remove that folder",
+    )
 
 
 def _create_mirror(mirror: Path, repo: str) -> None:
@@ -219,6 +244,7 @@ def _fetch(mirror: Path, repo: str, refspecs: Sequence[str]) -> subprocess.Compl
 
 def _update_mirror(mirror: Path, repo: str) -> None:
     """Create the mirror if needed and fetch every branch and tag of ``repo`` into it."""
+    _check_usable(mirror, repo, write=True)
     created = not mirror.exists()
     if created:
         _create_mirror(mirror, repo)
