@@ -418,6 +418,57 @@ def test_environment_refuses_an_editable_that_cannot_move(built: tuple[Inputs, P
         shutil.rmtree(tree)
 
 
+def test_path_sources_are_put_on_sys_path_without_building(built: tuple[Inputs, Path], tmp_path: Path) -> None:
+    """``install = "path"``: a checkout that is not a package (no pyproject.toml, no
+    setup.py, as RoboDojo's runs from its checkout with it on PYTHONPATH) goes on the
+    environment's sys.path, whole or by subdirectory, through one relative ``.pth`` file that
+    no RECORD lists; nothing is built, and the environment still moves with the store."""
+    inputs, _ = built
+    checkout = inputs.store / _name("source", "runner")
+    (checkout / "src" / "eval_client").mkdir(parents=True)
+    (checkout / "src" / "__init__.py").write_text("")
+    (checkout / "src" / "eval_client" / "__init__.py").write_text("WHERE = __file__\n")
+    (checkout / "tools").mkdir()
+    (checkout / "tools" / "helper.py").write_text("WHERE = __file__\n")
+    env = inputs.store / _name("environment", "path-env")
+    env.mkdir()
+    try:
+        result = build_environment(
+            env,
+            interpreter_dir=inputs.interpreter,
+            interpreter_exe=inputs.build.executable,
+            wheels=[],
+            sources=[(checkout, "path", None), (checkout, "path", "tools")],
+            cache_dir=tmp_path / "uv-cache",
+        )
+        assert result.editable == (f"../../../../{checkout.name}", f"../../../../{checkout.name}/tools")
+        site = env / result.site_packages
+        assert (site / "_harness_path_sources.pth").read_text() == "".join(f"{line}\n" for line in result.editable)
+        assert not any("_harness_path_sources" in r.read_text() for r in site.glob("*.dist-info/RECORD"))
+        probe = "import json, src.eval_client as a, helper as b; print(json.dumps([a.WHERE, b.WHERE]))"
+        moved = tmp_path / "home-b" / "store"
+        moved.mkdir(parents=True)
+        for path in (inputs.interpreter, env, checkout):
+            shutil.copytree(path, moved / path.name, symlinks=True)
+        for where in (inputs.store, moved):
+            proc = subprocess.run(
+                [os.fspath(where / env.name / "bin" / "python"), "-c", probe],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd="/",
+                env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+            )
+            assert proc.returncode == 0, proc.stderr
+            assert json.loads(proc.stdout) == [
+                os.fspath(where / checkout.name / "src" / "eval_client" / "__init__.py"),
+                os.fspath(where / checkout.name / "tools" / "helper.py"),
+            ]
+    finally:
+        shutil.rmtree(env)
+        shutil.rmtree(checkout)
+
+
 # --------------------------------------------------------------------------- uv-managed
 
 

@@ -401,7 +401,7 @@ _PACKAGES = st.lists(
             rev=_TEXT,
             commit=st.from_regex(r"[0-9a-f]{40}", fullmatch=True),
             tree=_SHA.map(lambda h: "blake3:" + h),
-            install=st.sampled_from(["editable", "regular", "none"]),
+            install=st.sampled_from(["editable", "regular", "path", "none"]),
             subdirectory=st.one_of(st.none(), _PATH),
             build_isolation=st.booleans(),
             submodules=st.lists(
@@ -481,3 +481,14 @@ def test_toml_text_of_each_value() -> None:
     assert tomltext.multiline_array([1, 2]) == "[\n    1,\n    2,\n]"
     with pytest.raises(TypeError):
         tomltext.value(1.5)
+
+
+def test_a_path_source_is_exported_as_a_checkout_not_a_package() -> None:
+    """``install = "path"`` puts a checkout on sys.path: no installer's format can say that, so
+    an export lists it with the checkouts, never as a package to install."""
+    from harness.lock.export import unexported
+
+    [source] = _lock().sources
+    lock = _lock(sources=[source.model_copy(update={"install": "path"})])
+    assert unexported(lock, "requirements") == ["checkout(s) tool as comments", "weights arm as comments"]
+    assert unexported(_lock(), "requirements")[0] == "git source(s) tool as commented lines to install separately"

@@ -166,7 +166,8 @@ def make_repos(root: Path) -> dict[str, str]:
     done("OpenWAM-Official/OpenWAM", openwam)
 
     robodojo = new_repo(root, "RoboDojo-Benchmark/RoboDojo")
-    write_source_tree(robodojo, "robodojo", "0.1")
+    # Not a package, as RoboDojo is not: a pyproject without a build system, run from the checkout.
+    (robodojo / "pyproject.toml").write_text('[project]\nname = "robodojo"\nversion = "0.1.0"\n')
     (robodojo / "src" / "eval_client").mkdir(parents=True)
     (robodojo / "src" / "eval_client" / "main.py").write_text("print('eval client')\n")
     add_submodule(robodojo, root, "XPolicyLab/XPolicyLab", "XPolicyLab")
@@ -343,7 +344,7 @@ def test_every_shipped_manifest_realizes_and_runs_from_the_store(locked: Seed) -
     for name, imports in {
         "openwam": "import torch, openwam; assert torch.__version__ == '2.7.1+cu128'",
         "smolvla": "import lerobot, xpolicylab, h5py",
-        "robodojo": "import robodojo, xpolicylab, isaaclab_tasks, nvidia_curobo, isaacsim, torchaudio",
+        "robodojo": "import src.eval_client.main, xpolicylab, isaaclab_tasks, nvidia_curobo, isaacsim, torchaudio",
         "sam3": "import sam3, timm",
         "molmo2": "import molmo_utils, decord2",
     }.items():

@@ -119,7 +119,7 @@ class LockedSource(Strict):
         description="The content hash of the commit's files, submodules included (the store's NAR hash); "
         "realize checks the export against it.",
     )
-    install: Literal["editable", "regular", "none"] = Field(description="As the manifest's install.")
+    install: Literal["editable", "regular", "path", "none"] = Field(description="As the manifest's install.")
     subdirectory: InsidePath | None = Field(default=None, description="As the manifest's subdirectory.")
     #: False: built against the environment's own packages (``--no-build-isolation``).
     build_isolation: bool = Field(

@@ -17,7 +17,8 @@ Nothing is dropped silently. Git sources (their URLs through this machine's
 as regular packages: the format has no editable VCS entry); in requirements.txt as commented
 ``name @ git+URL@commit`` lines in a block of their own, because pip and uv refuse a file
 that mixes hashed lines with an unhashable VCS line, so they are installed separately
-(``--no-deps``). Checkout-only sources (``install = "none"``) and weight sets, which no
+(``--no-deps``). Checkout-only sources (``install = "none"``, and ``"path"``: a checkout on
+the environment's sys.path, which no installer can express) and weight sets, which no
 Python installer reads, are listed in comment blocks. :func:`unexported` names all of these
 for the CLI to say so.
 """
@@ -47,6 +48,9 @@ _JSON = "application/vnd.pypi.simple.v1+json"
 _ACCEPT = f"{_JSON}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01"
 _TIMEOUT_S = 60.0
 
+#: Sources that are checkouts, not packages: no installer's format can carry them.
+CHECKOUT_ONLY = ("none", "path")
+
 
 def to_requirements(lock: Lock, settings: Settings) -> str:
     """A hashed requirements.txt; index addresses only where configuration names them."""
@@ -63,7 +67,7 @@ def to_requirements(lock: Lock, settings: Settings) -> str:
             lines.append(f"{flag} {url}")
     for package in sorted(lock.packages, key=lambda p: p.name):
         lines.append(_requirement(package))
-    installed = [s for s in lock.sources if s.install != "none"]
+    installed = [s for s in lock.sources if s.install not in CHECKOUT_ONLY]
     if installed:
         lines += [
             "",
@@ -91,10 +95,14 @@ def _git_requirement(source: LockedSource, settings: Settings) -> str:
 def _comment_blocks(lock: Lock, settings: Settings) -> list[str]:
     """Comment lines for what no Python installer reads: checkout-only sources, weights."""
     lines: list[str] = []
-    checkouts = [s for s in lock.sources if s.install == "none"]
+    checkouts = [s for s in lock.sources if s.install in CHECKOUT_ONLY]
     if checkouts:
-        lines += ["", '# Checkouts (install = "none"): not installed; `harness realize` places them in its store.']
-        lines += [f"#   {s.name}: {_git_url(s, settings)} at {s.commit}" for s in checkouts]
+        lines += [
+            "",
+            '# Checkouts (install = "none" or "path"): not installed; `harness realize` places them in its',
+            '# store, and puts a "path" one on the environment\'s sys.path.',
+        ]
+        lines += [f"#   {s.name}: {_git_url(s, settings)} at {s.commit} ({s.install})" for s in checkouts]
     if lock.weights:
         lines += ["", "# Weights: no installer fetches these; `harness realize` does, file by file, hash-checked."]
         for w in lock.weights:
@@ -108,10 +116,10 @@ def _comment_blocks(lock: Lock, settings: Settings) -> list[str]:
 def unexported(lock: Lock, fmt: str) -> list[str]:
     """What the export of ``lock`` in ``fmt`` carries only as comments (for a note)."""
     out = []
-    installed = [s.name for s in lock.sources if s.install != "none"]
+    installed = [s.name for s in lock.sources if s.install not in CHECKOUT_ONLY]
     if installed and fmt == "requirements":
         out.append(f"git source(s) {', '.join(installed)} as commented lines to install separately")
-    checkouts = [s.name for s in lock.sources if s.install == "none"]
+    checkouts = [s.name for s in lock.sources if s.install in CHECKOUT_ONLY]
     if checkouts:
         out.append(f"checkout(s) {', '.join(checkouts)} as comments")
     if lock.weights:
@@ -177,7 +185,7 @@ def to_pylock(lock: Lock, settings: Settings, cache_dir: Path | None = None) -> 
             table["wheels"] = wheels.multiline(True)
         entries.append(table)
     for source in lock.sources:
-        if source.install == "none":
+        if source.install in CHECKOUT_ONLY:
             continue
         table = tomlkit.table()
         table["name"] = source.name

@@ -420,7 +420,7 @@ def _sources(
                     cache_dir,
                     offline=options.offline,
                     mirrors=settings.git_mirrors,
-                    keep=None if source.install == "none" else keep,
+                    keep=None if source.install in ("none", "path") else keep,
                 )
             )
             exported.append(keep)
@@ -428,8 +428,8 @@ def _sources(
     build_reqs: list[str] = []
     env_reqs: list[str] = []
     for pin_, source, dest in zip(pins, environment.sources, exported, strict=True):
-        if pin_.install == "none":
-            continue  # a checkout only: realized into the store, never installed
+        if pin_.install in ("none", "path"):
+            continue  # a checkout only: realized into the store, never built
         root = dest / pin_.subdirectory if pin_.subdirectory else dest
         if not ((root / "pyproject.toml").is_file() or (root / "setup.py").is_file()):
             raise HarnessError(

@@ -118,10 +118,12 @@ class Source(Strict):
         description="A branch, tag or commit; the lock resolves it to a full commit and the content hash of "
         "that commit's files (submodules included). Prefer a commit: branches move.",
     )
-    install: Literal["editable", "regular", "none"] = Field(
+    install: Literal["editable", "regular", "path", "none"] = Field(
         default="regular",
         description="editable: install the realized (read-only) checkout in place, for projects that read "
-        "files from it; regular: build and install it as a package; none: realize the checkout without "
+        "files from it; regular: build and install it as a package; path: put the checkout (or its "
+        "subdirectory) on the environment's sys.path, as PYTHONPATH would, without building anything (a "
+        "project that is not a package and runs from its checkout); none: realize the checkout without "
         "installing it (scripts, or a project whose pins conflict with the environment's).",
     )
     subdirectory: str | None = Field(
@@ -154,8 +156,8 @@ class Source(Strict):
 
     @model_validator(mode="after")
     def _isolation(self) -> Source:
-        if self.install == "none" and (self.extras or not self.build_isolation):
-            raise ValueError('extras and build-isolation apply to installed sources, not install = "none"')
+        if self.install in ("none", "path") and (self.extras or not self.build_isolation):
+            raise ValueError(f'extras and build-isolation apply to built sources, not install = "{self.install}"')
         return self
 
     @model_serializer(mode="wrap")

@@ -1057,9 +1057,9 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
         for s in lock.sources
         if s.install != "none"
     ]
-    # Runtime references only: the interpreter its bin/python links to and the editable
-    # sources its .pth files name. Wheels are copied in, so they are build inputs, not refs.
-    references = [lock.python.store, *[s.store for s in lock.sources if s.install == "editable"]]
+    # Runtime references only: the interpreter its bin/python links to and the editable and
+    # path sources its .pth files name. Wheels are copied in, so they are build inputs, not refs.
+    references = [lock.python.store, *[s.store for s in lock.sources if s.install in ("editable", "path")]]
 
     hashes = {chosen_file(p, lock).file: chosen_file(p, lock).sha256 for p in [*lock.packages, *lock.build_packages]}
     major_minor = ".".join(lock.python.version.split(".")[:2])

@@ -10,7 +10,9 @@ source trees, realized build-requirement wheels), every file hash-checked:
    uv refuses a file whose bytes differ; a locked sdist is built there;
 3. the source trees with ``uv pip install --offline --no-index --no-deps`` (their
    dependencies are locked packages, already installed): ``regular`` ones built into the
-   environment, ``editable`` ones installed editable. Each is built from a scratch *copy*: a
+   environment, ``editable`` ones installed editable, ``path`` ones not built at all: a
+   ``.pth`` line puts their tree on ``sys.path`` (a project that runs from its checkout with
+   it on ``PYTHONPATH``). Each built one is built from a scratch *copy*: a
    realized source tree is read-only, and backends write into the tree they build (setuptools'
    ``build/`` and ``*.egg-info``). Build requirements come only from ``build_wheels``
    (``--find-links`` a folder of them, ``--build-constraints`` pinning each to its hash,
@@ -86,7 +88,7 @@ from harness.errors import HarnessError
 from harness.resolve.uvtool import run_uv
 from harness.store.hashing import STORE_HASH_CHARS, NIX_BASE32_ALPHABET, file_sha256
 
-INSTALL_MODES = ("editable", "regular")
+INSTALL_MODES = ("editable", "regular", "path")
 _STORE_PREFIX = re.compile(rf"^[{NIX_BASE32_ALPHABET}]{{{STORE_HASH_CHARS}}}-")
 
 
@@ -151,9 +153,9 @@ def build_environment(
       its file name or by a store name ``<32-char hash>-<file name>`` (or a folder holding
       exactly one such file). ``hashes`` maps file names to the lock's sha256; without it each
       file's own sha256 is used (the store checked the bytes when it realized them).
-    * ``sources`` are ``(realized source tree, "editable" | "regular", subdirectory or
-      None[, build isolation])``; an editable one is imported from its store path, which
-      must be a sibling of the environment's final location too. A source without build
+    * ``sources`` are ``(realized source tree, "editable" | "regular" | "path", subdirectory
+      or None[, build isolation])``; an editable or path one is imported from its store path,
+      which must be a sibling of the environment's final location too. A source without build
       isolation (``False``) is built with uv's ``--no-build-isolation``, against the
       environment's own packages, after the isolated ones.
     * ``build_wheels`` are the realized wheels of the locked build requirements, the only
@@ -188,11 +190,10 @@ def build_environment(
             raise HarnessError(f"{tree}: install mode {mode!r}, expected one of {', '.join(INSTALL_MODES)}")
         if not (tree / (subdirectory or "")).is_dir():
             raise HarnessError(f"{tree}: no source tree{f' subdirectory {subdirectory}' if subdirectory else ''}")
-        if mode == "editable" and tree.absolute().parent != interpreter_dir.parent:
+        if mode in ("editable", "path") and tree.absolute().parent != interpreter_dir.parent:
             # The .pth line is relative to the store folder (module doc).
             raise HarnessError(
-                f"{tree}: an editable source must be realized in the interpreter's store "
-                f"folder ({interpreter_dir.parent})"
+                f"{tree}: an {mode} source must be realized in the interpreter's store folder ({interpreter_dir.parent})"
             )
 
     with tempfile.TemporaryDirectory(prefix="harness-env-") as tmp:
@@ -252,7 +253,7 @@ def build_environment(
             # sources built against the environment itself (build-isolation = false: a CUDA
             # extension compiles against the installed torch), which may import the first ones.
             for isolated in (True, False):
-                chosen = [(i, e) for i, e in enumerate(entries) if e[3] is isolated]
+                chosen = [(i, e) for i, e in enumerate(entries) if e[3] is isolated and e[1] != "path"]
                 if not chosen:
                     continue
                 args: list[str | os.PathLike[str]] = ["pip", "install", "--python", python, "--no-deps", *build_flags]
@@ -276,6 +277,7 @@ def build_environment(
 
         depth = len(site_packages.relative_to(out).parts) + 1  # up to the store folder
         editable = _relativize_pth(site_packages, copies, depth)
+        editable += _path_sources_pth(site_packages, [(t, sub) for t, mode, sub, _ in entries if mode == "path"], depth)
         _link_interpreter(out, f"../../{link_name}/{interpreter_exe}")
         _drop_home(out / "pyvenv.cfg")
         for stray in (out / ".lock",):
@@ -483,6 +485,19 @@ def _relativize_pth(site_packages: Path, copies: Mapping[Path, Path], depth: int
     if changed:
         _update_records(site_packages, changed)
     return tuple(written)
+
+
+def _path_sources_pth(site_packages: Path, trees: Sequence[tuple[Path, str | None]], depth: int) -> tuple[str, ...]:
+    """Write one ``.pth`` file listing the ``path`` sources' trees (or their subdirectories),
+    each relative to ``site-packages`` as an editable one is, in the order given; returns the
+    lines. The file belongs to no distribution (no RECORD names it), as nothing was
+    installed."""
+    if not trees:
+        return ()
+    up = "/".join([".."] * depth)
+    lines = tuple(f"{up}/{tree.name}" + (f"/{subdirectory}" if subdirectory else "") for tree, subdirectory in trees)
+    (site_packages / "_harness_path_sources.pth").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return lines
 
 
 def _update_records(site_packages: Path, changed: Mapping[str, bytes]) -> None:

@@ -60,7 +60,7 @@ class GitSource:
     rev: str  # what the manifest asked for
     commit: str  # full 40-hex commit it resolved to
     tree: str  # "blake3:<hex>" content hash (store NAR scheme) of the commit's files, no .git
-    install: str  # "editable" or "regular"
+    install: str  # "editable", "regular", "path" or "none" (the manifest's)
     subdirectory: str | None = None
     submodules: tuple[Submodule, ...] = ()  # recursively, sorted by path; ``tree`` covers them
     build_isolation: bool = True  # False: built against the environment's own packages
