@@ -320,6 +320,8 @@ def test_on_demand_starts_on_first_acquire_and_is_healthy_before_the_answer(make
         assert lease.fresh and lease.incarnation == 1 and lease.url == spec.url
         row = service_status(broker, spec.name)
         assert row["state"] == "ready" and row["leases"] == 1 and row["memory_bytes"] > 0
+        if not Path("/dev/nvidia0").exists():  # no driver: GPU memory unknown, not zero
+            assert row["gpu_memory_bytes"] is None
         assert fake_processes({spec.name}) == {spec.name: [row["pid"]]}
     again = client.acquire(spec.name)
     assert not again.fresh and again.incarnation == 1  # same process, same client

@@ -8,6 +8,7 @@ only code run besides the planner is the CLI, in-process.
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -401,6 +402,44 @@ def test_detect_gpus_is_empty_without_a_gpu() -> None:
         assert gpus == ()
     for gpu in gpus:  # on a machine with GPUs: sane numbers, never an exception
         assert gpu.total_gb > 0 and 0 <= gpu.free_gb <= gpu.total_gb and gpu.name
+
+
+def test_gpu_memory_by_pid_reads_every_gpu_and_degrades_to_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per process, over every GPU, a process with compute and graphics contexts counted once
+    per GPU, a hidden usage as 0; no driver is None (unknown), never an exception. NVML is
+    played by a stand-in module: there is no GPU here."""
+    import types
+
+    from harness.runtime.inventory import gpu_memory_by_pid, tree_gpu_memory
+
+    real = gpu_memory_by_pid()
+    assert real is None or isinstance(real, dict)
+    if not Path("/dev/nvidia0").exists():
+        assert real is None
+
+    def proc(pid: int, used: int | None) -> types.SimpleNamespace:
+        return types.SimpleNamespace(pid=pid, usedGpuMemory=used)
+
+    compute = {0: [proc(10, 3 << 30), proc(11, None)], 1: [proc(10, 1 << 30)]}
+    graphics = {0: [proc(10, 3 << 30), proc(12, 5 << 20)], 1: []}
+    nvml = types.ModuleType("pynvml")
+    nvml.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    nvml.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetCount = lambda: 2  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetComputeRunningProcesses = lambda h: compute[h]  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetGraphicsRunningProcesses = lambda h: graphics[h]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    usage = gpu_memory_by_pid()
+    assert usage == {10: 4 << 30, 11: 0, 12: 5 << 20}
+    assert tree_gpu_memory([10, 12, 99], usage) == (4 << 30) + (5 << 20)
+    assert tree_gpu_memory(None, usage) is None and tree_gpu_memory([10], None) is None
+
+    def no_driver() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    nvml.nvmlInit = no_driver  # type: ignore[attr-defined]
+    assert gpu_memory_by_pid() is None
 
 
 # --- a deploy written for you -----------------------------------------------------------------------

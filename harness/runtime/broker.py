@@ -490,8 +490,13 @@ class Broker:
                 row["pid"] = proc.pid if proc is not None else None
                 row["port"] = spec.port if spec is not None else self._sched.service(name).placement.port
                 services.append(row)
+        from harness.runtime.inventory import gpu_memory_by_pid, tree_gpu_memory
+
+        gpu_usage = gpu_memory_by_pid() if any(row["pid"] is not None for row in services) else None
         for row in services:
             row["memory_bytes"] = supervisor.tree_memory(row["pid"]) if row["pid"] is not None else None
+            pids = supervisor.tree_pids(row["pid"]) if row["pid"] is not None else None
+            row["gpu_memory_bytes"] = tree_gpu_memory(pids, gpu_usage)
         return {
             "broker": {
                 "url": self.address if self._server is not None else None,

@@ -3,8 +3,9 @@ what a deploy lets the project use.
 
 :func:`detect_gpus` is the only function here that touches the machine; it never raises,
 because a machine without a GPU or a driver is a normal machine with an empty inventory
-(DESIGN: "no GPU must degrade to an empty inventory"). :func:`parse_gpus` and
-:func:`visible` are pure.
+(DESIGN: "no GPU must degrade to an empty inventory"); nor does :func:`gpu_memory_by_pid`,
+which says how much GPU memory each process holds, for ``harness status``.
+:func:`parse_gpus`, :func:`visible` and :func:`tree_gpu_memory` are pure.
 """
 
 from __future__ import annotations
@@ -66,6 +67,49 @@ def detect_gpus() -> tuple[Gpu, ...]:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def gpu_memory_by_pid() -> dict[int, int] | None:
+    """GPU memory in use (bytes) by each process NVML reports, summed over the GPUs it uses
+    (compute and graphics contexts); None when NVML cannot answer (no driver, no GPU, any
+    error). Never raises. A process whose usage the driver hides (no permission to see it,
+    as in some containers) counts 0."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver: nothing to report, which is not zero
+        return None
+    try:
+        usage: dict[int, int] = {}
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            seen: set[int] = set()
+            for query in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
+                for process in query(handle):
+                    if process.pid in seen:  # a process with both contexts holds one allocation
+                        continue
+                    seen.add(process.pid)
+                    used = process.usedGpuMemory
+                    usage[process.pid] = usage.get(process.pid, 0) + (used if isinstance(used, int) else 0)
+        return usage
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def tree_gpu_memory(pids: list[int] | None, usage: dict[int, int] | None) -> int | None:
+    """The GPU memory (bytes) of a process tree (``pids``: the root and its descendants) in
+    ``usage`` (:func:`gpu_memory_by_pid`); None when either is unknown. Pure."""
+    if pids is None or usage is None:
+        return None
+    return sum(usage.get(pid, 0) for pid in pids)
 
 
 def parse_gpus(spec: str) -> tuple[Gpu, ...]:

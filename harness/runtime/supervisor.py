@@ -479,6 +479,14 @@ def iter_alive(state_dir: Path) -> Iterator[PidRecord]:
     return (r for r in read_pidfiles(state_dir) if r.alive)
 
 
+def tree_pids(pid: int) -> list[int] | None:
+    """A process and all its descendants (a service's workers, a launcher's child); None if gone."""
+    try:
+        return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return None
+
+
 def tree_memory(pid: int) -> int | None:
     """Resident memory (bytes) of a process and all its descendants; None if gone."""
     try:

@@ -38,6 +38,7 @@ def print_status(status: dict[str, Any], state_dir: Path) -> None:
         if uptime is None and isinstance(service.get("started"), (int, float)) and service.get("alive"):
             uptime = now - service["started"]  # from a pid file, when the broker is gone
         memory = service.get("memory_bytes")
+        gpu_memory = service.get("gpu_memory_bytes")
         state_word = service.get("state") or ("alive" if service.get("alive") else "gone")
         if service.get("foreign"):
             state_word += " (foreign)"
@@ -51,9 +52,10 @@ def print_status(status: dict[str, Any], state_dir: Path) -> None:
                 service.get("port"),
                 f"{uptime:.0f}s" if isinstance(uptime, (int, float)) else None,
                 f"{memory / 2**20:.0f} MiB" if isinstance(memory, (int, float)) else None,
+                f"{gpu_memory / 2**20:.0f} MiB" if isinstance(gpu_memory, (int, float)) else None,
             ]
         )
-    print_table(None, ["service", "mode", "gpu", "state", "pid", "port", "uptime", "memory"], rows)
+    print_table(None, ["service", "mode", "gpu", "state", "pid", "port", "uptime", "memory", "gpu memory"], rows)
 
 
 def rehearse(state: State, gpus_spec: str) -> dict[str, Any]:
@@ -66,7 +68,10 @@ def rehearse(state: State, gpus_spec: str) -> dict[str, Any]:
     return plan(project.load_services(), deploy, parse_gpus(gpus_spec)).as_json()
 
 
-@click.command(help="Show the services harness runs: mode, GPU, state, pid, port, uptime, memory.")
+@click.command(
+    help="Show the services harness runs: mode, GPU, state, pid, port, uptime, memory (host RSS) and GPU memory "
+    "(from NVML, where a driver answers)."
+)
 @click.option(
     "--gpus",
     "gpus_spec",
