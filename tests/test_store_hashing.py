@@ -338,3 +338,18 @@ def test_large_files_hash_the_same_through_mmap_and_stream(tmp_path: Path) -> No
     assert content_hash(root) == "blake3:" + blake3.blake3(nar).hexdigest()
     assert nar_digest(root).nar_size == len(nar)
     assert file_blake3(root / "big") == blake3.blake3(payload).hexdigest()
+
+
+def test_a_nar_digest_is_a_named_pair_that_pickles_and_copies(tmp_path: Path) -> None:
+    """NarDigest is a plain named pair (not typing's NamedTuple, to keep the early verify
+    light): unpacked, compared, printed, pickled and copied as one would be."""
+    import copy
+    import pickle
+
+    (tmp_path / "f").write_bytes(b"x" * 10)
+    digest = nar_digest(tmp_path / "f")
+    content, size = digest
+    assert (digest.hash, digest.nar_size) == (content, size) and digest == (content, size)
+    assert repr(digest) == f"NarDigest(hash={content!r}, nar_size={size!r})"
+    for again in (pickle.loads(pickle.dumps(digest)), copy.deepcopy(digest), copy.copy(digest)):
+        assert type(again) is type(digest) and again == digest and again.hash == content

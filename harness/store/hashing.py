@@ -348,6 +348,9 @@ class NarDigest(tuple[str, int]):
     def __repr__(self) -> str:
         return f"NarDigest(hash={self[0]!r}, nar_size={self[1]!r})"
 
+    def __getnewargs__(self) -> tuple[str, int]:  # pickle and copy call __new__ with these
+        return (self[0], self[1])
+
 
 def nar_digest(path: str | os.PathLike[str]) -> NarDigest:
     """blake3 of ``iter_nar(path)`` and its length, hashing large files multithreaded."""
