@@ -10,6 +10,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: Requirement sets the lock and realize benches share (issue 17's medium and VLM-like sets).
+MEDIUM = ["requests==2.32.3", "rich==13.9.4", "pydantic==2.9.2"]
+VLM = [
+    "transformers==4.57.1",
+    "tokenizers==0.22.1",
+    "pillow==11.3.0",
+    "safetensors==0.6.2",
+    "fastapi==0.118.0",
+    "uvicorn==0.37.0",
+]
+
+
+def harness_command() -> list[str]:
+    """This Python's ``harness`` (the checkout's install), else ``python -m harness``."""
+    script = Path(sys.executable).with_name("harness")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "harness"]
+
 
 def manifest(name: str, requirements: list[str]) -> str:
     """A minimal service manifest whose environment holds ``requirements``."""

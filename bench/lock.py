@@ -52,29 +52,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.resolve.uvtool import uv_bin, uv_env  # noqa: E402
-from bench.benchproject import make_project, regular_install  # noqa: E402
+from bench.benchproject import MEDIUM, VLM, harness_command, make_project, regular_install  # noqa: E402
 
 PYTHON, TARGET = "3.11.7", "x86_64-manylinux_2_28"
 SETS = {
     "kinematics": ["numpy==2.2.6"],
-    "medium": ["requests==2.32.3", "rich==13.9.4", "pydantic==2.9.2"],
+    "medium": MEDIUM,
     # A VLM-like service (issue 17).
-    "vlm": [
-        "transformers==4.57.1",
-        "tokenizers==0.22.1",
-        "pillow==11.3.0",
-        "safetensors==0.6.2",
-        "fastapi==0.118.0",
-        "uvicorn==0.37.0",
-    ],
+    "vlm": VLM,
     # A GPU service's stack (the example manifests' torch and transformers pins).
     "large": ["torch==2.7.0", "torchvision==0.22.0", "transformers==4.57.1", "accelerate==1.10.1"],
 }
-
-
-def _harness() -> list[str]:
-    script = Path(sys.executable).with_name("harness")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "harness"]
 
 
 def _env() -> dict[str, str]:
@@ -100,30 +88,19 @@ def timed(argv: list[str], *, cwd: Path, env: dict[str, str]) -> float:
     return elapsed
 
 
+def _compile_argv(work: Path, output: str, *flags: str) -> list[str]:
+    """``uv pip compile req.in -o OUTPUT FLAGS`` in ``work``, its cache there, for harness's Python."""
+    return [
+        uv_bin(), "--no-config", "--cache-dir", str(work / "cache"), "pip", "compile", "req.in", "-o", output,
+        *flags, "--python-version", PYTHON, "--no-header", "--quiet", "--index-strategy", "first-index",
+    ]  # fmt: skip
+
+
 def uv_compile(work: Path, requirements: list[str]) -> tuple[list[str], Path]:
     """``uv pip compile --generate-hashes`` for harness's one target (issue 17's anchor)."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "req.in").write_text("".join(r + "\n" for r in requirements))
-    argv = [
-        uv_bin(),
-        "--no-config",
-        "--cache-dir",
-        str(work / "cache"),
-        "pip",
-        "compile",
-        "req.in",
-        "-o",
-        "requirements.txt",
-        "--generate-hashes",
-        "--python-version",
-        PYTHON,
-        "--python-platform",
-        TARGET,
-        "--no-header",
-        "--quiet",
-        "--index-strategy",
-        "first-index",
-    ]
+    argv = _compile_argv(work, "requirements.txt", "--generate-hashes", "--python-platform", TARGET)
     return argv, work
 
 
@@ -160,24 +137,7 @@ def platforms_round(scratch: Path, name: str, requirements: list[str], harness: 
     work = scratch / "universal"
     work.mkdir(parents=True)
     (work / "req.in").write_text("".join(r + "\n" for r in requirements))
-    argv = [
-        uv_bin(),
-        "--no-config",
-        "--cache-dir",
-        str(work / "cache"),
-        "pip",
-        "compile",
-        "req.in",
-        "-o",
-        "pylock.toml",
-        "--universal",
-        "--python-version",
-        PYTHON,
-        "--no-header",
-        "--quiet",
-        "--index-strategy",
-        "first-index",
-    ]
+    argv = _compile_argv(work, "pylock.toml", "--universal")
     env_uv = uv_env(base=_env())
     times["universal cold"] = timed(argv, cwd=work, env=env_uv)
     times["universal warm"] = timed(argv, cwd=work, env=env_uv)
@@ -232,7 +192,7 @@ def main() -> None:
     if args.harness:
         harness = args.harness.split()
     elif args.editable:
-        harness = _harness()
+        harness = harness_command()
     else:
         harness = [str(regular_install(Path(installed.name)))]
     global HAS_REFRESH

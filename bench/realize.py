@@ -61,19 +61,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.resolve.uvtool import uv_bin  # noqa: E402
-from bench.benchproject import make_project, regular_install  # noqa: E402
+from bench.benchproject import MEDIUM, VLM, harness_command, make_project, regular_install  # noqa: E402
 from harness.store.hashing import store_hash, store_path_name  # noqa: E402
 from harness.store.store import BuildResult, Store, remove_tree  # noqa: E402
 
-MEDIUM = ["requests==2.32.3", "rich==13.9.4", "pydantic==2.9.2"]
-VLM = [
-    "transformers==4.57.1",
-    "tokenizers==0.22.1",
-    "pillow==11.3.0",
-    "safetensors==0.6.2",
-    "fastapi==0.118.0",
-    "uvicorn==0.37.0",
-]
 #: Phases of a realize, by the functions that do them (cumulative time in a cProfile).
 PHASES = [
     ("realize, all of it", "realize/builder.py", "realize_locks"),
@@ -134,11 +125,6 @@ with ThreadPoolExecutor(workers) as pool:  # workers > 1: as realize's fetch pha
 
 
 # ----------------------------------------------------------------------------------- helpers
-
-
-def _harness() -> list[str]:
-    script = Path(sys.executable).with_name("harness")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "harness"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -608,7 +594,7 @@ def main() -> None:
     parser.add_argument("--only-vlm", action="store_true", help="only (f), the VLM-like set of issue 17")
     parser.add_argument("--only-verify", action="store_true", help="only (d): no registry, no download")
     args = parser.parse_args()
-    harness = _harness()
+    harness = harness_command()
     import harness as package
 
     print(
