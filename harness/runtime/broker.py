@@ -494,9 +494,9 @@ class Broker:
 
         gpu_usage = gpu_memory_by_pid() if any(row["pid"] is not None for row in services) else None
         for row in services:
-            row["memory_bytes"] = supervisor.tree_memory(row["pid"]) if row["pid"] is not None else None
-            pids = supervisor.tree_pids(row["pid"]) if row["pid"] is not None else None
-            row["gpu_memory_bytes"] = tree_gpu_memory(pids, gpu_usage)
+            usage = supervisor.tree_usage(row["pid"]) if row["pid"] is not None else None
+            row["memory_bytes"] = usage[0] if usage is not None else None
+            row["gpu_memory_bytes"] = tree_gpu_memory(usage[1] if usage is not None else None, gpu_usage)
         return {
             "broker": {
                 "url": self.address if self._server is not None else None,

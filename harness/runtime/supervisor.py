@@ -479,24 +479,19 @@ def iter_alive(state_dir: Path) -> Iterator[PidRecord]:
     return (r for r in read_pidfiles(state_dir) if r.alive)
 
 
-def tree_pids(pid: int) -> list[int] | None:
-    """A process and all its descendants (a service's workers, a launcher's child); None if gone."""
-    try:
-        return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
-    except psutil.Error:
-        return None
-
-
-def tree_memory(pid: int) -> int | None:
-    """Resident memory (bytes) of a process and all its descendants; None if gone."""
+def tree_usage(pid: int) -> tuple[int, list[int]] | None:
+    """Resident memory (bytes) of a process and all its descendants, and their pids (for the
+    GPU memory NVML reports per process), from one walk of the tree; None if it is gone."""
     try:
         root = psutil.Process(pid)
         total = root.memory_info().rss
+        pids = [pid]
         for child in root.children(recursive=True):
             try:
                 total += child.memory_info().rss
+                pids.append(child.pid)
             except psutil.Error:
                 continue
-        return total
+        return total, pids
     except psutil.Error:
         return None
