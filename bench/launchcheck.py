@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.store.launchcheck import check_closure, fingerprint_path  # noqa: E402
+from harness.store.launchcheck import check_closure  # noqa: E402
+from harness.store.statfile import fingerprint_path  # noqa: E402
 from harness.store.store import Store  # noqa: E402
 
 

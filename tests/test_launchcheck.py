@@ -11,7 +11,7 @@ import pytest
 
 from harness.runtime.launch import LaunchSpec
 from harness.runtime.supervisor import ServiceStartError, start
-from harness.store import fingerprint, launchcheck
+from harness.store import fingerprint, statfile
 from harness.store.launchcheck import IntegrityError, check_closure, read_launches
 from harness.store.store import Store
 
@@ -78,7 +78,7 @@ def test_an_unchanged_path_without_fingerprint_is_rehashed_and_remembered(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     record = store.add("f" * 32 + "-weights", "weights", _tree({"w.bin": b"w" * 100}))
-    launchcheck.fingerprint_path(store.root, record.name).unlink()
+    statfile.fingerprint_path(store.root, record.name).unlink()
     monkeypatch.setattr(fingerprint, "RACY_NS", 0)  # the files were written just now
     assert check_closure(store.root, [record.name])[0].verified == "hash"
     assert check_closure(store.root, [record.name])[0].verified == "stat"

@@ -33,24 +33,21 @@ with, whatever happens to the store later.
 
 from __future__ import annotations
 
-import array
-import base64
 import json
 import os
-import sys
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError
-from harness.store.fingerprint import Entry, racy, take_fingerprint
+from harness.store.fingerprint import racy, take_fingerprint
+from harness.store.statfile import changed_entries, write_fingerprint
 
-#: Folder of fingerprints inside the store (beside ``.meta``; never globbed as records).
-FINGERPRINT_DIR = ".stat"
-FINGERPRINT_VERSION = 2
+if TYPE_CHECKING:
+    from harness.store.store import Store
+
 #: The file (in a service state folder) that keeps each launch's check, one JSON per line.
 LAUNCH_CHECKS = "launch-checks.jsonl"
 
@@ -87,101 +84,11 @@ class PathCheck:
     verified: str  # "stat" (fingerprint unchanged) or "hash" (re-hashed, equal)
 
 
-def fingerprint_path(store_root: Path, name: str) -> Path:
-    return store_root / FINGERPRINT_DIR / f"{name}.json"
-
-
-def write_fingerprint(
-    store_root: Path, name: str, content: str, taken: tuple[int, dict[str, Entry]] | None = None
-) -> bool:
-    """Remember ``name``'s fingerprint (taken now unless given); False when it cannot be
-    written (a read-only or group store: the next launch re-hashes instead).
-
-    The file is JSON with the entries' relative paths as one list and their stat figures as
-    one base64 string of native 64-bit integers (five per entry): an environment has tens of
-    thousands of entries, and parsing that many small JSON arrays would cost more than
-    ``lstat``-ing them.
-    """
-    device, entries = taken if taken is not None else take_fingerprint(store_root / name)
-    paths = sorted(entries)
-    figures = array.array("q", (value for rel in paths for value in entries[rel]))
-    target = fingerprint_path(store_root, name)
-    temp = None
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=f".{name[:40]}.", dir=target.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(
-                {
-                    "version": FINGERPRINT_VERSION,
-                    "name": name,
-                    "content": content,
-                    "device": device,
-                    "byteorder": sys.byteorder,
-                    "paths": paths,
-                    "stats": base64.b64encode(figures.tobytes()).decode("ascii"),
-                },
-                handle,
-                separators=(",", ":"),
-            )
-        os.replace(temp, target)
-        return True
-    except OSError:
-        if temp is not None:
-            Path(temp).unlink(missing_ok=True)
-        return False
-
-
-def _changed(store_root: Path, name: str, content: str) -> list[str] | None:
-    """Entries whose stat differs from the fingerprint ([] = none), or None without a usable one."""
-    try:
-        data = json.loads(fingerprint_path(store_root, name).read_text(encoding="utf-8"))
-        if (
-            not isinstance(data, dict)
-            or data.get("version") != FINGERPRINT_VERSION
-            or data.get("content") != content
-            or data.get("byteorder") != sys.byteorder
-        ):
-            return None
-        paths = data["paths"]
-        expected = array.array("q")
-        expected.frombytes(base64.b64decode(data["stats"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(paths, list) or len(expected) != 5 * len(paths) or "" not in paths:
-        return None
-    root = os.fspath(store_root / name)
-    try:
-        if os.lstat(root).st_dev != data.get("device"):
-            return None  # another filesystem (a copied store): inodes say nothing
-    except FileNotFoundError:
-        return [name]
-    # The fast path is one lstat per entry and one comparison of two arrays in C.
-    actual = array.array("q")
-    missing: set[int] = set()
-    lstat = os.lstat
-    for index, rel in enumerate(paths):
-        try:
-            st = lstat(f"{root}/{rel}" if rel else root)
-        except OSError:
-            missing.add(index)
-            actual.extend((-1, -1, -1, -1, -1))
-            continue
-        actual.extend((st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns))
-    if actual == expected and not missing:
-        return []
-    return [
-        f"{name}/{rel}" if rel else name
-        for index, rel in enumerate(paths)
-        if index in missing or actual[5 * index : 5 * index + 5] != expected[5 * index : 5 * index + 5]
-    ]
-
-
 def check_path(store_root: Path, name: str, content: str) -> PathCheck:
     """Verify one registered path against its content hash ``content`` (see the module doc)."""
     from harness.store.hashing import HashingError, nar_digest
 
-    changed = _changed(store_root, name, content)
+    changed = changed_entries(store_root, name, content)
     if changed == []:
         return PathCheck(name, content, "stat")
     path = store_root / name
@@ -200,7 +107,7 @@ def check_path(store_root: Path, name: str, content: str) -> PathCheck:
     return PathCheck(name, content, "hash")
 
 
-def runtime_closure(store: Any, roots: Iterable[str]) -> list[str]:
+def runtime_closure(store: Store, roots: Iterable[str]) -> list[str]:
     """``roots`` and every path they reference, transitively (sorted). A root or reference
     that is not registered is an :class:`IntegrityError`: nothing may launch from it."""
     seen: set[str] = set()

@@ -461,7 +461,7 @@ class Store:
         _seal_top(target)
         # The launch check's fingerprint (inodes, times), taken after the rename and the
         # sealing, which change the top's ctime; a cache, so written before the record.
-        from harness.store.launchcheck import write_fingerprint
+        from harness.store.statfile import write_fingerprint
 
         if taken is not None:
             from harness.store.fingerprint import take_top
