@@ -22,18 +22,15 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.lock.document import Lock, LockedPackage, LockedTarget
+from harness.lock.projection import platforms_of, project_platform
+from harness.lock.storepaths import assign_store_paths
 
-
-def platforms_of(lock: Lock) -> list[str]:
-    """The platforms a lock holds, in order."""
-    return [t.platform for t in lock.targets] or [lock.python.platform]
+__all__ = ["platforms_of", "merge", "for_platform", "fits_host", "host_platform_of", "for_host", "no_platform_error"]
 
 
 def merge(locks: list[Lock]) -> Lock:
     """One lock for the platforms of ``locks`` (single-platform locks of one manifest, in
     ``[lock] platforms`` order); a single lock is returned as it is (module doc)."""
-    from harness.lock.storepaths import assign_store_paths
-
     if len(locks) == 1:
         return locks[0]
     first = locks[0]
@@ -81,42 +78,7 @@ def _merge_packages(per_platform: list[list[LockedPackage]], platforms: list[str
 
 def for_platform(lock: Lock, platform: str) -> Lock:
     """The single-platform lock of ``platform``, one of ``lock``'s targets (module doc)."""
-    from harness.lock.storepaths import assign_store_paths
-    from harness.resolve.interpreter import target_tags
-    from harness.resolve.python import wheel_fits
-
-    if not lock.targets:
-        if platform != lock.python.platform:
-            raise HarnessError(f"lock {lock.name} holds {lock.python.platform} only, not {platform}")
-        return lock
-    target = next((t for t in lock.targets if t.platform == platform), None)
-    if target is None:
-        raise HarnessError(f"lock {lock.name} holds {', '.join(platforms_of(lock))}, not {platform}")
-    tags = target_tags(lock.python.version, platform)
-
-    def keep(packages: list[LockedPackage]) -> list[LockedPackage]:
-        out = []
-        for package in packages:
-            if package.platforms and platform not in package.platforms:
-                continue
-            wheels = [w for w in package.wheels if wheel_fits(w.file, tags)]
-            out.append(
-                package.model_copy(
-                    update={"platforms": [], "wheels": wheels, "sdist": None if wheels else package.sdist}
-                )
-            )
-        return out
-
-    return assign_store_paths(
-        lock.model_copy(
-            update={
-                "targets": [],
-                "python": lock.python.model_copy(update={"platform": platform, "source": target.source}),
-                "packages": keep(lock.packages),
-                "build_packages": keep(lock.build_packages),
-            }
-        )
-    )
+    return assign_store_paths(project_platform(lock, platform))
 
 
 def fits_host(platform: str, host_tags: list[str] | None = None) -> bool:

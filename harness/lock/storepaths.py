@@ -121,14 +121,14 @@ def assign_store_paths(lock: Lock) -> Lock:
     if lock.targets:
         # Several platforms: each target's paths are those of its own single-platform lock
         # (harness.lock.platforms), and python/environment repeat the first target's.
-        from harness.lock.platforms import for_platform
+        from harness.lock.projection import project_platform
 
         common = lock.model_copy(
             update={"packages": packages, "build_packages": build_packages, "sources": sources, "weights": weights}
         )
         targets = []
         for target in lock.targets:
-            alone = for_platform(common, target.platform)
+            alone = assign_store_paths(project_platform(common, target.platform))
             targets.append(
                 target.model_copy(update={"python": alone.python.store, "environment": alone.environment.store})
             )

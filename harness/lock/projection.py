@@ -1,0 +1,56 @@
+"""Projecting a several-platform lock onto one of its platforms. Pure.
+
+Below :mod:`harness.lock.storepaths` and :mod:`harness.lock.platforms`: the store paths of a
+several-platform lock's targets are those of each target's projection, and
+:func:`harness.lock.platforms.for_platform` is a projection with its store paths assigned.
+"""
+
+from __future__ import annotations
+
+from harness.errors import HarnessError
+from harness.lock.document import Lock, LockedPackage
+
+
+def platforms_of(lock: Lock) -> list[str]:
+    """The platforms a lock holds, in order."""
+    return [t.platform for t in lock.targets] or [lock.python.platform]
+
+
+def project_platform(lock: Lock, platform: str) -> Lock:
+    """The packages of ``lock`` (one of whose targets is ``platform``) that ``platform`` takes,
+    with the wheels that fit it (the sdist only where none does), as a single-platform lock
+    whose store paths are not yet assigned (:func:`harness.lock.storepaths.assign_store_paths`
+    does that; :func:`harness.lock.platforms.for_platform` is both). Pure."""
+    from harness.resolve.interpreter import target_tags
+    from harness.resolve.python import wheel_fits
+
+    if not lock.targets:
+        if platform != lock.python.platform:
+            raise HarnessError(f"lock {lock.name} holds {lock.python.platform} only, not {platform}")
+        return lock
+    target = next((t for t in lock.targets if t.platform == platform), None)
+    if target is None:
+        raise HarnessError(f"lock {lock.name} holds {', '.join(platforms_of(lock))}, not {platform}")
+    tags = target_tags(lock.python.version, platform)
+
+    def keep(packages: list[LockedPackage]) -> list[LockedPackage]:
+        out = []
+        for package in packages:
+            if package.platforms and platform not in package.platforms:
+                continue
+            wheels = [w for w in package.wheels if wheel_fits(w.file, tags)]
+            out.append(
+                package.model_copy(
+                    update={"platforms": [], "wheels": wheels, "sdist": None if wheels else package.sdist}
+                )
+            )
+        return out
+
+    return lock.model_copy(
+        update={
+            "targets": [],
+            "python": lock.python.model_copy(update={"platform": platform, "source": target.source}),
+            "packages": keep(lock.packages),
+            "build_packages": keep(lock.build_packages),
+        }
+    )
