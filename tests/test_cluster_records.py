@@ -15,7 +15,8 @@ import pytest
 
 from harness.errors import InputError
 from harness.runs.audit import audit_run
-from harness.runs.cluster import audit_shards, closure_digest, combine_benchmarks, parse_target, ray_reason
+from harness.runs.audit import audit_shards
+from harness.runs.cluster import closure_digest, combine_benchmarks, parse_target, ray_reason
 
 
 def test_cluster_targets(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -99,8 +99,6 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
         else:
             items.append(AuditItem(rel, "ok"))
     if config.get("cluster"):  # a cluster run: every shard's closure against the lock
-        from harness.runs.cluster import audit_shards
-
         items += audit_shards(run_dir, closure)
     impurities = list(config.get("impurities", []))
     result_file = run_dir / "result.json"
@@ -424,3 +422,40 @@ def _argv(argv: list[str]) -> str:
 def _short(value: Any) -> str:
     text = str(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def audit_shards(run_dir: Path, head_closure: dict[str, Any]) -> list[AuditItem]:
+    """One audit item per shard: its closure against the head's (the lock's store paths and
+    content hashes, and the lock files' hashes); a shard that differs names its node and
+    the paths; a shard without a record is missing."""
+    config = read_json(run_dir / "config.json")
+    count = int((config.get("cluster") or {}).get("shards") or 0)
+    head = {e["path"]: e["content"] for e in head_closure.get("store_paths", [])}
+    head_locks = {n: v.get("lock_blake3") for n, v in head_closure.get("locks", {}).items()}
+    items: list[AuditItem] = []
+    for index in range(count):
+        folder = run_dir / "shards" / str(index)
+        summary = read_json(folder / "shard.json") if (folder / "shard.json").is_file() else {}
+        where = f"shard {index}/{count} on {summary.get('hostname') or '?'} ({summary.get('home') or '?'})"
+        if not (folder / "lock.json").is_file():
+            why = summary.get("reason") or "no record"
+            items.append(AuditItem(where, "missing", f"no closure recorded: {why}"))
+            continue
+        shard_closure = read_json(folder / "lock.json")
+        theirs = {e["path"]: e["content"] for e in shard_closure.get("store_paths", [])}
+        problems = [
+            f"{p}: {head[p]} here, {theirs[p]} there" for p in sorted(set(head) & set(theirs)) if head[p] != theirs[p]
+        ]
+        problems += [f"{p}: not used there" for p in sorted(set(head) - set(theirs))]
+        problems += [f"{p}: used there only" for p in sorted(set(theirs) - set(head))]
+        their_locks = {n: v.get("lock_blake3") for n, v in shard_closure.get("locks", {}).items()}
+        problems += [
+            f"lock of {n}: {head_locks.get(n)} here, {their_locks.get(n)} there"
+            for n in sorted(set(head_locks) | set(their_locks))
+            if head_locks.get(n) != their_locks.get(n)
+        ]
+        if problems:
+            items.append(AuditItem(where, "modified", "ran other bits than the lock: " + "; ".join(problems[:10])))
+        else:
+            items.append(AuditItem(where, "ok", f"same {len(head)} store paths and content hashes as the lock"))
+    return items

@@ -26,7 +26,7 @@ The run's folder holds one record::
     runs/<id>/benchmark.json       the shards' benchmark results combined
     runs/<id>/result.json          exit status, the combined score, one line per shard
 
-``harness audit RUN`` compares every shard's closure with the head's (:func:`audit_shards`)
+``harness audit RUN`` compares every shard's closure with the head's (:func:`harness.runs.audit.audit_shards`)
 and names any node that computed with other bits. Faults: a shard whose node dies is
 retried by the engine on another node and ``shard.json`` lists every attempt; Ctrl-C
 cancels every shard (each stops its services and records itself, as a local run does); a
@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError, InputError
-from harness.runs.audit import AuditItem
 from harness.runs.record import read_json, write_json
 from harness.runs.shard import ShardJob, run_shard
 
@@ -379,43 +378,6 @@ def combine_benchmarks(benches: list[dict[str, Any]], count: int) -> dict[str, A
         "success_rate": successes / episodes if episodes else 0.0,
         "episode_results": merged,
     }
-
-
-def audit_shards(run_dir: Path, head_closure: dict[str, Any]) -> list[AuditItem]:
-    """One audit item per shard: its closure against the head's (the lock's store paths and
-    content hashes, and the lock files' hashes); a shard that differs names its node and
-    the paths; a shard without a record is missing."""
-    config = read_json(run_dir / "config.json")
-    count = int((config.get("cluster") or {}).get("shards") or 0)
-    head = {e["path"]: e["content"] for e in head_closure.get("store_paths", [])}
-    head_locks = {n: v.get("lock_blake3") for n, v in head_closure.get("locks", {}).items()}
-    items: list[AuditItem] = []
-    for index in range(count):
-        folder = run_dir / "shards" / str(index)
-        summary = read_json(folder / "shard.json") if (folder / "shard.json").is_file() else {}
-        where = f"shard {index}/{count} on {summary.get('hostname') or '?'} ({summary.get('home') or '?'})"
-        if not (folder / "lock.json").is_file():
-            why = summary.get("reason") or "no record"
-            items.append(AuditItem(where, "missing", f"no closure recorded: {why}"))
-            continue
-        shard_closure = read_json(folder / "lock.json")
-        theirs = {e["path"]: e["content"] for e in shard_closure.get("store_paths", [])}
-        problems = [
-            f"{p}: {head[p]} here, {theirs[p]} there" for p in sorted(set(head) & set(theirs)) if head[p] != theirs[p]
-        ]
-        problems += [f"{p}: not used there" for p in sorted(set(head) - set(theirs))]
-        problems += [f"{p}: used there only" for p in sorted(set(theirs) - set(head))]
-        their_locks = {n: v.get("lock_blake3") for n, v in shard_closure.get("locks", {}).items()}
-        problems += [
-            f"lock of {n}: {head_locks.get(n)} here, {their_locks.get(n)} there"
-            for n in sorted(set(head_locks) | set(their_locks))
-            if head_locks.get(n) != their_locks.get(n)
-        ]
-        if problems:
-            items.append(AuditItem(where, "modified", "ran other bits than the lock: " + "; ".join(problems[:10])))
-        else:
-            items.append(AuditItem(where, "ok", f"same {len(head)} store paths and content hashes as the lock"))
-    return items
 
 
 # ------------------------------------------------------------------------------ engines
