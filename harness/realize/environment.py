@@ -70,6 +70,7 @@ import tomllib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import tomlkit
 from packaging.utils import (
@@ -126,6 +127,58 @@ class _Dist:
     is_wheel: bool
 
 
+class _Source(NamedTuple):
+    """One entry of ``sources``, build isolation filled in (default on)."""
+
+    tree: Path
+    mode: str
+    subdirectory: str | None
+    isolated: bool
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What :func:`build_environment` was given, checked and named (:func:`_checked_inputs`).
+
+    ``exe`` is the interpreter to run uv with, ``link_target`` what ``bin/python`` will point
+    at (``../../<interpreter store name>/<exe>``)."""
+
+    exe: Path
+    link_target: str
+    dists: list[_Dist]
+    builds: list[_Dist]
+    sources: list[_Source]
+
+
+#: uv writes no installer metadata (module doc: it would name the scratch copies).
+_UV_ENV = {"UV_NO_INSTALLER_METADATA": "1"}
+
+
+@dataclass(frozen=True)
+class _Scratch:
+    """The scratch folder of one build and the uv flags every install there shares: build
+    requirements only from the given wheels, each pinned to its hash."""
+
+    work: Path
+    cache_dir: Path
+    build_flags: tuple[str | os.PathLike[str], ...]
+
+    def uv(self, args: Sequence[str | os.PathLike[str]], *, cached: bool = True) -> None:
+        """Run uv in the scratch folder, with uv's cache unless ``cached`` is false."""
+        run_uv(args, cache_dir=self.cache_dir if cached else None, cwd=self.work, env_extra=_UV_ENV)
+
+
+@dataclass(frozen=True)
+class _Installed:
+    """What the install phase (:func:`_install`) left: the environment's ``site-packages``,
+    the scratch copies of the built sources (copy → realized tree) and the dist-info folders
+    those builds added."""
+
+    site_packages: Path
+    copies: dict[Path, Path]
+    from_sources: set[str]
+
+
 def build_environment(
     out: Path,
     *,
@@ -174,133 +227,206 @@ def build_environment(
     ``out`` is then left for the caller to delete.
     """
     out, interpreter_dir, cache_dir = out.absolute(), interpreter_dir.absolute(), cache_dir.absolute()
+    inputs = _checked_inputs(
+        out,
+        interpreter_dir,
+        interpreter_exe,
+        wheels=wheels,
+        sources=sources,
+        build_wheels=build_wheels,
+        link_name=interpreter_store_name or interpreter_dir.name,
+    )
+    with tempfile.TemporaryDirectory(prefix="harness-env-") as tmp:
+        scratch = _prepare_scratch(Path(tmp), inputs.builds, hashes, cache_dir)
+        count = f"{len(inputs.dists)} package(s)" + (f" and {len(inputs.sources)} source(s)" if inputs.sources else "")
+        with progress.phase(f"installing {count} into environment {prompt} (uv)"):
+            installed = _install(out, inputs, scratch, hashes, prompt)
+        editable = _relocate(out, installed, inputs.sources, inputs.link_target)
+        report = (
+            _compile_bytecode(out, inputs.exe, installed, prompt, progress, jobs, bytecode_from) if bytecode else None
+        )
+        needles = {out, interpreter_dir, interpreter_dir.parent, scratch.work, cache_dir, *installed.copies.values()}
+        embedded = _check_paths(out, installed.site_packages, installed.from_sources, needles)
+
+    return EnvironmentBuild(
+        python="bin/python",
+        site_packages=installed.site_packages.relative_to(out).as_posix(),
+        interpreter_link=inputs.link_target,
+        editable=editable,
+        embedded_paths=embedded,
+        bytecode=report,
+    )
+
+
+# --------------------------------------------------------------------------- phases
+
+
+def _checked_inputs(
+    out: Path,
+    interpreter_dir: Path,
+    interpreter_exe: str,
+    *,
+    wheels: Sequence[Path],
+    sources: Sequence[tuple[Path, str, str | None] | tuple[Path, str, str | None, bool]],
+    build_wheels: Sequence[Path],
+    link_name: str,
+) -> _Inputs:
+    """Check everything :func:`build_environment` was given before anything is built: ``out``
+    empty, the interpreter there, every file a wheel or sdist by name (build requirements
+    wheels only), every source tree there in a known mode (an editable or path one beside the
+    interpreter). Raises :class:`HarnessError` naming the first problem."""
     _check_empty(out)
     exe = interpreter_dir / interpreter_exe
     if not exe.is_file():
         raise HarnessError(f"{exe}: no interpreter there")
-    link_name = interpreter_store_name or interpreter_dir.name
     dists = [_dist(path) for path in wheels]
     builds = [_dist(path) for path in build_wheels]
     for dist in builds:
         if not dist.is_wheel:
             raise HarnessError(f"{dist.path}: build requirements must be wheels, got {dist.filename}")
     entries = [_source_entry(entry) for entry in sources]
-    for tree, mode, subdirectory, _ in entries:
-        if mode not in INSTALL_MODES:
-            raise HarnessError(f"{tree}: install mode {mode!r}, expected one of {', '.join(INSTALL_MODES)}")
-        if not (tree / (subdirectory or "")).is_dir():
-            raise HarnessError(f"{tree}: no source tree{f' subdirectory {subdirectory}' if subdirectory else ''}")
-        if mode in ("editable", "path") and tree.absolute().parent != interpreter_dir.parent:
-            # The .pth line is relative to the store folder (module doc).
-            raise HarnessError(
-                f"{tree}: an {mode} source must be realized in the interpreter's store folder ({interpreter_dir.parent})"
-            )
+    for entry in entries:
+        _check_source(entry, interpreter_dir)
+    return _Inputs(exe, f"../../{link_name}/{interpreter_exe}", dists, builds, entries)
 
-    with tempfile.TemporaryDirectory(prefix="harness-env-") as tmp:
-        work = Path(tmp)
-        links = _find_links(work / "build-wheels", builds)
-        # Build requirements: only the given wheels, each pinned to its hash. (uv 0.13 calls
-        # build-dependency hashes a preview feature; naming it silences the warning.)
-        build_flags: list[str | os.PathLike[str]] = [
-            "--offline",
-            "--no-index",
-            "--find-links",
-            links,
-            "--require-build-hashes",
+
+def _check_source(source: _Source, interpreter_dir: Path) -> None:
+    """A source tree must exist in a known install mode; an editable or path one must be
+    realized beside the interpreter (its ``.pth`` line is relative to the store folder)."""
+    tree, mode, subdirectory = source.tree, source.mode, source.subdirectory
+    if mode not in INSTALL_MODES:
+        raise HarnessError(f"{tree}: install mode {mode!r}, expected one of {', '.join(INSTALL_MODES)}")
+    if not (tree / (subdirectory or "")).is_dir():
+        raise HarnessError(f"{tree}: no source tree{f' subdirectory {subdirectory}' if subdirectory else ''}")
+    if mode in ("editable", "path") and tree.absolute().parent != interpreter_dir.parent:
+        # The .pth line is relative to the store folder (module doc).
+        raise HarnessError(
+            f"{tree}: an {mode} source must be realized in the interpreter's store folder ({interpreter_dir.parent})"
+        )
+
+
+def _prepare_scratch(
+    work: Path, builds: Sequence[_Dist], hashes: Mapping[str, str] | None, cache_dir: Path
+) -> _Scratch:
+    """Lay out the scratch folder ``work``: the build wheels under their file names (for
+    ``--find-links``) and, when there are any, their hash-pinned constraints."""
+    links = _find_links(work / "build-wheels", builds)
+    # Build requirements: only the given wheels, each pinned to its hash. (uv 0.13 calls
+    # build-dependency hashes a preview feature; naming it silences the warning.)
+    build_flags: list[str | os.PathLike[str]] = [
+        "--offline",
+        "--no-index",
+        "--find-links",
+        links,
+        "--require-build-hashes",
+        "--preview-features",
+        "build-dependency-hashes",
+    ]
+    if builds:
+        constraints = work / "build-constraints.txt"
+        constraints.write_text(_build_constraints(builds, hashes))
+        build_flags += ["--build-constraints", constraints]
+    return _Scratch(work, cache_dir, tuple(build_flags))
+
+
+def _install(
+    out: Path, inputs: _Inputs, scratch: _Scratch, hashes: Mapping[str, str] | None, prompt: str
+) -> _Installed:
+    """uv's part (module doc, steps 1 to 3): the relocatable venv, the locked packages
+    synced into it, then the source trees built and installed."""
+    scratch.uv(["venv", out, "--python", inputs.exe, "--relocatable", "--prompt", prompt, "--offline", "--no-project"])
+    python = out / "bin" / "python"
+    site_packages = _site_packages(out)
+    if inputs.dists:
+        _sync_packages(python, inputs.dists, scratch, hashes)
+    before = _dist_infos(site_packages)
+    copies = _install_sources(python, inputs.sources, scratch)
+    return _Installed(site_packages, copies, _dist_infos(site_packages) - before)
+
+
+def _sync_packages(python: Path, dists: Sequence[_Dist], scratch: _Scratch, hashes: Mapping[str, str] | None) -> None:
+    """``uv pip sync`` of a PEP 751 document naming exactly ``dists`` (sdists built there;
+    ``--no-build`` when all are wheels)."""
+    pylock = scratch.work / "pylock.toml"
+    pylock.write_text(_pylock(dists, hashes))
+    scratch.uv(
+        [
+            "pip",
+            "sync",
+            pylock,
+            "--python",
+            python,
             "--preview-features",
-            "build-dependency-hashes",
+            "pylock",
+            *scratch.build_flags,
+            *(["--no-build"] if all(d.is_wheel for d in dists) else []),
         ]
-        if builds:
-            constraints = work / "build-constraints.txt"
-            constraints.write_text(_build_constraints(builds, hashes))
-            build_flags += ["--build-constraints", constraints]
-        env = {"UV_NO_INSTALLER_METADATA": "1"}
-
-        count = f"{len(dists)} package(s)" + (f" and {len(entries)} source(s)" if entries else "")
-        with progress.phase(f"installing {count} into environment {prompt} (uv)"):
-            run_uv(
-                ["venv", out, "--python", exe, "--relocatable", "--prompt", prompt, "--offline", "--no-project"],
-                cache_dir=cache_dir,
-                cwd=work,
-                env_extra=env,
-            )
-            python = out / "bin" / "python"
-            site_packages = _site_packages(out)
-
-            if dists:
-                pylock = work / "pylock.toml"
-                pylock.write_text(_pylock(dists, hashes))
-                run_uv(
-                    [
-                        "pip",
-                        "sync",
-                        pylock,
-                        "--python",
-                        python,
-                        "--preview-features",
-                        "pylock",
-                        *build_flags,
-                        *(["--no-build"] if all(d.is_wheel for d in dists) else []),
-                    ],
-                    cache_dir=cache_dir,
-                    cwd=work,
-                    env_extra=env,
-                )
-
-            before = _dist_infos(site_packages)
-            copies: dict[Path, Path] = {}  # scratch copy -> realized source tree
-            # Isolated builds first (their requirements only from the build wheels), then the
-            # sources built against the environment itself (build-isolation = false: a CUDA
-            # extension compiles against the installed torch), which may import the first ones.
-            for isolated in (True, False):
-                chosen = [(i, e) for i, e in enumerate(entries) if e[3] is isolated and e[1] != "path"]
-                if not chosen:
-                    continue
-                args: list[str | os.PathLike[str]] = ["pip", "install", "--python", python, "--no-deps", *build_flags]
-                if not isolated:
-                    args.append("--no-build-isolation")
-                for index, (tree, mode, subdirectory, _) in chosen:
-                    copy = work / "sources" / str(index) / tree.name
-                    _copy_tree(tree, copy)
-                    copies[copy] = tree
-                    target = copy / subdirectory if subdirectory else copy
-                    if mode == "editable":
-                        name = _setuptools_project(target)
-                        if name:
-                            args += ["--config-settings-package", f"{name}:editable_mode=compat"]
-                        args += ["--editable", target]
-                    else:
-                        args.append(target)
-                # No cache: built wheels would be cached under the scratch path, never reused.
-                run_uv(args, cache_dir=None, cwd=work, env_extra=env)
-            from_sources = _dist_infos(site_packages) - before
-
-        depth = len(site_packages.relative_to(out).parts) + 1  # up to the store folder
-        editable = _relativize_pth(site_packages, copies, depth)
-        editable += _path_sources_pth(site_packages, [(t, sub) for t, mode, sub, _ in entries if mode == "path"], depth)
-        _link_interpreter(out, f"../../{link_name}/{interpreter_exe}")
-        _drop_home(out / "pyvenv.cfg")
-        for stray in (out / ".lock",):
-            if stray.exists():
-                stray.unlink()
-        report = None
-        if bytecode:
-            with progress.phase(f"compiling bytecode of environment {prompt}") as phase:
-                report = compile_tree(
-                    exe, [site_packages], root=out, jobs=jobs, progress=phase.callback(), reuse=bytecode_from
-                )
-
-        needles = {out, interpreter_dir, interpreter_dir.parent, work, cache_dir, *copies.values()}
-        embedded = _check_paths(out, site_packages, from_sources, needles)
-
-    return EnvironmentBuild(
-        python="bin/python",
-        site_packages=site_packages.relative_to(out).as_posix(),
-        interpreter_link=f"../../{link_name}/{interpreter_exe}",
-        editable=editable,
-        embedded_paths=embedded,
-        bytecode=report,
     )
+
+
+def _install_sources(python: Path, sources: Sequence[_Source], scratch: _Scratch) -> dict[Path, Path]:
+    """Build and install the ``regular`` and ``editable`` sources, each from a scratch copy;
+    returns scratch copy → realized tree. Isolated builds first (their requirements only from
+    the build wheels), then the sources built against the environment itself (build-isolation
+    = false: a CUDA extension compiles against the installed torch), which may import the
+    first ones. ``path`` sources are not built (:func:`_path_sources_pth`)."""
+    copies: dict[Path, Path] = {}
+    for isolated in (True, False):
+        chosen = [(i, s) for i, s in enumerate(sources) if s.isolated is isolated and s.mode != "path"]
+        if not chosen:
+            continue
+        args: list[str | os.PathLike[str]] = ["pip", "install", "--python", python, "--no-deps", *scratch.build_flags]
+        if not isolated:
+            args.append("--no-build-isolation")
+        for index, source in chosen:
+            copy = scratch.work / "sources" / str(index) / source.tree.name
+            _copy_tree(source.tree, copy)
+            copies[copy] = source.tree
+            args += _install_args(source, copy / source.subdirectory if source.subdirectory else copy)
+        # No cache: built wheels would be cached under the scratch path, never reused.
+        scratch.uv(args, cached=False)
+    return copies
+
+
+def _install_args(source: _Source, target: Path) -> list[str | os.PathLike[str]]:
+    """``uv pip install``'s arguments for one source built from ``target``: an editable one
+    in setuptools' ``compat`` mode (module doc), a regular one as a plain path."""
+    if source.mode != "editable":
+        return [target]
+    name = _setuptools_project(target)
+    compat: list[str | os.PathLike[str]] = ["--config-settings-package", f"{name}:editable_mode=compat"] if name else []
+    return [*compat, "--editable", target]
+
+
+def _relocate(out: Path, installed: _Installed, sources: Sequence[_Source], link_target: str) -> tuple[str, ...]:
+    """Make the environment move with the store (module doc, "Relocation"): ``.pth`` lines
+    relative to ``site-packages``, the path sources' ``.pth``, ``bin/python`` the relative link,
+    no ``home`` in ``pyvenv.cfg``, uv's ``.lock`` gone. Returns the ``.pth`` lines written."""
+    site_packages = installed.site_packages
+    depth = len(site_packages.relative_to(out).parts) + 1  # up to the store folder
+    editable = _relativize_pth(site_packages, installed.copies, depth)
+    editable += _path_sources_pth(site_packages, [(s.tree, s.subdirectory) for s in sources if s.mode == "path"], depth)
+    _link_interpreter(out, link_target)
+    _drop_home(out / "pyvenv.cfg")
+    for stray in (out / ".lock",):
+        if stray.exists():
+            stray.unlink()
+    return editable
+
+
+def _compile_bytecode(
+    out: Path,
+    exe: Path,
+    installed: _Installed,
+    prompt: str,
+    progress: Reporter,
+    jobs: int | None,
+    reuse: ReuseFrom | None,
+) -> CompileReport:
+    """Reproducible pycs of the environment's ``site-packages`` (module doc), the store's
+    pool reused where it holds them."""
+    with progress.phase(f"compiling bytecode of environment {prompt}") as phase:
+        return compile_tree(exe, [installed.site_packages], root=out, jobs=jobs, progress=phase.callback(), reuse=reuse)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -308,11 +434,11 @@ def build_environment(
 
 def _source_entry(
     entry: tuple[Path, str, str | None] | tuple[Path, str, str | None, bool],
-) -> tuple[Path, str, str | None, bool]:
+) -> _Source:
     """``(tree, mode, subdirectory[, build isolation])`` with isolation filled in (default on)."""
     if len(entry) == 3:
-        return (entry[0], entry[1], entry[2], True)
-    return (entry[0], entry[1], entry[2], bool(entry[3]))
+        return _Source(entry[0], entry[1], entry[2], True)
+    return _Source(entry[0], entry[1], entry[2], bool(entry[3]))
 
 
 def _check_empty(out: Path) -> None:
