@@ -17,14 +17,16 @@ Nothing is written unless the whole manifest locked: the old lock stays on any f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
-from typing import Any
+from typing import NamedTuple
 
 from harness.config import Settings
 from harness.errors import HarnessError, InputError
@@ -187,103 +189,34 @@ def _lock_manifest(
     previous: Lock | None,
 ) -> Lock:
     """The steps of the module doc, with what is independent run side by side: the interpreter
-    listings, uv's version and every weight set in threads, git sources here, then the Python
-    resolutions (packages and build packages of every platform) at once. Errors are raised in
-    the order of the steps, whichever finished first. Several platforms give one lock
-    (:func:`harness.lock.platforms.merge`)."""
+    listings, uv's version and every weight set in threads (:func:`_start_side_jobs`), git
+    sources here, then the Python resolutions (packages and build packages of every platform)
+    at once. Errors are raised in the order of the steps, whichever finished first. Several
+    platforms give one lock (:func:`harness.lock.platforms.merge`)."""
     from harness.lock.platforms import merge
-    from harness.resolve.uvtool import uv_version
 
+    run = _Locking(project, settings, cache_dir, options, previous)
     environment = manifest.environment
     targets = lock_targets(settings, options)
-    pin = settings.python_pins.get(environment.python)
-    if (
-        pin is None
-        and previous is not None
-        and not options.upgrade
-        and _matches(previous.python.version, environment.python)
-    ):
-        pin = previous.python.version  # re-locking keeps the patch version it had
-    exact = pin or (environment.python if environment.python.count(".") == 2 else None)
-
-    old_weights = {w.dir: w for w in previous.weights} if previous else {}
-    if manifest.weights:
-        from harness.resolve.weights import lock_weights
+    version = _python_version(environment.python, run)
     workers = min(16, 2 + len(manifest.weights) + 3 * len(targets))
     with (
         ThreadPoolExecutor(max_workers=workers) as pool,
         tempfile.TemporaryDirectory(prefix="harness-lock-") as scratch,
     ):
-        interpreter_jobs = {
-            t: pool.submit(_pin_interpreter, environment.python, platform=t, cache_dir=cache_dir, pin=pin)
-            for t in targets
-        }
-        uv_job = pool.submit(uv_version)
-        weight_jobs = [
-            pool.submit(
-                lock_weights,
-                spec,
-                project_root=project.root,
-                settings=settings,
-                cache_dir=cache_dir,
-                offline=options.offline,
-                previous=old_weights[spec.dir].pin() if spec.dir in old_weights else None,
-            )
-            for spec in manifest.weights
-        ]
-
-        def chosen_interpreters() -> dict[str, Interpreter]:
-            chosen = {t: job.result() for t, job in interpreter_jobs.items()}
-            first = chosen[targets[0]]
-            for t in targets[1:]:  # one Python version for every platform: the first's
-                if chosen[t].version != first.version:
-                    chosen[t] = _pin_interpreter(environment.python, platform=t, cache_dir=cache_dir, pin=first.version)
-            return chosen
-
-        try:
+        side = _start_side_jobs(pool, manifest, targets, version.pin, run)
+        with side.interpreter_errors_first():
             sources = _sources(environment, Path(scratch), settings=settings, cache_dir=cache_dir, options=options)
             # With the exact version known up front, resolve while uv lists interpreters (the
             # listing only says where the interpreter comes from, and checks that it exists).
-            guesses = (
-                {t: Interpreter("cpython", exact, t, "host") for t in targets}
-                if exact is not None
-                else chosen_interpreters()
-            )
-            resolved = _resolve_all(
-                environment,
-                guesses,
-                sources,
-                pool,
-                settings=settings,
-                cache_dir=cache_dir,
-                options=options,
-                previous=previous,
-            )
-        except HarnessError:
-            for job in interpreter_jobs.values():
-                job.result()  # an interpreter error is the first step's: it wins
-            raise
-        interpreters = chosen_interpreters()
-        redo = {
-            t: i
-            for t, i in interpreters.items()
-            if (i.version, i.platform) != (guesses[t].version, guesses[t].platform)
-        }
+            guesses = _known_interpreters(version.exact, targets) if version.exact is not None else side.interpreters()
+            resolved = _resolve_all(run, environment, guesses, sources, pool)
+        interpreters = side.interpreters()
+        redo = _guessed_wrong(interpreters, guesses)
         if redo:
-            resolved.update(
-                _resolve_all(
-                    environment,
-                    redo,
-                    sources,
-                    pool,
-                    settings=settings,
-                    cache_dir=cache_dir,
-                    options=options,
-                    previous=previous,
-                )
-            )
-        weights: list[WeightSet] = [job.result() for job in weight_jobs]
-        uv = uv_job.result()
+            resolved.update(_resolve_all(run, environment, redo, sources, pool))
+        weights = side.weight_sets()
+        uv = side.uv.result()
 
     locks = [
         _single_lock(
@@ -293,13 +226,129 @@ def _lock_manifest(
             uv=uv,
             interpreter=interpreters[t],
             pins=sources.pins,
-            packages=resolved[t][0],
-            build_packages=resolved[t][1],
+            packages=resolved[t].packages,
+            build_packages=resolved[t].build_packages,
             weights=weights,
         )
         for t in targets
     ]
     return merge(locks)
+
+
+@dataclass(frozen=True)
+class _Locking:
+    """What every step of locking one manifest reads: the project, the settings, uv's cache,
+    the options, and the previous lock (its pins are preferences)."""
+
+    project: Project
+    settings: Settings
+    cache_dir: Path
+    options: LockOptions
+    previous: Lock | None
+
+
+class _PythonVersion(NamedTuple):
+    """The interpreter version a lock asks for before uv lists interpreters (:func:`_python_version`)."""
+
+    #: The exact version to keep: the settings' pin, else the previous lock's patch version.
+    pin: str | None
+    #: The version known up front (the pin, or a request naming a patch version), else None.
+    exact: str | None
+
+
+def _python_version(request: str, run: _Locking) -> _PythonVersion:
+    """The settings' pin of ``request``; else, re-locking without upgrading, the previous
+    lock's version when it still matches the request (the patch version it had is kept)."""
+    previous = run.previous
+    pin = run.settings.python_pins.get(request)
+    if pin is None and previous is not None and not run.options.upgrade and _matches(previous.python.version, request):
+        pin = previous.python.version  # re-locking keeps the patch version it had
+    return _PythonVersion(pin, pin or (request if request.count(".") == 2 else None))
+
+
+@dataclass(frozen=True)
+class _SideJobs:
+    """What runs in threads beside the git sources and the resolutions (:func:`_start_side_jobs`):
+    uv's interpreter listing per platform, uv's version, every weight set."""
+
+    request: str
+    cache_dir: Path
+    targets: list[str]
+    interpreter_jobs: dict[str, Future[Interpreter]]
+    uv: Future[str]
+    weights: list[Future[WeightSet]]
+
+    def interpreters(self) -> dict[str, Interpreter]:
+        """Platform → interpreter, waiting for the listings; one Python version for every
+        platform: the first's (another platform's is chosen again with it pinned)."""
+        chosen = {t: job.result() for t, job in self.interpreter_jobs.items()}
+        first = chosen[self.targets[0]]
+        for t in self.targets[1:]:
+            if chosen[t].version != first.version:
+                chosen[t] = _pin_interpreter(self.request, platform=t, cache_dir=self.cache_dir, pin=first.version)
+        return chosen
+
+    @contextlib.contextmanager
+    def interpreter_errors_first(self) -> Iterator[None]:
+        """A :class:`HarnessError` of the steps inside is raised only once every interpreter
+        listing finished without one: an interpreter error is the first step's, so it wins."""
+        try:
+            yield
+        except HarnessError:
+            for job in self.interpreter_jobs.values():
+                job.result()
+            raise
+
+    def weight_sets(self) -> list[WeightSet]:
+        """The pinned weight sets, in the manifest's order (the first failure raised)."""
+        return [job.result() for job in self.weights]
+
+
+def _start_side_jobs(
+    pool: ThreadPoolExecutor, manifest: Manifest, targets: list[str], pin: str | None, run: _Locking
+) -> _SideJobs:
+    """Submit to ``pool``, in this order, each platform's interpreter choice, uv's version and
+    every weight set (each kept at the previous lock's pin where it had one)."""
+    from harness.resolve.uvtool import uv_version
+
+    if manifest.weights:
+        from harness.resolve.weights import lock_weights
+
+    request = manifest.environment.python
+    interpreter_jobs = {
+        t: pool.submit(_pin_interpreter, request, platform=t, cache_dir=run.cache_dir, pin=pin) for t in targets
+    }
+    uv_job = pool.submit(uv_version)
+    weight_jobs: list[Future[WeightSet]] = []
+    if manifest.weights:
+        old_weights = {w.dir: w for w in run.previous.weights} if run.previous else {}
+        weight_jobs = [
+            pool.submit(
+                lock_weights,
+                spec,
+                project_root=run.project.root,
+                settings=run.settings,
+                cache_dir=run.cache_dir,
+                offline=run.options.offline,
+                previous=old_weights[spec.dir].pin() if spec.dir in old_weights else None,
+            )
+            for spec in manifest.weights
+        ]
+    return _SideJobs(request, run.cache_dir, targets, interpreter_jobs, uv_job, weight_jobs)
+
+
+def _known_interpreters(version: str, targets: list[str]) -> dict[str, Interpreter]:
+    """The interpreters of an exact ``version`` known up front, for resolving before uv's
+    listing says where each comes from."""
+    return {t: Interpreter("cpython", version, t, "host") for t in targets}
+
+
+def _guessed_wrong(interpreters: dict[str, Interpreter], guesses: dict[str, Interpreter]) -> dict[str, Interpreter]:
+    """The platforms whose chosen interpreter differs in version or platform from the one
+    resolved for: those resolve again."""
+    return {
+        t: i for t, i in interpreters.items() if (i.version, i.platform) != (guesses[t].version, guesses[t].platform)
+    }
 
 
 def source_links(source: Source) -> tuple[tuple[str, str], ...]:
@@ -474,52 +523,54 @@ def _sources(
     return _Sources(pins, project_dirs, sorted(set(build_reqs)), sorted(set(env_reqs)))
 
 
+class _Resolution(NamedTuple):
+    """One platform's Python resolution: the environment's packages and the build packages."""
+
+    packages: list[Package]
+    build_packages: list[Package]
+
+
 def _resolve_all(
+    run: _Locking,
     environment: Environment,
     interpreters: dict[str, Interpreter],
     sources: _Sources,
     pool: ThreadPoolExecutor,
-    *,
-    settings: Settings,
-    cache_dir: Path,
-    options: LockOptions,
-    previous: Lock | None,
-) -> dict[str, tuple[list[Package], list[Package]]]:
-    """Platform → (packages, build packages): every resolution submitted to ``pool`` at once.
+) -> dict[str, _Resolution]:
+    """Platform → its :class:`_Resolution`: every resolution submitted to ``pool`` at once.
     The first failure in platform order is raised (a package error before a build one)."""
     from harness.resolve.python import resolve_packages
 
-    jobs = {}
+    jobs: dict[str, tuple[Future[list[Package]], Future[list[Package]] | None]] = {}
     for target, interpreter in interpreters.items():
-        before = _previous_for(previous, target, options)
-        common: dict[str, Any] = dict(
+        before = _previous_for(run.previous, target, run.options)
+        resolve = functools.partial(
+            resolve_packages,
             interpreter=interpreter,
             indexes=list(environment.indexes),
-            settings=settings,
-            cache_dir=cache_dir,
-            offline=options.offline,
-            upgrade=options.upgrade,
-            upgrade_packages=list(options.upgrade_packages),
+            settings=run.settings,
+            cache_dir=run.cache_dir,
+            offline=run.options.offline,
+            upgrade=run.options.upgrade,
+            upgrade_packages=list(run.options.upgrade_packages),
         )
         requirements = [
             *environment.requirements,
             *_not_named(sources.environment_requirements, environment.requirements),
         ]
         packages = pool.submit(
-            resolve_packages,
+            resolve,
             requirements,
             previous=_to_pins(before.packages) if before else None,
             extra_paths=sources.project_dirs,
             package_index=environment.package_index,
-            **common,
         )
         build = (
             pool.submit(
-                resolve_packages,
+                resolve,
                 sources.build_requirements,
                 previous=_to_pins(before.build_packages) if before else None,
                 package_index=_direct_only(environment.package_index, sources.build_requirements),
-                **common,
             )
             if sources.build_requirements
             else None
@@ -527,7 +578,7 @@ def _resolve_all(
         jobs[target] = (packages, build)
     wait([job for pair in jobs.values() for job in pair if job is not None])
     return {
-        target: (packages.result(), build.result() if build is not None else [])
+        target: _Resolution(packages.result(), build.result() if build is not None else [])
         for target, (packages, build) in jobs.items()
     }
 
