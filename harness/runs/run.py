@@ -14,9 +14,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError
 from harness.runs.record import (
@@ -31,6 +32,18 @@ from harness.runs.record import (
     write_json,
 )
 
+if TYPE_CHECKING:  # the models and the broker load only when a run starts
+    from harness.manifests.model import BenchmarkManifest
+    from harness.runs.resets import RecordingBroker
+    from harness.runtime.broker import SharedBroker
+    from harness.runtime.launch import LaunchSpec
+    from harness.runtime.session import Prepared, ProjectState
+    from harness.store.roots import TempRoots
+    from harness.store.store import Store
+
+#: Where a run's progress lines go (``print``, ``click.echo`` to stderr, a shard's list).
+Echo = Callable[[str], None]
+
 
 @dataclass
 class RunOutcome:
@@ -40,8 +53,20 @@ class RunOutcome:
     score: float | None
 
 
+@dataclass(frozen=True)
+class _Command:
+    """What the run starts once its services are up: the user's command or the worker."""
+
+    argv: list[str]
+    cwd: Path
+    #: manifest name -> store path of the project code it runs, the benchmark worker's included
+    code: dict[str, str]
+    #: the benchmark's worker runs (no command was given)
+    worker: bool
+
+
 def run(
-    state: Any,
+    state: ProjectState,
     command: list[str],
     *,
     agent: str | None,
@@ -50,7 +75,7 @@ def run(
     benchmark: str | None,
     gpus: str | None,
     offline: bool,
-    echo: Any = print,
+    echo: Echo = print,
     shard: tuple[int, int] | None = None,
     run_id: str | None = None,
     run_dir: Path | None = None,
@@ -64,12 +89,7 @@ def run(
     ``run_dir`` under the cluster run's id, and its services on ``ports`` free on its node,
     through a broker of its own (never the one of ``harness up``, whose ports are its own).
     """
-    from harness.realize.builder import lock_objects
-    from harness.realize.project_code import benchmark_worker_code
-    from harness.runs.resets import RESETS_FILE, RecordingBroker, ResetLog, read_resets
-    from harness.runtime.broker import SharedBroker
-    from harness.runtime.session import broker_options, default_state_dir, prepare
-    from harness.store.roots import TempRoots
+    from harness.runtime.session import prepare
     from harness.store.store import Store
 
     started = time.time()
@@ -87,22 +107,62 @@ def run(
         ports=ports,
         show_progress=show_progress,
     )
+    _announce(run_id, prepared, echo)
+    store = Store.in_home(state.home)
+    broker = _RunBroker(_shared_broker(state.home, prepared, shard, echo))
+    what = _what_to_run(prepared, store, command, run_dir)
+    run_roots = _root_closure(store, prepared, what, run_id)
+    config = _record_start(run_dir, run_id, started, command, prepared, store, what, broker, agent, sets, shard)
+    _let_sigint_interrupt()
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    exit_status = 1  # if the launch check refuses, the run failed before anything started
+    try:
+        exit_status = _start_and_run(prepared, store, what, broker, run_dir, config, shard, echo)
+    except KeyboardInterrupt:
+        exit_status = 130
+        echo("interrupted: recording the run")
+    finally:
+        foreign = broker.foreign(prepared.specs)
+        broker.stop()
+        score = _record_result(run_dir, run_id, started, exit_status, prepared.impurities, foreign)
+        run_roots.close()  # the record's lock.json roots it now (the last N runs are kept)
+    return RunOutcome(run_id, run_dir, exit_status, score)
+
+
+def _announce(run_id: str, prepared: Prepared, echo: Echo) -> None:
+    """The run's services and benchmark, and the plan's notes."""
     echo(
         f"run {run_id}: services {', '.join(sorted(prepared.specs)) or '(none)'}"
         + (f", benchmark {prepared.benchmark}" if prepared.benchmark else "")
     )
     for note in prepared.plan.notes:
         echo(f"note: {note}")
-    store = Store.in_home(state.home)
-    project = prepared.project
-    # One broker per state folder: when `harness up` runs one for this project, the run uses
-    # its services (harness-managed, launched from the same store paths) instead of
-    # starting its own beside them.
-    shared_dir = default_state_dir(state.home, project.root, prepared.deploy)
+
+
+def _shared_broker(home: Path, prepared: Prepared, shard: tuple[int, int] | None, echo: Echo) -> SharedBroker | None:
+    """The broker of ``harness up`` for this project, when one runs (never for a shard).
+
+    One broker per state folder: when `harness up` runs one for this project, the run uses
+    its services (harness-managed, launched from the same store paths) instead of starting
+    its own beside them."""
+    from harness.runtime.broker import SharedBroker
+    from harness.runtime.session import default_state_dir
+
+    shared_dir = default_state_dir(home, prepared.project.root, prepared.deploy)
     shared = SharedBroker.find(shared_dir) if shard is None else None
     if shared is not None:
         shared.check_serves(prepared.specs, list(prepared.specs))
         echo(f"using the broker of harness up ({shared.url}, state {shared_dir})")
+    return shared
+
+
+def _what_to_run(prepared: Prepared, store: Store, command: list[str], run_dir: Path) -> _Command:
+    """The command given, else the benchmark's worker (its project code realized as a store
+    path), and where it starts: a command of the user's where they are, the worker where
+    its manifest says."""
+    from harness.realize.project_code import benchmark_worker_code
+
+    project = prepared.project
     code = dict(prepared.code)
     benchmark, benchmark_manifest = prepared.benchmark, prepared.benchmark_manifest
     worker_code = None if command else benchmark_worker_code(store, project.root, benchmark, benchmark_manifest)
@@ -112,114 +172,181 @@ def run(
     argv = command or _benchmark_command(prepared, store, run_dir, worker_code)
     if not argv:
         raise HarnessError("nothing to run: give a COMMAND after --, or a benchmark with a worker")
-    # A command of the user's runs where they are; the worker where its manifest says.
     cwd = project.root if command else _worker_cwd(benchmark_manifest, project.root, store, run_dir, worker_code)
+    return _Command(argv, cwd, code, worker=prepared.benchmark is not None and not command)
 
-    lock_files = {name: project.locks_dir / f"{name}.lock.toml" for name in prepared.locks}
-    # The run's closure is rooted before it is read, for the whole run (however it ends: the
-    # kernel drops a dead process's roots). Realizing already rooted it for this process.
+
+def _root_closure(store: Store, prepared: Prepared, what: _Command, run_id: str) -> TempRoots:
+    """The run's closure rooted before it is read, for the whole run (however it ends: the
+    kernel drops a dead process's roots). Realizing already rooted it for this process."""
+    from harness.realize.builder import lock_objects
+    from harness.store.roots import TempRoots
+
     run_roots = TempRoots(store, f"harness run {run_id}")
-    run_roots.add([*(n for lock in prepared.locks.values() for n in lock_objects(lock)), *code.values()])
-    closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=code)
+    run_roots.add([*(n for lock in prepared.locks.values() for n in lock_objects(lock)), *what.code.values()])
+    return run_roots
+
+
+def _record_start(
+    run_dir: Path,
+    run_id: str,
+    started: float,
+    command: list[str],
+    prepared: Prepared,
+    store: Store,
+    what: _Command,
+    broker: _RunBroker,
+    agent: str | None,
+    sets: tuple[str, ...],
+    shard: tuple[int, int] | None,
+) -> dict[str, Any]:
+    """Write the record's ``config.json`` (what was asked, planned and launched) and
+    ``lock.json`` (the closure) before anything starts; return the config, whose command
+    launch is filled in once the broker's address is known."""
+    project = prepared.project
+    lock_files = {name: project.locks_dir / f"{name}.lock.toml" for name in prepared.locks}
+    closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=what.code)
     deploy_text = prepared.deploy_path.read_text() if prepared.deploy_path else None
+    shared = broker.shared
     config = {
         **run_config(run_id, started, command, prepared, agent=agent, sets=sets),
-        "argv": argv,
+        "argv": what.argv,
         "deploy": {"path": str(prepared.deploy_path), "text": deploy_text} if deploy_text else None,
         # Everything that shapes what the services and the command compute, as launched.
         "launch": {
             "services": {name: service_launch(spec, store.root) for name, spec in sorted(prepared.specs.items())},
-            "command": None,  # filled in below, once the broker's address is known
+            "command": None,  # filled in by _start_and_run, once the broker's address is known
         },
-        "broker": {"shared": shared is not None, "state_dir": str(shared_dir if shared else run_dir / "services")},
+        "broker": {
+            "shared": shared is not None,
+            "state_dir": str(shared.state_dir if shared else run_dir / "services"),
+        },
     }
     if shard is not None:
         config["shard"] = f"{shard[0]}/{shard[1]}"
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", closure.as_json())
+    return config
 
-    # Ctrl-C must stop the run and still record it, even when this process inherited an
-    # ignored SIGINT (background jobs of a non-interactive shell do).
+
+def _let_sigint_interrupt() -> None:
+    """Ctrl-C must stop the run and still record it, even when this process inherited an
+    ignored SIGINT (background jobs of a non-interactive shell do)."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    exit_status = 130
-    broker = None
-    foreign: list[str] = []
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    try:
-        exit_status = 1  # if the launch check refuses, the run failed before anything started
-        _check_launches(
-            prepared,
-            store,
-            code.get(prepared.benchmark or "") if not command else None,
+
+
+def _start_and_run(
+    prepared: Prepared,
+    store: Store,
+    what: _Command,
+    broker: _RunBroker,
+    run_dir: Path,
+    config: dict[str, Any],
+    shard: tuple[int, int] | None,
+    echo: Echo,
+) -> int:
+    """Check the launches, start the resident services, record the command's launch and
+    run it; its exit status."""
+    _check_launches(
+        prepared,
+        store,
+        what.code.get(prepared.benchmark or "") if what.worker else None,
+        run_dir / "services",
+        worker=what.worker,
+    )
+    address, broker_env = broker.start(prepared, run_dir)
+    env = _command_env(broker_env, prepared, run_dir)
+    if shard is not None:
+        env["HARNESS_SHARD"] = f"{shard[0]}/{shard[1]}"
+    config["launch"]["command"] = command_launch(what.argv, what.cwd, env, store.root)
+    write_json(run_dir / "config.json", config)
+    echo(f"broker {address}; running: {' '.join(what.argv)}")
+    return _run_command(what.argv, env, what.cwd, run_dir / "logs" / "command.log", echo)
+
+
+@dataclass
+class _RunBroker:
+    """The broker that serves the run: ``harness up``'s (``shared``), or one of the run's own,
+    in this process, made by :meth:`start` and stopped by :meth:`stop`."""
+
+    shared: SharedBroker | None
+    own: RecordingBroker | None = None
+
+    def start(self, prepared: Prepared, run_dir: Path) -> tuple[str, dict[str, str]]:
+        """Start the resident services (before the command starts); the broker's address
+        and the variables that tell a client where it is."""
+        if self.shared is not None:
+            specs = prepared.specs
+            residents = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in specs]
+            self.shared.start(residents, timeout=30.0 + sum(s.load_seconds for s in specs.values()))
+            return self.shared.url, self.shared.client_env()
+        from harness.runs.resets import RESETS_FILE, RecordingBroker, ResetLog
+        from harness.runtime.session import broker_options
+
+        limits = broker_options(prepared.deploy)
+        # Its leases are watched for resets of scoped services (harness/runs/resets.py).
+        self.own = RecordingBroker(
+            prepared.plan,
+            prepared.specs,
             run_dir / "services",
-            worker=prepared.benchmark is not None and not command,
+            die_with_owner=True,
+            lease_seconds=limits.get("lease_seconds"),
+            gpu_wait_seconds=limits.get("gpu_wait_seconds", 120.0),
+            resets=ResetLog(run_dir / RESETS_FILE),
         )
-        if shared is not None:
-            residents = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in prepared.specs]
-            shared.start(residents, timeout=30.0 + sum(s.load_seconds for s in prepared.specs.values()))
-            address, broker_env = shared.url, shared.client_env()
-        else:
-            limits = broker_options(prepared.deploy)
-            # Its leases are watched for resets of scoped services (harness/runs/resets.py).
-            broker = RecordingBroker(
-                prepared.plan,
-                prepared.specs,
-                run_dir / "services",
-                die_with_owner=True,
-                lease_seconds=limits.get("lease_seconds"),
-                gpu_wait_seconds=limits.get("gpu_wait_seconds", 120.0),
-                resets=ResetLog(run_dir / RESETS_FILE),
-            )
-            address = broker.serve_in_thread()
-            broker.start()  # resident services up before the command starts
-            broker_env = broker.client_env()
-        env = _command_env(broker_env, prepared, run_dir)
-        if shard is not None:
-            env["HARNESS_SHARD"] = f"{shard[0]}/{shard[1]}"
-        config["launch"]["command"] = command_launch(argv, cwd, env, store.root)
-        write_json(run_dir / "config.json", config)
-        echo(f"broker {address}; running: {' '.join(argv)}")
-        exit_status = _run_command(argv, env, cwd, logs / "command.log", echo)
-    except KeyboardInterrupt:
-        exit_status = 130
-        echo("interrupted: recording the run")
-    finally:
+        address = self.own.serve_in_thread()
+        self.own.start()  # resident services up before the command starts
+        return address, self.own.client_env()
+
+    def foreign(self, specs: Mapping[str, LaunchSpec]) -> list[str]:
+        """The run's services whose port a foreign process answered on (never raises: the
+        record matters more than this detail)."""
         try:
-            current = broker.status() if broker is not None else shared.request("GET", "/status") if shared else None
-            foreign = [
-                s["name"]
-                for s in (current or {}).get("services", [])
-                if s.get("foreign") and s["name"] in prepared.specs
-            ]
+            shared = self.shared
+            current = (
+                self.own.status() if self.own is not None else shared.request("GET", "/status") if shared else None
+            )
+            return [s["name"] for s in (current or {}).get("services", []) if s.get("foreign") and s["name"] in specs]
         except Exception:  # the record matters more than this detail
-            foreign = []
-        if broker is not None:
-            broker.shutdown()
-        ended = time.time()
-        score = _score(run_dir)
-        impurities = list(prepared.impurities) + [
-            f"{name}: its port answered before harness started it; a foreign process served the run" for name in foreign
-        ]
-        write_json(
-            run_dir / "result.json",
-            {
-                "id": run_id,
-                "started": started,
-                "ended": ended,
-                "duration_s": round(ended - started, 3),
-                "exit_status": exit_status,
-                "score": score,
-                "impurities": impurities,
-                "scoped_resets": read_resets(run_dir / RESETS_FILE),
-            },
-        )
-        run_roots.close()  # the record's lock.json roots it now (the last N runs are kept)
-    return RunOutcome(run_id, run_dir, exit_status, score)
+            return []
+
+    def stop(self) -> None:
+        """Stop the run's own broker and every service it started (``harness up``'s stays)."""
+        if self.own is not None:
+            self.own.shutdown()
 
 
-def _check_launches(prepared: Any, store: Any, worker_code: str | None, state_dir: Path, *, worker: bool) -> None:
+def _record_result(
+    run_dir: Path, run_id: str, started: float, exit_status: int, impurities: list[str], foreign: list[str]
+) -> float | None:
+    """Write the record's ``result.json`` (how the run ended); the benchmark's score."""
+    from harness.runs.resets import RESETS_FILE, read_resets
+
+    ended = time.time()
+    score = _score(run_dir)
+    impurities = list(impurities) + [
+        f"{name}: its port answered before harness started it; a foreign process served the run" for name in foreign
+    ]
+    write_json(
+        run_dir / "result.json",
+        {
+            "id": run_id,
+            "started": started,
+            "ended": ended,
+            "duration_s": round(ended - started, 3),
+            "exit_status": exit_status,
+            "score": score,
+            "impurities": impurities,
+            "scoped_resets": read_resets(run_dir / RESETS_FILE),
+        },
+    )
+    return score
+
+
+def _check_launches(
+    prepared: Prepared, store: Store, worker_code: str | None, state_dir: Path, *, worker: bool
+) -> None:
     """Check every store path the run's services and benchmark worker start from before
     anything starts (:func:`harness.store.launchcheck.checked_launch`, logged in the run's
     ``services/launch-checks.jsonl``), so a changed path fails the run at once, naming its
@@ -229,6 +356,7 @@ def _check_launches(prepared: Any, store: Any, worker_code: str | None, state_di
 
     launches = {name: spec.closure for name, spec in sorted(prepared.specs.items())}
     if worker:
+        assert prepared.benchmark is not None
         launches[prepared.benchmark] = launch_closure(store.root, prepared.locks[prepared.benchmark], worker_code)
     for name, closure in launches.items():
         try:
@@ -237,7 +365,9 @@ def _check_launches(prepared: Any, store: Any, worker_code: str | None, state_di
             raise HarnessError(f"{name}: refusing to start the run: {exc.message}", hint=exc.hint) from None
 
 
-def _worker_cwd(manifest: Any, project_root: Path, store: Any, run_dir: Path, worker_code: str | None) -> Path:
+def _worker_cwd(
+    manifest: BenchmarkManifest | None, project_root: Path, store: Store, run_dir: Path, worker_code: str | None
+) -> Path:
     """Where the benchmark's worker starts (its manifest's ``workdir``).
 
     ``"project"``: the store copy of the project files it names (the project's layout, so
@@ -254,15 +384,15 @@ def _worker_cwd(manifest: Any, project_root: Path, store: Any, run_dir: Path, wo
     return store.root / worker_code if worker_code is not None else project_root
 
 
-def _benchmark_command(prepared: Any, store: Any, run_dir: Path, worker_code: str | None) -> list[str]:
+def _benchmark_command(prepared: Prepared, store: Store, run_dir: Path, worker_code: str | None) -> list[str]:
     """The benchmark's worker, its templates filled from its realized environment and
     ``{run}`` with the run record's folder. Started outside its code's store path
     (``workdir = "run"``), the project files it names by relative path are named there by
     absolute path instead, so it runs the same code from any folder."""
-    manifest = prepared.benchmark_manifest
-    if manifest is None or not manifest.worker:
+    manifest, benchmark = prepared.benchmark_manifest, prepared.benchmark
+    if manifest is None or benchmark is None or not manifest.worker:
         return []
-    lock = prepared.locks[prepared.benchmark]
+    lock = prepared.locks[benchmark]
     from harness.lock.storepaths import source_folders, weights_view_path
     from harness.runtime.launch import _expand, source_values
 
@@ -275,7 +405,7 @@ def _benchmark_command(prepared: Any, store: Any, run_dir: Path, worker_code: st
         "run": str(run_dir),
     }
     values.update(source_values(manifest, {i: store.root / f for i, f in enumerate(source_folders(lock))}))
-    argv = [_expand(part, values, prepared.benchmark) for part in manifest.worker]
+    argv = [_expand(part, values, benchmark) for part in manifest.worker]
     if manifest.workdir == "run" and worker_code is not None:
         from harness.realize.project_code import project_file_parts
 
@@ -284,7 +414,7 @@ def _benchmark_command(prepared: Any, store: Any, run_dir: Path, worker_code: st
     return argv
 
 
-def _command_env(broker_env: dict[str, str], prepared: Any, run_dir: Path) -> dict[str, str]:
+def _command_env(broker_env: dict[str, str], prepared: Prepared, run_dir: Path) -> dict[str, str]:
     """The caller's environment plus where the broker (and its token), the run record and
     each service are: ``HARNESS_SERVICE_<NAME>_URL`` and, for the same services,
     ``HARNESS_SERVICE_<NAME>_CLIENT``, the manifest's client table rendered as a lease
@@ -308,7 +438,7 @@ def _command_env(broker_env: dict[str, str], prepared: Any, run_dir: Path) -> di
     return env
 
 
-def _run_command(argv: list[str], env: dict[str, str], cwd: Path, log: Path, echo: Any) -> int:
+def _run_command(argv: list[str], env: dict[str, str], cwd: Path, log: Path, echo: Echo) -> int:
     """Run the command in its own process group, teeing its output to ``log``.
 
     The main thread only ever waits with a timeout, so SIGINT is handled at once even when
