@@ -37,10 +37,15 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from harness.cache.format import CacheConfigError, CacheError
+
+if TYPE_CHECKING:
+    from botocore.client import BaseClient
+    from botocore.response import StreamingBody
 
 Progress = Callable[[int], None]
 
@@ -69,7 +74,9 @@ class ByteStream(Protocol):
 
     def __enter__(self) -> ByteStream: ...
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any, /) -> None: ...
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None, /
+    ) -> None: ...
 
 
 class Backend(Protocol):
@@ -285,11 +292,12 @@ class S3Backend:
         if threshold is not None and not threshold.isdigit():
             raise CacheConfigError(f"cache {self.url}: multipart-threshold={threshold!r} is not a byte count")
         self.multipart_threshold = int(threshold) if threshold else MULTIPART_THRESHOLD
-        self._client: Any = None
+        self._client: BaseClient | None = None
         self._lock = threading.Lock()
 
     @property
-    def client(self) -> Any:
+    def client(self) -> BaseClient:
+        """The boto3 S3 client, made on first use."""
         # boto3 is imported and the client made on first use: most commands never touch S3.
         with self._lock:
             if self._client is None:
@@ -342,7 +350,7 @@ class S3Backend:
     def open(self, key: str, start: int = 0) -> tuple[ByteStream, int]:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        kwargs: dict[str, str] = {"Bucket": self.bucket, "Key": self._key(key)}
         if start:
             kwargs["Range"] = f"bytes={start}-"
         try:
@@ -436,7 +444,7 @@ class S3Backend:
 class _BotoStream:
     """A botocore StreamingBody whose read errors become CacheError (a cache gone mid-read)."""
 
-    def __init__(self, body: Any, url: str, key: str) -> None:
+    def __init__(self, body: StreamingBody, url: str, key: str) -> None:
         self.body = body
         self.url = url
         self.key = key
@@ -472,7 +480,8 @@ class HttpBackend:
         self.base = base
         self.url = url
 
-    def _request(self, key: str, *, method: str = "GET", start: int = 0) -> Any:
+    def _request(self, key: str, *, method: str = "GET", start: int = 0) -> http.client.HTTPResponse | None:
+        """The response to ``method`` on ``key`` (from byte ``start``), None when the cache has no such key."""
         request = urllib.request.Request(
             self.base + check_key(key), method=method, headers={"Accept-Encoding": "identity"}
         )
@@ -544,7 +553,7 @@ class HttpBackend:
 class _HttpStream:
     """An HTTP response body that raises CacheError when it ends before its length."""
 
-    def __init__(self, response: Any, url: str, key: str, length: int | None) -> None:
+    def __init__(self, response: http.client.HTTPResponse, url: str, key: str, length: int | None) -> None:
         self.response = response
         self.url = url
         self.key = key

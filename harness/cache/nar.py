@@ -29,13 +29,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import blake3
 import zstandard
 
 from harness.cache.format import CacheError
 from harness.store.hashing import iter_nar
+
+if TYPE_CHECKING:
+    from harness.cache.backends import ByteStream
 
 #: Compression level: zstd's default. Wheels and weights hardly compress; 3 keeps pushes
 #: fast, and decompression speed does not depend on it.
@@ -110,7 +113,7 @@ def pack(path: Path, dest: Path, *, progress: Progress = _ignore) -> Packed:
 class _Source:
     """Reads the compressed archive, hashing and counting it, never past ``size`` + 1 bytes."""
 
-    def __init__(self, raw: BinaryIO, size: int, label: str, progress: Progress) -> None:
+    def __init__(self, raw: ByteStream, size: int, label: str, progress: Progress) -> None:
         self.raw = raw
         self.size = size
         self.label = label
@@ -225,7 +228,7 @@ class Unpacked:
 
 
 def unpack(
-    source: BinaryIO,
+    source: ByteStream,
     out: Path,
     *,
     store_name: str,

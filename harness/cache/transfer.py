@@ -33,9 +33,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NamedTuple
 
-from harness.cache.backends import Backend, open_backend, parse_url
+from harness.cache.backends import Backend, ByteStream, CacheUrl, open_backend, parse_url
 from harness.cache.format import (
     CACHE_INFO_KEY,
     CacheError,
@@ -46,7 +46,11 @@ from harness.cache.format import (
 )
 from harness.cache.signing import PublicKey, SecretKey, signed_by_trusted
 from harness.errors import HarnessError
-from harness.store.store import BuildResult, Store
+from harness.store.store import BuildResult, Record, Store
+
+if TYPE_CHECKING:
+    from harness.cache.nar import Packed, Unpacked
+    from harness.realize.fetch import FetchJob
 
 _CHUNK = 1 << 20
 #: A remote archive transfer that breaks off is resumed this many times within one pull.
@@ -62,7 +66,7 @@ def closure(store: Store, names: Sequence[str]) -> list[str]:
     Raises :class:`CacheError` naming a path that is not registered (or whose reference is
     not). The order is deterministic: a depth-first post-order over sorted names.
     """
-    records: dict[str, Any] = {}
+    records: dict[str, Record] = {}
     order: list[str] = []
     visiting: set[str] = set()
 
@@ -190,9 +194,57 @@ def _push(
     jobs: int,
     show_progress: bool,
 ) -> PushResult:
-    """:func:`push` of a rooted closure (``paths``, references first)."""
-    from harness.realize.fetch import FetchJob, fetch_all
+    """:func:`push` of a rooted closure (``paths``, references first), in phases: refuse host
+    copies, see what the cache already describes, upload the missing archives, publish their
+    narinfos, take back every archive left undescribed, and raise what failed."""
+    _refuse_host_copies(store, paths)
+    result = PushResult()
+    _, wrote_info = ensure_cache_info(backend)
+    result.puts += int(wrote_info)
+    presence = _presence(backend, paths, jobs)
+    result.present = presence.present
+    if not presence.missing:
+        return result
+    staging = backend.staging_dir() or (cache_dir / "push")
+    staging.mkdir(parents=True, exist_ok=True)
+    uploads = _Uploads(staging)
+    described = set(result.present)
+    try:
+        _upload_archives(store, presence.missing, backend, uploads, result, jobs=jobs, show_progress=show_progress)
+        _publish_narinfos(store, presence.missing, backend, uploads, described, secret, result)
+    finally:
+        # However the push ended, no archive it wrote stays without its narinfo.
+        _take_back(backend, {n: k for n, k in uploads.written.items() if n not in described})
+    _raise_failures(uploads.failures)
+    return result
 
+
+class _Presence(NamedTuple):
+    """A closure split by whether the cache describes each path already (both in closure order)."""
+
+    present: list[str]
+    missing: list[str]
+
+
+@dataclass
+class _Uploads:
+    """What the archive phase of a push hands the narinfo phase.
+
+    Upload jobs write it from their threads, under ``lock``: the narinfo each uploaded (or
+    found) archive gets, why a path failed, and the archive keys this push wrote (path ->
+    key), which are taken back when their path ends up undescribed.
+    """
+
+    staging: Path
+    infos: dict[str, NarInfo] = field(default_factory=dict)
+    failures: dict[str, HarnessError] = field(default_factory=dict)
+    written: dict[str, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _refuse_host_copies(store: Store, paths: Sequence[str]) -> None:
+    """Raise :class:`CacheError` for the first of ``paths`` that is a host interpreter under
+    a lock interpreter's name (:func:`host_copy_problem`): nothing is pushed then."""
     for name in paths:
         record = store.record(name)
         problem = host_copy_problem(name, record.kind, record.impure) if record is not None else None
@@ -203,120 +255,177 @@ def _push(
                 "host copy under a name of its own",
             )
 
-    result = PushResult()
-    _, wrote_info = ensure_cache_info(backend)
-    result.puts += int(wrote_info)
+
+def _presence(backend: Backend, paths: Sequence[str], jobs: int) -> _Presence:
+    """Which of ``paths`` ``backend`` has a narinfo for, asked in parallel (``jobs`` at once)."""
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         there = dict(zip(paths, pool.map(lambda n: backend.exists(narinfo_key(n)), paths), strict=True))
-    result.present = [n for n in paths if there[n]]
-    missing = [n for n in paths if not there[n]]
-    if not missing:
-        return result
+    return _Presence(present=[n for n in paths if there[n]], missing=[n for n in paths if not there[n]])
 
-    staging = backend.staging_dir() or (cache_dir / "push")
-    staging.mkdir(parents=True, exist_ok=True)
-    infos: dict[str, NarInfo] = {}
-    failures: dict[str, HarnessError] = {}
-    uploaded_keys: dict[str, str] = {}  # path -> the archive this push wrote for it
-    lock = threading.Lock()
 
-    def job(name: str) -> FetchJob:
-        record = store.record(name)
-        assert record is not None  # closure() checked
+def _upload_archives(
+    store: Store,
+    missing: Sequence[str],
+    backend: Backend,
+    uploads: _Uploads,
+    result: PushResult,
+    *,
+    jobs: int,
+    show_progress: bool,
+) -> None:
+    """Pack and upload the archive of every path of ``missing`` in parallel, as one progress
+    phase; each path's narinfo (or failure) lands in ``uploads``, bytes and writes in ``result``."""
+    from harness.realize.fetch import fetch_all
 
-        def run(report: Callable[[int], None]) -> None:
-            import tempfile
+    fetch_all(
+        [_upload_job(store, name, backend, uploads, result) for name in missing],
+        max_workers=jobs,
+        show_progress=show_progress,
+        label=f"pushing {len(missing)} path(s) to {backend.url}",
+    )
 
-            from harness.cache.nar import pack
 
-            # Packing and uploading each count the NAR's bytes once: half each, so the
-            # phase's total is what is pushed, not twice it.
-            halves = [0, 0]  # bytes counted, bytes reported
+def _upload_job(store: Store, name: str, backend: Backend, uploads: _Uploads, result: PushResult) -> FetchJob:
+    """The job that packs ``name`` (checked against its record), uploads the archive unless
+    the cache has it, and notes the path's narinfo in ``uploads``. A :class:`HarnessError` is
+    recorded in ``uploads.failures``, not raised: the other archives still go up, so a rerun
+    has less to do."""
+    from harness.realize.fetch import FetchJob
 
-            def progress(n: int) -> None:
-                halves[0] += n
-                step = halves[0] // 2 - halves[1]
-                halves[1] += step
-                report(step)
+    record = store.record(name)
+    assert record is not None  # closure() checked
 
-            fd, temp_name = tempfile.mkstemp(prefix=".push-", suffix=".nar.zst", dir=staging)
-            os.close(fd)
-            temp = Path(temp_name)
-            try:
-                if not os.path.lexists(store.root / name):
-                    raise CacheError(
-                        f"{name} is no longer in the store (deleted or collected while being pushed); not pushing it",
-                        hint="realize it again, then push again",
-                    )
-                try:
-                    packed = pack(store.root / name, temp, progress=progress)
-                except OSError as exc:
-                    raise CacheError(
-                        f"{name} cannot be read from the store ({exc.strerror or exc}: "
-                        "deleted or collected while being pushed?); not pushing it",
-                        hint="run `harness store verify --repair`, then push again",
-                    ) from None
-                if packed.content != record.content or packed.nar_size != record.nar_size:
-                    raise CacheError(
-                        f"{name} changed since it was registered (record {record.content}, "
-                        f"now {packed.content}); not pushing it",
-                        hint=f"run `harness store verify --repair {name}`",
-                    )
-                key = archive_key(packed.file_hash)
-                uploaded = 0
-                if not backend.exists(key):
-                    scale = record.nar_size / max(1, packed.file_size)
-                    backend.put_file(key, temp, lambda n: progress(int(n * scale)))
-                    uploaded = packed.file_size
-                    with lock:
-                        uploaded_keys[name] = key
-                info = NarInfo(
-                    store_path=name,
-                    kind=record.kind,
-                    url=key,
-                    file_hash=packed.file_hash,
-                    file_size=packed.file_size,
-                    content=record.content,
-                    nar_size=record.nar_size,
-                    references=tuple(sorted(r for r in record.references)),
-                    impure=record.impure,
-                    obtained=record.obtained,
-                )
-                with lock:
-                    infos[name] = info
-                    result.uploaded_bytes += uploaded
-                    result.puts += int(bool(uploaded))
-            except HarnessError as exc:
-                # Recorded, not raised: the other archives still go up, so a rerun has less to do.
-                with lock:
-                    failures[name] = exc
-            finally:
-                temp.unlink(missing_ok=True)
+    def run(report: Callable[[int], None]) -> None:
+        progress = _halves(report)
+        temp = _temp_archive(uploads.staging)
+        try:
+            packed = _pack_unchanged(store, name, record, temp, progress)
+            key = archive_key(packed.file_hash)
+            uploaded = _upload_archive(backend, key, temp, packed, record.nar_size, progress)
+            if uploaded:
+                with uploads.lock:
+                    uploads.written[name] = key
+            info = _narinfo(name, record, packed, key)
+            with uploads.lock:
+                uploads.infos[name] = info
+                result.uploaded_bytes += uploaded
+                result.puts += int(bool(uploaded))
+        except HarnessError as exc:
+            with uploads.lock:
+                uploads.failures[name] = exc
+        finally:
+            temp.unlink(missing_ok=True)
 
-        return FetchJob(label=name, size=record.nar_size, run=run)
+    return FetchJob(label=name, size=record.nar_size, run=run)
 
-    described = set(result.present)
-    try:
-        fetch_all(
-            [job(n) for n in missing],
-            max_workers=jobs,
-            show_progress=show_progress,
-            label=f"pushing {len(missing)} path(s) to {backend.url}",
+
+def _halves(report: Callable[[int], None]) -> Callable[[int], None]:
+    """A progress callback reporting half of what it is given to ``report``.
+
+    Packing and uploading each count the NAR's bytes once: half each, so the phase's total
+    is what is pushed, not twice it."""
+    halves = [0, 0]  # bytes counted, bytes reported
+
+    def progress(n: int) -> None:
+        halves[0] += n
+        step = halves[0] // 2 - halves[1]
+        halves[1] += step
+        report(step)
+
+    return progress
+
+
+def _temp_archive(staging: Path) -> Path:
+    """A new empty file in ``staging`` for one archive; the caller deletes it."""
+    import tempfile
+
+    fd, temp_name = tempfile.mkstemp(prefix=".push-", suffix=".nar.zst", dir=staging)
+    os.close(fd)
+    return Path(temp_name)
+
+
+def _pack_unchanged(store: Store, name: str, record: Record, temp: Path, progress: Callable[[int], None]) -> Packed:
+    """Pack store path ``name`` into ``temp``, or raise :class:`CacheError` when it is gone,
+    cannot be read, or no longer has its record's content hash and NAR size."""
+    from harness.cache.nar import pack
+
+    if not os.path.lexists(store.root / name):
+        raise CacheError(
+            f"{name} is no longer in the store (deleted or collected while being pushed); not pushing it",
+            hint="realize it again, then push again",
         )
-        for name in missing:  # closure order: references first
-            info = infos.get(name)
-            record = store.record(name)
-            if info is None or record is None or not all(r in described or r == name for r in record.references):
-                continue
-            if secret is not None:
-                info = info.with_signatures([secret.sign(info)])
-            backend.put_bytes(narinfo_key(name), info.render().encode())  # the narinfo last: publication
-            result.puts += 1
-            described.add(name)
-            result.pushed.append(name)
-    finally:
-        # However the push ended, no archive it wrote stays without its narinfo.
-        _take_back(backend, {n: k for n, k in uploaded_keys.items() if n not in described})
+    try:
+        packed = pack(store.root / name, temp, progress=progress)
+    except OSError as exc:
+        raise CacheError(
+            f"{name} cannot be read from the store ({exc.strerror or exc}: "
+            "deleted or collected while being pushed?); not pushing it",
+            hint="run `harness store verify --repair`, then push again",
+        ) from None
+    if packed.content != record.content or packed.nar_size != record.nar_size:
+        raise CacheError(
+            f"{name} changed since it was registered (record {record.content}, now {packed.content}); not pushing it",
+            hint=f"run `harness store verify --repair {name}`",
+        )
+    return packed
+
+
+def _upload_archive(
+    backend: Backend, key: str, temp: Path, packed: Packed, nar_size: int, progress: Callable[[int], None]
+) -> int:
+    """Upload ``temp`` as ``key`` unless the cache has that archive; the bytes uploaded (0 when
+    it was there). Upload progress is scaled to the NAR's ``nar_size``, as packing counts it."""
+    if backend.exists(key):
+        return 0
+    scale = nar_size / max(1, packed.file_size)
+    backend.put_file(key, temp, lambda n: progress(int(n * scale)))
+    return packed.file_size
+
+
+def _narinfo(name: str, record: Record, packed: Packed, key: str) -> NarInfo:
+    """The (unsigned) narinfo of store path ``name`` (its ``record``), whose archive
+    ``packed`` is at ``key``."""
+    return NarInfo(
+        store_path=name,
+        kind=record.kind,
+        url=key,
+        file_hash=packed.file_hash,
+        file_size=packed.file_size,
+        content=record.content,
+        nar_size=record.nar_size,
+        references=tuple(sorted(r for r in record.references)),
+        impure=record.impure,
+        obtained=record.obtained,
+    )
+
+
+def _publish_narinfos(
+    store: Store,
+    missing: Sequence[str],
+    backend: Backend,
+    uploads: _Uploads,
+    described: set[str],
+    secret: SecretKey | None,
+    result: PushResult,
+) -> None:
+    """Write the narinfo of each path of ``missing`` (closure order: references first) whose
+    archive went up and whose references are all ``described``, signed with ``secret`` when
+    given; each one written joins ``described`` and ``result.pushed``."""
+    for name in missing:
+        info = uploads.infos.get(name)
+        record = store.record(name)
+        if info is None or record is None or not all(r in described or r == name for r in record.references):
+            continue
+        if secret is not None:
+            info = info.with_signatures([secret.sign(info)])
+        backend.put_bytes(narinfo_key(name), info.render().encode())  # the narinfo last: publication
+        result.puts += 1
+        described.add(name)
+        result.pushed.append(name)
+
+
+def _raise_failures(failures: Mapping[str, HarnessError]) -> None:
+    """Raise the one failure of a push as it was, several as one :class:`CacheError` listing them."""
     if len(failures) == 1:
         raise next(iter(failures.values()))
     if failures:
@@ -324,7 +433,6 @@ def _push(
             f"{len(failures)} paths were not pushed:\n"
             + "\n".join(f"  - {exc.message}" for _, exc in sorted(failures.items()))
         )
-    return result
 
 
 def _take_back(backend: Backend, orphans: Mapping[str, str]) -> None:
@@ -396,7 +504,7 @@ def open_substituters(
     # A URL without a ready backend was parsed above, so ``p`` is set wherever it is opened.
     opened = [(url, (backends or {}).get(url) or open_backend(p or url, jobs=jobs), p) for url, p in parsed]
 
-    def info_of(item: tuple[str, Backend, Any]) -> tuple[CacheInfo | None, str | None]:
+    def info_of(item: tuple[str, Backend, CacheUrl | None]) -> tuple[CacheInfo | None, str | None]:
         url, backend, _ = item
         try:
             text = backend.read_bytes(CACHE_INFO_KEY)
@@ -471,6 +579,9 @@ def pull(
     Never raises for a path that cannot be had: it lands in ``failed`` with the reason, with
     every path that needs it. Raises only for bugs and interrupts. Paths already registered
     are listed in ``present`` and not looked up.
+
+    In phases: root and note what is present, look up the rest's closures, keep what can be
+    had with all its references, then download and register that, references first.
     """
     from harness.store.roots import hold
 
@@ -480,92 +591,153 @@ def pull(
     # this process (a realize that substitutes, then builds on them).
     hold(store, wanted)
     result.present = [n for n in wanted if store.is_registered(n)]
-    found: dict[str, tuple[Substituter, NarInfo]] = {}
-    reasons: dict[str, list[str]] = {}
-    dead: set[str] = set()  # substituters that failed mid-pull: not asked again
-    dead_lock = threading.Lock()
+    lookup = _NarinfoLookup(substituters, trusted, expected, result.warnings)
+    lookups = _look_up_closures(store, [n for n in wanted if n not in result.present], lookup, jobs)
+    usable = _usable_in_order(store, lookups, result)
+    for name, problems in lookups.reasons.items():
+        result.failed.setdefault(name, "; ".join(problems))
+    if usable:
+        _fetch_and_register(store, usable, lookups.found, expected, cache_dir, jobs, show_progress, result)
+    return result
 
-    def lookup(name: str) -> tuple[str, tuple[Substituter, NarInfo] | None, list[str]]:
+
+class _Found(NamedTuple):
+    """A trusted narinfo of one store path, and the substituter that has it."""
+
+    substituter: Substituter
+    info: NarInfo
+
+
+class _Answer(NamedTuple):
+    """What looking up one path gave: a hit (or None), and why other substituters' did not do."""
+
+    name: str
+    hit: _Found | None
+    problems: list[str]
+
+
+@dataclass
+class _Lookups:
+    """What the lookup phase of a pull found: a hit per path, and why each other path has none."""
+
+    found: dict[str, _Found] = field(default_factory=dict)
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class _NarinfoLookup:
+    """Asks ``substituters`` in priority order for a path's trusted narinfo (called from
+    several threads). A substituter that fails to answer (unreachable, broken off) is not
+    asked again during this pull, and disabling it appends one line to ``warnings``."""
+
+    substituters: Sequence[Substituter]
+    trusted: Mapping[str, list[PublicKey]]
+    expected: Mapping[str, ExpectedContent]
+    warnings: list[str]
+    dead: set[str] = field(default_factory=set)  # substituters that failed mid-pull
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, name: str) -> _Answer:
+        """The first substituter's usable narinfo of ``name``, and the problems met before it."""
         problems: list[str] = []
-        for sub in substituters:
-            if sub.url in dead:
+        for sub in self.substituters:
+            if sub.url in self.dead:
                 continue
-            key = narinfo_key(name)
-            try:
-                text = sub.backend.read_bytes(key)
-            except CacheError as exc:
-                with dead_lock:
-                    if sub.url not in dead:
-                        dead.add(sub.url)
-                        result.warnings.append(f"substituter {sub.url} disabled: {exc.message}")
-                problems.append(f"{sub.url}: {exc.message}")
-                continue
-            if text is None:
-                continue
-            try:
-                info = NarInfo.parse(text.decode("utf-8", "replace"), f"{sub.url}/{key}")
-            except CacheError as exc:
-                problems.append(exc.message)
-                continue
-            if info.store_path != name:
-                problems.append(f"{sub.url}/{key} describes {info.store_path}, not {name}")
-                continue
-            problem = host_copy_problem(name, info.kind, info.impure) or trust_problem(
-                info, expected.get(name), trusted
-            )
-            if problem:
-                problems.append(f"{sub.url}: {problem}")
-                continue
-            return name, (sub, info), problems
-        return name, None, problems
+            info = self._ask(sub, name, problems)
+            if info is not None:
+                return _Answer(name, _Found(sub, info), problems)
+        return _Answer(name, None, problems)
 
-    pending = [n for n in wanted if n not in result.present]
+    def _ask(self, sub: Substituter, name: str, problems: list[str]) -> NarInfo | None:
+        """``sub``'s narinfo of ``name`` when it parses, names ``name`` and is trusted; else
+        None, with why appended to ``problems`` (nothing when ``sub`` has none)."""
+        key = narinfo_key(name)
+        try:
+            text = sub.backend.read_bytes(key)
+        except CacheError as exc:
+            self._disable(sub, exc)
+            problems.append(f"{sub.url}: {exc.message}")
+            return None
+        if text is None:
+            return None
+        try:
+            info = NarInfo.parse(text.decode("utf-8", "replace"), f"{sub.url}/{key}")
+        except CacheError as exc:
+            problems.append(exc.message)
+            return None
+        if info.store_path != name:
+            problems.append(f"{sub.url}/{key} describes {info.store_path}, not {name}")
+            return None
+        problem = host_copy_problem(name, info.kind, info.impure) or trust_problem(
+            info, self.expected.get(name), self.trusted
+        )
+        if problem:
+            problems.append(f"{sub.url}: {problem}")
+            return None
+        return info
+
+    def _disable(self, sub: Substituter, exc: CacheError) -> None:
+        """Ask ``sub`` no more during this pull; warn once."""
+        with self.lock:
+            if sub.url not in self.dead:
+                self.dead.add(sub.url)
+                self.warnings.append(f"substituter {sub.url} disabled: {exc.message}")
+
+
+def _look_up_closures(store: Store, pending: list[str], lookup: _NarinfoLookup, jobs: int) -> _Lookups:
+    """Look up ``pending`` in parallel, then round by round every reference of a hit that is
+    neither registered nor asked yet. A hit's references are rooted before their
+    registration is relied on."""
+    from harness.store.roots import hold
+
+    lookups = _Lookups()
     asked: set[str] = set(pending)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         while pending:
             next_round: list[str] = []
             for name, hit, problems in pool.map(lookup, pending):
                 if hit is None:
-                    reasons[name] = problems or ["no substituter has it"]
+                    lookups.reasons[name] = problems or ["no substituter has it"]
                     continue
-                found[name] = hit
-                hold(store, hit[1].references)  # rooted before their registration is relied on
-                for ref in hit[1].references:
+                lookups.found[name] = hit
+                hold(store, hit.info.references)  # rooted before their registration is relied on
+                for ref in hit.info.references:
                     if ref != name and ref not in asked and not store.is_registered(ref):
                         asked.add(ref)
                         next_round.append(ref)
             pending = next_round
+    return lookups
 
-    # A path is usable only when each reference is registered or usable itself.
+
+def _usable_in_order(store: Store, lookups: _Lookups, result: PullResult) -> list[str]:
+    """The found paths whose every reference is registered or usable itself, references
+    first. Each other found path lands in ``result.failed``, naming the reference that cannot
+    be had; references forming a cycle fail every found path (caches cannot hold one honestly)."""
+    found = lookups.found
     try:
-        order = topological(list(found), lambda n: found[n][1].references)
-    except CacheError as exc:  # a cycle: caches cannot hold one honestly; use none of it
+        order = topological(list(found), lambda n: found[n].info.references)
+    except CacheError as exc:
         result.failed.update({name: exc.message for name in found})
         order = []
     usable: list[str] = []
     for name in order:
-        info = found[name][1]
+        info = found[name].info
         blocked = next(
             (r for r in info.references if r != name and r not in found and not store.is_registered(r)), None
         )
         blocked = blocked or next((r for r in info.references if r in result.failed), None)
         if blocked is not None:
-            why = "; ".join(reasons.get(blocked, [])) or result.failed.get(blocked, "not available")
+            why = "; ".join(lookups.reasons.get(blocked, [])) or result.failed.get(blocked, "not available")
             result.failed[name] = f"its reference {blocked} cannot be had ({why})"
             continue
         usable.append(name)
-    for name, problems in reasons.items():
-        result.failed.setdefault(name, "; ".join(problems))
-
-    if usable:
-        _fetch_and_register(store, usable, found, expected, cache_dir, jobs, show_progress, result)
-    return result
+    return usable
 
 
 def _fetch_and_register(
     store: Store,
     order: list[str],
-    found: Mapping[str, tuple[Substituter, NarInfo]],
+    found: Mapping[str, _Found],
     expected: Mapping[str, ExpectedContent],
     cache_dir: Path,
     jobs: int,
@@ -614,7 +786,7 @@ def _fetch_and_register(
         return FetchJob(label=name, size=info.file_size, run=run)
 
     try:
-        sources = ", ".join(dict.fromkeys(found[n][0].url for n in order))
+        sources = ", ".join(dict.fromkeys(found[n].substituter.url for n in order))
         fetch_all(
             [job(n) for n in order],
             max_workers=jobs,
@@ -701,7 +873,7 @@ def _register(
         if lost:
             raise CacheError(f"{label}: its reference {lost[0]} is not in the store; nothing was registered")
         if archive is not None:
-            stream: Any = open(archive, "rb")
+            stream: ByteStream = open(archive, "rb")
             file_hash = None  # checked by _download
             report: Callable[[int], None] = _ignore
         else:
@@ -753,7 +925,7 @@ def check_free_space(folder: Path, needed: int, what: str) -> None:
         )
 
 
-def _check_files(label: str, unpacked: Any, files: Mapping[str, str]) -> None:
+def _check_files(label: str, unpacked: Unpacked, files: Mapping[str, str]) -> None:
     """A wheel folder or weight set must be exactly the lock's files, with their sha256."""
     if "" not in unpacked.directories:
         raise CacheError(f"{label}: expected a folder of locked files, the archive holds a single file or link")
