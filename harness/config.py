@@ -41,7 +41,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.errors import InputError
 
@@ -326,79 +326,186 @@ def normalize_index_name(name: str) -> str:
 
 
 def load_settings(home: Path, project_root: Path | None = None) -> Settings:
-    """Merge project, user and environment settings (later wins)."""
-    from harness.manifests.tomlfile import read_toml
+    """Merge project, user and environment settings (later wins).
 
-    indexes: dict[str, str] = {}
-    hubs: dict[str, str] = {}
-    lock_platforms: tuple[str, ...] = ()
-    lock_platforms_origin = ""
-    python_pins: dict[str, str] = {}
-    cache: dict[str, Any] = {}
-    python: dict[str, str] = {}
-    git_mirrors: dict[str, str] = {}
-    gc: dict[str, Any] = {}
+    The settings files (:func:`_settings_files`) are read in order, each checked whole as it
+    is merged; the environment's variables come last. Raises :class:`InputError` naming the
+    file and key (or the variable) of the first bad value.
+    """
+    merged = _Merged()
+    for path in _settings_files(home, project_root):
+        merged.add_file(path)
+    merged.add_environment()
+    return merged.settings()
+
+
+def _settings_files(home: Path, project_root: Path | None) -> list[Path]:
+    """The settings files that exist, in merge order: the project's ``harness.toml``, then
+    ``$HARNESS_HOME/config.toml``."""
     layers = []
     if project_root is not None and (project_root / "harness.toml").is_file():
         layers.append(project_root / "harness.toml")
     if (home / "config.toml").is_file():
         layers.append(home / "config.toml")
-    for path in layers:
+    return layers
+
+
+class _LockTable(NamedTuple):
+    """``[lock]`` of one settings file: its platforms (None: it sets none) with where they
+    were set (``<file>: lock.platforms``), and its ``[lock.python]`` pins."""
+
+    platforms: tuple[str, ...] | None
+    origin: str
+    pins: dict[str, str]
+
+
+@dataclass
+class _Merged:
+    """Settings merged layer by layer, each later layer winning (:func:`load_settings`).
+
+    ``cache``, ``python`` and ``gc`` hold :class:`Settings` keyword arguments: a key that no
+    layer sets keeps the field's default.
+    """
+
+    indexes: dict[str, str] = field(default_factory=dict)
+    hubs: dict[str, str] = field(default_factory=dict)
+    lock_platforms: tuple[str, ...] = ()
+    lock_platforms_origin: str = ""
+    python_pins: dict[str, str] = field(default_factory=dict)
+    git_mirrors: dict[str, str] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
+    python: dict[str, str] = field(default_factory=dict)
+    gc: dict[str, Any] = field(default_factory=dict)
+
+    def add_file(self, path: Path) -> None:
+        """Merge the settings file ``path``, its tables checked in reference order."""
+        from harness.manifests.tomlfile import read_toml
+
         data = read_toml(path)
-        indexes.update(_string_table(data, "indexes", path))
-        for hub, url in _string_table(data, "hubs", path).items():
-            if hub not in HUBS:
-                raise InputError(f"{path}: hubs.{hub}: unknown hub; known: {', '.join(HUBS)}")
-            hubs[hub] = url
-        lock_table = data.get("lock", {})
-        if not isinstance(lock_table, dict):
-            raise InputError(f"{path}: lock: expected a table")
-        unknown = sorted(set(lock_table) - {"platform", "platforms", "python"})
-        if unknown:
-            raise InputError(f"{path}: lock.{unknown[0]}: unknown key; valid keys: platform, platforms, python")
-        if "platform" in lock_table and "platforms" in lock_table:
-            raise InputError(
-                f"{path}: lock: set platform or platforms, not both",
-                hint='platforms = [...] lists every platform; platform = "..." is one',
-            )
-        if "platform" in lock_table:
-            if not isinstance(lock_table["platform"], str):
-                raise InputError(f'{path}: lock.platform: expected a string like "x86_64-manylinux_2_28"')
-            lock_platforms = (lock_table["platform"],)
-            lock_platforms_origin = f"{path}: lock.platform"
-        if "platforms" in lock_table:
-            values = lock_table["platforms"]
-            if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
-                raise InputError(
-                    f'{path}: lock.platforms: expected a non-empty list of strings like "x86_64-manylinux_2_28"'
-                )
-            lock_platforms = tuple(values)
-            lock_platforms_origin = f"{path}: lock.platforms"
-            if len(set(lock_platforms)) != len(lock_platforms):
-                raise InputError(f"{path}: lock.platforms: a platform is listed twice")
-        pins = lock_table.get("python", {})
-        if not isinstance(pins, dict) or not all(
-            isinstance(v, str) and re.match(r"^3\.\d+\.\d+$", v) and v.startswith(k + ".") for k, v in pins.items()
-        ):
-            raise InputError(f'{path}: lock.python: expected "3.X" = "3.X.Y" entries')
-        python_pins.update(pins)
-        cache.update(_cache_table(data, path))
-        python.update(_python_table(data, path))
-        git_mirrors.update(_git_mirrors(data, path))
-        gc.update(_gc_table(data, path))
-    for key, value in os.environ.items():
-        if key.startswith("HARNESS_INDEX_") and value:
-            indexes[key.removeprefix("HARNESS_INDEX_").lower().replace("_", "-")] = value
+        self.indexes.update(_string_table(data, "indexes", path))
+        self.hubs.update(_hubs_table(data, path))
+        lock = _lock_table(data, path)
+        if lock.platforms is not None:
+            self.lock_platforms, self.lock_platforms_origin = lock.platforms, lock.origin
+        self.python_pins.update(lock.pins)
+        self.cache.update(_cache_table(data, path))
+        self.python.update(_python_table(data, path))
+        self.git_mirrors.update(_git_mirrors(data, path))
+        self.gc.update(_gc_table(data, path))
+
+    def add_environment(self) -> None:
+        """Merge the environment's variables (module docstring), which win over every file."""
+        self.indexes.update(_env_indexes())
+        self.hubs.update(_env_hubs())
+        self.cache.update(_env_cache())
+        self.python.update(_env_python(self.python))
+        self.gc.update(_env_gc())
+
+    def settings(self) -> Settings:
+        """The merged settings."""
+        return Settings(
+            indexes=self.indexes,
+            hubs=self.hubs,
+            lock_platform=self.lock_platforms[0] if self.lock_platforms else None,
+            lock_platforms=self.lock_platforms,
+            lock_platforms_origin=self.lock_platforms_origin,
+            python_pins=self.python_pins,
+            git_mirrors=self.git_mirrors,
+            python_downloads_json_url=self.python.get("python_downloads_json_url"),
+            python_install_mirror=self.python.get("python_install_mirror"),
+            **self.cache,
+            **self.gc,
+        )
+
+
+def _hubs_table(data: dict[str, Any], path: Path) -> dict[str, str]:
+    """``[hubs]`` of one settings file; a hub harness does not know is refused."""
+    hubs = _string_table(data, "hubs", path)
+    for hub in hubs:
+        if hub not in HUBS:
+            raise InputError(f"{path}: hubs.{hub}: unknown hub; known: {', '.join(HUBS)}")
+    return hubs
+
+
+def _lock_table(data: dict[str, Any], path: Path) -> _LockTable:
+    """``[lock]`` of one settings file (empty when absent), refused unless its keys are
+    ``platform`` or ``platforms`` (not both) and ``python``."""
+    table = data.get("lock", {})
+    if not isinstance(table, dict):
+        raise InputError(f"{path}: lock: expected a table")
+    unknown = sorted(set(table) - {"platform", "platforms", "python"})
+    if unknown:
+        raise InputError(f"{path}: lock.{unknown[0]}: unknown key; valid keys: platform, platforms, python")
+    if "platform" in table and "platforms" in table:
+        raise InputError(
+            f"{path}: lock: set platform or platforms, not both",
+            hint='platforms = [...] lists every platform; platform = "..." is one',
+        )
+    platforms: tuple[str, ...] | None = None
+    origin = ""
+    if "platform" in table:
+        if not isinstance(table["platform"], str):
+            raise InputError(f'{path}: lock.platform: expected a string like "x86_64-manylinux_2_28"')
+        platforms, origin = (table["platform"],), f"{path}: lock.platform"
+    if "platforms" in table:
+        platforms, origin = _lock_platforms(table["platforms"], path), f"{path}: lock.platforms"
+    return _LockTable(platforms, origin, _python_pins(table, path))
+
+
+def _lock_platforms(values: object, path: Path) -> tuple[str, ...]:
+    """``[lock] platforms`` of one settings file: a non-empty list of strings, no repeats."""
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        raise InputError(f'{path}: lock.platforms: expected a non-empty list of strings like "x86_64-manylinux_2_28"')
+    if len(set(values)) != len(values):
+        raise InputError(f"{path}: lock.platforms: a platform is listed twice")
+    return tuple(values)
+
+
+def _python_pins(lock_table: dict[str, Any], path: Path) -> dict[str, str]:
+    """``[lock.python]`` of one settings file: ``"3.X" = "3.X.Y"`` entries."""
+    pins = lock_table.get("python", {})
+    if not isinstance(pins, dict) or not all(
+        isinstance(v, str) and re.match(r"^3\.\d+\.\d+$", v) and v.startswith(k + ".") for k, v in pins.items()
+    ):
+        raise InputError(f'{path}: lock.python: expected "3.X" = "3.X.Y" entries')
+    return pins
+
+
+def _env_indexes() -> dict[str, str]:
+    """Index addresses from ``HARNESS_INDEX_<NAME>`` variables, by the names they stand for."""
+    return {
+        key.removeprefix("HARNESS_INDEX_").lower().replace("_", "-"): value
+        for key, value in os.environ.items()
+        if key.startswith("HARNESS_INDEX_") and value
+    }
+
+
+def _env_hubs() -> dict[str, str]:
+    """Hub endpoints from ``HF_ENDPOINT`` and ``HARNESS_MODELSCOPE_ENDPOINT``."""
+    hubs: dict[str, str] = {}
     if os.environ.get("HF_ENDPOINT"):
         hubs["huggingface"] = os.environ["HF_ENDPOINT"]
     if os.environ.get("HARNESS_MODELSCOPE_ENDPOINT"):
         hubs["modelscope"] = os.environ["HARNESS_MODELSCOPE_ENDPOINT"]
+    return hubs
+
+
+def _env_cache() -> dict[str, Any]:
+    """``[cache]`` keyword arguments from the environment (a list variable set even empty wins)."""
+    cache: dict[str, Any] = {}
     if os.environ.get("HARNESS_SUBSTITUTERS") is not None:
         cache["substituters"] = tuple(os.environ["HARNESS_SUBSTITUTERS"].split())
     if os.environ.get("HARNESS_TRUSTED_KEYS") is not None:
         cache["trusted_keys"] = tuple(os.environ["HARNESS_TRUSTED_KEYS"].split())
     if os.environ.get("HARNESS_SECRET_KEY_FILE"):
         cache["secret_key_file"] = Path(os.environ["HARNESS_SECRET_KEY_FILE"]).expanduser()
+    return cache
+
+
+def _env_python(configured: dict[str, str]) -> dict[str, str]:
+    """``[python]`` keyword arguments from the environment: harness's variables win over
+    ``configured`` (the files'), uv's own count only where neither sets the field."""
+    python: dict[str, str] = {}
     for field_name, variables in (
         ("python_downloads_json_url", ("HARNESS_PYTHON_DOWNLOADS_JSON_URL", "UV_PYTHON_DOWNLOADS_JSON_URL")),
         ("python_install_mirror", ("HARNESS_PYTHON_INSTALL_MIRROR", "UV_PYTHON_INSTALL_MIRROR")),
@@ -409,26 +516,19 @@ def load_settings(home: Path, project_root: Path | None = None) -> Settings:
             if field_name == "python_install_mirror" and not re.match(r"^(https?|file)://\S+$", value):
                 raise InputError(f"{harness_var}: expected an http(s):// or file:// address, got {value!r}")
             python[field_name] = _python_location(value, harness_var, Path.cwd())
-        elif os.environ.get(uv_var) and field_name not in python:
+        elif os.environ.get(uv_var) and field_name not in configured:
             python[field_name] = os.environ[uv_var]
-    if os.environ.get("HARNESS_GC_KEEP_RUNS"):
-        value = os.environ["HARNESS_GC_KEEP_RUNS"]
-        if not value.isdigit():
-            raise InputError(f"HARNESS_GC_KEEP_RUNS={value!r}: expected a whole number of runs")
-        gc["gc_keep_runs"] = int(value)
-    return Settings(
-        indexes=indexes,
-        hubs=hubs,
-        lock_platform=lock_platforms[0] if lock_platforms else None,
-        lock_platforms=lock_platforms,
-        lock_platforms_origin=lock_platforms_origin,
-        python_pins=python_pins,
-        git_mirrors=git_mirrors,
-        python_downloads_json_url=python.get("python_downloads_json_url"),
-        python_install_mirror=python.get("python_install_mirror"),
-        **cache,
-        **gc,
-    )
+    return python
+
+
+def _env_gc() -> dict[str, Any]:
+    """``[gc]`` keyword arguments from the environment (``HARNESS_GC_KEEP_RUNS``)."""
+    if not os.environ.get("HARNESS_GC_KEEP_RUNS"):
+        return {}
+    value = os.environ["HARNESS_GC_KEEP_RUNS"]
+    if not value.isdigit():
+        raise InputError(f"HARNESS_GC_KEEP_RUNS={value!r}: expected a whole number of runs")
+    return {"gc_keep_runs": int(value)}
 
 
 def _checked_table(data: dict[str, Any], path: Path, name: str, known: dict[str, str]) -> dict[str, Any]:
