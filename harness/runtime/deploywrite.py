@@ -77,6 +77,27 @@ def _is_kinematics(manifest: ServiceManifest) -> bool:
     return manifest.vram_gb <= 0 or manifest.kind == KINEMATICS_KIND
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """What every layout is tried on (:func:`_fit`): the services to place and the GPUs' room.
+
+    ``included`` are the services not left out, by name in order; ``models`` the ``(name,
+    vram_gb)`` of those that need a GPU; ``room`` each GPU's free GB; ``fixed`` the entries
+    every layout shares (the left out, off; the CPU-only, resident); ``seen`` the summary's
+    "N GB of models, M GB free"."""
+
+    included: dict[str, ServiceManifest]
+    models: list[tuple[str, float]]
+    room: dict[int, float]
+    fixed: dict[str, Choice]
+    seen: str
+
+    def layout(self, strategy: Strategy, summary: list[str], chosen: Mapping[str, Choice]) -> Layout:
+        """The layout of ``strategy``: the shared entries and ``chosen``, sorted by name."""
+        choices = {**self.fixed, **chosen}
+        return Layout(strategy, tuple(summary), tuple(choices[n] for n in sorted(choices)))
+
+
 def choose_layout(
     services: Mapping[str, ServiceManifest],
     gpus: tuple[Gpu, ...],
@@ -88,119 +109,109 @@ def choose_layout(
     ``left_out`` (service → why) are written ``mode = "off"`` with that reason, e.g. the
     services an agent's run does not need. Deterministic for equal inputs.
     """
-    left_out = dict(left_out or {})
+    fit = _fit(services, gpus, dict(left_out or {}))
+    return _all_resident(fit) or _policies_on_demand(fit) or _all_on_demand(fit, has_gpus=bool(gpus))
+
+
+def _fit(services: Mapping[str, ServiceManifest], gpus: tuple[Gpu, ...], left_out: dict[str, str]) -> _Fit:
+    """Sort the services out: the left out are off, the CPU-only resident, the rest models."""
     room = {g.index: g.free_gb for g in gpus}
-    total_free = sum(room.values())
     included = {n: m for n, m in sorted(services.items()) if n not in left_out}
-    choices: dict[str, Choice] = {
-        name: Choice(name, "off", None, None, f"off: {why}") for name, why in left_out.items()
-    }
-    cpu = [n for n, m in included.items() if m.vram_gb <= 0]
-    for name in cpu:
-        choices[name] = Choice(name, "resident", None, None, "CPU only (vram_gb = 0): always runs")
+    fixed: dict[str, Choice] = {name: Choice(name, "off", None, None, f"off: {why}") for name, why in left_out.items()}
+    for name in [n for n, m in included.items() if m.vram_gb <= 0]:
+        fixed[name] = Choice(name, "resident", None, None, "CPU only (vram_gb = 0): always runs")
     models = [(n, m.vram_gb) for n, m in included.items() if m.vram_gb > 0]
-    need_all = sum(v for _, v in models)
-    seen = f"{gb(need_all)} GB of models, {gb(total_free)} GB free"
+    seen = f"{gb(sum(v for _, v in models))} GB of models, {gb(sum(room.values()))} GB free"
+    return _Fit(included, models, room, fixed, seen)
 
-    def done(strategy: Strategy, summary: list[str]) -> Layout:
-        return Layout(strategy, tuple(summary), tuple(choices[n] for n in sorted(choices)))
 
-    # 1. Everything resident.
-    placed, _, unplaced = place_largest_first(models, room)
-    if not unplaced:
-        for name, gpu in placed.items():
-            choices[name] = Choice(
-                name,
-                "resident",
-                gpu,
-                None,
-                f"resident on GPU {gpu} ({gb(included[name].vram_gb)} GB)",
-            )
-        summary = [f"Every model fits the free memory at once ({seen}):", "all are resident."]
-        if not models:
-            summary = ["No service here needs a GPU: every one is resident."]
-        return done("resident", summary)
+def _all_resident(fit: _Fit) -> Layout | None:
+    """Layout 1: every model resident at once; None when they do not all fit."""
+    placed, _, unplaced = place_largest_first(fit.models, fit.room)
+    if unplaced:
+        return None
+    chosen = {
+        name: Choice(name, "resident", gpu, None, f"resident on GPU {gpu} ({gb(fit.included[name].vram_gb)} GB)")
+        for name, gpu in placed.items()
+    }
+    summary = [f"Every model fits the free memory at once ({fit.seen}):", "all are resident."]
+    if not fit.models:
+        summary = ["No service here needs a GPU: every one is resident."]
+    return fit.layout("resident", summary, chosen)
 
-    # 2. Policies and world models on demand in one swap group, the rest resident.
-    group = [(n, v) for n, v in models if included[n].kind in ON_DEMAND_KINDS]
-    if group:
-        others = [(n, v) for n, v in models if included[n].kind not in ON_DEMAND_KINDS]
-        key = f"swap group '{POLICY_GROUP}'"  # not a service name: names are lowercase words
-        largest = max(v for _, v in group)
-        placed, _, unplaced = place_largest_first([*others, (key, largest)], room)
-        if not unplaced:
-            gpu = placed[key]
-            for name, vram in others:
-                choices[name] = Choice(
-                    name,
-                    "resident",
-                    placed[name],
-                    None,
-                    f"resident on GPU {placed[name]} ({gb(vram)} GB)",
-                )
-            for name, vram in group:
-                choices[name] = Choice(
-                    name,
-                    "on_demand",
-                    gpu,
-                    POLICY_GROUP,
-                    f"on demand in swap group '{POLICY_GROUP}' on GPU {gpu} ({gb(vram)} GB; the "
-                    f"group needs {gb(largest)} GB, its largest member)",
-                )
-            members = ", ".join(n for n, _ in group)
-            return done(
-                "policies_on_demand",
-                [
-                    f"Not every model fits at once ({seen}): policies and world models",
-                    f"({members}) are on demand in one swap group on GPU {gpu}, loaded one at",
-                    "a time; the other models stay resident.",
-                ],
-            )
 
-    # 3. Every model but the kinematics on demand, one swap group per GPU.
-    kept_on_gpu = [(n, v) for n, v in models if _is_kinematics(included[n])]
-    placed, left, _ = place_largest_first(kept_on_gpu, room)  # the unplaced join the shared
-    for name, gpu in placed.items():
-        choices[name] = Choice(
-            name,
-            "resident",
-            gpu,
-            None,
-            f"kinematics stays resident on GPU {gpu} ({gb(included[name].vram_gb)} GB)",
-        )
-    shared = [(n, v) for n, v in models if n not in placed]
-    spread, unplaced = spread_one_at_a_time(shared, left)
-    for name, gpu in spread.items():
-        swap = swap_group_for_gpu(gpu)
-        choices[name] = Choice(
+def _policies_on_demand(fit: _Fit) -> Layout | None:
+    """Layout 2: policies and world models on demand in one swap group (as big as its largest
+    member), the other models resident; None without such a model, or when that does not fit."""
+    group = [(n, v) for n, v in fit.models if fit.included[n].kind in ON_DEMAND_KINDS]
+    if not group:
+        return None
+    others = [(n, v) for n, v in fit.models if fit.included[n].kind not in ON_DEMAND_KINDS]
+    key = f"swap group '{POLICY_GROUP}'"  # not a service name: names are lowercase words
+    largest = max(v for _, v in group)
+    placed, _, unplaced = place_largest_first([*others, (key, largest)], fit.room)
+    if unplaced:
+        return None
+    gpu = placed[key]
+    chosen = {
+        name: Choice(name, "resident", placed[name], None, f"resident on GPU {placed[name]} ({gb(vram)} GB)")
+        for name, vram in others
+    }
+    for name, vram in group:
+        chosen[name] = Choice(
             name,
             "on_demand",
             gpu,
-            swap,
-            f"on demand in swap group '{swap}' on GPU {gpu} ({gb(included[name].vram_gb)} GB; one model at a time)",
+            POLICY_GROUP,
+            f"on demand in swap group '{POLICY_GROUP}' on GPU {gpu} ({gb(vram)} GB; the "
+            f"group needs {gb(largest)} GB, its largest member)",
         )
+    members = ", ".join(n for n, _ in group)
+    return fit.layout(
+        "policies_on_demand",
+        [
+            f"Not every model fits at once ({fit.seen}): policies and world models",
+            f"({members}) are on demand in one swap group on GPU {gpu}, loaded one at",
+            "a time; the other models stay resident.",
+        ],
+        chosen,
+    )
+
+
+def _all_on_demand(fit: _Fit, *, has_gpus: bool) -> Layout:
+    """Layout 3, which always fits: the kinematics resident where they fit, every other model
+    (and a kinematics that does not fit) on demand, one swap group per GPU; a model no GPU can
+    hold is off."""
+    kept_on_gpu = [(n, v) for n, v in fit.models if _is_kinematics(fit.included[n])]
+    placed, left, _ = place_largest_first(kept_on_gpu, fit.room)  # the unplaced join the shared
+    chosen: dict[str, Choice] = {}
+    for name, gpu in placed.items():
+        vram = gb(fit.included[name].vram_gb)
+        chosen[name] = Choice(name, "resident", gpu, None, f"kinematics stays resident on GPU {gpu} ({vram} GB)")
+    spread, unplaced = spread_one_at_a_time([(n, v) for n, v in fit.models if n not in placed], left)
+    for name, gpu in spread.items():
+        swap = swap_group_for_gpu(gpu)
+        vram = gb(fit.included[name].vram_gb)
+        why = f"on demand in swap group '{swap}' on GPU {gpu} ({vram} GB; one model at a time)"
+        chosen[name] = Choice(name, "on_demand", gpu, swap, why)
     for name in unplaced:
-        vram = included[name].vram_gb
-        choices[name] = Choice(
-            name,
-            "off",
-            None,
-            None,
-            f"off: needs {gb(vram)} GB and no GPU here has that much free",
-        )
-    if not gpus:
-        summary = [
-            "No GPU here: every model is off; CPU-only services (the kinematics) still run.",
-        ]
-    else:
-        summary = [
-            f"Not every model fits at once ({seen}), nor with policies and world",
-            "models sharing one swap group: every model but the kinematics is on demand, one",
-            "swap group per GPU, so each GPU holds one model at a time.",
-        ]
-        if unplaced:
-            summary.append(f"Off because no GPU can hold them: {', '.join(sorted(unplaced))}.")
-    return done("all_on_demand", summary)
+        why = f"off: needs {gb(fit.included[name].vram_gb)} GB and no GPU here has that much free"
+        chosen[name] = Choice(name, "off", None, None, why)
+    return fit.layout("all_on_demand", _all_on_demand_summary(fit, unplaced, has_gpus=has_gpus), chosen)
+
+
+def _all_on_demand_summary(fit: _Fit, unplaced: list[str], *, has_gpus: bool) -> list[str]:
+    """Layout 3's header lines: why it was chosen, and what is off for want of room."""
+    if not has_gpus:
+        return ["No GPU here: every model is off; CPU-only services (the kinematics) still run."]
+    summary = [
+        f"Not every model fits at once ({fit.seen}), nor with policies and world",
+        "models sharing one swap group: every model but the kinematics is on demand, one",
+        "swap group per GPU, so each GPU holds one model at a time.",
+    ]
+    if unplaced:
+        summary.append(f"Off because no GPU can hold them: {', '.join(sorted(unplaced))}.")
+    return summary
 
 
 def assign_ports(wanted: Mapping[str, int], taken: Callable[[int], bool]) -> dict[str, int]:
