@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from harness.cli import State
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from harness.lock.outcome import LockOptions, Outcome
+    from harness.manifests.project import Project
 
 
 @click.command(help="Pin every input of the named manifests (all when none) into locks/.")
@@ -54,28 +63,9 @@ def command(
 
     project = state.project()
     if check:
-        from harness.lock.stamp import LockStamps
+        _check(state, project, list(names), as_json=as_json)
 
-        stale: list[Any] = []
-        # Every named lock is as the last lock in this home wrote it, from inputs none of which
-        # changed since (harness.lock.stamp): up to date, answered without loading any model.
-        if LockStamps(state.home / "cache", project, platform=None).quick(list(names)) is None:
-            from harness.config import load_settings
-            from harness.lock.check import check_locks
-
-            stale = check_locks(project, list(names), settings=load_settings(state.home, project.root))
-        if as_json:
-            print_json({"stale": [{"name": s.name, "lock": str(s.lock), "reason": s.reason} for s in stale]})
-        else:
-            for item in stale:
-                click.echo(f"stale  {item.name}: {item.reason} ({item.lock.relative_to(project.root)})")
-            if not stale:
-                click.echo("every lock is up to date")
-        raise SystemExit(1 if stale else 0)
-
-    import sys
-
-    from harness.lock.outcome import LockOptions, Outcome
+    from harness.lock.outcome import LockOptions
 
     options = LockOptions(
         platform=platform,
@@ -85,85 +75,104 @@ def command(
         jobs=jobs,
         refresh=refresh,
     )
-    # Colours and a spinner on a terminal; plain lines otherwise, without loading rich (30 ms).
-    console = None
-    if sys.stderr.isatty():
-        from rich.console import Console
-
-        console = Console(stderr=True)
-
-    def say(word: str, style: str, rest: str) -> None:
-        if console is not None:
-            console.print(f"[{style}]{word}[/{style}] {rest}")
-        else:
-            click.echo(f"{word} {rest}", err=True)
-
-    def report(outcome: Outcome) -> None:
-        if as_json:
-            return
-        shown = outcome.path.relative_to(project.root)
-        if outcome.error:
-            say("failed", "red", outcome.name)
-        elif outcome.changed:
-            say("locked", "green", f"{outcome.name} -> {shown}")
-            for change in outcome.changes:
-                click.echo(f"  {change}", err=True)
-        else:
-            say("unchanged", "dim", f"{outcome.name} ({shown})")
-
-    # No input changed since the last lock: answer from the stamp, before loading any model.
-    outcomes = None
-    if not options.resolves_anyway:
-        from harness.lock.stamp import LockStamps
-
-        outcomes = LockStamps(state.home / "cache", project, platform=platform).quick(list(names))
-    if outcomes is not None:
-        for outcome in outcomes:
-            report(outcome)
-    else:
-        outcomes = _lock(state, project, list(names), options, report, console)
+    shown = _Shown.on_stderr(project.root, as_json=as_json)
+    outcomes = _lock(state, project, list(names), options, shown)
     if as_json:
-        print_json(
-            {
-                "locks": [
-                    {
-                        "name": o.name,
-                        "lock": str(o.path),
-                        "changed": o.changed,
-                        "resolved": o.resolved,
-                        "error": o.error,
-                        "environment": o.environment,
-                        "changes": [c.as_json() for c in o.changes],
-                    }
-                    for o in outcomes
-                ]
-            }
-        )
+        print_json(_locks_json(outcomes))
     failed = [o for o in outcomes if o.error]
     if failed:
         raise HarnessError("\n".join(o.error or "" for o in failed))
 
 
-def _lock(state: State, project: Any, names: list[str], options: Any, report: Any, console: Any) -> list[Any]:
-    """The full path: start uv's resolutions from the raw manifests (harness.lock.early), then
-    load the models, validate, and lock, taking over those runs where they match."""
-    import contextlib
+def _check(state: State, project: Project, names: list[str], *, as_json: bool) -> NoReturn:
+    """``lock --check``: print every stale lock (or that none is) and exit 1 if there is one."""
+    from harness.cli.output import print_json
+    from harness.lock.flow import stale_locks
 
-    from harness.lock.early import prestart_locks
-    from harness.resolve.uvtool import discard_prestarted
+    stale = stale_locks(state.home, project, names)
+    if as_json:
+        print_json({"stale": [{"name": s.name, "lock": str(s.lock), "reason": s.reason} for s in stale]})
+    else:
+        for item in stale:
+            click.echo(f"stale  {item.name}: {item.reason} ({item.lock.relative_to(project.root)})")
+        if not stale:
+            click.echo("every lock is up to date")
+    raise SystemExit(1 if stale else 0)
 
-    try:
-        prestart_locks(state.home, project, names, options)
-        from harness.config import load_settings
-        from harness.lock.generate import lock_project
 
-        settings = load_settings(state.home, project.root)
-        status: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
-        if console is not None:
-            status = console.status("locking…", spinner="dots")
-        with status:
-            return lock_project(
-                project, names, settings=settings, cache_dir=state.home / "cache", options=options, on_done=report
-            )
-    finally:
-        discard_prestarted()
+@dataclass(frozen=True)
+class _Shown:
+    """How each manifest's outcome shows on stderr as it comes: colours and a spinner on a
+    terminal, plain lines otherwise (without loading rich: 30 ms), nothing with ``--json``."""
+
+    root: Path
+    as_json: bool
+    console: Console | None
+
+    @classmethod
+    def on_stderr(cls, root: Path, *, as_json: bool) -> _Shown:
+        import sys
+
+        console = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+
+            console = Console(stderr=True)
+        return cls(root, as_json, console)
+
+    def say(self, word: str, style: str, rest: str) -> None:
+        if self.console is not None:
+            self.console.print(f"[{style}]{word}[/{style}] {rest}")
+        else:
+            click.echo(f"{word} {rest}", err=True)
+
+    def report(self, outcome: Outcome) -> None:
+        """One manifest's line: failed, locked (with what changed) or unchanged."""
+        if self.as_json:
+            return
+        shown = outcome.path.relative_to(self.root)
+        if outcome.error:
+            self.say("failed", "red", outcome.name)
+        elif outcome.changed:
+            self.say("locked", "green", f"{outcome.name} -> {shown}")
+            for change in outcome.changes:
+                click.echo(f"  {change}", err=True)
+        else:
+            self.say("unchanged", "dim", f"{outcome.name} ({shown})")
+
+    def status(self) -> contextlib.AbstractContextManager[object]:
+        """The spinner shown while the manifests lock (none off a terminal)."""
+        if self.console is None:
+            return contextlib.nullcontext()
+        return self.console.status("locking…", spinner="dots")
+
+
+def _lock(state: State, project: Project, names: list[str], options: LockOptions, shown: _Shown) -> list[Outcome]:
+    """Every outcome, reported as it comes: answered from the stamps when no input changed
+    (before loading any model), else by the full path (harness.lock.flow)."""
+    from harness.lock.flow import lock_with_early_runs, unchanged_outcomes
+
+    outcomes = unchanged_outcomes(state.home, project, names, options)
+    if outcomes is None:
+        return lock_with_early_runs(state.home, project, names, options, on_done=shown.report, status=shown.status)
+    for outcome in outcomes:
+        shown.report(outcome)
+    return outcomes
+
+
+def _locks_json(outcomes: list[Outcome]) -> dict[str, Any]:
+    """``lock --json``'s document: every manifest's outcome."""
+    return {
+        "locks": [
+            {
+                "name": o.name,
+                "lock": str(o.path),
+                "changed": o.changed,
+                "resolved": o.resolved,
+                "error": o.error,
+                "environment": o.environment,
+                "changes": [c.as_json() for c in o.changes],
+            }
+            for o in outcomes
+        ]
+    }
