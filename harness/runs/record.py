@@ -29,7 +29,12 @@ from harness import __version__
 from harness.errors import HarnessError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from harness.lock.document import Lock
+    from harness.runtime.launch import LaunchSpec
     from harness.runtime.session import Prepared
+    from harness.store.store import Store
 
 
 def runs_dir(home: Path) -> Path:
@@ -53,7 +58,7 @@ def new_run_id(now: float | None = None) -> str:
     return f"{stamp}-{int(now * 1000) % 1000:03d}-{secrets.token_hex(2)}"
 
 
-def write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: object) -> None:
     """Atomic, stable JSON (sorted keys) so records diff cleanly."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -104,9 +109,9 @@ class Closure:
 
 
 def closure_of(
-    store: Any,
-    locks: dict[str, Any],
-    lock_files: dict[str, Path],
+    store: Store,
+    locks: Mapping[str, Lock],
+    lock_files: Mapping[str, Path],
     project_root: Path,
     service_files: list[Path],
     *,
@@ -183,7 +188,7 @@ def store_paths_named(texts: list[str], store_root: Path) -> list[str]:
     return sorted({m.group(1) for text in texts for m in pattern.finditer(text)})
 
 
-def service_launch(spec: Any, store_root: Path) -> dict[str, Any]:
+def service_launch(spec: LaunchSpec, store_root: Path) -> dict[str, Any]:
     """What a service's launch spec says that shapes the computation (``config.json``'s
     ``launch.services``): the argv after templates, the working directory, the variables
     harness sets (:data:`~harness.runtime.launch.SERVICE_VARIABLES` and the GPU), the

@@ -21,12 +21,16 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    from harness.manifests.project import Project
 
 #: Files of a shard's record larger than this come back truncated (their tail is kept).
 MAX_RETURNED_BYTES = 1 << 20
@@ -66,7 +70,7 @@ class NodeState:
     deploy_path: Path | None
     project_root: Path
 
-    def project(self) -> Any:
+    def project(self) -> Project:
         from harness.manifests.project import Project
 
         if not (self.project_root / "services").is_dir():
@@ -101,7 +105,7 @@ def free_ports(count: int) -> list[int]:
 
 
 @contextmanager
-def _environment(values: dict[str, str]) -> Any:
+def _environment(values: dict[str, str]) -> Iterator[None]:
     """Set ``values`` in this process's environment for the block, then restore it.
 
     A Ray worker process runs many tasks: nothing of one shard may leak into the next.
@@ -119,7 +123,7 @@ def _environment(values: dict[str, str]) -> Any:
 
 
 @contextmanager
-def _sigint_unblocked() -> Any:
+def _sigint_unblocked() -> Iterator[None]:
     """SIGINT deliverable in this thread, and so in the processes and threads it starts.
 
     A Ray worker blocks SIGINT, and a blocked mask survives fork and exec: without this the

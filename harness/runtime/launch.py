@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from harness.errors import HarnessError
 
 if TYPE_CHECKING:  # pydantic stays out of the broker process's imports
-    from harness.manifests.model import ServiceManifest
+    from harness.manifests.model import BenchmarkManifest, ServiceManifest
     from harness.runtime.plan import ServicePlacement
 
 #: Variables of the caller that must not leak into a service: they would make the service
@@ -229,7 +229,7 @@ def render_client(service: str, table: Mapping[str, str], values: Mapping[str, s
     return {key: _expand(table[key], values, f"{service}: client.{key}") for key in sorted(table)}
 
 
-def source_values(manifest: Any, sources: Mapping[int, Path]) -> dict[str, str]:
+def source_values(manifest: ServiceManifest | BenchmarkManifest, sources: Mapping[int, Path]) -> dict[str, str]:
     """``{source:NAME}`` values: each realized source (``sources`` maps an index of
     ``manifest.environment.sources`` to its tree) under its name; the first of a name wins."""
     values: dict[str, str] = {}
@@ -239,7 +239,7 @@ def source_values(manifest: Any, sources: Mapping[int, Path]) -> dict[str, str]:
     return values
 
 
-def _override_value(value: Any) -> str:
+def _override_value(value: object) -> str:
     """An override as XPolicyLab's ``ast.literal_eval`` reads it back."""
     if isinstance(value, bool):
         return "True" if value else "False"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.errors import InputError
 from harness.runtime.inventory import describe, visible
@@ -38,7 +38,7 @@ from harness.runtime.launch import render_client
 from harness.runtime.plan import Gpu, Mode, Plan, ServicePlacement, SimWorker
 
 if TYPE_CHECKING:
-    from harness.manifests.agent import Closure
+    from harness.manifests.agent import AgentConfig, Closure
     from harness.manifests.deploy import Deploy, ServiceDeploy
     from harness.manifests.model import BenchmarkManifest, ServiceManifest
 
@@ -552,7 +552,7 @@ def closure_plan(
 
 def agent_plan(
     services: Mapping[str, ServiceManifest],
-    config: Any,
+    config: AgentConfig,
     deploy: Deploy | None,
     gpus: tuple[Gpu, ...],
     benchmarks: Mapping[str, BenchmarkManifest],
