@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.manifests.project import Project
+    from harness.runtime.plan import Gpu
+    from harness.runtime.session import ProjectState
+    from harness.store.store import Store
 
 
 def diagnose(
-    state: Any, *, agent: str | None = None, sets: tuple[str, ...] = (), gpus: str | None = None
+    state: ProjectState, *, agent: str | None = None, sets: tuple[str, ...] = (), gpus: str | None = None
 ) -> dict[str, Any]:
     """Per manifest: lock state (missing, stale, ok) and whether its store paths are realized;
     the GPUs (NVML, empty without a driver; ``gpus``, a ``--gpus`` spec, rehearses another
@@ -14,57 +20,17 @@ def diagnose(
     GPUs under the deploy, plus its benchmark: services external, off in the deploy or off
     for lack of room are never installed (``run_skips`` says which and why); and the store's
     health (existence and references; ``store verify --check-contents`` re-hashes)."""
-    from harness.config import load_settings
-    from harness.errors import HarnessError
-    from harness.lock.check import check_locks
-    from harness.lock.generate import load_manifests
-    from harness.lock.lockfile import lock_path, read
-    from harness.realize.builder import missing
-    from harness.realize.standin import realized_lock
-    from harness.runtime.inventory import detect_gpus, parse_gpus
     from harness.store.store import Store
     from harness.store.verify import verify_store
 
     project = state.project()
     store = Store.in_home(state.home)
-    found = load_manifests(project)
-    stale = {s.name: s.reason for s in check_locks(project, [], settings=load_settings(state.home, project.root))}
-    manifests: dict[str, dict[str, Any]] = {}
-    for name in sorted(found):
-        if name in stale:
-            manifests[name] = {
-                "state": "lock " + ("missing" if stale[name] == "missing" else "stale"),
-                "detail": stale[name],
-            }
-            continue
-        lock = read(lock_path(project.locks_dir, name))
-        absent = missing(store, lock)
-        here = realized_lock(store, lock)  # a host interpreter may stand in for the lock's
-        manifests[name] = {
-            "state": "realized" if not absent else "not realized",
-            "detail": here.environment.store if not absent else f"{len(absent)} store paths to build",
-        }
-    try:
-        inventory = parse_gpus(gpus) if gpus is not None else detect_gpus()
-    except HarnessError:
-        if gpus is not None:
-            raise  # a bad --gpus is the user's to fix
-        inventory = ()
+    manifests = _manifest_states(state, project, store)
+    inventory = _inventory(gpus)
     would_install = None
     skips: dict[str, str] = {}
     if agent is not None:
-        from harness.manifests.agent import parse_override
-        from harness.runtime.placement import agent_plan
-
-        config = project.load_agent(agent, [parse_override(s) for s in sets])
-        deploy = project.load_deploy(state.deploy_path) if state.deploy_path is not None else None
-        closure, plan = agent_plan(project.load_services(), config, deploy, inventory, project.load_benchmarks())
-        launched = {p.name for p in plan.services if p.mode in ("resident", "on_demand")}
-        skips = {
-            p.name: f"{p.mode}: {p.reason}" if p.reason else p.mode for p in plan.services if p.name not in launched
-        }
-        names = sorted(launched | ({closure.benchmark} if closure.benchmark else set()))
-        would_install = [n for n in names if manifests.get(n, {}).get("state") != "realized"]
+        would_install, skips = _run_would_install(state, project, agent, sets, inventory, manifests)
     findings = verify_store(store, check_contents=False)
     bad = [f for f in findings if f.status != "ok"]
     problems = len(bad) + sum(1 for m in manifests.values() if m["state"] == "lock stale")
@@ -82,3 +48,67 @@ def diagnose(
         },
         "problems": problems,
     }
+
+
+def _manifest_states(state: ProjectState, project: Project, store: Store) -> dict[str, dict[str, Any]]:
+    """Each manifest's lock state (missing, stale) or, locked, whether it is realized here."""
+    from harness.config import load_settings
+    from harness.lock.check import check_locks
+    from harness.lock.generate import load_manifests
+    from harness.lock.lockfile import lock_path, read
+    from harness.realize.builder import missing
+    from harness.realize.standin import realized_lock
+
+    found = load_manifests(project)
+    stale = {s.name: s.reason for s in check_locks(project, [], settings=load_settings(state.home, project.root))}
+    manifests: dict[str, dict[str, Any]] = {}
+    for name in sorted(found):
+        if name in stale:
+            manifests[name] = {
+                "state": "lock " + ("missing" if stale[name] == "missing" else "stale"),
+                "detail": stale[name],
+            }
+            continue
+        lock = read(lock_path(project.locks_dir, name))
+        absent = missing(store, lock)
+        here = realized_lock(store, lock)  # a host interpreter may stand in for the lock's
+        manifests[name] = {
+            "state": "realized" if not absent else "not realized",
+            "detail": here.environment.store if not absent else f"{len(absent)} store paths to build",
+        }
+    return manifests
+
+
+def _inventory(gpus: str | None) -> tuple[Gpu, ...]:
+    """The GPUs of ``--gpus``, else NVML's (none when NVML fails)."""
+    from harness.errors import HarnessError
+    from harness.runtime.inventory import detect_gpus, parse_gpus
+
+    try:
+        return parse_gpus(gpus) if gpus is not None else detect_gpus()
+    except HarnessError:
+        if gpus is not None:
+            raise  # a bad --gpus is the user's to fix
+        return ()
+
+
+def _run_would_install(
+    state: ProjectState,
+    project: Project,
+    agent: str,
+    sets: tuple[str, ...],
+    inventory: tuple[Gpu, ...],
+    manifests: dict[str, dict[str, Any]],
+) -> tuple[list[str], dict[str, str]]:
+    """What a run of ``agent`` would install (what its plan launches, and its benchmark,
+    not realized yet), and the services it skips, each with why."""
+    from harness.manifests.agent import parse_override
+    from harness.runtime.placement import agent_plan
+
+    config = project.load_agent(agent, [parse_override(s) for s in sets])
+    deploy = project.load_deploy(state.deploy_path) if state.deploy_path is not None else None
+    closure, plan = agent_plan(project.load_services(), config, deploy, inventory, project.load_benchmarks())
+    launched = {p.name for p in plan.services if p.mode in ("resident", "on_demand")}
+    skips = {p.name: f"{p.mode}: {p.reason}" if p.reason else p.mode for p in plan.services if p.name not in launched}
+    names = sorted(launched | ({closure.benchmark} if closure.benchmark else set()))
+    return [n for n in names if manifests.get(n, {}).get("state") != "realized"], skips
