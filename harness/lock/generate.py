@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from harness.config import Settings
 from harness.errors import HarnessError, InputError
@@ -50,6 +50,9 @@ from harness.lock.storepaths import assign_store_paths
 from harness.manifests.model import BenchmarkManifest, Environment, ServiceManifest, Source
 from harness.manifests.project import Project
 from harness.resolve.pins import DistFile, GitSource, Interpreter, Package, WeightSet
+
+if TYPE_CHECKING:
+    from harness.resolve.interpreter import PythonListing
 
 Manifest = ServiceManifest | BenchmarkManifest
 
@@ -622,7 +625,7 @@ def _direct_only(package_index: dict[str, str], requirements: list[str]) -> dict
 
 #: uv's CPython downloads per (cache, platform), once per process (generate's and
 #: harness.lock.early's readers); each key's first reader lists, the others wait for it.
-_DOWNLOADS: dict[tuple[Path, str], list] = {}
+_DOWNLOADS: dict[tuple[Path, str], list[PythonListing]] = {}
 _DOWNLOADS_LOCKS: dict[tuple[Path, str], threading.Lock] = {}
 _DOWNLOADS_LOCK = threading.Lock()
 
