@@ -86,8 +86,8 @@ def expected_from_locks(locks: Iterable[object]) -> dict[str, ExpectedContent]:
     Interpreters, environments and weights views are built, so they are absent here and
     need a signature.
     """
-    from harness.realize.builder import chosen_file
     from harness.lock.document import Lock
+    from harness.lock.objects import chosen_file
 
     expected: dict[str, ExpectedContent] = {}
     for lock in locks:

@@ -44,7 +44,6 @@ is not listed; should its bytes not match, the realize fails naming it).
 from __future__ import annotations
 
 from collections.abc import Iterable
-import functools
 import os
 import shutil
 import sys
@@ -57,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.config import Settings
 from harness.errors import HarnessError
+from harness.lock.objects import chosen_file, lock_objects
 from harness.progress import Reporter, Stopped, reporter
 from harness.store.store import BuildResult, Staged, Store
 
@@ -150,45 +150,6 @@ class Context:
 
         self.downloads.mkdir(parents=True, exist_ok=True)
         return lock_file(self.downloads / f"{sha256}.lock")
-
-
-@functools.lru_cache(maxsize=16)
-def _tag_ranking(version: str, platform: str) -> dict[Any, int]:
-    """Each wheel tag the target accepts and its rank (0 best). Cached: a realize asks for
-    every package of every lock several times, and building the list takes milliseconds."""
-    from harness.resolve.interpreter import ranked_target_tags
-
-    return {tag: i for i, tag in enumerate(ranked_target_tags(version, platform))}
-
-
-def chosen_file(package: LockedPackage, lock: Lock) -> LockedFile:
-    """The one file of ``package`` the environment installs: the best-ranked wheel for the
-    lock's target (as an installer would choose), else the sdist. Pure."""
-    from packaging.utils import parse_wheel_filename
-
-    if package.wheels:
-        ranking = _tag_ranking(lock.python.version, lock.python.platform)
-
-        def rank(file: LockedFile) -> tuple[int, str]:
-            tags = parse_wheel_filename(file.file)[3]
-            return (min((ranking.get(t, len(ranking)) for t in tags), default=len(ranking)), file.file)
-
-        return min(package.wheels, key=rank)
-    if package.sdist is None:
-        raise HarnessError(f"locked package {package.name} {package.version} has no file")
-    return package.sdist
-
-
-def lock_objects(lock: Lock) -> list[str]:
-    """Every store path the lock's environment needs, in build order."""
-    from harness.lock.storepaths import view_paths
-
-    names = [chosen_file(p, lock).store for p in [*lock.packages, *lock.build_packages]]
-    names += [s.store for s in lock.sources]
-    names += [w.store for w in lock.weights]
-    names += view_paths(lock)
-    names += [lock.python.store, lock.environment.store]
-    return list(dict.fromkeys(names))
 
 
 def missing(store: Store, lock: Lock) -> list[str]:
@@ -1119,32 +1080,3 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
     for result in built:
         if result.bytecode is not None and result.bytecode.fresh:
             reuse.index.record(lock.environment.store, result.bytecode.fresh)
-
-
-def repair_paths(state: Any, store: Store, names: list[str]) -> list[str]:
-    """Delete the named paths and realize them again from the project's locks."""
-    from harness.config import load_settings
-    from harness.lock.lockfile import read
-
-    project = state.project()
-    locks = [read(p) for p in sorted(project.locks_dir.glob("*.lock.toml"))]
-    from harness.realize.standin import realized_lock
-
-    affected = [lock for lock in locks if set(names) & {*lock_objects(lock), *lock_objects(realized_lock(store, lock))}]
-    local_weights = None
-    deploy_path = getattr(state, "deploy_path", None)
-    if deploy_path is not None:  # read before anything is deleted: a bad deploy deletes nothing
-        from harness.realize.install import deploy_local_weights
-
-        local_weights = deploy_local_weights(project.load_deploy(deploy_path), deploy_path)
-    for name in names:
-        store.delete(name)
-    ctx = Context(
-        store=store,
-        project_root=project.root,
-        settings=load_settings(state.home, project.root),
-        cache_dir=state.home / "cache",
-        local_weights=local_weights,
-    )
-    realize_locks(ctx, affected)
-    return sorted(n for n in names if store.is_registered(n))

@@ -265,7 +265,7 @@ class _Stamp:
         if self.fingerprint is None or self._racy:
             return
         from harness.lock.lockfile import lock_path, read
-        from harness.realize.builder import lock_objects
+        from harness.lock.objects import lock_objects
         from harness.realize.standin import realized_lock
         from harness.store.store import Store
 

@@ -149,9 +149,9 @@ def verify(state: State, names: tuple[str, ...], check_contents: bool, repair: b
     bad = [f for f in findings if f.status != "ok"]
     repaired: list[str] = []
     if repair and bad:
-        from harness.realize.builder import repair_paths
+        from harness.realize.repair import repair_paths
 
-        repaired = repair_paths(state, store, [f.name for f in bad])
+        repaired = repair_paths(store, state.project(), state.home, state.deploy_path, [f.name for f in bad])
     text, status = report(findings, repaired, as_json=as_json)
     if text:
         click.echo(text)
