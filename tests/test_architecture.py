@@ -36,7 +36,6 @@ EXCEPTIONS: dict[str, set[str]] = {
     "store/gc.py": {"lock"},  # gc roots are the store paths of the project's locks
     "realize/builder.py": {"cache"},  # realize asks binary caches first
     "cache/transfer.py": {"realize"},  # the parallel fetcher of realize/fetch.py
-    "cache/substitute.py": {"realize"},  # which file of a locked package this host uses
 }
 TOP = {"cli", "entry", "harbor", "__main__", "__init__"}  # shells: may import anything
 
@@ -83,3 +82,80 @@ def test_every_exception_is_still_needed() -> None:
     # A stale exception would hide a new edge of the same kind: drop it when the code no longer needs it.
     for rel, parts in EXCEPTIONS.items():
         assert parts <= _imports(PACKAGE / rel), f"{rel} no longer imports {sorted(parts)}: drop the exception"
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _file_imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules ``path`` imports, anywhere in the file (lazy imports inside
+    functions and ``TYPE_CHECKING`` blocks too): ``from harness.a import b`` names
+    ``harness.a.b`` when that is a module, else ``harness.a``."""
+    found: set[str] = set()
+    this = _module(path)
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                if f"{target}.{alias.name}" in modules:
+                    found.add(f"{target}.{alias.name}")
+                elif target in modules:
+                    found.add(target)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+    return found - {this}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
+
+
+def test_import_cycles_are_found() -> None:
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles_between_files() -> None:
+    # A circle says a boundary is in the wrong place: what both files need belongs below both.
+    files = {_module(p): p for p in _files()}
+    graph = {name: _file_imports(path, set(files)) for name, path in files.items()}
+    assert import_cycles(graph) == []
