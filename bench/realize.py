@@ -453,21 +453,9 @@ def bench_verify(
     total = sum(p.stat().st_size for p in files)
     args = ["--home", str(store.root.parent), "store", "verify", "--check-contents", name]
     argv = [str(installed), *args]
-    python = str(installed.with_name("python"))
-    # The same entry point through click and the CLI (as before verify ran without them), and
-    # also without the hashing it starts before the CLI loads (harness.store.early).
-    cli = [python, "-c", "import harness.entry as e; e.verify_without_cli = lambda argv: None; e.main()", *args]
-    late = [
-        python,
-        "-c",
-        "import harness.entry as e; e.verify_without_cli = lambda argv: None; e.start_early = lambda argv: 0; e.main()",
-        *args,
-    ]
     tools = {
         "harness verify": argv,
         "... editable install": [*harness, *args],
-        "... through the CLI": cli,
-        "... hashing after the CLI": late,
     }
     for tool in ("b3sum", "sha256sum"):
         if shutil.which(tool):
@@ -507,7 +495,6 @@ def bench_verify(
         f"load {os.getloadavg()[0]:.1f}"
     )
     ours = median(samples["harness verify"])
-    late_key = "... hashing after the CLI"
     results = []
     hashing = median(samples["harness, hashing only"])
     for key, values in samples.items():
@@ -520,10 +507,6 @@ def bench_verify(
                 results.append(
                     (f"(d) ... editable install vs {key}", t / median(samples["... editable install"]), ">= 0.8")
                 )
-                results.append(
-                    (f"(d) ... through the CLI vs {key}", t / median(samples["... through the CLI"]), ">= 0.8")
-                )
-                results.append((f"(d) ... hashing after the CLI vs {key}", t / median(samples[late_key]), ">= 0.8"))
             results.append((f"(d) ... hashing only (no start-up) vs {key}", t / hashing, ">= 0.8"))
     return results
 

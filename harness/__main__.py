@@ -1,3 +1,3 @@
-from harness.entry import main
+from harness.cli import console_main
 
-main()
+console_main()

@@ -32,7 +32,7 @@ class Result:
 @pytest.fixture
 def harness_cli(capsys: pytest.CaptureFixture[str]):
     """Run ``harness ARGS`` in-process through the CLI (:func:`harness.cli.main`, what the
-    console entry point runs after :mod:`harness.entry`); returns code/out/err."""
+    console entry point runs, :func:`harness.cli.console_main`); returns code/out/err."""
     from harness.cli import main
 
     def run(*args: str) -> Result:

@@ -307,168 +307,32 @@ def test_what_moves_upstream() -> None:
     assert moving('[[weights]]\ndir = "p"\npath = "assets"\n') == []
 
 
-def test_the_entry_point_reads_only_lock_command_lines_it_fully_knows() -> None:
-    """Pure: what harness.entry starts early for, and what it leaves to the CLI."""
-    from harness.entry import parse_lock_call
-
-    call = parse_lock_call(
-        [
-            "--home",
-            "/h",
-            "--project=/p",
-            "lock",
-            "--refresh",
-            "-j2",
-            "--platform",
-            "aarch64-manylinux_2_28",
-            "--upgrade-package=alpha",
-            "svc",
-            "--",
-            "--odd-name",
-        ]
-    )
-    assert call is not None
-    assert call.globals == {"--home": "/h", "--project": "/p"}
-    assert call.flags == {"--refresh"}
-    assert call.options == {"--jobs": ["2"], "--platform": ["aarch64-manylinux_2_28"], "--upgrade-package": ["alpha"]}
-    assert call.names == ["svc", "--odd-name"]
-    for other in (
-        ["realize"],
-        ["lock", "--check"],
-        ["lock", "--help"],
-        ["--help", "lock"],
-        ["lock", "--jobs"],
-        ["--home"],
-        ["lock", "--no-such-option"],
-        ["--version"],
-        [],
-        ["--deploy", "d"],
-    ):
-        assert parse_lock_call(other) is None, other
-
-
-def test_the_entry_point_knows_every_option_of_lock_and_of_the_group() -> None:
-    """harness.entry spells the CLI's options out (it must not import click); a new option in
-    the CLI must be taught to it, or a lock using it would never start early."""
-    from harness import entry
-    from harness.cli import cli
-    from harness.cli.commands.lock import command
-
-    def spelled(params: list, *, flags: bool) -> set[str]:  # type: ignore[type-arg]
-        return {o for p in params if getattr(p, "is_flag", False) == flags for o in p.opts if o.startswith("-")}
-
-    assert spelled(cli.params, flags=False) == set(entry.GLOBAL_VALUE_OPTIONS)
-    assert spelled(command.params, flags=True) == set(entry.LOCK_FLAGS) | {"--check"}
-    assert spelled(command.params, flags=False) == set(entry.LOCK_VALUE_OPTIONS)
-
-
-def test_the_entry_point_starts_uv_before_loading_the_cli_which_then_starts_nothing_again(
-    index: Index, harness_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``harness lock`` starts its resolution before click, pydantic, packaging or tomlkit are
-    imported, and the CLI's lock takes that run over instead of starting its own."""
-    from harness.resolve import uvtool
-
-    project = make_project(tmp_path / "p", {"svc": service(["alpha"])})
-    home = tmp_path / "home"
-    argv = ["--home", str(home), "--project", str(project), "lock"]
-    started = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from harness.entry import start_early; n = start_early(sys.argv[1:]); "
-            "print(n, *(m in sys.modules for m in ('click', 'pydantic', 'packaging', 'tomlkit')))",
-            *argv,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ},
-        timeout=120,
-    )
-    assert started.stdout.split() == ["1", "False", "False", "False", "False"], started.stderr
-
-    from harness.entry import start_early
-
-    uvtool.uv_version.cache_clear()
-    try:
-        assert start_early(argv) == 1
-        assert uvtool.prestarted_count() == 3  # uv pip compile, uv --version, uv python list
-        again: list[object] = []
-        monkeypatch.setattr(uvtool, "prestart", lambda *a, **k: again.append(a))
-        assert not harness_cli(*argv).code
-        assert again == [], "the CLI started the lock's runs a second time"
-        assert uvtool.prestarted_count() == 0, "the runs started early were taken over"
-    finally:
-        uvtool.discard_prestarted()
-    assert (project / "locks" / "svc.lock.toml").is_file()
-
-
 def test_a_lock_that_fails_after_uv_started_early_stops_it_and_leaves_no_folder(index: Index, tmp_path: Path) -> None:
-    """A lock leaves through :func:`harness.entry.exit_without_teardown`, failed ones too: a uv
-    run started ahead that the CLI never takes over (the manifest fails validation after it
-    started) is still stopped and its folder removed (by the lock command, with ``atexit`` as
-    the backstop), and the error is the CLI's own, with its status."""
+    """A uv run started from the raw manifest that the validated path never takes over (the
+    manifest fails validation after it started) is stopped and its folder removed, and the
+    error is the CLI's own, with its status."""
+    from harness.lock.early import prestart_locks
+    from harness.lock.outcome import LockOptions
+    from harness.manifests.project import Project
+    from harness.resolve.uvtool import discard_prestarted
+
     project = make_project(tmp_path / "p", {"svc": service(["alpha"])})
     manifest = project / "services" / "svc.toml"
     manifest.write_text("not-a-key = 1\n" + manifest.read_text())  # the raw TOML read ignores it
+    try:
+        assert prestart_locks(tmp_path / "home", Project(project), [], LockOptions()) == 1, "uv starts for it"
+    finally:
+        discard_prestarted()
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch)}
     argv = ["--home", str(tmp_path / "home"), "--project", str(project), "lock"]
-    started = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from harness.entry import start_early; print(start_early(sys.argv[1:]))",
-            *argv,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert started.stdout.strip() == "1", "the early path starts uv for this manifest"
     result = subprocess.run(
         [sys.executable, "-m", "harness", *argv], capture_output=True, text=True, env=env, timeout=300
     )
     assert result.returncode != 0 and "not-a-key" in result.stderr, result
     assert "Traceback" not in result.stderr
     assert [p.name for p in scratch.iterdir() if p.name.startswith("harness-early-uv-")] == []
-
-
-_EXIT_PROBE = """
-import atexit, os, sys, threading, time
-from harness.entry import exit_without_teardown
-marker = sys.argv[1]
-atexit.register(lambda: open(marker, "a").write("atexit "))
-if sys.argv[2] == "thread":
-    def late() -> None:
-        time.sleep(0.3)
-        open(marker, "a").write("thread ")
-    threading.Thread(target=late).start()
-sys.stdout.write("unflushed")
-exit_without_teardown("not a number" if sys.argv[2] == "text" else 3)
-open(marker, "a").write("returned ")
-"""
-
-
-@pytest.mark.parametrize("case", ["plain", "thread", "text"])
-def test_exit_without_teardown_runs_atexit_and_flushes_or_leaves_the_exit_to_python(tmp_path: Path, case: str) -> None:
-    """It exits at once with the code, after the atexit handlers and with the output flushed;
-    with another thread running or a status that is not a number it returns instead, and the
-    interpreter's own exit then waits for that thread."""
-    marker = tmp_path / "marker"
-    result = subprocess.run(
-        [sys.executable, "-c", _EXIT_PROBE, str(marker), case], capture_output=True, text=True, timeout=60
-    )
-    assert result.stdout == "unflushed", result
-    if case == "plain":
-        assert (result.returncode, marker.read_text()) == (3, "atexit ")
-    elif case == "thread":
-        assert (result.returncode, marker.read_text()) == (0, "returned thread atexit ")
-    else:
-        assert (result.returncode, marker.read_text()) == (0, "returned atexit ")
 
 
 def test_check_answers_from_the_stamp_and_takes_the_full_path_on_any_change(

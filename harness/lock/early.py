@@ -26,34 +26,24 @@ import re
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.lock.outcome import LockOptions
 
-
-#: Locks whose runs were started already, before the CLI was loaded (harness.entry): the
-#: CLI's own call for the same lock then starts nothing again. Each entry is used once.
-_STARTED: set[tuple[Path, Path, tuple[str, ...], LockOptions]] = set()
+if TYPE_CHECKING:
+    from harness.manifests.project import Project
 
 
-def prestart_locks(home: Path, project: Any, names: list[str], options: LockOptions, *, ahead: bool = False) -> int:
+def prestart_locks(home: Path, project: Project, names: list[str], options: LockOptions) -> int:
     """Start the resolutions a lock of ``names`` (all when empty) will run; returns how many
-    ``uv pip compile`` runs were started. Never raises. ``ahead``: called before the CLI was
-    loaded (:mod:`harness.entry`); the CLI's own call for the same lock then starts nothing."""
-    key = (home, project.root, tuple(names), options)
-    if not ahead and key in _STARTED:
-        _STARTED.discard(key)
-        return 0
+    ``uv pip compile`` runs were started. Never raises."""
     try:
-        started = _prestart(home, project, names, options)
+        return _prestart(home, project, names, options)
     except Exception:  # a guess only: whatever goes wrong here, the full path decides
         return 0
-    if ahead:
-        _STARTED.add(key)
-    return started
 
 
-def _prestart(home: Path, project: Any, names: list[str], options: LockOptions) -> int:
+def _prestart(home: Path, project: Project, names: list[str], options: LockOptions) -> int:
     from harness.config import load_settings
     from harness.lock.stamp import LockStamps, manifest_files
     from harness.resolve.compile import build_interpreter, compile_command, index_addresses

@@ -262,7 +262,7 @@ class _Prestarted:
 
     def finish(self, cwd: Path | None, timeout: float | None) -> subprocess.CompletedProcess[str]:
         """Wait for the run, put its files into ``cwd`` and return what it printed."""
-        import shutil  # here, not at the top: harness.entry imports this module before the CLI
+        import shutil  # here, not at the top: the lock's early start imports this module light
 
         try:
             try:

@@ -1,16 +1,12 @@
 """A store path's stat fingerprint: every entry's inode, size, mode, mtime and ctime.
 
-What :mod:`harness.store.launchcheck` keeps per registered path (``.stat/``) and what
-:mod:`harness.store.early` compares before handing over a digest it took before the CLI
-loaded. Equal fingerprints mean equal bytes unless an entry changed within :data:`RACY_NS`
+What :mod:`harness.store.launchcheck` compares with the one each registered path keeps
+(``.stat/``, :mod:`harness.store.statfile`). Equal fingerprints mean equal bytes unless an entry changed within :data:`RACY_NS`
 of the first one being taken: a store file is read-only with mtime 1, so changing its bytes
 means a ``chmod`` or a write, both of which set its ctime to now (no user can set a ctime
 back), and adding, removing or renaming an entry changes its folder's times. Only a second
 change in the same tick of the file system's clock could leave every figure as it was
 (git's "racily clean" entries).
-
-Light on purpose (the standard library's ``os`` and ``stat``): the early verify imports it
-before the CLI loads.
 """
 
 from __future__ import annotations

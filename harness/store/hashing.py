@@ -12,9 +12,8 @@
 
 Everything but the file readers is pure (data in, data out).
 
-Light at import on purpose (``os``, ``mmap``, ``stat``, blake3; not ``re``, ``typing`` or
-``collections``): the early verify (:mod:`harness.store.early`) starts hashing as soon as this
-module is loaded.
+Light at import (``os``, ``mmap``, ``stat``, blake3): the launch check and every command
+that registers a path load it.
 """
 
 from __future__ import annotations
@@ -96,7 +95,7 @@ def canonical_json(value: Any) -> bytes:
     shortest round-trip ``repr``, tuples as arrays. Rejects NaN/±inf (ValueError), non-str
     keys and other types (TypeError) and strings that are not valid Unicode (ValueError).
     """
-    import json  # here: the early verify (harness.store.early) imports this module before the CLI
+    import json
 
     text = json.dumps(
         _plain(value, "$"),

@@ -22,7 +22,6 @@ def verify_store(store: Store, *, check_contents: bool, names: list[str] | None 
     Without ``check_contents`` only existence and references are checked (fast); with it,
     every byte is re-hashed and compared with the record's content hash.
     """
-    from harness.store.early import take_digest
     from harness.store.hashing import nar_digest
 
     findings: list[Finding] = []
@@ -45,11 +44,7 @@ def verify_store(store: Store, *, check_contents: bool, names: list[str] | None 
             continue
         if check_contents:
             try:
-                # Hashed already when harness.entry started it before the CLI loaded, and the
-                # path is entry for entry what was hashed (harness.store.early).
-                digest = take_digest(store.root / record.name)
-                if digest is None:
-                    digest = nar_digest(store.root / record.name)
+                digest = nar_digest(store.root / record.name)
             except HarnessError as exc:
                 findings.append(Finding(record.name, "modified", exc.message))
                 continue
@@ -63,7 +58,7 @@ def verify_store(store: Store, *, check_contents: bool, names: list[str] | None 
 def report(findings: list[Finding], repaired: list[str], *, as_json: bool) -> tuple[str, int]:
     """What ``harness store verify`` prints for ``findings`` (and the paths ``--repair``
     repaired), and its exit status: 1 when a path is modified or missing and was not repaired.
-    One function for the CLI and for :mod:`harness.entry`'s verify without click."""
+    """
     bad = [f for f in findings if f.status != "ok"]
     if as_json:
         import json
