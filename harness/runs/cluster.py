@@ -42,11 +42,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from harness.errors import HarnessError, InputError
 from harness.runs.record import read_json, write_json
 from harness.runs.shard import ShardJob, run_shard
+
+if TYPE_CHECKING:
+    from harness.config import Settings
+    from harness.runs.run import RunOutcome
+    from harness.runtime.plan import Plan
+    from harness.runtime.session import Prepared, ProjectState
+    from harness.store.store import Store
 
 Echo = Callable[[str], None]
 
@@ -90,7 +97,7 @@ def closure_digest(lock_json: dict[str, Any]) -> str:
     return "blake3:" + blake3(json.dumps(pairs).encode()).hexdigest()
 
 
-def shard_resources(plan: Any) -> tuple[float, int]:
+def shard_resources(plan: Plan) -> tuple[float, int]:
     """(CPUs, GPUs) one shard asks its engine for: a CPU for the broker and the worker, and
     each GPU the plan places local services or simulator workers on."""
     gpus = {p.gpu for p in plan.services if p.gpu is not None and p.mode in ("resident", "on_demand")}
@@ -98,11 +105,40 @@ def shard_resources(plan: Any) -> tuple[float, int]:
     return 1.0, len(gpus)
 
 
+class Engine(Protocol):
+    """What runs the shards (:class:`RayEngine`, :class:`SubmititEngine`): one result per
+    shard that reported; a ``KeyboardInterrupt`` carrying ``results`` when cancelled."""
+
+    def run(
+        self, jobs: list[ShardJob], *, cpus: float, gpus: int, retries: int, folder: Path, echo: Echo
+    ) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class ClusterAsk:
+    """What a cluster run was asked for, as every shard repeats it on its node."""
+
+    command: tuple[str, ...]
+    agent: str | None
+    sets: tuple[str, ...]
+    services: tuple[str, ...]
+    benchmark: str | None
+    offline: bool
+
+
+@dataclass(frozen=True)
+class HeadClosure:
+    """What the head realized for the run: its closure (``lock.json``) and that closure's digest."""
+
+    closure: dict[str, Any]
+    digest: str
+
+
 # ------------------------------------------------------------------------------ the head
 
 
 def run_on_cluster(
-    state: Any,
+    state: ProjectState,
     command: list[str],
     *,
     cluster: str,
@@ -116,26 +152,22 @@ def run_on_cluster(
     offline: bool,
     echo: Echo = print,
     show_progress: bool = True,
-) -> Any:
+) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) in ``shards`` shards on ``cluster``.
 
     Returns a :class:`harness.runs.run.RunOutcome` for the whole run: exit 0 when every
     shard succeeded, 130 when cancelled, else 1; the score combined over the shards.
     """
-    from harness.cache.signing import parse_trusted
     from harness.config import load_settings
-    from harness.realize.project_code import benchmark_worker_code
-    from harness.runs.record import closure_of, new_run_id, run_config, runs_dir
+    from harness.runs.record import new_run_id, runs_dir
     from harness.runs.run import RunOutcome
     from harness.runtime.session import prepare
     from harness.store.store import Store
 
-    if shards < 1:
-        raise InputError(f"--shards {shards}: need at least 1")
-    if retries < 0:
-        raise InputError(f"--retries {retries}: need 0 or more")
+    _check_counts(shards, retries)
     target = parse_target(cluster)
     engine = open_engine(target)  # a missing extra is an error before anything is realized
+    ask = ClusterAsk(tuple(command), agent, tuple(sets), tuple(services), benchmark, offline)
     started = time.time()
     run_id = new_run_id(started)
     run_dir = runs_dir(state.home) / run_id
@@ -150,8 +182,35 @@ def run_on_cluster(
         state_dir=run_dir / "services",
         show_progress=show_progress,
     )
-    project = prepared.project
     store = Store.in_home(state.home)
+    head = _head_closure(store, prepared, command)
+    settings = _head_settings(load_settings(state.home, prepared.project.root))
+    _announce(run_id, shards, target, prepared, echo)
+    pushed = push_closure(store, [e["path"] for e in head.closure["store_paths"]], settings, state.home, echo)
+    config = _cluster_config(run_id, started, prepared, ask, target, shards, retries, pushed, head.digest)
+    write_json(run_dir / "config.json", config)
+    write_json(run_dir / "lock.json", head.closure)
+    jobs = _shard_jobs(run_id, shards, prepared, ask, settings, pushed, head.digest)
+    outcome = _run_shards(engine, jobs, config, run_dir, store, head, run_id, echo)
+    _report_shards(outcome, echo)
+    return RunOutcome(run_id, run_dir, outcome["exit_status"], outcome["score"])
+
+
+def _check_counts(shards: int, retries: int) -> None:
+    if shards < 1:
+        raise InputError(f"--shards {shards}: need at least 1")
+    if retries < 0:
+        raise InputError(f"--retries {retries}: need 0 or more")
+
+
+def _head_closure(store: Store, prepared: Prepared, command: list[str]) -> HeadClosure:
+    """The closure the head realized: the services' and the benchmark's locks and the project
+    code they run (the benchmark's worker code when no command is given). Raises when there
+    is nothing to run."""
+    from harness.realize.project_code import benchmark_worker_code
+    from harness.runs.record import closure_of
+
+    project = prepared.project
     code = dict(prepared.code)
     if not command and (
         worker_code := benchmark_worker_code(store, project.root, prepared.benchmark, prepared.benchmark_manifest)
@@ -163,18 +222,42 @@ def run_on_cluster(
         raise HarnessError("nothing to run: give a COMMAND after --, or a benchmark with a worker")
     lock_files = {name: project.locks_dir / f"{name}.lock.toml" for name in prepared.locks}
     closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=code).as_json()
-    digest = closure_digest(closure)
-    settings = load_settings(state.home, project.root)
-    parse_trusted(settings.trusted_keys)  # a malformed key is the head's error, not N nodes'
+    return HeadClosure(closure, closure_digest(closure))
+
+
+def _head_settings(settings: Settings) -> Settings:
+    """The settings the shards get; a malformed trusted key is the head's error, not N nodes'."""
+    from harness.cache.signing import parse_trusted
+
+    parse_trusted(settings.trusted_keys)
+    return settings
+
+
+def _announce(run_id: str, shards: int, target: Target, prepared: Prepared, echo: Echo) -> None:
     echo(
         f"run {run_id}: {shards} shards on {target.describe()}; services "
         f"{', '.join(sorted(prepared.specs)) or '(none)'}"
         + (f", benchmark {prepared.benchmark}" if prepared.benchmark else "")
     )
-    pushed = push_closure(store, [e["path"] for e in closure["store_paths"]], settings, state.home, echo)
+
+
+def _cluster_config(
+    run_id: str,
+    started: float,
+    prepared: Prepared,
+    ask: ClusterAsk,
+    target: Target,
+    shards: int,
+    retries: int,
+    pushed: dict[str, Any],
+    digest: str,
+) -> dict[str, Any]:
+    """The run's ``config.json``: a local run's, with the deploy's text and the cluster."""
+    from harness.runs.record import run_config
+
     cpus, gpu_count = shard_resources(prepared.plan)
-    config = {
-        **run_config(run_id, started, command, prepared, agent=agent, sets=sets),
+    return {
+        **run_config(run_id, started, list(ask.command), prepared, agent=ask.agent, sets=ask.sets),
         "deploy": (
             {"path": str(prepared.deploy_path), "text": prepared.deploy_path.read_text()}
             if prepared.deploy_path
@@ -190,28 +273,33 @@ def run_on_cluster(
             "closure_digest": digest,
         },
     }
-    write_json(run_dir / "config.json", config)
-    write_json(run_dir / "lock.json", closure)
-    # As a local run does: the closure is rooted against `harness store gc` while shards run.
-    from harness.store.roots import TempRoots
 
-    run_roots = TempRoots(store, f"harness run {run_id} (cluster head)")
-    run_roots.add(e["path"] for e in closure["store_paths"])
+
+def _shard_jobs(
+    run_id: str,
+    shards: int,
+    prepared: Prepared,
+    ask: ClusterAsk,
+    settings: Settings,
+    pushed: dict[str, Any],
+    digest: str,
+) -> list[ShardJob]:
+    """One job per shard: what the node runs, and the closure digest it must compute with."""
     local = tuple(p.name for p in prepared.plan.services if p.mode in ("resident", "on_demand"))
-    jobs = [
+    return [
         ShardJob(
             run_id=run_id,
             index=i,
             count=shards,
-            project_root=str(project.root),
+            project_root=str(prepared.project.root),
             deploy_path=str(prepared.deploy_path.resolve()) if prepared.deploy_path else None,
-            command=tuple(command),
-            agent=agent,
-            sets=tuple(sets),
-            services=tuple(services),
-            benchmark=benchmark,
+            command=ask.command,
+            agent=ask.agent,
+            sets=ask.sets,
+            services=ask.services,
+            benchmark=ask.benchmark,
             gpus=None,
-            offline=offline,
+            offline=ask.offline,
             substituters=tuple(settings.substituters) if pushed.get("cache") else (),
             trusted_keys=tuple(settings.trusted_keys),
             local_services=local,
@@ -219,6 +307,25 @@ def run_on_cluster(
         )
         for i in range(shards)
     ]
+
+
+def _run_shards(
+    engine: Engine,
+    jobs: list[ShardJob],
+    config: dict[str, Any],
+    run_dir: Path,
+    store: Store,
+    head: HeadClosure,
+    run_id: str,
+    echo: Echo,
+) -> dict[str, Any]:
+    """Hand the jobs to the engine and record what comes back (also when cancelled), the
+    closure rooted against ``harness store gc`` meanwhile, as in a local run."""
+    from harness.store.roots import TempRoots
+
+    run_roots = TempRoots(store, f"harness run {run_id} (cluster head)")
+    run_roots.add(e["path"] for e in head.closure["store_paths"])
+    cpus, gpus = config["cluster"]["resources"]["cpus"], config["cluster"]["resources"]["gpus"]
     results: list[dict[str, Any]] = []
     interrupted = False
     # Ctrl-C must cancel the shards even when this process inherited an ignored SIGINT (as
@@ -226,21 +333,26 @@ def run_on_cluster(
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        results = engine.run(jobs, cpus=cpus, gpus=gpu_count, retries=retries, folder=run_dir / "engine", echo=echo)
+        results = engine.run(
+            jobs, cpus=cpus, gpus=gpus, retries=config["cluster"]["retries"], folder=run_dir / "engine", echo=echo
+        )
     except KeyboardInterrupt as exc:  # the engine cancelled what it could; record what came back
         interrupted = True
         results = list(getattr(exc, "results", []))
     finally:
         outcome = record_cluster_run(run_dir, config, results, jobs, interrupted=interrupted)
         run_roots.close()
+    return outcome
+
+
+def _report_shards(outcome: dict[str, Any], echo: Echo) -> None:
     for shard in outcome["shards"]:
         retried = f", after {len(shard['attempts']) - 1} retries" if len(shard.get("attempts", [])) > 1 else ""
         why = f": {shard['reason']}" if shard.get("reason") else ""
         echo(f"shard {shard['shard']} on {shard.get('hostname') or '?'}: {shard['status']}{retried}{why}")
-    return RunOutcome(run_id, run_dir, outcome["exit_status"], outcome["score"])
 
 
-def push_closure(store: Any, names: Sequence[str], settings: Any, home: Path, echo: Echo) -> dict[str, Any]:
+def push_closure(store: Store, names: Sequence[str], settings: Settings, home: Path, echo: Echo) -> dict[str, Any]:
     """Push what the first writable substituter lacks of ``names``; what was done, as JSON.
 
     No substituter, or none writable: nodes realize from upstream (noted, not an error).
@@ -383,7 +495,7 @@ def combine_benchmarks(benches: list[dict[str, Any]], count: int) -> dict[str, A
 # ------------------------------------------------------------------------------ engines
 
 
-def open_engine(target: Target) -> Any:
+def open_engine(target: Target) -> Engine:
     """The engine for ``target``; a missing optional extra is an error saying what to install."""
     if target.engine == "ray":
         return RayEngine(target.address)
