@@ -41,7 +41,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from harbor.environments.base import BaseEnvironment, ExecResult
@@ -175,25 +175,58 @@ class HarnessEnvironment(BaseEnvironment):
             raise
 
     async def _start(self) -> None:
+        """Start this session (module doc, steps 1-4): check the spec, choose the sandbox,
+        resolve the closure, plan the sandbox (forwarded ports, task users, limits), make its
+        root afresh, start it, set the commands' base environment, write the record."""
         started = time.time()
+        spec = self._checked_spec()
+        confined = await self._needs_confinement()
+        resolved = self._resolved = await self._resolve(spec)
+        paths = EnvironmentPaths.for_os(self.os)
+        broker = self.options.broker or os.environ.get("HARNESS_BROKER")
+        ports = await asyncio.to_thread(_loopback_ports, broker) if broker and self._network_disabled else []
+        users = _task_users(self.environment_dir.parent)
+        await self._enforce_limits()
+        ignored = self._warn_ignored()
+        config = self._sandbox_config(resolved, paths, ports, users)
+        await self._fresh_session_dir()
+        await self._start_sandbox(config, confined)
+        self._base_env = self._commands_env(resolved.environment_path, broker)
+        await self._write_start_record(config, broker, started, ignored)
+        self.logger.info(
+            f"harness: {self.session_id} runs {resolved.environment} "
+            f"({len(resolved.paths)} store paths, digest {resolved.digest})"
+        )
+
+    def _checked_spec(self) -> EnvironmentSpec:
+        """The spec read when Harbor made this environment; its error, deferred to here, is
+        raised as :class:`EnvironmentUnavailable` (failing this trial only)."""
         if self._spec_error is not None:
             raise EnvironmentUnavailable(str(self._spec_error))
         assert self._spec is not None
-        reason = await asyncio.to_thread(unavailable_reason)
-        confined = False
-        if reason is not None:  # no namespaces here: the second confinement, if it can run
-            from harness.harbor import confine
+        return self._spec
 
-            why_not = await asyncio.to_thread(confine.unavailable_reason)
-            if why_not is not None:
-                raise SandboxError(
-                    f"cannot sandbox this trial: {reason}; nor confine it with Landlock and PRoot: {why_not}"
-                )
-            confined = True
-            self.logger.warning(f"harness: {self.session_id}: {reason}: confined with Landlock and PRoot instead")
-        self._resolved = await asyncio.to_thread(
+    async def _needs_confinement(self) -> bool:
+        """Whether this session runs confined by Landlock and PRoot (no namespaces here) rather
+        than in the bubblewrap sandbox; :class:`SandboxError` when neither can run."""
+        reason = await asyncio.to_thread(unavailable_reason)
+        if reason is None:
+            return False
+        from harness.harbor import confine
+
+        why_not = await asyncio.to_thread(confine.unavailable_reason)
+        if why_not is not None:
+            raise SandboxError(
+                f"cannot sandbox this trial: {reason}; nor confine it with Landlock and PRoot: {why_not}"
+            )
+        self.logger.warning(f"harness: {self.session_id}: {reason}: confined with Landlock and PRoot instead")
+        return True
+
+    async def _resolve(self, spec: EnvironmentSpec) -> ResolvedEnvironment:
+        """The closure ``spec`` names in ``home``'s store, realized first unless the options say not."""
+        return await asyncio.to_thread(
             resolve,
-            self._spec,
+            spec,
             self.home,
             realize=self.options.realize,
             offline=self.options.offline,
@@ -201,27 +234,35 @@ class HarnessEnvironment(BaseEnvironment):
             log=self.logger.info,
             deploy=self.deploy_path,
         )
-        resolved = self._resolved
-        paths = EnvironmentPaths.for_os(self.os)
-        broker = self.options.broker or os.environ.get("HARNESS_BROKER")
-        ports = await asyncio.to_thread(_loopback_ports, broker) if broker and self._network_disabled else []
-        agent_user, verifier_user = _task_users(self.environment_dir.parent)
-        owners: dict[str, str | int] = {}
-        if agent_user is not None:
-            owners.update(
-                {self.workdir: agent_user, str(paths.agent_dir): agent_user, str(paths.artifacts_dir): agent_user}
-            )
-        if verifier_user is not None:
-            owners[str(paths.verifier_dir)] = verifier_user
+
+    async def _enforce_limits(self) -> None:
+        """Enforce the task's CPU and memory limits as this machine can; logged when any is."""
         self._limits = await asyncio.to_thread(
             enforce, self.session_id, self._effective_cpus, self._effective_memory_mb
         )
         if self._limits.cpus is not None or self._limits.memory_mb is not None:
             self.logger.info(f"harness: {self.session_id} limits: {self._limits.describe()}")
+
+    def _warn_ignored(self) -> list[str]:
+        """What of the task's environment definition this session does not use, each warned of."""
         ignored = _ignored(self.environment_dir, self.task_env_config.docker_image, self._effective_storage_mb)
         for line in ignored:
             self.logger.warning(f"harness: {self.session_id} ignores {line}")
-        config = SandboxConfig(
+        return ignored
+
+    def _sandbox_config(
+        self, resolved: ResolvedEnvironment, paths: EnvironmentPaths, ports: list[int], users: TaskUsers
+    ) -> SandboxConfig:
+        """The sandbox of this session: the closure bound, Harbor's folders made (owned by the
+        task users), the GPUs when the task asks for any, the limits enforced."""
+        owners: dict[str, str | int] = {}
+        if users.agent is not None:
+            owners.update(
+                {self.workdir: users.agent, str(paths.agent_dir): users.agent, str(paths.artifacts_dir): users.agent}
+            )
+        if users.verifier is not None:
+            owners[str(paths.verifier_dir)] = users.verifier
+        return SandboxConfig(
             root=self.session_dir,
             store_paths=[resolved.store_root / name for name in resolved.paths],
             devices=self._gpu_devices(),
@@ -233,15 +274,22 @@ class HarnessEnvironment(BaseEnvironment):
             network=not self._network_disabled,
             forward_ports=ports,
             hostname=_hostname(self.environment_name),
-            users=[u for u in (agent_user, verifier_user) if u is not None],
+            users=[u for u in users if u is not None],
             owners=owners,
             limits=self._limits,
         )
+
+    async def _fresh_session_dir(self) -> None:
+        """Make the sandbox's root empty, removing what an earlier session left there."""
         if self.session_dir.exists():
             from harness.harbor.sandbox import remove_root
 
             await asyncio.to_thread(remove_root, self.session_dir)
         self.session_dir.mkdir(parents=True)
+
+    async def _start_sandbox(self, config: SandboxConfig, confined: bool) -> None:
+        """Start the session's sandbox (held in ``_sandbox`` before it starts, so that a failed
+        start is stopped) and log which ids the task users run under."""
         if confined:
             from harness.harbor.confine import ConfinedSandbox
 
@@ -259,8 +307,12 @@ class HarnessEnvironment(BaseEnvironment):
                 f"harness: {self.session_id} runs every command as the sandbox's root, not as "
                 f"{', '.join(map(str, config.users))}: {self._sandbox.idmap.reason}"
             )
-        env = resolved.environment_path
-        self._base_env = {
+
+    def _commands_env(self, env: Path, broker: str | None) -> dict[str, str]:
+        """The base environment of every command: the harness environment ``env`` first on
+        ``PATH``, and the broker's address (and token) when there is one."""
+        assert self._sandbox is not None
+        base = {
             "PATH": f"{env}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root",
             "USER": "root",
@@ -274,10 +326,16 @@ class HarnessEnvironment(BaseEnvironment):
             "HARNESS_SESSION": self.session_id,
         }
         if broker:
-            self._base_env["HARNESS_BROKER"] = broker
+            base["HARNESS_BROKER"] = broker
             token = os.environ.get("HARNESS_BROKER_TOKEN")
             if token:  # the broker answers only with its token (its owner runs this trial)
-                self._base_env["HARNESS_BROKER_TOKEN"] = token
+                base["HARNESS_BROKER_TOKEN"] = token
+        return base
+
+    async def _write_start_record(
+        self, config: SandboxConfig, broker: str | None, started: float, ignored: list[str]
+    ) -> None:
+        """Write the host's executables listing beside the record, then the record itself."""
         executables = await asyncio.to_thread(host.executables, self.home / "cache")
         # In sha256sum's format: `sha256sum -c host-executables.sha256` re-checks the host.
         listing = self.record_path.parent / "host-executables.sha256"
@@ -296,10 +354,6 @@ class HarnessEnvironment(BaseEnvironment):
         }
         self._record["sandbox"]["ignored"] = ignored
         await asyncio.to_thread(_write_record, self.record_path, self._record)
-        self.logger.info(
-            f"harness: {self.session_id} runs {resolved.environment} "
-            f"({len(resolved.paths)} store paths, digest {resolved.digest})"
-        )
 
     async def stop(self, delete: bool) -> None:
         sandbox, self._sandbox = self._sandbox, None
@@ -467,7 +521,14 @@ class HarnessEnvironment(BaseEnvironment):
         }
 
 
-def _task_users(task_dir: Path) -> tuple[str | int | None, str | int | None]:
+class TaskUsers(NamedTuple):
+    """The users a task's agent and verifier run as (None: root, or unset)."""
+
+    agent: str | int | None
+    verifier: str | int | None
+
+
+def _task_users(task_dir: Path) -> TaskUsers:
     """``[agent] user`` and ``[verifier] user`` of the task's ``task.toml`` (None: root/unset);
     the first step's, for a multi-step task that sets them per step."""
     import tomllib
@@ -475,7 +536,7 @@ def _task_users(task_dir: Path) -> tuple[str | int | None, str | int | None]:
     try:
         data = tomllib.loads((task_dir / "task.toml").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None, None
+        return TaskUsers(None, None)
 
     def user(table: Any) -> str | int | None:
         value = table.get("user") if isinstance(table, dict) else None
@@ -486,7 +547,7 @@ def _task_users(task_dir: Path) -> tuple[str | int | None, str | int | None]:
         if isinstance(step, dict):
             agent = agent or user(step.get("agent"))
             verifier = verifier or user(step.get("verifier"))
-    return agent, verifier
+    return TaskUsers(agent, verifier)
 
 
 def _ignored(environment_dir: Path, docker_image: str | None, storage_mb: int | None) -> list[str]:
