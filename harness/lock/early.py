@@ -155,7 +155,7 @@ def _previous(path: Path) -> dict[str, Any] | None:
 
 
 def _version(request: str, pins: dict[str, str], previous: dict[str, Any] | None, options: LockOptions) -> str | None:
-    """The exact version the lock will resolve for, as generate._lock_manifest chooses it
+    """The exact version the lock will resolve for, as generate._python_version chooses it
     when it knows it up front; None when only uv's interpreter listing can say."""
     pin = pins.get(request)
     if pin is None and previous is not None and not options.upgrade:

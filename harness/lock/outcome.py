@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the types only: the no-op re-lock answers without the lock models
+    from harness.lock.changes import Change
+    from harness.lock.document import Lock
 
 
 @dataclass(frozen=True)
@@ -42,10 +46,10 @@ class Outcome:
     error: str | None = None
     #: The lock (a :class:`harness.lock.document.Lock`); None on error, and when the no-op
     #: path answered before any model was loaded.
-    lock: Any = None
+    lock: Lock | None = None
     notes: list[str] = field(default_factory=list)
     #: What changed from the previous lock (harness.lock.changes), in order.
-    changes: list[Any] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
     #: The store path of the locked environment (this machine's platform's first target).
     environment: str | None = None
     #: Whether the resolvers ran; False when the lock was kept because no input changed.

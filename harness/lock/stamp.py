@@ -52,11 +52,15 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
 
 from harness.lock.outcome import Outcome
+
+if TYPE_CHECKING:  # the types only: the no-op re-lock answers without loading them
+    from harness.manifests.model import BenchmarkManifest, ServiceManifest
+    from harness.manifests.project import Project
 
 #: Bump when what a stamp records or means changes.
 STAMP_VERSION = 2
@@ -75,7 +79,7 @@ def _digest(data: bytes) -> str:
     return blake3.blake3(data).hexdigest()
 
 
-def manifest_files(project: Any) -> dict[str, Path] | None:
+def manifest_files(project: Project) -> dict[str, Path] | None:
     """Manifest name → file, as :func:`harness.lock.generate.load_manifests` finds them,
     from the folder listings alone; None when a name is both a service and a benchmark (the
     full path says so)."""
@@ -107,7 +111,7 @@ class _Snapshot:
 class LockStamps:
     """The stamps of one project's locks in one home (module doc)."""
 
-    def __init__(self, cache_dir: Path, project: Any, *, platform: str | None) -> None:
+    def __init__(self, cache_dir: Path, project: Project, *, platform: str | None) -> None:
         self.project = project
         self.platform = platform
         self.cache_dir = cache_dir
@@ -254,7 +258,7 @@ class LockStamps:
         except (OSError, ValueError):
             return None
 
-    def before_resolving(self, snapshot: _Snapshot, name: str, manifest: Any) -> None:
+    def before_resolving(self, snapshot: _Snapshot, name: str, manifest: ServiceManifest | BenchmarkManifest) -> None:
         """Note the ``path`` weights of validated ``manifest`` (their stat, taken before they
         are hashed), or that it names something that moves upstream (no stamp)."""
         if moving_inputs(manifest):
@@ -313,7 +317,7 @@ def _unchanged(project: Any, name: str, entry: dict[str, Any]) -> Outcome:
     return Outcome(name, path, changed=False, environment=entry.get("environment"), resolved=False)
 
 
-def moving_inputs(manifest: Any) -> list[str]:
+def moving_inputs(manifest: ServiceManifest | BenchmarkManifest) -> list[str]:
     """What ``manifest`` (validated) names that can change upstream without any local change
     (module doc); empty when re-locking it with the same local inputs must give the same lock."""
     moving = [

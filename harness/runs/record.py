@@ -72,13 +72,18 @@ def write_json(path: Path, data: object) -> None:
         raise
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path) -> dict[str, Any]:
+    """One JSON object of a run record; a missing file, bad JSON or another JSON value is a
+    :class:`HarnessError` naming the file."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise HarnessError(f"{path} is missing: the run record is incomplete") from None
     except ValueError as exc:
         raise HarnessError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise HarnessError(f"{path} holds a JSON {type(data).__name__}, not an object: the run record is damaged")
+    return data
 
 
 @dataclass

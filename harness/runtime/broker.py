@@ -1094,9 +1094,13 @@ class SharedBroker:
         state = read_state(state_dir)
         return None if state is None else cls(state_dir, state)
 
-    def request(self, method: str, path: str, data: Mapping[str, Any] | None = None, timeout: float = 10.0) -> Any:
+    def request(
+        self, method: str, path: str, data: Mapping[str, Any] | None = None, timeout: float = 10.0
+    ) -> dict[str, Any]:
+        """The broker's JSON answer to ``method path`` (an object); a refusal or no answer is a
+        :class:`HarnessError`."""
         try:
-            return _http_json(method, self.url + path, data, timeout=timeout, token=self.token)
+            answer = _http_json(method, self.url + path, data, timeout=timeout, token=self.token)
         except urllib.error.HTTPError as exc:
             try:
                 message = json.loads(exc.read()).get("error", str(exc))
@@ -1105,6 +1109,9 @@ class SharedBroker:
             raise HarnessError(f"the broker of {self.state_dir} refused {method} {path}: {message}") from None
         except (OSError, ValueError) as exc:
             raise HarnessError(f"the broker of {self.state_dir} at {self.url} does not answer: {exc}") from None
+        if not isinstance(answer, dict):
+            raise HarnessError(f"the broker of {self.state_dir} answered {method} {path} with no JSON object")
+        return answer
 
     def client_env(self) -> dict[str, str]:
         return {"HARNESS_BROKER": self.url, "HARNESS_BROKER_TOKEN": self.token}
