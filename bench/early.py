@@ -10,7 +10,7 @@ cold run left), and prints the share of the command's wall time it saves (the me
 round's paired ratio). Issue 27's rule: keep a path only where it saves at least 20 %.
 
 Two other early paths were measured the same way and deleted (figures in
-docs/benchmarks.md): the entry point's own parse of ``harness lock`` command lines to start
+docs/benchmarks.md, bench/results/history.csv): the entry point's own parse of ``harness lock`` command lines to start
 uv before click loaded, and the verify's hashing started before click (with a verify run
 without the CLI). Needs the package registry.
 
