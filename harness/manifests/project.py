@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from harness.errors import InputError, ProjectNotFound
 
@@ -128,6 +128,19 @@ class Project:
         path = self.agent_path(name_or_path)
         document = apply_overrides(read_toml(path), overrides or [])
         return validate_data(AgentConfig, document, display_path(path))
+
+
+class ProjectState(Protocol):
+    """What realize and the runtime need of the CLI's state (``harness.cli.State``, a cluster
+    shard's ``NodeState``): the home, the deploy file given, and the project."""
+
+    @property
+    def home(self) -> Path: ...
+
+    @property
+    def deploy_path(self) -> Path | None: ...
+
+    def project(self) -> Project: ...
 
 
 def _toml_files(folder: Path) -> dict[str, Path]:

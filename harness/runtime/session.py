@@ -12,9 +12,10 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from harness.errors import HarnessError
+from harness.manifests.project import ProjectState
 
 if TYPE_CHECKING:  # the models (pydantic) load only when a command prepares something
     from harness.lock.document import Lock
@@ -25,19 +26,6 @@ if TYPE_CHECKING:  # the models (pydantic) load only when a command prepares som
     from harness.runtime.launch import LaunchSpec
     from harness.runtime.plan import Gpu, Plan, ServicePlacement
     from harness.store.store import Store
-
-
-class ProjectState(Protocol):
-    """What the runtime needs of the CLI's state (``harness.cli.State``, a cluster shard's
-    ``NodeState``): the home, the deploy file given, and the project."""
-
-    @property
-    def home(self) -> Path: ...
-
-    @property
-    def deploy_path(self) -> Path | None: ...
-
-    def project(self) -> Project: ...
 
 
 class Skills(TypedDict, total=False):
