@@ -43,7 +43,7 @@ is not listed; should its bytes not match, the realize fails naming it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 import os
 import shutil
 import sys
@@ -52,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
 
 from harness.config import Settings
 from harness.errors import HarnessError
@@ -61,14 +61,25 @@ from harness.progress import Reporter, Stopped, reporter
 from harness.store.store import BuildResult, Staged, Store
 
 if TYPE_CHECKING:  # the lock models load pydantic: only where a lock is actually read
+    from filelock import BaseFileLock
+
+    from harness.download import Progress
     from harness.lock.document import (
         Lock,
         LockedFile,
         LockedPackage,
+        LockedSource,
         LockedWeightFile,
         LockedWeights,
     )
-    from harness.realize.fetch import LocalWeights
+    from harness.realize.fetch import FetchJob, LocalWeights
+
+    #: A file the fetch phase is to download, by what it is: a package file (its index, its
+    #: project, the file) or a weight file (its weight set, the file).
+    _Wanted = (
+        tuple[Literal["file"], tuple[str, str, LockedFile]]
+        | tuple[Literal["weight"], tuple[LockedWeights, LockedWeightFile]]
+    )
 
 
 class OfflineMissing(HarnessError):
@@ -144,7 +155,7 @@ class Context:
     def download_path(self, sha256: str) -> Path:
         return self.downloads / sha256
 
-    def download_lock(self, sha256: str) -> Any:
+    def download_lock(self, sha256: str) -> BaseFileLock:
         """Serializes everything that touches one download among concurrent realizes."""
         from harness.store.store import lock_file
 
@@ -178,99 +189,152 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
     registered is given up again (module doc). With ``fail_fast`` the
     first failure is raised as it is, and nothing after it is built.
     """
+    _root_inputs(ctx, locks)
+    todo = _locks_to_build(ctx, locks)
+    _warn_about_weights_folder(ctx, todo)
+    if ctx.offline:
+        _check_offline(ctx, todo)
+    run = _Realizing()
+    try:
+        if todo:
+            _fetch_and_prepare(ctx, todo, run, fail_fast=fail_fast)
+        _register_locks(ctx, locks, todo, run, fail_fast=fail_fast)
+    finally:
+        _drop_what_failed(ctx, locks, run)
+    _drop_downloads(ctx, locks)
+    _root_realized(ctx, locks, run.failures)
+    return _reports_unless_failed(run)
+
+
+def _root_inputs(ctx: Context, locks: list[Lock]) -> None:
+    """Root every path ``locks`` may use, before anything is looked up: a concurrent
+    `store gc` can no longer take an input (a wheel, a source) between "found registered"
+    and "used by the build". A host copy standing in, and the environments on it, are
+    inputs too."""
     from harness.realize.standin import realized_lock
-    from harness.store.gc import register_project
     from harness.store.roots import hold
 
-    # Rooted before anything is looked up: a concurrent `store gc` can no longer take an
-    # input (a wheel, a source) between "found registered" and "used by the build". A host
-    # copy standing in, and the environments on it, are inputs too.
     hold(
         ctx.store,
         [name for lock in locks for name in {*lock_objects(lock), *lock_objects(realized_lock(ctx.store, lock))}],
     )
+
+
+def _locks_to_build(ctx: Context, locks: list[Lock]) -> list[Lock]:
+    """The locks of ``locks`` a realize has work for (:func:`_wants_work`) once the binary
+    caches have given what they hold (:func:`_substitute`)."""
     todo = [lock for lock in locks if _wants_work(ctx.store, lock)]
     if todo and ctx.substituters:
         _substitute(ctx, todo)
         todo = [lock for lock in locks if _wants_work(ctx.store, lock)]
-    if ctx.local_weights is not None and any(what == "weight" for what, _ in _files_to_fetch(ctx, todo).values()):
-        # Said only when a weight file is to be fetched: a machine that already holds (or pulls
-        # from a cache) every weight set needs no folder.
-        problem = ctx.local_weights.problem()
-        if problem is not None:
-            print(f"warning: {problem}", file=sys.stderr, flush=True)
-    if ctx.offline:
-        _check_offline(ctx, todo)
-    failures: dict[str, HarnessError] = {}
-    prepared = _Prepared()
-    #: Per lock that failed while registering: the paths it newly registered (``_register``).
-    given_up: dict[str, set[str]] = {}
-    reports: list[Report] = []
-    try:
-        if todo:  # leftovers matter only to a build (Store.add clears its own path's anyway)
-            ctx.store.clean()
-            # The interpreters and git sources are built in the store's scratch while the files
-            # download (they need none of them), and registered only after the fetch succeeded.
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                staging = [pool.submit(_prepare_interpreters, ctx, todo, prepared)]
-                staging.append(pool.submit(_prepare_sources, ctx, todo, prepared))
-                fetched = False
-                try:
-                    try:
-                        _fetch(ctx, todo)
-                    except HarnessError:
-                        if fail_fast or len(todo) == 1:
-                            raise
-                        # Which locks lack what: each fetches again on its own (what came is kept).
-                        for lock in todo:
-                            try:
-                                _fetch(ctx, [lock])
-                            except HarnessError as exc:
-                                failures[lock.name] = exc
-                    fetched = True
-                finally:
-                    if not fetched:
-                        prepared.stop.set()  # all of it is dropped: stop at the next phase
-                    for future in staging:
-                        future.exception()  # waits: nothing is registered while one is building
+    return todo
+
+
+def _warn_about_weights_folder(ctx: Context, todo: list[Lock]) -> None:
+    """Warn on stderr when the deploy's weights folder is unusable, only when a weight file
+    is to be fetched: a machine that already holds (or pulls from a cache) every weight set
+    needs no folder."""
+    if ctx.local_weights is None or not any(what == "weight" for what, _ in _files_to_fetch(ctx, todo).values()):
+        return
+    problem = ctx.local_weights.problem()
+    if problem is not None:
+        print(f"warning: {problem}", file=sys.stderr, flush=True)
+
+
+def _fetch_and_prepare(ctx: Context, todo: list[Lock], run: _Realizing, *, fail_fast: bool) -> None:
+    """Phase 1 for the locks that have work: the interpreters and git sources are built in
+    the store's scratch (``run.prepared``) while the files download (they need none of them);
+    they are registered only after the fetch succeeded (:func:`_register_locks`). When the
+    whole fetch fails, the builds stop at their next phase (all of it is dropped)."""
+    ctx.store.clean()  # leftovers matter only to a build (Store.add clears its own path's anyway)
+    prepared = run.prepared
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        staging = [pool.submit(_prepare_interpreters, ctx, todo, prepared)]
+        staging.append(pool.submit(_prepare_sources, ctx, todo, prepared))
+        fetched = False
+        try:
+            _fetch_for_locks(ctx, todo, run.failures, fail_fast=fail_fast)
+            fetched = True
+        finally:
+            if not fetched:
+                prepared.stop.set()  # all of it is dropped: stop at the next phase
             for future in staging:
-                future.result()  # a bug, not a lock's failure (those are kept in ``prepared``)
-        building = {id(lock) for lock in todo}
-        for lock in locks:
-            if lock.name in failures:
-                continue
+                future.exception()  # waits: nothing is registered while one is building
+    for future in staging:
+        future.result()  # a bug, not a lock's failure (those are kept in ``prepared``)
+
+
+def _fetch_for_locks(ctx: Context, todo: list[Lock], failures: dict[str, HarnessError], *, fail_fast: bool) -> None:
+    """Fetch what ``todo`` lacks, all at once. When that fails (and neither ``fail_fast`` nor
+    a single lock makes it the realize's error), each lock fetches again on its own, which
+    says which locks lack what (what came is kept); those go into ``failures``."""
+    try:
+        _fetch(ctx, todo)
+    except HarnessError:
+        if fail_fast or len(todo) == 1:
+            raise
+        for lock in todo:
             try:
-                if id(lock) in building:
-                    with ctx.progress.phase(f"realizing {lock.name}"):
-                        reports.append(_register(ctx, lock, prepared, given_up.setdefault(lock.name, set())))
-                else:
-                    reports.append(_complete(ctx, lock))
+                _fetch(ctx, [lock])
             except HarnessError as exc:
-                if fail_fast:
-                    raise
                 failures[lock.name] = exc
-    finally:
-        prepared.release()  # what no lock that succeeded registered: a failed realize leaves nothing
-        done = {report.name for report in reports}
-        _give_up(
-            ctx,
-            [lock for lock in locks if given_up.get(lock.name)],
-            [lock for lock in locks if lock.name in done],
-            given_up,
-        )
-    _drop_downloads(ctx, locks)
-    # What this store realized (a host copy and its environments, where one stands in). A lock
-    # that failed keeps what the project's root said of it before: a failed realize changes no root.
+
+
+def _register_locks(ctx: Context, locks: list[Lock], todo: list[Lock], run: _Realizing, *, fail_fast: bool) -> None:
+    """Phase 2, lock by lock in order: register each lock of ``todo`` that did not fail to
+    fetch (:func:`_register`), report the others as complete; a failure goes into
+    ``run.failures`` (with ``fail_fast``, it is raised)."""
+    building = {id(lock) for lock in todo}
+    for lock in locks:
+        if lock.name in run.failures:
+            continue
+        try:
+            if id(lock) in building:
+                with ctx.progress.phase(f"realizing {lock.name}"):
+                    run.reports.append(_register(ctx, lock, run.prepared, run.given_up.setdefault(lock.name, set())))
+            else:
+                run.reports.append(_complete(ctx, lock))
+        except HarnessError as exc:
+            if fail_fast:
+                raise
+            run.failures[lock.name] = exc
+
+
+def _drop_what_failed(ctx: Context, locks: list[Lock], run: _Realizing) -> None:
+    """Drop what was made ready but no lock that succeeded registered, and give up again
+    what the failed locks registered (:func:`_give_up`): a failed realize leaves nothing."""
+    run.prepared.release()
+    done = {report.name for report in run.reports}
+    _give_up(
+        ctx,
+        [lock for lock in locks if run.given_up.get(lock.name)],
+        [lock for lock in locks if lock.name in done],
+        run.given_up,
+    )
+
+
+def _root_realized(ctx: Context, locks: list[Lock], failures: dict[str, HarnessError]) -> None:
+    """Record in the project's gc root what this store realized (a host copy and its
+    environments, where one stands in). A lock that failed keeps what the project's root
+    said of it before: a failed realize changes no root."""
+    from harness.realize.standin import realized_lock
+    from harness.store.gc import register_project
+
     realized: dict[str, Iterable[str]] = {
         lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks if lock.name not in failures
     }
     if realized or not locks:
         register_project(ctx.store, ctx.project_root, realized)
-    if failures:
-        if len(failures) == 1 and not reports:
-            raise next(iter(failures.values()))
-        raise RealizeFailed(reports, {name: str(exc) for name, exc in failures.items()})
-    return reports
+
+
+def _reports_unless_failed(run: _Realizing) -> list[Report]:
+    """The reports, when no lock failed; else the one failure as it is (when nothing was
+    realized), or :class:`RealizeFailed` naming every failure."""
+    if run.failures:
+        if len(run.failures) == 1 and not run.reports:
+            raise next(iter(run.failures.values()))
+        raise RealizeFailed(run.reports, {name: str(exc) for name, exc in run.failures.items()})
+    return run.reports
 
 
 def _substitute(ctx: Context, locks: list[Lock]) -> None:
@@ -339,9 +403,9 @@ def interpreter_notes(store: Store, lock: Lock, realized: Lock) -> list[str]:
 # -- phase 1: fetch --------------------------------------------------------------------
 
 
-def _files_to_fetch(ctx: Context, locks: list[Lock]) -> dict[str, tuple[str, Any]]:
+def _files_to_fetch(ctx: Context, locks: list[Lock]) -> dict[str, _Wanted]:
     """sha256 → (what, job data) for every file that is neither stored nor downloaded."""
-    wanted: dict[str, tuple[str, Any]] = {}
+    wanted: dict[str, _Wanted] = {}
     for lock in locks:
         for package in [*lock.packages, *lock.build_packages]:
             file = chosen_file(package, lock)
@@ -360,12 +424,12 @@ def _check_offline(ctx: Context, locks: list[Lock]) -> None:
     from harness.resolve.git import mirror_path
 
     problems: list[str] = []
-    for _sha, (what, data) in sorted(_files_to_fetch(ctx, locks).items(), key=lambda kv: str(kv[1])):
-        if what == "file":
-            index, project, file = data
+    for _sha, wanted in sorted(_files_to_fetch(ctx, locks).items(), key=lambda kv: str(kv[1])):
+        if wanted[0] == "file":
+            index, project, file = wanted[1]
             problems.append(f"wheel {file.file} (index {index})")
         else:
-            weights, item = data
+            weights, item = wanted[1]
             note = ""
             if ctx.local_weights is not None:
                 local = ctx.local_weights.path_for(weights, item)
@@ -393,21 +457,21 @@ def _check_offline(ctx: Context, locks: list[Lock]) -> None:
 
 
 def _fetch(ctx: Context, locks: list[Lock]) -> None:
-    from harness.realize.fetch import FetchJob, fetch_all
+    from harness.realize.fetch import fetch_all
 
     wanted = _files_to_fetch(ctx, locks)
     if not wanted:
         return
     ctx.downloads.mkdir(parents=True, exist_ok=True)
     jobs: list[FetchJob] = []
-    file_urls = _file_urls(ctx, [data for what, data in wanted.values() if what == "file"])
-    for _sha, (what, data) in sorted(wanted.items()):
-        if what == "file":
-            _, _, file = data
+    file_urls = _file_urls(ctx, [item[1] for item in wanted.values() if item[0] == "file"])
+    for _sha, item in sorted(wanted.items()):
+        if item[0] == "file":
+            _, _, file = item[1]
             jobs.append(_file_job(ctx, file, file_urls[file.file]))
         else:
-            weights, item = data
-            jobs.append(_weight_job(ctx, weights, item))
+            weights, weight_file = item[1]
+            jobs.append(_weight_job(ctx, weights, weight_file))
     fetch_all(jobs, max_workers=ctx.jobs, progress=ctx.progress)
 
 
@@ -432,11 +496,11 @@ def _file_urls(ctx: Context, wanted: list[tuple[str, str, LockedFile]]) -> dict[
     return urls
 
 
-def _file_job(ctx: Context, file: LockedFile, url: str) -> Any:
+def _file_job(ctx: Context, file: LockedFile, url: str) -> FetchJob:
     from harness.download import download
     from harness.realize.fetch import FetchJob
 
-    def run(progress: Any) -> None:
+    def run(progress: Progress) -> None:
         with ctx.download_lock(file.sha256):
             if ctx.download_path(file.sha256).is_file() or ctx.store.is_registered(file.store):
                 return  # another realize fetched it while this one waited
@@ -445,10 +509,10 @@ def _file_job(ctx: Context, file: LockedFile, url: str) -> Any:
     return FetchJob(label=file.file, size=file.size, run=run)
 
 
-def _weight_job(ctx: Context, weights: LockedWeights, item: LockedWeightFile) -> Any:
+def _weight_job(ctx: Context, weights: LockedWeights, item: LockedWeightFile) -> FetchJob:
     from harness.realize.fetch import FetchJob, fetch_weight, weight_label
 
-    def run(progress: Any) -> None:
+    def run(progress: Progress) -> None:
         with ctx.download_lock(item.sha256):
             if ctx.download_path(item.sha256).is_file() or ctx.store.is_registered(weights.store):
                 return  # another realize fetched it while this one waited
@@ -521,6 +585,19 @@ class _Prepared:
         for source in self.sources.values():
             if isinstance(source, Staged):
                 source.discard()
+
+
+@dataclass
+class _Realizing:
+    """One :func:`realize_locks` as it goes: what was built in the store's scratch alongside
+    the fetch phase, the locks that failed (by name: their error), per lock that failed while
+    registering the paths it newly registered (:func:`_register`'s ``left``), and the reports
+    of the locks realized."""
+
+    prepared: _Prepared = field(default_factory=_Prepared)
+    failures: dict[str, HarnessError] = field(default_factory=dict)
+    given_up: dict[str, set[str]] = field(default_factory=dict)
+    reports: list[Report] = field(default_factory=list)
 
 
 def _prepare_interpreters(ctx: Context, locks: list[Lock], prepared: _Prepared) -> None:
@@ -729,7 +806,9 @@ def _register_paths(ctx: Context, lock: Lock, prepared: _Prepared, report: Repor
     return report
 
 
-def _source_builder(ctx: Context, source: Any, progress: Reporter | None = None) -> Any:
+def _source_builder(
+    ctx: Context, source: LockedSource, progress: Reporter | None = None
+) -> Callable[[Path], BuildResult]:
     """The store builder of a locked git source: its files at the locked commit, *unchecked*.
 
     The export does not hash the files itself (``check_tree=False``): the store hashes what
@@ -760,13 +839,13 @@ def _source_builder(ctx: Context, source: Any, progress: Reporter | None = None)
     return build
 
 
-def _add_source(ctx: Context, source: Any) -> None:
+def _add_source(ctx: Context, source: LockedSource) -> None:
     """Register a git source that was not staged ahead (:func:`_stage_source`, then commit)."""
     if not ctx.store.is_registered(source.store):
         ctx.store.commit(_stage_source(ctx, source, ctx.progress), source.store, expected_content=source.tree)
 
 
-def _stage_source(ctx: Context, source: Any, progress: Reporter) -> Staged:
+def _stage_source(ctx: Context, source: LockedSource, progress: Reporter) -> Staged:
     """A git source exported and hashed (once) in the store's scratch, checked against the
     lock's tree hash, not registered. When they differ, GitError names the repo, the commit
     and both hashes, and nothing is kept."""
@@ -825,7 +904,7 @@ class _Interpreter:
     name: str = ""
     staged: Staged | None = None
     reason: str | None = None
-    guard: Any = None
+    guard: BaseFileLock | None = None
     error: HarnessError | None = None
 
     def release(self) -> None:
@@ -838,7 +917,7 @@ class _Interpreter:
             self.guard = None
 
 
-def _standin_guard(store: Store, python_store: str) -> Any:
+def _standin_guard(store: Store, python_store: str) -> BaseFileLock:
     """The lock serializing interpreter builds for ``python_store`` among realizes; not tied to
     a thread (it is taken while preparing and released after registering, on another)."""
     from harness.store.store import lock_file
@@ -858,77 +937,97 @@ def _prepare_interpreter(ctx: Context, lock: Lock, *, progress: Reporter | None 
     fails leaves the store as it was. A host copy is hashed once, there: its name is its
     content's.
     """
-    from harness.lock.storepaths import host_interpreter_path
-    from harness.realize.interpreter import DownloadUnavailable, build_host_copy, build_uv_managed
     from harness.realize.standin import own_interpreter_registered
-    from harness.store.standins import standin_for
 
-    store, python = ctx.store, lock.python
+    store = ctx.store
     progress = progress or ctx.progress
     if own_interpreter_registered(store, lock):
         return None
     # One interpreter build at a time per lock interpreter: concurrent realizes wait for the
     # first rather than each installing or copying and compiling the same interpreter.
-    prepared = _Interpreter(guard=_standin_guard(store, python.store))
-    prepared.guard.acquire()
+    guard = _standin_guard(store, lock.python.store)
+    prepared = _Interpreter(guard=guard)
+    guard.acquire()
     try:
         if own_interpreter_registered(store, lock):  # the realize we waited for registered it
             prepared.release()
             return None
-        if python.source == "uv-managed" and python.store in ctx.unavailable:
-            prepared.reason = ctx.unavailable[python.store]
-        elif python.source == "uv-managed":
-
-            def build(out: Path) -> BuildResult:
-                out.mkdir()
-                result = build_uv_managed(
-                    python,
-                    out,
-                    cache_dir=ctx.cache_dir,
-                    offline=ctx.offline,
-                    uv_env=ctx.settings.python_download_env(),
-                    progress=progress,
-                    jobs=ctx.compile_jobs,
-                )
-                return BuildResult(obtained=result.source)
-
-            try:
-                prepared.staged = store.stage("python", build, label=python.store, progress=progress)
-                prepared.name = python.store
-                return prepared
-            except DownloadUnavailable as exc:
-                prepared.reason = ctx.unavailable[python.store] = exc.reason
-        else:
-            prepared.reason = (
-                f'the lock\'s interpreter is a host one (source = "host": uv offers no download of '
-                f"CPython {python.version} for {python.platform})"
-            )
-        host = standin_for(store, python.store)
-        if host is not None:
-            # Rooted, then looked up again: a concurrent `store gc` may have taken it between
-            # the lookup and the root (nothing else roots a stand-in while the lock is unrooted).
-            _hold_standin(store, lock, host)
-            host = standin_for(store, python.store)
-        if host is not None:
-            prepared.name = host
-            return prepared
-
-        def copy(out: Path) -> BuildResult:
-            out.mkdir()
-            result = build_host_copy(python, out, progress=progress, jobs=ctx.compile_jobs)
-            return BuildResult(obtained=result.source, impure=result.source)
-
-        try:
-            prepared.staged = store.stage("python", copy, label=f"cpython-{python.version}-host", progress=progress)
-        except HarnessError as exc:  # no host interpreter either: say which pins would work
-            raise HarnessError(
-                f"{exc.message} ({prepared.reason})", hint=_interpreter_hint(ctx, lock, exc.hint)
-            ) from None
-        prepared.name = host_interpreter_path(python, prepared.staged.digest.hash)
+        if not _stage_own_interpreter(ctx, lock, prepared, progress):
+            _prepare_host_copy(ctx, lock, prepared, progress)
         return prepared
     except BaseException:
         prepared.release()
         raise
+
+
+def _stage_own_interpreter(ctx: Context, lock: Lock, prepared: _Interpreter, progress: Reporter) -> bool:
+    """Stage the lock's own interpreter into ``prepared`` (uv installs it); False, with
+    ``prepared.reason`` saying why, when it cannot be had here: a host one, or one uv could
+    not download (in this realize already: ``ctx.unavailable``, or now)."""
+    from harness.realize.interpreter import DownloadUnavailable, build_uv_managed
+
+    python = lock.python
+    if python.source == "uv-managed" and python.store in ctx.unavailable:
+        prepared.reason = ctx.unavailable[python.store]
+        return False
+    if python.source != "uv-managed":
+        prepared.reason = (
+            f'the lock\'s interpreter is a host one (source = "host": uv offers no download of '
+            f"CPython {python.version} for {python.platform})"
+        )
+        return False
+
+    def build(out: Path) -> BuildResult:
+        out.mkdir()
+        result = build_uv_managed(
+            python,
+            out,
+            cache_dir=ctx.cache_dir,
+            offline=ctx.offline,
+            uv_env=ctx.settings.python_download_env(),
+            progress=progress,
+            jobs=ctx.compile_jobs,
+        )
+        return BuildResult(obtained=result.source)
+
+    try:
+        prepared.staged = ctx.store.stage("python", build, label=python.store, progress=progress)
+    except DownloadUnavailable as exc:
+        prepared.reason = ctx.unavailable[python.store] = exc.reason
+        return False
+    prepared.name = python.store
+    return True
+
+
+def _prepare_host_copy(ctx: Context, lock: Lock, prepared: _Interpreter, progress: Reporter) -> None:
+    """Make a host copy ready to stand in for ``lock``'s interpreter (``prepared.reason``
+    says why), into ``prepared``: the one that stands in already, else a new copy staged.
+    No host interpreter either: an error with a hint naming the pins that would work."""
+    from harness.lock.storepaths import host_interpreter_path
+    from harness.realize.interpreter import build_host_copy
+    from harness.store.standins import standin_for
+
+    store, python = ctx.store, lock.python
+    host = standin_for(store, python.store)
+    if host is not None:
+        # Rooted, then looked up again: a concurrent `store gc` may have taken it between
+        # the lookup and the root (nothing else roots a stand-in while the lock is unrooted).
+        _hold_standin(store, lock, host)
+        host = standin_for(store, python.store)
+    if host is not None:
+        prepared.name = host
+        return
+
+    def copy(out: Path) -> BuildResult:
+        out.mkdir()
+        result = build_host_copy(python, out, progress=progress, jobs=ctx.compile_jobs)
+        return BuildResult(obtained=result.source, impure=result.source)
+
+    try:
+        prepared.staged = store.stage("python", copy, label=f"cpython-{python.version}-host", progress=progress)
+    except HarnessError as exc:  # no host interpreter either: say which pins would work
+        raise HarnessError(f"{exc.message} ({prepared.reason})", hint=_interpreter_hint(ctx, lock, exc.hint)) from None
+    prepared.name = host_interpreter_path(python, prepared.staged.digest.hash)
 
 
 def _commit_interpreter(ctx: Context, lock: Lock, prepared: _Interpreter | None) -> str:
