@@ -29,9 +29,17 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError, InputError
+
+if TYPE_CHECKING:  # the models load pydantic: the no-op path loads none of them
+    from harness.config import Settings
+    from harness.lock.document import Lock
+    from harness.manifests.deploy import Deploy
+    from harness.manifests.project import Project, ProjectState
+    from harness.realize.builder import Report
+    from harness.realize.fetch import LocalWeights
 
 #: Bump when what the stamp records or means changes.
 _STAMP_VERSION = 2
@@ -50,7 +58,7 @@ _RACY_NS = 2_000_000_000
 
 
 def realize_names(
-    state: Any,
+    state: ProjectState,
     names: list[str],
     *,
     offline: bool,
@@ -58,7 +66,7 @@ def realize_names(
     lock_missing: bool,
     show_progress: bool = True,
     fail_fast: bool = False,
-) -> list[Any]:
+) -> list[Report]:
     """Realize the named manifests (all locked ones when none named); returns reports."""
     project = state.project()
     home: Path = state.home
@@ -86,8 +94,8 @@ def realize_names(
 
 
 def _realize_names(
-    state: Any,
-    project: Any,
+    state: ProjectState,
+    project: Project,
     home: Path,
     names: list[str],
     *,
@@ -96,7 +104,7 @@ def _realize_names(
     lock_missing: bool,
     show_progress: bool,
     fail_fast: bool = False,
-) -> list[Any]:
+) -> list[Report]:
     from harness.config import load_settings
     from harness.lock.check import check_locks
     from harness.lock.lockfile import lock_path, read
@@ -143,7 +151,9 @@ def _realize_names(
     )
 
 
-def deploy_inputs(settings: Any, deploy: Any, deploy_path: Path | None) -> tuple[tuple[str, ...], tuple[str, ...], Any]:
+def deploy_inputs(
+    settings: Settings, deploy: Deploy | None, deploy_path: Path | None
+) -> tuple[tuple[str, ...], tuple[str, ...], LocalWeights | None]:
     """What a realize takes from a machine's deploy (None: nothing): the settings' binary
     caches and trusted keys with the deploy's added, and its weights folder
     (:func:`deploy_local_weights`)."""
@@ -155,7 +165,7 @@ def deploy_inputs(settings: Any, deploy: Any, deploy_path: Path | None) -> tuple
     return tuple(substituters), tuple(trusted), deploy_local_weights(deploy, deploy_path)
 
 
-def deploy_local_weights(deploy: Any, deploy_path: Path) -> Any:
+def deploy_local_weights(deploy: Deploy, deploy_path: Path) -> LocalWeights | None:
     """The deploy's ``weights`` folder as a :class:`~harness.realize.fetch.LocalWeights`
     (errors name ``<deploy file>: weights``), or None when the deploy does not set it."""
     from harness.manifests.loading import display_path
@@ -168,17 +178,17 @@ def deploy_local_weights(deploy: Any, deploy_path: Path) -> Any:
 def realize(
     home: Path,
     project_root: Path,
-    locks: list[Any],
+    locks: list[Lock],
     *,
-    settings: Any,
+    settings: Settings,
     offline: bool,
     jobs: int,
     show_progress: bool = True,
     substituters: tuple[str, ...] | None = None,
     trusted_keys: tuple[str, ...] | None = None,
     fail_fast: bool = False,
-    local_weights: Any = None,
-) -> list[Any]:
+    local_weights: LocalWeights | None = None,
+) -> list[Report]:
     """Realize already-read locks into ``home``'s store, asking binary caches first
     (``substituters``; default: the settings' ``[cache]``), and taking weight files from
     ``local_weights`` (a deploy's folder, :class:`~harness.realize.fetch.LocalWeights`)
@@ -201,7 +211,7 @@ def realize(
     return realize_locks(ctx, locks, fail_fast=fail_fast)
 
 
-def _check_platforms(locks: list[Any], project: Any) -> None:
+def _check_platforms(locks: list[Lock], project: Project) -> None:
     """A clear error, before anything is fetched, for a lock of one platform this machine
     does not run (a lock of several has already been narrowed to this machine's by ``read``)."""
     from harness.lock.lockfile import lock_path
@@ -215,7 +225,7 @@ def _check_platforms(locks: list[Any], project: Any) -> None:
 class _Stamp:
     """The no-op fast path's record for one (home, project, names); see the module doc."""
 
-    def __init__(self, home: Path, project: Any, names: list[str], deploy_path: Path | None = None) -> None:
+    def __init__(self, home: Path, project: Project, names: list[str], deploy_path: Path | None = None) -> None:
         self.home = home
         self.project = project
         self.deploy_path = deploy_path
@@ -228,7 +238,7 @@ class _Stamp:
         except (OSError, ValueError, KeyError, TypeError):
             self.fingerprint = None
 
-    def reports(self) -> list[Any] | None:
+    def reports(self) -> list[Report] | None:
         """The reports of a realize with nothing to do, or None when that is not certain."""
         if self.fingerprint is None:
             return None
@@ -260,7 +270,7 @@ class _Stamp:
         register_project(store, self.project.root, {e["name"]: e["objects"] for e in data["locks"]})
         return reports
 
-    def remember(self, reports: list[Any]) -> None:
+    def remember(self, reports: list[Report]) -> None:
         """Record that the fingerprint taken before the full path left nothing to do."""
         if self.fingerprint is None or self._racy:
             return
@@ -270,7 +280,7 @@ class _Stamp:
         from harness.store.store import Store
 
         store = Store.in_home(self.home)
-        entries = []
+        entries: list[dict[str, Any]] = []
         for report in reports:
             own = read(lock_path(self.project.locks_dir, report.name))
             lock = realized_lock(store, own)

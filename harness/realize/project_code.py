@@ -9,7 +9,11 @@ holding those files and launches from it instead.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.manifests.model import BenchmarkManifest
+    from harness.store.store import Store
 
 
 def service_files(project_root: Path, argv: list[str]) -> list[Path]:
@@ -89,7 +93,7 @@ def checkout_code_paths(project_root: Path) -> dict[str, str]:
     return found
 
 
-def realize_project_files(store: Any, project_root: Path, name: str, files: list[Path]) -> str:
+def realize_project_files(store: Store, project_root: Path, name: str, files: list[Path]) -> str:
     """Register ``files`` (at their project-relative paths) as one content-addressed store
     path and return its name. The path is fixed by the files' content (like a git source),
     so the same code is the same path in every home, and a changed file is a new path.
@@ -114,7 +118,9 @@ def realize_project_files(store: Any, project_root: Path, name: str, files: list
     return path
 
 
-def benchmark_worker_code(store: Any, project_root: Path, benchmark: str | None, manifest: Any) -> str | None:
+def benchmark_worker_code(
+    store: Store, project_root: Path, benchmark: str | None, manifest: BenchmarkManifest | None
+) -> str | None:
     """The store path of the project files a benchmark's ``worker`` names (registered here),
     or None when it names none: the worker, like a service, runs its own code from the store.
     Shared by a local run and a cluster run's head, so both record the same code path."""

@@ -31,9 +31,12 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from harness.store.store import BuildResult
+from harness.store.store import BuildResult, Store
+
+if TYPE_CHECKING:
+    from harness.lock.document import Lock
 
 
 def build_view(out: Path, final: Path, checkout: Path, store_root: Path, links: dict[str, str]) -> None:
@@ -71,7 +74,7 @@ def _mirror(source: Path, dest: Path) -> None:
         shutil.copy2(source, dest)
 
 
-def add_source_views(store: Any, lock: Any) -> list[str]:
+def add_source_views(store: Store, lock: Lock) -> list[str]:
     """Build and register the views of ``lock``'s sources that have links (their checkouts
     and weight sets registered already); returns the view names it made."""
     from harness.lock.storepaths import link_target, source_view_path
