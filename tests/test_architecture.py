@@ -159,3 +159,94 @@ def test_no_import_circles_between_files() -> None:
     files = {_module(p): p for p in _files()}
     graph = {name: _file_imports(path, set(files)) for name, path in files.items()}
     assert import_cycles(graph) == []
+
+
+# The stages whose public faces are typed: no ``Any`` in the signature of a public function
+# or method, nor in a public class's fields, but as the value type of a JSON object
+# (``dict[str, Any]``, ``Mapping[str, Any]``). mypy then checks the seams, not only the insides.
+TYPED_STAGES = ("realize", "runtime", "runs", "cache", "lock")
+_JSON_OBJECTS = {"dict", "Mapping", "MutableMapping"}
+
+
+def _untyped_spots(annotation: ast.expr | None) -> int:
+    """How many ``Any`` in ``annotation`` are not a JSON object's value type."""
+    if annotation is None:
+        return 0
+    allowed: set[int] = set()
+    for node in ast.walk(annotation):
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in _JSON_OBJECTS
+            and isinstance(node.slice, ast.Tuple)
+            and len(node.slice.elts) == 2
+            and isinstance(node.slice.elts[0], ast.Name)
+            and node.slice.elts[0].id == "str"
+        ):
+            allowed.add(id(node.slice.elts[1]))
+    return sum(1 for n in ast.walk(annotation) if isinstance(n, ast.Name) and n.id == "Any" and id(n) not in allowed)
+
+
+def _public(name: str) -> bool:
+    return not name.startswith("_") or (name.startswith("__") and name.endswith("__"))
+
+
+def any_in_public_faces(path: Path) -> list[str]:
+    """``file:line name`` of each public function, method or class field typed with ``Any``."""
+    found: list[str] = []
+    rel = path.relative_to(PACKAGE).as_posix()
+
+    def function(node: ast.FunctionDef | ast.AsyncFunctionDef, owner: str) -> None:
+        args = node.args
+        # ``*args: Any, **kwargs: Any`` only pass everything on: allowed.
+        spots = sum(_untyped_spots(a.annotation) for a in [*args.posonlyargs, *args.args, *args.kwonlyargs])
+        spots += _untyped_spots(node.returns)
+        if spots:
+            found.append(f"{rel}:{node.lineno} {owner}{node.name}")
+
+    for top in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(top, ast.FunctionDef | ast.AsyncFunctionDef) and _public(top.name):
+            function(top, "")
+        elif isinstance(top, ast.ClassDef) and _public(top.name):
+            for item in top.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and _public(item.name):
+                    function(item, f"{top.name}.")
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and _public(item.target.id):
+                    if _untyped_spots(item.annotation):
+                        found.append(f"{rel}:{item.lineno} {top.name}.{item.target.id}")
+    return found
+
+
+def test_the_any_check_sees_what_it_should() -> None:
+    def spots(text: str) -> int:
+        return _untyped_spots(ast.parse(text, mode="eval").body)
+
+    assert spots("Any") == spots("Any | None") == spots("list[Any]") == spots("dict[Any, int]") == 1
+    assert spots("dict[str, Any]") == spots("Mapping[str, Any] | None") == spots("list[dict[str, Any]]") == 0
+
+
+def test_stage_faces_are_typed() -> None:
+    found = [
+        spot
+        for stage in TYPED_STAGES
+        for p in sorted((PACKAGE / stage).rglob("*.py"))
+        for spot in any_in_public_faces(p)
+    ]
+    assert found == [], "typed faces (name the type that passes between stages):\n" + "\n".join(found)
+
+
+#: The longest a function may be (lines, its docstring included): an orchestrator reads as a
+#: short list of named phases, each a function whose name says what it does.
+MAX_FUNCTION_LINES = 100
+
+
+def test_no_function_is_longer_than_a_page() -> None:
+    long = [
+        f"{p.relative_to(PACKAGE).as_posix()}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for p in _files()
+        for node in ast.walk(ast.parse(p.read_text(), str(p)))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long == [], "split into named phases:\n" + "\n".join(long)

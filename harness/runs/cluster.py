@@ -52,7 +52,8 @@ if TYPE_CHECKING:
     from harness.config import Settings
     from harness.runs.run import RunOutcome
     from harness.runtime.plan import Plan
-    from harness.runtime.session import Prepared, ProjectState
+    from harness.manifests.project import ProjectState
+    from harness.runtime.session import Prepared
     from harness.store.store import Store
 
 Echo = Callable[[str], None]
