@@ -218,6 +218,7 @@ def _lock_manifest(
         redo = _guessed_wrong(interpreters, guesses)
         if redo:
             resolved.update(_resolve_all(run, environment, redo, sources, pool))
+        resolved = _with_sdist_builds(run, environment, interpreters, sources, resolved, Path(scratch))
         weights = side.weight_sets()
         uv = side.uv.result()
 
@@ -542,21 +543,11 @@ def _resolve_all(
 ) -> dict[str, _Resolution]:
     """Platform → its :class:`_Resolution`: every resolution submitted to ``pool`` at once.
     The first failure in platform order is raised (a package error before a build one)."""
-    from harness.resolve.python import resolve_packages
 
     jobs: dict[str, tuple[Future[list[Package]], Future[list[Package]] | None]] = {}
     for target, interpreter in interpreters.items():
         before = _previous_for(run.previous, target, run.options)
-        resolve = functools.partial(
-            resolve_packages,
-            interpreter=interpreter,
-            indexes=list(environment.indexes),
-            settings=run.settings,
-            cache_dir=run.cache_dir,
-            offline=run.options.offline,
-            upgrade=run.options.upgrade,
-            upgrade_packages=list(run.options.upgrade_packages),
-        )
+        resolve = _resolver(run, environment, interpreter)
         requirements = [
             *environment.requirements,
             *_not_named(sources.environment_requirements, environment.requirements),
@@ -584,6 +575,71 @@ def _resolve_all(
         target: _Resolution(packages.result(), build.result() if build is not None else [])
         for target, (packages, build) in jobs.items()
     }
+
+
+def _resolver(run: _Locking, environment: Environment, interpreter: Interpreter) -> Callable[..., list[Package]]:
+    """:func:`harness.resolve.python.resolve_packages` for ``interpreter`` with the
+    environment's indexes and the lock's options; the caller gives requirements and pins."""
+    from harness.resolve.python import resolve_packages
+
+    return functools.partial(
+        resolve_packages,
+        interpreter=interpreter,
+        indexes=list(environment.indexes),
+        settings=run.settings,
+        cache_dir=run.cache_dir,
+        offline=run.options.offline,
+        upgrade=run.options.upgrade,
+        upgrade_packages=list(run.options.upgrade_packages),
+    )
+
+
+#: How many times the build packages are resolved again for sdists among them (a build
+#: requirement that is itself only an sdist needs its own backend's requirements).
+_SDIST_ROUNDS = 4
+
+
+def _with_sdist_builds(
+    run: _Locking,
+    environment: Environment,
+    interpreters: dict[str, Interpreter],
+    sources: _Sources,
+    resolved: dict[str, _Resolution],
+    scratch: Path,
+) -> dict[str, _Resolution]:
+    """Each platform's resolution with the build requirements of the sdists it installs
+    (:mod:`harness.resolve.sdists`) in its build packages, beside the git sources': realize
+    builds every sdist offline from the lock's build packages alone. Platforms without an
+    sdist keep their resolution as it is."""
+    from harness.resolve.sdists import sdist_build_requirements
+
+    out = dict(resolved)
+    for target, resolution in resolved.items():
+        wanted = set(sources.build_requirements)
+        build = resolution.build_packages
+        for _ in range(_SDIST_ROUNDS):
+            needs = sdist_build_requirements(
+                [*resolution.packages, *build],
+                indexes=list(environment.indexes),
+                settings=run.settings,
+                cache_dir=run.cache_dir,
+                scratch=scratch,
+                offline=run.options.offline,
+            )
+            if set(needs) <= wanted:
+                break
+            wanted |= set(needs)
+            requirements = sorted(wanted)
+            before = _previous_for(run.previous, target, run.options)
+            build = _resolver(run, environment, interpreters[target])(
+                requirements,
+                previous=_to_pins(before.build_packages) if before else None,
+                package_index=_direct_only(environment.package_index, requirements),
+            )
+        else:
+            raise HarnessError(f"the build requirements of its sdists did not settle after {_SDIST_ROUNDS} rounds")
+        out[target] = _Resolution(resolution.packages, build)
+    return out
 
 
 def _previous_for(previous: Lock | None, target: str, options: LockOptions) -> Lock | None:

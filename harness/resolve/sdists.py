@@ -1,0 +1,178 @@
+"""What the sdists a lock installs need to build: their backends' build requirements.
+
+A package published only as an sdist (``docopt``, ``iopath``, an old release without wheels
+for the target) is built at realize time, offline, in a build environment made of the lock's
+``build_packages`` alone (uv's ``--find-links`` of their store files, hash-checked). So the
+lock must name what each sdist's build backend needs: its static ``build-system.requires``
+(PEP 518; PEP 517's ``setuptools>=40.8.0`` for a tree without a ``[build-system]``) and the
+dynamic requirements its backend asks for (``get_requires_for_build_wheel``: setuptools'
+legacy backend asks for ``wheel``), exactly as for git sources
+(:func:`harness.resolve.python.build_requirements`,
+:func:`~harness.resolve.python.dynamic_build_requirements`).
+
+To read them the sdist is fetched (from the index the resolution named, checked against the
+size and sha256 it published, into the download cache realize reads, so realize does not
+fetch it again) and unpacked into a scratch folder; the backend's answer is cached per sdist
+hash. Nothing here decides the pins: the caller resolves these requirements with the git
+sources' build requirements into the lock's build packages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    from harness.config import Settings
+    from harness.resolve.pins import DistFile, Package
+
+
+def sdist_build_requirements(
+    packages: Sequence[Package],
+    *,
+    indexes: Sequence[str],
+    settings: Settings,
+    cache_dir: Path,
+    scratch: Path,
+    offline: bool = False,
+) -> list[str]:
+    """The build requirements (static and dynamic) of every package of ``packages`` that
+    installs from its sdist (no wheel fits the target), sorted and without repeats; [] when
+    none does. ``indexes`` are the environment's (for the backend's throw-away environment).
+    A fetch, unpack or backend failure is a :class:`HarnessError` naming the package."""
+    found: set[str] = set()
+    for package in packages:
+        if package.wheels or package.sdist is None:
+            continue
+        try:
+            found.update(
+                _one_sdist(
+                    package,
+                    package.sdist,
+                    indexes,
+                    settings=settings,
+                    cache_dir=cache_dir,
+                    scratch=scratch,
+                    offline=offline,
+                )
+            )
+        except HarnessError as exc:
+            raise HarnessError(
+                f"{package.name} {package.version} (sdist {package.sdist.file}): {exc.message}", hint=exc.hint
+            ) from None
+    return sorted(found)
+
+
+def _one_sdist(
+    package: Package,
+    sdist: DistFile,
+    indexes: Sequence[str],
+    *,
+    settings: Settings,
+    cache_dir: Path,
+    scratch: Path,
+    offline: bool,
+) -> list[str]:
+    from harness.resolve.python import build_requirements, dynamic_build_requirements
+
+    key = hashlib.sha256(json.dumps(["harness-sdist-build-requires-v1", sdist.sha256]).encode()).hexdigest()[:40]
+    static_cache = cache_dir / "build-requires" / f"{key}-static.json"
+    static = _cached(static_cache)
+    # dynamic_build_requirements caches its answer under the same key: with both cached, the
+    # sdist is neither fetched nor unpacked.
+    root = scratch
+    if static is None or not (cache_dir / "build-requires" / f"{key}.json").is_file():
+        archive = fetch_sdist(package, sdist, settings=settings, cache_dir=cache_dir, offline=offline)
+        root = unpack_sdist(archive, scratch / f"sdist-{sdist.sha256[:16]}")
+        if static is None:
+            static = build_requirements(root)
+            _remember(static_cache, static)
+    dynamic = dynamic_build_requirements(
+        root,
+        static,
+        editable=False,
+        key=key,
+        indexes=list(indexes),
+        settings=settings,
+        cache_dir=cache_dir,
+        offline=offline,
+    )
+    return [*static, *dynamic]
+
+
+def _cached(path: Path) -> list[str] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return [str(r) for r in data] if isinstance(data, list) else None
+
+
+def _remember(path: Path, requirements: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}")
+    temp.write_text(json.dumps(requirements))
+    os.replace(temp, path)
+
+
+def fetch_sdist(package: Package, sdist: DistFile, *, settings: Settings, cache_dir: Path, offline: bool) -> Path:
+    """The sdist's file in the download cache (``cache_dir/downloads/<sha256>``, where realize
+    looks first), fetched from the package's index when absent and checked against its size
+    and sha256. Offline, an absent sdist is an error saying to lock online once."""
+    from harness.download import download
+    from harness.resolve.indexpages import find_file_urls, index_address
+    from harness.store.store import lock_file
+
+    downloads = cache_dir / "downloads"
+    dest = downloads / sdist.sha256
+    downloads.mkdir(parents=True, exist_ok=True)
+    with lock_file(downloads / f"{sdist.sha256}.lock"):
+        if dest.is_file():
+            return dest
+        if offline:
+            raise HarnessError(
+                "its build requirements are not known offline (the sdist was never fetched here)",
+                hint="lock once without --offline",
+            )
+        address = index_address(package.index, settings, cache_dir)
+        url = find_file_urls(address, package.name, [sdist.file], index_name=package.index)[sdist.file]
+        download(url, dest, sha256=sdist.sha256, size=sdist.size, label=sdist.file)
+    return dest
+
+
+def unpack_sdist(archive: Path, dest: Path) -> Path:
+    """Unpack the sdist ``archive`` (``.tar.gz``, ``.tar.bz2``, ``.tar.xz``, ``.tar`` or
+    ``.zip``) into ``dest`` and return its project folder: the one top-level folder. Members
+    that would land outside ``dest`` (absolute paths, ``..``, links out) are refused."""
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as handle:
+                for member in handle.namelist():
+                    _check_member(member)
+                handle.extractall(dest)
+        else:
+            with tarfile.open(archive) as handle:
+                handle.extractall(dest, filter="data")
+    except (OSError, tarfile.TarError, zipfile.BadZipFile, ValueError) as exc:
+        raise HarnessError(f"cannot unpack the sdist: {exc}") from None
+    tops = [p for p in dest.iterdir() if not p.name.startswith(".")]
+    if len(tops) == 1 and tops[0].is_dir():
+        return tops[0]
+    if (dest / "pyproject.toml").is_file() or (dest / "setup.py").is_file():
+        return dest
+    raise HarnessError("the sdist holds no single project folder (PEP 625: one top-level folder)")
+
+
+def _check_member(name: str) -> None:
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts:
+        raise HarnessError(f"the sdist has an unsafe member {name!r}")

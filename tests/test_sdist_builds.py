@@ -1,0 +1,208 @@
+"""Packages installed from an sdist realize on a clean machine (issue 28): the lock names what
+each sdist's build backend needs, and realize builds it offline from that alone.
+
+Locally: an sdist whose build backend is *not* in its tree (``build-system.requires`` names a
+backend package on the index) and whose backend asks for one more package at build time
+(PEP 517 ``get_requires_for_build_wheel``); both must be in the lock's build packages, and
+the lock must realize in an empty home, and to the same store paths and content hashes in a
+home with history. Against the real index (``network``): the seed's sdist-only packages
+(``docopt``, ``iopath``) and one that compiles a C extension (``markupsafe`` 2.0.1, which
+publishes no wheel for CPython 3.11).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.store.store import Store
+from tests.conftest import REPO
+from tests.localindex import BACKEND, LocalIndex
+from tests.upstreams import make_project, service
+
+ORIGINAL_ENV = dict(os.environ)
+
+#: The backend package: the tests' PEP 517 backend, which also asks for ``tinyhelper`` at build
+#: time and imports it while building, so a build without it fails.
+TINY_BACKEND = (
+    BACKEND
+    + """
+
+def get_requires_for_build_wheel(config_settings=None):
+    return ["tinyhelper==1.0"]
+
+
+_plain_build_wheel = build_wheel
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    import tinyhelper  # only the lock's build packages can supply it
+
+    return _plain_build_wheel(wheel_directory, config_settings, metadata_directory)
+"""
+)
+
+
+def sdist_with_external_backend(name: str, version: str) -> bytes:
+    """A deterministic sdist whose ``[build-system]`` needs ``tinybackend`` from the index."""
+    pyproject = (
+        '[build-system]\nrequires = ["tinybackend==1.0"]\nbuild-backend = "tinybackend"\n\n'
+        f'[project]\nname = "{name}"\nversion = "{version}"\ndependencies = []\n'
+    )
+    members = {
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        "pyproject.toml": pyproject,
+        f"{name}/__init__.py": f'__version__ = "{version}"\n',
+    }
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for path, text in sorted(members.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"{name}-{version}/{path}")
+            info.size, info.mtime, info.mode = len(data), 1_600_000_000, 0o644
+            archive.addfile(info, io.BytesIO(data))
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=1_600_000_000) as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()
+
+
+@pytest.fixture
+def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalIndex]:
+    with LocalIndex(tmp_path / "index") as local:
+        local.add_wheel("tinybackend", "1.0", modules={"tinybackend/__init__.py": TINY_BACKEND})
+        local.add_wheel("tinyhelper", "1.0")
+        local.add_wheel("tinybackend", "2.0")  # a newer backend the sdist does not ask for
+        (local.root / "sdonly-1.0.tar.gz").write_bytes(sdist_with_external_backend("sdonly", "1.0"))
+        monkeypatch.setenv("HARNESS_INDEX_PYPI", local.url)
+        yield local
+
+
+def harness(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", "--home", str(home), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
+
+
+def registered(home: Path) -> dict[str, str]:
+    """Store path name → content hash of every registered path in ``home``."""
+    return {r.name: r.content for r in Store.in_home(home).records()}
+
+
+def test_an_sdists_build_backend_and_its_dynamic_requirements_are_locked(index: LocalIndex, tmp_path: Path) -> None:
+    project = make_project(tmp_path / "p", {"svc": service(["sdonly==1.0"])})
+    result = harness("--project", str(project), "lock", home=tmp_path / "home")
+    assert result.returncode == 0, result.stderr
+    lock_file = project / "locks" / "svc.lock.toml"
+    data = tomllib.loads(lock_file.read_text())
+    [package] = [p for p in data["packages"] if p["name"] == "sdonly"]
+    assert "sdist" in package and not package.get("wheels")
+    builds = {p["name"]: p["version"] for p in data.get("build-packages", [])}
+    assert builds == {"tinybackend": "1.0", "tinyhelper": "1.0"}, "static and dynamic build requirements"
+    # Re-locked from scratch (another home: no cached backend answer, no download): the same bytes.
+    first = lock_file.read_bytes()
+    result = harness("--project", str(project), "lock", "--refresh", home=tmp_path / "other")
+    assert result.returncode == 0, result.stderr
+    assert lock_file.read_bytes() == first
+
+
+def test_an_sdist_realizes_from_the_lock_alone_whatever_the_homes_history(index: LocalIndex, tmp_path: Path) -> None:
+    """A fresh home (empty store, empty uv cache) builds the sdist offline from the lock's
+    build packages; a home that realized other things first, its uv cache warm, gets the same
+    store paths and content hashes."""
+    project = make_project(tmp_path / "p", {"svc": service(["sdonly==1.0"]), "other": service(["tinyhelper"])})
+    assert harness("--project", str(project), "lock", home=tmp_path / "locker").returncode == 0
+    fresh = tmp_path / "fresh"
+    result = harness("--project", str(project), "realize", "svc", home=fresh)
+    assert result.returncode == 0, result.stderr
+    envs = [p for p in Store.in_home(fresh).root.iterdir() if p.name.endswith("-svc-env")]
+    assert len(envs) == 1, envs
+    checked = subprocess.run(
+        [str(envs[0] / "bin" / "python"), "-c", "import sdonly; print(sdonly.__version__)"],
+        capture_output=True,
+        text=True,
+    )
+    assert checked.stdout.strip() == "1.0", checked.stderr
+
+    busy = tmp_path / "busy"
+    assert harness("--project", str(project), "realize", "other", home=busy).returncode == 0
+    result = harness("--project", str(project), "realize", "svc", home=busy)
+    assert result.returncode == 0, result.stderr
+    ours = {n: c for n, c in registered(busy).items() if n in registered(fresh)}
+    assert ours == registered(fresh), "the same lock realizes to the same paths and bits"
+
+
+def test_an_sdist_build_requirement_the_index_lacks_is_a_lock_error_naming_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with LocalIndex(tmp_path / "index") as local:
+        (local.root / "sdonly-1.0.tar.gz").write_bytes(sdist_with_external_backend("sdonly", "1.0"))
+        monkeypatch.setenv("HARNESS_INDEX_PYPI", local.url)
+        project = make_project(tmp_path / "p", {"svc": service(["sdonly==1.0"])})
+        result = harness("--project", str(project), "lock", home=tmp_path / "home")
+    assert result.returncode != 0
+    assert "sdonly 1.0" in result.stderr and "tinybackend" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (project / "locks" / "svc.lock.toml").exists()
+
+
+# --------------------------------------------------------------------- the real index
+
+
+@pytest.mark.network
+def test_the_seeds_sdist_only_packages_lock_and_realize_in_an_empty_home(tmp_path: Path) -> None:
+    """sam3's ``iopath``, SmolVLA's ``docopt`` and a C extension built from its sdist
+    (``markupsafe`` 2.0.1's speedups), locked from the real index and realized in a home that
+    never saw them: every package imports, the extension is compiled."""
+    project = tmp_path / "p"
+    (project / "services").mkdir(parents=True)
+    (project / "harness.toml").write_bytes((REPO / "harness.toml").read_bytes())
+    (project / "services" / "seedsdists.toml").write_text(
+        service(["docopt==0.6.2", "iopath==0.1.10", "markupsafe==2.0.1"])
+    )
+    env = {k: v for k, v in ORIGINAL_ENV.items() if not k.startswith("HARNESS_INDEX")}
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "--home", str(tmp_path / "locker"), "--project", str(project), "lock"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    data = tomllib.loads((project / "locks" / "seedsdists.lock.toml").read_text())
+    sdists = {p["name"] for p in data["packages"] if "sdist" in p}
+    assert {"docopt", "iopath", "markupsafe"} <= sdists
+    assert "setuptools" in {p["name"] for p in data.get("build-packages", [])}
+    home = tmp_path / "empty"
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "--home", str(home), "--project", str(project), "realize"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr
+    [venv] = [p for p in (home / "store").iterdir() if p.name.endswith("-seedsdists-env")]
+    probe = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import docopt, iopath, markupsafe._speedups as s; print(s.__file__.endswith('.so'))",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert probe.stdout.strip() == "True", probe.stderr
