@@ -61,3 +61,11 @@ def run_harness_process(
         text=True,
         timeout=timeout,
     )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Say which order the tests ran in (pytest-randomly shuffles every run; its header line
+    is hidden by ``-q``), so a failure that depends on the order can be repeated."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int):
+        terminalreporter.write_line(f"tests ran in a random order: repeat it with -p randomly --randomly-seed={seed}")

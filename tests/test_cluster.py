@@ -162,7 +162,10 @@ def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> Non
     assert four.returncode == 0, four.stderr
     run4 = _run_dir(setup, four.stderr)
     config = json.loads((run4 / "config.json").read_text())
-    assert config["cluster"]["push"]["cache"] and config["cluster"]["push"]["pushed"] > 0
+    # The whole closure is in the head's cache: pushed now, or already there from another
+    # test of this module that ran first.
+    push = config["cluster"]["push"]
+    assert push["cache"] and push["pushed"] + push["present"] > 0, push
     outcome = json.loads((run4 / "result.json").read_text())
     shards = outcome["shards"]
     assert [s["status"] for s in shards] == ["ok"] * 4
