@@ -5,9 +5,13 @@ uv, **offline**, from exactly the files it is given (realized wheels and sdists,
 source trees, realized build-requirement wheels), every file hash-checked:
 
 1. ``uv venv --relocatable`` on the realized interpreter;
-2. ``uv pip sync --offline --no-index`` of a PEP 751 document whose entries point at the
-   realized files (``path = …``) with their sha256 (the lock's, when ``hashes`` is given), so
-   uv refuses a file whose bytes differ; a locked sdist is built there;
+2. every locked sdist built into a wheel (``uv build --wheel``, offline, uv's cache off so
+   nothing an earlier build left can stand in, its build requirements only from the build
+   wheels, ``SOURCE_DATE_EPOCH`` fixed, the scratch folder and the store mapped to fixed
+   names in compilers' debug information); then ``uv pip sync --offline --no-index
+   --no-build`` of a PEP 751 document whose entries point at the realized wheels and those
+   built ones (``path = …``) with their sha256 (the lock's, when ``hashes`` is given), so uv
+   refuses a file whose bytes differ;
 3. the source trees with ``uv pip install --offline --no-index --no-deps`` (their
    dependencies are locked packages, already installed): ``regular`` ones built into the
    environment, ``editable`` ones installed editable, ``path`` ones not built at all: a
