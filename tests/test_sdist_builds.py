@@ -159,6 +159,27 @@ def test_an_sdist_build_requirement_the_index_lacks_is_a_lock_error_naming_the_p
     assert not (project / "locks" / "svc.lock.toml").exists()
 
 
+def test_a_lock_without_an_sdists_build_requirements_says_to_re_lock(index: LocalIndex, tmp_path: Path) -> None:
+    """A lock written before sdists' build requirements were locked (its build packages
+    lack the backend): realize refuses with what the sdist needs, and the store is as it was."""
+    from harness.lock.lockfile import read, write
+    from harness.lock.storepaths import assign_store_paths
+    from harness.store.verify import verify_store
+
+    project = make_project(tmp_path / "p", {"svc": service(["sdonly==1.0"])})
+    assert harness("--project", str(project), "lock", home=tmp_path / "locker").returncode == 0
+    path = project / "locks" / "svc.lock.toml"
+    old = read(path, whole=True)
+    write(path, assign_store_paths(old.model_copy(update={"build_packages": []})))
+    home = tmp_path / "home"
+    result = harness("--project", str(project), "realize", "svc", home=home)
+    assert result.returncode == 1, result.stderr
+    assert "re-lock: sdonly 1.0 needs tinybackend" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert [r.name for r in Store.in_home(home).records()] == []
+    assert verify_store(Store.in_home(home), check_contents=True) == []
+
+
 # --------------------------------------------------------------------- the real index
 
 
@@ -206,3 +227,25 @@ def test_the_seeds_sdist_only_packages_lock_and_realize_in_an_empty_home(tmp_pat
         text=True,
     )
     assert probe.stdout.strip() == "True", probe.stderr
+
+    # A second empty home builds the same wheels: the same store paths, and the same content
+    # unless the record says which compiled files name the store's location (an extension
+    # linked against a host interpreter copy keeps its path as a run path).
+    again = tmp_path / "again"
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "--home", str(again), "--project", str(project), "realize"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr
+    first, second = registered(home), registered(again)
+    assert set(first) == set(second)
+    env_name = venv.name
+    differing = {n for n in first if first[n] != second[n]}
+    assert differing <= {env_name}, differing
+    if differing:
+        record = Store.in_home(again).record(env_name)
+        assert record is not None and "not reproducible in another home" in record.obtained, record
+        assert "markupsafe/_speedups" in record.obtained

@@ -1118,6 +1118,16 @@ def _interpreter_hint(ctx: Context, lock: Lock, hint: str | None) -> str:
     return f"{pin}; or {hint}" if hint else pin
 
 
+def _not_reproducible(embedded: tuple[str, ...]) -> str:
+    """What an environment's record says of compiled files that name where they were built
+    (an extension linked against a host interpreter copy keeps its store path as a run
+    path): another home builds other bytes for them, so its content hash will differ."""
+    if not embedded:
+        return ""
+    shown = ", ".join(embedded[:5]) + (f" and {len(embedded) - 5} more" if len(embedded) > 5 else "")
+    return f"; not reproducible in another home: {shown} name this store's location"
+
+
 def _add_environment(ctx: Context, lock: Lock) -> None:
     """Build and register the lock's environment; then record the pycs compiled for it in the
     store's bytecode index, so the next environment on this interpreter takes them from the
@@ -1172,7 +1182,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             bytecode_from=reuse,
         )
         built.append(result)
-        return BuildResult(obtained=f"uv {lock.uv}")
+        return BuildResult(obtained=f"uv {lock.uv}" + _not_reproducible(result.embedded_paths))
 
     store.add(lock.environment.store, "environment", build, references=tuple(references), progress=ctx.progress)
     # Registered: its pycs are in the pool now (the environment kind's files are shared).

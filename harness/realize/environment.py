@@ -5,9 +5,13 @@ uv, **offline**, from exactly the files it is given (realized wheels and sdists,
 source trees, realized build-requirement wheels), every file hash-checked:
 
 1. ``uv venv --relocatable`` on the realized interpreter;
-2. ``uv pip sync --offline --no-index`` of a PEP 751 document whose entries point at the
-   realized files (``path = …``) with their sha256 (the lock's, when ``hashes`` is given), so
-   uv refuses a file whose bytes differ; a locked sdist is built there;
+2. every locked sdist built into a wheel (``uv build --wheel``, offline, uv's cache off so
+   nothing an earlier build left can stand in, its build requirements only from the build
+   wheels, ``SOURCE_DATE_EPOCH`` fixed, the scratch folder and the store mapped to fixed
+   names in compilers' debug information); then ``uv pip sync --offline --no-index
+   --no-build`` of a PEP 751 document whose entries point at the realized wheels and those
+   built ones (``path = …``) with their sha256 (the lock's, when ``hashes`` is given), so uv
+   refuses a file whose bytes differ;
 3. the source trees with ``uv pip install --offline --no-index --no-deps`` (their
    dependencies are locked packages, already installed): ``regular`` ones built into the
    environment, ``editable`` ones installed editable, ``path`` ones not built at all: a
@@ -148,6 +152,8 @@ class _Inputs:
     dists: list[_Dist]
     builds: list[_Dist]
     sources: list[_Source]
+    #: The store folder the interpreter is in (its headers are what extensions compile against).
+    store_dir: Path
 
 
 #: uv writes no installer metadata (module doc: it would name the scratch copies).
@@ -287,7 +293,7 @@ def _checked_inputs(
     entries = [_source_entry(entry) for entry in sources]
     for entry in entries:
         _check_source(entry, interpreter_dir)
-    return _Inputs(exe, f"../../{link_name}/{interpreter_exe}", dists, builds, entries)
+    return _Inputs(exe, f"../../{link_name}/{interpreter_exe}", dists, builds, entries, interpreter_dir.parent)
 
 
 def _check_source(source: _Source, interpreter_dir: Path) -> None:
@@ -337,11 +343,109 @@ def _install(
     scratch.uv(["venv", out, "--python", inputs.exe, "--relocatable", "--prompt", prompt, "--offline", "--no-project"])
     python = out / "bin" / "python"
     site_packages = _site_packages(out)
+    built: set[str] = set()
     if inputs.dists:
-        _sync_packages(python, inputs.dists, scratch, hashes)
+        dists, built_hashes, built = _build_sdists(python, inputs.dists, scratch, hashes, inputs.store_dir)
+        _sync_packages(python, dists, scratch, None if hashes is None else {**hashes, **built_hashes})
     before = _dist_infos(site_packages)
     copies = _install_sources(python, inputs.sources, scratch)
-    return _Installed(site_packages, copies, _dist_infos(site_packages) - before)
+    return _Installed(site_packages, copies, (_dist_infos(site_packages) - before) | built)
+
+
+#: The time every sdist build writes (PEP 517 backends and wheel writers honour
+#: ``SOURCE_DATE_EPOCH``): 1980-01-01, the earliest a zip entry can say.
+SOURCE_DATE_EPOCH = "315532800"
+#: The folder a compiled extension's debug information names as where it was built, whatever
+#: the scratch folder's name (``-ffile-prefix-map``): the same bytes in every home.
+BUILD_PREFIX = "/harness-build"
+#: The same for the store the interpreter's headers are read from.
+STORE_PREFIX = "/harness-store"
+
+
+def _build_sdists(
+    python: Path, dists: Sequence[_Dist], scratch: _Scratch, hashes: Mapping[str, str] | None, store_dir: Path
+) -> tuple[list[_Dist], dict[str, str], set[str]]:
+    """Build every sdist of ``dists`` into a wheel before the sync, so the environment
+    installs wheels only: (the dists with each sdist replaced by its wheel, the wheels' own
+    sha256 by file name, the dist-info folders of those wheels).
+
+    Each build starts from the sdist checked against its locked sha256 and unpacked under
+    the scratch folder, runs offline with uv's cache off (a temporary one under the scratch
+    folder: nothing an earlier build or another environment left can stand in for a package
+    the lock does not name), its build requirements only from the lock's build wheels, with
+    ``SOURCE_DATE_EPOCH`` fixed, and the scratch folder and the store (``store_dir``: the
+    interpreter's headers) mapped to :data:`BUILD_PREFIX` and :data:`STORE_PREFIX` in
+    compilers' debug information. A failed build names the package and the last lines of
+    its log; one asking for a requirement the lock lacks says to re-lock."""
+    from harness.resolve.sdists import unpack_sdist
+
+    out: list[_Dist] = []
+    own: dict[str, str] = {}
+    infos: set[str] = set()
+    for dist in dists:
+        if dist.is_wheel:
+            out.append(dist)
+            continue
+        expected = _sha256(dist, hashes)
+        if hashes is not None and file_sha256(dist.path) != expected:
+            raise HarnessError(f"{dist.filename}: sha256 {file_sha256(dist.path)}, the lock says {expected}")
+        root = unpack_sdist(dist.path, scratch.work / "sdists" / f"{dist.name}-{dist.version}")
+        target = scratch.work / "built" / f"{dist.name}-{dist.version}"
+        _build_one_sdist(python, dist, root, target, scratch, store_dir)
+        wheels = sorted(target.glob("*.whl"))
+        if len(wheels) != 1:
+            raise HarnessError(f"{dist.name} {dist.version}: its build left {len(wheels)} wheels, expected one")
+        wheel = _dist(wheels[0])
+        out.append(wheel)
+        own[wheel.filename] = file_sha256(wheel.path)
+        infos.add(_wheel_dist_info(wheel.path))
+    return out, own, infos
+
+
+def _build_one_sdist(python: Path, dist: _Dist, root: Path, target: Path, scratch: _Scratch, store_dir: Path) -> None:
+    from harness.resolve.uvtool import UvError
+
+    temp = scratch.work / "tmp"
+    temp.mkdir(exist_ok=True)
+    mapped = f"-ffile-prefix-map={scratch.work}={BUILD_PREFIX} -ffile-prefix-map={store_dir.absolute()}={STORE_PREFIX}"
+    env = {
+        **_UV_ENV,
+        "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH,
+        "PYTHONHASHSEED": "0",
+        "TMPDIR": os.fspath(temp),
+        "CFLAGS": f"{os.environ.get('CFLAGS', '')} {mapped}".strip(),
+        "CXXFLAGS": f"{os.environ.get('CXXFLAGS', '')} {mapped}".strip(),
+    }
+    args: list[str | os.PathLike[str]] = ["build", "--wheel", root, "--out-dir", target, "--python", python]
+    try:
+        run_uv([*args, *scratch.build_flags], cache_dir=None, cwd=scratch.work, env_extra=env)
+    except UvError as exc:
+        raise _sdist_build_error(dist, exc.stderr) from None
+
+
+def _sdist_build_error(dist: _Dist, log: str) -> HarnessError:
+    """The error of a failed sdist build: its package, and either the requirement the lock
+    lacks (re-lock) or the last lines of the build's log."""
+    missing = re.search(r"No solution found when resolving: `([^`]+)`", log)
+    if missing:
+        return HarnessError(
+            f"re-lock: {dist.name} {dist.version} needs {missing.group(1)} to build, and the lock does not name it",
+            hint="`harness lock --refresh` locks each sdist's build requirements",
+        )
+    tail = "\n".join(log.strip().splitlines()[-25:])
+    return HarnessError(f"building {dist.name} {dist.version} from its sdist failed:\n{tail}")
+
+
+def _wheel_dist_info(wheel: Path) -> str:
+    """The ``*.dist-info`` folder a wheel installs."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            top = name.split("/", 1)[0]
+            if top.endswith(".dist-info"):
+                return top
+    raise HarnessError(f"{wheel.name}: a wheel without a .dist-info folder")
 
 
 def _sync_packages(python: Path, dists: Sequence[_Dist], scratch: _Scratch, hashes: Mapping[str, str] | None) -> None:
