@@ -69,3 +69,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     seed = getattr(config.option, "randomly_seed", None)
     if isinstance(seed, int):
         terminalreporter.write_line(f"tests ran in a random order: repeat it with -p randomly --randomly-seed={seed}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """After pytest-randomly's shuffle: a module's tests marked ``last`` (they end state the
+    module's other tests share, as killing a cluster node does) run after its other tests."""
+    positions: dict[str, list[int]] = {}
+    for index, item in enumerate(items):
+        positions.setdefault(item.nodeid.split("::")[0], []).append(index)
+    for places in positions.values():
+        members = [items[i] for i in places]
+        ordered = [m for m in members if m.get_closest_marker("last") is None]
+        ordered += [m for m in members if m.get_closest_marker("last") is not None]
+        for index, item in zip(places, ordered, strict=True):
+            items[index] = item

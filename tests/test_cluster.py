@@ -26,6 +26,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'harness[ray]' to run the cluster tests")
 
+from harness.store.store import remove_tree
 from tests.conftest import REPO
 from tests.raycluster import Cluster, start_cluster
 
@@ -129,6 +130,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 def test_node_that_cannot_realize_fails_its_shard_with_the_reason(setup: Setup) -> None:
     """No cache and --offline: the second node's empty home cannot realize; its shards fail
     naming the node's home and what is missing; the head's shards still run; exit 1."""
+    # Empty whatever another test of this module realized there first.
+    remove_tree(setup.cluster.second.home / "store")
     result = _harness(
         setup,
         "run",
@@ -284,8 +287,9 @@ def test_slurm_array_through_submitit_local(setup: Setup) -> None:
     assert json.loads((run_dir / "benchmark.json").read_text())["episodes"] == 20
 
 
+@pytest.mark.last
 def test_second_node_killed_mid_run_is_retried_on_the_head(setup: Setup) -> None:
-    """Runs last: it kills the second node while one of its shards waits at the gate."""
+    """Runs last (marked so): it kills the second node while one of its shards waits at the gate."""
     proc, gates = _gated(setup, "kill", 4)
     _wait_started(proc, gates, 1, home=setup.cluster.second.home)
     setup.cluster.second.kill()
