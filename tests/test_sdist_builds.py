@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -178,6 +179,59 @@ def test_a_lock_without_an_sdists_build_requirements_says_to_re_lock(index: Loca
     assert "Traceback" not in result.stderr
     assert [r.name for r in Store.in_home(home).records()] == []
     assert verify_store(Store.in_home(home), check_contents=True) == []
+
+
+#: A backend that needs the environment's own packages while it builds (as a CUDA extension
+#: needs the installed torch), and asks for one more at build time.
+ENV_BACKEND = (
+    BACKEND
+    + """
+
+def get_requires_for_build_wheel(config_settings=None):
+    return ["envhelper==1.0"]
+
+
+_plain_build_wheel = build_wheel
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    import envdep, envhelper  # only the environment has them: no isolated build does
+
+    return _plain_build_wheel(wheel_directory, config_settings, metadata_directory)
+"""
+)
+
+
+def test_a_package_built_against_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``no-build-isolation = ["needsenv"]``: its backend's build requirements are locked into
+    the environment, and its sdist is built against the environment once the rest is in;
+    without it the isolated build fails, naming the package and the build's own error."""
+    with LocalIndex(tmp_path / "index") as local:
+        local.add_wheel("envdep", "1.0")
+        local.add_wheel("envhelper", "1.0")
+        local.add_sdist("needsenv", "1.0", backend=ENV_BACKEND)
+        monkeypatch.setenv("HARNESS_INDEX_PYPI", local.url)
+        manifest = service(["envdep==1.0", "needsenv==1.0"], extra='no-build-isolation = ["needsenv"]\n')
+        project = make_project(tmp_path / "p", {"svc": manifest, "isolated": service(["envdep==1.0", "needsenv==1.0"])})
+        result = harness("--project", str(project), "lock", home=tmp_path / "locker")
+        assert result.returncode == 0, result.stderr
+    data = tomllib.loads((project / "locks" / "svc.lock.toml").read_text())
+    packages = {p["name"]: p for p in data["packages"]}
+    assert packages["needsenv"].get("build-isolation") is False and "sdist" in packages["needsenv"]
+    assert "envhelper" in packages, "its backend's dynamic requirement is in the environment"
+    assert "envhelper" not in {p["name"] for p in data.get("build-packages", [])}
+    with LocalIndex(tmp_path / "index") as local:  # realize fetches from the index again
+        monkeypatch.setenv("HARNESS_INDEX_PYPI", local.url)
+        home = tmp_path / "home"
+        result = harness("--project", str(project), "realize", "svc", home=home)
+        assert result.returncode == 0, result.stderr
+        [env] = [p for p in (home / "store").iterdir() if p.name.endswith("-svc-env")]
+        probe = subprocess.run([str(env / "bin" / "python"), "-c", "import needsenv"], capture_output=True, text=True)
+        assert probe.returncode == 0, probe.stderr
+        failed = harness("--project", str(project), "realize", "isolated", home=tmp_path / "other")
+    assert failed.returncode == 1, failed.stderr
+    assert "building needsenv 1.0 from its sdist failed" in failed.stderr and "envdep" in failed.stderr, failed.stderr
+    assert re.search(r'File "[^"]*/harness/[^"]*\.py"', failed.stderr) is None, "no traceback of harness's own"
 
 
 # --------------------------------------------------------------------- the real index

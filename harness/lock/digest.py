@@ -23,13 +23,16 @@ DIGEST_SCHEME = "harness-manifest-v2"
 LEGACY_SCHEME = "harness-manifest-v1"
 #: The manifest keys a lock is made from; every other key is read at runtime.
 LOCK_SHAPING_KEYS = ("environment", "weights")
+#: Keys added to a lock-shaping table after this scheme, with the value that leaves them out
+#: of the digest: a manifest that does not use them keeps the digest its lock recorded.
+ADDED_LATER: dict[str, dict[str, object]] = {"environment": {"no-build-isolation": []}}
 
 
 def manifest_digest(manifest: BaseModel) -> str:
     """``blake3:<hex>`` of the canonical JSON of the keys that shape the lock."""
     import blake3
 
-    dumped = manifest.model_dump(mode="json", by_alias=True)
+    dumped = _dumped(manifest)
     payload = canonical_json(
         {
             "scheme": DIGEST_SCHEME,
@@ -48,7 +51,19 @@ def accepted_digests(manifest: BaseModel) -> frozenset[str]:
         {
             "scheme": LEGACY_SCHEME,
             "type": type(manifest).__name__,
-            "manifest": manifest.model_dump(mode="json", by_alias=True),
+            "manifest": _dumped(manifest),
         }
     )
     return frozenset({manifest_digest(manifest), "blake3:" + blake3.blake3(legacy).hexdigest()})
+
+
+def _dumped(manifest: BaseModel) -> dict[str, object]:
+    """The manifest as JSON data, without the :data:`ADDED_LATER` keys it leaves unused."""
+    dumped = manifest.model_dump(mode="json", by_alias=True)
+    for table, unused in ADDED_LATER.items():
+        values = dumped.get(table)
+        if isinstance(values, dict):
+            for key, value in unused.items():
+                if values.get(key) == value:
+                    values.pop(key, None)
+    return dumped

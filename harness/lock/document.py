@@ -99,6 +99,14 @@ class LockedPackage(Strict):
     sdist: LockedFile | None = Field(
         default=None, description="The source distribution, recorded only when no wheel fits; realize builds it."
     )
+    #: False: its sdist is built against the environment's own packages (``--no-build-isolation``).
+    build_isolation: bool = Field(
+        default=True,
+        alias="build-isolation",
+        description="false: its sdist is built against the environment's own packages, after the rest is "
+        "installed (the manifest's no-build-isolation).",
+    )
+    model_config = Strict.model_config | {"populate_by_name": True}
 
 
 class LockedSubmodule(Strict):

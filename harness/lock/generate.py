@@ -416,7 +416,7 @@ def _single_lock(
             platform=interpreter.platform,
             source=interpreter.source,
         ),
-        packages=[_package(p) for p in packages],
+        packages=[_package(p, isolated=p.name not in manifest.environment.no_build_isolation) for p in packages],
         build_packages=[_package(p) for p in build_packages],
         sources=[
             LockedSource(
@@ -607,39 +607,103 @@ def _with_sdist_builds(
     resolved: dict[str, _Resolution],
     scratch: Path,
 ) -> dict[str, _Resolution]:
-    """Each platform's resolution with the build requirements of the sdists it installs
-    (:mod:`harness.resolve.sdists`) in its build packages, beside the git sources': realize
-    builds every sdist offline from the lock's build packages alone. Platforms without an
-    sdist keep their resolution as it is."""
-    from harness.resolve.sdists import sdist_build_requirements
-
+    """Each platform's resolution with what the sdists it installs need to build
+    (:mod:`harness.resolve.sdists`): an isolated sdist's build requirements in the build
+    packages, beside the git sources' (realize builds it offline from those alone); one the
+    manifest builds without isolation (``no-build-isolation``) has its requirements resolved
+    into the environment itself, which it is built against. Platforms without an sdist keep
+    their resolution as it is."""
     out = dict(resolved)
     for target, resolution in resolved.items():
-        wanted = set(sources.build_requirements)
-        build = resolution.build_packages
-        for _ in range(_SDIST_ROUNDS):
-            needs = sdist_build_requirements(
-                [*resolution.packages, *build],
-                indexes=list(environment.indexes),
-                settings=run.settings,
-                cache_dir=run.cache_dir,
-                scratch=scratch,
-                offline=run.options.offline,
-            )
-            if set(needs) <= wanted:
-                break
-            wanted |= set(needs)
-            requirements = sorted(wanted)
-            before = _previous_for(run.previous, target, run.options)
-            build = _resolver(run, environment, interpreters[target])(
-                requirements,
-                previous=_to_pins(before.build_packages) if before else None,
-                package_index=_direct_only(environment.package_index, requirements),
-            )
-        else:
-            raise HarnessError(f"the build requirements of its sdists did not settle after {_SDIST_ROUNDS} rounds")
-        out[target] = _Resolution(resolution.packages, build)
+        packages = _with_environment_builds(
+            run, environment, interpreters[target], sources, resolution, scratch, target
+        )
+        out[target] = _Resolution(
+            packages,
+            _isolated_builds(run, environment, interpreters[target], sources, packages, resolution, scratch, target),
+        )
     return out
+
+
+def _sdist_needs(run: _Locking, environment: Environment, packages: list[Package], scratch: Path) -> list[str]:
+    from harness.resolve.sdists import sdist_build_requirements
+
+    return sdist_build_requirements(
+        packages,
+        indexes=list(environment.indexes),
+        settings=run.settings,
+        cache_dir=run.cache_dir,
+        scratch=scratch,
+        offline=run.options.offline,
+    )
+
+
+def _with_environment_builds(
+    run: _Locking,
+    environment: Environment,
+    interpreter: Interpreter,
+    sources: _Sources,
+    resolution: _Resolution,
+    scratch: Path,
+    target: str,
+) -> list[Package]:
+    """The environment's packages, resolved again with the build requirements of the sdists
+    built against it (``no-build-isolation``) until they hold every one."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    against = set(environment.no_build_isolation)
+    packages = resolution.packages
+    added: list[str] = []
+    for _ in range(_SDIST_ROUNDS):
+        needs = _sdist_needs(run, environment, [p for p in packages if p.name in against], scratch)
+        named = {canonicalize_name(p.name) for p in packages}
+        missing = [r for r in needs if canonicalize_name(Requirement(r).name) not in named and r not in added]
+        if not missing:
+            return packages
+        added += missing
+        before = _previous_for(run.previous, target, run.options)
+        requirements = [
+            *environment.requirements,
+            *_not_named([*sources.environment_requirements, *added], environment.requirements),
+        ]
+        packages = _resolver(run, environment, interpreter)(
+            requirements,
+            previous=_to_pins(before.packages) if before else None,
+            extra_paths=sources.project_dirs,
+            package_index=environment.package_index,
+        )
+    raise HarnessError(f"the build requirements of its sdists did not settle after {_SDIST_ROUNDS} rounds")
+
+
+def _isolated_builds(
+    run: _Locking,
+    environment: Environment,
+    interpreter: Interpreter,
+    sources: _Sources,
+    packages: list[Package],
+    resolution: _Resolution,
+    scratch: Path,
+    target: str,
+) -> list[Package]:
+    """The build packages: the git sources' build requirements and those of every isolated
+    sdist among ``packages`` and the build packages themselves, resolved until they settle."""
+    against = set(environment.no_build_isolation)
+    wanted = set(sources.build_requirements)
+    build = resolution.build_packages
+    for _ in range(_SDIST_ROUNDS):
+        needs = _sdist_needs(run, environment, [p for p in [*packages, *build] if p.name not in against], scratch)
+        if set(needs) <= wanted:
+            return build
+        wanted |= set(needs)
+        requirements = sorted(wanted)
+        before = _previous_for(run.previous, target, run.options)
+        build = _resolver(run, environment, interpreter)(
+            requirements,
+            previous=_to_pins(before.build_packages) if before else None,
+            package_index=_direct_only(environment.package_index, requirements),
+        )
+    raise HarnessError(f"the build requirements of its sdists did not settle after {_SDIST_ROUNDS} rounds")
 
 
 def _previous_for(previous: Lock | None, target: str, options: LockOptions) -> Lock | None:
@@ -728,7 +792,9 @@ def _file(file: DistFile) -> LockedFile:
     return LockedFile(file=file.file, size=file.size, sha256=file.sha256)
 
 
-def _package(package: Package) -> LockedPackage:
+def _package(package: Package, *, isolated: bool = True) -> LockedPackage:
+    """``isolated``: false for a package the manifest builds against the environment; kept
+    only where it matters, for an sdist."""
     return LockedPackage(
         name=package.name,
         version=package.version,
@@ -736,6 +802,7 @@ def _package(package: Package) -> LockedPackage:
         marker=package.marker,
         wheels=[_file(w) for w in package.wheels],
         sdist=_file(package.sdist) if package.sdist else None,
+        **{"build-isolation": isolated or bool(package.wheels) or package.sdist is None},
     )
 
 

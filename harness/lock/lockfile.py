@@ -66,6 +66,8 @@ def dumps(lock: Lock) -> str:
                 fields += plain([("marker", package.marker)])
             if package.platforms:
                 fields += plain([("platforms", list(package.platforms))])
+            if not package.build_isolation:
+                fields += plain([("build-isolation", False)])
             if package.wheels:
                 wheels = [_file(w) for w in sorted(package.wheels, key=lambda w: w.file)]
                 fields.append(("wheels", tomltext.multiline_array(wheels)))

@@ -100,7 +100,15 @@ def _with_file_paths(package: LockedPackage) -> LockedPackage:
 
 def _package_key(package: LockedPackage) -> dict[str, object]:
     files = [w.store for w in package.wheels] or ([package.sdist.store] if package.sdist else [])
-    return {"name": package.name, "version": package.version, "marker": package.marker, "files": sorted(files)}
+    key: dict[str, object] = {
+        "name": package.name,
+        "version": package.version,
+        "marker": package.marker,
+        "files": sorted(files),
+    }
+    if not package.build_isolation:  # only when off: other environments keep their paths
+        key["build-isolation"] = False
+    return key
 
 
 def assign_store_paths(lock: Lock) -> Lock:
@@ -164,6 +172,9 @@ def _environment_path(lock: Lock, python_store: str) -> str:
         "python": python_store,
         "packages": sorted((_package_key(p) for p in lock.packages), key=repr),
         "build": sorted((_package_key(p) for p in lock.build_packages), key=repr),
+        # Only for a lock installing an sdist (other environments keep their paths): its sdists
+        # are built into wheels first, offline from the build packages alone (realize.environment).
+        **({"sdists": "built-first"} if any(p.sdist and not p.wheels for p in lock.packages) else {}),
         "sources": [
             {
                 "store": s.store,

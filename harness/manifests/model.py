@@ -263,7 +263,27 @@ class Environment(Strict):
         "nothing else requires it.",
     )
 
+    no_build_isolation: list[str] = Field(
+        default_factory=list,
+        alias="no-build-isolation",
+        description="Packages (by name) whose sdist is built against the environment's own packages, after "
+        "the rest is installed (uv's --no-build-isolation): a CUDA extension that compiles against the "
+        "installed torch (flash-attn). Their backends' build requirements are locked into the environment.",
+    )
+
     model_config = Strict.model_config | {"populate_by_name": True}
+
+    @field_validator("no_build_isolation")
+    @classmethod
+    def _no_build_isolation(cls, values: list[str]) -> list[str]:
+        names = []
+        for value in values:
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
+                raise ValueError(f"no-build-isolation: {value!r} is not a package name")
+            names.append(re.sub(r"[-_.]+", "-", value).lower())
+        if len(set(names)) != len(names):
+            raise ValueError("no-build-isolation names a package twice")
+        return sorted(names)
 
     @field_validator("python")
     @classmethod

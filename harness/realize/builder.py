@@ -1180,6 +1180,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             progress=ctx.progress,
             jobs=ctx.compile_jobs,
             bytecode_from=reuse,
+            against_environment=[p.name for p in lock.packages if not p.build_isolation],
         )
         built.append(result)
         return BuildResult(obtained=f"uv {lock.uv}" + _not_reproducible(result.embedded_paths))

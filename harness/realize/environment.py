@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import dataclasses
 import hashlib
 import io
 import os
@@ -154,6 +155,8 @@ class _Inputs:
     sources: list[_Source]
     #: The store folder the interpreter is in (its headers are what extensions compile against).
     store_dir: Path
+    #: Packages whose sdist is built against the environment, after the rest is installed.
+    against: frozenset[str] = frozenset()
 
 
 #: uv writes no installer metadata (module doc: it would name the scratch copies).
@@ -201,6 +204,7 @@ def build_environment(
     progress: Reporter = QUIET,
     jobs: int | None = None,
     bytecode_from: ReuseFrom | None = None,
+    against_environment: Iterable[str] = (),
 ) -> EnvironmentBuild:
     """Fill the empty directory ``out`` with a virtual environment (module doc).
 
@@ -227,6 +231,8 @@ def build_environment(
       :attr:`EnvironmentBuild.bytecode` says which, for the caller to record after
       registration.
     * ``progress`` shows the install and the bytecode compilation.
+    * ``against_environment`` names packages (normalized) whose sdist is built against the
+      environment itself (``--no-build-isolation``), once everything else is installed.
 
     Nothing is fetched: every uv call is ``--offline`` and ``--no-index``. Raises
     :class:`HarnessError` (naming uv's explanation or the offending files) on any failure;
@@ -242,6 +248,7 @@ def build_environment(
         build_wheels=build_wheels,
         link_name=interpreter_store_name or interpreter_dir.name,
     )
+    inputs = dataclasses.replace(inputs, against=frozenset(canonicalize_name(n) for n in against_environment))
     with tempfile.TemporaryDirectory(prefix="harness-env-") as tmp:
         scratch = _prepare_scratch(Path(tmp), inputs.builds, hashes, cache_dir)
         count = f"{len(inputs.dists)} package(s)" + (f" and {len(inputs.sources)} source(s)" if inputs.sources else "")
@@ -344,9 +351,19 @@ def _install(
     python = out / "bin" / "python"
     site_packages = _site_packages(out)
     built: set[str] = set()
-    if inputs.dists:
-        dists, built_hashes, built = _build_sdists(python, inputs.dists, scratch, hashes, inputs.store_dir)
+    later = [d for d in inputs.dists if not d.is_wheel and d.name in inputs.against]
+    first = [d for d in inputs.dists if d not in later]
+    if first:
+        dists, built_hashes, built = _build_sdists(python, first, scratch, hashes, inputs.store_dir)
         _sync_packages(python, dists, scratch, None if hashes is None else {**hashes, **built_hashes})
+    if later:
+        # Built against what is installed now (a CUDA extension against the installed torch).
+        wheels, _, infos = _build_sdists(python, later, scratch, hashes, inputs.store_dir, isolated=False)
+        scratch.uv(
+            ["pip", "install", "--python", python, "--no-deps", "--offline", "--no-index", *[w.path for w in wheels]],
+            cached=False,
+        )
+        built |= infos
     before = _dist_infos(site_packages)
     copies = _install_sources(python, inputs.sources, scratch)
     return _Installed(site_packages, copies, (_dist_infos(site_packages) - before) | built)
@@ -363,7 +380,13 @@ STORE_PREFIX = "/harness-store"
 
 
 def _build_sdists(
-    python: Path, dists: Sequence[_Dist], scratch: _Scratch, hashes: Mapping[str, str] | None, store_dir: Path
+    python: Path,
+    dists: Sequence[_Dist],
+    scratch: _Scratch,
+    hashes: Mapping[str, str] | None,
+    store_dir: Path,
+    *,
+    isolated: bool = True,
 ) -> tuple[list[_Dist], dict[str, str], set[str]]:
     """Build every sdist of ``dists`` into a wheel before the sync, so the environment
     installs wheels only: (the dists with each sdist replaced by its wheel, the wheels' own
@@ -391,7 +414,7 @@ def _build_sdists(
             raise HarnessError(f"{dist.filename}: sha256 {file_sha256(dist.path)}, the lock says {expected}")
         root = unpack_sdist(dist.path, scratch.work / "sdists" / f"{dist.name}-{dist.version}")
         target = scratch.work / "built" / f"{dist.name}-{dist.version}"
-        _build_one_sdist(python, dist, root, target, scratch, store_dir)
+        _build_one_sdist(python, dist, root, target, scratch, store_dir, isolated=isolated)
         wheels = sorted(target.glob("*.whl"))
         if len(wheels) != 1:
             raise HarnessError(f"{dist.name} {dist.version}: its build left {len(wheels)} wheels, expected one")
@@ -402,7 +425,9 @@ def _build_sdists(
     return out, own, infos
 
 
-def _build_one_sdist(python: Path, dist: _Dist, root: Path, target: Path, scratch: _Scratch, store_dir: Path) -> None:
+def _build_one_sdist(
+    python: Path, dist: _Dist, root: Path, target: Path, scratch: _Scratch, store_dir: Path, *, isolated: bool = True
+) -> None:
     from harness.resolve.uvtool import UvError
 
     temp = scratch.work / "tmp"
@@ -417,6 +442,8 @@ def _build_one_sdist(python: Path, dist: _Dist, root: Path, target: Path, scratc
         "CXXFLAGS": f"{os.environ.get('CXXFLAGS', '')} {mapped}".strip(),
     }
     args: list[str | os.PathLike[str]] = ["build", "--wheel", root, "--out-dir", target, "--python", python]
+    if not isolated:
+        args.append("--no-build-isolation")
     try:
         run_uv([*args, *scratch.build_flags], cache_dir=None, cwd=scratch.work, env_extra=env)
     except UvError as exc:
