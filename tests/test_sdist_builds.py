@@ -234,6 +234,51 @@ def test_a_package_built_against_the_environment(tmp_path: Path, monkeypatch: py
     assert re.search(r'File "[^"]*/harness/[^"]*\.py"', failed.stderr) is None, "no traceback of harness's own"
 
 
+def _tar(members: list[tuple[str, str, str]]) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as archive:
+        for name, kind, extra in members:
+            info = tarfile.TarInfo(name)
+            if kind == "file":
+                data = extra.encode()
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+            elif kind == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, extra
+                archive.addfile(info)
+            else:
+                info.type = tarfile.CHRTYPE
+                archive.addfile(info)
+    return raw.getvalue()
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [("../evil", "file", "x")],
+        [("pkg-1/link", "link", "/etc/passwd")],
+        [("pkg-1/link", "link", "../../outside")],
+        [("pkg-1/device", "device", "")],
+    ],
+    ids=["climbs", "absolute link", "link out", "device"],
+)
+def test_an_sdist_that_would_write_outside_its_folder_is_refused(tmp_path: Path, members: list) -> None:  # type: ignore[type-arg]
+    """Whichever Python runs it (the standard library's data filter from 3.11.4, harness's own
+    checks before that, as on Debian's 3.11.2), nothing lands outside the folder."""
+    from harness.errors import HarnessError
+    from harness.resolve.sdists import unpack_sdist
+
+    archive = tmp_path / "bad-1.tar.gz"
+    archive.write_bytes(_tar([("pkg-1/setup.py", "file", ""), *members]))
+    with pytest.raises(HarnessError):
+        unpack_sdist(archive, tmp_path / "out" / "here")
+    assert not (tmp_path / "out" / "evil").exists() and not (tmp_path / "evil").exists()
+    good = tmp_path / "good-1.tar.gz"
+    good.write_bytes(_tar([("good-1/setup.py", "file", "x"), ("good-1/good/__init__.py", "file", "")]))
+    root = unpack_sdist(good, tmp_path / "fine")
+    assert root.name == "good-1" and (root / "good" / "__init__.py").is_file()
+
+
 # --------------------------------------------------------------------- the real index
 
 

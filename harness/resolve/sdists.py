@@ -161,7 +161,7 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
                 handle.extractall(dest)
         else:
             with tarfile.open(archive) as handle:
-                handle.extractall(dest, filter="data")
+                _extract_tar(handle, dest)
     except (OSError, tarfile.TarError, zipfile.BadZipFile, ValueError) as exc:
         raise HarnessError(f"cannot unpack the sdist: {exc}") from None
     tops = [p for p in dest.iterdir() if not p.name.startswith(".")]
@@ -170,6 +170,27 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
     if (dest / "pyproject.toml").is_file() or (dest / "setup.py").is_file():
         return dest
     raise HarnessError("the sdist holds no single project folder (PEP 625: one top-level folder)")
+
+
+def _extract_tar(handle: tarfile.TarFile, dest: Path) -> None:
+    """Extract with the standard library's ``data`` filter where it has one (CPython 3.11.4
+    and later); before that (Debian's 3.11.2), after the same checks made here: only files,
+    folders and links that stay inside ``dest``, no devices, no set-id bits."""
+    if hasattr(tarfile, "data_filter"):
+        handle.extractall(dest, filter="data")
+        return
+    members = handle.getmembers()
+    for member in members:
+        _check_member(member.name)
+        if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+            raise HarnessError(f"the sdist has a member {member.name!r} that is no file, folder or link")
+        if member.issym() or member.islnk():
+            base = PurePosixPath(member.name).parent if member.issym() else PurePosixPath()
+            target = PurePosixPath(member.linkname)
+            if target.is_absolute() or ".." in (base / target).parts:
+                raise HarnessError(f"the sdist has a link {member.name!r} pointing outside it")
+        member.mode &= 0o755
+    handle.extractall(dest, members=members)  # every member checked above
 
 
 def _check_member(name: str) -> None:
