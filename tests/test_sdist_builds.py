@@ -234,6 +234,30 @@ def test_a_package_built_against_the_environment(tmp_path: Path, monkeypatch: py
     assert re.search(r'File "[^"]*/harness/[^"]*\.py"', failed.stderr) is None, "no traceback of harness's own"
 
 
+def test_a_lock_written_before_sdists_build_requirements_were_locked_is_stale(
+    index: LocalIndex, tmp_path: Path
+) -> None:
+    """Such a lock (an sdist, and the environment path an older harness gave it) is stale for
+    ``lock --check`` and refused by realize, which says to re-lock; a re-lock mends it."""
+    from harness.lock.lockfile import read
+    from harness.lock.storepaths import environment_path_before_sdist_builds
+
+    project = make_project(tmp_path / "p", {"svc": service(["sdonly==1.0"])})
+    assert harness("--project", str(project), "lock", home=tmp_path / "locker").returncode == 0
+    path = project / "locks" / "svc.lock.toml"
+    text = path.read_text()
+    lock = read(path, whole=True)
+    path.write_text(text.replace(lock.environment.store, environment_path_before_sdist_builds(lock)))
+    check = harness("--project", str(project), "lock", "--check", home=tmp_path / "other")
+    assert check.returncode == 1
+    assert "written by an older harness: its sdists' build requirements are not locked" in check.stdout, check.stdout
+    refused = harness("--project", str(project), "realize", "svc", home=tmp_path / "home")
+    assert refused.returncode != 0 and "older harness" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert harness("--project", str(project), "lock", home=tmp_path / "locker").returncode == 0
+    assert path.read_text() == text, "a re-lock writes what a fresh lock writes"
+
+
 def _tar(members: list[tuple[str, str, str]]) -> bytes:
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w:gz") as archive:

@@ -4,7 +4,8 @@ A lock is stale when the digest of what shapes it (the manifest's environment an
 :mod:`harness.lock.digest`; runtime-only keys such as ``load_seconds`` do not count) differs
 from the one it records, when the settings that shape it changed (the ``[lock] platforms``
 set, in order, or the ``[lock.python]`` pin of its Python request), when its ``path``
-weights changed on disk (re-hashed here, since they are local), or when it cannot be read. Hub, git and index upstreams are not consulted: that would need the network.
+weights changed on disk (re-hashed here, since they are local), when it installs an sdist but
+was written before sdists' build requirements were locked, or when it cannot be read. Hub, git and index upstreams are not consulted: that would need the network.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Staleness:
     name: str
     lock: Path
     #: "missing", "manifest changed", "platforms changed: …", "python pin changed: …",
-    #: "weights <dir> changed: <file>", "unreadable: …"
+    #: "weights <dir> changed: <file>", "unreadable: …", "written by an older harness: …"
     reason: str
 
 
@@ -65,11 +66,25 @@ def check_locks(
             stale.append(Staleness(name, path, "manifest changed"))
             continue
         reason = _settings_changed(manifest, lock, settings) if settings is not None else None
+        reason = reason or _sdists_unlocked(lock)
         reason = reason or _local_weights_changed(project, manifest, lock, cache)
         if reason:
             stale.append(Staleness(name, path, reason))
     cache.save()
     return stale
+
+
+def _sdists_unlocked(lock: Lock) -> str | None:
+    """A single-platform lock that installs an sdist but was written before sdists' build
+    requirements were locked (its environment's store path is the one that harness gave it):
+    realize could not build it offline on a clean machine."""
+    if lock.targets or not any(p.sdist is not None and not p.wheels for p in lock.packages):
+        return None
+    from harness.lock.storepaths import environment_path_before_sdist_builds
+
+    if lock.environment.store != environment_path_before_sdist_builds(lock):
+        return None
+    return "written by an older harness: its sdists' build requirements are not locked"
 
 
 def _settings_changed(manifest: ServiceManifest | BenchmarkManifest, lock: Lock, settings: Settings) -> str | None:

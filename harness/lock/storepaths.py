@@ -163,7 +163,13 @@ def assign_store_paths(lock: Lock) -> Lock:
     return with_interpreter(assigned, python.store)
 
 
-def _environment_path(lock: Lock, python_store: str) -> str:
+def environment_path_before_sdist_builds(lock: Lock) -> str:
+    """The environment path a harness from before sdists were built into wheels first gave
+    a single-platform ``lock`` (``lock --check`` tells such a lock by it). Pure."""
+    return _environment_path(lock, lock.python.store, sdists_first=False)
+
+
+def _environment_path(lock: Lock, python_store: str, *, sdists_first: bool = True) -> str:
     """The environment's store path when built on interpreter ``python_store`` (the lock's
     packages and sources must already carry their store paths)."""
     env_inputs = {
@@ -174,7 +180,7 @@ def _environment_path(lock: Lock, python_store: str) -> str:
         "build": sorted((_package_key(p) for p in lock.build_packages), key=repr),
         # Only for a lock installing an sdist (other environments keep their paths): its sdists
         # are built into wheels first, offline from the build packages alone (realize.environment).
-        **({"sdists": "built-first"} if any(p.sdist and not p.wheels for p in lock.packages) else {}),
+        **({"sdists": "built-first"} if sdists_first and any(p.sdist and not p.wheels for p in lock.packages) else {}),
         "sources": [
             {
                 "store": s.store,
