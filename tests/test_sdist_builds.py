@@ -114,10 +114,15 @@ def test_an_sdists_build_backend_and_its_dynamic_requirements_are_locked(index: 
     builds = {p["name"]: p["version"] for p in data.get("build-packages", [])}
     assert builds == {"tinybackend": "1.0", "tinyhelper": "1.0"}, "static and dynamic build requirements"
     # Re-locked from scratch (another home: no cached backend answer, no download): the same bytes.
+    # A file planted in that home's download cache under the sdist's hash is not what runs.
     first = lock_file.read_bytes()
+    planted = tmp_path / "other" / "cache" / "downloads" / package["sdist"]["sha256"]
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(b"not the sdist")
     result = harness("--project", str(project), "lock", "--refresh", home=tmp_path / "other")
     assert result.returncode == 0, result.stderr
     assert lock_file.read_bytes() == first
+    assert planted.read_bytes() != b"not the sdist", "replaced by the checked download"
 
 
 def test_an_sdist_realizes_from_the_lock_alone_whatever_the_homes_history(index: LocalIndex, tmp_path: Path) -> None:

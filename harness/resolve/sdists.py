@@ -125,17 +125,20 @@ def _remember(path: Path, requirements: list[str]) -> None:
 
 def fetch_sdist(package: Package, sdist: DistFile, *, settings: Settings, cache_dir: Path, offline: bool) -> Path:
     """The sdist's file in the download cache (``cache_dir/downloads/<sha256>``, where realize
-    looks first), fetched from the package's index when absent and checked against its size
-    and sha256. Offline, an absent sdist is an error saying to lock online once."""
+    looks first), fetched from the package's index when absent or holding other bytes, and
+    checked against its size and sha256. Offline, an absent sdist is an error saying to lock online once."""
     from harness.download import download
     from harness.resolve.indexpages import find_file_urls, index_address
+    from harness.store.hashing import file_sha256
     from harness.store.store import lock_file
 
     downloads = cache_dir / "downloads"
     dest = downloads / sdist.sha256
     downloads.mkdir(parents=True, exist_ok=True)
     with lock_file(downloads / f"{sdist.sha256}.lock"):
-        if dest.is_file():
+        # Checked, not trusted: in a home a group shares, another member could have planted
+        # other bytes under this name, and unpacking them runs their build backend here.
+        if dest.is_file() and file_sha256(dest) == sdist.sha256:
             return dest
         if offline:
             raise HarnessError(
