@@ -29,7 +29,9 @@ bytes (the lock pins the version; the list's sha256 checks the archive). The env
 ``HARNESS_PYTHON_DOWNLOADS_JSON_URL`` and ``HARNESS_PYTHON_INSTALL_MIRROR`` win, and uv's own
 ``UV_PYTHON_DOWNLOADS_JSON_URL`` / ``UV_PYTHON_INSTALL_MIRROR`` are read when harness's are
 unset. Locking ignores them: whether a lock's interpreter is ``uv-managed`` follows uv's
-built-in list, the same on every machine.
+built-in list, the same on every machine. ``download-retry-minutes`` (or
+``HARNESS_PYTHON_DOWNLOAD_RETRY_MINUTES``) is how long a failed download is remembered before
+realize asks uv again (``harness/realize/unreachable.py``).
 
 The index named ``pypi`` with no configured address means uv's own default index, so harness
 never writes a registry address anywhere.
@@ -258,6 +260,23 @@ class Settings:
         ),
     )
 
+    #: ``[python] download-retry-minutes``: how long realize trusts a failed interpreter
+    #: download before it tries again (``harness/realize/unreachable.py``).
+    python_download_retry_minutes: float = field(
+        default=60.0,
+        metadata=_doc(
+            "python",
+            "download-retry-minutes",
+            "number ≥ 0",
+            "After uv failed to download a lock's interpreter (no network, an unreachable mirror or list), "
+            "`realize`, `up` and `run` use the host copy standing in without asking uv again for this many "
+            "minutes; `0` asks every time. Changing a download setting, or `harness realize --refresh`, "
+            "asks at once.",
+            "download-retry-minutes = 60",
+            env="`HARNESS_PYTHON_DOWNLOAD_RETRY_MINUTES`",
+        ),
+    )
+
     def python_download_env(self) -> dict[str, str]:
         """The variables that point uv's interpreter downloads where the settings say."""
         env: dict[str, str] = {}
@@ -374,7 +393,7 @@ class _Merged:
     python_pins: dict[str, str] = field(default_factory=dict)
     git_mirrors: dict[str, str] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
-    python: dict[str, str] = field(default_factory=dict)
+    python: dict[str, Any] = field(default_factory=dict)
     gc: dict[str, Any] = field(default_factory=dict)
 
     def add_file(self, path: Path) -> None:
@@ -413,6 +432,7 @@ class _Merged:
             git_mirrors=self.git_mirrors,
             python_downloads_json_url=self.python.get("python_downloads_json_url"),
             python_install_mirror=self.python.get("python_install_mirror"),
+            python_download_retry_minutes=self.python.get("python_download_retry_minutes", 60.0),
             **self.cache,
             **self.gc,
         )
@@ -502,10 +522,13 @@ def _env_cache() -> dict[str, Any]:
     return cache
 
 
-def _env_python(configured: dict[str, str]) -> dict[str, str]:
+def _env_python(configured: dict[str, Any]) -> dict[str, Any]:
     """``[python]`` keyword arguments from the environment: harness's variables win over
     ``configured`` (the files'), uv's own count only where neither sets the field."""
-    python: dict[str, str] = {}
+    python: dict[str, Any] = {}
+    retry = os.environ.get("HARNESS_PYTHON_DOWNLOAD_RETRY_MINUTES")
+    if retry:
+        python["python_download_retry_minutes"] = _retry_minutes(retry, "HARNESS_PYTHON_DOWNLOAD_RETRY_MINUTES")
     for field_name, variables in (
         ("python_downloads_json_url", ("HARNESS_PYTHON_DOWNLOADS_JSON_URL", "UV_PYTHON_DOWNLOADS_JSON_URL")),
         ("python_install_mirror", ("HARNESS_PYTHON_INSTALL_MIRROR", "UV_PYTHON_INSTALL_MIRROR")),
@@ -542,13 +565,31 @@ def _checked_table(data: dict[str, Any], path: Path, name: str, known: dict[str,
     return table
 
 
-def _python_table(data: dict[str, Any], path: Path) -> dict[str, str]:
+def _retry_minutes(value: object, where: str) -> float:
+    """``download-retry-minutes`` (a number ≥ 0, from a file or a variable's text)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise InputError(f"{where}: expected a number of minutes (0 or more), got {value!r}")
+    return float(value)
+
+
+def _python_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """``[python]`` of one settings file, as Settings keyword arguments."""
-    known = {"downloads-json-url": "python_downloads_json_url", "install-mirror": "python_install_mirror"}
+    known = {
+        "downloads-json-url": "python_downloads_json_url",
+        "install-mirror": "python_install_mirror",
+        "download-retry-minutes": "python_download_retry_minutes",
+    }
     table = _checked_table(data, path, "python", known)
-    out: dict[str, str] = {}
+    out: dict[str, Any] = {}
     for key, field_name in known.items():
-        if key in table:
+        if key == "download-retry-minutes" and key in table:
+            out[field_name] = _retry_minutes(table[key], f"{path}: python.{key}")
+        elif key in table:
             value = table[key]
             if not isinstance(value, str) or not value:
                 raise InputError(f"{path}: python.{key}: expected an address or a path")

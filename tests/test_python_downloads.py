@@ -291,3 +291,34 @@ def test_a_failed_fetch_registers_no_interpreter(example: Path, downloads: str, 
     assert list((store.root / ".tmp").iterdir()) == []
     [root] = (store.root / ".roots" / "projects").glob("*.json")
     assert set(json.loads(root.read_text())["locks"]) == {"reach"}, "the failed lock is no root"
+
+
+def test_a_failed_download_is_not_waited_on_again_until_refresh(example: Path, tmp_path: Path) -> None:
+    """uv could not install the interpreter for the first lock: the next realize that has work
+    (the second lock, in a new process) uses the host copy without asking uv again, and says
+    so; ``--refresh`` asks again, and so does a different download list."""
+    listing = tmp_path / "no-pythons.json"
+    listing.write_text("{}\n")
+    env = _env(HARNESS_PYTHON_DOWNLOADS_JSON_URL=str(listing))
+    home = tmp_path / "home"
+
+    def asked(result: subprocess.CompletedProcess[str]) -> int:
+        return sum(line.endswith("(uv python install) ...") for line in result.stderr.splitlines())
+
+    first = harness(example, home, "realize", "kinematics", env=env)
+    assert asked(first) == 1 and "stands in for the lock's" in first.stdout, first.stderr
+    [note] = (home / "cache" / "python-unreachable").glob("*.json")
+    assert note.stat().st_mode & 0o777 == 0o600 and str(listing) not in note.read_text()
+
+    second = harness(example, home, "realize", "reach", env=env)
+    assert asked(second) == 0, second.stderr
+    assert "reach: built" in second.stdout and "not asked again" in second.stdout, second.stdout
+
+    refreshed = harness(example, home, "realize", "--refresh", *NAMES, env=env)
+    assert asked(refreshed) == 1, refreshed.stderr
+    assert "not asked again" not in refreshed.stdout and "stands in for the lock's" in refreshed.stdout
+
+    other = tmp_path / "other-pythons.json"
+    other.write_text("{}\n")
+    elsewhere = harness(example, home, "realize", *NAMES, env=_env(HARNESS_PYTHON_DOWNLOADS_JSON_URL=str(other)))
+    assert asked(elsewhere) == 1, elsewhere.stderr

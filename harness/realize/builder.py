@@ -34,7 +34,9 @@ uv from the configured download list or mirror) whenever that can be had. When i
 host copy stands in under a store path of its own and the environment is built on it under
 another path (``harness/realize/standin.py``); the report says so and why. A realize that
 does any work tries for the lock's own interpreter again, so a host copy is replaced as soon
-as a cache or the network can provide the real one.
+as a cache or the network can provide the real one; but a download that uv tried and failed
+is not waited on again for ``[python] download-retry-minutes`` (an hour) in this home, unless
+the download settings change or ``--refresh`` asks (``harness/realize/unreachable.py``).
 
 ``--offline`` never touches the network: anything that would need it is listed, all at
 once, before anything is built (a weight file the deploy's folder holds at the locked size
@@ -130,6 +132,9 @@ class Context:
     #: A deploy's ``weights`` folder: weight files are copied from there when it holds them
     #: (checked like downloads), and fetched from their origin otherwise.
     local_weights: LocalWeights | None = None
+    #: Ask uv for a lock's interpreter even when a failed download is remembered
+    #: (``harness/realize/unreachable.py``; ``harness realize --refresh``).
+    refresh: bool = False
     #: Why uv could not install an interpreter, by its store name, once this realize found
     #: out: the next lock on the same interpreter goes straight to the host copy instead of
     #: waiting through uv's download retries again.
@@ -963,8 +968,11 @@ def _prepare_interpreter(ctx: Context, lock: Lock, *, progress: Reporter | None 
 def _stage_own_interpreter(ctx: Context, lock: Lock, prepared: _Interpreter, progress: Reporter) -> bool:
     """Stage the lock's own interpreter into ``prepared`` (uv installs it); False, with
     ``prepared.reason`` saying why, when it cannot be had here: a host one, or one uv could
-    not download (in this realize already: ``ctx.unavailable``, or now)."""
+    not download (in this realize already: ``ctx.unavailable``; in an earlier one, less than
+    ``download-retry-minutes`` ago: ``harness/realize/unreachable.py``, unless ``ctx.refresh``;
+    or now, which is then remembered)."""
     from harness.realize.interpreter import DownloadUnavailable, build_uv_managed
+    from harness.realize.unreachable import download_key, forget_unreachable, remember_unreachable, remembered
 
     python = lock.python
     if python.source == "uv-managed" and python.store in ctx.unavailable:
@@ -975,6 +983,11 @@ def _stage_own_interpreter(ctx: Context, lock: Lock, prepared: _Interpreter, pro
             f'the lock\'s interpreter is a host one (source = "host": uv offers no download of '
             f"CPython {python.version} for {python.platform})"
         )
+        return False
+    key = download_key(python.store, ctx.settings.python_download_env())
+    known = None if ctx.refresh else remembered(ctx.cache_dir, key, minutes=ctx.settings.python_download_retry_minutes)
+    if known is not None:  # uv failed to download it a short while ago: not waited on again
+        prepared.reason = ctx.unavailable[python.store] = known.note()
         return False
 
     def build(out: Path) -> BuildResult:
@@ -994,7 +1007,10 @@ def _stage_own_interpreter(ctx: Context, lock: Lock, prepared: _Interpreter, pro
         prepared.staged = ctx.store.stage("python", build, label=python.store, progress=progress)
     except DownloadUnavailable as exc:
         prepared.reason = ctx.unavailable[python.store] = exc.reason
+        if exc.tried and ctx.settings.python_download_retry_minutes > 0:
+            remember_unreachable(ctx.cache_dir, key, exc.reason)
         return False
+    forget_unreachable(ctx.cache_dir, key)
     prepared.name = python.store
     return True
 

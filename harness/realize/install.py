@@ -66,8 +66,11 @@ def realize_names(
     lock_missing: bool,
     show_progress: bool = True,
     fail_fast: bool = False,
+    refresh: bool = False,
 ) -> list[Report]:
-    """Realize the named manifests (all locked ones when none named); returns reports."""
+    """Realize the named manifests (all locked ones when none named); returns reports.
+    ``refresh`` takes the full path and asks uv for a lock's interpreter even where a failed
+    download is remembered (``harness/realize/unreachable.py``)."""
     project = state.project()
     home: Path = state.home
     if not names:
@@ -75,7 +78,7 @@ def realize_names(
         if not names:
             raise HarnessError("no locks to realize", hint="run `harness lock` first")
     stamp = _Stamp(home, project, names, getattr(state, "deploy_path", None))
-    quick = stamp.reports()
+    quick = None if refresh else stamp.reports()
     if quick is not None:
         return quick
     reports = _realize_names(
@@ -88,6 +91,7 @@ def realize_names(
         lock_missing=lock_missing,
         show_progress=show_progress,
         fail_fast=fail_fast,
+        refresh=refresh,
     )
     stamp.remember(reports)
     return reports
@@ -104,6 +108,7 @@ def _realize_names(
     lock_missing: bool,
     show_progress: bool,
     fail_fast: bool = False,
+    refresh: bool = False,
 ) -> list[Report]:
     from harness.config import load_settings
     from harness.lock.check import check_locks
@@ -148,6 +153,7 @@ def _realize_names(
         trusted_keys=tuple(trusted),
         fail_fast=fail_fast,
         local_weights=local_weights,
+        refresh=refresh,
     )
 
 
@@ -188,11 +194,13 @@ def realize(
     trusted_keys: tuple[str, ...] | None = None,
     fail_fast: bool = False,
     local_weights: LocalWeights | None = None,
+    refresh: bool = False,
 ) -> list[Report]:
     """Realize already-read locks into ``home``'s store, asking binary caches first
     (``substituters``; default: the settings' ``[cache]``), and taking weight files from
     ``local_weights`` (a deploy's folder, :class:`~harness.realize.fetch.LocalWeights`)
-    where it holds them."""
+    where it holds them. ``refresh``: ask uv for the interpreters even where a failed
+    download is remembered (``harness/realize/unreachable.py``)."""
     from harness.realize.builder import Context, realize_locks
     from harness.store.store import Store
 
@@ -207,6 +215,7 @@ def realize(
         substituters=tuple(settings.substituters) if substituters is None else substituters,
         trusted_keys=tuple(settings.trusted_keys) if trusted_keys is None else trusted_keys,
         local_weights=local_weights,
+        refresh=refresh,
     )
     return realize_locks(ctx, locks, fail_fast=fail_fast)
 

@@ -164,11 +164,14 @@ class _Probe:
 
 class DownloadUnavailable(HarnessError):
     """uv cannot provide the lock's interpreter here; ``reason`` says why in one line (no
-    addresses: it is recorded in store records and run records)."""
+    addresses: it is recorded in store records and run records). ``tried``: uv really tried
+    to download it and failed (not offline, downloads not forbidden), which realize remembers
+    for a while (``harness/realize/unreachable.py``)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, tried: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.tried = tried
 
 
 def build_interpreter(
@@ -252,7 +255,7 @@ def build_uv_managed(
         detail = _last_line(exc.stderr) or str(exc)
         if offline:
             raise DownloadUnavailable(f"offline, and uv's archive cache lacks it ({detail})") from None
-        raise DownloadUnavailable(f"uv could not install it: {detail}") from None
+        raise DownloadUnavailable(f"uv could not install it: {detail}", tried=True) from None
 
 
 def build_host_copy(

@@ -22,11 +22,24 @@ if TYPE_CHECKING:
     is_flag=True,
     help="Stop at the first lock that fails [default: realize every other one, then list each failure].",
 )
+@click.option(
+    "--refresh",
+    is_flag=True,
+    help="Ask uv again now for a lock's interpreter whose download failed recently "
+    "[default: a failure is trusted for [python] download-retry-minutes].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
 @quiet_option
 @click.pass_obj
 def command(
-    state: State, names: tuple[str, ...], offline: bool, jobs: int, fail_fast: bool, as_json: bool, quiet: bool
+    state: State,
+    names: tuple[str, ...],
+    offline: bool,
+    jobs: int,
+    fail_fast: bool,
+    refresh: bool,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
     from harness.realize.builder import RealizeFailed
     from harness.realize.install import realize_names
@@ -40,6 +53,7 @@ def command(
             lock_missing=False,
             show_progress=not quiet,
             fail_fast=fail_fast,
+            refresh=refresh,
         )
     except RealizeFailed as exc:
         _print(exc.reports, as_json, state, failures=exc.failures)
