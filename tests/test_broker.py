@@ -935,14 +935,15 @@ def test_another_local_user_cannot_use_or_stop_the_broker(tmp_path: Path) -> Non
         pwd.getpwnam(OTHER_USER)
     except KeyError:
         subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True)
-    # A state folder the other user can look into (as a shared /srv or home folder would be),
-    # so only the token file's own mode keeps the secret.
     state = Path(tempfile.mkdtemp(prefix="harness-auth-", dir="/tmp"))
-    state.chmod(0o755)
     spec = fake(f"{state.name}-svc", state)
     broker = Broker(Plan((placement(spec),)), {spec.name: spec}, state, tick=0.05, grace=(2.0, 2.0))
     try:
         address = broker.serve_in_thread()
+        assert state.stat().st_mode & 0o077 == 0  # harness keeps its state folder to itself ...
+        # ... but one the other user can look into (as a shared /srv or home folder would be)
+        # still keeps the secret: every file in it is its owner's only.
+        state.chmod(0o755)
         probe = r"""
 import json, sys, urllib.request, urllib.error
 state, address, service = sys.argv[1:4]
@@ -951,7 +952,10 @@ try:
     print("read-token")
 except PermissionError:
     print("token-unreadable")
-print("url", json.load(open(state + "/broker.json"))["url"] == address)
+try:
+    print("url", json.load(open(state + "/broker.json"))["url"] == address)
+except PermissionError:
+    print("state-unreadable")
 for method, path, body in (("GET", "/status", None), ("POST", "/shutdown", b"{}"),
                            ("POST", "/acquire", json.dumps({"service": service}).encode())):
     request = urllib.request.Request(address + path, data=body, method=method,
@@ -984,7 +988,7 @@ for method, path, body in (("GET", "/status", None), ("POST", "/shutdown", b"{}"
         assert result.returncode == 0, result.stderr
         assert result.stdout.split("\n")[:5] == [
             "token-unreadable",
-            "url True",
+            "state-unreadable",
             "/status 401",
             "/shutdown 401",
             "/acquire 401",

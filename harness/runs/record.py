@@ -213,19 +213,25 @@ def service_launch(spec: LaunchSpec, store_root: Path) -> dict[str, Any]:
     }
 
 
-#: Variables harness sets whose values a record must never hold.
+#: Variables harness sets whose values a record must never hold (and any other secret-like
+#: name: :func:`harness.runtime.launch.is_secret_name`).
 SECRET_VARIABLES = frozenset({"HARNESS_BROKER_TOKEN"})
 
 
 def command_launch(argv: list[str], cwd: Path, env: dict[str, str], store_root: Path) -> dict[str, Any]:
     """The run's own command or benchmark worker as launched (``launch.command``): argv,
     working directory, the ``HARNESS_*`` variables harness sets (never a secret: the
-    broker's token is named, not recorded), the store paths named."""
+    broker's token, and any variable of a secret-like name, is named, not recorded), the
+    store paths named."""
+    from harness.runtime.launch import is_secret_name
+
     return {
         "argv": list(argv),
         "cwd": str(cwd),
         "env": {
-            k: ("(secret)" if k in SECRET_VARIABLES else v) for k, v in sorted(env.items()) if k.startswith("HARNESS_")
+            k: ("(secret)" if k in SECRET_VARIABLES or is_secret_name(k) else v)
+            for k, v in sorted(env.items())
+            if k.startswith("HARNESS_")
         },
         "store_paths": store_paths_named([*argv, str(cwd)], store_root),
     }

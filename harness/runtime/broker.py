@@ -95,7 +95,7 @@ from filelock import FileLock, Timeout
 
 from harness.errors import HarnessError
 from harness.runtime import supervisor, watchdog
-from harness.runtime.launch import LaunchSpec, specs_from_json, specs_to_json
+from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta
 from harness.runtime.plan import Gpu, Plan, ServicePlacement, SimWorker
 from harness.runtime.scheduling import STATES, Action, BrokerError, GroupState, Scheduler, Start, Stop
 
@@ -111,8 +111,16 @@ TOKEN_FILE = "broker.token"
 MAX_BODY = 1 << 20
 #: Held while a broker of the state folder is being looked for or started (one per folder).
 LOCK_FILE = "broker.lock"
-#: The configuration a detached broker (:func:`spawn`) reads at start.
+#: The configuration a detached broker (:func:`spawn`) reads at start (0600). It holds no
+#: value of the caller's environment: each service's environment is told relative to the
+#: environment the broker inherits (:func:`harness.runtime.launch.env_as_delta`), and
+#: secret-like variables are named only.
 CONFIG_FILE = "broker-config.json"
+#: Secret-like variables of a service's environment that the broker's own environment does
+#: not already hold (JSON ``{service: {name: value}}``), handed to a detached broker in its
+#: environment (readable by its owner only, like every process's), never in a file; the
+#: broker removes it from its environment at start.
+HANDED_SECRETS = "HARNESS_BROKER_SECRETS"
 #: Client id used by :meth:`Broker.start` to bring services up (no lease outlives it).
 SYSTEM_CLIENT = "harness-up"
 
@@ -151,7 +159,7 @@ class Broker:
         gpu_wait_seconds: float = 120.0,
     ) -> None:
         self.plan = plan
-        self.state_dir = Path(state_dir)
+        self.state_dir = supervisor.make_state_dir(Path(state_dir))
         self.grace = grace
         self.tick = tick
         self.gpu_wait_seconds = gpu_wait_seconds
@@ -860,14 +868,8 @@ def broker_address(state_dir: Path) -> str | None:
 
 def write_token(state_dir: Path, token: str) -> Path:
     """Write ``<state>/broker.token`` readable by its owner only (0600), atomically."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_dir / TOKEN_FILE
-    tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.unlink(missing_ok=True)  # O_EXCL below: never write through someone's link or wider file
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
-    os.replace(tmp, path)
+    path = supervisor.make_state_dir(state_dir) / TOKEN_FILE
+    supervisor.write_private(path, token + "\n")
     return path
 
 
@@ -1168,14 +1170,13 @@ def spawn(
     ``broker.up_errors`` names each failure of this call. ``timeout`` defaults to the sum
     of the services' ``load_seconds`` plus 30 s.
     """
-    state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir = supervisor.make_state_dir(Path(state_dir))
     if timeout is None:
         timeout = 30.0 + sum(s.load_seconds for s in specs.values())
     wanted = list(names) if names is not None else [p.name for p in plan.services if p.mode == "resident"]
     log = state_dir / "logs" / "broker.log"
     try:
-        with FileLock(str(state_dir / LOCK_FILE), timeout=60):
+        with FileLock(str(state_dir / LOCK_FILE), timeout=60, mode=0o600):
             shared = SharedBroker.find(state_dir)
             if shared is None:
                 strays = find_brokers(state_dir)
@@ -1218,19 +1219,24 @@ def _start_detached(
     options: Mapping[str, Any] | None,
     log: Path,
 ) -> subprocess.Popen[bytes]:
-    config = {
-        "plan": plan.as_json(),
-        "specs": json.loads(specs_to_json(specs)),
-        "names": names,
-        "options": dict(options or {}),
-    }
-    supervisor._write_json_atomically(state_dir / CONFIG_FILE, config)
-    log.parent.mkdir(parents=True, exist_ok=True)
     # The broker imports harness: run it from the interpreter and import path we run on.
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    with open(log, "ab") as out:
+    # The broker inherits ``env``: each service's environment is written relative to it, so
+    # the file names the caller's secrets without holding them (DESIGN invariant 12).
+    described, handed = {}, {}
+    for name, spec in sorted(specs.items()):
+        data = spec.as_json()
+        data["env"], private = env_as_delta(data["env"], env)
+        described[name] = data
+        if private:
+            handed[name] = private
+    config = {"plan": plan.as_json(), "specs": described, "names": names, "options": dict(options or {})}
+    supervisor._write_json_atomically(state_dir / CONFIG_FILE, config)
+    if handed:
+        env[HANDED_SECRETS] = json.dumps(handed)
+    with supervisor.open_private_log(log) as out:
         return subprocess.Popen(
             [python, "-m", "harness.runtime.broker", str(state_dir)],
             cwd=state_dir,
@@ -1274,12 +1280,16 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("state_dir", type=Path)
     args = parser.parse_args(argv)
     config = json.loads((args.state_dir / CONFIG_FILE).read_text())
+    handed = json.loads(os.environ.pop(HANDED_SECRETS, "") or "{}")
+    base = dict(os.environ)  # what spawn() gave us: the services' environments are told against it
+    specs = {
+        name: LaunchSpec.from_json({**data, "env": env_from_delta(data["env"], base, handed.get(name, {}))})
+        for name, data in config["specs"].items()
+    }
     options = config.get("options") or {}
     if "grace" in options:
         options["grace"] = tuple(options["grace"])
-    broker = Broker(
-        plan_from_json(config["plan"]), specs_from_json(json.dumps(config["specs"])), args.state_dir, **options
-    )
+    broker = Broker(plan_from_json(config["plan"]), specs, args.state_dir, **options)
 
     def on_signal(signum: int, _frame: object) -> None:
         threading.Thread(target=broker.shutdown, name="signal-shutdown").start()

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -84,6 +85,46 @@ SERVICE_VARIABLES = {
     "PYTHONNOUSERSITE": "1",
     "PYTHONUNBUFFERED": "1",
 }
+
+#: Names of variables whose values are credentials (matched on the upper-cased name):
+#: ``HF_TOKEN`` and every ``*_TOKEN``, ``*_KEY`` (``*_KEY_ID``), ``*_AUTH``, ``*_PASS``,
+#: ``*_COOKIE``, and any name holding ``SECRET``, ``PASSWORD``, ``PASSWD``, ``CREDENTIAL``,
+#: ``PRIVATE``, ``APIKEY`` or ``ACCESS_KEY``. Files harness writes (the broker's
+#: configuration, run records) name them and never hold their values.
+SECRET_NAME = re.compile(
+    r"SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|APIKEY|ACCESS_?KEY|(?:^|_)(?:TOKENS?|KEYS?|AUTH|PASS|COOKIES?)(?:_ID)?(?:_|$)"
+)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether variable ``name`` looks like it holds a credential (:data:`SECRET_NAME`)."""
+    return SECRET_NAME.search(name.upper()) is not None
+
+
+def env_as_delta(env: Mapping[str, str], base: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``env`` told relative to ``base`` (the environment of the process that will rebuild it):
+    the variables to drop from ``base`` (``unset``), those harness set to other values
+    (``set``: never a secret-like one) and the names of the secret-like variables it holds
+    (``secrets``: names only). Returns that description and the secret-like variables whose
+    values ``base`` does not already hold (to be handed over privately, never written to a
+    file). :func:`env_from_delta` is its inverse."""
+    delta: dict[str, Any] = {
+        "unset": sorted(k for k in base if k not in env),
+        "set": {k: v for k, v in sorted(env.items()) if base.get(k) != v and not is_secret_name(k)},
+        "secrets": sorted(k for k in env if is_secret_name(k)),
+    }
+    private = {k: v for k, v in env.items() if base.get(k) != v and is_secret_name(k)}
+    return delta, private
+
+
+def env_from_delta(delta: Mapping[str, Any], base: Mapping[str, str], private: Mapping[str, str]) -> dict[str, str]:
+    """The environment :func:`env_as_delta` described, rebuilt on ``base`` with ``private``."""
+    unset = set(delta.get("unset", ()))
+    env = {k: v for k, v in base.items() if k not in unset}
+    env.update({str(k): str(v) for k, v in (delta.get("set") or {}).items()})
+    env.update(private)
+    return env
+
 
 #: Default host for local services: loopback only.
 LOCAL_HOST = "127.0.0.1"

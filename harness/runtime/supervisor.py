@@ -24,13 +24,15 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import psutil
 
@@ -88,11 +90,87 @@ def log_tail(path: Path, max_bytes: int = TAIL_BYTES) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+def state_dir_mode(state_dir: Path) -> int:
+    """The mode of a state folder: 0770 inside a group-shared home (the group's layout:
+    members may look in, every file there is its writer's only), else 0700."""
+    from harness.store.shared import is_shared
+
+    here = Path(os.path.abspath(state_dir))
+    return 0o770 if any(is_shared(folder) for folder in here.parents) else 0o700
+
+
+def make_state_dir(state_dir: Path) -> Path:
+    """Create ``state_dir`` private to its owner (:func:`state_dir_mode`), its ``logs``
+    folder 0700 (a service's output may show its secrets) and its launch-check log 0600 (so
+    the store's appends to it keep that mode). A folder or file this user already has with
+    wider modes is narrowed; one another user owns is left as it is (what this user writes
+    there is still 0600). Returns ``state_dir``."""
+    from harness.store.launchcheck import LAUNCH_CHECKS
+
+    state_dir = Path(state_dir)
+    mode = state_dir_mode(state_dir)
+    for folder, wanted in ((state_dir, mode), (state_dir / "logs", 0o700)):
+        if not folder.is_dir():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                folder.mkdir(mode=wanted)  # created with it: never readable for a moment
+                # ... and given all of it, whatever the umask (the group's bits in a shared home)
+                os.chmod(folder, (folder.stat().st_mode & 0o7000) | wanted)
+            except FileExistsError:
+                pass
+        _narrow(folder, wanted)
+    checks = state_dir / LAUNCH_CHECKS
+    try:
+        os.close(os.open(checks, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600))
+    except OSError:
+        pass  # a link or another user's file: the store reports it when it appends
+    _narrow(checks, 0o600)
+    return state_dir
+
+
+def _narrow(path: Path, wanted: int) -> None:
+    """Clear the permission bits of ``path`` (this user's, not followed) beyond ``wanted``."""
+    try:
+        info = os.lstat(path)
+        if info.st_uid == os.geteuid() and not stat.S_ISLNK(info.st_mode) and info.st_mode & 0o777 & ~wanted:
+            os.chmod(path, (info.st_mode & 0o7000) | (info.st_mode & wanted))
+    except OSError:
+        pass
+
+
+def open_private_log(path: Path) -> BinaryIO:
+    """Open log ``path`` for appending, readable by its owner only: created 0600, never
+    through a link; one this user already has with wider modes is narrowed (a service's
+    output may show its secrets)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        info = os.fstat(fd)
+        if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    except OSError:
+        pass
+    return os.fdopen(fd, "ab")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``path`` atomically, readable by its owner only (0600 from its creation: the
+    temporary file is made with that mode, never through a link, and renamed into place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.unlink(missing_ok=True)  # O_EXCL below: never write through someone's link or wider file
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    write_private(path, json.dumps(data, indent=1) + "\n")
 
 
 def start(spec: LaunchSpec, state_dir: Path, *, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -108,15 +186,15 @@ def start(spec: LaunchSpec, state_dir: Path, *, extra_env: dict[str, str] | None
     """
     from harness.store.launchcheck import IntegrityError, checked_launch
 
+    make_state_dir(state_dir)
     try:
         checked_launch(state_dir, spec.name, spec.closure)
     except IntegrityError as exc:
         raise ServiceStartError(f"{spec.name}: refusing to launch: {exc.message}", hint=exc.hint) from None
-    spec.log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(spec.env)
     if extra_env:
         env.update(extra_env)
-    with open(spec.log_path, "ab") as log:
+    with open_private_log(spec.log_path) as log:
         log.write(
             f"\n=== harness: starting {spec.name} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
             f"{' '.join(spec.argv)}\n".encode()

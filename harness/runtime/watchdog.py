@@ -35,9 +35,9 @@ def spawn(state_dir: Path, grace: tuple[float, float]) -> subprocess.Popen[bytes
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    log = state_dir / "logs" / "watchdog.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
+    from harness.runtime.supervisor import open_private_log
+
+    with open_private_log(state_dir / "logs" / "watchdog.log") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "harness.runtime.watchdog", str(state_dir), str(grace[0]), str(grace[1])],
             stdin=subprocess.PIPE,
