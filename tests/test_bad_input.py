@@ -343,3 +343,131 @@ def test_git_network_waits_have_a_limit() -> None:
     env = _environment()
     assert env["GIT_HTTP_LOW_SPEED_LIMIT"] and env["GIT_HTTP_LOW_SPEED_TIME"]
     assert "ConnectTimeout" in env.get("GIT_SSH_COMMAND", "ConnectTimeout") or "GIT_SSH" in os.environ
+
+
+# ------------------------------------------------------------ bounded documents (issue 29)
+#
+# Every document harness reads is bounded (harness/manifests/tomlfile.py): integers beyond
+# signed 64 bits, nesting beyond 32 levels, arrays or tables beyond 50,000 entries and files
+# beyond 32 MiB are refused with one line naming the file and the key, never "internal error".
+
+HUGE = "9" * 5000
+
+
+def _refused(result, *expected: str) -> str:
+    said = result.err + result.out
+    assert "Traceback" not in said and "internal error" not in said, said
+    for text in expected:
+        assert text in said, (text, said)
+    return said
+
+
+def _one_line_with(said: str, *texts: str) -> None:
+    assert any(all(t in line for t in texts) for line in said.splitlines()), (texts, said)
+
+
+def test_an_integer_of_thousands_of_digits_in_a_lock_is_refused(svc: Path, tmp_path: Path, harness_cli) -> None:
+    from harness.lock.lockfile import read
+
+    size = read(svc / "locks" / "svc.lock.toml").packages[0].wheels[0].size
+    project = _edit_lock(svc, tmp_path, f"size = {size},", f"size = {HUGE},")
+    home = tmp_path / "home"
+    for command, code in ((["realize"], 2), (["store", "path", "svc"], 2), (["lock", "--check"], 1)):
+        result = harness_cli("--project", str(project), "--home", str(home), *command)
+        assert result.code == code, (command, result)
+        said = _refused(result)
+        _one_line_with(said, "svc.lock.toml", "size: an integer of 5,000 digits")
+
+
+def test_an_integer_beyond_64_bits_in_a_lock_is_refused_naming_its_key(svc: Path, tmp_path: Path, harness_cli) -> None:
+    project = _edit_lock(svc, tmp_path, "lock-version = 1\n", f"lock-version = {1 << 70}\n")
+    result = harness_cli("--project", str(project), "--home", str(tmp_path / "home"), "realize")
+    assert result.code == 2, result
+    _one_line_with(_refused(result), "svc.lock.toml", "lock-version: an integer of 22 digits")
+
+
+def test_a_lock_version_nested_thousands_deep_is_refused(svc: Path, tmp_path: Path, harness_cli) -> None:
+    deep = "[" * 5000 + "1" + "]" * 5000
+    project = _edit_lock(svc, tmp_path, "lock-version = 1\n", f"lock-version = {deep}\n")
+    home = tmp_path / "home"
+    # realize reads the lock first in harness/realize/install.py (_Stamp._fingerprint), outside
+    # this module's reader: not asserted here.
+    for command, code in ((["store", "path", "svc"], 2), (["lock", "--check"], 1)):
+        result = harness_cli("--project", str(project), "--home", str(home), *command)
+        assert result.code == code, (command, result)
+        _one_line_with(_refused(result), "svc.lock.toml", "lock-version: nested deeper than 32 levels")
+
+
+def test_a_lock_version_nested_past_the_limit_is_refused_naming_its_key(svc: Path, tmp_path: Path, harness_cli) -> None:
+    deep = "[" * 40 + "1" + "]" * 40  # parses, then the bound refuses it with the key's full path
+    project = _edit_lock(svc, tmp_path, "lock-version = 1\n", f"lock-version = {deep}\n")
+    result = harness_cli("--project", str(project), "--home", str(tmp_path / "home"), "realize")
+    assert result.code == 2, result
+    _one_line_with(_refused(result), "svc.lock.toml", "lock-version[0]", "nested deeper than 32 levels")
+
+
+def test_a_lock_version_written_as_a_string_is_refused(svc: Path, tmp_path: Path, harness_cli) -> None:
+    project = _edit_lock(svc, tmp_path, "lock-version = 1\n", 'lock-version = "1"\n')
+    for command, code in ((["realize"], 2), (["lock", "--check"], 1)):
+        result = harness_cli("--project", str(project), "--home", str(tmp_path / "home"), *command)
+        assert result.code == code, (command, result)
+        _one_line_with(_refused(result), "svc.lock.toml", "lock-version: Input should be a valid integer")
+
+
+def test_a_manifest_with_200000_requirements_is_refused(tmp_path: Path, harness_cli) -> None:
+    project = _project(tmp_path)
+    manifest = project / "services" / "sam3.toml"
+    text = manifest.read_text()
+    assert "\nrequirements = [" in text
+    many = ", ".join(f'"pkg{i}==1.0"' for i in range(200_000))
+    manifest.write_text(text.replace("\nrequirements = [", f"\nrequirements = [{many}, ", 1))
+    result = harness_cli("--project", str(project), "validate")
+    assert result.code == 2, result
+    _one_line_with(
+        _refused(result), "services/sam3.toml", "environment.requirements: an array of 200,005 entries", "50,000"
+    )
+
+
+def test_a_manifest_beyond_the_size_limit_is_refused_unread(tmp_path: Path, harness_cli) -> None:
+    project = _project(tmp_path)
+    with open(project / "services" / "huge.toml", "wb") as handle:
+        handle.truncate((32 << 20) + 1)  # sparse: a file of that size costs no disk
+    result = harness_cli("--project", str(project), "validate")
+    assert result.code == 2, result
+    _one_line_with(_refused(result), "services/huge.toml", "33,554,433 bytes, over the 32 MiB")
+
+
+def test_a_deploy_with_an_integer_of_thousands_of_digits_is_refused(tmp_path: Path, harness_cli) -> None:
+    project = _project(tmp_path)
+    deploy = tmp_path / "lab.toml"
+    deploy.write_text(f'gpus = [0]\n\n[services.sam3]\nmode = "on_demand"\ngpu = {HUGE}\n')
+    result = harness_cli("--project", str(project), "--deploy", str(deploy), "validate")
+    assert result.code == 2, result
+    _one_line_with(_refused(result), "lab.toml:5", "gpu: an integer of 5,000 digits")
+
+
+def test_an_agent_config_with_an_integer_of_thousands_of_digits_is_refused(tmp_path: Path, harness_cli) -> None:
+    project = _project(tmp_path)
+    (project / "configs" / "agents").mkdir(parents=True)
+    (project / "configs" / "agents" / "big.toml").write_text(f'[agent]\nname = "big"\nepisodes = {HUGE}\n')
+    result = harness_cli("--project", str(project), "validate")
+    assert result.code == 2, result
+    _one_line_with(_refused(result), "configs/agents/big.toml:3", "episodes: an integer of 5,000 digits")
+    result = harness_cli("--project", str(project), "plan", "--agent", "big", "--gpus", "1x24")
+    assert result.code == 2, result
+    _one_line_with(_refused(result), "configs/agents/big.toml:3", "episodes")
+
+
+def test_an_override_with_an_integer_of_thousands_of_digits_is_refused(harness_cli) -> None:
+    for value in (HUGE, "[" * 5000):
+        result = harness_cli("--project", str(REPO), "closure", "--set", f"agent.x={value}")
+        assert result.code == 2, result
+        _one_line_with(_refused(result), "--set agent.x", "beyond what harness reads")
+
+
+def test_settings_with_an_integer_of_thousands_of_digits_are_refused(tmp_path: Path, harness_cli) -> None:
+    project = _project(tmp_path)
+    (project / "harness.toml").write_text(f"[gc]\nkeep-runs = {HUGE}\n")
+    result = harness_cli("--project", str(project), "--home", str(tmp_path / "home"), "lock", "--check")
+    assert result.code == 2, result
+    _one_line_with(_refused(result), "harness.toml:2", "keep-runs: an integer of 5,000 digits")

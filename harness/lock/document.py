@@ -222,6 +222,7 @@ class Lock(Strict):
 
     lock_version: int = Field(
         alias="lock-version",
+        strict=True,  # an integer as written: "1" is not a lock version
         description="The lock format's version; this harness reads 1 and 2 (2: a source has links).",
     )
     name: str = Field(description="The manifest's name.")

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.errors import InputError
 from harness.lock.outcome import LockOptions
+from harness.manifests.tomlfile import loads_bounded, read_bounded
 
 if TYPE_CHECKING:
     from harness.manifests.project import Project
@@ -64,7 +65,10 @@ def _prestart(home: Path, project: Project, names: list[str], options: LockOptio
             continue
         if common is not None and stamps.unchanged(name, files[name], common) is not None:
             continue  # kept as it is, once the project validates: nothing to resolve
-        environment = tomllib.loads(files[name].read_text(encoding="utf-8")).get("environment")
+        try:
+            environment = _bounded(files[name]).get("environment")
+        except (OSError, ValueError, InputError):
+            continue  # the project's validation reports it, naming the file and the key
         if not isinstance(environment, dict) or environment.get("sources") or environment.get("package-index"):
             continue
         request = environment.get("python")
@@ -149,9 +153,15 @@ _CANONICAL = re.compile(r"(x86_64|aarch64)-manylinux_2_\d+")
 
 def _previous(path: Path) -> dict[str, Any] | None:
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return _bounded(path)
+    except (OSError, ValueError, InputError):
         return None
+
+
+def _bounded(path: Path) -> dict[str, Any]:
+    """``path`` parsed within the limits of every document harness reads
+    (:mod:`harness.manifests.tomlfile`)."""
+    return loads_bounded(read_bounded(path, str(path)).decode("utf-8"), str(path))
 
 
 def _version(request: str, pins: dict[str, str], previous: dict[str, Any] | None, options: LockOptions) -> str | None:

@@ -29,6 +29,7 @@ from pydantic import Field, field_validator
 
 from harness.errors import InputError
 from harness.manifests.model import Strict
+from harness.manifests.tomlfile import check_bounds
 
 
 class Skill(Strict):
@@ -102,6 +103,11 @@ def parse_override(text: str) -> Override:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    except (ValueError, RecursionError):  # thousands of digits, or thousands of brackets
+        raise InputError(
+            f"--set {key.strip()}: an integer of thousands of digits or nesting thousands deep, beyond what harness reads"
+        ) from None
+    check_bounds(value, "--set", key.strip())
     return Override(parts, value, text)
 
 
