@@ -553,6 +553,67 @@ def test_a_port_answered_by_a_foreign_process_is_used_as_is(make_broker, tmp_pat
         foreign.wait(5)
 
 
+def test_the_owner_of_a_port_is_read_from_proc(tmp_path: Path) -> None:
+    port = free_port()
+    listener = subprocess.Popen([PY, str(FAKE), "--name", "mine", "--port", str(port)])
+    try:
+        wait_until(lambda: supervisor.port_in_use(port), what="the listener")
+        [owner] = supervisor.port_owners(port)
+        assert (owner.uid, owner.pid) == (os.geteuid(), listener.pid)
+        assert owner.command is not None and "--name mine" in owner.command
+        assert f"pid {listener.pid} of uid {os.geteuid()}" in owner.describe()
+    finally:
+        listener.terminate()
+        listener.wait(5)
+    assert supervisor.port_owners(port) == []
+
+
+#: Serves 200 to every GET on 127.0.0.1:PORT, as a healthy service would (standard library only).
+_LISTENER = """
+import http.server, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+@pytest.mark.root
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="starts a process of another uid (root, setpriv)"
+)
+def test_a_port_answered_by_another_users_process_is_refused(make_broker, tmp_path: Path) -> None:
+    import shutil
+
+    nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    pythons = [p for p in ("/usr/bin/python3", sys.executable, shutil.which("python3")) if p]
+    python = next(
+        (p for p in pythons if subprocess.run([*nobody, p, "-c", "pass"], capture_output=True).returncode == 0), None
+    )
+    if python is None:
+        pytest.skip("no Python that uid 65534 may run")
+    spec = fake(f"{tmp_path.name}-svc", tmp_path)
+    stranger = subprocess.Popen([*nobody, python, "-I", "-c", _LISTENER, str(spec.port)], cwd="/")
+    try:
+        wait_until(lambda: supervisor.port_in_use(spec.port), what="the other user's listener")
+        assert supervisor.probe(spec)  # it answers the health check: today's broker would adopt it
+        broker, client = make_broker([placement(spec, mode="resident")], [spec])
+        error = broker.start()[spec.name]
+        assert error is not None and "\n" not in error.split(" --- last lines")[0], error
+        assert f"port {spec.port} is held by pid {stranger.pid} of uid 65534" in error, error
+        assert "another user's process" in error and "-I -c" in error
+        with pytest.raises(ServiceFailed):
+            client.acquire(spec.name)
+        row = service_status(broker, spec.name)
+        assert not row["foreign"] and row["pid"] is None
+        assert stranger.poll() is None  # never signalled: not ours
+    finally:
+        stranger.kill()
+        stranger.wait(5)
+
+
 def test_down_after_the_broker_was_killed_stops_only_what_harness_started(tmp_path: Path) -> None:
     resident = fake(f"{tmp_path.name}-res", tmp_path)
     lazy = fake(f"{tmp_path.name}-lazy", tmp_path)

@@ -52,7 +52,9 @@ machine tested on its own; this module carries them out with processes, threads 
 * **Foreign**: a local service whose port already answers when the broker would start it
   (started by hand, or by another checkout) is used as is and never stopped; its status
   says ``"foreign": true`` so the run record can name the impurity. It takes no part in
-  its swap group's one-at-a-time rule, since harness cannot unload it.
+  its swap group's one-at-a-time rule, since harness cannot unload it. Only a process of
+  this user is adopted: a port another user's process holds is a failed start naming that
+  user (and its pid and command where ``/proc`` shows them; :func:`supervisor.port_owners`).
 * **fresh** is true when the service process answering this lease has not served this
   client id before: the first acquire after each start of the process, per client. A
   ``scoped`` service (memory of past frames) that was swapped out, stopped for idleness or
@@ -311,8 +313,17 @@ class Broker:
                     if action.after_swap and action.gpu is not None and action.vram_gb > 0:
                         self._wait_for_gpu(action)
                     if supervisor.port_in_use(spec.port):
-                        # Someone else holds the port. One that answers the service's health
-                        # check is used as is (never stopped); anything else is refused.
+                        # Someone else holds the port. Another user's process is never handed
+                        # out (it could answer anything, and see every request); one of ours
+                        # that answers the service's health check is used as is (never
+                        # stopped); anything else is refused.
+                        strangers = [o for o in supervisor.port_owners(spec.port) if o.uid != os.geteuid()]
+                        if strangers:
+                            raise supervisor.ServiceStartError(
+                                f"{name}: port {spec.port} is held by {strangers[0].describe()}, another "
+                                f"user's process: harness serves {name} only from a process of this user",
+                                hint=f"ask its owner to stop it, or give {name} another port in the deploy",
+                            )
                         if not supervisor.probe(spec):
                             raise supervisor.ServiceStartError(
                                 f"{name}: port {spec.port} is held by {port_holder(spec.port)}, which does "
@@ -1026,21 +1037,12 @@ def nvml_free_gb(index: int) -> float | None:
 
 
 def port_holder(port: int) -> str:
-    """Who listens on TCP ``port``: "pid N (command line)" where the process table shows it."""
-    try:
-        connections = psutil.net_connections(kind="inet")
-    except (psutil.Error, OSError):
-        connections = []
-    for conn in connections:
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-            if conn.pid is None:
-                break
-            try:
-                command = " ".join(psutil.Process(conn.pid).cmdline())[:200]
-            except psutil.Error:
-                command = "?"
-            return f"pid {conn.pid} ({command})"
-    return "a process harness cannot see (another user's?)"
+    """Who listens on TCP ``port``: "pid N of uid U (user): command" where ``/proc`` shows
+    it, else the user alone (:func:`supervisor.port_owners`)."""
+    owners = supervisor.port_owners(port)
+    if owners:
+        return owners[0].describe()
+    return "a process harness cannot see"
 
 
 def launch_identity(spec: LaunchSpec) -> dict[str, Any]:

@@ -244,6 +244,95 @@ def port_in_use(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> boo
         return False
 
 
+@dataclass(frozen=True)
+class PortOwner:
+    """A process listening on a TCP port, as ``/proc`` shows it: its user always; its pid
+    and command only where this user may look at its descriptors (its own, or as root)."""
+
+    uid: int
+    user: str | None
+    pid: int | None
+    command: str | None
+
+    def describe(self) -> str:
+        who = f"uid {self.uid}" + (f" ({self.user})" if self.user else "")
+        if self.pid is None:
+            return f"a process of {who} (its command is not visible to this user)"
+        return f"pid {self.pid} of {who}: {self.command or '?'}"
+
+
+def port_owners(port: int) -> list[PortOwner]:
+    """Every socket listening on TCP ``port`` (IPv4 and IPv6) and who owns it, read from
+    ``/proc/net/tcp`` and ``/proc/net/tcp6`` (the owner's uid) and ``/proc/PID/fd`` (the
+    process, where this user may read it). Empty where ``/proc`` does not say (not Linux)."""
+    inodes: dict[int, int] = {}  # socket inode → uid
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            try:
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes[int(fields[9])] = int(fields[7])
+            except (IndexError, ValueError):
+                continue
+    pids = _socket_pids(set(inodes))
+    owners = []
+    for inode, uid in sorted(inodes.items()):
+        pid = pids.get(inode)
+        command = None
+        if pid is not None:
+            try:
+                command = " ".join(" ".join(psutil.Process(pid).cmdline()).split())[:200] or None  # one line
+            except psutil.Error:
+                pass
+        owners.append(PortOwner(uid, _user_name(uid), pid, command))
+    return owners
+
+
+def _socket_pids(inodes: set[int]) -> dict[int, int]:
+    """The pid holding each socket of ``inodes``, among the processes whose descriptors this
+    user may read."""
+    found: dict[int, int] = {}
+    if not inodes:
+        return found
+    wanted = {f"socket:[{inode}]": inode for inode in inodes}
+    try:
+        processes = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
+    except OSError:
+        return found
+    for pid in processes:
+        try:
+            descriptors = os.scandir(f"/proc/{pid}/fd")
+        except OSError:  # another user's process, or gone
+            continue
+        with descriptors:
+            for entry in descriptors:
+                try:
+                    inode = wanted.get(os.readlink(entry.path))
+                except OSError:
+                    continue
+                if inode is not None and inode not in found:
+                    found[inode] = int(pid)
+        if len(found) == len(inodes):
+            break
+    return found
+
+
+def _user_name(uid: int) -> str | None:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return None
+
+
 def probe(spec: LaunchSpec, timeout: float = 1.0) -> bool:
     """One readiness check, chosen by the spec's protocol (:data:`READINESS`).
 
