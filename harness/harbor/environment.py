@@ -55,6 +55,7 @@ from harness.harbor.limits import Enforcement, enforce
 from harness.harbor.resolve import EnvironmentUnavailable, ResolvedEnvironment, resolve
 from harness.harbor.sandbox import Sandbox, SandboxConfig, SandboxError, unavailable_reason
 from harness.harbor.spec import EnvironmentSpec, read_spec
+from harness.runtime.launch import is_secret_name
 
 RECORD_SCHEMA = "harness-harbor-record/1"
 #: Variables of the commands' base environment recorded by name only.
@@ -513,7 +514,10 @@ class HarnessEnvironment(BaseEnvironment):
                 },
             },
             "commands_env": {
-                "base": {k: ("<withheld: a credential>" if k in _SECRETS else v) for k, v in self._base_env.items()},
+                "base": {
+                    k: ("<withheld: a credential>" if k in _SECRETS or is_secret_name(k) else v)
+                    for k, v in self._base_env.items()
+                },
                 "given_by_harbor": [],  # names only: values may be credentials
                 "note": "base: set by harness for every command (values); given_by_harbor: "
                 "the names of the variables Harbor, the task or the agent added",

@@ -352,8 +352,10 @@ def _check_launches(
     ``services/launch-checks.jsonl``), so a changed path fails the run at once, naming its
     files. The supervisor checks a service again right before each start of its process."""
     from harness.runtime.session import launch_closure
+    from harness.runtime.supervisor import make_state_dir
     from harness.store.launchcheck import IntegrityError, checked_launch
 
+    make_state_dir(state_dir)  # the run's broker state: its owner's only, from the first file
     launches = {name: spec.closure for name, spec in sorted(prepared.specs.items())}
     if worker:
         assert prepared.benchmark is not None
