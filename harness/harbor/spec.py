@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import InputError
+from harness.manifests.tomlfile import loads_bounded
 
 FILE_NAME = "harness.toml"
 KEYS = ("manifest", "lock", "project", "environment")
@@ -85,7 +86,7 @@ def read_spec(
     data: dict[str, Any] = {}
     if path.is_file():
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            data = loads_bounded(path.read_text(encoding="utf-8"), str(path))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"{path}: not valid TOML: {exc}") from None
     unknown = sorted(set(data) - set(KEYS))
