@@ -119,33 +119,61 @@ def check_bounds(data: Any, shown: str, prefix: str = "") -> None:
     :data:`MAX_DEPTH`, with an array or table of more than :data:`MAX_ITEMS` entries or an
     integer outside :data:`INT_RANGE`. Iterative: any depth is safe to check."""
     low, high = INT_RANGE
-    stack: list[tuple[Any, str, int]] = [(data, prefix, 0)]
+    if isinstance(data, int) and not isinstance(data, bool) and not low <= data <= high:
+        _refuse_int(data, shown, prefix)
+    if not isinstance(data, dict | list):
+        return
+    # (container, its parent's entry, its name there, depth): the key is spelled out only
+    # for a refusal, so a lock of thousands of packages costs one tuple per table or array.
+    root: _Entry = (data, None, prefix, 0)
+    stack = [root]
     while stack:
-        value, key, depth = stack.pop()
-        if isinstance(value, bool):
-            continue
-        if isinstance(value, int):
-            if not low <= value <= high:
-                digits = len(str(abs(value)))
-                raise InputError(
-                    f"{shown}: {key or '(top level)'}: an integer of {digits} digits, outside the signed "
-                    "64-bit range harness reads"
-                )
-            continue
-        if not isinstance(value, dict | list):
-            continue
+        entry = stack.pop()
+        value, _, _, depth = entry
         if depth >= MAX_DEPTH:
-            raise InputError(f"{shown}: {key or '(top level)'}: nested deeper than {MAX_DEPTH} levels")
+            raise InputError(f"{shown}: {_key(entry) or '(top level)'}: nested deeper than {MAX_DEPTH} levels")
         if len(value) > MAX_ITEMS:
             what = "an array" if isinstance(value, list) else "a table"
             raise InputError(
-                f"{shown}: {key or '(top level)'}: {what} of {len(value):,} entries, over the {MAX_ITEMS:,} "
-                "harness reads in one"
+                f"{shown}: {_key(entry) or '(top level)'}: {what} of {len(value):,} entries, over the "
+                f"{MAX_ITEMS:,} harness reads in one"
             )
-        if isinstance(value, dict):
-            stack.extend((item, f"{key}.{name}" if key else str(name), depth + 1) for name, item in value.items())
-        else:
-            stack.extend((item, f"{key}[{index}]", depth + 1) for index, item in enumerate(value))
+        entries = value.items() if isinstance(value, dict) else enumerate(value)
+        for name, item in entries:
+            kind = type(item)
+            if kind is str or kind is bool or kind is float:
+                continue  # the common case, first
+            if kind is int:
+                if not low <= item <= high:
+                    _refuse_int(item, shown, _key((item, entry, name, depth + 1)))
+            elif kind is dict or kind is list:
+                stack.append((item, entry, name, depth + 1))
+
+
+_Entry = tuple[Any, Any, "str | int", int]
+
+
+def _key(entry: _Entry) -> str:
+    """The dotted key of an entry of :func:`check_bounds` (``packages[3].wheels[0].size``)."""
+    names: list[str | int] = []
+    current: _Entry | None = entry
+    while current is not None:
+        names.append(current[2])
+        current = current[1]
+    text = ""
+    for name in reversed(names):
+        if isinstance(name, int):
+            text += f"[{name}]"
+        elif name:
+            text += f".{name}" if text else name
+    return text
+
+
+def _refuse_int(value: int, shown: str, key: str) -> None:
+    raise InputError(
+        f"{shown}: {key or '(top level)'}: an integer of {len(str(abs(value)))} digits, outside the signed "
+        "64-bit range harness reads"
+    )
 
 
 #: An integer too long for ``int()`` (what tomllib's ValueError is about).
