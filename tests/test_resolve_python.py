@@ -486,6 +486,10 @@ def test_build_requirements(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text('[build-system]\nrequires = ["not a requirement!"]\n')
     with pytest.raises(InputError, match="build-system.requires"):
         build_requirements(tmp_path)
+    # A source's pyproject.toml is bounded like every document harness reads (issue 29).
+    (tmp_path / "pyproject.toml").write_text(f"[build-system]\nrequires = []\nn = {'9' * 5000}\n")
+    with pytest.raises(InputError, match=r"pyproject.toml:3: n: an integer of 5,000 digits"):
+        build_requirements(tmp_path)
 
 
 def test_pylock_for_install_installs_realized_files(local_index: LocalIndex, tmp_path: Path) -> None:

@@ -49,12 +49,13 @@ from harbor.environments.capabilities import EnvironmentCapabilities, Environmen
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.trial.paths import EnvironmentPaths
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, InputError
 from harness.harbor import host
 from harness.harbor.limits import Enforcement, enforce
 from harness.harbor.resolve import EnvironmentUnavailable, ResolvedEnvironment, resolve
 from harness.harbor.sandbox import Sandbox, SandboxConfig, SandboxError, unavailable_reason
 from harness.harbor.spec import EnvironmentSpec, read_spec
+from harness.manifests.tomlfile import loads_bounded
 from harness.runtime.launch import is_secret_name
 
 RECORD_SCHEMA = "harness-harbor-record/1"
@@ -535,11 +536,9 @@ class TaskUsers(NamedTuple):
 def _task_users(task_dir: Path) -> TaskUsers:
     """``[agent] user`` and ``[verifier] user`` of the task's ``task.toml`` (None: root/unset);
     the first step's, for a multi-step task that sets them per step."""
-    import tomllib
-
     try:
-        data = tomllib.loads((task_dir / "task.toml").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = loads_bounded((task_dir / "task.toml").read_text(encoding="utf-8"), str(task_dir / "task.toml"))
+    except (OSError, ValueError, InputError):
         return TaskUsers(None, None)
 
     def user(table: Any) -> str | int | None:

@@ -64,6 +64,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 
 from harness.config import DEFAULT_INDEX, Settings
 from harness.errors import HarnessError, InputError
+from harness.manifests.tomlfile import loads_bounded
 from harness.resolve.compile import INDEX_STRATEGIES as INDEX_STRATEGIES
 from harness.resolve.compile import OUTPUT, build_interpreter, compile_command
 from harness.resolve.compile import index_addresses as index_addresses
@@ -260,7 +261,7 @@ def build_requirements(source_dir: Path, subdirectory: str | None = None) -> lis
     if not pyproject.is_file():
         return list(DEFAULT_BUILD_REQUIREMENTS)
     try:
-        data = tomllib.loads(pyproject.read_text())
+        data = loads_bounded(pyproject.read_text(), str(pyproject))  # a source's: bounded like ours
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise InputError(f"{pyproject}: cannot read: {exc}") from None
     table = data.get("build-system")
@@ -326,7 +327,7 @@ def dynamic_build_requirements(
     pyproject = root / "pyproject.toml"
     if pyproject.is_file():
         try:
-            data = tomllib.loads(pyproject.read_text())
+            data = loads_bounded(pyproject.read_text(), str(pyproject))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise InputError(f"{pyproject}: cannot read: {exc}") from None
     table = data.get("build-system") if isinstance(data.get("build-system"), dict) else {}
