@@ -390,9 +390,7 @@ def test_a_lock_version_nested_thousands_deep_is_refused(svc: Path, tmp_path: Pa
     deep = "[" * 5000 + "1" + "]" * 5000
     project = _edit_lock(svc, tmp_path, "lock-version = 1\n", f"lock-version = {deep}\n")
     home = tmp_path / "home"
-    # realize reads the lock first in harness/realize/install.py (_Stamp._fingerprint), outside
-    # this module's reader: not asserted here.
-    for command, code in ((["store", "path", "svc"], 2), (["lock", "--check"], 1)):
+    for command, code in ((["realize"], 2), (["store", "path", "svc"], 2), (["lock", "--check"], 1)):
         result = harness_cli("--project", str(project), "--home", str(home), *command)
         assert result.code == code, (command, result)
         _one_line_with(_refused(result), "svc.lock.toml", "lock-version: nested deeper than 32 levels")

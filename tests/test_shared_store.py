@@ -8,7 +8,9 @@ depend on it. Without root (or without ``useradd``) every test here skips, sayin
 
 from __future__ import annotations
 
+import colorsys  # noqa: F401  (rich, for `store ls` tables in the children)
 import contextlib
+import hashlib
 import grp
 import io
 import json
@@ -35,9 +37,16 @@ import harness.lock.lockfile
 import harness.lock.storepaths
 import harness.realize.builder
 import harness.resolve.git
+import harness.lock.objects
+import harness.realize.members
+import harness.realize.repair
+import harness.store.entries
 import harness.store.gc
+import harness.store.launchcheck
 import harness.store.shared
+import harness.store.trust
 import harness.store.verify
+import packaging.utils  # noqa: F401  (chosen_file, in the children)
 from harness.cli import main
 from harness.errors import HarnessError
 from harness.manifests.model import Source
@@ -391,3 +400,187 @@ def test_a_mirror_a_member_made_before_it_was_shared_is_refused_by_name_until_op
     assert f"is {a.name}'s and closed to you" in refused and "store init --group" in refused, refused
     assert as_user(a, lambda: cli(home, "store", "init", "--group", GROUP)[0]) == 0
     assert as_user(b, lock_as_b) == pin.commit
+
+
+# --- attacks of one member on another (issue 29) -------------------------------------------------
+
+EVIL = "5" * 32 + "-kinematics-code"
+
+
+def _plant_registration(home: Path) -> str:
+    """As member b: register EVIL (a path and its record, as harness writes them) with b's bytes."""
+    harness.store.shared.apply_group_umask(home)
+
+    def payload(out: Path) -> BuildResult:
+        out.mkdir()
+        (out / "main.py").write_text("print('b was here')\n")
+        return BuildResult(obtained="b")
+
+    return Store.in_home(home).add(EVIL, "source", payload).content
+
+
+def test_a_path_another_member_registered_is_not_used_until_trusted(lab: tuple[User, User], home: Path) -> None:
+    """Member b registers a path under a name a's lock names, with bytes of b's: a does not
+    use it (not registered for a, refused by name at realize and at launch), until the store's
+    owner (a) trusts b. b, for whom a is the store's owner, uses a's paths throughout."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    as_user(b, lambda: _plant_registration(home))
+
+    def member_a() -> dict[str, Any]:
+        from harness.store.launchcheck import IntegrityError, check_closure
+
+        store = Store.in_home(home)
+        seen: dict[str, Any] = {"registered": store.is_registered(EVIL), "record": store.record(EVIL)}
+        try:
+            store.add(EVIL, "source", never)
+        except StoreError as exc:
+            seen["add"] = exc.message
+        try:
+            check_closure(store.root, [EVIL])
+        except IntegrityError as exc:
+            seen["launch"] = exc.message
+        code, out, err = cli(home, "store", "verify")
+        seen["verify"] = (code, out)
+        code, out, err = cli(home, "store", "ls", "--json")
+        seen["ls"] = {e["name"]: (e["owner"], e["trusted"]) for e in json.loads(out)}
+        seen["trust"] = cli(home, "store", "trust", NAMES[1])
+        seen["after"] = Store.in_home(home).is_registered(EVIL)
+        return seen
+
+    seen = as_user(a, member_a)
+    assert seen["registered"] is False and seen["record"] is None
+    assert "registered by harness-lab-b, whom you do not trust" in seen["add"], seen
+    assert "harness store trust harness-lab-b" in seen["add"]
+    assert "harness-lab-b, whom you do not trust" in seen["launch"] and "nothing was launched" not in seen["add"]
+    code, out = seen["verify"]
+    assert code == 0 and f"ignored   {EVIL}: registered by harness-lab-b" in out, out
+    assert seen["ls"] == {P1: ("harness-lab-a", True), EVIL: ("harness-lab-b", False)}
+    assert seen["trust"][0] == 0 and seen["after"] is True, seen["trust"]
+    # b is not the store's owner: b cannot change whom the store trusts.
+    code, _, err = as_user(b, lambda: cli(home, "store", "trust", NAMES[1]))
+    assert code == 1 and "only the store's owner (harness-lab-a)" in err
+    # b trusts a (the store's owner) throughout.
+    assert as_user(b, lambda: Store.in_home(home).is_registered(P1)) is True
+
+
+def test_what_a_member_plants_in_the_store_fails_nothing_for_the_others(lab: tuple[User, User], home: Path) -> None:
+    """b plants a symlink to /etc as a record, a fifo as a record, a symlink as a's next lock
+    file and as a project root: a's ls, verify and gc go on (naming the entries), a's add of
+    that name is refused naming b (never an OSError, never a write through the link), and b
+    cannot delete a's lock file."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    as_user(a, lambda: Store.in_home(home).lock(P1).acquire(timeout=0).lock.release())  # a's lock file
+    target = "6" * 32 + "-next"
+    victim = home.parent / "victim.txt"
+
+    def plant() -> None:
+        store = home / "store"
+        (store / ".meta" / "zz.json").symlink_to("/etc")
+        os.mkfifo(store / ".meta" / "yy.json")
+        (store / ".locks" / f"{target}.lock").symlink_to(victim)
+        (store / ".roots" / "projects" / ("0" * 32 + ".json")).symlink_to("/dev/zero")
+
+    victim.write_text("a's file\n")
+    victim.chmod(0o666)
+    as_user(b, plant)
+
+    def member_a() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for args in (("store", "ls"), ("store", "verify"), ("store", "gc", "--dry-run"), ("store", "gc")):
+            seen[" ".join(args)] = cli(home, *args)
+        try:
+            Store.in_home(home).add(target, "weights", build_tree)
+        except HarnessError as exc:
+            seen["add"] = str(exc)
+        return seen
+
+    seen = as_user(a, member_a)
+    for command in ("store ls", "store verify", "store gc --dry-run", "store gc"):
+        code, out, err = seen[command]
+        assert code == 0 and "internal error" not in err and "Traceback" not in err, (command, out, err)
+    assert "zz.json: a symlink made by harness-lab-b" in seen["store ls"][2]
+    assert "ignored" in seen["store verify"][1] and "yy.json" in seen["store verify"][1], seen["store verify"]
+    assert "a symlink made by harness-lab-b" in seen["add"], seen["add"]
+    assert victim.read_text() == "a's file\n", "nothing was written through the planted link"
+    assert f"deleted {P1}" in seen["store gc"][1], seen["store gc"]  # a's own unrooted path, as ever
+
+    # a's own lock files are a's: b cannot delete or replace them (.locks is sticky).
+    def delete_lock() -> str:
+        try:
+            (home / "store" / ".locks" / f"{P1}.lock").unlink()
+        except PermissionError as exc:
+            return str(exc)
+        return ""
+
+    assert as_user(b, delete_lock)
+
+
+def _toy_lock(data: bytes) -> Any:
+    """The repository's kinematics lock with one package, one wheel of ``data``'s bytes."""
+    from harness.lock.document import LockedFile
+    from harness.lock.storepaths import file_path
+    from tests.conftest import REPO
+
+    lock = harness.lock.lockfile.read(REPO / "locks" / "kinematics.lock.toml")
+    wheel = LockedFile(file="toy-1.0-py3-none-any.whl", size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    wheel = wheel.model_copy(update={"store": file_path(wheel)})
+    package = lock.packages[0].model_copy(update={"name": "toy", "wheels": [wheel], "sdist": None})
+    return lock.model_copy(update={"packages": [package], "build_packages": [], "weights": [], "sources": []})
+
+
+def _register_file(home: Path, name: str, file: str, data: bytes) -> None:
+    harness.store.shared.apply_group_umask(home)
+
+    def build(out: Path) -> BuildResult:
+        out.mkdir()
+        (out / file).write_bytes(data)
+        return BuildResult(obtained="b")
+
+    Store.in_home(home).add(name, "file", build)
+
+
+def test_a_wheel_another_member_registered_is_used_once_it_checks_out(lab: tuple[User, User], home: Path) -> None:
+    """Fixed-output paths need no trust: a checks b's wheel against the lock's sha256 once,
+    vouches for it and uses it; a wheel of other bytes under the lock's name is refused naming
+    b and both hashes; and when b re-registers other content, a's check no longer holds."""
+    a, b = lab
+    good = b"a wheel's bytes\n" * 100
+    lock = _toy_lock(good)
+    [wheel] = lock.packages[0].wheels
+    as_user(a, lambda: init_and_add(home))
+    as_user(b, lambda: _register_file(home, wheel.store, wheel.file, good))
+
+    def member_a() -> dict[str, Any]:
+        store = Store.in_home(home)
+        seen: dict[str, Any] = {"before": store.is_registered(wheel.store)}
+        seen["vouched"] = harness.realize.members.check_members_paths(store, [lock])
+        seen["after"] = Store.in_home(home).is_registered(wheel.store)
+        seen["again"] = harness.realize.members.check_members_paths(Store.in_home(home), [lock])
+        return seen
+
+    seen = as_user(a, member_a)
+    assert seen == {"before": False, "vouched": [wheel.store], "after": True, "again": []}, seen
+
+    # b replaces the path (b's own) with other bytes under the same name.
+    def replace() -> None:
+        store = Store.in_home(home)
+        store.delete(wheel.store)
+        _register_file(home, wheel.store, wheel.file, b"other bytes\n")
+
+    as_user(b, replace)
+
+    def member_a_again() -> dict[str, Any]:
+        store = Store.in_home(home)
+        seen: dict[str, Any] = {"registered": store.is_registered(wheel.store)}
+        try:
+            harness.realize.members.check_members_paths(store, [lock])
+        except StoreError as exc:
+            seen["refused"] = exc.message
+        return seen
+
+    seen = as_user(a, member_a_again)
+    assert seen["registered"] is False
+    assert "registered by harness-lab-b" in seen["refused"] and wheel.file in seen["refused"], seen
+    assert f"expected sha256 {wheel.sha256}, found a file of 12 bytes" in seen["refused"]

@@ -147,9 +147,10 @@ def test_verify_finds_modified_and_missing(tmp_path: Path) -> None:
     findings = {f.name: f for f in verify_store(store, check_contents=True)}
     assert findings[NAME].status == "modified" and "expected blake3:" in findings[NAME].detail
     assert findings[other].status == "ok"
-    assert {f.status for f in verify_store(store, check_contents=False)} == {"ok"}, (
-        "without --check-contents only existence is checked"
-    )
+    # Without --check-contents the stat fingerprint finds it too (the write moved its ctime).
+    quick = {f.name: f for f in verify_store(store, check_contents=False)}
+    assert quick[NAME].status == "modified" and f"{NAME}/data.txt" in quick[NAME].detail
+    assert quick[other].status == "ok"
     os.chmod(store.path(other), 0o755)
     os.chmod(store.path(other) / "bin", 0o755)
     import shutil

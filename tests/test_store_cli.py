@@ -193,10 +193,14 @@ def test_verify_names_every_change_and_repair_restores(run, project: Path, home:
     flip_one_byte(store.path(hf.store) / "model.safetensors")
     remove_tree(store.path(view))
 
+    # Without --check-contents the launch check's stat fingerprints find the changed files
+    # (and only the paths whose fingerprint moved are re-hashed).
     quick = run("store", "verify")
     assert quick.code == 1
     assert f"missing   {view}" in quick.out
-    assert wheel.store not in quick.out, "without --check-contents only existence is checked"
+    assert f"modified  {wheel.store}: changed since registered: {wheel.store}/{wheel.file}" in quick.out, quick.out
+    [hf_line] = [line for line in quick.out.splitlines() if line.startswith(f"modified  {hf.store}: changed since")]
+    assert f"{hf.store}/model.safetensors" in hf_line  # (and files whose link count moved: the view's)
 
     full = run("store", "verify", "--check-contents")
     assert full.code == 1
@@ -215,6 +219,62 @@ def test_verify_names_every_change_and_repair_restores(run, project: Path, home:
     data = (store.path(wheel.store) / wheel.file).read_bytes()
     assert hashlib.sha256(data).hexdigest() == wheel.sha256
     assert (store.path(view) / "local" / "arm.json").read_bytes() == LOCAL_FILES["arm.json"]
+
+
+def test_repair_never_launders_a_changed_environment_file(run, project: Path, home: Path) -> None:  # type: ignore[no-untyped-def]
+    """An environment's files are hard links shared with the store's pool and uv's cache, so
+    changing one changes them all. The cheap verify names the file; repair rebuilds the
+    environment to the content it was registered with (not the changed bytes the pool and
+    uv's cache now hold), and the pool entry holds its named bytes again."""
+    import blake3
+
+    store = Store.in_home(home)
+    lock = svc_lock(project, home)
+    env = lock.environment.store
+    registered = store.record(env)
+    assert registered is not None
+    [target] = [p for p in (store.path(env) / "lib").glob("python*/site-packages/delta/__init__.py")]
+    original = target.read_bytes()
+    pool = store.links_dir / blake3.blake3(original).hexdigest()
+    assert pool.stat().st_ino == target.stat().st_ino, "the file is the pool's inode"
+    flip_one_byte(target)
+    assert pool.read_bytes() != original  # one inode: the pool changed with it
+
+    rel = target.relative_to(store.root)
+    quick = run("store", "verify")
+    assert quick.code == 1, quick.out
+    [line] = [line for line in quick.out.splitlines() if line.startswith(f"modified  {env}: changed since registered")]
+    assert str(rel) in line  # (with any other file of the same bytes: one pool inode)
+
+    repaired = run("store", "verify", "--repair")
+    assert repaired.code == 0, repaired.out + repaired.err
+    assert f"repaired  {env}" in repaired.out
+    again = store.record(env)
+    assert again is not None and again.content == registered.content, "the same name, the same content"
+    assert target.read_bytes() == original
+    assert blake3.blake3(pool.read_bytes()).hexdigest() == pool.name, "the pool entry holds its named bytes"
+    assert run("store", "verify", "--check-contents").code == 0
+
+
+def test_a_repair_that_cannot_restore_the_registered_content_registers_nothing(run, project: Path, home: Path) -> None:  # type: ignore[no-untyped-def]
+    """A record that claims other content than the lock's inputs rebuild to (as a rebuild
+    from changed inputs would give): the repair deletes what it rebuilt and names both hashes."""
+    store = Store.in_home(home)
+    lock = svc_lock(project, home)
+    env = lock.environment.store
+    record = store.record(env)
+    assert record is not None
+    meta = store.record_path(env)
+    data = json.loads(meta.read_text())
+    data["content"] = "blake3:" + "0" * 64
+    meta.chmod(0o644)
+    meta.write_text(json.dumps(data))
+    result = run("store", "verify", "--repair", env)
+    assert result.code == 1
+    assert f"{env}: rebuilt as {record.content}, registered as blake3:{'0' * 64}" in result.err, result.err
+    assert not store.is_registered(env) and "Traceback" not in result.err
+    assert run("realize", "svc").code == 0  # put back for the other tests
+    assert store.record(env) is not None and store.record(env).content == record.content  # type: ignore[union-attr]
 
 
 def test_verify_of_unknown_name_and_unrepairable_path(run, home: Path) -> None:  # type: ignore[no-untyped-def]

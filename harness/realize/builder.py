@@ -63,7 +63,7 @@ from harness.progress import Reporter, Stopped, reporter
 from harness.store.store import BuildResult, Staged, Store
 
 if TYPE_CHECKING:  # the lock models load pydantic: only where a lock is actually read
-    from filelock import BaseFileLock
+    from harness.store.entries import PathLock
 
     from harness.download import Progress
     from harness.lock.document import (
@@ -132,6 +132,9 @@ class Context:
     #: A deploy's ``weights`` folder: weight files are copied from there when it holds them
     #: (checked like downloads), and fetched from their origin otherwise.
     local_weights: LocalWeights | None = None
+    #: uv's cache for environment builds (default: ``cache_dir``). A repair gives a fresh
+    #: one: uv installs by hard-linking its cache, whose files a tampered environment shares.
+    uv_cache_dir: Path | None = None
     #: Ask uv for a lock's interpreter even when a failed download is remembered
     #: (``harness/realize/unreachable.py``; ``harness realize --refresh``).
     refresh: bool = False
@@ -160,7 +163,7 @@ class Context:
     def download_path(self, sha256: str) -> Path:
         return self.downloads / sha256
 
-    def download_lock(self, sha256: str) -> BaseFileLock:
+    def download_lock(self, sha256: str) -> PathLock:
         """Serializes everything that touches one download among concurrent realizes."""
         from harness.store.store import lock_file
 
@@ -195,6 +198,7 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
     first failure is raised as it is, and nothing after it is built.
     """
     _root_inputs(ctx, locks)
+    _check_members_paths(ctx, locks)
     todo = _locks_to_build(ctx, locks)
     _warn_about_weights_folder(ctx, todo)
     if ctx.offline:
@@ -223,6 +227,14 @@ def _root_inputs(ctx: Context, locks: list[Lock]) -> None:
         ctx.store,
         [name for lock in locks for name in {*lock_objects(lock), *lock_objects(realized_lock(ctx.store, lock))}],
     )
+
+
+def _check_members_paths(ctx: Context, locks: list[Lock]) -> None:
+    """In a shared store: check the wheels, sdists and weights another member registered
+    against the locks before they count as registered here (``harness/realize/members.py``)."""
+    from harness.realize.members import check_members_paths
+
+    check_members_paths(ctx.store, locks)
 
 
 def _locks_to_build(ctx: Context, locks: list[Lock]) -> list[Lock]:
@@ -909,7 +921,7 @@ class _Interpreter:
     name: str = ""
     staged: Staged | None = None
     reason: str | None = None
-    guard: BaseFileLock | None = None
+    guard: PathLock | None = None
     error: HarnessError | None = None
 
     def release(self) -> None:
@@ -922,7 +934,7 @@ class _Interpreter:
             self.guard = None
 
 
-def _standin_guard(store: Store, python_store: str) -> BaseFileLock:
+def _standin_guard(store: Store, python_store: str) -> PathLock:
     """The lock serializing interpreter builds for ``python_store`` among realizes; not tied to
     a thread (it is taken while preparing and released after registering, on another)."""
     from harness.store.store import lock_file
@@ -1189,7 +1201,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             wheels=wheels,
             sources=sources,
             build_wheels=build_wheels,
-            cache_dir=ctx.cache_dir,
+            cache_dir=ctx.uv_cache_dir or ctx.cache_dir,
             interpreter_store_name=lock.python.store,
             hashes=hashes,
             prompt=lock.name,

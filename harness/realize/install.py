@@ -244,7 +244,8 @@ class _Stamp:
         self.file = home / "cache" / "up-to-date" / f"{key}.json"
         try:
             self.fingerprint: str | None = self._fingerprint()
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, HarnessError):
+            # Whatever is wrong with a lock, the full path says it properly (file and key).
             self.fingerprint = None
 
     def reports(self) -> list[Report] | None:
@@ -342,7 +343,7 @@ class _Stamp:
 
     def _fingerprint(self) -> str | None:
         """A digest of every input of the "nothing to do" decision; None when a lock is missing."""
-        import tomllib
+        from harness.manifests.tomlfile import loads_bounded
 
         import harness
         from harness.lock.stamp import code_stats, tree_stats  # light: no pydantic, no resolver
@@ -370,7 +371,7 @@ class _Stamp:
                 return None
             data = path.read_bytes()
             add("lock", name, hashlib.sha256(data).hexdigest())
-            for weights in tomllib.loads(data.decode("utf-8")).get("weights", []):
+            for weights in loads_bounded(data.decode("utf-8"), str(path)).get("weights", []):
                 if weights.get("provider") == "path":
                     for label, st in tree_stats(
                         Path(weights["repo"]) if os.path.isabs(weights["repo"]) else root / weights["repo"]

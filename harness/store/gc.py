@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.store.store import Store
+from harness.store.store import Store, StoreError
 
 #: Defaults of the ``[gc]`` settings.
 DEFAULT_KEEP_RUNS = 10
@@ -51,19 +51,25 @@ DEFAULT_MISSING_PROJECT_DAYS = 30.0
 
 
 def _project_file(store: Store, project_root: Path) -> Path:
+    """This user's root file for ``project_root``: one per user, so that in a shared store
+    (sticky ``.roots``) no member can take another's name first and block it."""
     key = hashlib.sha256(str(project_root.resolve()).encode()).hexdigest()[:32]
-    return store.roots_dir / "projects" / f"{key}.json"
+    return store.roots_dir / "projects" / f"{key}-{os.geteuid()}.json"
 
 
 def _read_project(path: Path) -> dict[str, Any] | None:
-    """A project root's data; a plain-text root of an older harness reads as its folder."""
+    """A project root's data; a plain-text root of an older harness reads as its folder.
+    Read without following a link; anything that is not a small file of text is no root."""
+    from harness.store.entries import BadEntry, read_entry
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
+        raw, _ = read_entry(path)
+        text = raw.decode("utf-8")
+    except (OSError, BadEntry, UnicodeDecodeError):
         return None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         # Older harness: the folder on the first line, then the store paths it realized.
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         return {"root": lines[0], "locks": {"(recorded)": lines[1:]}, "code": {}} if lines else None
@@ -72,11 +78,12 @@ def _read_project(path: Path) -> dict[str, Any] | None:
 
 def _update_project(store: Store, project_root: Path, change: Any) -> None:
     """Read-modify-write a project's root file under its lock; writes only on a change."""
-    from filelock import FileLock
+    from harness.store.entries import write_entry
+    from harness.store.store import lock_file
 
     target = _project_file(store, project_root)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.with_suffix(".lock"))):
+    with lock_file(target.with_suffix(".lock")):
         data = _read_project(target) or {}
         old = json.dumps(data, sort_keys=True)
         data.setdefault("locks", {})
@@ -87,11 +94,16 @@ def _update_project(store: Store, project_root: Path, change: Any) -> None:
         if json.dumps(data, sort_keys=True) == old and target.is_file():
             return
         data["updated"] = time.time()
-        temp = target.with_name(f".{target.name}.{os.getpid()}")
-        temp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(temp, target)
-    legacy = target.with_suffix("")  # the plain-text root an older harness wrote
-    legacy.unlink(missing_ok=True)
+        write_entry(target, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    # What older harnesses wrote for this project: the plain-text root, and the root file
+    # without the user's id (both this user's own, or not ours to remove).
+    shared_name = target.with_name(target.name.rsplit("-", 1)[0] + ".json")
+    for legacy in (shared_name.with_suffix(""), shared_name):
+        try:
+            if os.lstat(legacy).st_uid == os.geteuid():
+                legacy.unlink()
+        except OSError:
+            pass
 
 
 def register_project(store: Store, project_root: Path, locks: dict[str, Iterable[str]] | None = None) -> None:
@@ -121,9 +133,11 @@ def remember_code(store: Store, project_root: Path, label: str, path: str) -> No
 
 
 def pin(store: Store, name: str) -> None:
+    from harness.store.entries import write_entry
+
     folder = store.roots_dir / "pins"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / name).write_text(name + "\n")
+    write_entry(folder / name, (name + "\n").encode())
 
 
 def unpin(store: Store, name: str) -> None:
@@ -143,10 +157,13 @@ def unpin_run(run_dir: Path) -> None:
 
 
 def _run_paths(run_dir: Path) -> frozenset[str] | None:
+    from harness.store.entries import BadEntry, read_entry
+
     try:
-        data = json.loads((run_dir / "lock.json").read_text(encoding="utf-8"))
+        raw, _ = read_entry(run_dir / "lock.json", limit=64 << 20)
+        data = json.loads(raw.decode("utf-8"))
         return frozenset(str(e["path"]) for e in data.get("store_paths", []))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, BadEntry, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
 
 
@@ -308,12 +325,12 @@ def _project_root(
 def _write_project_file(entry: Path, data: dict[str, Any]) -> None:
     """Rewrite a project root (when gc first finds it missing, or back); another member's
     root in a shared store may not be ours to rewrite, and then stays as it is."""
-    temp = entry.with_name(f".{entry.name}.{os.getpid()}")
+    from harness.store.entries import BadEntry, write_entry
+
     try:
-        temp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(temp, entry)
-    except OSError:
-        temp.unlink(missing_ok=True)
+        write_entry(entry, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    except (OSError, BadEntry):
+        pass
 
 
 def gather_roots(
@@ -398,7 +415,12 @@ def closure_of(store: Store, names: Iterable[str]) -> set[str]:
         if name in live:
             continue
         live.add(name)
-        record = store.record(name, even_if_gone=True)
+        try:
+            # Every member's records: a path another member's path references stays alive
+            # whether or not this user would use it.
+            record = store.record(name, even_if_gone=True, any_member=True)
+        except StoreError:
+            continue  # not a record harness wrote (a planted entry): it names nothing
         if record is not None:
             pending.extend(record.references)
     return live
@@ -453,7 +475,7 @@ def collect(
         )
         live = closure_of(store, [n for root in found.roots for n in root.names])
         # A record whose path was deleted behind the store's back is dead weight too.
-        dead = sorted(r.name for r in store.records(even_if_gone=True) if r.name not in live)
+        dead = sorted(r.name for r in store.records(even_if_gone=True, any_member=True) if r.name not in live)
         # In a shared store only the member who registered a path (or root) deletes it.
         dead = [name for name in dead if store.may_remove(name)]
         result = GcResult(missing_projects=found.missing, kept=len(live))
@@ -567,7 +589,7 @@ def _reasons(store: Store, dead: list[str], found: Roots, keep_runs: int) -> dic
 
 def why(store: Store, name: str, **options: Any) -> list[str]:
     """Why ``name`` is alive: the paths that reference it and every root that names it."""
-    reasons = [f"referenced by {r.name}" for r in store.records() if name in r.references]
+    reasons = [f"referenced by {r.name}" for r in store.records(any_member=True) if name in r.references]
     for root in roots(store, **options):
         if name in root.names:
             reasons.append(root.describe(name))

@@ -119,6 +119,12 @@ def runtime_closure(store: Store, roots: Iterable[str]) -> list[str]:
         seen.add(name)
         record = store.record(name)
         if record is None:
+            untrusted = store.untrusted_owner(name)
+            if untrusted is not None:
+                from harness.store.store import user_name
+
+                found = f"a path registered by {user_name(untrusted)}, whom you do not trust in this shared store"
+                raise IntegrityError(name, [], "a path registered by a member you trust", found)
             raise IntegrityError(name, [], "a registered path", "no registered path of that name")
         todo.extend(record.references)
     return sorted(seen)

@@ -29,6 +29,7 @@ import fcntl
 import json
 import os
 import secrets
+import stat
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
 
+from harness.store.entries import BadEntry, read_entry
 from harness.store.store import Store
 
 
@@ -57,7 +59,15 @@ def gc_lock(store: Store, *, exclusive: bool) -> Iterator[None]:
     folder = _roots_dir(store)
     folder.mkdir(parents=True, exist_ok=True)
     # Read-only is enough for flock, and lets every member of a group-shared store lock it.
-    fd = os.open(folder / "gc.lock", os.O_RDONLY | os.O_CREAT, 0o666)
+    path = folder / "gc.lock"
+    try:  # never through a planted link, nor blocking on a planted fifo
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError:
+        read_entry(path)  # raises BadEntry, saying what is there and whose it is
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        read_entry(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
@@ -253,9 +263,10 @@ def live_holders(store: Store) -> list[LiveHolder]:
     folder = _procs_dir(store)
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            raw, _ = read_entry(path)
+            data: dict[str, Any] = json.loads(raw.decode("utf-8"))
             pid = int(data["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, BadEntry, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
             continue
         if process_alive(pid, data.get("started")):
             found.append(
@@ -283,10 +294,13 @@ def _remove(path: Path) -> None:
 def _read_temp(path: Path) -> LiveHolder | None:
     """A temp-roots file's holder, or None (and the file removed) when its holder is gone."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # gone, or a planted link: no holder
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # a planted fifo or folder: no holder
+
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -11,11 +11,18 @@ that it holds on any local filesystem and on NFS:
   writable at all (lock files, download folders, uv's cache), group-writable, whatever that
   member's own umask;
 * the store folder, its records (``.meta``), its build folders (``.tmp``), its pool of
-  shared files (``.links``) and its launch-check fingerprints (``.stat``) are sticky, like ``/tmp``: only the member who registered a path
+  shared files (``.links``), its launch-check fingerprints (``.stat``), its lock files
+  (``.locks``) and its garbage-collector roots (``.roots``) are sticky, like ``/tmp``: only the member who registered a path
   (or the owner of the folder, or root) can rename or delete it, and registered paths are
   read-only, so no member can modify, rename or delete a path another registered. The
   store refuses such a removal up front with a message naming the owner
   (:meth:`Store.check_removable <harness.store.store.Store.check_removable>`).
+
+What another member *creates* there (a symlink, a fifo, garbage under a name harness will use)
+is opened without being followed and reported as that entry (``harness/store/entries.py``), and
+a path another member registered is used only when this user trusts them
+(``harness/store/trust.py``). Re-running ``store init --group`` on an older shared home makes
+its folders sticky as this version lays them out.
 
 Whether a home is shared is read from the store folder itself (its setgid bit), so every
 member's harness agrees without any configuration.
@@ -38,11 +45,12 @@ LAYOUT: tuple[tuple[str, bool], ...] = (
     ("store/.tmp", True),
     ("store/.links", True),
     ("store/.stat", True),  # launch-check fingerprints: each member writes its own paths'
-    ("store/.locks", False),
-    ("store/.roots", False),
-    ("store/.roots/projects", False),
-    ("store/.roots/pins", False),
-    ("store/.roots/runs", False),
+    ("store/.vouched", True),  # per member: the other members' fixed-output paths they checked
+    ("store/.locks", True),  # lock files: a member's cannot be deleted or swapped by another
+    ("store/.roots", True),
+    ("store/.roots/projects", True),
+    ("store/.roots/pins", True),
+    ("store/.roots/runs", True),
     ("cache", False),
     ("cache/downloads", False),
     ("runs", False),

@@ -46,8 +46,11 @@ def forget_standin(store: Store, python_store: str, host_store: str) -> None:
 
 
 def _read(store: Store, python_store: str) -> dict[str, str]:
+    from harness.store.entries import BadEntry, read_entry
+
     try:
-        data = json.loads((store.root / STANDINS / python_store).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw, _ = read_entry(store.root / STANDINS / python_store)
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, BadEntry, UnicodeDecodeError, ValueError, RecursionError):
         return {}
     return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}

@@ -35,11 +35,19 @@ class HashCache:
         self._entries: dict[str, list[int | str]] = {}
         self._dirty = False
         if file is not None:
+            from harness.store.entries import BadEntry, read_entry
+
             try:
-                data = json.loads(file.read_text(encoding="utf-8"))
-                if isinstance(data, dict) and data.get("version") == 1 and isinstance(data.get("files"), dict):
+                raw, st = read_entry(file, limit=1 << 28)
+                data = json.loads(raw.decode("utf-8"))
+                if (
+                    st.st_uid == os.geteuid()  # a cache of this user's, never another member's
+                    and isinstance(data, dict)
+                    and data.get("version") == 1
+                    and isinstance(data.get("files"), dict)
+                ):
                     self._entries = data["files"]
-            except (OSError, ValueError):
+            except (OSError, BadEntry, UnicodeDecodeError, ValueError, RecursionError):
                 pass
 
     def sha256(self, path: str | os.PathLike[str]) -> str:

@@ -70,9 +70,18 @@ def write_fingerprint(
 
 
 def changed_entries(store_root: Path, name: str, content: str) -> list[str] | None:
-    """Entries whose stat differs from the fingerprint ([] = none), or None without a usable one."""
+    """Entries whose stat differs from the fingerprint ([] = none), or None without a usable one.
+
+    Usable means: a regular file (not followed through a link) that this user or the path's
+    owner wrote: in a shared store another member could plant one for a path they did not
+    register."""
+    from harness.store.entries import BadEntry, read_entry
+
     try:
-        data = json.loads(fingerprint_path(store_root, name).read_text(encoding="utf-8"))
+        raw, st = read_entry(fingerprint_path(store_root, name), limit=1 << 28)
+        if st.st_uid not in (os.geteuid(), os.lstat(store_root / name).st_uid):
+            return None
+        data = json.loads(raw.decode("utf-8"))
         if (
             not isinstance(data, dict)
             or data.get("version") != FINGERPRINT_VERSION
@@ -83,7 +92,7 @@ def changed_entries(store_root: Path, name: str, content: str) -> list[str] | No
         paths = data["paths"]
         expected = array.array("q")
         expected.frombytes(base64.b64decode(data["stats"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, BadEntry, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
         return None
     if not isinstance(paths, list) or len(expected) != 5 * len(paths) or "" not in paths:
         return None

@@ -32,8 +32,11 @@ from typing import TYPE_CHECKING, Any
 from harness import __version__
 from harness.errors import HarnessError
 from harness.progress import QUIET, Reporter, format_bytes
+from harness.store.entries import user_name  # callers import it from here too
 
 if TYPE_CHECKING:
+    from harness.store.entries import PathLock
+    from harness.store.trust import Trust
     from harness.store.fingerprint import Entry
     from harness.store.hashing import NarDigest
 
@@ -78,10 +81,10 @@ class Record:
             kind=str(data["kind"]),
             content=str(data["content"]),
             nar_size=int(data["nar_size"]),
-            references=tuple(data.get("references", ())),
+            references=tuple(str(r) for r in data.get("references", ())),
             builder=str(data.get("builder", "")),
             obtained=str(data.get("obtained", "")),
-            impure=data.get("impure"),
+            impure=None if data.get("impure") is None else str(data["impure"]),
             registered=float(data.get("registered", 0.0)),
         )
 
@@ -149,6 +152,19 @@ class Store:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        #: Entries :meth:`records` skipped because they are not records harness wrote
+        #: (:class:`harness.store.entries.BadEntry`): commands report them and go on.
+        self.bad_entries: list[str] = []
+        self._trust: Trust | None = None
+
+    @property
+    def trust(self) -> Trust:
+        """Whose registrations this process uses here (:mod:`harness.store.trust`)."""
+        if self._trust is None:
+            from harness.store.trust import Trust
+
+            self._trust = Trust(self.root)
+        return self._trust
 
     @classmethod
     def in_home(cls, home: Path) -> Store:
@@ -196,31 +212,97 @@ class Store:
     # -- queries -------------------------------------------------------------------------
 
     def is_registered(self, name: str) -> bool:
-        return self.record_path(name).is_file() and os.path.lexists(self.root / name)
+        """Whether ``name`` is registered for this user: a regular record file and the path,
+        both made by a member this user trusts (:mod:`harness.store.trust`). Two ``lstat`` s."""
+        try:
+            record = os.lstat(self.record_path(name))
+            path = os.lstat(self.root / name)
+        except OSError:
+            return False
+        if not stat.S_ISREG(record.st_mode):
+            return False
+        if self.trust.trusts(record.st_uid) and self.trust.trusts(path.st_uid):
+            return True
+        return self._vouched(name)
 
-    def record(self, name: str, *, even_if_gone: bool = False) -> Record | None:
-        """The record of a registered path, or None (no record, or its path is gone).
+    def _vouched(self, name: str) -> bool:
+        """Whether this user checked ``name`` (another member's fixed-output path) against its
+        lock, and its record still claims the content checked (:mod:`harness.store.trust`)."""
+        from harness.store.trust import vouched
+
+        checked = vouched(self.root, name)
+        if checked is None:
+            return False
+        try:
+            record = self.record(name, any_member=True)
+        except StoreError:
+            return False
+        return record is not None and record.content == checked
+
+    def untrusted_owner(self, name: str) -> int | None:
+        """The uid of the member who registered ``name`` when this user does not trust them
+        (so :meth:`record` says None for it); None otherwise."""
+        for entry in (self.root / name, self.record_path(name)):
+            try:
+                uid = os.lstat(entry).st_uid
+            except OSError:
+                continue
+            if not self.trust.trusts(uid):
+                return None if self._vouched(name) else uid
+        return None
+
+    def record(self, name: str, *, even_if_gone: bool = False, any_member: bool = False) -> Record | None:
+        """The record of a registered path, or None (no record, its path is gone, or a member
+        this user does not trust registered it: :mod:`harness.store.trust`).
 
         ``even_if_gone`` returns the record of a path deleted behind the store's back too
-        (``verify`` reports it missing, ``gc`` removes the record).
+        (``verify`` reports it missing, ``gc`` removes the record); ``any_member`` that of a
+        path an untrusted member registered (``store ls`` lists them). A record file that is
+        not one harness wrote (a symlink, a folder, garbage) is a StoreError naming it.
         """
+        from harness.store.entries import BadEntry, read_entry
+
         path = self.record_path(name)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            raw, st = read_entry(path)
+            data = json.loads(raw.decode("utf-8"))
+            record = Record.from_json(data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"store record {path} is unreadable: {exc}") from None
-        if not even_if_gone and not os.path.lexists(self.root / name):
-            return None
-        return Record.from_json(data)
+        except BadEntry as exc:
+            raise StoreError(exc.message, hint=exc.hint) from None
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise StoreError(
+                f"store record {path} is not a record harness wrote ({type(exc).__name__}: {str(exc)[:200]})",
+                hint="its owner, the store folder's owner or root can remove it",
+            ) from None
+        if record.name != name:
+            raise StoreError(f"store record {path} names another path ({record.name[:80]!r})")
+        try:
+            owner = os.lstat(self.root / name).st_uid
+        except FileNotFoundError:
+            if not even_if_gone:
+                return None
+            owner = st.st_uid
+        if not any_member and not (self.trust.trusts(st.st_uid) and self.trust.trusts(owner)):
+            from harness.store.trust import vouched
 
-    def records(self, *, even_if_gone: bool = False) -> Iterator[Record]:
-        """Every registered path's record, sorted by name (see :meth:`record`)."""
+            if vouched(self.root, name) != record.content:
+                return None
+        return record
+
+    def records(self, *, even_if_gone: bool = False, any_member: bool = False) -> Iterator[Record]:
+        """Every registered path's record, sorted by name (see :meth:`record`). An entry of
+        ``.meta`` that is not a record is skipped, its message kept in :attr:`bad_entries`."""
         if not self.meta_dir.is_dir():
             return
+        self.bad_entries = []
         for entry in sorted(self.meta_dir.glob("*.json")):
-            record = self.record(entry.name[: -len(".json")], even_if_gone=even_if_gone)
+            try:
+                record = self.record(entry.name[: -len(".json")], even_if_gone=even_if_gone, any_member=any_member)
+            except StoreError as exc:
+                self.bad_entries.append(exc.message)
+                continue
             if record is not None:
                 yield record
 
@@ -230,8 +312,8 @@ class Store:
         for folder in (self.root, self.meta_dir, self.locks_dir, self.tmp_dir):
             folder.mkdir(parents=True, exist_ok=True)
 
-    def lock(self, name: str) -> Any:
-        """The per-path lock (a ``filelock.FileLock``), for use as a context manager.
+    def lock(self, name: str) -> PathLock:
+        """The per-path lock (:func:`lock_file`), for use as a context manager.
 
         The name is checked first, so a bad name creates no file anywhere. Lock files are
         group-writable: in a store shared by a group (``harness store init --group``) every
@@ -259,6 +341,11 @@ class Store:
         In a shared store (sticky, like ``/tmp``) only the member who registered a path (or
         root) may remove it; the check comes first so that nothing is half removed.
         """
+        untrusted = self.untrusted_owner(name)
+        if untrusted is not None:
+            from harness.store.trust import untrusted_message
+
+            raise StoreError(untrusted_message(self.root / name, untrusted))
         if self.may_remove(name):
             return
         who = user_name(self.owner(name) or 0)
@@ -266,6 +353,15 @@ class Store:
             f"{self.root / name} was registered by {who}: only {who} (or root) can delete or replace it",
             hint=f"ask {who} to run `harness store verify --repair` or `harness store gc`",
         )
+
+    def _check_unclaimed(self, name: str) -> None:
+        """StoreError, before anything is built, when a member this user does not trust has
+        ``name``'s path or record (which a sticky store does not let this user replace)."""
+        untrusted = self.untrusted_owner(name)
+        if untrusted is not None:
+            from harness.store.trust import untrusted_message
+
+            raise StoreError(untrusted_message(self.root / name, untrusted))
 
     def add(
         self,
@@ -296,6 +392,7 @@ class Store:
             existing = self.record(name)
             if existing is not None:
                 return existing  # another process built it while we waited
+            self._check_unclaimed(name)
             target = self.path(name)
             if os.path.lexists(target):
                 # A crash between rename and record: not registered, so not trusted.
@@ -377,6 +474,7 @@ class Store:
                 existing = self.record(name)
                 if existing is not None:
                     return existing
+                self._check_unclaimed(name)
                 target = self.path(name)
                 if os.path.lexists(target):
                     self.check_removable(name)  # a crash between rename and record (see add)
@@ -561,7 +659,15 @@ class Store:
                 json.dump(record.as_json(), handle, indent=1, sort_keys=True)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(temp, final)  # registration: the last step, atomic
+            try:
+                os.replace(temp, final)  # registration: the last step, atomic
+            except PermissionError:
+                from harness.store.entries import owner_of
+
+                raise StoreError(
+                    f"cannot register {record.name}: its record {final} was made by {owner_of(final)}, "
+                    "and only they (or root) can replace it in this shared store"
+                ) from None
         except BaseException:
             Path(temp).unlink(missing_ok=True)
             raise
@@ -648,26 +754,15 @@ def _display_name(name: str) -> str:
     return rest if len(head) == 32 and rest else name
 
 
-def lock_file(path: Path, *, thread_local: bool = True) -> Any:
-    """A ``filelock.FileLock`` on ``path`` that every member of the folder's group can open.
+def lock_file(path: Path, *, thread_local: bool = True) -> PathLock:
+    """An ``flock`` on ``path`` that every member of the folder's group can open, and that no
+    member can point elsewhere (:class:`harness.store.entries.PathLock`: never opened through
+    a symlink). Group-writable (0664; the process umask may still take bits away in a private
+    home). Any thread may release it; ``thread_local`` is kept for callers that said so."""
+    from harness.store.entries import PathLock
 
-    filelock opens the file read-write; a lock file another user created must therefore be
-    group-writable (0664; the process umask may still take bits away in a private home).
-    ``thread_local=False`` makes a lock that one thread takes and another releases.
-    """
-    from filelock import FileLock
-
-    return FileLock(str(path), mode=0o664, thread_local=thread_local)
-
-
-def user_name(uid: int) -> str:
-    """The login name of ``uid``, or the number when the system does not know it."""
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    del thread_local  # an flock belongs to the open file, not to a thread
+    return PathLock(path, mode=0o664)
 
 
 def canonicalize(path: Path, *, keep_top_writable: bool = False) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -59,6 +60,46 @@ def init(state: State, group: str) -> None:
     )
 
 
+@command.command("trust", help="In a shared home: list, add or remove the members whose paths everyone uses.")
+@click.argument("members", nargs=-1)
+@click.option("--remove", is_flag=True, help="Stop trusting MEMBERS instead.")
+@click.pass_obj
+def trust(state: State, members: tuple[str, ...], remove: bool) -> None:
+    import pwd
+
+    from harness.errors import HarnessError, InputError
+    from harness.store.shared import is_shared
+    from harness.store.store import user_name
+    from harness.store.trust import read_members, write_members
+
+    store = _store(state)
+    if not is_shared(state.home):
+        raise InputError(
+            f"{state.home} is not a shared home: only its owner writes its store",
+            hint="`harness store init --group GROUP` shares it",
+        )
+    listed = read_members(store.root)
+    if not members:
+        owner = user_name(store.root.stat().st_uid)
+        click.echo(f"{owner} (the store's owner)")
+        for member in listed:
+            click.echo(member)
+        return
+    for member in members:
+        try:
+            pwd.getpwnam(member)
+        except KeyError:
+            raise InputError(f"store trust: no user {member!r} on this machine") from None
+    if store.root.stat().st_uid != os.geteuid():
+        raise HarnessError(
+            f"only the store's owner ({user_name(store.root.stat().st_uid)}) can change whom its members trust",
+            hint="ask them to run `harness store trust " + " ".join(members) + "`",
+        )
+    chosen = set(listed) - set(members) if remove else set(listed) | set(members)
+    write_members(store.root, sorted(chosen))
+    click.echo("trusted by every member: " + (", ".join(sorted(chosen)) or "(only the store's owner)"))
+
+
 @command.command("ls", help="List registered store paths: path, kind, size (and who registered it).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
@@ -67,7 +108,9 @@ def ls(state: State, as_json: bool) -> None:
     from harness.store.store import user_name
 
     store = _store(state)
-    records = list(store.records())
+    records = list(store.records(any_member=True))  # every member's, each with its owner
+    for message in store.bad_entries:
+        click.echo(f"warning: {message}", err=True)
     owners = {r.name: store.owner(r.name) for r in records}
     names = {uid: user_name(uid) for uid in set(owners.values()) if uid is not None}
     if as_json:
@@ -78,6 +121,7 @@ def ls(state: State, as_json: bool) -> None:
                     "path": str(store.root / r.name),
                     "size": r.nar_size,
                     "owner": _owner_name(names, owners[r.name]),
+                    "trusted": store.untrusted_owner(r.name) is None,
                 }
                 for r in records
             ]
@@ -93,7 +137,17 @@ def ls(state: State, as_json: bool) -> None:
     print_table(
         None,
         ["path", "kind", "size", "impure", "owner"],
-        [[r.name, r.kind, _size(r.nar_size), r.impure, _owner_name(names, owners[r.name])] for r in records],
+        [
+            [
+                r.name,
+                r.kind,
+                _size(r.nar_size),
+                r.impure,
+                f"{_owner_name(names, owners[r.name])}"
+                + ("" if store.untrusted_owner(r.name) is None else " (not trusted: not used)"),
+            ]
+            for r in records
+        ],
     )
 
 
@@ -142,11 +196,11 @@ def path(state: State, name: str, weights: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def verify(state: State, names: tuple[str, ...], check_contents: bool, repair: bool, as_json: bool) -> None:
-    from harness.store.verify import report, verify_store
+    from harness.store.verify import NOT_FAULTS, report, verify_store
 
     store = _store(state)
     findings = verify_store(store, check_contents=check_contents or repair, names=list(names) or None)
-    bad = [f for f in findings if f.status != "ok"]
+    bad = [f for f in findings if f.status not in NOT_FAULTS]
     repaired: list[str] = []
     if repair and bad:
         from harness.realize.repair import repair_paths
