@@ -237,3 +237,34 @@ def test_sigkill_at_random_moments_never_leaves_a_half_registered_path(tmp_path:
     assert sorted(r.name for r in store.records()) == sorted(names)
     assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
     assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_a_pooled_file_changed_behind_the_stores_back_is_not_registered_again(tmp_path: Path) -> None:
+    """uv installs a second environment by hard-linking its cache, whose files are the pool's
+    inodes: one that was changed in place (mode opened, bytes written) is refused, naming it,
+    rather than registered as the new environment's content."""
+    store = Store(tmp_path / "store")
+    cache = tmp_path / "uv-cache"
+    cache.mkdir()
+    (cache / "module.py").write_text("VALUE = 1\n")
+
+    def environment(out: Path) -> BuildResult:
+        (out / "lib").mkdir(parents=True)
+        os.link(cache / "module.py", out / "lib" / "module.py")  # as uv installs from its cache
+        return BuildResult(obtained="test")
+
+    first = "1" * 32 + "-first-env"
+    store.add(first, "environment", environment)
+    shared = store.path(first) / "lib" / "module.py"
+    assert shared.stat().st_ino == (cache / "module.py").stat().st_ino  # one inode: env, pool, cache
+    # A second environment of the same cache file reuses the pooled inode unread.
+    second = "2" * 32 + "-second-env"
+    store.add(second, "environment", environment)
+    assert store.record(second).content == store.record(first).content  # type: ignore[union-attr]
+
+    shared.chmod(0o644)
+    shared.write_text("VALUE = 2\n")  # pip into the environment, an editor, ...
+    third = "3" * 32 + "-third-env"
+    with pytest.raises(StoreError, match=r"lib/module.py: the file installed here was changed behind the store's back"):
+        store.add(third, "environment", environment)
+    assert not store.is_registered(third)

@@ -590,6 +590,13 @@ class Store:
         store's back) is replaced by the new file rather than linked to. Links that cannot be
         made (no hard links, too many) leave the file as it is. Runs before canonicalization,
         which gives shared inodes the mode and mtime they already have.
+
+        A file that already *is* a pool inode (uv installs by hard-linking its cache, whose
+        files an earlier environment put in the pool) is reused unread while it is as the
+        store sealed it: read-only, mtime 1. One whose mode or mtime moved was changed behind
+        the store's back, and uv's cache shares it: its bytes are checked against its pool
+        name, and a mismatch is a StoreError naming the file (never registered as this
+        path's content: ``store verify --repair`` mends the cache).
         """
         import blake3
 
@@ -599,13 +606,17 @@ class Store:
         # Inodes already in the pool (readdir gives them for free): files installed as hard
         # links of uv's cache are usually among them, and need no reading at all.
         with os.scandir(self.links_dir) as entries:
-            pooled = {entry.inode() for entry in entries}
+            pooled = {entry.inode(): entry.name for entry in entries}
         device = os.stat(self.links_dir).st_dev
         for dirpath, _, filenames in os.walk(out):
             for filename in filenames:
                 path = os.path.join(dirpath, filename)
                 st = os.lstat(path)
-                if not stat.S_ISREG(st.st_mode) or (st.st_ino in pooled and st.st_dev == device):
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if st.st_ino in pooled and st.st_dev == device:
+                    if st.st_mtime_ns != FIXED_MTIME_NS or st.st_mode & 0o222:
+                        _check_pooled(path, pooled[st.st_ino], out)
                     continue
                 if st.st_size < 1 << 20:  # most are small: one read, no thread pool
                     with open(path, "rb") as handle:
@@ -818,6 +829,21 @@ def _seal_top(path: Path) -> None:
         os.chmod(path, 0o555)
     if not stat.S_ISLNK(st.st_mode):
         os.utime(path, (FIXED_MTIME, FIXED_MTIME))
+
+
+def _check_pooled(path: str, pool_name: str, out: Path) -> None:
+    """StoreError unless ``path`` (a pool inode whose mode or mtime moved) still holds the
+    bytes its pool name says."""
+    from harness.store.hashing import file_blake3
+
+    found = file_blake3(path)
+    if found != pool_name.removesuffix("x"):
+        rel = os.path.relpath(path, out)
+        raise StoreError(
+            f"{rel}: the file installed here was changed behind the store's back (its bytes are no longer "
+            f"those of the store's .links/{pool_name}; uv's cache shares the file); nothing was registered",
+            hint="`harness store verify --repair` rebuilds what shares it and mends uv's cache",
+        )
 
 
 def _same_bytes(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
