@@ -584,3 +584,33 @@ def test_a_wheel_another_member_registered_is_used_once_it_checks_out(lab: tuple
     assert seen["registered"] is False
     assert "registered by harness-lab-b" in seen["refused"] and wheel.file in seen["refused"], seen
     assert f"expected sha256 {wheel.sha256}, found a file of 12 bytes" in seen["refused"]
+
+
+def test_a_planted_note_folder_costs_a_check_not_the_realize(lab: tuple[User, User], home: Path) -> None:
+    """b plants a file where a's folder of checked paths goes: a's check still passes and the
+    path is used in that command (said in a warning), and the next command checks again."""
+    a, b = lab
+    good = b"bytes of a wheel\n" * 10
+    lock = _toy_lock(good)
+    [wheel] = lock.packages[0].wheels
+    as_user(a, lambda: init_and_add(home))
+    as_user(b, lambda: _register_file(home, wheel.store, wheel.file, good))
+    a_uid = a.uid
+
+    def plant() -> None:
+        folder = home / "store" / harness.store.trust.VOUCHED_DIR
+        folder.mkdir(exist_ok=True)
+        (folder / str(a_uid)).write_text("in the way\n")
+
+    as_user(b, plant)
+
+    def member_a() -> list[Any]:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            vouched = harness.realize.members.check_members_paths(Store.in_home(home), [lock])
+        return [vouched, Store.in_home(home).is_registered(wheel.store), err.getvalue()]
+
+    vouched, registered, err = as_user(a, member_a)
+    assert vouched == [wheel.store] and registered is True
+    assert "cannot note that" in err and "checked again next time" in err
+    assert as_user(a, lambda: Store.in_home(home).is_registered(wheel.store)) is False  # a new process
