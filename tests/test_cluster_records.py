@@ -79,11 +79,11 @@ def _record(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     _write(run / "config.json", {"id": "r1", "impurities": [], "cluster": {"shards": 3}})
     _write(run / "lock.json", closure)
     _write(run / "shards" / "0" / "lock.json", closure)
-    _write(run / "shards" / "0" / "shard.json", {"hostname": "gpu-a", "home": "/h/a"})
+    _write(run / "shards" / "0" / "shard.json", {"hostname": "gpu-a", "home": "/h/a", "status": "ok"})
     other = json.loads(json.dumps(closure))
     other["store_paths"][0]["content"] = "blake3:9"
     _write(run / "shards" / "1" / "lock.json", other)
-    _write(run / "shards" / "1" / "shard.json", {"hostname": "gpu-b", "home": "/h/b"})
+    _write(run / "shards" / "1" / "shard.json", {"hostname": "gpu-b", "home": "/h/b", "status": "ok"})
     _write(
         run / "shards" / "2" / "shard.json",
         {"hostname": "gpu-c", "home": "/h/c", "reason": "on gpu-c (/h/c): offline, and the store lacks 1 thing(s)"},
@@ -96,7 +96,7 @@ def test_audit_names_the_node_that_ran_other_bits_and_the_shard_without_a_record
     items = audit_shards(run, closure)
     assert [i.status for i in items] == ["ok", "modified", "missing"]
     assert "gpu-a (/h/a)" in items[0].path and "same 2 store paths" in items[0].detail
-    assert "gpu-b (/h/b)" in items[1].path and "aaa-env: blake3:1 here, blake3:9 there" in items[1].detail
+    assert "gpu-b (/h/b)" in items[1].path and "aaa-env: blake3:1 on the head, blake3:9 on the node" in items[1].detail
     assert "gpu-c" in items[2].path and "offline" in items[2].detail
     # audit_run includes them: the whole audit fails, the head's own store paths aside.
     report = audit_run(run, tmp_path / "store", None)
@@ -157,3 +157,114 @@ def test_a_shard_brings_back_its_record_but_not_its_workers_folder(tmp_path: Pat
     (video / "episode0.mp4").write_bytes(bytes(range(256)) * 64)
     (video / "_result.json").write_text("{}")
     assert _collect(tmp_path) == {"config.json": "{}", "logs/command.log": "episode 1\n"}
+
+
+def _launch_refused(path: str) -> dict[str, Any]:
+    return {
+        "launch": "kinematics",
+        "refused": {"path": path, "files": [f"{path}/lib/x.py"], "expected": "blake3:1", "found": "blake3:7"},
+    }
+
+
+def test_judge_shard_sees_refusals_failures_cancels_and_losses() -> None:
+    """A shard refused at launch, failed, cancelled, lost or never recorded is no ``ok``, and
+    each verdict names node, home and reason (pure: records as data)."""
+    from harness.runs.audit import judge_shard
+
+    head = {"store_paths": [{"path": "aaa-env", "content": "blake3:1"}], "locks": {}}
+    node = {"hostname": "gpu-b", "home": "/h/b", "status": "ok"}
+    ok = judge_shard(0, 4, node, head, [{"launch": "kinematics", "paths": {}}], head)
+    assert ok.status == "ok" and "gpu-b (/h/b)" in ok.path and "same 1 store paths" in ok.detail
+    # Same lock.json as the head (written before the launch check), but the launch was refused.
+    failed = {**node, "status": "failed", "reason": "on gpu-b (/h/b): kinematics: refusing to start the run"}
+    refused = judge_shard(1, 4, failed, head, [_launch_refused("aaa-env")], head)
+    assert refused.status == "modified" and refused.at_launch == "refused"
+    assert "gpu-b (/h/b)" in refused.path and "aaa-env/lib/x.py" in refused.detail and "blake3:7" in refused.detail
+    assert judge_shard(1, 4, failed, head, [], head).status == "failed"
+    cancelled = judge_shard(2, 4, {**node, "status": "cancelled", "reason": "interrupted"}, None, [], head)
+    assert (cancelled.status, cancelled.detail) == ("cancelled", "interrupted")
+    lost = judge_shard(3, 4, {"status": "lost", "reason": "no result came back"}, None, [], head)
+    assert lost.status == "missing" and "no result came back" in lost.detail and "? (?)" in lost.path
+    assert judge_shard(3, 4, None, None, [], head).status == "missing"
+
+
+def test_a_refused_cluster_run_fails_its_audit(tmp_path: Path) -> None:
+    """audit_run reads each shard's launch checks: shards refused at launch make it fail."""
+    run, closure = _record(tmp_path)
+    _write(run / "shards" / "1" / "lock.json", closure)  # as the node wrote it, before its launch check
+    (run / "shards" / "1" / "services").mkdir(parents=True)
+    (run / "shards" / "1" / "services" / "launch-checks.jsonl").write_text(json.dumps(_launch_refused("aaa-env")))
+    items = audit_shards(run, closure)
+    assert [i.status for i in items] == ["ok", "modified", "missing"]
+    assert "refused at launch of kinematics" in items[1].detail and "gpu-b (/h/b)" in items[1].path
+
+
+def test_closure_differences_name_the_interpreter_and_each_path() -> None:
+    """A node whose host interpreter stood in: the interpreter and the environment built on
+    it are named by their readable names, both sides' paths given; same closures: none."""
+    from harness.runs.closures import closure_differences, expected_closure, mismatch_message
+
+    head = {
+        "store_paths": [
+            {"path": "a" * 32 + "-cpython-3.11.7", "content": "blake3:p", "kind": "python"},
+            {"path": "b" * 32 + "-kinematics-env", "content": "blake3:e", "kind": "environment"},
+            {"path": "c" * 32 + "-numpy", "content": "blake3:n", "kind": "wheel"},
+        ],
+        "locks": {"kinematics": {"interpreter": "a" * 32 + "-cpython-3.11.7", "lock_blake3": "L", "packages": {}}},
+    }
+    assert closure_differences(head, head) == [] and closure_differences(expected_closure(head), head) == []
+    node = json.loads(json.dumps(head))
+    node["store_paths"][0]["path"] = "d" * 32 + "-cpython-3.11.7-host"
+    node["store_paths"][1]["path"] = "f" * 32 + "-kinematics-env"
+    node["locks"]["kinematics"]["interpreter"] = "d" * 32 + "-cpython-3.11.7-host"
+    node["locks"]["kinematics"]["standing_in_for"] = "a" * 32 + "-cpython-3.11.7"
+    found = closure_differences(expected_closure(head), node)
+    assert [d.what for d in found] == [
+        "kinematics: interpreter",
+        "cpython-3.11.7",
+        "cpython-3.11.7-host",
+        "kinematics-env",
+    ]
+    assert "a host copy standing in for " + "a" * 32 in found[0].actual
+    assert found[3].told() == f"kinematics-env: {'b' * 32}-kinematics-env on the head, {'f' * 32}-kinematics-env here"
+    assert "4 difference(s)" in mismatch_message(found)
+
+
+def test_head_standins_are_read_from_the_head_closure() -> None:
+    from harness.runs.shard import head_standins
+
+    closure = {
+        "locks": {
+            "kinematics": {"interpreter": "h-cpython-host", "standing_in_for": "o-cpython"},
+            "reach": {"interpreter": "o-cpython", "standing_in_for": None},
+        }
+    }
+    assert head_standins(closure) == {"o-cpython": "h-cpython-host"}
+
+
+def _view(shards: int, per_shard: list[dict[str, Any]], engine: str | None = "ray") -> dict[str, Any]:
+    return {"engine": engine, "shards": shards, "retries": 3, "per_shard": per_shard}
+
+
+def _shard(index: int, **changes: Any) -> dict[str, Any]:
+    base = {"index": index, "where": "vm (/h)", "status": "ok", "score": 1.0, "platform": "linux-x86_64"}
+    return {**base, "retries": 0, "closure": "the head's", **changes}
+
+
+def test_diff_compares_engine_shards_platforms_retries_and_closures() -> None:
+    from harness.runs.audit import cluster_differences
+
+    eight = _view(8, [_shard(i) for i in range(8)])
+    assert cluster_differences(eight, eight) == []
+    other = "kinematics: interpreter x on the head, y-host on the node"
+    six = _view(6, [_shard(i) for i in range(5)] + [_shard(5, closure=other, where="gpu-b (/h/b)", status="failed")])
+    lines = cluster_differences(eight, six)
+    assert lines[0] == "cluster shards: 8 → 6"
+    assert "shard statuses: ok ×8 → failed ×1, ok ×5" in lines
+    assert any(ln.startswith("shard 5/6 of run B on gpu-b (/h/b): not its head's closure: kinematics") for ln in lines)
+    local = _view(1, [], engine=None)
+    assert cluster_differences(local, eight)[:2] == ["cluster engine: (a local run) → ray", "cluster shards: 1 → 8"]
+    retried = _view(8, [_shard(i, retries=1 if i == 2 else 0, score=0.5 if i == 2 else 1.0) for i in range(8)])
+    assert cluster_differences(eight, retried) == ["shard 2/8 score: 1.0 → 0.5", "shard 2/8 retries: 0 → 1"]
+    arm = _view(8, [_shard(i, platform="linux-aarch64" if i == 7 else "linux-x86_64") for i in range(8)])
+    assert cluster_differences(eight, arm) == ["shard 7/8 platform: linux-x86_64 → linux-aarch64"]

@@ -33,7 +33,7 @@ from harness.store.store import FIXED_MTIME
 @dataclass(frozen=True)
 class AuditItem:
     path: str
-    status: str  # ok | modified | missing
+    status: str  # ok | modified | missing; a cluster shard also failed | cancelled
     detail: str = ""
     at_launch: str = ""  # "stat" / "hash" (verified when launched), "refused", "" (not launched)
     store_now: str = ""  # for a path judged at launch: how today's store differs, "" if it does not
@@ -208,7 +208,9 @@ def diff_runs(a: Path, b: Path) -> list[str]:
     packages, sources (commit, install mode), weights, code, environment store path and
     manifest digest; per service its launch (argv after templates, working directory, the
     variables harness sets); the run's own command as launched; project files; placement;
-    the configuration (command, agent, overrides, deploy, benchmark). A difference that
+    the configuration (command, agent, overrides, deploy, benchmark); for cluster runs the
+    engine, shard count, retries and each shard's status, score, platform, retries and
+    closure against its head's (:func:`cluster_differences`). A difference that
     another one explains is not repeated: a bumped package changes the environment path and
     the interpreter path in the argv too, but the line names the package. Store paths in a
     launch compare by name without their hash (the hash's inputs are compared themselves),
@@ -252,6 +254,7 @@ def diff_runs(a: Path, b: Path) -> list[str]:
     for service in sorted(set(resets_a) | set(resets_b)):
         if resets_a.get(service, 0) != resets_b.get(service, 0):
             lines.append(f"scoped resets of {service}: {resets_a.get(service, 0)} → {resets_b.get(service, 0)}")
+    lines += cluster_differences(cluster_view(a, config_a, closure_a), cluster_view(b, config_b, closure_b))
     for key in ("command", "agent", "overrides", "deploy", "benchmark"):
         if config_a.get(key) != config_b.get(key):
             lines.append(f"configuration {key}: {_short(config_a.get(key))} → {_short(config_b.get(key))}")
@@ -262,6 +265,92 @@ def diff_runs(a: Path, b: Path) -> list[str]:
         da, db = locks_a[name].get("manifest_digest"), locks_b[name].get("manifest_digest")
         if da != db and name not in services_named:
             lines.append(f"{name}: manifest digest {da} → {db}")
+    return lines
+
+
+def cluster_view(run_dir: Path, config: dict[str, Any], head_closure: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`cluster_differences` compares of one run, read from its record: the
+    engine, shard count and retries asked, and per shard its status, score, node platform,
+    retries taken and how its closure differs from its head's (a local run: no engine, one
+    shard, this record's own)."""
+    from harness.runs.closures import closure_differences
+
+    cluster = config.get("cluster") or {}
+    if not cluster:
+        return {"engine": None, "shards": 1, "retries": None, "per_shard": []}
+    result_file = run_dir / "result.json"
+    summaries = read_json(result_file).get("shards", []) if result_file.is_file() else []
+    per_shard = []
+    for summary in (s for s in summaries if isinstance(s, dict)):
+        lock = run_dir / "shards" / str(summary.get("index")) / "lock.json"
+        deviation = (
+            [d.told("on the head", "on the node") for d in closure_differences(head_closure, read_json(lock))]
+            if lock.is_file()
+            else ["no closure recorded"]
+        )
+        per_shard.append(
+            {
+                "index": summary.get("index"),
+                "where": f"{summary.get('hostname') or '?'} ({summary.get('home') or '?'})",
+                "status": summary.get("status"),
+                "score": summary.get("score"),
+                "platform": summary.get("platform"),
+                "retries": max(0, len(summary.get("attempts") or []) - 1),
+                "closure": "; ".join(deviation) or "the head's",
+            }
+        )
+    return {
+        "engine": cluster.get("engine"),
+        "shards": cluster.get("shards"),
+        "retries": cluster.get("retries"),
+        "per_shard": sorted(per_shard, key=lambda s: s["index"] if isinstance(s["index"], int) else -1),
+    }
+
+
+def cluster_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """What differs in how two runs were spread over nodes (:func:`cluster_view`), pure.
+
+    The engine, the shard count and the retries asked; then per shard (by index, when both
+    runs have as many shards; else what each run's shards were, counted) its status, score,
+    node platform, retries taken and its closure against its head's. A shard whose node
+    computed with another closure than its own head is named with its node and home and
+    each difference, in whichever run it is."""
+    from collections import Counter
+
+    lines: list[str] = []
+    if a["engine"] != b["engine"]:
+        lines.append(f"cluster engine: {a['engine'] or '(a local run)'} → {b['engine'] or '(a local run)'}")
+    if a["shards"] != b["shards"]:
+        lines.append(f"cluster shards: {a['shards']} → {b['shards']}")
+    if a["retries"] != b["retries"] and a["engine"] and b["engine"]:
+        lines.append(f"cluster retries allowed: {a['retries']} → {b['retries']}")
+    sa, sb = a["per_shard"], b["per_shard"]
+    if sa and sb and [s["index"] for s in sa] == [s["index"] for s in sb]:
+        for xa, xb in zip(sa, sb, strict=True):
+            label = f"shard {xa['index']}/{a['shards']}"
+            for key in ("status", "score", "platform", "retries"):
+                if xa[key] != xb[key]:
+                    lines.append(f"{label} {key}: {xa[key]} → {xb[key]}")
+            if xa["closure"] != xb["closure"]:
+                lines.append(
+                    f"{label} closure: {xa['closure']} (on {xa['where']}) → {xb['closure']} (on {xb['where']})"
+                )
+        return lines
+
+    def counted(shards: list[dict[str, Any]], key: str) -> str:
+        counts = Counter(str(s[key]) for s in shards)
+        return ", ".join(f"{value} ×{n}" for value, n in sorted(counts.items())) or "(none)"
+
+    for key, label in (("status", "statuses"), ("score", "scores"), ("platform", "platforms"), ("retries", "retries")):
+        if sa and sb and counted(sa, key) != counted(sb, key):
+            lines.append(f"shard {label}: {counted(sa, key)} → {counted(sb, key)}")
+    for run, shards, count in (("A", sa, a["shards"]), ("B", sb, b["shards"])):
+        for shard in shards:
+            if shard["closure"] != "the head's":
+                lines.append(
+                    f"shard {shard['index']}/{count} of run {run} on {shard['where']}: "
+                    f"not its head's closure: {shard['closure']}"
+                )
     return lines
 
 
@@ -425,37 +514,78 @@ def _short(value: Any) -> str:
 
 
 def audit_shards(run_dir: Path, head_closure: dict[str, Any]) -> list[AuditItem]:
-    """One audit item per shard: its closure against the head's (the lock's store paths and
-    content hashes, and the lock files' hashes); a shard that differs names its node and
-    the paths; a shard without a record is missing."""
+    """One audit item per shard of a cluster run (:func:`judge_shard`, from the shard's
+    ``shard.json``, ``lock.json`` and ``services/launch-checks.jsonl`` under ``shards/<I>/``,
+    or the run's ``result.json`` where a shard has no folder)."""
+    from harness.store.launchcheck import read_launches
+
     config = read_json(run_dir / "config.json")
     count = int((config.get("cluster") or {}).get("shards") or 0)
-    head = {e["path"]: e["content"] for e in head_closure.get("store_paths", [])}
-    head_locks = {n: v.get("lock_blake3") for n, v in head_closure.get("locks", {}).items()}
+    result_file = run_dir / "result.json"
+    recorded = read_json(result_file).get("shards", []) if result_file.is_file() else []
+    by_index = {s.get("index"): s for s in recorded if isinstance(s, dict)}
     items: list[AuditItem] = []
     for index in range(count):
         folder = run_dir / "shards" / str(index)
-        summary = read_json(folder / "shard.json") if (folder / "shard.json").is_file() else {}
-        where = f"shard {index}/{count} on {summary.get('hostname') or '?'} ({summary.get('home') or '?'})"
-        if not (folder / "lock.json").is_file():
-            why = summary.get("reason") or "no record"
-            items.append(AuditItem(where, "missing", f"no closure recorded: {why}"))
-            continue
-        shard_closure = read_json(folder / "lock.json")
-        theirs = {e["path"]: e["content"] for e in shard_closure.get("store_paths", [])}
-        problems = [
-            f"{p}: {head[p]} here, {theirs[p]} there" for p in sorted(set(head) & set(theirs)) if head[p] != theirs[p]
-        ]
-        problems += [f"{p}: not used there" for p in sorted(set(head) - set(theirs))]
-        problems += [f"{p}: used there only" for p in sorted(set(theirs) - set(head))]
-        their_locks = {n: v.get("lock_blake3") for n, v in shard_closure.get("locks", {}).items()}
-        problems += [
-            f"lock of {n}: {head_locks.get(n)} here, {their_locks.get(n)} there"
-            for n in sorted(set(head_locks) | set(their_locks))
-            if head_locks.get(n) != their_locks.get(n)
-        ]
-        if problems:
-            items.append(AuditItem(where, "modified", "ran other bits than the lock: " + "; ".join(problems[:10])))
-        else:
-            items.append(AuditItem(where, "ok", f"same {len(head)} store paths and content hashes as the lock"))
+        summary = read_json(folder / "shard.json") if (folder / "shard.json").is_file() else by_index.get(index)
+        closure = read_json(folder / "lock.json") if (folder / "lock.json").is_file() else None
+        launches = list(read_launches(folder / "services"))
+        items.append(judge_shard(index, count, summary, closure, launches, head_closure))
     return items
+
+
+def judge_shard(
+    index: int,
+    count: int,
+    summary: dict[str, Any] | None,
+    closure: dict[str, Any] | None,
+    launches: list[dict[str, Any]],
+    head_closure: dict[str, Any],
+) -> AuditItem:
+    """The audit's verdict on shard ``index`` of ``count``, pure: ``summary`` is its
+    ``shard.json`` (None: the head recorded nothing of it), ``closure`` its ``lock.json``
+    (None: it recorded none), ``launches`` its launch checks (:func:`read_launches`).
+
+    In this order: a launch refused for changed bits (``modified``, naming the path and the
+    files), a closure other than the head's (``modified``, naming each difference), a shard
+    that did not end ``ok`` (``failed``, ``cancelled``; ``missing`` when no result came
+    back), no closure recorded (``missing``); else ``ok``. Every verdict names the node and
+    its home; a bad one, the reason the shard gave."""
+    from harness.runs.closures import closure_differences
+
+    summary = summary or {}
+    where = f"shard {index}/{count} on {summary.get('hostname') or '?'} ({summary.get('home') or '?'})"
+    reason = summary.get("reason") or ""
+    status = summary.get("status")
+    for entry in launches:
+        refused = entry.get("refused")
+        if isinstance(refused, dict):
+            files = ", ".join(str(f) for f in refused.get("files") or []) or "its content"
+            return AuditItem(
+                where,
+                "modified",
+                f"refused at launch of {entry.get('launch')}: store path {refused.get('path')} changed "
+                f"({files}; expected {refused.get('expected')}, found {refused.get('found')})",
+                at_launch="refused",
+            )
+    if closure is not None:
+        differences = closure_differences(head_closure, closure)
+        if differences:
+            told = "; ".join(d.told("on the head", "on the node") for d in differences[:10])
+            more = f" and {len(differences) - 10} more" if len(differences) > 10 else ""
+            ran = (
+                "refused before its first episode: its closure is not the head's"
+                if summary.get("closure_refused")
+                else "ran other bits than the head's closure"
+            )
+            return AuditItem(where, "modified", f"{ran}: {told}{more}")
+    if not summary:
+        return AuditItem(where, "missing", "the run's record holds nothing of this shard (the head stopped before it)")
+    if status in ("failed", "cancelled"):
+        return AuditItem(where, str(status), str(reason or f"the shard {status}"))
+    if status != "ok":
+        return AuditItem(where, "missing", f"no result came back ({status}): {reason or 'no reason given'}")
+    if closure is None:
+        return AuditItem(where, "missing", f"no closure recorded: {reason or 'no record'}")
+    paths = len(head_closure.get("store_paths", []))
+    return AuditItem(where, "ok", f"same {paths} store paths and content hashes as the head's closure")

@@ -26,8 +26,12 @@ The run's folder holds one record::
     runs/<id>/benchmark.json       the shards' benchmark results combined
     runs/<id>/result.json          exit status, the combined score, one line per shard
 
-``harness audit RUN`` compares every shard's closure with the head's (:func:`harness.runs.audit.audit_shards`)
-and names any node that computed with other bits. Faults: a shard whose node dies is
+Each node checks the closure it realized against the head's before its shard's first
+episode and refuses, naming each difference (:mod:`harness.runs.shard`). ``harness audit
+RUN`` judges every shard (:func:`harness.runs.audit.judge_shard`): a shard refused at
+launch, refused for another closure, failed, cancelled or lost fails the audit, naming its
+node and home; ``harness diff`` compares engines, shard counts, retries and each shard's
+status, score, platform and closure. Faults: a shard whose node dies is
 retried by the engine on another node and ``shard.json`` lists every attempt; Ctrl-C
 cancels every shard (each stops its services and records itself, as a local run does); a
 shard whose node cannot realize fails with the node's reason, and the run exits 1.
@@ -35,7 +39,6 @@ shard whose node cannot realize fails with the node's reason, and the run exits 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -45,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from harness.errors import HarnessError, InputError
+from harness.runs.closures import closure_digest, expected_closure
 from harness.runs.record import read_json, write_json
 from harness.runs.shard import ShardJob, run_shard
 
@@ -87,15 +91,6 @@ def parse_target(text: str) -> Target:
         f"--cluster {text!r}: unknown cluster",
         hint="use ray://HOST:PORT, ray (RAY_ADDRESS or the local Ray), slurm or slurm-local",
     )
-
-
-def closure_digest(lock_json: dict[str, Any]) -> str:
-    """blake3 over the sorted (store path, content hash) pairs of a record's ``lock.json``:
-    equal digests mean the same store paths with the same bits."""
-    from blake3 import blake3
-
-    pairs = sorted((e["path"], e["content"]) for e in lock_json.get("store_paths", []))
-    return "blake3:" + blake3(json.dumps(pairs).encode()).hexdigest()
 
 
 def shard_resources(plan: Plan) -> tuple[float, int]:
@@ -191,7 +186,7 @@ def run_on_cluster(
     config = _cluster_config(run_id, started, prepared, ask, target, shards, retries, pushed, head.digest)
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", head.closure)
-    jobs = _shard_jobs(run_id, shards, prepared, ask, settings, pushed, head.digest)
+    jobs = _shard_jobs(run_id, shards, prepared, ask, settings, pushed, head)
     outcome = _run_shards(engine, jobs, config, run_dir, store, head, run_id, echo)
     _report_shards(outcome, echo)
     return RunOutcome(run_id, run_dir, outcome["exit_status"], outcome["score"])
@@ -283,9 +278,9 @@ def _shard_jobs(
     ask: ClusterAsk,
     settings: Settings,
     pushed: dict[str, Any],
-    digest: str,
+    head: HeadClosure,
 ) -> list[ShardJob]:
-    """One job per shard: what the node runs, and the closure digest it must compute with."""
+    """One job per shard: what the node runs, and the closure it must compute with."""
     local = tuple(p.name for p in prepared.plan.services if p.mode in ("resident", "on_demand"))
     return [
         ShardJob(
@@ -304,7 +299,8 @@ def _shard_jobs(
             substituters=tuple(settings.substituters) if pushed.get("cache") else (),
             trusted_keys=tuple(settings.trusted_keys),
             local_services=local,
-            expected_digest=digest,
+            expected_digest=head.digest,
+            expected_closure=expected_closure(head.closure),
         )
         for i in range(shards)
     ]
@@ -392,7 +388,10 @@ def record_cluster_run(
     run_dir: Path, config: dict[str, Any], results: list[dict[str, Any]], jobs: list[ShardJob], *, interrupted: bool
 ) -> dict[str, Any]:
     """Write every shard's record under ``shards/``, the combined benchmark and ``result.json``."""
+    from harness.runs.closures import closure_differences
+
     head_digest = config["cluster"]["closure_digest"]
+    head_lock = read_json(run_dir / "lock.json") if (run_dir / "lock.json").is_file() else {}
     by_index = {r["index"]: r for r in results}
     summaries = []
     benches = []
@@ -426,18 +425,23 @@ def record_cluster_run(
             "hostname": node.get("hostname"),
             "node_id": node.get("node_id"),
             "home": node.get("home"),
+            "platform": node.get("platform"),
             "closure_digest": shard_digest,
+            # the node refused to compute: its closure was not the head's (harness/runs/shard.py)
+            "closure_refused": bool(result.get("closure_refused")),
             "same_closure": shard_digest == head_digest if shard_digest else None,
             "attempts": result.get("attempts") or ([node] if node else []),
             "started": result.get("started"),
             "ended": result.get("ended"),
         }
         if summary["status"] == "ok" and shard_digest != head_digest:
+            theirs = read_json(folder / "lock.json") if shard_digest else {}
+            named = "; ".join(d.told("on the head", "there") for d in closure_differences(head_lock, theirs)[:5])
             summary.update(
                 status="failed",
                 reason=(
                     f"node {node.get('hostname')} ({node.get('home')}) computed with another closure "
-                    f"({shard_digest}) than the head's ({head_digest})"
+                    f"({shard_digest}) than the head's ({head_digest})" + (f": {named}" if named else "")
                 ),
             )
         write_json(folder / "shard.json", summary)

@@ -33,6 +33,7 @@ from harness.runs.record import (
 )
 
 if TYPE_CHECKING:  # the models and the broker load only when a run starts
+    from harness.runs.closures import Difference
     from harness.manifests.model import BenchmarkManifest
     from harness.runs.resets import RecordingBroker
     from harness.runtime.broker import SharedBroker
@@ -81,6 +82,7 @@ def run(
     run_dir: Path | None = None,
     ports: dict[str, int] | None = None,
     show_progress: bool = True,
+    expected_closure: dict[str, Any] | None = None,
 ) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) with the closure's services; record it.
 
@@ -88,6 +90,9 @@ def run(
     (I, N), exported to the command as ``HARNESS_SHARD=I/N``, its record written to
     ``run_dir`` under the cluster run's id, and its services on ``ports`` free on its node,
     through a broker of its own (never the one of ``harness up``, whose ports are its own).
+    With ``expected_closure`` (the head's, :func:`harness.runs.closures.expected_closure`),
+    the closure realized here is compared with it before any service or the command starts:
+    a difference is :class:`ClosureMismatch`, naming each one, and nothing is computed.
     """
     from harness.runtime.session import prepare
     from harness.store.store import Store
@@ -117,6 +122,8 @@ def run(
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     exit_status = 1  # if the launch check refuses, the run failed before anything started
     try:
+        if expected_closure is not None:
+            _check_expected(expected_closure, read_json(run_dir / "lock.json"), echo)
         exit_status = _start_and_run(prepared, store, what, broker, run_dir, config, shard, echo)
     except KeyboardInterrupt:
         exit_status = 130
@@ -127,6 +134,35 @@ def run(
         score = _record_result(run_dir, run_id, started, exit_status, prepared.impurities, foreign)
         run_roots.close()  # the record's lock.json roots it now (the last N runs are kept)
     return RunOutcome(run_id, run_dir, exit_status, score)
+
+
+class ClosureMismatch(HarnessError):
+    """A shard's node realized another closure than the head's: refused before anything
+    starts. ``differences`` names each one (:func:`harness.runs.closures.closure_differences`)."""
+
+    def __init__(self, differences: list[Difference]) -> None:
+        from harness.runs.closures import mismatch_message
+
+        super().__init__(
+            f"refusing to compute: {mismatch_message(differences)}",
+            hint=(
+                "nothing was started; the node must realize the head's exact store paths: push them to a "
+                "cache it reads ([cache] substituters, signed by a key it trusts), or give it the same "
+                "interpreter"
+            ),
+        )
+        self.differences = differences
+
+
+def _check_expected(expected: dict[str, Any], actual: dict[str, Any], echo: Echo) -> None:
+    """Refuse (:class:`ClosureMismatch`) when ``actual`` (this run's ``lock.json``) is not
+    ``expected`` (the head's); say so when it is."""
+    from harness.runs.closures import closure_differences
+
+    differences = closure_differences(expected, actual)
+    if differences:
+        raise ClosureMismatch(differences)
+    echo(f"closure: the head's {len(expected.get('store_paths', []))} store paths, same content hashes")
 
 
 def _announce(run_id: str, prepared: Prepared, echo: Echo) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +59,9 @@ class ShardJob:
     local_services: tuple[str, ...] = ()
     #: the closure digest the head recorded (the shard's is compared in the record and audit)
     expected_digest: str = ""
+    #: the head's closure (:func:`harness.runs.closures.expected_closure`): the node checks
+    #: its own against it before the first episode, and pulls the head's stand-ins
+    expected_closure: dict[str, Any] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -147,7 +150,13 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
     from harness.runs.record import read_json
 
     home = node_home()
-    facts = {"hostname": socket.gethostname(), "home": str(home), "pid": os.getpid(), **(node or {})}
+    facts = {
+        "hostname": socket.gethostname(),
+        "home": str(home),
+        "pid": os.getpid(),
+        "platform": node_platform(),
+        **(node or {}),
+    }
     folder = shard_dir(home, job.run_id, job.index)
     started = time.time()
     result: dict[str, Any] = {
@@ -169,6 +178,7 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
         state = NodeState(home, Path(job.deploy_path) if job.deploy_path else None, Path(job.project_root))
         ports = dict(zip(job.local_services, free_ports(len(job.local_services)), strict=True))
         with _environment(env), _sigint_unblocked():
+            take_head_standins(job, home, lines.append)
             outcome = run(
                 state,
                 list(job.command),
@@ -183,6 +193,7 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
                 run_id=job.run_id,
                 run_dir=folder,
                 ports=ports,
+                expected_closure=job.expected_closure or None,
             )
         result.update(
             exit_status=outcome.exit_status, score=outcome.score, status="ok" if outcome.exit_status == 0 else "failed"
@@ -203,6 +214,9 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
                     ),
                 )
     except HarnessError as exc:
+        from harness.runs.run import ClosureMismatch
+
+        result["closure_refused"] = isinstance(exc, ClosureMismatch)
         hint = f" ({exc.hint})" if getattr(exc, "hint", None) else ""
         result.update(
             status="failed", exit_status=exc.exit_code, reason=f"on {facts['hostname']} ({home}): {exc.message}{hint}"
@@ -213,6 +227,78 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
     result["output"] = lines
     result["files"] = _collect(folder)
     return result
+
+
+def node_platform() -> str:
+    """This node's operating system and machine (``linux-x86_64``), as the record keeps it."""
+    import platform
+    import sys
+
+    return f"{sys.platform}-{platform.machine()}"
+
+
+def head_standins(expected: dict[str, Any]) -> dict[str, str]:
+    """Lock interpreter → the host copy that stood in for it on the head, from the head's
+    closure (:func:`harness.runs.closures.expected_closure`). Pure."""
+    found: dict[str, str] = {}
+    for info in (expected.get("locks") or {}).values():
+        own, host = info.get("standing_in_for"), info.get("interpreter")
+        if isinstance(own, str) and isinstance(host, str) and own and host and host != own:
+            found[own] = host
+    return found
+
+
+def take_head_standins(job: ShardJob, home: Path, echo: Callable[[str], None]) -> list[str]:
+    """Make the head's stand-in interpreters this node's, before anything is realized here.
+
+    Where a host copy stood in for a lock's interpreter on the head, realize here would copy
+    this node's own host interpreter (another content, so another name) and build every
+    environment again on it: another closure, refused before the first episode. Instead the
+    head's copy is pulled from the run's caches — an interpreter is a built path, so only
+    with a signature by a trusted key — and noted as this store's stand-in
+    (:func:`harness.store.standins.remember_standin`); realize then finds the environments
+    built on it under the head's names, and pulls them too. The lock's own interpreter,
+    once registered here, still wins (``harness/realize/standin.py``). Returns the lock
+    interpreters whose stand-in is now the head's."""
+    from harness.cache.substitute import substitute
+    from harness.store.standins import remember_standin, standin_for
+    from harness.store.store import Store
+
+    wanted = head_standins(job.expected_closure)
+    urls = [
+        url
+        for url in job.substituters
+        if not job.offline or not url.split("?", 1)[0].startswith(("http://", "https://", "s3://"))
+    ]
+    if not wanted or not urls:
+        return []
+    store = Store.in_home(home)
+    todo = {}
+    for own, host in wanted.items():
+        record = store.record(own)
+        if (record is not None and not record.impure) or standin_for(store, own) == host:
+            continue  # the lock's own interpreter is here (it wins), or the head's copy stands in already
+        todo[own] = host
+    if not todo:
+        return []
+    substitute(
+        store,
+        sorted(set(todo.values())),
+        substituters=urls,
+        trusted_keys=list(job.trusted_keys),
+        expected={},
+        cache_dir=home / "cache",
+        warn=lambda line: echo(f"warning: {line}"),
+    )
+    taken = []
+    for own, host in sorted(todo.items()):
+        if store.is_registered(host):
+            remember_standin(
+                store, own, host, f"the host copy the head of cluster run {job.run_id} computed with, from its cache"
+            )
+            echo(f"stand-in: the head's {host} stands in for {own} here (pulled from the run's cache)")
+            taken.append(own)
+    return taken
 
 
 def _collect(folder: Path) -> dict[str, str]:
