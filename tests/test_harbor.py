@@ -1163,3 +1163,69 @@ def test_one_id_namespace_runs_task_users_as_root_and_keeps_no_capabilities(
 
     r = asyncio.run(scenario())
     assert r.return_code == 0 and r.stdout.split()[0] == "0" and r.stdout.split()[-1] == "0" * 16, r
+
+
+# ------------------------------------------------- verifiers no agent can reach (issue 33)
+
+
+def _harbor_job(task: Path, jobs: Path, name: str, home: Path, *, no_userns: bool) -> subprocess.CompletedProcess[str]:
+    """``harbor run`` of ``task`` with the oracle agent; ``no_userns``: on a machine without
+    user namespaces (simulated for this command's own processes only)."""
+    env = {
+        **os.environ,
+        "HARNESS_HOME": str(home),
+        "UV_PYTHON_DOWNLOADS": "never",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "COLUMNS": "200",
+    }
+    argv = [str(_HARBOR_BIN), "run", "-p", str(task), "-a", "oracle", "-e", ENV, "-o", str(jobs), "--job-name", name]
+    return subprocess.run(
+        [*(_NO_USERNS if no_userns else []), *argv],
+        cwd=jobs.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@needs_harbor
+@pytest.mark.parametrize(
+    "no_userns",
+    [
+        pytest.param(False, marks=needs_sandbox, id="namespaces"),
+        pytest.param(True, marks=needs_confine, id="landlock-proot"),
+    ],
+)
+def test_background_forger_scores_zero(tmp_path: Path, project: tuple[Path, str], home: Path, no_userns: bool) -> None:
+    """tests/harbor/background-forger: the agent leaves a double-forked, setsid process without
+    its environment (so without the session's marker) that rewrites /tests/test.sh and
+    /logs/verifier/reward.txt once the verifier starts, and tries to write them itself. Both
+    with and without user namespaces: the agent's own writes are refused, the forger is gone
+    before the verifier runs, the genuine test.sh grades it 0, and the record says which
+    guarantees held."""
+    root, pin = project
+    task = _task("background-forger", tmp_path / "tasks", root, pin)
+    (tmp_path / "jobs").mkdir()
+    result = _harbor_job(task, tmp_path / "jobs", "forger", home, no_userns=no_userns)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trial = _trials(tmp_path / "jobs" / "forger")["background-forger"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    stdout = (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()
+    assert "genuine verifier" in stdout, stdout
+    assert "reward: refused" in stdout and "tests: refused" in stdout, stdout
+    assert _reward(trial) == {"reward": 0.0}
+    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
+    sandbox = record["sandbox"]
+    assert sandbox["backend"].startswith("landlock" if no_userns else "bwrap")
+    isolation = sandbox["verifier_isolation"]
+    assert isolation["guarded"] == ["/tests", "/logs/verifier"]
+    begun = isolation["begun"]
+    assert begun["agent_processes_killed"] is True and begun["survivors"] == 0, begun
+    if no_userns:
+        assert "udp: refused 13" in stdout, stdout  # EACCES: the seccomp filter
+        assert sandbox["udp"].startswith("refused (seccomp")
+        assert "Landlock" in isolation["agent_phase_writes"]
+    else:
+        assert sandbox["udp"].startswith("loopback only")
+    assert not _processes_with("/tmp/forge.sh"), "the forger outlived its trial"

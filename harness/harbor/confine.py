@@ -30,6 +30,7 @@ import asyncio
 import ctypes
 import json
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -47,7 +48,9 @@ from harness.harbor.sandbox import (
     SandboxConfig,
     SandboxError,
     StreamedOutput,
+    descendants,
     inside_path,
+    wait_gone,
 )
 
 #: Syscall numbers of Landlock: the same on every architecture (the generic table).
@@ -57,9 +60,27 @@ MARKER = "HARNESS_CONFINED_SESSION"
 # The helper runs in a fresh interpreter (-I -S) before anything of the session: argv[1] is
 # the rules as JSON, the rest the command. Kept standard-library only and small.
 _HELPER = r"""
-import ctypes, json, os, platform, sys
+import ctypes, json, os, sys
 rules = json.loads(sys.argv[1]); argv = sys.argv[3:]
 libc = ctypes.CDLL(None, use_errno=True)
+# A subreaper outside the session's Landlock domain: every orphan of the command (double-forked,
+# setsid, or left when PRoot dies) becomes its child, so the session's processes stay the
+# descendants of this one, which the session cannot signal (Landlock ABI >= 6 scopes signals).
+libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+first = os.fork()
+if first:
+    os.closerange(0, 65536)
+    code = 1
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        if pid == first:
+            code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
 def call(nr, *args):
     r = libc.syscall(nr, *args)
     if r < 0:
@@ -100,18 +121,17 @@ if net:
         call(445, fd, 2, ctypes.byref(Port(2, port)), 0)
 libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
 call(446, fd, 0)
-# statx() answers ENOSYS, so the C library falls back to fstatat(), which PRoot 5.1 translates
-# (it passes statx through untranslated: `ls /app` would look at the host's /app).
-arch = {"x86_64": (0xC000003E, 332), "aarch64": (0xC00000B7, 291)}.get(platform.machine())
-if arch:
+# The seccomp filter harness built (statx answers ENOSYS; without network, UDP and raw sockets
+# and io_uring are refused): see _seccomp() in confine.py.
+if rules["seccomp"]:
     class Insn(ctypes.Structure):
         _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-    prog = (Insn * 6)(Insn(0x20, 0, 0, 4), Insn(0x15, 0, 3, arch[0]), Insn(0x20, 0, 0, 0),
-                      Insn(0x15, 0, 1, arch[1]), Insn(0x06, 0, 0, 0x00050000 | 38), Insn(0x06, 0, 0, 0x7FFF0000))
+    n = len(rules["seccomp"])
+    prog = (Insn * n)(*[Insn(*i) for i in rules["seccomp"]])
     class Prog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Insn))]
-    if libc.prctl(22, 2, ctypes.byref(Prog(6, prog)), 0, 0) != 0:
-        sys.stderr.write("harness: seccomp filter for statx refused\n"); sys.exit(126)
+    if libc.prctl(22, 2, ctypes.byref(Prog(n, prog)), 0, 0) != 0:
+        sys.stderr.write("harness: seccomp filter refused\n"); sys.exit(126)
 os.execv(argv[0], argv)
 """
 
@@ -127,6 +147,76 @@ DEVICES = (
     "/dev/ptmx",
     "/dev/shm",
 )
+
+
+#: (audit arch, statx, socket, io_uring_setup) system call numbers per machine.
+_SYSCALLS = {"x86_64": (0xC000003E, 332, 41, 425), "aarch64": (0xC00000B7, 291, 198, 425)}
+#: Top-level folders an agent may write besides the session's own (PRoot's root itself is
+#: read-only to the agent phase, see ConfinedSandbox._rules), as in a Debian image.
+EXTRA_DIRS = ("opt", "srv", "mnt", "media")
+
+
+def _seccomp(machine: str, no_network: bool) -> list[tuple[int, int, int, int]]:
+    """The seccomp program of a command: ``statx`` answers ENOSYS (PRoot 5.1 passes it through
+    untranslated, so the C library falls back to ``fstatat``, which PRoot translates); without
+    network, ``socket(AF_INET/AF_INET6, SOCK_DGRAM/SOCK_RAW)`` (UDP, ICMP and raw sockets,
+    which Landlock has no rules for) and ``io_uring_setup`` (whose sockets no filter sees)
+    answer EACCES. Empty on a machine whose numbers are not known here."""
+    numbers = _SYSCALLS.get(machine)
+    if numbers is None:
+        return []
+    arch, statx, sock, uring = numbers
+    ld, jeq, ret, alu_and = 0x20, 0x15, 0x06, 0x54
+    allow, enosys, eacces = 0x7FFF0000, 0x00050000 | 38, 0x00050000 | 13
+    # (code, true label, false label, k); a label is the name of an instruction below.
+    asm: list[tuple[str, int, str, str, int]] = [
+        ("", ld, "", "", 4),  # arch
+        ("", jeq, "", "ALLOW", arch),
+        ("", ld, "", "", 0),  # system call number
+        ("", jeq, "ENOSYS", "", statx),
+    ]
+    if no_network:
+        asm += [
+            ("", jeq, "EACCES", "", uring),
+            ("", jeq, "", "ALLOW", sock),
+            ("", ld, "", "", 16),  # args[0]: the domain
+            ("", jeq, "TYPE", "", 2),  # AF_INET
+            ("", jeq, "", "ALLOW", 10),  # AF_INET6
+            ("TYPE", ld, "", "", 24),  # args[1]: the type, less its flags
+            ("", alu_and, "", "", 0xF),
+            ("", jeq, "EACCES", "", 2),  # SOCK_DGRAM
+            ("", jeq, "EACCES", "ALLOW", 3),  # SOCK_RAW
+        ]
+    asm += [("ALLOW", ret, "", "", allow), ("ENOSYS", ret, "", "", enosys), ("EACCES", ret, "", "", eacces)]
+    at = {label: i for i, (label, *_rest) in enumerate(asm) if label}
+    out = []
+    for i, (_label, code, jt, jf, k) in enumerate(asm):
+        out.append((code, at[jt] - i - 1 if jt else 0, at[jf] - i - 1 if jf else 0, k))
+    return out
+
+
+def _writable(folder: Path, blocked: list[tuple[str, ...]], skip: set[str]) -> list[str]:
+    """Host paths whose hierarchies together are ``folder`` less the ``blocked`` ones (parts
+    relative to it) and the names in ``skip`` (mount points); ``folder`` itself is not among
+    them when anything is blocked (Landlock grants a folder's rights to all beneath it)."""
+    if () in blocked:
+        return []
+    if not blocked:
+        return [str(folder)]
+    out: list[str] = []
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return out
+    for entry in entries:
+        if entry.name in skip or entry.is_symlink():
+            continue
+        below = [b[1:] for b in blocked if b[0] == entry.name]
+        if below and entry.is_dir(follow_symlinks=False):
+            out += _writable(Path(entry.path), below, set())
+        elif not below:
+            out.append(entry.path)
+    return out
 
 
 def landlock_abi() -> int:
@@ -169,6 +259,7 @@ class ConfinedSandbox(Sandbox):
         self.marker = secrets.token_hex(12)
         self._running_ok = False
         self._tracers: set[int] = set()
+        self._helpers: dict[int, asyncio.subprocess.Process] = {}  # the commands' subreapers
         self.loader: Path | None = None
 
     @property
@@ -192,14 +283,31 @@ class ConfinedSandbox(Sandbox):
                 if not no_net
                 else "not restricted (Landlock ABI < 4)"
             ),
-            "udp": "not restricted (Landlock has no UDP rules)" if no_net else "allowed",
+            "udp": (
+                "allowed"
+                if not no_net
+                else "refused (seccomp: UDP, ICMP and raw sockets, io_uring)"
+                if _SYSCALLS.get(platform.machine())
+                else f"not restricted (no seccomp filter for {platform.machine()}; Landlock has no UDP rules)"
+            ),
             "signals_scoped": self.abi >= 6,
             "pid_namespace": False,
+            "orphans": "adopted by each command's subreaper, outside the session's Landlock domain"
+            + (
+                " (the session cannot signal it: Landlock ABI >= 6)"
+                if self.abi >= 6
+                else " (Landlock ABI < 6: a process of the session could kill it, and its orphans then escape)"
+            ),
+            "agent_phase": (
+                f"no write to {', '.join(self.config.guarded)} (Landlock), nor to new top-level folders"
+                if self.config.guarded
+                else "no agent phase (a verifier session)"
+            ),
         }
 
     async def start(self) -> None:
         root = self.config.root
-        for folder in (*BASE_DIRS, *(d.lstrip("/") for d in self.config.dirs)):
+        for folder in (*BASE_DIRS, *EXTRA_DIRS, *(d.lstrip("/") for d in self.config.dirs)):
             (root / inside_path("/" + folder).lstrip("/")).mkdir(parents=True, exist_ok=True)
         os.chmod(root / "tmp", 0o1777)
         # Every bind's mount point exists in the root: PRoot would otherwise make "glue"
@@ -226,7 +334,16 @@ class ConfinedSandbox(Sandbox):
             env["PROOT_LOADER"] = str(self.loader)
         return env
 
-    def _rules(self) -> dict[str, Any]:
+    def _mount_points(self) -> set[str]:
+        """Top-level names of the root that PRoot binds over (never written through the root)."""
+        c = self.config
+        names = {"proc", "dev", "sys", *(n for n in TOP_LEVEL_LINKS if (Path("/") / n).exists())}
+        names |= {p.strip("/").split("/")[0] for p in c.read_only}
+        return names
+
+    def _rules(self, *, transfer: bool = False) -> dict[str, Any]:
+        """The Landlock rules of a command; ``transfer``: of Harbor's own transfers, which may
+        write anywhere in the root (its uploads of the verifier's files among them)."""
         c = self.config
         read = [
             *c.read_only,
@@ -237,15 +354,82 @@ class ConfinedSandbox(Sandbox):
             *([str(self.loader)] if self.loader else []),
         ]
         read += [f"/{n}" for n in TOP_LEVEL_LINKS if os.path.isdir(f"/{n}")]
+        guarded = [] if transfer else self.guarded_now
+        if guarded:  # the agent phase: everything of the root but the verifier's folders
+            read.append(str(c.root))
+            blocked = [tuple(inside_path(g).strip("/").split("/")) for g in guarded]
+            write = _writable(c.root, blocked, self._mount_points())
+        else:
+            write = [str(c.root)]
         return {
             "read": read,
-            "write": [str(c.root), str(self.scratch)],
+            "write": [*write, str(self.scratch)],
             "devices": [*DEVICES, *c.devices],
             "no_network": not c.network,
             "ports": c.forward_ports,
+            "seccomp": _seccomp(platform.machine(), not c.network),
         }
 
-    def _enter(self, *, user: Any = None, privileged: bool = False, limited: bool = False) -> list[str]:
+    def session_pids(self) -> set[int]:
+        """Every live process of the session: the descendants of the commands' subreapers
+        (which adopt every orphan) and whatever carries the session's marker."""
+        live = {pid for pid, process in self._helpers.items() if process.returncode is None}
+        for pid in [pid for pid, process in self._helpers.items() if process.returncode is not None]:
+            del self._helpers[pid]
+        return descendants(live | set(_marked(self.marker))) - {os.getpid()}
+
+    async def _kill_session(self) -> int:
+        """SIGKILL every process of the session, the subreapers last (they adopt what their
+        children leave); how many could not be killed."""
+        helpers = {pid for pid, process in self._helpers.items() if process.returncode is None}
+        for _ in range(200):  # a process may fork while we look: look again
+            victims = self.session_pids() - helpers
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if not victims:
+                break
+            await asyncio.sleep(0.02)
+        for pid in helpers | self._tracers:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for process in list(self._helpers.values()):
+            try:
+                await asyncio.wait_for(process.wait(), timeout=5)
+            except TimeoutError:
+                pass
+        self._tracers.clear()
+        return len(await asyncio.to_thread(wait_gone, sorted(self.session_pids()), 2.0))
+
+    async def begin_agent_phase(self) -> None:
+        """Guard the verifier's folders again (a multi-step task's next agent phase)."""
+        if self.phase == "agent" or not self.config.guarded:
+            return
+        await self._kill_session()
+        await asyncio.to_thread(_fresh_folders, self.config.root, list(self.config.guarded))
+        self.phase = "agent"
+
+    async def begin_verifier_phase(self) -> dict[str, Any]:
+        """End the agent phase: every process of the session killed (the subreapers hold the
+        double-forked and setsid ones), ``/tests`` and ``/logs/verifier`` made afresh,
+        writable from now on (module doc of :mod:`harness.harbor.sandbox`)."""
+        survivors = await self._kill_session()
+        guarded, self.phase = list(self.config.guarded), "verifier"
+        await asyncio.to_thread(_fresh_folders, self.config.root, guarded)
+        return {
+            "agent_processes_killed": not survivors,
+            "survivors": survivors,
+            "how": "killed: the descendants of each command's subreaper, and every process with the session's marker",
+            "fresh": guarded,
+        }
+
+    def _enter(
+        self, *, user: Any = None, privileged: bool = False, limited: bool = False, transfer: bool = False
+    ) -> list[str]:
         if not self._running_ok:
             raise SandboxError("the sandbox is not running")
         c = self.config
@@ -269,7 +453,7 @@ class ConfinedSandbox(Sandbox):
             "-S",
             "-c",
             _HELPER,
-            json.dumps(self._rules()),
+            json.dumps(self._rules(transfer=transfer)),
             "--",
             *inner,
             self.proot,
@@ -320,6 +504,7 @@ class ConfinedSandbox(Sandbox):
         finally:
             os.close(status_w)
         self._tracers.add(process.pid)
+        self._helpers[process.pid] = process
         self._running.add(process.pid)
         output = StreamedOutput(on_output)
 
@@ -363,7 +548,7 @@ class ConfinedSandbox(Sandbox):
         self, argv: list[str], *, stdin: Any = None, stdout: Any = None, timeout: float = 600, privileged: bool = False
     ) -> tuple[int, str]:
         process = await asyncio.create_subprocess_exec(
-            *self._enter(),
+            *self._enter(transfer=True),
             *argv,
             stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=stdout if stdout is not None else asyncio.subprocess.DEVNULL,
@@ -372,6 +557,7 @@ class ConfinedSandbox(Sandbox):
             start_new_session=True,
         )
         self._tracers.add(process.pid)
+        self._helpers[process.pid] = process
         try:
             _, err = await asyncio.wait_for(process.communicate(), timeout=timeout)
         except BaseException:
@@ -380,28 +566,9 @@ class ConfinedSandbox(Sandbox):
         return process.returncode or 0, err.decode(errors="replace").strip()
 
     async def stop(self, *, delete: bool) -> None:
-        """Kill every process carrying this session's marker, and the PRoot tracers."""
+        """Kill every process of the session (:meth:`_kill_session`)."""
         self._running_ok = False
-        for _ in range(3):  # a process may fork while we look: look again
-            victims = _marked(self.marker)
-            for pid in victims:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            if not victims:
-                break
-            await asyncio.sleep(0.05)
-        for pid in self._tracers:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-        self._tracers.clear()
+        await self._kill_session()
         if self.config.limits is not None:
             await asyncio.to_thread(self.config.limits.release)
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -435,6 +602,27 @@ def _loader(proot: str, folder: Path) -> Path | None:
                 return target
         at = data.find(b"\x7fELF", at + 1)
     return None
+
+
+def _fresh_folders(root: Path, folders: list[str]) -> None:
+    """``folders`` of the session ``root`` made again, empty, mode 0755 (with a parent that an
+    agent replaced by a link or a file), without following any link."""
+    from harness.harbor.sandbox import remove_root
+
+    for folder in folders:
+        parts = inside_path(folder).strip("/").split("/")
+        at = root
+        for part in parts[:-1]:
+            at = at / part
+            if at.is_symlink() or (at.exists() and not at.is_dir()):
+                at.unlink()
+            at.mkdir(exist_ok=True)
+        target = at / parts[-1]
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            target.unlink()
+        remove_root(target)
+        target.mkdir()
+        target.chmod(0o755)
 
 
 def _read_line(fd: int) -> bytes:

@@ -97,6 +97,7 @@ class HarnessEnvironment(BaseEnvironment):
         self._limits: Enforcement | None = None
         self._used_mb: float | None = None
         self._execs = 0
+        self._phase = "agent"  # "verifier" from the verifier's first step; "after" once it is done
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -159,6 +160,12 @@ class HarnessEnvironment(BaseEnvironment):
     @property
     def workdir(self) -> str:
         return self.task_env_config.workdir or DEFAULT_WORKDIR
+
+    @property
+    def is_verifier_session(self) -> bool:
+        """A separate verifier's session (Harbor names it ``<trial>__verifier__<key>``): it has
+        no agent phase to guard against."""
+        return self.role.startswith("verifier")
 
     # --------------------------------------------------------------- lifecycle
 
@@ -266,6 +273,7 @@ class HarnessEnvironment(BaseEnvironment):
             owners[str(paths.verifier_dir)] = users.verifier
         return SandboxConfig(
             root=self.session_dir,
+            guarded=[] if self.is_verifier_session else [str(paths.tests_dir), str(paths.verifier_dir)],
             store_paths=[resolved.store_root / name for name in resolved.paths],
             devices=self._gpu_devices(),
             dirs=[
@@ -393,6 +401,8 @@ class HarnessEnvironment(BaseEnvironment):
         timeout_sec: int | None = None,
         user: str | int | None = None,
     ) -> ExecResult:
+        self._require()
+        await self._enter_phase(user in ("root", 0) and command == self._reward_removal())
         sandbox = self._require()
         wanted = self._resolve_user(user)
         as_user: dict[str, str] = {}
@@ -418,9 +428,13 @@ class HarnessEnvironment(BaseEnvironment):
         source = Path(source_path)
         if not source.is_file():
             raise FileNotFoundError(f"Source file not found: {source}")
+        self._require()
+        await self._enter_phase(self._touches_verifier(target_path))
         await self._require().upload_file(source, target_path)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        self._require()
+        await self._enter_phase(self._touches_verifier(target_dir))
         await self._require().upload_dir(Path(source_dir), target_dir)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
@@ -433,6 +447,9 @@ class HarnessEnvironment(BaseEnvironment):
             Path(target_dir).mkdir(parents=True, exist_ok=True)
             return
         await self._require().download_dir(source_dir, Path(target_dir))
+        verifier_dir = str(EnvironmentPaths.for_os(self.os).verifier_dir)
+        if self._phase == "verifier" and os.path.normpath(source_dir) == verifier_dir:
+            self._phase = "after"  # the verifier's last step: a next agent phase is guarded again
 
     def _require(self) -> Sandbox:
         if self._sandbox is None or not self._sandbox.started:
@@ -452,6 +469,67 @@ class HarnessEnvironment(BaseEnvironment):
                 f"the task asks for {self._effective_gpus} GPU(s), and this machine has no /dev/nvidia* device"
             )
         return devices
+
+    def _isolation_plan(self, config: SandboxConfig) -> dict[str, Any]:
+        """What keeps the verifier out of the agent's reach in this session (completed when the
+        verifier phase begins: ``begun``)."""
+        assert self._sandbox is not None
+        if self.is_verifier_session:
+            return {"session": "a separate verifier's: fresh, no agent process ever ran in it"}
+        return {
+            "guarded": list(config.guarded),
+            "agent_phase_writes": _guard_how(self._sandbox),
+            "before_verifier": "every process of the agent phase killed; the guarded folders made afresh",
+            "begun": None,
+        }
+
+    # ------------------------------------------------------------------- phases
+
+    def _reward_removal(self) -> str:
+        """The command Harbor's verifier runs first (as root): removing stale rewards."""
+        from harbor.utils.scripts import quote_shell_arg
+
+        paths = EnvironmentPaths.for_os(self.os)
+        return "rm -f -- " + " ".join(
+            quote_shell_arg(path, self.os) for path in (paths.reward_text_path, paths.reward_json_path)
+        )
+
+    def _touches_verifier(self, path: str) -> bool:
+        paths = EnvironmentPaths.for_os(self.os)
+        inside = os.path.normpath("/" + str(path).lstrip("/"))
+        return any(
+            inside == str(p) or inside.startswith(str(p).rstrip("/") + "/")
+            for p in (paths.tests_dir, paths.verifier_dir)
+        )
+
+    async def _enter_phase(self, verifier: bool) -> None:
+        """Harbor's verifier steps (removing stale rewards, uploading /tests, emptying the
+        verifier's folders) begin the verifier phase: the agent phase's processes are killed and
+        the guarded folders made afresh first. After the verifier's logs are downloaded (a
+        multi-step task's next agent phase), the next step of any kind guards them again."""
+        sandbox = self._sandbox
+        if sandbox is None or self.is_verifier_session:
+            return
+        if self._phase == "after":
+            self._phase = "agent"
+            await sandbox.begin_agent_phase()
+        if verifier and self._phase == "agent":
+            self._phase = "verifier"
+            began = time.monotonic()
+            outcome = await sandbox.begin_verifier_phase()
+            outcome["seconds"] = round(time.monotonic() - began, 3)
+            outcome["at"] = _iso(time.time())
+            if not outcome["agent_processes_killed"]:
+                self.logger.warning(
+                    f"harness: {self.session_id}: {outcome['survivors']} process(es) of the agent phase survived"
+                )
+            if self._record:
+                self._record["sandbox"]["verifier_isolation"]["begun"] = outcome
+                await asyncio.to_thread(_write_record, self.record_path, self._record)
+
+    async def empty_dirs(self, dirs: Any, *, chmod: bool = True) -> ExecResult | None:
+        await self._enter_phase(any(self._touches_verifier(str(d)) for d in dirs))
+        return await super().empty_dirs(dirs, chmod=chmod)
 
     def _make_record(self, config: SandboxConfig, broker: str | None, started: float) -> dict[str, Any]:
         resolved = self._resolved
@@ -507,6 +585,14 @@ class HarnessEnvironment(BaseEnvironment):
                 "workdir": self.workdir,
                 "limits": self._limits.as_json() if self._limits else None,
                 "storage": {"storage_mb": self._effective_storage_mb, "enforced": False},
+                "udp": (
+                    "allowed (the host's network)"
+                    if config.network
+                    else "loopback only (a network namespace of its own)"
+                    if self._sandbox.namespaces
+                    else (self._sandbox.describe() or {}).get("udp")  # type: ignore[attr-defined]
+                ),
+                "verifier_isolation": self._isolation_plan(config),
                 "users": {
                     "enforced": self._sandbox.idmap.multi,
                     "ids": self._sandbox.idmap.as_json(),
@@ -524,6 +610,12 @@ class HarnessEnvironment(BaseEnvironment):
                 "the names of the variables Harbor, the task or the agent added",
             },
         }
+
+
+def _guard_how(sandbox: Sandbox) -> str:
+    if not sandbox.namespaces:
+        return "Landlock: commands of the agent phase may not write them"
+    return "read-only binds in the agent phase (bubblewrap)"
 
 
 class TaskUsers(NamedTuple):

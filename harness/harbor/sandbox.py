@@ -279,6 +279,9 @@ class SandboxConfig:
     owners: dict[str, str | int] = field(default_factory=dict)  # folder of `dirs` -> the task user owning it
     idmap: IdMap | None = None  # None: what this process can have (ids.probe())
     limits: Enforcement | None = None  # joined by every command (limits.enforce())
+    # Folders of `dirs` no command of the agent phase may write (the verifier's: /tests,
+    # /logs/verifier); begin_verifier_phase() lifts that, after every process is gone.
+    guarded: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -331,6 +334,7 @@ class Sandbox:
         self._running: set[int] = set()  # process groups of commands in flight
         self._userns: int | None = None  # fd of the session's user namespace (mapped ids only)
         self.forwarded: list[int] = []
+        self.phase = "agent" if config.guarded else "verifier"
         self.idmap = config.idmap or probe_ids()
         try:
             self.users = UserTable.plan(config.users, self.idmap)
@@ -365,6 +369,8 @@ class Sandbox:
         args += ["--die-with-parent", "--cap-drop", "ALL", "--bind", str(c.root), "/"]
         for path in c.read_only:
             args += ["--ro-bind", path, path]
+        for path in self.guarded_now:  # the verifier's folders, read-only to the agent phase
+            args += ["--ro-bind", str(c.root / inside_path(path).lstrip("/")), inside_path(path)]
         if self.idmap.multi:  # task users get names inside
             args += [
                 "--ro-bind",
@@ -400,6 +406,11 @@ class Sandbox:
             f"echo ready && exec {self.tools.cat}",
         ]
         return args
+
+    @property
+    def guarded_now(self) -> list[str]:
+        """The folders commands may not write now: the guarded ones in the agent phase."""
+        return list(self.config.guarded) if self.phase == "agent" else []
 
     @property
     def etc_dir(self) -> Path:
@@ -549,6 +560,8 @@ class Sandbox:
                 )
         for folder, name in self.config.owners.items() if only is None else ():
             owner = self.users.get(name)
+            if inside_path(folder) in map(inside_path, self.guarded_now):
+                continue  # read-only until the verifier phase, which gives it its owner
             if owner is not None:
                 lines.append(f"chown {owner.uid}:{owner.gid} {shlex.quote(inside_path(folder))}")
         if len(lines) == 1:
@@ -584,13 +597,14 @@ class Sandbox:
         finally:
             os.close(fd)
 
-    async def stop(self, *, delete: bool) -> None:
-        """Kill every process of the session; delete the root when ``delete``."""
+    async def _halt(self) -> None:
+        """Kill every process of the session: its PID namespace dies with its init."""
         for server in self._servers:
             server.close()
         for task in list(self._relays):
             task.cancel()
         self._servers.clear()
+        self.forwarded.clear()
         for pgid in list(self._running):
             _killpg(pgid)
         if self._init_pid is not None:
@@ -600,6 +614,82 @@ class Sandbox:
                 pass
         await self._kill_outer()
         self._init_pid = None
+
+    def session_pids(self) -> set[int]:
+        """Every live process of the session: the descendants of bubblewrap (the PID
+        namespace's init adopts every orphan inside it) and of the commands' wrappers."""
+        roots = set(self._running)
+        if self._outer is not None:
+            roots.add(self._outer.pid)
+        if self._init_pid is not None:
+            roots.add(self._init_pid)
+        return descendants(roots)
+
+    async def begin_verifier_phase(self) -> dict[str, Any]:
+        """End the agent phase: kill every process of the session (bubblewrap restarts it
+        over the same root, so the PID namespace of the agent phase dies with every process
+        in it, double-forked or not), then make ``/tests`` and ``/logs/verifier`` afresh
+        (empty, owned as planned), writable from now on. What held, for the record."""
+        before = self.session_pids()
+        await self._halt()
+        survivors = await asyncio.to_thread(wait_gone, sorted(before - {os.getpid()}), 5.0)
+        self._before_restart()
+        guarded, self.phase = list(self.config.guarded), "verifier"
+        await self.start()
+        await self._fresh_guarded(guarded)
+        return {
+            "agent_processes_killed": not survivors,
+            "survivors": len(survivors),
+            "how": "the agent phase's PID namespace ended (bubblewrap restarted over the same root)",
+            "fresh": guarded,
+        }
+
+    def _before_restart(self) -> None:
+        """Ready the root for bubblewrap again: the links it made at the top (``/bin`` …), or
+        what replaced them, removed (it makes them afresh), the user namespace's fd closed."""
+        if self._userns is not None:
+            os.close(self._userns)
+            self._userns = None
+        for name in TOP_LEVEL_LINKS:
+            made = self.config.root / name
+            if (Path("/") / name).is_symlink() and (made.is_symlink() or made.exists()):
+                if made.is_symlink() or not made.is_dir():
+                    made.unlink()
+                else:
+                    remove_root(made)
+
+    async def begin_agent_phase(self) -> None:
+        """Guard the verifier's folders again (a multi-step task's next agent phase): made
+        afresh, then the session restarted with them read-only."""
+        if self.phase == "agent" or not self.config.guarded:
+            return
+        await self._fresh_guarded(list(self.config.guarded))
+        await self._halt()
+        self._before_restart()
+        self.phase = "agent"
+        await self.start()
+
+    async def _fresh_guarded(self, folders: list[str]) -> None:
+        """``folders`` (and a parent an agent replaced by a link or a file) made again, empty,
+        mode 0755, owned by the task user ``owners`` names, as the sandbox's root."""
+        lines = ["set -e"]
+        for folder in map(inside_path, folders):
+            parent = str(PurePosixPath(folder).parent)
+            if parent != "/":
+                q = shlex.quote(parent)
+                lines.append(f"if [ -L {q} ] || [ ! -d {q} ]; then rm -rf -- {q}; mkdir -p -- {q}; fi")
+            q = shlex.quote(folder)
+            lines.append(f"rm -rf -- {q}; mkdir -m 0755 -- {q}")
+            owner = next((self.users.get(n) for f, n in self.config.owners.items() if inside_path(f) == folder), None)
+            if owner is not None and self.idmap.multi:
+                lines.append(f"chown {owner.uid}:{owner.gid} -- {q}")
+        rc, err = await self._run_io([self.tools.shell, "-c", "\n".join(lines)], privileged=True)
+        if rc != 0:
+            raise SandboxError(f"making {', '.join(folders)} afresh failed: {err}")
+
+    async def stop(self, *, delete: bool) -> None:
+        """Kill every process of the session; delete the root when ``delete``."""
+        await self._halt()
         await self._give_back()
         if self.config.limits is not None:
             await asyncio.to_thread(self.config.limits.release)
@@ -1048,6 +1138,38 @@ def wait_gone(pids: list[int], timeout: float = 5.0) -> list[int]:
         if alive:
             time.sleep(0.02)
     return alive
+
+
+def process_parents() -> dict[int, int]:
+    """pid -> parent pid of every live (not zombie) process this process can see."""
+    out: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[0] not in (b"Z", b"X"):
+            out[int(entry)] = int(fields[1])
+    return out
+
+
+def descendants(roots: set[int], parents: dict[int, int] | None = None) -> set[int]:
+    """``roots`` (those alive) and every live process below them."""
+    parents = process_parents() if parents is None else parents
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found = {pid for pid in roots if pid in parents}
+    todo = list(found)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def _alive(pid: int) -> bool:
