@@ -76,6 +76,10 @@ class Reporter:
         context manager: it starts on entry and ends on exit (failed, if by an exception)."""
         return Phase(self, label, total, unit)
 
+    def check(self) -> None:
+        """Raise :class:`Stopped` when this reporter's work was asked to stop (:meth:`until`);
+        a plain reporter never is."""
+
     def until(self, stop: threading.Event) -> Reporter:
         """This reporter, except that asking it for a phase once ``stop`` is set raises
         :class:`Stopped`: work that became pointless (what realize builds beside a fetch that
@@ -104,10 +108,16 @@ class _Until(Reporter):
         super().__init__(inner.mode, stream=inner._stream, console=inner._console)
         self._stop = stop
 
+    def check(self) -> None:
+        if self._stop.is_set():
+            raise Stopped("stopped")
+
     def phase(self, label: str, *, total: int | None = None, unit: str = "files") -> Phase:
         if self._stop.is_set():
             raise Stopped(label)
-        return super().phase(label, total=total, unit=unit)
+        phase = super().phase(label, total=total, unit=unit)
+        phase._stop = self._stop
+        return phase
 
 
 class Phase:
@@ -123,6 +133,9 @@ class Phase:
         #: What an exception out of the phase is called ("unavailable" when a fallback follows).
         self.failure = "failed"
         self._owner = owner
+        #: Set by :meth:`Reporter.until`: once it is, the phase's next update or check raises
+        #: :class:`Stopped`, so a worker stops within one unit of work, not at the phase's end.
+        self._stop: threading.Event | None = None
         self._lock = threading.Lock()
         self._started = 0.0
         self._last_line = 0.0
@@ -130,14 +143,22 @@ class Phase:
 
     # -- use
 
+    def check(self) -> None:
+        """Raise :class:`Stopped` when the realize this phase belongs to was asked to stop
+        (an interrupt, a failed fetch): long steps call it between units of work."""
+        if self._stop is not None and self._stop.is_set():
+            raise Stopped(self.label)
+
     def advance(self, n: int = 1) -> None:
         """``n`` more units done."""
+        self.check()
         with self._lock:
             self.done += n
         self._changed()
 
     def update(self, done: int, total: int | None = None) -> None:
         """``done`` units done so far (of ``total``, when given: it may be learnt late)."""
+        self.check()
         with self._lock:
             self.done = done
             if total is not None:

@@ -90,11 +90,65 @@ def test_a_reporter_until_a_stop_refuses_new_phases_once_stopped() -> None:
     stop = threading.Event()
     until = reporter(stream=out).until(stop)
     with until.phase("copying CPython"):
-        stop.set()  # a phase already running runs to its end
+        stop.set()  # a phase already running ends at its next update or check
     with pytest.raises(Stopped):
         until.phase("compiling bytecode")
     assert out.getvalue().splitlines()[0] == "copying CPython ..."
     assert "compiling" not in out.getvalue() and "failed" not in out.getvalue()
+
+
+def test_a_running_phase_stops_at_its_next_update_once_stopped() -> None:
+    """An interrupt must not wait for a long phase (a copy, a compile) to end: its next
+    update or check raises, and a plain reporter's phases never do."""
+    stop = threading.Event()
+    until = reporter(stream=io.StringIO()).until(stop)
+    with pytest.raises(Stopped), until.phase("compiling bytecode", unit="files") as phase:
+        phase.update(1, 10)
+        stop.set()
+        phase.update(2, 10)
+    with pytest.raises(Stopped):
+        until.check()
+    plain = reporter(stream=io.StringIO())
+    plain.check()
+    with plain.phase("copying") as phase:
+        phase.check()
+        phase.advance(1)
+
+
+def test_ctrl_c_during_realize_ends_it_at_once_and_leaves_a_store_that_verifies(svc: Path, tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the host copy of
+    the interpreter is being made beside the fetch: realize ends without copying and
+    compiling the standard library to its end, the store verifies, and the next realize
+    finishes the work."""
+    import os
+    import signal
+    import sys
+
+    home = tmp_path / "home"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "harness", "--project", str(svc), "--home", str(home), "realize"],
+        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if line.startswith("copying CPython") and line.rstrip().endswith("..."):
+            os.killpg(process.pid, signal.SIGINT)
+            break
+    _, rest = process.communicate(timeout=120)
+    err = "".join(seen) + rest
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "aborted" in err
+    assert not re.search(r"standard library: \d+ files, done", err), err
+    verify = _harness(svc, home, "store", "verify")
+    assert verify.returncode == 0
+    assert _harness(svc, home, "realize").returncode == 0
+    assert _harness(svc, home, "store", "verify", "--check-contents").returncode == 0
 
 
 def test_live_display_on_a_terminal_leaves_one_line_per_phase() -> None:

@@ -268,15 +268,17 @@ def _fetch_and_prepare(ctx: Context, todo: list[Lock], run: _Realizing, *, fail_
     with ThreadPoolExecutor(max_workers=2) as pool:
         staging = [pool.submit(_prepare_interpreters, ctx, todo, prepared)]
         staging.append(pool.submit(_prepare_sources, ctx, todo, prepared))
-        fetched = False
         try:
             _fetch_for_locks(ctx, todo, run.failures, fail_fast=fail_fast)
-            fetched = True
-        finally:
-            if not fetched:
-                prepared.stop.set()  # all of it is dropped: stop at the next phase
             for future in staging:
                 future.exception()  # waits: nothing is registered while one is building
+        except BaseException:
+            # The fetch failed, or an interrupt came (while fetching or waiting): all of it is
+            # dropped, so the builds stop at their next step (a folder copied, a file compiled).
+            prepared.stop.set()
+            for future in staging:
+                future.exception()
+            raise
     for future in staging:
         future.result()  # a bug, not a lock's failure (those are kept in ``prepared``)
 
@@ -1054,6 +1056,7 @@ def _prepare_host_copy(ctx: Context, lock: Lock, prepared: _Interpreter, progres
     try:
         prepared.staged = store.stage("python", copy, label=f"cpython-{python.version}-host", progress=progress)
     except HarnessError as exc:  # no host interpreter either: say which pins would work
+        progress.check()  # unless the realize is being stopped: then nobody reads a hint
         raise HarnessError(f"{exc.message} ({prepared.reason})", hint=_interpreter_hint(ctx, lock, exc.hint)) from None
     prepared.name = host_interpreter_path(python, prepared.staged.digest.hash)
 

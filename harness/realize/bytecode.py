@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.progress import Stopped
 
 #: The compile worker (runs on CPython 3.8+). It reads one file name per line (bytes, as
 #: the file system spells it) and answers b"1" (compiled) or b"0" (does not compile) per
@@ -185,8 +186,11 @@ def compile_tree(
                 keys[name] = key
     lock = threading.Lock()
     done = report.reused
+    stopped: list[Stopped] = []
 
-    def tick(name: str, ok: bool) -> None:
+    def tick(name: str, ok: bool) -> bool:
+        """Count one file; False once ``progress`` said the work is to stop (:class:`Stopped`,
+        raised again here when every worker has let go)."""
         nonlocal done
         with lock:
             done += 1
@@ -194,13 +198,19 @@ def compile_tree(
                 report.compiled += 1
             else:
                 report.failed.append(name)
-            if progress is not None:
-                progress(done, report.total)
+            if progress is not None and not stopped:
+                try:
+                    progress(done, report.total)
+                except Stopped as exc:
+                    stopped.append(exc)
+            return not stopped
 
     if progress is not None:
         progress(done, report.total)
     if todo:
         _run_workers(python, root, todo, jobs, tick)
+    if stopped:
+        raise stopped[0]
     report.failed.sort()
     if keys:
         from harness.store.hashing import file_blake3
@@ -321,9 +331,10 @@ def cpu_count() -> int:
 
 
 def _run_workers(
-    python: Path, root: Path, names: list[str], jobs: int | None, tick: Callable[[str, bool], None]
+    python: Path, root: Path, names: list[str], jobs: int | None, tick: Callable[[str, bool], bool]
 ) -> None:
-    """Compile ``names`` on up to ``jobs`` workers, handing out the largest files first."""
+    """Compile ``names`` on up to ``jobs`` workers, handing out the largest files first;
+    ``tick`` counts each file, and every worker stops once it says False."""
 
     def size(name: str) -> int:
         try:
@@ -370,7 +381,8 @@ def _run_workers(
                     answer = proc.stdout.readline()
                     if answer not in (b"1\n", b"0\n"):
                         raise OSError(f"no answer for {name}")
-                    tick(name, answer == b"1\n")
+                    if not tick(name, answer == b"1\n"):
+                        break
             except OSError as exc:
                 proc.kill()
                 proc.wait()

@@ -59,7 +59,7 @@ import shutil
 import struct
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -416,8 +416,8 @@ def _build_host(
         )
     minor = _minor(python.version)
     layout = _host_layout(found, minor)
-    with progress.phase(f"copying CPython {python.version} from {found.executable}"):
-        _copy_host(found, layout, out)
+    with progress.phase(f"copying CPython {python.version} from {found.executable}") as phase:
+        _copy_host(found, layout, out, check=phase.check)
     exe = layout["exe"]
     _finish(
         out,
@@ -550,7 +550,9 @@ def _host_layout(probe: _Probe, minor: str) -> dict[str, str]:
     return layout
 
 
-def _copy_host(probe: _Probe, layout: dict[str, str], out: Path) -> None:
+def _copy_host(probe: _Probe, layout: dict[str, str], out: Path, *, check: Callable[[], None] = lambda: None) -> None:
+    """Copy the installation ``probe`` found into ``out``; ``check`` is called for every
+    folder (an interrupted realize stops there: :meth:`harness.progress.Phase.check`)."""
     prefix = probe.base_prefix
     minor = layout["exe"].removeprefix("bin/python")
     (out / "bin").mkdir()
@@ -561,6 +563,7 @@ def _copy_host(probe: _Probe, layout: dict[str, str], out: Path) -> None:
     stdlib = prefix / layout["stdlib"]
 
     def ignore(folder: str, names: list[str]) -> set[str]:
+        check()
         skip = {n for n in names if n == "__pycache__"}
         if Path(folder) == stdlib:
             skip |= {n for n in names if n in ("test", "site-packages", "dist-packages") or n.startswith("config-")}
