@@ -209,6 +209,127 @@ def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> Non
     assert len(bad) == 1 and str(setup.cluster.second.home) in bad[0] and entry["path"] in bad[0], audit.stdout
 
 
+def _audit_lines(setup: Setup, run_dir: Path) -> tuple[int, list[str]]:
+    audit = _harness(setup, "audit", run_dir.name)
+    return audit.returncode, [ln for ln in audit.stdout.splitlines() if ln.split(" ", 1)[0] != "ok"]
+
+
+def test_a_tampered_node_environment_is_refused_and_fails_the_audit_and_diff(setup: Setup) -> None:
+    """A file changed in the second node's copy of the environment: its shards are refused
+    at launch; ``audit`` exits 1 naming node, home and the changed file for each of them
+    (though their lock.json, written before the launch check, is the head's), and ``diff``
+    against a good run names the shards that failed."""
+    good = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "ray", "--shards", "4")
+    assert good.returncode == 0, good.stderr
+    second = setup.cluster.second.home
+    env = next(p for p in (second / "store").iterdir() if p.name.endswith("-kinematics-env"))
+    cfg = env / "pyvenv.cfg"
+    original = cfg.read_bytes()
+    cfg.chmod(0o644)
+    cfg.write_bytes(original + b"# changed on this node\n")
+    try:
+        bad = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "ray", "--shards", "4")
+    finally:
+        cfg.write_bytes(original)
+        cfg.chmod(0o444)
+        os.utime(cfg, (1, 1))
+    assert bad.returncode == 1, bad.stderr
+    run_dir = _run_dir(setup, bad.stderr)
+    shards = json.loads((run_dir / "result.json").read_text())["shards"]
+    refused = [s for s in shards if s["home"] == str(second)]
+    assert refused and all(s["status"] == "failed" for s in refused), shards
+    code, lines = _audit_lines(setup, run_dir)
+    assert code == 1
+    named = [ln for ln in lines if ln.startswith("modified  shard ")]
+    assert len(named) == len(refused), lines
+    for line in named:
+        assert str(second) in line and "refused at launch" in line and "pyvenv.cfg" in line, line
+    diff = _harness(setup, "diff", _run_dir(setup, good.stderr).name, run_dir.name)
+    assert diff.returncode == 0 and "→ failed" in diff.stdout, diff.stdout
+
+
+def _plant_other_host_copy(head: Path, second: Path) -> tuple[str, str, str]:
+    """Register in the second node's (emptied) store a host copy of the lock's interpreter
+    that differs from the head's by one stdlib file, noted as its stand-in, as realize would
+    on a node whose host Python differs: (lock interpreter, the head's copy, this one)."""
+    import shutil
+
+    from harness.lock.lockfile import read
+    from harness.lock.storepaths import host_interpreter_path
+    from harness.store.hashing import nar_digest
+    from harness.store.standins import remember_standin, standin_for
+    from harness.store.store import BuildResult, Store
+
+    python = read(REPO / "locks" / "kinematics.lock.toml").python
+    theirs = standin_for(Store.in_home(head), python.store)
+    if theirs is None:
+        pytest.skip("the head runs the lock's own interpreter: no host copy stands in to differ from")
+    remove_tree(second / "store")
+    copy = second / "other-python"
+    shutil.copytree(Store.in_home(head).root / theirs, copy, symlinks=True)
+    stdlib = next(copy.glob("lib/python3.*"))
+    stdlib.chmod(0o755)
+    (stdlib / "this_node_only.py").write_text("# a stdlib file the head's interpreter lacks\n")
+    digest = nar_digest(copy).hash
+    mine = host_interpreter_path(python, digest)
+    store = Store.in_home(second)
+
+    def build(out: Path) -> BuildResult:
+        shutil.copytree(copy, out, symlinks=True)
+        return BuildResult(obtained="a test's copy", impure="host: a test's copy")
+
+    store.add(mine, "python", build, expected_content=digest)
+    remove_tree(copy)
+    remember_standin(store, python.store, mine, "the test: this node's host Python differs by one stdlib file")
+    return python.store, theirs, mine
+
+
+def test_a_node_with_another_interpreter_refuses_at_once_then_pulls_the_heads(setup: Setup) -> None:
+    """The second node's host Python differs from the head's by one stdlib file. Without a
+    cache its shards realize on it and refuse before any service or episode starts, naming
+    the interpreters (the head's shards run; audit names the node). With the head's signed
+    cache the node pulls the head's stand-in and the environments on it and computes with
+    the head's exact closure."""
+    second = setup.cluster.second.home
+    own, theirs, mine = _plant_other_host_copy(setup.cluster.head.home, second)
+    result = _harness(
+        setup,
+        "run",
+        "--agent",
+        "kinematics-only",
+        "--cluster",
+        "ray",
+        "--shards",
+        "4",
+        env={"HARNESS_SUBSTITUTERS": ""},
+    )
+    assert result.returncode == 1, result.stderr
+    run_dir = _run_dir(setup, result.stderr)
+    shards = json.loads((run_dir / "result.json").read_text())["shards"]
+    on_second = [s for s in shards if s["home"] == str(second)]
+    assert on_second and all(s["status"] == "failed" and s["closure_refused"] for s in on_second), shards
+    for shard in on_second:
+        reason = shard["reason"]
+        assert "refusing to compute: this node's closure is not the head's" in reason, reason
+        told = f"kinematics: interpreter (a host copy standing in for {own}): {theirs} on the head, {mine} here"
+        assert told in reason, reason
+        record = run_dir / "shards" / str(shard["index"])  # nothing was computed there
+        assert not (record / "benchmark.json").exists() and not (record / "logs" / "command.log").exists()
+    assert all(s["status"] == "ok" for s in shards if s["home"] != str(second)), shards
+    code, lines = _audit_lines(setup, run_dir)
+    shard_lines = [ln for ln in lines if " shard " in ln]
+    assert code == 1 and len(shard_lines) == len(on_second), lines
+    assert all(str(second) in ln and "refused before its first episode" in ln for ln in shard_lines), lines
+
+    again = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "ray", "--shards", "4")
+    assert again.returncode == 0, again.stderr
+    run_dir = _run_dir(setup, again.stderr)
+    shards = json.loads((run_dir / "result.json").read_text())["shards"]
+    assert all(s["same_closure"] for s in shards) and any(s["home"] == str(second) for s in shards), shards
+    logs = [(run_dir / "shards" / str(s["index"]) / "logs" / "shard.log") for s in shards if s["home"] == str(second)]
+    assert any(f"stand-in: the head's {theirs} stands in for {own}" in log.read_text() for log in logs)
+
+
 def _gated(setup: Setup, tag: str, shards: int) -> tuple[subprocess.Popen[str], Path]:
     gates = setup.gates / tag
     gates.mkdir()

@@ -219,15 +219,20 @@ def test_closure_differences_name_the_interpreter_and_each_path() -> None:
     node["locks"]["kinematics"]["interpreter"] = "d" * 32 + "-cpython-3.11.7-host"
     node["locks"]["kinematics"]["standing_in_for"] = "a" * 32 + "-cpython-3.11.7"
     found = closure_differences(expected_closure(head), node)
-    assert [d.what for d in found] == [
-        "kinematics: interpreter",
-        "cpython-3.11.7",
-        "cpython-3.11.7-host",
-        "kinematics-env",
-    ]
+    assert [d.what for d in found] == ["kinematics: interpreter", "kinematics-env"]
     assert "a host copy standing in for " + "a" * 32 in found[0].actual
-    assert found[3].told() == f"kinematics-env: {'b' * 32}-kinematics-env on the head, {'f' * 32}-kinematics-env here"
-    assert "4 difference(s)" in mismatch_message(found)
+    assert found[1].told() == f"kinematics-env: {'b' * 32}-kinematics-env on the head, {'f' * 32}-kinematics-env here"
+    assert "2 difference(s)" in mismatch_message(found)
+    # Both sides host copies standing in for the lock's: said once, with both copies.
+    other = json.loads(json.dumps(node))
+    other["locks"]["kinematics"]["interpreter"] = "g" * 32 + "-cpython-3.11.7-host"
+    other["store_paths"][0]["path"] = "g" * 32 + "-cpython-3.11.7-host"
+    (line,) = [d.told() for d in closure_differences(other, node) if "interpreter" in d.what]
+    own = "a" * 32 + "-cpython-3.11.7"
+    assert (
+        line
+        == f"kinematics: interpreter (a host copy standing in for {own}): {'g' * 32}-cpython-3.11.7-host on the head, {'d' * 32}-cpython-3.11.7-host here"
+    )
 
 
 def test_head_standins_are_read_from_the_head_closure() -> None:

@@ -82,8 +82,10 @@ def closure_differences(expected: dict[str, Any], actual: dict[str, Any]) -> lis
     the same store paths with the same content hashes, from the same lock files.
 
     A path of one side whose readable name the other side has under another hash (an
-    environment built on another interpreter) is one difference naming both paths."""
+    environment built on another interpreter) is one difference naming both paths; an
+    interpreter that an interpreter line names is not named again as a path."""
     found: list[Difference] = []
+    named: set[str] = set()  # interpreters an interpreter line names already
     locks_e, locks_a = expected.get("locks") or {}, actual.get("locks") or {}
     for name in sorted(set(locks_e) | set(locks_a)):
         le, la = locks_e.get(name), locks_a.get(name)
@@ -91,7 +93,13 @@ def closure_differences(expected: dict[str, Any], actual: dict[str, Any]) -> lis
             found.append(Difference(f"manifest {name}", "used" if le else "(none)", "used" if la else "(none)"))
             continue
         if le.get("interpreter") != la.get("interpreter") or le.get("standing_in_for") != la.get("standing_in_for"):
-            found.append(Difference(f"{name}: interpreter", _interpreter(le), _interpreter(la)))
+            named.update(str(info.get("interpreter")) for info in (le, la))
+            own = le.get("standing_in_for")
+            if own and own == la.get("standing_in_for"):  # both host copies standing in for the lock's
+                what = f"{name}: interpreter (a host copy standing in for {own})"
+                found.append(Difference(what, str(le.get("interpreter")), str(la.get("interpreter"))))
+            else:
+                found.append(Difference(f"{name}: interpreter", _interpreter(le), _interpreter(la)))
     paths_e = {str(e["path"]): str(e["content"]) for e in expected.get("store_paths", [])}
     paths_a = {str(e["path"]): str(e["content"]) for e in actual.get("store_paths", [])}
     for path in sorted(set(paths_e) & set(paths_a)):
@@ -100,6 +108,8 @@ def closure_differences(expected: dict[str, Any], actual: dict[str, Any]) -> lis
     only_e = {readable(p): p for p in sorted(set(paths_e) - set(paths_a))}
     only_a = {readable(p): p for p in sorted(set(paths_a) - set(paths_e))}
     for short in sorted(set(only_e) | set(only_a)):
+        if {p for p in (only_e.get(short), only_a.get(short)) if p} <= named:
+            continue  # an interpreter line says it
         found.append(Difference(short, only_e.get(short, "(none)"), only_a.get(short, "(none)")))
     for name in sorted(set(locks_e) & set(locks_a)):
         be, ba = locks_e[name].get("lock_blake3"), locks_a[name].get("lock_blake3")
