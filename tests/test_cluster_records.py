@@ -273,3 +273,33 @@ def test_diff_compares_engine_shards_platforms_retries_and_closures() -> None:
     assert cluster_differences(eight, retried) == ["shard 2/8 score: 1.0 → 0.5", "shard 2/8 retries: 0 → 1"]
     arm = _view(8, [_shard(i, platform="linux-aarch64" if i == 7 else "linux-x86_64") for i in range(8)])
     assert cluster_differences(eight, arm) == ["shard 7/8 platform: linux-x86_64 → linux-aarch64"]
+
+
+def _cluster_record(root: Path, shards: int, node_closure: dict[str, Any] | None = None) -> Path:
+    """A cluster run's record of ``shards`` shards with the head's closure; the last one's
+    node computed with ``node_closure`` when given."""
+    run = root / f"r{shards}"
+    closure = {"store_paths": [{"path": "a" * 32 + "-env", "content": "blake3:1"}], "locks": {}, "project_files": {}}
+    _write(run / "config.json", {"id": run.name, "cluster": {"engine": "ray", "shards": shards, "retries": 3}})
+    _write(run / "lock.json", closure)
+    summaries = []
+    for index in range(shards):
+        theirs = node_closure if node_closure is not None and index == shards - 1 else closure
+        _write(run / "shards" / str(index) / "lock.json", theirs)
+        status = "ok" if theirs is closure else "failed"
+        summaries.append({"index": index, "status": status, "hostname": f"n{index}", "home": "/h", "attempts": [{}]})
+    _write(run / "result.json", {"shards": summaries})
+    return run
+
+
+def test_diff_of_an_eight_and_a_six_shard_run_names_the_node_with_other_bits(tmp_path: Path) -> None:
+    from harness.runs.audit import diff_runs
+
+    eight = _cluster_record(tmp_path, 8)
+    other = {"store_paths": [{"path": "b" * 32 + "-env", "content": "blake3:2"}], "locks": {}, "project_files": {}}
+    six = _cluster_record(tmp_path, 6, other)
+    lines = diff_runs(eight, six)
+    assert "cluster shards: 8 → 6" in lines and "shard statuses: ok ×8 → failed ×1, ok ×5" in lines
+    told = f"env: {'a' * 32}-env on the head, {'b' * 32}-env on the node"
+    assert lines[2:] == [f"shard 5/6 of run B on n5 (/h): not its head's closure: {told}"], lines
+    assert diff_runs(eight, eight) == []

@@ -311,7 +311,8 @@ def cluster_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """What differs in how two runs were spread over nodes (:func:`cluster_view`), pure.
 
     The engine, the shard count and the retries asked; then per shard (by index, when both
-    runs have as many shards; else what each run's shards were, counted) its status, score,
+    runs have as many shards; else, where the values differ, what each run's shards were,
+    counted) its status, score,
     node platform, retries taken and its closure against its head's. A shard whose node
     computed with another closure than its own head is named with its node and home and
     each difference, in whichever run it is."""
@@ -342,7 +343,8 @@ def cluster_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         return ", ".join(f"{value} ×{n}" for value, n in sorted(counts.items())) or "(none)"
 
     for key, label in (("status", "statuses"), ("score", "scores"), ("platform", "platforms"), ("retries", "retries")):
-        if sa and sb and counted(sa, key) != counted(sb, key):
+        # Counted: with other shard counts, every count differs; only other values are news.
+        if sa and sb and {str(s[key]) for s in sa} != {str(s[key]) for s in sb}:
             lines.append(f"shard {label}: {counted(sa, key)} → {counted(sb, key)}")
     for run, shards, count in (("A", sa, a["shards"]), ("B", sb, b["shards"])):
         for shard in shards:
