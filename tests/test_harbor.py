@@ -753,7 +753,8 @@ def test_limits_fall_back_to_per_process_limits_and_say_so() -> None:
     assert (none.cpu_enforced, none.memory_enforced, none.procs) == (False, False, [])
     out = enforce("s", 0.5, 256, use_cgroups=False)
     assert out.address_space == 256 * 1024 * 1024 and out.memory_enforced
-    assert "per process only" in out.memory_how and out.no_cgroup == "cgroups not used"
+    assert "session total watched" in out.memory_how and out.no_cgroup == "cgroups not used"
+    assert out.watch_bytes == 256 * 1024 * 1024
     assert out.affinity and len(out.affinity) == 1 and "whole CPUs: 0.5 asked" in out.cpu_how
     outer, inner = out.wrap("/bin/sh", "/usr/bin/prlimit", "/usr/bin/taskset")
     assert outer == [] and inner[:2] == ["/usr/bin/prlimit", f"--as={256 << 20}:{256 << 20}"]
@@ -932,7 +933,8 @@ def test_task_users_limits_and_host_in_a_job_with_network(
         assert limits["cgroups"] and not any(Path(p).exists() for p in limits["cgroups"])  # removed at stop
     else:
         assert "whole CPUs: 0.5 asked" in limits["cpus_how"] and limits["no_cgroup_because"]
-        assert limits["memory_how"].startswith("per process only (RLIMIT_AS 512 MiB")
+        assert limits["memory_how"].startswith("session total watched")
+        assert limits["watchdog"]["limit_mb"] == 512 and limits["watchdog"]["exceeded"] is None
     assert sandbox["storage"]["storage_mb"] == 1024 and sandbox["storage"]["enforced"] is False
     assert sandbox["storage"]["used_mb_at_stop"] is not None
     assert any("storage_mb = 1024" in line for line in sandbox["ignored"])
@@ -1229,3 +1231,44 @@ def test_background_forger_scores_zero(tmp_path: Path, project: tuple[Path, str]
     else:
         assert sandbox["udp"].startswith("loopback only")
     assert not _processes_with("/tmp/forge.sh"), "the forger outlived its trial"
+
+
+@needs_sandbox
+def test_memory_watchdog_stops_a_session_over_its_total(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
+    """memory_mb = 256 without a cgroup: three processes of 200 MiB each pass RLIMIT_AS one by
+    one, but their sum is over the limit: the watchdog stops them within seconds and says why
+    (the environment raises Harbor's MemoryLimitExceededError from it); a command holding
+    8 MiB before runs as usual."""
+    from harness.harbor.limits import enforce
+
+    pin = _realized_env(home, project)
+    limits = enforce("memwatch", None, 256, use_cgroups=False)
+    assert limits.watch_bytes == 256 << 20
+    marker = f"memhog-{os.getpid()}"
+    hog = (
+        f"python -c 'import time; b = bytearray(200 << 20); b[::4096] = bytes(len(b[::4096])); "
+        f"time.sleep(60)  # {marker}'"
+    )
+
+    async def scenario() -> tuple[Any, Any, float, str | None]:
+        box = _sandbox(tmp_path, home, pin, network=False, limits=limits)
+        await box.start()
+        try:
+            assert box.watchdog is not None
+            small = await box.exec(
+                "python -c 'b = bytearray(8 << 20); b[::4096] = bytes(len(b[::4096])); print(1)'",
+                cwd="/app",
+                env=_env(home, pin),
+                timeout=60,
+            )
+            started = time.monotonic()
+            big = await box.exec(f"for i in 1 2 3; do {hog} & done; wait", cwd="/app", env=_env(home, pin), timeout=60)
+            return small, big, time.monotonic() - started, box.watchdog.exceeded
+        finally:
+            await box.stop(delete=True)
+
+    small, big, seconds, exceeded = asyncio.run(scenario())
+    assert (small.return_code, small.stdout) == (0, "1\n"), small
+    assert exceeded and "over its memory limit of 256 MiB" in exceeded, exceeded
+    assert big.return_code != 0 and seconds < 30, (big, seconds)
+    assert not _processes_with(marker)

@@ -325,6 +325,8 @@ class ConfinedSandbox(Sandbox):
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.loader = await asyncio.to_thread(_loader, self.proot, self.scratch)
         self._running_ok = True
+        if self.watchdog is not None:
+            self.watchdog.start()
         if not self.config.network:
             self.forwarded = list(self.config.forward_ports)  # the host's loopback, allowed by Landlock
 
@@ -377,6 +379,12 @@ class ConfinedSandbox(Sandbox):
         for pid in [pid for pid, process in self._helpers.items() if process.returncode is not None]:
             del self._helpers[pid]
         return descendants(live | set(_marked(self.marker))) - {os.getpid()}
+
+    def command_pids(self) -> set[int]:
+        return self.session_pids()
+
+    async def kill_commands(self) -> None:
+        await self._kill_session()
 
     async def _kill_session(self) -> int:
         """SIGKILL every process of the session, the subreapers last (they adopt what their
@@ -568,6 +576,8 @@ class ConfinedSandbox(Sandbox):
     async def stop(self, *, delete: bool) -> None:
         """Kill every process of the session (:meth:`_kill_session`)."""
         self._running_ok = False
+        if self.watchdog is not None:
+            await self.watchdog.cancel()
         await self._kill_session()
         if self.config.limits is not None:
             await asyncio.to_thread(self.config.limits.release)

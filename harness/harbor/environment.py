@@ -51,7 +51,7 @@ from harbor.models.trial.paths import EnvironmentPaths
 
 from harness.errors import HarnessError, InputError
 from harness.harbor import host
-from harness.harbor.limits import Enforcement, enforce
+from harness.harbor.limits import Enforcement, MemoryLimitExceededError, enforce
 from harness.harbor.resolve import EnvironmentUnavailable, ResolvedEnvironment, resolve
 from harness.harbor.sandbox import Sandbox, SandboxConfig, SandboxError, unavailable_reason
 from harness.harbor.spec import EnvironmentSpec, read_spec
@@ -368,6 +368,8 @@ class HarnessEnvironment(BaseEnvironment):
     async def stop(self, delete: bool) -> None:
         sandbox, self._sandbox = self._sandbox, None
         self._used_mb = None
+        if sandbox is not None and sandbox.watchdog is not None and self._record:
+            self._record["sandbox"]["limits"]["watchdog"] = sandbox.watchdog.as_json()
         if sandbox is not None:
             if delete and self._record:  # measured before the root goes
                 await sandbox.stop(delete=False)
@@ -402,6 +404,7 @@ class HarnessEnvironment(BaseEnvironment):
         user: str | int | None = None,
     ) -> ExecResult:
         self._require()
+        self._check_memory()
         await self._enter_phase(user in ("root", 0) and command == self._reward_removal())
         sandbox = self._require()
         wanted = self._resolve_user(user)
@@ -422,6 +425,7 @@ class HarnessEnvironment(BaseEnvironment):
             on_output=self._output_callback(),
             user=wanted,
         )
+        self._check_memory()
         return ExecResult(stdout=outcome.stdout, stderr=outcome.stderr, return_code=outcome.return_code)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
@@ -450,6 +454,12 @@ class HarnessEnvironment(BaseEnvironment):
         verifier_dir = str(EnvironmentPaths.for_os(self.os).verifier_dir)
         if self._phase == "verifier" and os.path.normpath(source_dir) == verifier_dir:
             self._phase = "after"  # the verifier's last step: a next agent phase is guarded again
+
+    def _check_memory(self) -> None:
+        """Harbor's memory error once the watchdog stopped the session (no cgroup here)."""
+        watchdog = self._sandbox.watchdog if self._sandbox is not None else None
+        if watchdog is not None and watchdog.exceeded:
+            raise MemoryLimitExceededError(f"harness: {self.session_id}: {watchdog.exceeded}")
 
     def _require(self) -> Sandbox:
         if self._sandbox is None or not self._sandbox.started:

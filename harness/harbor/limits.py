@@ -10,8 +10,12 @@ Order of preference, per resource:
 2. **cgroup v1** (root on a v1 or hybrid host): ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``
    and ``memory.limit_in_bytes`` (plus ``memory.memsw.limit_in_bytes`` where swap is
    accounted).
-3. **Per-process limits**: memory as ``RLIMIT_AS`` (each process of the session may map at
-   most ``memory_mb``; the session's total is not limited), CPUs as an affinity mask of
+3. **Without a cgroup**: memory by a **watchdog** (:class:`MemoryWatchdog`) that sums the
+   resident memory of the session's processes every :data:`WATCH_INTERVAL` seconds (anonymous
+   and shared memory, proportionally where a page is shared: the file cache, which the kernel
+   can reclaim, is left out) and stops the session's commands once the sum is over
+   ``memory_mb`` (the environment then raises Harbor's ``MemoryLimitExceededError``), plus
+   ``RLIMIT_AS`` of ``memory_mb`` for each process; CPUs as an affinity mask of
    ``ceil(cpus)`` CPUs (whole CPUs: ``cpus = 0.5`` gets one).
 
 Every command of the session joins the cgroup before it enters the sandbox (the wrapper
@@ -31,7 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.errors import HarnessError
+
 PERIOD_US = 100_000
+#: Seconds between two samples of a session's memory by the watchdog.
+WATCH_INTERVAL = 0.2
 _NEXT_CPU = itertools.count()
 _NEXT_CPU_LOCK = threading.Lock()
 
@@ -53,6 +61,7 @@ class Enforcement:
     procs: list[Path] = field(default_factory=list)  # cgroup.procs files every command joins
     address_space: int | None = None  # RLIMIT_AS, bytes
     affinity: list[int] | None = None
+    watch_bytes: int | None = None  # the session's total, watched (no cgroup): MemoryWatchdog
 
     @property
     def cpu_enforced(self) -> bool:
@@ -256,7 +265,12 @@ def enforce(
     if memory_mb is not None and not out.memory_how.startswith("cgroup"):
         out.no_cgroup = reason
         out.address_space = memory_mb * 1024 * 1024
-        out.memory_how = f"per process only (RLIMIT_AS {memory_mb} MiB each; the session's total is not limited)"
+        out.watch_bytes = memory_mb * 1024 * 1024
+        out.memory_how = (
+            f"session total watched: its commands are stopped once its processes' resident memory "
+            f"(file cache excluded, sampled every {WATCH_INTERVAL} s) is over {memory_mb} MiB; "
+            f"and RLIMIT_AS {memory_mb} MiB per process"
+        )
     if cpus is not None and not out.cpu_how.startswith("cgroup"):
         out.no_cgroup = reason
         out.affinity = _cpus(math.ceil(cpus))
@@ -281,3 +295,92 @@ def _cpus(n: int) -> list[int] | None:
     with _NEXT_CPU_LOCK:
         start = next(_NEXT_CPU)
     return sorted({allowed[(start * n + i) % len(allowed)] for i in range(n)})
+
+
+# ----------------------------------------------------------------------------- the watchdog
+
+
+class MemoryLimitExceededError(HarnessError):
+    """The session's processes used more memory than the task's ``memory_mb`` (Harbor treats
+    an error of this name as the environment's memory error: retried, not graded)."""
+
+
+def resident_bytes(pid: int) -> int | None:
+    """Memory ``pid`` holds that the kernel cannot reclaim as file cache: its proportional
+    anonymous and shared memory (``smaps_rollup``), else (another user's process, an old
+    kernel) ``RssAnon + RssShmem`` of its status; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as handle:
+            text = handle.read()
+        fields = dict(line.split(b":", 1) for line in text.splitlines() if b":" in line)
+        if b"Pss_Anon" in fields:
+            return sum(int(fields[k].split()[0]) for k in (b"Pss_Anon", b"Pss_Shmem") if k in fields) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            status = dict(line.split(b":", 1) for line in handle.read().splitlines() if b":" in line)
+    except (OSError, ValueError):
+        return None
+    try:
+        return sum(int(status[k].split()[0]) for k in (b"RssAnon", b"RssShmem") if k in status) * 1024
+    except ValueError:
+        return None
+
+
+class MemoryWatchdog:
+    """Samples the memory of a session's processes (``pids()``) and, once their sum is over
+    ``limit`` bytes, calls ``stop()`` (which kills the session's commands) and keeps the
+    reason in :attr:`exceeded`; the session refuses to go on from then."""
+
+    def __init__(self, limit: int, pids: Any, stop: Any, *, interval: float = WATCH_INTERVAL) -> None:
+        self.limit = limit
+        self.pids = pids
+        self.stop = stop
+        self.interval = interval
+        self.exceeded: str | None = None
+        self.peak = 0
+        self._task: Any = None
+
+    def start(self) -> None:
+        import asyncio
+
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    async def cancel(self) -> None:
+        import asyncio
+
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def sample(self) -> int:
+        total = 0
+        for pid in self.pids():
+            total += resident_bytes(pid) or 0
+        self.peak = max(self.peak, total)
+        return total
+
+    async def _run(self) -> None:
+        import asyncio
+
+        while self.exceeded is None:
+            used = await asyncio.to_thread(self.sample)
+            if used > self.limit:
+                mib = 1024 * 1024
+                self.exceeded = (
+                    f"the session's processes held {used // mib} MiB, over its memory limit of "
+                    f"{self.limit // mib} MiB (memory_mb): its commands were stopped"
+                )
+                await self.stop()
+                return
+            await asyncio.sleep(self.interval)
+
+    def as_json(self) -> dict[str, Any]:
+        mib = 1024 * 1024
+        return {"limit_mb": self.limit // mib, "peak_mb": round(self.peak / mib, 1), "exceeded": self.exceeded}

@@ -72,7 +72,7 @@ from typing import IO, Any
 from harness.errors import HarnessError
 from harness.harbor.ids import IdMap, TaskUser, UserTable
 from harness.harbor.ids import probe as probe_ids
-from harness.harbor.limits import Enforcement
+from harness.harbor.limits import Enforcement, MemoryWatchdog
 
 #: Mirrored from the host: a directory is bound read-only, a symlink recreated.
 TOP_LEVEL_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -335,6 +335,9 @@ class Sandbox:
         self._userns: int | None = None  # fd of the session's user namespace (mapped ids only)
         self.forwarded: list[int] = []
         self.phase = "agent" if config.guarded else "verifier"
+        self._infra: set[int] = set()  # the session's own processes (bubblewrap, its init)
+        watch = config.limits.watch_bytes if config.limits is not None else None
+        self.watchdog = MemoryWatchdog(watch, self.command_pids, self.kill_commands) if watch else None
         self.idmap = config.idmap or probe_ids()
         try:
             self.users = UserTable.plan(config.users, self.idmap)
@@ -519,6 +522,9 @@ class Sandbox:
             await self._kill_outer()
             raise SandboxError(f"bwrap could not start the sandbox: {stderr.decode(errors='replace').strip()}")
         self._init_pid = int(info["child-pid"])
+        self._infra = descendants({self._outer.pid, self._init_pid})
+        if self.watchdog is not None:
+            self.watchdog.start()
         if self.idmap.multi:
             self._userns = os.open(f"/proc/{self._init_pid}/ns/user", os.O_RDONLY)
             await self._setup()
@@ -625,6 +631,25 @@ class Sandbox:
             roots.add(self._init_pid)
         return descendants(roots)
 
+    def command_pids(self) -> set[int]:
+        """The processes of the session's commands (every one but bubblewrap's own)."""
+        return self.session_pids() - self._infra
+
+    async def kill_commands(self) -> None:
+        """SIGKILL every process of the session's commands; the session itself stays."""
+        for _ in range(200):
+            victims = self.command_pids()
+            for pgid in list(self._running):
+                _killpg(pgid)
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if not victims:
+                return
+            await asyncio.sleep(0.02)
+
     async def begin_verifier_phase(self) -> dict[str, Any]:
         """End the agent phase: kill every process of the session (bubblewrap restarts it
         over the same root, so the PID namespace of the agent phase dies with every process
@@ -689,6 +714,8 @@ class Sandbox:
 
     async def stop(self, *, delete: bool) -> None:
         """Kill every process of the session; delete the root when ``delete``."""
+        if self.watchdog is not None:
+            await self.watchdog.cancel()
         await self._halt()
         await self._give_back()
         if self.config.limits is not None:
