@@ -877,6 +877,47 @@ def test_host_summary_and_executables_cache(tmp_path: Path) -> None:
     assert host.digest(first) != host.digest(second)
 
 
+def test_host_libraries_follow_the_loader(tmp_path: Path) -> None:
+    """The shared libraries an executable loads, found from its ELF headers as the loader
+    finds them (interpreter, DT_NEEDED, RUNPATH, ldconfig's cache), transitively, hashed;
+    a script has none; what is under an excluded folder (the store) is followed, not listed."""
+    import hashlib
+
+    from harness.harbor import host
+
+    python = os.path.realpath(sys.executable)
+    deps = host.elf_dependencies(python)
+    assert deps is not None and deps[0] and any(n.startswith("libc.so") for n in deps[1] + _needed_below(deps))
+    script = tmp_path / "tool"
+    script.write_text("#!/bin/sh\n")
+    assert host.elf_dependencies(str(script)) is None
+    found, missing = host.libraries([python, str(script)], tmp_path / "cache")
+    libc = next(p for p in found if os.path.basename(p).startswith("libc.so"))
+    assert found[libc] == hashlib.sha256(Path(libc).read_bytes()).hexdigest()
+    assert os.path.realpath(deps[0]) in found  # the loader itself
+    assert missing == []
+    # A folder excluded (as the store is): its libraries are followed, not listed.
+    own = [p for p in found if p.startswith(os.path.dirname(os.path.dirname(python)))]
+    if own:  # an interpreter with a libpython beside it (pyenv's): libc still comes through it
+        kept, _ = host.libraries([python], None, exclude=(os.path.dirname(own[0]),))
+        assert own[0] not in kept and libc in kept
+
+
+def _needed_below(deps: tuple[Any, ...]) -> tuple[str, ...]:
+    """The DT_NEEDED names of the libraries an ELF file's own DT_NEEDED resolve to (libc may be
+    a dependency of libpython rather than of the interpreter)."""
+    from harness.harbor import host
+
+    names: tuple[str, ...] = ()
+    for name in deps[1]:
+        for folder in (*deps[2], *host.DEFAULT_LIB_DIRS):
+            below = host.elf_dependencies(os.path.join(folder, name))
+            if below:
+                names += below[1]
+                break
+    return names
+
+
 @needs_harbor
 @needs_sandbox
 def test_task_users_limits_and_host_in_a_job_with_network(
@@ -946,6 +987,12 @@ def test_task_users_limits_and_host_in_a_job_with_network(
     import hashlib
 
     assert bash.split()[0] == hashlib.sha256(Path("/bin/bash").read_bytes()).hexdigest()
+    libraries = hostinfo["libraries"]  # what those executables and the interpreter load
+    lines = (trial["_dir"] / "harness" / libraries["list"]).read_text().splitlines()
+    assert libraries["count"] == len(lines) > 0 and libraries["digest"].startswith("sha256:")
+    libc = next(line for line in lines if "/libc.so" in line)
+    assert libc.split()[0] == hashlib.sha256(Path(libc.split(None, 1)[1].strip()).read_bytes()).hexdigest()
+    assert not any(str(home / "store") in line for line in lines)  # store paths have content hashes
     env = record["commands_env"]
     assert env["base"]["HARNESS_ENVIRONMENT"] == str(home / "store" / _realized_env(home, project))
     assert env["given_by_harbor"] == sorted(env["given_by_harbor"])  # names only: values may be secrets

@@ -362,8 +362,32 @@ class HarnessEnvironment(BaseEnvironment):
                 "list": listing.name,
             },
         }
+        self._record["host"]["libraries"] = await self._host_libraries(config, list(executables))
         self._record["sandbox"]["ignored"] = ignored
         await asyncio.to_thread(_write_record, self.record_path, self._record)
+
+    async def _host_libraries(self, config: SandboxConfig, executables: list[str]) -> dict[str, Any]:
+        """The host's shared libraries that the executables on PATH and the closure's ELF files
+        (its interpreter, extension modules) load, hashed, listed beside the record."""
+        assert self._resolved is not None
+        store = str(self._resolved.store_root)
+        started = time.monotonic()
+        files = executables + await asyncio.to_thread(host.elf_files, config.store_paths)
+        found, missing = await asyncio.to_thread(host.libraries, files, self.home / "cache", exclude=(store,))
+        listing = self.record_path.parent / "host-libraries.sha256"
+        await asyncio.to_thread(
+            listing.write_text, "".join(f"{h}  {p}\n" for p, h in sorted(found.items())), encoding="utf-8"
+        )
+        return {
+            "count": len(found),
+            "digest": host.digest(found),
+            "list": listing.name,
+            "not_found": missing,
+            "of": "PT_INTERP and DT_NEEDED of the executables above and of the closure's ELF files, "
+            "resolved as the loader does (RPATH/RUNPATH, ldconfig's cache, the default folders); "
+            "libraries in the store are covered by their store path's content hash",
+            "seconds": round(time.monotonic() - started, 3),
+        }
 
     async def stop(self, delete: bool) -> None:
         sandbox, self._sandbox = self._sandbox, None
