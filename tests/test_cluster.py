@@ -286,8 +286,8 @@ def _plant_other_host_copy(head: Path, second: Path) -> tuple[str, str, str]:
 
 def test_a_node_with_another_interpreter_refuses_at_once_then_pulls_the_heads(setup: Setup) -> None:
     """The second node's host Python differs from the head's by one stdlib file. Without a
-    cache its shards realize on it and refuse before any service or episode starts, naming
-    the interpreters (the head's shards run; audit names the node). With the head's signed
+    cache its shards refuse before anything is realized or started there, naming the
+    interpreters (the head's shards run; audit names the node). With the head's signed
     cache the node pulls the head's stand-in and the environments on it and computes with
     the head's exact closure."""
     second = setup.cluster.second.home
@@ -316,6 +316,7 @@ def test_a_node_with_another_interpreter_refuses_at_once_then_pulls_the_heads(se
         record = run_dir / "shards" / str(shard["index"])  # nothing was computed there
         assert not (record / "benchmark.json").exists() and not (record / "logs" / "command.log").exists()
     assert all(s["status"] == "ok" for s in shards if s["home"] != str(second)), shards
+    assert not any(p.name.endswith("-env") for p in (second / "store").iterdir()), "nothing was built there"
     code, lines = _audit_lines(setup, run_dir)
     shard_lines = [ln for ln in lines if " shard " in ln]
     assert code == 1 and len(shard_lines) == len(on_second), lines

@@ -303,3 +303,34 @@ def test_diff_of_an_eight_and_a_six_shard_run_names_the_node_with_other_bits(tmp
     told = f"env: {'a' * 32}-env on the head, {'b' * 32}-env on the node"
     assert lines[2:] == [f"shard 5/6 of run B on n5 (/h): not its head's closure: {told}"], lines
     assert diff_runs(eight, eight) == []
+
+
+def test_a_node_foresees_another_interpreter_or_lock_before_it_realizes() -> None:
+    """Where a host copy stood in on the head, a node that has the lock's own interpreter or
+    notes another copy is refused before realizing; one with neither is left to realize
+    (its own copy may be the head's bits); another lock file is refused."""
+    from harness.runs.closures import NodeInterpreter, foreseen_differences
+
+    head = {"locks": {"kin": {"interpreter": "X-host", "standing_in_for": "O", "lock_blake3": "blake3:L"}}}
+    assert foreseen_differences(head, {"O": NodeInterpreter(False, "X-host")}, {"kin": "blake3:L"}) == []
+    assert foreseen_differences(head, {"O": NodeInterpreter(False, None)}, {}) == []
+    (own,) = foreseen_differences(head, {"O": NodeInterpreter(True, None)}, {})
+    assert own.told() == (
+        "kin: interpreter: X-host (a host copy standing in for O) on the head, "
+        "O (the lock's own, registered here, which realize prefers) here"
+    )
+    (other,) = foreseen_differences(head, {"O": NodeInterpreter(False, "Y-host")}, {})
+    assert other.told() == "kin: interpreter (a host copy standing in for O): X-host on the head, Y-host here"
+    (lock,) = foreseen_differences(head, {}, {"kin": "blake3:M"})
+    assert lock.told() == "lock of kin: blake3:L on the head, blake3:M here"
+    # The head on the lock's own interpreter: realize pulls it from the cache, nothing to foresee.
+    own_head = {"locks": {"kin": {"interpreter": "O", "standing_in_for": None}}}
+    assert foreseen_differences(own_head, {"O": NodeInterpreter(False, "Y-host")}, {}) == []
+
+
+def test_judge_shard_refused_before_it_realized() -> None:
+    from harness.runs.audit import judge_shard
+
+    summary = {"hostname": "gpu-b", "home": "/h/b", "status": "failed", "closure_refused": True, "reason": "why"}
+    item = judge_shard(0, 2, summary, None, [], {"store_paths": []})
+    assert (item.status, item.detail) == ("modified", "refused before its first episode: why")

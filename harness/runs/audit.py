@@ -583,6 +583,8 @@ def judge_shard(
             return AuditItem(where, "modified", f"{ran}: {told}{more}")
     if not summary:
         return AuditItem(where, "missing", "the run's record holds nothing of this shard (the head stopped before it)")
+    if summary.get("closure_refused"):  # refused before it realized: it recorded no closure
+        return AuditItem(where, "modified", f"refused before its first episode: {reason or 'not the head closure'}")
     if status in ("failed", "cancelled"):
         return AuditItem(where, str(status), str(reason or f"the shard {status}"))
     if status != "ok":

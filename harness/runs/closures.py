@@ -21,7 +21,7 @@ from typing import Any
 _HASHED = re.compile(r"^[0-9a-df-np-sv-z]{32}-(.+)$")
 
 #: What of ``lock.json``'s ``locks.<name>`` a node needs to name a difference.
-_LOCK_KEYS = ("interpreter", "standing_in_for", "environment", "lock_blake3", "python")
+_LOCK_KEYS = ("interpreter", "standing_in_for", "environment", "lock", "lock_blake3", "python")
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,48 @@ def closure_differences(expected: dict[str, Any], actual: dict[str, Any]) -> lis
         be, ba = locks_e[name].get("lock_blake3"), locks_a[name].get("lock_blake3")
         if be != ba:
             found.append(Difference(f"lock of {name}", str(be), str(ba)))
+    return found
+
+
+@dataclass(frozen=True)
+class NodeInterpreter:
+    """What a node's store holds for a lock's own interpreter before it realizes anything:
+    whether that interpreter is registered there (realize then uses it), and which host copy
+    is noted as standing in for it (``store/.standins/``), if any."""
+
+    own_registered: bool
+    standin: str | None
+
+
+def foreseen_differences(
+    expected: dict[str, Any], interpreters: dict[str, NodeInterpreter], lock_hashes: dict[str, str]
+) -> list[Difference]:
+    """What a node can tell is not the head's closure before it realizes anything, pure:
+    ``expected`` is the head's closure, ``interpreters`` what the node's store holds per lock
+    interpreter (by its store name), ``lock_hashes`` the blake3 of the node's own lock files by
+    manifest. Only certain differences: where a host copy stood in on the head, a node whose
+    store has the lock's own interpreter, or notes another host copy, realizes on that one;
+    a lock file with other bytes locks other paths. (A node with neither realizes a host copy
+    of its own, which may well be the head's bits: only realizing tells.)"""
+    found: list[Difference] = []
+    for name, info in sorted((expected.get("locks") or {}).items()):
+        own, host = info.get("standing_in_for"), info.get("interpreter")
+        here = interpreters.get(str(own)) if own else None
+        if here is not None and here.own_registered:
+            found.append(
+                Difference(
+                    f"{name}: interpreter",
+                    f"{host} (a host copy standing in for {own})",
+                    f"{own} (the lock's own, registered here, which realize prefers)",
+                )
+            )
+        elif here is not None and here.standin and here.standin != host:
+            found.append(
+                Difference(f"{name}: interpreter (a host copy standing in for {own})", str(host), here.standin)
+            )
+        theirs = lock_hashes.get(name)
+        if theirs is not None and info.get("lock_blake3") and theirs != info.get("lock_blake3"):
+            found.append(Difference(f"lock of {name}", str(info.get("lock_blake3")), theirs))
     return found
 
 

@@ -179,6 +179,7 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
         ports = dict(zip(job.local_services, free_ports(len(job.local_services)), strict=True))
         with _environment(env), _sigint_unblocked():
             take_head_standins(job, home, lines.append)
+            refuse_foreseen(job, home)
             outcome = run(
                 state,
                 list(job.command),
@@ -299,6 +300,35 @@ def take_head_standins(job: ShardJob, home: Path, echo: Callable[[str], None]) -
             echo(f"stand-in: the head's {host} stands in for {own} here (pulled from the run's cache)")
             taken.append(own)
     return taken
+
+
+def refuse_foreseen(job: ShardJob, home: Path) -> None:
+    """Refuse the shard before anything is realized when this node certainly cannot compute
+    with the head's closure (:func:`harness.runs.closures.foreseen_differences`: another
+    interpreter registered or standing in here, another lock file): nothing is built for a
+    closure that would be refused after. Raises :class:`harness.runs.run.ClosureMismatch`."""
+    from harness.runs.closures import NodeInterpreter, foreseen_differences
+    from harness.runs.run import ClosureMismatch
+    from harness.store.hashing import file_blake3
+    from harness.store.standins import standin_for
+    from harness.store.store import Store
+
+    expected = job.expected_closure
+    if not expected:
+        return
+    store = Store.in_home(home)
+    interpreters = {}
+    for own in head_standins(expected):
+        record = store.record(own)
+        interpreters[own] = NodeInterpreter(record is not None and not record.impure, standin_for(store, own))
+    hashes = {}
+    for name, info in (expected.get("locks") or {}).items():
+        lock = Path(job.project_root) / str(info.get("lock") or f"locks/{name}.lock.toml")
+        if info.get("lock") and lock.is_file():
+            hashes[name] = file_blake3(lock)
+    differences = foreseen_differences(expected, interpreters, hashes)
+    if differences:
+        raise ClosureMismatch(differences)
 
 
 def _collect(folder: Path) -> dict[str, str]:
