@@ -7,7 +7,10 @@ import click
 from harness.cli import State
 
 
-@click.command(help="Re-check every store path a run used; exit 1 if any changed.")
+@click.command(
+    help="Re-check every store path a run used, and every shard of a cluster run; exit 1 if any "
+    "path changed or a shard was refused, failed, cancelled or is missing."
+)
 @click.argument("run_id", default="latest")
 @click.option("--strict", is_flag=True, help="Also fail when the run had impurities or a scoped service was reset.")
 @click.option("--json", "as_json", is_flag=True, help="Print the audit as JSON.")

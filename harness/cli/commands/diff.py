@@ -7,7 +7,10 @@ import click
 from harness.cli import State
 
 
-@click.command(help="Say what differs between two runs.")
+@click.command(
+    help="Say what differs between two runs: closure, placement, configuration and, for cluster "
+    "runs, engine, shard count, retries and each shard's status, score, platform and closure."
+)
 @click.argument("run_a")
 @click.argument("run_b")
 @click.option("--json", "as_json", is_flag=True, help="Print the differences as JSON.")
