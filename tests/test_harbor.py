@@ -1319,3 +1319,52 @@ def test_memory_watchdog_stops_a_session_over_its_total(tmp_path: Path, project:
     assert exceeded and "over its memory limit of 256 MiB" in exceeded, exceeded
     assert big.return_code != 0 and seconds < 30, (big, seconds)
     assert not _processes_with(marker)
+
+
+_CONFINED_MEMORY_SCRIPT = r"""
+import asyncio, json, sys, time
+from pathlib import Path
+from harness.harbor import confine
+from harness.harbor.limits import enforce
+from harness.harbor.sandbox import SandboxConfig
+root, env_dir, marker, store_paths = Path(sys.argv[1]), sys.argv[2], sys.argv[3], [Path(p) for p in sys.argv[4:]]
+hog = ("python -c 'import time; b = bytearray(200 << 20); b[::4096] = bytes(len(b[::4096])); "
+       "time.sleep(60)  # " + marker + "'")
+async def main():
+    limits = enforce("confined-memwatch", None, 256, use_cgroups=False)
+    box = confine.ConfinedSandbox(SandboxConfig(root=root, store_paths=store_paths, dirs=["/app"], limits=limits))
+    await box.start()
+    env = {"PATH": env_dir + "/bin:/usr/bin:/bin", "HOME": "/root"}
+    try:
+        started = time.monotonic()
+        # setsid and double-forked: the subreaper still counts them as the session's
+        r = await box.exec(f"for i in 1 2 3; do ( setsid {hog} & ) ; done; sleep 60", cwd="/app", env=env, timeout=90)
+        out = {"rc": r.return_code, "seconds": time.monotonic() - started, "exceeded": box.watchdog.exceeded}
+    finally:
+        await box.stop(delete=True)
+    print(json.dumps(out))
+asyncio.run(main())
+"""
+
+
+@needs_confine
+def test_memory_watchdog_without_user_namespaces(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
+    """The watchdog under Landlock + PRoot: three 200 MiB processes, started in sessions of
+    their own, are the session's (the subreaper's descendants), so 256 MiB stops them."""
+    pin = _realized_env(home, project)
+    script = tmp_path / "memory.py"
+    script.write_text(_CONFINED_MEMORY_SCRIPT)
+    marker = f"confined-memhog-{os.getpid()}"
+    closure = [str(p) for p in _closure(home, pin)]
+    result = subprocess.run(
+        [*_NO_USERNS, sys.executable, str(script), str(tmp_path / "root"), str(home / "store" / pin), marker, *closure],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["exceeded"] and "over its memory limit of 256 MiB" in out["exceeded"], out
+    assert out["rc"] != 0 and out["seconds"] < 45, out
+    assert not _processes_with(marker)

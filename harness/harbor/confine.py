@@ -4,24 +4,34 @@ plus PRoot, with the same session layout as :class:`~harness.harbor.sandbox.Sand
 Some workers (the seed's: no Docker daemon, a read-only cgroup v2, no user namespaces) let no
 unprivileged process make a namespace. There, each command runs as::
 
-    python -I -S -c <Landlock helper> RULES -- proot -r ROOT -b /usr -b /etc ... bash -c CMD
+    python -I -S -c <helper> RULES -- proot -r ROOT -b /usr -b /etc ... bash -c CMD
 
-* **Landlock** (Linux >= 5.13, through its three system calls with ``ctypes``): the helper
+* **A subreaper** first: the helper marks itself ``PR_SET_CHILD_SUBREAPER`` and forks; the
+  parent, outside the session's Landlock domain, adopts every orphan of the command
+  (double-forked, ``setsid``, or left when PRoot exits) and lives until the last is gone, so
+  the session's processes are always the descendants of its commands' helpers
+  (:meth:`ConfinedSandbox.session_pids`); from Landlock ABI 6 the session cannot signal it.
+* **Landlock** (Linux >= 5.13, through its three system calls with ``ctypes``): the child
   restricts itself, then execs PRoot, so the command and every process it starts inherit the
   ruleset, which no process can lift: the session root (and PRoot's scratch folder) may be
-  written; ``/usr``, ``/etc``, the store paths of the closure, ``/proc`` and ``/sys`` only
-  read and executed; ``/dev`` only its harmless nodes; nothing else on the host is reachable
-  at all. With ABI >= 4 and a task without network, outgoing TCP is refused except to the
-  broker's ports (UDP is not covered by Landlock: recorded); with ABI >= 6, signals and
-  abstract Unix sockets are scoped to the session.
+  written — in the agent phase all of it but the guarded folders (``/tests``,
+  ``/logs/verifier``), granted folder by folder, so ``/`` itself is not; Harbor's transfers
+  may write all of it —; ``/usr``, ``/etc``, the store paths of the closure, ``/proc`` and
+  ``/sys`` only read and executed; ``/dev`` only its harmless nodes; nothing else on the host
+  is reachable at all. With ABI >= 4 and a task without network, outgoing TCP is refused
+  except to the broker's ports; with ABI >= 6, signals and abstract Unix sockets are scoped
+  to the session.
+* **seccomp** (:func:`_seccomp`): ``statx`` answers ENOSYS (for PRoot 5.1), and without
+  network UDP, ICMP and raw sockets and ``io_uring`` are refused (Landlock has no UDP rules).
 * **PRoot** (Debian package ``proot``; ptrace, no privilege) makes the session root ``/``
   and binds the host's ``/usr``, ``/etc``, ``/proc``, ``/dev`` and the store paths at their
   own paths, so commands see the layout a bubblewrap session has.
 
 Differences, recorded by the environment: no PID namespace (``ps`` shows the host's
-processes; a session's processes carry a random marker in their environment, by which
-:meth:`ConfinedSandbox.stop` finds and kills them), one user (task users are not enforced),
-the host's network namespace (Landlock's TCP rules instead), and PRoot's ptrace overhead.
+processes; :meth:`ConfinedSandbox.stop` and :meth:`ConfinedSandbox.begin_verifier_phase`
+kill the subreapers' descendants, and whatever carries the session's random marker in its
+environment), one user (task users are not enforced), the host's network namespace
+(Landlock's TCP rules and the seccomp filter instead), and PRoot's ptrace overhead.
 """
 
 from __future__ import annotations

@@ -24,7 +24,14 @@ under ids of their own where the machine allows (:mod:`harness.harbor.ids`): the
 ``/logs/agent`` and ``/logs/artifacts`` belong to the agent's user, ``/logs/verifier`` to
 the verifier's (root when it names none), ``/tests`` and ``/solution`` to root. ``cpus``
 and ``memory_mb`` are enforced as :mod:`harness.harbor.limits` can; the trial log and the
-record say how, or why not.
+record say how, or why not (a session the memory watchdog stopped raises Harbor's
+``MemoryLimitExceededError``).
+
+Phases of an agent session (:meth:`HarnessEnvironment._enter_phase`): ``/tests`` and
+``/logs/verifier`` are out of the agent phase's reach; Harbor's first verifier step (removing
+stale rewards as root, emptying the verifier's folders, uploading ``/tests``) ends it: every
+process of the agent phase is killed and those folders are made afresh before the step runs;
+the record's ``sandbox.verifier_isolation`` says what held.
 
 Options (``--ek key=value``): ``home`` (else ``$HARNESS_HOME``, else ``~/.cache/harness``),
 ``manifest``, ``lock``, ``project``, ``environment`` (see the spec), ``realize`` (default

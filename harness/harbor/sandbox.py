@@ -21,6 +21,15 @@ No Docker. Linux namespaces through two standard tools:
   in a container, until :meth:`Sandbox.stop` kills the namespace's init and with it every
   process of the session.
 
+Phases (``guarded``: the verifier's folders, ``/tests`` and ``/logs/verifier``): in the agent
+phase they are bound read-only over themselves, so no command can write them, whoever it
+runs as. :meth:`Sandbox.begin_verifier_phase` restarts bubblewrap over the same root, so the
+agent phase's PID namespace ends with every process in it (nothing survives by
+double-forking), then makes them afresh, writable; :meth:`Sandbox.begin_agent_phase` guards
+them again (a multi-step task). Memory without a cgroup: a
+:class:`~harness.harbor.limits.MemoryWatchdog` over :meth:`Sandbox.command_pids` kills the
+commands of a session over its limit.
+
 Everything a sandboxed process can write is under the session folder (the root) or the
 kernel's memory (``/dev/shm``); :meth:`Sandbox.stop` can delete the folder. File transfers
 run *inside* the sandbox (``cat``, ``tar`` through pipes), so the kernel resolves every
