@@ -1368,3 +1368,53 @@ def test_memory_watchdog_without_user_namespaces(tmp_path: Path, project: tuple[
     assert out["exceeded"] and "over its memory limit of 256 MiB" in out["exceeded"], out
     assert out["rc"] != 0 and out["seconds"] < 45, out
     assert not _processes_with(marker)
+
+
+@needs_harbor
+@pytest.mark.parametrize(
+    "no_userns",
+    [
+        pytest.param(False, marks=needs_sandbox, id="namespaces"),
+        pytest.param(True, marks=needs_confine, id="landlock-proot"),
+    ],
+)
+def test_each_step_of_a_multi_step_task_guards_its_verifier(
+    tmp_path: Path, project: tuple[Path, str], home: Path, no_userns: bool
+) -> None:
+    """Two steps in one session: the first honest (graded 1), the second the background
+    forger. After the first verifier the second agent phase is guarded again, and its forger
+    is killed before the second verifier: 0 for that step."""
+    root, pin = project
+    forger = EXAMPLES / "background-forger"
+    task = tmp_path / "tasks" / "two-steps"
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "harness.toml").write_text(
+        f'manifest = "reach"\nproject = "{root}"\nenvironment = "{pin}"\n'
+    )
+    (task / "task.toml").write_text(
+        'schema_version = "1.4"\n\n[task]\nname = "harness/two-steps"\n\n[environment]\n'
+        'network_mode = "no-network"\nworkdir = "/app"\n\n'
+        '[[steps]]\nname = "one"\n[steps.agent]\ntimeout_sec = 60.0\n[steps.verifier]\ntimeout_sec = 60.0\n\n'
+        '[[steps]]\nname = "two"\n[steps.agent]\ntimeout_sec = 60.0\n[steps.verifier]\ntimeout_sec = 60.0\n'
+    )
+    one, two = task / "steps" / "one", task / "steps" / "two"
+    for step in (one, two):
+        (step / "solution").mkdir(parents=True)
+        (step / "tests").mkdir()
+        (step / "instruction.md").write_text((forger / "instruction.md").read_text())
+    (one / "solution" / "solve.sh").write_text("#!/bin/bash\necho done > /app/one\n")
+    (one / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nif [ -f /app/one ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+    )
+    shutil.copy(forger / "solution" / "solve.sh", two / "solution" / "solve.sh")
+    shutil.copy(forger / "tests" / "test.sh", two / "tests" / "test.sh")
+    for script in task.glob("steps/*/*/*.sh"):
+        script.chmod(0o755)
+    (tmp_path / "jobs").mkdir()
+    result = _harbor_job(task, tmp_path / "jobs", "steps", home, no_userns=no_userns)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trial = _trials(tmp_path / "jobs" / "steps")["two-steps"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    steps = {s["step_name"]: (s.get("verifier_result") or {}).get("rewards") for s in trial["step_results"]}
+    assert steps == {"one": {"reward": 1.0}, "two": {"reward": 0.0}}, steps
+    assert not _processes_with("/tmp/forge.sh"), "the forger outlived its trial"

@@ -29,7 +29,7 @@ record say how, or why not (a session the memory watchdog stopped raises Harbor'
 
 Phases of an agent session (:meth:`HarnessEnvironment._enter_phase`): ``/tests`` and
 ``/logs/verifier`` are out of the agent phase's reach; Harbor's first verifier step (removing
-stale rewards as root, emptying the verifier's folders, uploading ``/tests``) ends it: every
+stale rewards as root, or an upload into those folders) ends it: every
 process of the agent phase is killed and those folders are made afresh before the step runs;
 the record's ``sandbox.verifier_isolation`` says what held.
 
@@ -544,16 +544,19 @@ class HarnessEnvironment(BaseEnvironment):
         )
 
     async def _enter_phase(self, verifier: bool) -> None:
-        """Harbor's verifier steps (removing stale rewards, uploading /tests, emptying the
-        verifier's folders) begin the verifier phase: the agent phase's processes are killed and
+        """Harbor's verifier steps (removing stale rewards as root, uploading into /tests or
+        /logs/verifier) begin the verifier phase: the agent phase's processes are killed and
         the guarded folders made afresh first. After the verifier's logs are downloaded (a
         multi-step task's next agent phase), the next step of any kind guards them again."""
         sandbox = self._sandbox
         if sandbox is None or self.is_verifier_session:
             return
         if self._phase == "after":
+            # The next step after a verifier is the next agent phase's (a multi-step task
+            # empties the verifier's folders first: that is not a verifier beginning).
             self._phase = "agent"
             await sandbox.begin_agent_phase()
+            return
         if verifier and self._phase == "agent":
             self._phase = "verifier"
             began = time.monotonic()
@@ -569,7 +572,15 @@ class HarnessEnvironment(BaseEnvironment):
                 await asyncio.to_thread(_write_record, self.record_path, self._record)
 
     async def empty_dirs(self, dirs: Any, *, chmod: bool = True) -> ExecResult | None:
-        await self._enter_phase(any(self._touches_verifier(str(d)) for d in dirs))
+        """Harbor's emptying of folders; the guarded ones are empty throughout an agent phase
+        (made afresh when it began, written by nothing since), so there it leaves them be:
+        a multi-step task empties them both before a verifier and before the next agent
+        phase, so this is no sign of either (Harbor's removal of stale rewards is)."""
+        await self._enter_phase(False)
+        if self._phase == "agent" and not self.is_verifier_session:
+            dirs = [d for d in dirs if not self._touches_verifier(str(d))]
+            if not dirs:
+                return ExecResult(stdout=None, stderr=None, return_code=0)
         return await super().empty_dirs(dirs, chmod=chmod)
 
     def _make_record(self, config: SandboxConfig, broker: str | None, started: float) -> dict[str, Any]:
