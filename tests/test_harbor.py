@@ -1418,3 +1418,56 @@ def test_each_step_of_a_multi_step_task_guards_its_verifier(
     steps = {s["step_name"]: (s.get("verifier_result") or {}).get("rewards") for s in trial["step_results"]}
     assert steps == {"one": {"reward": 1.0}, "two": {"reward": 0.0}}, steps
     assert not _processes_with("/tmp/forge.sh"), "the forger outlived its trial"
+
+
+@needs_harbor
+@needs_sandbox
+def test_environment_reports_the_watchdog_as_harbors_memory_error(
+    tmp_path: Path, project: tuple[Path, str], home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HarnessEnvironment where no cgroup is used (memory_mb = 256): three 200 MiB processes
+    end the command with MemoryLimitExceededError, which Harbor's error policy knows (retried,
+    not graded), and the record has the watchdog's peak."""
+    from harbor.models.task.config import EnvironmentConfig
+    from harbor.models.trial.paths import TrialPaths
+    from harbor.models.trial.result import ExceptionInfo
+
+    from harness.harbor import HarnessEnvironment
+    from harness.harbor import environment as environment_module
+    from harness.harbor.limits import MemoryLimitExceededError
+
+    real = environment_module.enforce
+    monkeypatch.setattr(
+        environment_module, "enforce", lambda session, cpus, memory, **_: real(session, cpus, memory, use_cgroups=False)
+    )
+    root, pin = project
+    task = _task("reach-python", tmp_path, root, pin)
+    trial = TrialPaths(trial_dir=tmp_path / "trial")
+    trial.mkdir()
+    hog = "python -c 'import time; b = bytearray(200 << 20); b[::4096] = bytes(len(b[::4096])); time.sleep(60)'"
+
+    async def scenario() -> BaseException:
+        env = HarnessEnvironment(
+            environment_dir=task / "environment",
+            environment_name="reach-python",
+            session_id="trial__env",
+            trial_paths=trial,
+            task_env_config=EnvironmentConfig(network_mode="no-network", workdir="/app", memory_mb=256),
+            home=str(home),
+        )
+        await env.start(force_build=False)
+        try:
+            with pytest.raises(MemoryLimitExceededError) as info:
+                await env.exec(f"for i in 1 2 3; do {hog} & done; wait", timeout_sec=60)
+            with pytest.raises(MemoryLimitExceededError):  # the session goes no further
+                await env.exec("true")
+            return info.value
+        finally:
+            await env.stop(delete=True)
+
+    error = asyncio.run(scenario())
+    assert "over its memory limit of 256 MiB" in str(error)
+    policy = ExceptionInfo.from_exception(error).policy
+    assert (policy.should_retry, policy.should_grade) == (True, False)
+    limits = json.loads((trial.trial_dir / "harness" / "env.json").read_text())["sandbox"]["limits"]
+    assert limits["watchdog"]["exceeded"] and limits["watchdog"]["peak_mb"] > 256
