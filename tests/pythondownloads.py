@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.errors import HarnessError
 from harness.lock.document import LockedInterpreter
 from harness.realize.interpreter import InterpreterBuild, build_host_copy
 from harness.resolve.interpreter import host_platform
@@ -68,6 +69,8 @@ def host_archive(version: str, folder: Path) -> Path:
     copy.mkdir(parents=True)
     locked = LockedInterpreter(implementation="cpython", version=version, platform=host_platform(), source="host")
     build = build_host_copy(locked, copy)
+    if build.version != version:  # another release of the series: not the archive asked for
+        raise HarnessError(f"no installed CPython {version} here to repackage (only {build.version})")
     archive = install_only_archive(copy, build, folder)
     writable(copy)
     shutil.rmtree(copy)

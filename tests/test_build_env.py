@@ -244,10 +244,31 @@ def test_interpreter_runs_from_a_copy_elsewhere(built: tuple[Inputs, Path], tmp_
     assert inputs.build.shared_libpython == bool(libs)
 
 
-def test_missing_version_is_a_clear_error(tmp_path: Path) -> None:
-    locked = LockedInterpreter(implementation="cpython", version="3.11.99", platform=host_platform(), source="host")
-    with pytest.raises(HarnessError, match=r"no installed CPython 3\.11\.99 .*searched: .*versions/3\.11\.99"):
+def test_missing_series_is_a_clear_error(tmp_path: Path) -> None:
+    locked = LockedInterpreter(implementation="cpython", version="3.99.1", platform=host_platform(), source="host")
+    with pytest.raises(
+        HarnessError, match=r"no installed CPython 3\.99 to copy \(the lock's 3\.99\.1.*searched: .*versions/3\.99\.1"
+    ):
         build_interpreter(locked, tmp_path, cache_dir=tmp_path.parent / "uv-cache", offline=True)
+
+
+def test_another_release_of_the_series_stands_in_for_a_missing_one(tmp_path: Path) -> None:
+    """No 3.11.99 anywhere: the newest installed 3.11.x is copied, and says which it is."""
+    locked = LockedInterpreter(implementation="cpython", version="3.11.99", platform=host_platform(), source="host")
+    (tmp_path / "copy").mkdir()
+    try:
+        build = build_interpreter(locked, tmp_path / "copy", cache_dir=tmp_path / "uv-cache", offline=True)
+    except HarnessError as exc:
+        if "no installed CPython" not in str(exc):
+            raise
+        pytest.skip(f"no CPython 3.11 installed here: {exc}")
+    assert build.version.startswith("3.11.") and build.version != "3.11.99"
+    ran = subprocess.run(
+        [os.fspath(tmp_path / "copy" / build.executable), "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+    )
+    assert ran.stdout.strip() == build.version, ran.stderr
 
 
 # --------------------------------------------------------------------------- environment

@@ -1048,17 +1048,25 @@ def _prepare_host_copy(ctx: Context, lock: Lock, prepared: _Interpreter, progres
         prepared.name = host
         return
 
+    versions: list[str] = []
+
     def copy(out: Path) -> BuildResult:
         out.mkdir()
         result = build_host_copy(python, out, progress=progress, jobs=ctx.compile_jobs)
-        return BuildResult(obtained=result.source, impure=result.source)
+        versions.append(result.version)
+        impure = result.source
+        if result.version != python.version:  # another release of the series stands in
+            impure += f" (CPython {result.version}: no {python.version} on this machine)"
+        return BuildResult(obtained=result.source, impure=impure)
 
     try:
         prepared.staged = store.stage("python", copy, label=f"cpython-{python.version}-host", progress=progress)
     except HarnessError as exc:  # no host interpreter either: say which pins would work
         progress.check()  # unless the realize is being stopped: then nobody reads a hint
         raise HarnessError(f"{exc.message} ({prepared.reason})", hint=_interpreter_hint(ctx, lock, exc.hint)) from None
-    prepared.name = host_interpreter_path(python, prepared.staged.digest.hash)
+    # Named by its own content and by the version it is (a 3.11.2 copy is never "3.11.7").
+    copied = python.model_copy(update={"version": versions[0]}) if versions else python
+    prepared.name = host_interpreter_path(copied, prepared.staged.digest.hash)
 
 
 def _commit_interpreter(ctx: Context, lock: Lock, prepared: _Interpreter | None) -> str:

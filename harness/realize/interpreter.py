@@ -262,9 +262,11 @@ def build_host_copy(
     python: LockedInterpreter, out: Path, *, progress: Reporter = QUIET, jobs: int | None = None
 ) -> InterpreterBuild:
     """Fill the empty directory ``out`` with a relocatable copy of an installed CPython of
-    exactly ``python.version`` (module doc); :class:`HarnessError` naming what was searched
-    when there is none. ``progress`` shows the copy and the bytecode compilation, whose
-    workers ``jobs`` bounds (default: the CPUs)."""
+    exactly ``python.version`` (module doc) or, where none is installed, of the newest other
+    release of its series (same ABI: a fresh machine's own 3.11.x for a lock's 3.11.7;
+    :attr:`InterpreterBuild.version` says which); :class:`HarnessError` naming what was
+    searched when there is neither. ``progress`` shows the copy and the bytecode
+    compilation, whose workers ``jobs`` bounds (default: the CPUs)."""
     out = out.absolute()
     _check_empty(out)
     _check_cpython(python)
@@ -403,20 +405,31 @@ def _build_host(
     target = parse_platform(python.platform)
     searched: list[str] = []
     found = None
+    series: list[_Probe] = []  # other patch releases of the same series, as a fallback
     for candidate in _candidates(python.version, python.platform, searched):
         probe = _probe(candidate)
-        if probe is not None and _acceptable(probe, python.version, target.arch):
+        if probe is None:
+            continue
+        if _acceptable(probe, python.version, target.arch):
             found = probe
             break
+        if _acceptable(probe, probe.version, target.arch) and _minor(probe.version) == _minor(python.version):
+            series.append(probe)
+    if found is None and series:
+        # No exact copy here (a fresh machine has its distribution's own 3.11.x): the newest
+        # patch release of the series stands in. Same ABI, so the lock's wheels install; the
+        # copy is named by its own content and version, and recorded as an impurity.
+        found = max(series, key=lambda p: tuple(int(x) for x in p.version.split(".")))
     if found is None:
         raise HarnessError(
-            f"no installed CPython {python.version} (exactly) to copy; searched: " + ", ".join(searched),
+            f"no installed CPython {_minor(python.version)} to copy (the lock's {python.version}, or another "
+            f"{_minor(python.version)}.x); searched: " + ", ".join(searched),
             hint=f"install it (e.g. `pyenv install {python.version}`), or realize with network access "
             "so uv can download it",
         )
     minor = _minor(python.version)
     layout = _host_layout(found, minor)
-    with progress.phase(f"copying CPython {python.version} from {found.executable}") as phase:
+    with progress.phase(f"copying CPython {found.version} from {found.executable}") as phase:
         _copy_host(found, layout, out, check=phase.check)
     exe = layout["exe"]
     _finish(
@@ -424,7 +437,7 @@ def _build_host(
         exe,
         minor=minor,
         old_prefix=os.fspath(found.base_prefix),
-        version=python.version,
+        version=found.version,
         shared=found.shared,
         progress=progress,
         jobs=jobs,
@@ -432,13 +445,13 @@ def _build_host(
     # Py_ENABLE_SHARED alone does not say the executable loads libpython: Debian's python3.X
     # links it statically and ships the shared library for embedders only.
     return InterpreterBuild(
-        f"host: {found.executable}", exe, python.version, found.shared and _needs_libpython(out / exe)
+        f"host: {found.executable}", exe, found.version, found.shared and _needs_libpython(out / exe)
     )
 
 
 def _candidates(version: str, platform_name: str, searched: list[str]) -> Iterator[str]:
-    """Executables that may be CPython ``version``, most specific first, each once; appends
-    what it looked at to ``searched`` (for the error message)."""
+    """Executables that may be CPython ``version`` (or another release of its series), most
+    specific first, each once; appends what it looked at to ``searched`` (for the error)."""
     minor = _minor(version)
     seen: set[str] = set()
 
@@ -467,6 +480,12 @@ def _candidates(version: str, platform_name: str, searched: list[str]) -> Iterat
             yield from offer(Path(entry) / f"python{minor}")
     for prefix in ("/usr/local", "/usr", f"/opt/python/{version}", f"/opt/python{minor}"):
         yield from offer(Path(prefix) / "bin" / f"python{minor}")
+    # Other patch releases of the series the version managers keep (the fallback when none
+    # of the above is exactly ``version``), newest first.
+    for folder in dict.fromkeys(managers):
+        others = [p for p in folder.glob(f"{minor}.*") if p.name.removeprefix(f"{minor}.").isdigit()]
+        for other in sorted(others, key=lambda p: -int(p.name.rsplit(".", 1)[1])):
+            yield from offer(other / "bin" / f"python{minor}")
 
 
 def _probe(executable: str) -> _Probe | None:
