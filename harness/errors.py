@@ -73,3 +73,15 @@ def os_failure(exc: OSError) -> HarnessError | None:
         hint = "make it writable for you, or point --home / HARNESS_HOME at a folder you own"
     failure = HarnessError(f"{_OS_REASONS[number]}{where}", hint=hint)
     return failure
+
+
+def unknown_names(what: str, unknown: list[str], known: list[str] | tuple[str, ...] | set[str]) -> InputError:
+    """The refusal of names that are not among ``known`` (bad input, exit 2): each one
+    named, the known names listed, and a "did you mean" where one is close."""
+    import difflib
+
+    choices = sorted(known)
+    close = [match for name in unknown for match in difflib.get_close_matches(name, choices, n=1)]
+    suggestion = f" (did you mean {', '.join(repr(c) for c in dict.fromkeys(close))}?)" if close else ""
+    listed = ", ".join(choices) if choices else "none"
+    return InputError(f"no {what} named {', '.join(unknown)}{suggestion}; known: {listed}")

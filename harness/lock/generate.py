@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from harness.config import Settings
-from harness.errors import HarnessError, InputError
+from harness.errors import HarnessError, InputError, unknown_names
 from harness.lock.document import (
     LINKS_LOCK_VERSION,
     LOCK_VERSION,
@@ -73,7 +73,7 @@ def select(found: dict[str, tuple[str, Manifest]], names: list[str]) -> list[str
         return sorted(found)
     unknown = [n for n in names if n not in found]
     if unknown:
-        raise HarnessError(f"no manifest named {', '.join(unknown)} (known: {', '.join(sorted(found))})")
+        raise unknown_names("manifest", unknown, set(found))
     return list(dict.fromkeys(names))
 
 

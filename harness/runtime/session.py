@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, InputError, unknown_names
 from harness.manifests.project import ProjectState
 
 if TYPE_CHECKING:  # the models (pydantic) load only when a command prepares something
@@ -204,17 +204,17 @@ def _services_closure(
     from harness.manifests.agent import Closure
 
     if sets:
-        raise HarnessError("--set changes an agent config: give --agent too")
+        raise InputError("--set changes an agent config: give --agent too")
     chosen = list(services) or sorted(manifests)
     unknown = [n for n in chosen if n not in manifests]
     if unknown:
-        raise HarnessError(f"no manifest services/{unknown[0]}.toml")
+        raise unknown_names("service", unknown, set(manifests))
     return Closure(frozenset(chosen), benchmark, (), ())
 
 
 def _check_benchmark(closure: Closure, benchmarks: dict[str, BenchmarkManifest]) -> None:
     if closure.benchmark is not None and closure.benchmark not in benchmarks:
-        raise HarnessError(f"no benchmark manifest benchmarks/{closure.benchmark}.toml")
+        raise unknown_names("benchmark", [closure.benchmark], set(benchmarks))
 
 
 def _launched(plan: Plan, only: tuple[str, ...]) -> list[str]:
@@ -222,7 +222,7 @@ def _launched(plan: Plan, only: tuple[str, ...]) -> list[str]:
     launched = [p.name for p in plan.services if p.mode in ("resident", "on_demand") and (not only or p.name in only)]
     unknown_only = [n for n in only if n not in {p.name for p in plan.services}]
     if unknown_only:
-        raise HarnessError(f"{', '.join(unknown_only)} is not in the plan")
+        raise unknown_names("service", unknown_only, {p.name for p in plan.services})
     return launched
 
 
