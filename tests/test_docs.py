@@ -268,19 +268,20 @@ def _shell_lines(text: str) -> Iterator[str]:
                 yield from (part.strip() for part in re.split(r"&&|;|\|", line))
 
 
-def _resolve(words: list[str]) -> tuple[list[str], click.Command | None, list[str]]:
-    """Walk ``harness WORDS`` through the click tree: (path, command reached, option words)."""
+def _resolve(words: list[str]) -> tuple[list[str], click.Command | None, list[tuple[str, click.Command]]]:
+    """Walk ``harness WORDS`` through the click tree: (path, command reached, each option word
+    with the command or group it was given to: a global option goes before the command)."""
     from harness.cli import cli
 
     ctx = click.Context(cli, info_name="harness")
     command: click.Command = cli
     path = ["harness"]
-    options: list[str] = []
+    options: list[tuple[str, click.Command]] = []
     rest = list(words)
     while rest:
         word = rest.pop(0)
         if word.startswith("-"):
-            options.append(word.split("=")[0])
+            options.append((word.split("=")[0], command))
             if rest and not rest[0].startswith("-") and _takes_value(command, word):
                 rest.pop(0)
             continue
@@ -303,6 +304,12 @@ def _takes_value(command: click.Command, word: str) -> bool:
     return False
 
 
+def _option_words(command: click.Command) -> set[str]:
+    """The option words ``command`` itself takes (a group's are its own, not its commands')."""
+    words = {o for p in command.params if isinstance(p, click.Option) for o in [*p.opts, *p.secondary_opts]}
+    return words | {"-h", "--help"}
+
+
 def _snippet_sources() -> list[Path]:
     return [*_pages(), ROOT / "README.md"]
 
@@ -323,21 +330,18 @@ def test_harness_commands_in_snippets_exist(page: Path) -> None:
         if command is None:
             problems.append(f"{line!r}: no command {' '.join(path)}")
             continue
-        known = {
-            o
-            for p in [*command.params, *cli.params]
-            if isinstance(p, click.Option)
-            for o in [*p.opts, *p.secondary_opts]
-        } | {"-h", "--help"}
-        unknown = [o for o in options if o not in known]
+        unknown = [o for o, owner in options if o not in _option_words(owner)]
         if unknown:
-            problems.append(f"{line!r}: {' '.join(path)} has no option {unknown}")
+            misplaced = [o for o in unknown if o in _option_words(cli)]
+            problems.append(
+                f"{line!r}: {' '.join(path)} has no option {unknown}"
+                + (f" ({misplaced} global: harness {misplaced[0]} … {' '.join(path[1:])})" if misplaced else "")
+            )
+        given = {o for o, _ in options}
         missing = [
-            p.opts[0]
-            for p in command.params
-            if isinstance(p, click.Option) and p.required and not set(p.opts) & set(options)
+            p.opts[0] for p in command.params if isinstance(p, click.Option) and p.required and not set(p.opts) & given
         ]
-        if missing and "--help" not in options:
+        if missing and "--help" not in given:
             problems.append(f"{line!r}: {' '.join(path)} needs {missing}")
     assert problems == [], f"{page.relative_to(ROOT)}: " + "; ".join(problems)
 

@@ -38,3 +38,16 @@ def test_an_unknown_name_far_from_every_known_one_has_no_suggestion(tmp_path: Pa
     assert result.code == 2, result
     assert "did you mean" not in result.err
     assert "no manifest named zzzz; known: kinematics, molmo2" in result.err
+
+
+def test_the_small_machine_guides_plan_runs_as_written(harness_cli) -> None:
+    """`--deploy` is a global option: the guide gives it before the command, and so it plans
+    with that deploy (tests/test_docs.py refuses a global option after a command)."""
+    guide = (REPO / "docs/src/content/docs/guides/small-machine.md").read_text()
+    line = "harness --deploy configs/deploy/example-one-gpu.toml plan"
+    assert line in guide and "harness plan --deploy" not in guide
+    result = harness_cli("--project", str(REPO), *line.split()[1:], "--gpus", "1x24")
+    assert result.code == 0, result
+    assert "sam3" in result.out
+    wrong = harness_cli("--project", str(REPO), "plan", "--deploy", "configs/deploy/example-one-gpu.toml")
+    assert wrong.code == 2 and "--deploy" in wrong.err
