@@ -51,3 +51,13 @@ def test_the_small_machine_guides_plan_runs_as_written(harness_cli) -> None:
     assert "sam3" in result.out
     wrong = harness_cli("--project", str(REPO), "plan", "--deploy", "configs/deploy/example-one-gpu.toml")
     assert wrong.code == 2 and "--deploy" in wrong.err
+
+
+@pytest.mark.parametrize("name", ["sam4", "kinematics", "0000000000000000000000000000000a-nothing"])
+def test_store_why_of_a_name_that_is_no_store_path_is_bad_input(name: str, tmp_path: Path, harness_cli) -> None:
+    """Not "the next gc deletes it" (exit 0): gc has nothing of that name to delete."""
+    result = harness_cli("--project", str(REPO), "--home", str(tmp_path / "home"), "store", "why", name)
+    assert result.code == 2, result
+    assert f"{name} is not a registered store path" in result.err
+    assert "harness store ls" in result.err
+    assert "next gc" not in result.out + result.err

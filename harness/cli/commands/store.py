@@ -276,9 +276,18 @@ def gc(state: State, dry_run: bool, forget_missing: bool) -> None:
 def why(state: State, name: str) -> None:
     from harness.store.gc import why as reasons
 
+    from harness.errors import InputError
+
     options = _gc_options(state)
     name = name.rstrip("/").rsplit("/", 1)[-1]
-    found = reasons(_store(state), name, **options)
+    store = _store(state)
+    if store.record(name, even_if_gone=True, any_member=True) is None:
+        # Not a path of this store at all (a manifest's name, a typo): gc has nothing to delete.
+        raise InputError(
+            f"{name} is not a registered store path in {store.root}",
+            hint="`harness store ls` lists them (a name is HASH-NAME, e.g. what `harness store path NAME` prints)",
+        )
+    found = reasons(store, name, **options)
     for reason in found:
         click.echo(reason)
     if not found:
