@@ -61,3 +61,24 @@ def test_store_why_of_a_name_that_is_no_store_path_is_bad_input(name: str, tmp_p
     assert f"{name} is not a registered store path" in result.err
     assert "harness store ls" in result.err
     assert "next gc" not in result.out + result.err
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("agent.services.bogus=1", "--set agent.services.bogus: Input should be a valid list"),
+        ("agent.bogus=1", "--set agent.bogus: unknown key"),
+        ("agent.skills=3", "--set agent.skills: Input should be a valid dictionary"),
+        ("agent.services={bogus=1}", "--set agent.services.bogus: Input should be a valid list"),
+    ],
+)
+def test_a_bad_set_is_blamed_on_set_not_the_agent_file(given: str, expected: str, harness_cli) -> None:
+    for command in (
+        ["closure"],
+        ["closure", "--agent", "kinematics-only"],
+        ["plan", "--agent", "default", "--gpus", "1x24"],
+    ):
+        result = harness_cli("--project", str(REPO), *command, "--set", given)
+        assert result.code == 2, result
+        assert expected in result.err, result.err
+        assert "configs/agents/" not in result.err

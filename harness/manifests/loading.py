@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -31,35 +32,48 @@ def load_model(model: type[M], path: Path, *, context: dict[str, Any] | None = N
     return validate_data(model, data, display_path(path), context=context)
 
 
-def validate_data(model: type[M], data: Any, shown: str, *, context: dict[str, Any] | None = None) -> M:
-    """Validate already-parsed ``data`` from ``shown`` as ``model``."""
+def validate_data(
+    model: type[M],
+    data: Any,
+    shown: str,
+    *,
+    context: dict[str, Any] | None = None,
+    sets: Sequence[tuple[str, ...]] = (),
+) -> M:
+    """Validate already-parsed ``data`` from ``shown`` as ``model``; ``sets`` are the keys
+    ``--set`` overrode in it (a problem at or under one is the option's, not the file's)."""
     try:
         return model.model_validate(data, context=context)
     except ValidationError as exc:
-        raise InputError(format_validation_error(exc, model, shown)) from None
+        raise InputError(format_validation_error(exc, model, shown, sets=sets)) from None
     except RecursionError:
         raise InputError(f"{shown}: nested too deeply") from None
 
 
-def format_validation_error(exc: ValidationError, model: type[BaseModel], shown: str) -> str:
-    """Turn pydantic's error list into lines of ``file: key: problem``."""
+def format_validation_error(
+    exc: ValidationError, model: type[BaseModel], shown: str, *, sets: Sequence[tuple[str, ...]] = ()
+) -> str:
+    """Turn pydantic's error list into lines of ``file: key: problem`` (``--set key: problem``
+    for a key at or under one of ``sets``, the keys ``--set`` gave)."""
     lines: list[str] = []
     for error in exc.errors(include_url=False):
         loc = tuple(error.get("loc", ()))
         key = dotted_key(loc)
         kind = error.get("type", "")
+        given = any(tuple(str(part) for part in loc[: len(keys)]) == keys for keys in sets)
+        where = f"--set {key}" if given else f"{shown}: {key}"
         if kind == "extra_forbidden":
             valid = _valid_keys_at(model, loc[:-1])
             unknown = str(loc[-1]) if loc else "?"
             close = closest_key(unknown, valid)
             suggestion = f" (did you mean '{close}'?)" if close else ""
             known = f"; valid keys: {', '.join(sorted(valid))}" if valid and not close else ""
-            lines.append(f"{shown}: {key}: unknown key{suggestion}{known}")
+            lines.append(f"{where}: unknown key{suggestion}{known}")
         elif kind == "missing":
-            lines.append(f"{shown}: {key}: missing required key")
+            lines.append(f"{where}: missing required key")
         else:
             message = _clean_message(str(error.get("msg", "invalid value")))
-            lines.append(f"{shown}: {key or '(top level)'}: {message}")
+            lines.append(f"{where if key else f'{shown}: (top level)'}: {message}")
     # One line per problem, in a stable order, without repeats (unions can repeat them).
     unique = list(dict.fromkeys(lines))
     return "\n".join(unique)

@@ -127,7 +127,8 @@ class Project:
 
         path = self.agent_path(name_or_path)
         document = apply_overrides(read_toml(path), overrides or [])
-        return validate_data(AgentConfig, document, display_path(path))
+        sets = [override.key for override in overrides or []]
+        return validate_data(AgentConfig, document, display_path(path), sets=sets)
 
 
 class ProjectState(Protocol):
