@@ -82,3 +82,19 @@ def test_a_bad_set_is_blamed_on_set_not_the_agent_file(given: str, expected: str
         assert result.code == 2, result
         assert expected in result.err, result.err
         assert "configs/agents/" not in result.err
+
+
+def test_lock_check_refuses_an_unknown_platform_naming_the_accepted_ones(tmp_path: Path, harness_cli) -> None:
+    home = str(tmp_path / "home")
+    result = harness_cli("--project", str(REPO), "--home", home, "lock", "--check", "--platform", "bogus")
+    assert result.code == 2, result
+    assert "--platform: platform 'bogus' is not one harness locks for" in result.err
+    assert "x86_64|aarch64-manylinux_2_N" in result.err and "aarch64-apple-darwin" in result.err
+    assert "up to date" not in result.out
+    # A platform it knows is checked: the committed locks are for x86_64-manylinux_2_28 only.
+    for platform, code in (("x86_64-manylinux_2_28", 0), ("aarch64-manylinux_2_28", 1)):
+        checked = harness_cli(
+            "--project", str(REPO), "--home", home, "lock", "--check", "--platform", platform, "kinematics", "reach"
+        )
+        assert checked.code == code, checked
+    assert "kinematics: not locked for aarch64-manylinux_2_28 (locked for x86_64-manylinux_2_28)" in checked.out

@@ -36,7 +36,12 @@ class Staleness:
 
 
 def check_locks(
-    project: Project, names: list[str], *, settings: Settings | None = None, hash_cache: Path | None = None
+    project: Project,
+    names: list[str],
+    *,
+    settings: Settings | None = None,
+    hash_cache: Path | None = None,
+    platform: str | None = None,
 ) -> list[Staleness]:
     """Every named (or every) manifest whose lock is missing or stale, with the reason.
 
@@ -68,10 +73,19 @@ def check_locks(
         reason = _settings_changed(manifest, lock, settings) if settings is not None else None
         reason = reason or _sdists_unlocked(lock)
         reason = reason or _local_weights_changed(project, manifest, lock, cache)
+        reason = reason or (_platform_missing(lock, platform) if platform is not None else None)
         if reason:
             stale.append(Staleness(name, path, reason))
     cache.save()
     return stale
+
+
+def _platform_missing(lock: Lock, platform: str) -> str | None:
+    """Why ``lock`` is stale for ``platform`` (uv's canonical spelling): it was not made for it."""
+    locked = [t.platform for t in lock.targets] or [lock.python.platform]
+    if platform in locked:
+        return None
+    return f"not locked for {platform} (locked for {', '.join(locked)})"
 
 
 def _sdists_unlocked(lock: Lock) -> str | None:

@@ -19,20 +19,31 @@ if TYPE_CHECKING:
     from harness.manifests.project import Project
 
 
-def stale_locks(home: Path, project: Project, names: list[str]) -> list[Staleness]:
-    """Every named lock (all when none) that is missing or stale, with the reason.
+def stale_locks(home: Path, project: Project, names: list[str], *, platform: str | None = None) -> list[Staleness]:
+    """Every named lock (all when none) that is missing or stale, with the reason; with
+    ``platform`` (``lock --check --platform P``), a lock not made for P is stale too, and a
+    platform harness cannot lock for is refused (InputError, naming the accepted spellings).
 
     Empty, without loading any model, when every named lock is as the last lock in this home
     wrote it, from inputs none of which changed since; otherwise
     :func:`harness.lock.check.check_locks` against this machine's settings decides."""
     from harness.lock.stamp import LockStamps
 
-    if LockStamps(home / "cache", project, platform=None).quick(names) is not None:
+    target = None
+    if platform is not None:
+        from harness.errors import InputError
+        from harness.resolve.interpreter import parse_platform
+
+        try:
+            target = parse_platform(platform).platform
+        except InputError as exc:
+            raise InputError(f"--platform: {exc.message}", hint=exc.hint) from None
+    if target is None and LockStamps(home / "cache", project, platform=None).quick(names) is not None:
         return []
     from harness.config import load_settings
     from harness.lock.check import check_locks
 
-    return check_locks(project, names, settings=load_settings(home, project.root))
+    return check_locks(project, names, settings=load_settings(home, project.root), platform=target)
 
 
 def unchanged_outcomes(home: Path, project: Project, names: list[str], options: LockOptions) -> list[Outcome] | None:

@@ -94,10 +94,17 @@ def parse_platform(platform: str) -> Target:
     match = re.fullmatch(r"(x86_64|aarch64|i686)-pc-windows-msvc", canonical)
     if match:
         return Target(canonical, "windows", match.group(1), "none")
-    raise InputError(
-        f"platform {platform!r} is not one harness locks for",
-        hint="use uv's --python-platform names: x86_64-manylinux_2_28, aarch64-unknown-linux-gnu, "
-        "x86_64-unknown-linux-musl, aarch64-apple-darwin, x86_64-pc-windows-msvc, …",
+    raise InputError(f"platform {platform!r} is not one harness locks for", hint=f"accepted: {accepted_platforms()}")
+
+
+def accepted_platforms() -> str:
+    """Every spelling :func:`parse_platform` accepts, as one line."""
+    minors = ", ".join(map(str, UV_MANYLINUX_MINORS))
+    return (
+        f"x86_64|aarch64-manylinux_2_N (N: {minors}), x86_64|aarch64-manylinux2014, "
+        "x86_64|aarch64-unknown-linux-gnu, x86_64|aarch64-unknown-linux-musl, x86_64|aarch64-apple-darwin, "
+        f"x86_64|aarch64|i686-pc-windows-msvc, or uv's aliases {', '.join(PLATFORM_ALIASES)} "
+        "(e.g. x86_64-manylinux_2_28)"
     )
 
 

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 @click.option(
     "--platform",
     metavar="PLATFORM",
-    help="Lock for this platform alone, this once (uv's vocabulary, e.g. aarch64-manylinux_2_28) "
-    "[default: harness.toml [lock] platforms, else this machine].",
+    help="Lock for this platform alone, this once (uv's vocabulary, e.g. aarch64-manylinux_2_28); "
+    "with --check, a lock not made for it is stale [default: harness.toml [lock] platforms, else this machine].",
 )
 @click.option(
     "--jobs", "-j", type=click.IntRange(1, 64), default=4, show_default=True, help="Manifests locked in parallel."
@@ -63,7 +63,7 @@ def command(
 
     project = state.project()
     if check:
-        _check(state, project, list(names), as_json=as_json)
+        _check(state, project, list(names), as_json=as_json, platform=platform)
 
     from harness.lock.outcome import LockOptions
 
@@ -84,12 +84,12 @@ def command(
         raise HarnessError("\n".join(o.error or "" for o in failed))
 
 
-def _check(state: State, project: Project, names: list[str], *, as_json: bool) -> NoReturn:
+def _check(state: State, project: Project, names: list[str], *, as_json: bool, platform: str | None) -> NoReturn:
     """``lock --check``: print every stale lock (or that none is) and exit 1 if there is one."""
     from harness.cli.output import print_json
     from harness.lock.flow import stale_locks
 
-    stale = stale_locks(state.home, project, names)
+    stale = stale_locks(state.home, project, names, platform=platform)
     if as_json:
         print_json({"stale": [{"name": s.name, "lock": str(s.lock), "reason": s.reason} for s in stale]})
     else:
