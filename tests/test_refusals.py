@@ -4,11 +4,29 @@ a failure says its cause in one line, and a summary says what was done."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_harness_process
+from tests.ports import free_port
+
+
+@pytest.fixture(scope="module")
+def example_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A home with the example's kinematics and reach realized (a host copy of the
+    interpreter stands in here: an impurity) and one run of the kinematics-only agent."""
+    home = tmp_path_factory.mktemp("example-home")
+    realized = run_harness_process("--home", str(home), "realize", "kinematics", "reach", timeout=600)
+    assert realized.returncode == 0, realized.stderr
+    deploy = home / "deploy.toml"  # the service on a free port: never the manifest's fixed one
+    deploy.write_text(f"[services.kinematics]\nport = {free_port()}\n")
+    ran = run_harness_process(
+        "--home", str(home), "--deploy", str(deploy), "run", "--agent", "kinematics-only", timeout=300
+    )
+    assert ran.returncode == 0, ran.stderr
+    return home
 
 
 @pytest.mark.parametrize(
@@ -98,3 +116,19 @@ def test_lock_check_refuses_an_unknown_platform_naming_the_accepted_ones(tmp_pat
         )
         assert checked.code == code, checked
     assert "kinematics: not locked for aarch64-manylinux_2_28 (locked for x86_64-manylinux_2_28)" in checked.out
+
+
+def test_audit_strict_says_it_fails_and_why(example_home: Path, harness_cli) -> None:
+    plain = harness_cli("--home", str(example_home), "audit")
+    assert plain.code == 0, plain
+    assert ": ok (" in plain.out.splitlines()[-1]
+    impurities = plain.out.count("\nimpure ")
+    assert impurities >= 1, "a host copy stands in for the lock's interpreter here"
+    strict = harness_cli("--home", str(example_home), "audit", "--strict")
+    assert strict.code == 1, strict
+    last = strict.out.splitlines()[-1]
+    many = "impurity" if impurities == 1 else "impurities"
+    assert f": impure: {impurities} {many} (--strict fails on them);" in last, last
+    assert " ok" not in last
+    report = json.loads(harness_cli("--home", str(example_home), "audit", "--json").out)
+    assert report["ok"] is True and report["ok_strict"] is False

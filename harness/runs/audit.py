@@ -52,14 +52,37 @@ class AuditReport:
     def failed(self) -> bool:
         return any(item.status != "ok" for item in self.items)
 
+    def fails(self, *, strict: bool) -> bool:
+        """Whether the audit fails: a path changed or gone (a shard refused, failed, …), or,
+        with ``strict``, any impurity or reset of a scoped service."""
+        return self.failed or (strict and bool(self.impurities or self.scoped_resets))
+
+    def verdict(self, *, strict: bool) -> str:
+        """The audit's last line after ``audit of run RUN:``, saying why it fails when it does."""
+        counts = [f"{len(self.items)} checked", _count(len(self.impurities), "impurity", "impurities")]
+        if self.scoped_resets:
+            counts.append(_count(len(self.scoped_resets), "scoped reset", "scoped resets"))
+        if self.failed:
+            bad = sum(item.status != "ok" for item in self.items)
+            return f"FAILED: {bad} of {len(self.items)} not as the run used them ({', '.join(counts[1:])})"
+        if strict and (self.impurities or self.scoped_resets):
+            what = ", ".join(counts[1:] if self.impurities else counts[2:])
+            return f"impure: {what} (--strict fails on them); {len(self.items)} checked, each as the run used it"
+        return f"ok ({', '.join(counts)})"
+
     def as_json(self) -> dict[str, Any]:
         return {
             "run": self.run,
             "ok": not self.failed,
+            "ok_strict": not self.fails(strict=True),
             "items": [i.__dict__ for i in self.items],
             "impurities": list(self.impurities),
             "scoped_resets": list(self.scoped_resets),
         }
+
+
+def _count(number: int, one: str, many: str) -> str:
+    return f"{number} {one if number == 1 else many}"
 
 
 def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> AuditReport:

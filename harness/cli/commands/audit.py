@@ -39,9 +39,6 @@ def command(state: State, run_id: str, strict: bool, as_json: bool) -> None:
         gone = [item.path for item in report.items if item.status == "missing"]
         if gone:
             click.echo(f"{len(gone)} path(s) of this run are gone from the store: {', '.join(gone)}")
-        verdict = "FAILED" if report.failed else "ok"
-        click.echo(
-            f"audit of run {report.run}: {verdict} ({len(report.items)} checked, {len(report.impurities)} impurities)"
-        )
-    if report.failed or (strict and (report.impurities or report.scoped_resets)):
+        click.echo(f"audit of run {report.run}: {report.verdict(strict=strict)}")
+    if report.fails(strict=strict):
         raise SystemExit(1)
