@@ -132,3 +132,73 @@ def test_audit_strict_says_it_fails_and_why(example_home: Path, harness_cli) -> 
     assert " ok" not in last
     report = json.loads(harness_cli("--home", str(example_home), "audit", "--json").out)
     assert report["ok"] is True and report["ok_strict"] is False
+
+
+@pytest.fixture
+def held_port(example_home: Path, tmp_path: Path):
+    """A deploy whose kinematics port a process of this user holds without answering; yields
+    (deploy, holder)."""
+    import socket
+    import subprocess
+    import sys
+
+    port = free_port()
+    code = (
+        "import socket, sys, time; s = socket.socket(); "
+        f"s.bind(('127.0.0.1', {port})); s.listen(); print('held', flush=True); time.sleep(300)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        deploy = tmp_path / "deploy.toml"
+        deploy.write_text(f"[services.kinematics]\nport = {port}\n")
+        yield deploy, holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _brokers(home: Path) -> list[int]:
+    """The pids of every broker process of ``home``'s state folders."""
+    from harness.runtime.broker import find_brokers
+
+    return [p.pid for state in (home / "state").glob("*") for p in find_brokers(state)]
+
+
+def test_run_with_a_held_port_says_who_holds_it_in_one_line(example_home: Path, held_port) -> None:
+    deploy, holder = held_port
+    result = run_harness_process(
+        "--home", str(example_home), "--deploy", str(deploy), "run", "--agent", "kinematics-only", timeout=300
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout and "HTTP Error" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    assert "1 service(s) did not start: kinematics: port" in errors[0]
+    assert f"is held by pid {holder.pid}" in errors[0] and "does not answer" in errors[0]
+    assert "kinematics: kinematics:" not in result.stderr
+    assert "the command was not started" in result.stderr
+    assert holder.poll() is None, "never signalled: harness did not start it"
+    records = sorted((example_home / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    assert json.loads((records[-1] / "result.json").read_text())["exit_status"] == 1
+
+
+def test_a_failed_up_stops_the_broker_it_started(example_home: Path, held_port) -> None:
+    deploy, holder = held_port
+    home = ["--home", str(example_home), "--deploy", str(deploy)]
+    try:
+        result = run_harness_process(*home, "up", "kinematics", timeout=300)
+        assert result.returncode == 1, result.stderr
+        assert f"kinematics: port {deploy.read_text().split('= ')[1].strip()} is held by pid {holder.pid}" in (
+            result.stderr
+        )
+        assert "kinematics: kinematics:" not in result.stderr
+        assert "stopped the broker it started" in result.stderr
+        status = json.loads(run_harness_process(*home, "status", "--json").stdout)
+        assert status["broker"] is None and status["brokers"] == [], status
+        assert _brokers(example_home) == []
+        assert holder.poll() is None, "never signalled: harness did not start it"
+    finally:
+        run_harness_process(*home, "down")

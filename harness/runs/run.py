@@ -312,10 +312,18 @@ class _RunBroker:
     def start(self, prepared: Prepared, run_dir: Path) -> tuple[str, dict[str, str]]:
         """Start the resident services (before the command starts); the broker's address
         and the variables that tell a client where it is."""
+        from harness.runtime.broker import start_failure
+
+        # A resident service that did not come up fails the run before its command starts,
+        # naming the cause (a port's holder, an exit, a timeout): the command would only
+        # meet the broker's refusal.
+        hint = f"the command was not started; the run's record: {run_dir}"
         if self.shared is not None:
             specs = prepared.specs
             residents = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in specs]
-            self.shared.start(residents, timeout=30.0 + sum(s.load_seconds for s in specs.values()))
+            status = self.shared.start(residents, timeout=30.0 + sum(s.load_seconds for s in specs.values()))
+            if status["broker"].get("up_errors"):
+                raise start_failure(status["broker"]["up_errors"], hint=hint)
             return self.shared.url, self.shared.client_env()
         from harness.runs.resets import RESETS_FILE, RecordingBroker, ResetLog
         from harness.runtime.session import broker_options
@@ -332,7 +340,10 @@ class _RunBroker:
             resets=ResetLog(run_dir / RESETS_FILE),
         )
         address = self.own.serve_in_thread()
-        self.own.start()  # resident services up before the command starts
+        results = self.own.start()  # resident services up before the command starts
+        failed = {name: error for name, error in results.items() if error is not None}
+        if failed:
+            raise start_failure(failed, hint=hint)
         return address, self.own.client_env()
 
     def foreign(self, specs: Mapping[str, LaunchSpec]) -> list[str]:

@@ -943,6 +943,37 @@ def find_brokers(state_dir: Path) -> list[psutil.Process]:
     return found
 
 
+def start_failure(failures: Mapping[str, str], *, hint: str) -> HarnessError:
+    """The refusal when services did not come up (``harness up``, ``harness run``): each
+    failure's message, which names its service and the cause (a port's holder, an exit, a
+    timeout with its log), once; a single failure on the heading's line."""
+    lines = [error if error.startswith(name) else f"{name}: {error}" for name, error in sorted(failures.items())]
+    heading = f"{len(lines)} service(s) did not start:"
+    return HarnessError(heading + (" " if len(lines) == 1 else "\n") + "\n".join(lines), hint=hint)
+
+
+def failed_up(state_dir: Path, status: Mapping[str, Any]) -> HarnessError | None:
+    """After :func:`spawn` (``harness up``): None when every service it was asked for came
+    up; else stop what that call started and return the refusal naming each failure.
+
+    What it started is the broker, when it spawned it (``broker.spawned``), with every
+    service in it: all of them came up for this call. A broker it joined was running before
+    and stays, with what it serves."""
+    broker = status.get("broker") or {}
+    failed = broker.get("up_errors") or {}
+    if not failed:
+        return None
+    if broker.get("spawned"):
+        down(state_dir)
+        hint = (
+            f"this harness up stopped the broker it started (pid {broker.get('pid')}) and its services; "
+            "fix the cause, then harness up again"
+        )
+    else:
+        hint = "fix the cause, then harness up again (the broker it joined stays: harness down stops it)"
+    return start_failure(failed, hint=hint)
+
+
 def down(
     state_dir: Path, *, timeout: float = 60.0, grace: tuple[float, float] = supervisor.DEFAULT_GRACE
 ) -> dict[str, Any]:
@@ -1162,6 +1193,7 @@ def spawn(
     options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Bring services up in the broker of ``state_dir``, starting it if none runs (``harness up``).
+    ``broker.spawned`` in the answer says whether this call started the broker.
 
     One broker per state folder: a lock file (``broker.lock``) makes concurrent callers
     agree, and whoever finds a live broker joins it — it must launch ``names`` exactly as
@@ -1196,7 +1228,9 @@ def spawn(
         ) from None
     if shared is not None:
         shared.check_serves(specs, wanted)
-        return shared.start(wanted, timeout)
+        joined = shared.start(wanted, timeout)
+        joined["broker"]["spawned"] = False
+        return joined
     deadline = time.monotonic() + timeout
     token = read_token(state_dir)
     while time.monotonic() < deadline:
@@ -1207,6 +1241,7 @@ def spawn(
             except (OSError, ValueError):
                 current = None
             if current is not None and current["broker"]["up"] == "ready":
+                current["broker"]["spawned"] = True
                 return dict(current)
         time.sleep(0.05)
     raise HarnessError(f"the broker did not bring its services up within {timeout:g} s; log: {log}")

@@ -35,7 +35,7 @@ def command(
     import dataclasses
 
     from harness.cli.output import print_json
-    from harness.runtime.broker import spawn
+    from harness.runtime.broker import failed_up, spawn
     from harness.runtime.session import broker_options, prepare
 
     prepared = prepare(state, agent=agent, sets=sets, gpus=gpus, offline=offline, only=names, show_progress=not quiet)
@@ -51,23 +51,19 @@ def command(
         ),
     )
     status = spawn(plan, prepared.specs, prepared.state_dir, names=wanted, options=broker_options(prepared.deploy))
-    _root_services(state, prepared, status)
+    # Honest start-up: a service that did not come up fails `up`, naming the cause, and what
+    # this `up` started is stopped again.
+    failure = failed_up(prepared.state_dir, status)
+    if failure is None:
+        _root_services(state, prepared, status)
     if as_json:
         print_json(status)
-    else:
+    elif failure is None:
         from harness.cli.commands.status import print_status
 
         print_status(status, prepared.state_dir)
-    failed = status["broker"].get("up_errors") or {}
-    if failed:
-        from harness.errors import HarnessError
-
-        # Honest start-up: a service that did not come up fails `up`, with its log's tail.
-        raise HarnessError(
-            f"{len(failed)} service(s) did not start:\n"
-            + "\n".join(f"{name}: {error}" for name, error in sorted(failed.items())),
-            hint="fix the cause, then harness up again (harness down stops the others)",
-        )
+    if failure is not None:
+        raise failure
 
 
 def _root_services(state: State, prepared: Prepared, status: dict[str, Any]) -> None:
