@@ -202,3 +202,40 @@ def test_a_failed_up_stops_the_broker_it_started(example_home: Path, held_port) 
         assert holder.poll() is None, "never signalled: harness did not start it"
     finally:
         run_harness_process(*home, "down")
+
+
+@pytest.mark.parametrize(
+    ("gpus", "extra"),
+    [("none", ()), ("1x24", ()), ("2x80", ()), ("1x24", ("--agent", "kinematics-only"))],
+    ids=["no-gpu", "one-small", "two-large", "agent"],
+)
+def test_deploy_writes_summary_says_what_it_wrote(
+    gpus: str, extra: tuple[str, ...], tmp_path: Path, harness_cli
+) -> None:
+    from harness.manifests.project import Project
+
+    out = tmp_path / "box.toml"
+    result = harness_cli(
+        "--project",
+        str(REPO),
+        "--home",
+        str(tmp_path / "home"),
+        "deploy",
+        "write",
+        "-o",
+        str(out),
+        "--gpus",
+        gpus,
+        *extra,
+    )
+    assert result.code == 0, result
+    written = Project(REPO).load_deploy(out).services
+    said = result.out.splitlines()[0].split(": ", 1)[1]
+    expected = {
+        label: sorted(n for n, s in written.items() if s.mode == mode)
+        for mode, label in (("resident", "resident"), ("on_demand", "on demand"), ("off", "off"))
+    }
+    assert said == "; ".join(f"{label}: {', '.join(names)}" for label, names in expected.items() if names)
+    assert "all on demand" not in result.out
+    if gpus == "none":  # the case: every model off, and the summary says so
+        assert said.startswith("resident: kinematics; off: ") and "on demand" not in said

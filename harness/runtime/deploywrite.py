@@ -72,6 +72,16 @@ class Layout:
         """Services that run here and so need a port."""
         return [c.name for c in self.choices if c.mode in ("resident", "on_demand")]
 
+    def described(self) -> str:
+        """What the deploy writes, by mode (``resident: kinematics; off: sam3, …``): the
+        strategy's name alone would say "all on demand" of a machine where every model is off."""
+        parts = []
+        for mode in ("resident", "on_demand", "external", "off"):
+            names = [c.name for c in self.choices if c.mode == mode]
+            if names:
+                parts.append(f"{mode.replace('_', ' ')}: {', '.join(names)}")
+        return "; ".join(parts) or "no services"
+
 
 def _is_kinematics(manifest: ServiceManifest) -> bool:
     return manifest.vram_gb <= 0 or manifest.kind == KINEMATICS_KIND

@@ -77,5 +77,5 @@ def write(
         partial.replace(path)
         written = tomllib.loads(text).get("services", {})
         reservation.keep({n: t["port"] for n, t in written.items() if isinstance(t.get("port"), int)})
-    click.echo(f"wrote {display_path(path)} ({layout.strategy.replace('_', ' ')})")
+    click.echo(f"wrote {display_path(path)}: {layout.described()}")
     click.echo(f"check it with: harness --deploy {display_path(path)} plan")
