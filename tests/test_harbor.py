@@ -1471,3 +1471,54 @@ def test_environment_reports_the_watchdog_as_harbors_memory_error(
     assert (policy.should_retry, policy.should_grade) == (True, False)
     limits = json.loads((trial.trial_dir / "harness" / "env.json").read_text())["sandbox"]["limits"]
     assert limits["watchdog"]["exceeded"] and limits["watchdog"]["peak_mb"] > 256
+
+
+@needs_sandbox
+def test_verifier_phase_kills_everything_and_makes_the_folders_afresh(
+    tmp_path: Path, project: tuple[Path, str], home: Path
+) -> None:
+    """Sandbox level (bubblewrap): in the agent phase /tests and /logs/verifier are read-only
+    even to the sandbox's root; a setsid'd background process and a link planted in place of
+    /logs do not survive begin_verifier_phase, after which both folders are empty, real and
+    writable; begin_agent_phase guards them again."""
+    pin = _realized_env(home, project)
+    marker = f"{os.getpid() % 1000 + 7000}3"
+    guarded = ["/tests", "/logs/verifier"]
+    box = Sandbox(
+        SandboxConfig(
+            root=tmp_path / "root",
+            store_paths=_closure(home, pin),
+            dirs=["/app", "/logs/agent", *guarded],
+            network=False,
+            guarded=guarded,
+        )
+    )
+    env = _env(home, pin)
+
+    async def scenario() -> dict[str, Any]:
+        await box.start()
+        try:
+            refused = await box.exec("echo 1 > /logs/verifier/reward.txt || echo refused", cwd="/app", env=env)
+            await box.exec(f"( setsid sleep {marker} >/dev/null 2>&1 & ) &", cwd="/app", env=env)
+            moved = await box.exec("mv /logs /logs-moved && ln -s /app /logs && echo moved", cwd="/", env=env)
+            assert _processes_with(f"sleep {marker}")
+            outcome = await box.begin_verifier_phase()
+            after = await box.exec(
+                "[ -d /logs/verifier ] && [ ! -L /logs ] && ls -A /tests /logs/verifier && echo 1 > /tests/t && "
+                "echo writable",
+                cwd="/",
+                env=env,
+            )
+            await box.begin_agent_phase()
+            again = await box.exec("echo x > /tests/u || echo refused; ls -A /tests", cwd="/", env=env)
+            return {"refused": refused, "moved": moved, "outcome": outcome, "after": after, "again": again}
+        finally:
+            await box.stop(delete=False)
+
+    out = asyncio.run(scenario())
+    assert "refused" in (out["refused"].stdout or ""), out["refused"]
+    assert out["outcome"]["agent_processes_killed"] and out["outcome"]["survivors"] == 0, out["outcome"]
+    assert not _processes_with(f"sleep {marker}")
+    assert out["after"].return_code == 0 and out["after"].stdout.endswith("writable\n"), out["after"]
+    assert (out["again"].stdout or "").strip() == "refused", out["again"]  # guarded again, and empty
+    assert not (tmp_path / "root" / "logs").is_symlink()

@@ -68,6 +68,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tarfile
@@ -345,6 +346,7 @@ class Sandbox:
         self.forwarded: list[int] = []
         self.phase = "agent" if config.guarded else "verifier"
         self._infra: set[int] = set()  # the session's own processes (bubblewrap, its init)
+        self._restarting = False  # start() again over a root the session's commands wrote
         watch = config.limits.watch_bytes if config.limits is not None else None
         self.watchdog = MemoryWatchdog(watch, self.command_pids, self.kill_commands) if watch else None
         self.idmap = config.idmap or probe_ids()
@@ -382,7 +384,7 @@ class Sandbox:
         for path in c.read_only:
             args += ["--ro-bind", path, path]
         for path in self.guarded_now:  # the verifier's folders, read-only to the agent phase
-            args += ["--ro-bind", str(c.root / inside_path(path).lstrip("/")), inside_path(path)]
+            args += ["--ro-bind", str(_real_folder(c.root, path)), inside_path(path)]
         if self.idmap.multi:  # task users get names inside
             args += [
                 "--ro-bind",
@@ -482,9 +484,10 @@ class Sandbox:
         if self.started:
             return
         root = self.config.root
-        for folder in (*BASE_DIRS, *(d.lstrip("/") for d in self.config.dirs)):
-            (root / inside_path("/" + folder).lstrip("/")).mkdir(parents=True, exist_ok=True)
-        os.chmod(root / "tmp", 0o1777)
+        if not self._restarting:  # a restart's root is the agent's: nothing here follows its links
+            for folder in (*BASE_DIRS, *(d.lstrip("/") for d in self.config.dirs)):
+                (root / inside_path("/" + folder).lstrip("/")).mkdir(parents=True, exist_ok=True)
+            os.chmod(root / "tmp", 0o1777)
         if self.idmap.multi:
             self._write_etc()
         holder: asyncio.subprocess.Process | None = None
@@ -669,7 +672,7 @@ class Sandbox:
         survivors = await asyncio.to_thread(wait_gone, sorted(before - {os.getpid()}), 5.0)
         self._before_restart()
         guarded, self.phase = list(self.config.guarded), "verifier"
-        await self.start()
+        await self._restart()
         await self._fresh_guarded(guarded)
         return {
             "agent_processes_killed": not survivors,
@@ -677,6 +680,13 @@ class Sandbox:
             "how": "the agent phase's PID namespace ended (bubblewrap restarted over the same root)",
             "fresh": guarded,
         }
+
+    async def _restart(self) -> None:
+        self._restarting = True
+        try:
+            await self.start()
+        finally:
+            self._restarting = False
 
     def _before_restart(self) -> None:
         """Ready the root for bubblewrap again: the links it made at the top (``/bin`` …), or
@@ -701,7 +711,7 @@ class Sandbox:
         await self._halt()
         self._before_restart()
         self.phase = "agent"
-        await self.start()
+        await self._restart()
 
     async def _fresh_guarded(self, folders: list[str]) -> None:
         """``folders`` (and a parent an agent replaced by a link or a file) made again, empty,
@@ -1174,6 +1184,21 @@ def wait_gone(pids: list[int], timeout: float = 5.0) -> list[int]:
         if alive:
             time.sleep(0.02)
     return alive
+
+
+def _real_folder(root: Path, path: str) -> Path:
+    """``path`` of the sandbox as a folder of ``root``, refused (:class:`SandboxError`) where
+    any part of it is a link or not a folder: a bind's source is resolved on the host."""
+    at = root
+    for part in inside_path(path).strip("/").split("/"):
+        at = at / part
+        try:
+            st = os.lstat(at)
+        except OSError as exc:
+            raise SandboxError(f"{path} is missing from the session's root ({exc.strerror})") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise SandboxError(f"{path} is no longer a folder of the session's root (a link or a file)")
+    return at
 
 
 def process_parents() -> dict[int, int]:
