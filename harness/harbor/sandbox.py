@@ -1217,8 +1217,46 @@ def process_parents() -> dict[int, int]:
     return out
 
 
+_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+def _by_children(roots: set[int]) -> set[int] | None:
+    """:func:`descendants` from ``/proc/PID/task/TID/children`` (visiting only the session's
+    processes, not the whole host's); None where those files cannot be read."""
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in found:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+            tids = os.listdir(f"/proc/{pid}/task")
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue  # gone
+        except OSError:
+            return None
+        if state in (b"Z", b"X"):
+            continue
+        found.add(pid)
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as handle:
+                    todo.extend(int(child) for child in handle.read().split())
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            except (OSError, ValueError):
+                return None
+    return found
+
+
 def descendants(roots: set[int], parents: dict[int, int] | None = None) -> set[int]:
     """``roots`` (those alive) and every live process below them."""
+    if parents is None and _CHILDREN:
+        found = _by_children(roots)
+        if found is not None:
+            return found
     parents = process_parents() if parents is None else parents
     children: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
