@@ -84,6 +84,24 @@ def test_store_why_of_a_name_that_is_no_store_path_is_bad_input(name: str, tmp_p
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
+        (
+            'agent.services.world_models=["openwam4"]',
+            "--set agent.services.world_models: no manifest services/openwam4",
+        ),
+        ('agent.services={world_models=["openwam4"]}', "--set agent.services.world_models: no manifest"),
+        ('agent.benchmark="rech"', "--set agent.benchmark: no manifest benchmarks/rech.toml"),
+    ],
+)
+def test_a_set_naming_an_unknown_manifest_is_blamed_on_set(given: str, expected: str, harness_cli) -> None:
+    for command in (["closure"], ["plan", "--agent", "default", "--gpus", "1x24"]):
+        result = harness_cli("--project", str(REPO), *command, "--set", given)
+        assert result.code == 2, result
+        assert expected in result.err, result.err
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
         ("agent.services.bogus=1", "--set agent.services.bogus: Input should be a valid list"),
         ("agent.bogus=1", "--set agent.bogus: unknown key"),
         ("agent.skills=3", "--set agent.skills: Input should be a valid dictionary"),

@@ -25,7 +25,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from harness.errors import InputError
 from harness.manifests.model import Strict
@@ -80,6 +80,14 @@ class AgentConfig(Strict):
     agent: AgentSection = Field(
         default_factory=AgentSection, description="The agent: its benchmark, skills and services."
     )
+    #: the keys ``--set`` gave (:meth:`Project.load_agent`): a problem there is the option's
+    _set_keys: tuple[tuple[str, ...], ...] = PrivateAttr(default=())
+
+    def where(self, *key: str) -> str:
+        """How an error names ``key``: ``--set KEY`` when ``--set`` gave it (or a table
+        above it), else the key alone (the config file's)."""
+        given = any(key[: len(keys)] == keys for keys in self._set_keys)
+        return f"--set {'.'.join(key)}" if given else ".".join(key)
 
 
 @dataclass(frozen=True)
@@ -156,9 +164,9 @@ def services_needed(
     for role, names in agent.services.items():
         for name in names:
             if name not in kinds:
-                raise InputError(f"agent.services.{role}: no manifest services/{name}.toml")
+                raise InputError(f"{config.where('agent', 'services', role)}: no manifest services/{name}.toml")
     if agent.benchmark is not None and benchmarks is not None and agent.benchmark not in benchmarks:
-        raise InputError(f"agent.benchmark: no manifest benchmarks/{agent.benchmark}.toml")
+        raise InputError(f"{config.where('agent', 'benchmark')}: no manifest benchmarks/{agent.benchmark}.toml")
 
     needed: set[str] = set()
     on: list[str] = []

@@ -128,7 +128,9 @@ class Project:
         path = self.agent_path(name_or_path)
         document = apply_overrides(read_toml(path), overrides or [])
         sets = [override.key for override in overrides or []]
-        return validate_data(AgentConfig, document, display_path(path), sets=sets)
+        config = validate_data(AgentConfig, document, display_path(path), sets=sets)
+        config._set_keys = tuple(sets)
+        return config
 
 
 class ProjectState(Protocol):
