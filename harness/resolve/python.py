@@ -318,11 +318,12 @@ def dynamic_build_requirements(
     import subprocess
     import sys
 
+    from harness.resolve.answercache import cached_answer, remember_answer
+
     cached = cache_dir / "build-requires" / f"{key}.json"
-    try:
-        return [str(r) for r in json.loads(cached.read_text())]
-    except (OSError, ValueError):
-        pass
+    remembered = cached_answer(cached)
+    if remembered is not None:
+        return remembered
     data: dict[str, object] = {}
     pyproject = root / "pyproject.toml"
     if pyproject.is_file():
@@ -382,10 +383,7 @@ def dynamic_build_requirements(
             requirements.append(str(Requirement(str(requirement))))
         except InvalidRequirement as exc:
             raise HarnessError(f"{root}: build backend {backend} asks for {requirement!r}: {exc}") from None
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    temp = cached.with_name(f".{cached.name}.{os.getpid()}")
-    temp.write_text(json.dumps(requirements))
-    os.replace(temp, cached)
+    remember_answer(cached, requirements)
     return requirements
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tarfile
 import zipfile
 from collections.abc import Sequence
@@ -109,18 +108,15 @@ def _one_sdist(
 
 
 def _cached(path: Path) -> list[str] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return [str(r) for r in data] if isinstance(data, list) else None
+    from harness.resolve.answercache import cached_answer
+
+    return cached_answer(path)
 
 
 def _remember(path: Path, requirements: list[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{os.getpid()}")
-    temp.write_text(json.dumps(requirements))
-    os.replace(temp, path)
+    from harness.resolve.answercache import remember_answer
+
+    remember_answer(path, requirements)
 
 
 def fetch_sdist(package: Package, sdist: DistFile, *, settings: Settings, cache_dir: Path, offline: bool) -> Path:
