@@ -391,7 +391,10 @@ class ConfinedSandbox(Sandbox):
         return descendants(live | set(_marked(self.marker))) - {os.getpid()}
 
     def command_pids(self) -> set[int]:
-        return self.session_pids()
+        """The subreapers' descendants (what the memory watchdog samples: no scan of every
+        process's environment for the marker, which the kills add)."""
+        live = {pid for pid, process in self._helpers.items() if process.returncode is None}
+        return descendants(live) - {os.getpid()}
 
     async def kill_commands(self) -> None:
         await self._kill_session()
