@@ -432,10 +432,16 @@ def test_a_path_another_member_registered_is_not_used_until_trusted(lab: tuple[U
 
         store = Store.in_home(home)
         seen: dict[str, Any] = {"registered": store.is_registered(EVIL), "record": store.record(EVIL)}
+
+        def own_build(out: Path) -> BuildResult:  # what a's own lock builds under that name
+            out.mkdir()
+            (out / "main.py").write_text("print('the real code')\n")
+            return BuildResult(obtained="a")
+
         try:
-            store.add(EVIL, "source", never)
+            store.add(EVIL, "source", own_build)
         except StoreError as exc:
-            seen["add"] = exc.message
+            seen["add"] = f"{exc.message} {exc.hint}"
         try:
             check_closure(store.root, [EVIL])
         except IntegrityError as exc:
@@ -450,7 +456,7 @@ def test_a_path_another_member_registered_is_not_used_until_trusted(lab: tuple[U
 
     seen = as_user(a, member_a)
     assert seen["registered"] is False and seen["record"] is None
-    assert "registered by harness-lab-b, whom you do not trust" in seen["add"], seen
+    assert "registered by harness-lab-b, is not what this user builds for it" in seen["add"], seen
     assert "harness store trust harness-lab-b" in seen["add"]
     assert "harness-lab-b, whom you do not trust" in seen["launch"] and "nothing was launched" not in seen["add"]
     code, out = seen["verify"]
@@ -614,3 +620,30 @@ def test_a_planted_note_folder_costs_a_check_not_the_realize(lab: tuple[User, Us
     assert vouched == [wheel.store] and registered is True
     assert "cannot note that" in err and "checked again next time" in err
     assert as_user(a, lambda: Store.in_home(home).is_registered(wheel.store)) is False  # a new process
+
+
+def test_a_path_another_member_built_is_used_when_this_users_build_is_the_same(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """Derived paths need no trust either when this user's own build gives the same bytes:
+    a builds the path b registered, finds it identical, uses b's (vouched: the next use
+    builds nothing); nothing of a's is registered in its place."""
+    a, b = lab
+    name = "7" * 32 + "-same-env"
+    as_user(a, lambda: init_and_add(home))
+
+    def member_b() -> str:
+        harness.store.shared.apply_group_umask(home)
+        return Store.in_home(home).add(name, "environment", build_tree).content
+
+    theirs = as_user(b, member_b)
+
+    def member_a() -> list[Any]:
+        store = Store.in_home(home)
+        record = store.add(name, "environment", build_tree)
+        again = Store.in_home(home).add(name, "environment", never)  # vouched: not built again
+        return [record.content, again.content, Store.in_home(home).is_registered(name)]
+
+    content, again, registered = as_user(a, member_a)
+    assert content == again == theirs and registered is True
+    assert os.stat(home / "store" / name).st_uid == b.uid  # b's path, used as it is

@@ -46,6 +46,7 @@ LAYOUT: tuple[tuple[str, bool], ...] = (
     ("store/.links", True),
     ("store/.stat", True),  # launch-check fingerprints: each member writes its own paths'
     ("store/.vouched", True),  # per member: the other members' fixed-output paths they checked
+    ("store/.standins", True),  # which host copy stands in for which interpreter
     ("store/.locks", True),  # lock files: a member's cannot be deleted or swapped by another
     ("store/.roots", True),
     ("store/.roots/projects", True),

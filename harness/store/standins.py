@@ -9,7 +9,6 @@ realize makes one: ``harness/realize/standin.py``.
 from __future__ import annotations
 
 import json
-import os
 
 from harness.store.store import Store
 
@@ -30,11 +29,17 @@ def standin_reason(store: Store, python_store: str) -> str:
 
 def remember_standin(store: Store, python_store: str, host_store: str, reason: str) -> None:
     """Note that ``host_store`` stands in for ``python_store`` in this store, and why."""
+    from harness.store.entries import BadEntry, write_entry
+
     folder = store.root / STANDINS
     folder.mkdir(parents=True, exist_ok=True)
-    temp = folder / f".{python_store}.{os.getpid()}"
-    temp.write_text(json.dumps({"host": host_store, "reason": reason}, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(temp, folder / python_store)
+    data = json.dumps({"host": host_store, "reason": reason}, sort_keys=True) + "\n"
+    try:  # never through a link another member planted; theirs to replace in a sticky folder
+        write_entry(folder / python_store, data.encode("utf-8"))
+    except BadEntry as exc:
+        import sys
+
+        print(f"warning: {exc.message} (the stand-in is found again next time)", file=sys.stderr)
 
 
 def forget_standin(store: Store, python_store: str, host_store: str) -> None:

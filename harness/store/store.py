@@ -354,14 +354,46 @@ class Store:
             hint=f"ask {who} to run `harness store verify --repair` or `harness store gc`",
         )
 
-    def _check_unclaimed(self, name: str) -> None:
-        """StoreError, before anything is built, when a member this user does not trust has
-        ``name``'s path or record (which a sticky store does not let this user replace)."""
+    def _claimed(self, name: str) -> tuple[int, Record] | None:
+        """The untrusted member and their record when one this user does not trust has
+        ``name`` (which a sticky store does not let this user replace); None otherwise.
+        StoreError when they left a path without a record (nothing to check it against)."""
         untrusted = self.untrusted_owner(name)
-        if untrusted is not None:
+        if untrusted is None:
+            return None
+        theirs = self.record(name, any_member=True)
+        if theirs is None:
             from harness.store.trust import untrusted_message
 
             raise StoreError(untrusted_message(self.root / name, untrusted))
+        return untrusted, theirs
+
+    def _adopt(self, name: str, claimed: tuple[int, Record], ours: str) -> Record:
+        """Use the path an untrusted member registered under ``name`` when this user's own
+        build of it hashed to ``ours`` and their path holds exactly that: the bytes are then
+        this user's own build's, whoever registered them (Nix's ``--check``). Vouched for
+        (:func:`harness.store.trust.vouch`), so the next use needs no build. Else StoreError
+        naming the path, its owner and both hashes; nothing is used."""
+        from harness.store.hashing import nar_digest
+        from harness.store.trust import vouch
+
+        uid, theirs = claimed
+        who = user_name(uid)
+        path = self.root / name
+        if theirs.content != ours:
+            raise StoreError(
+                f"{path}, registered by {who}, is not what this user builds for it (theirs {theirs.content}, "
+                f"this build {ours}); harness does not use it",
+                hint=f"only {who} (or root) can remove it; the store's owner can trust {who} (`harness store trust {who}`)",
+            )
+        found = nar_digest(path).hash
+        if found != theirs.content:
+            raise StoreError(
+                f"{path}, registered by {who}, does not hold what its record says "
+                f"(recorded {theirs.content}, found {found}); harness does not use it"
+            )
+        vouch(self.root, name, theirs.content)
+        return theirs
 
     def add(
         self,
@@ -392,9 +424,11 @@ class Store:
             existing = self.record(name)
             if existing is not None:
                 return existing  # another process built it while we waited
-            self._check_unclaimed(name)
+            # Another member's, whom this user does not trust: built here all the same, and
+            # theirs used only if it is exactly this build (:meth:`_adopt`).
+            claimed = self._claimed(name)
             target = self.path(name)
-            if os.path.lexists(target):
+            if claimed is None and os.path.lexists(target):
                 # A crash between rename and record: not registered, so not trusted.
                 self.check_removable(name)
                 remove_tree(target)
@@ -407,6 +441,12 @@ class Store:
                 with progress.phase(f"hashing and registering {kind} {_display_name(name)}") as phase:
                     digest = self._seal_and_hash(out, kind, name)
                     phase.summary = format_bytes(digest.nar_size)
+                    if claimed is not None:
+                        if expected_content is not None and digest.hash != expected_content:
+                            raise StoreError(
+                                f"{name}: content hash mismatch: expected {expected_content}, got {digest.hash}"
+                            )
+                        return self._adopt(name, claimed, digest.hash)
                     return self._place(out, name, kind, digest, result, references, expected_content)
             finally:
                 remove_tree(scratch)
@@ -474,7 +514,10 @@ class Store:
                 existing = self.record(name)
                 if existing is not None:
                     return existing
-                self._check_unclaimed(name)
+                claimed = self._claimed(name)
+                if claimed is not None:  # another member's, whom this user does not trust
+                    self._check_staged(staged, name)
+                    return self._adopt(name, claimed, staged.digest.hash)
                 target = self.path(name)
                 if os.path.lexists(target):
                     self.check_removable(name)  # a crash between rename and record (see add)

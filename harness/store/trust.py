@@ -31,6 +31,13 @@ rewrote is not vouched for any more); its bytes are then held to that content by
 check's stat fingerprints and re-hash, as every path's are. So a lab's members share 30 GB of
 weights without trusting one another, and nobody runs code another registered unless they
 trust them.
+
+A **derived** path (an interpreter, an environment, code) another member registered is
+built by this user all the same when needed, and theirs is used only when it is exactly
+this user's own build (the same content hash, and their path holds it: Nix's ``--check``),
+then vouched for likewise (:meth:`harness.store.store.Store.add`); a different one is
+refused naming the path, its owner and both hashes. So untrusted members cost a build,
+never a wrong byte.
 """
 
 from __future__ import annotations
