@@ -26,3 +26,10 @@ step "6. audit: re-hash everything the run computed with"
 "$harness" audit latest
 step "summary"
 "$harness" runs | head -n 6
+step "next"
+# The tour in the README uses a bare `harness`: say how to get it on PATH.
+case ":$PATH:" in
+  *":$venv/bin:"*) echo "harness is on your PATH: try \`harness services\` or \`harness plan\`" ;;
+  *) echo "to type \`harness\` directly: source $venv/bin/activate   (or: export PATH=\"$venv/bin:\$PATH\")"
+     echo "then try \`harness services\` (the manifests) or \`harness plan\` (where each service would run)" ;;
+esac

@@ -48,6 +48,15 @@ def test_unknown_command_is_a_usage_error(harness_cli) -> None:
     assert result.code == 2 and "No such command" in result.err
 
 
+def test_a_mistyped_command_is_answered_with_the_closest(harness_cli) -> None:
+    result = harness_cli("realise")
+    assert result.code == 2 and "Did you mean 'realize'?" in result.err
+    result = harness_cli("servics", "--json")
+    assert result.code == 2 and "'services'" in result.err
+    result = harness_cli("qqqqqq")
+    assert result.code == 2 and "Did you mean" not in result.err
+
+
 def test_home_and_deploy_from_environment(monkeypatch, tmp_path) -> None:
     from harness.cli import State
 

@@ -205,6 +205,8 @@ def test_check_names_stale_and_missing_locks(svc: Path, harness_cli, tmp_path: P
     assert result.code == 1
     assert "stale  other: missing (locks/other.lock.toml)" in result.out
     assert "stale  svc: missing (locks/svc.lock.toml)" in result.out
+    # Never-locked manifests are said to be that, with what to do (a fresh clone has six).
+    assert "2 manifest(s) were never locked here (other, svc)" in result.err and "harness lock NAME" in result.err
     result = harness_cli("--project", str(project), "lock", "--check", "--json", "other")
     assert result.code == 1 and '"reason": "missing"' in result.out and "svc" not in result.out
 

@@ -97,6 +97,15 @@ def _check(state: State, project: Project, names: list[str], *, as_json: bool, p
             click.echo(f"stale  {item.name}: {item.reason} ({item.lock.relative_to(project.root)})")
         if not stale:
             click.echo("every lock is up to date")
+        missing = [item.name for item in stale if item.reason == "missing"]
+        if missing:
+            # A fresh clone of this repository ships only the CPU example's locks: the GPU
+            # services' manifests are there to be locked where they run.
+            click.echo(
+                f"{len(missing)} manifest(s) were never locked here ({', '.join(missing)}): expected for those "
+                "you do not use yet; `harness lock NAME` locks one, `harness lock --check NAME...` checks only those",
+                err=True,
+            )
     raise SystemExit(1 if stale else 0)
 
 
