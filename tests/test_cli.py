@@ -57,6 +57,24 @@ def test_a_mistyped_command_is_answered_with_the_closest(harness_cli) -> None:
     assert result.code == 2 and "Did you mean" not in result.err
 
 
+def test_completion_scripts_and_what_they_complete() -> None:
+    """`harness completion SHELL` prints click's script; the completion it drives offers the
+    commands and subcommands (asked the way bash's script asks)."""
+    import os
+
+    for shell, marker in (("bash", "complete -o nosort -F"), ("zsh", "compdef"), ("fish", "complete --no-files")):
+        result = run_harness_process("completion", shell)
+        assert result.returncode == 0 and marker in result.stdout and "_HARNESS_COMPLETE" in result.stdout, shell
+    asked = subprocess.run(
+        [sys.executable, "-m", "harness"],
+        env={**os.environ, "_HARNESS_COMPLETE": "bash_complete", "COMP_WORDS": "harness store ver", "COMP_CWORD": "2"},
+        capture_output=True,
+        text=True,
+    )
+    assert "plain,verify" in asked.stdout.splitlines(), asked.stdout + asked.stderr
+    assert run_harness_process("completion", "tcsh").returncode == 2
+
+
 def test_home_and_deploy_from_environment(monkeypatch, tmp_path) -> None:
     from harness.cli import State
 

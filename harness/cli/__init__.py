@@ -44,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("diff", "Say what differs between two runs."),
     "plan": ("plan", "Show where and how each service would run: mode, GPU, swap group, port."),
     "deploy": ("deploy", "Write a deploy for the GPUs this machine sees (deploy write)."),
+    "completion": ("completion", "Print the shell completion script: harness completion bash|zsh|fish."),
 }
 
 
