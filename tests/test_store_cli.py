@@ -178,6 +178,23 @@ def test_path_prints_the_realized_environment_and_weights(
 # --------------------------------------------------------------------------------- verify
 
 
+def test_ls_closure_lists_what_a_manifest_needs_here_and_its_total(run, project: Path, home: Path) -> None:  # type: ignore[no-untyped-def]
+    store = Store.in_home(home)
+    lock = svc_lock(project, home)
+    result = run("store", "ls", "--closure", "svc", "--json")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert lock.environment.store in data["paths"] and lock.python.store in data["paths"]
+    sizes = {r.name: r.nar_size for r in store.records()}
+    assert data["total"] == sum(sizes[name] for name in data["paths"])
+    by_path = json.loads(run("store", "ls", "--closure", str(store.root / lock.environment.store), "--json").out)
+    assert set(by_path["paths"]) == {lock.environment.store, *store.record(lock.environment.store).references}  # type: ignore[union-attr]
+    shown = run("store", "ls", "--closure", "svc")
+    assert f"closure of svc: {len(data['paths'])} path(s)" in shown.out
+    unknown = run("store", "ls", "--closure", "sam4")
+    assert unknown.code == 2 and "neither a registered store path nor a locked manifest" in unknown.err
+
+
 def test_verify_names_every_change_and_repair_restores(run, project: Path, home: Path) -> None:  # type: ignore[no-untyped-def]
     lock = svc_lock(project, home)
     store = Store.in_home(home)

@@ -100,10 +100,21 @@ def trust(state: State, members: tuple[str, ...], remove: bool) -> None:
     click.echo("trusted by every member: " + (", ".join(sorted(chosen)) or "(only the store's owner)"))
 
 
-@command.command("ls", help="List registered store paths: path, kind, size (and who registered it).")
+@command.command(
+    "ls",
+    help="List registered store paths: path, kind, size (and who registered it).\n\n"
+    "\b\nExamples:\n  harness store ls\n  harness store ls --closure kinematics   # what a manifest's "
+    "realized closure holds, and its total",
+)
+@click.option(
+    "--closure",
+    "closure_of",
+    metavar="NAME",
+    help="Only the closure of NAME (a manifest with a lock, or a store path), with its total size.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def ls(state: State, as_json: bool) -> None:
+def ls(state: State, as_json: bool, closure_of: str | None) -> None:
     from harness.cli.output import print_json, print_table
     from harness.store.store import user_name
 
@@ -111,6 +122,20 @@ def ls(state: State, as_json: bool) -> None:
     records = list(store.records(any_member=True))  # every member's, each with its owner
     for message in store.bad_entries:
         click.echo(f"warning: {message}", err=True)
+    if closure_of is not None:
+        wanted = _closure_names(state, store, closure_of)
+        records = [r for r in records if r.name in wanted]
+        total = sum(r.nar_size for r in records)
+        summary = (
+            f"closure of {closure_of}: {len(records)} path(s), {_size(total)} "
+            "(each path's own size; files shared through the store's pool count in each)"
+        )
+        if as_json:
+            print_json({"closure": closure_of, "paths": [r.name for r in records], "total": total})
+            return
+        print_table(None, ["path", "kind", "size"], [[r.name, r.kind, _size(r.nar_size)] for r in records])
+        click.echo(summary)
+        return
     owners = {r.name: store.owner(r.name) for r in records}
     names = {uid: user_name(uid) for uid in set(owners.values()) if uid is not None}
     if as_json:
@@ -148,6 +173,30 @@ def ls(state: State, as_json: bool) -> None:
             ]
             for r in records
         ],
+    )
+
+
+def _closure_names(state: State, store: Store, name: str) -> set[str]:
+    """What ``name`` needs here: a manifest's realized lock (every path it names, and what
+    they reference), or a store path and what it references. InputError for neither."""
+    from harness.errors import InputError
+    from harness.store.gc import closure_of
+
+    name = name.rstrip("/").rsplit("/", 1)[-1]
+    if store.record(name, even_if_gone=True, any_member=True) is not None:
+        return closure_of(store, [name])
+    project = _project_or_none(state)
+    if project is not None:
+        from harness.lock.lockfile import lock_path, read
+        from harness.lock.objects import lock_objects
+        from harness.realize.standin import realized_lock
+
+        lock_file = lock_path(project.locks_dir, name)
+        if lock_file.is_file():
+            return closure_of(store, lock_objects(realized_lock(store, read(lock_file))))
+    raise InputError(
+        f"{name} is neither a registered store path nor a locked manifest",
+        hint="`harness store ls` lists the paths, `harness services` the manifests",
     )
 
 
