@@ -532,7 +532,7 @@ class RayEngine:
         except ImportError:
             raise HarnessError(
                 "--cluster ray needs Ray, which is not installed",
-                hint="pip install 'harness[ray]' (on the head and on every node)",
+                hint="pip install -e '.[ray]' from the checkout (on the head and on every node)",
             ) from None
         self.address = address
 
@@ -716,7 +716,7 @@ class SubmititEngine:
             import submitit  # noqa: F401
         except ImportError:
             raise HarnessError(
-                "--cluster slurm needs submitit, which is not installed", hint="pip install 'harness[slurm]'"
+                "--cluster slurm needs submitit, which is not installed", hint="pip install -e '.[slurm]' from the checkout"
             ) from None
         self.local = local
 
