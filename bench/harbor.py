@@ -13,7 +13,7 @@ and an empty venv: two store paths), in a throw-away ``HARNESS_HOME``. It is rea
 timing; the first round is a warm-up and not counted. The task asks for no network (a
 network namespace per session), as the example task does.
 
-Needs Harbor (Python >= 3.12, ``pip install 'harness[harbor]'``) and bubblewrap.
+Needs Harbor (Python >= 3.12, ``pip install -e '.[harbor]'``) and bubblewrap.
 
     python bench/harbor.py [--rounds 30]
 

@@ -6,7 +6,7 @@ a directory cache; the second node's home starts empty and realizes the run's cl
 that cache. Runs use the repository's own example: the kinematics-only agent on the reach
 benchmark (realizing kinematics reads numpy from the package registry, which CI reaches).
 
-Skipped, saying why, where Ray is not installed (``pip install 'harness[ray]'``).
+Skipped, saying why, where Ray is not installed (``pip install -e '.[ray]'``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray", reason="Ray is not installed: pip install 'harness[ray]' to run the cluster tests")
+pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' to run the cluster tests")
 
 from harness.store.store import remove_tree
 from tests.conftest import REPO
@@ -399,7 +399,7 @@ def test_ctrl_c_cancels_every_shard_and_stops_their_services(setup: Setup) -> No
 def test_slurm_array_through_submitit_local(setup: Setup) -> None:
     """``--cluster slurm-local``: the same shards as one submitit array job, on this machine
     (submitit's local executor; a real Slurm takes ``--cluster slurm``)."""
-    pytest.importorskip("submitit", reason="submitit is not installed: pip install 'harness[slurm]'")
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
     result = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "slurm-local", "--shards", "2")
     assert result.returncode == 0, result.stderr
     assert "submitted array job" in result.stderr

@@ -11,7 +11,7 @@ Two kinds of test:
   ``harbor job resume``) with ``-e harness.harbor:HarnessEnvironment`` on the example tasks
   of ``tests/harbor/``. Harbor needs Python >= 3.12: in the main (3.11) suite they are
   skipped, with the reason; ``.ci/run`` runs this file again in a 3.12 venv with
-  ``harness[harbor]``.
+  the ``harbor`` extra.
 
 Issue 18 added: pure tests of the task-user plan, the limits (on a fake cgroup tree), the
 Dockerfile translation, ``init`` and the host facts; sandbox tests of memory limits and of a
@@ -58,7 +58,7 @@ needs_sandbox = pytest.mark.skipif(_SANDBOX_REASON is not None, reason=f"no nati
 _HARBOR_BIN = Path(sys.executable).parent / "harbor"
 _HARBOR_REASON = (
     f"Harbor is not importable in this Python ({platform.python_version()}; it needs >= 3.12): "
-    "`.ci/run` runs these tests in a Python 3.12 venv with harness[harbor]"
+    "`.ci/run` runs these tests in a Python 3.12 venv with the harbor extra"
     if importlib.util.find_spec("harbor") is None or not _HARBOR_BIN.exists()
     else None
 )

@@ -8,7 +8,7 @@ trial. The task names its environment in ``environment/harness.toml``
 (:mod:`harness.harbor.resolve`), and each session writes a harness record into the trial
 directory. See ``docs/src/content/docs/guides/harbor.md``.
 
-Harbor itself needs Python 3.12 or newer (the optional extra ``harness[harbor]``); only
+Harbor itself needs Python 3.12 or newer (the optional extra ``harbor``: ``pip install -e '.[harbor]'``); only
 :class:`HarnessEnvironment` imports it, lazily, so the rest of this package (the spec, the
 resolver, the sandbox) works on any Python harness supports.
 """
@@ -26,7 +26,7 @@ def __getattr__(name: str) -> Any:
             from harness.harbor import environment
         except ImportError as exc:  # harbor is an optional extra
             raise ImportError(
-                f"harness.harbor.{name} needs Harbor (Python >= 3.12): pip install 'harness[harbor]' ({exc})"
+                f"harness.harbor.{name} needs Harbor (Python >= 3.12): pip install -e '.[harbor]' from the checkout ({exc})"
             ) from exc
         return getattr(environment, name)
     raise AttributeError(f"module 'harness.harbor' has no attribute {name!r}")

@@ -716,7 +716,8 @@ class SubmititEngine:
             import submitit  # noqa: F401
         except ImportError:
             raise HarnessError(
-                "--cluster slurm needs submitit, which is not installed", hint="pip install -e '.[slurm]' from the checkout"
+                "--cluster slurm needs submitit, which is not installed",
+                hint="pip install -e '.[slurm]' from the checkout",
             ) from None
         self.local = local
 
