@@ -29,7 +29,6 @@ import hashlib
 import json
 import math
 import os
-import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -116,22 +115,15 @@ def remembered(cache_dir: Path, key: str, *, minutes: float, now: float | None =
 
 def remember_unreachable(cache_dir: Path, key: str, reason: str) -> None:
     """Note that uv could not download under ``key`` now, and why (never raises)."""
+    from harness.store.entries import BadEntry, write_entry
+
     path = _note_path(cache_dir, key)
     data = json.dumps({"version": _VERSION, "key": key, "reason": reason, "at": time.time()}, sort_keys=True)
-    temp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data.encode("utf-8") + b"\n")
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-    except OSError:
-        try:
-            temp.unlink(missing_ok=True)
-        except OSError:
-            pass
+        write_entry(path, data.encode("utf-8") + b"\n", mode=0o600)
+    except (OSError, BadEntry):
+        pass
 
 
 def forget_unreachable(cache_dir: Path, key: str) -> None:
@@ -144,20 +136,12 @@ def forget_unreachable(cache_dir: Path, key: str) -> None:
 
 def _read(path: Path) -> dict[str, object] | None:
     """A note's JSON object, or None when ``path`` is not a small regular file of this user's
-    (opened without following a symlink, nor blocking on a fifo)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    (:func:`harness.store.entries.read_own`: no link followed, no fifo waited on)."""
+    from harness.store.entries import read_own
+
+    raw = read_own(path, limit=_MAX_BYTES)
+    if raw is None:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > _MAX_BYTES:
-            return None
-        raw = os.read(fd, _MAX_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):

@@ -12,9 +12,6 @@ Anything wrong with the cache only costs asking the backend again.
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import stat
 from pathlib import Path
 
 _LIMIT = 1 << 20
@@ -22,19 +19,11 @@ _LIMIT = 1 << 20
 
 def cached_answer(path: Path) -> list[str] | None:
     """The requirements remembered in ``path``, or None (absent, not this user's, broken)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    from harness.store.entries import read_own
+
+    raw = read_own(path, limit=_LIMIT)
+    if raw is None:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > _LIMIT:
-            return None
-        raw = os.read(fd, _LIMIT + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -43,18 +32,11 @@ def cached_answer(path: Path) -> list[str] | None:
 
 
 def remember_answer(path: Path, requirements: list[str]) -> None:
-    """Remember ``requirements`` in ``path`` (atomically; never raises)."""
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+    """Remember ``requirements`` in ``path`` (atomically, under a name of its own; never raises)."""
+    from harness.store.entries import BadEntry, write_entry
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, json.dumps(requirements).encode("utf-8"))
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-    except OSError:
-        try:
-            temp.unlink(missing_ok=True)
-        except OSError:
-            pass
+        write_entry(path, json.dumps(requirements).encode("utf-8"))
+    except (OSError, BadEntry):
+        pass

@@ -116,6 +116,17 @@ def read_entry(path: Path, *, limit: int = RECORD_LIMIT) -> tuple[bytes, os.stat
         os.close(fd)
 
 
+def read_own(path: Path, *, limit: int = RECORD_LIMIT) -> bytes | None:
+    """The bytes of ``path`` when it is a regular file of this user's (read as
+    :func:`read_entry` reads), else None: for caches and notes that are only advice, where
+    another member's file, a link or garbage means "ask again", never an error."""
+    try:
+        data, st = read_entry(path, limit=limit)
+    except (OSError, BadEntry):
+        return None
+    return data if st.st_uid == os.geteuid() else None
+
+
 def write_entry(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` atomically: a temporary file made with ``O_EXCL`` (never
     through a planted link) and ``mode``, renamed over it. In a sticky folder an entry another
