@@ -151,6 +151,51 @@ def test_an_sdist_realizes_from_the_lock_alone_whatever_the_homes_history(index:
     assert ours == registered(fresh), "the same lock realizes to the same paths and bits"
 
 
+def test_a_wheel_built_from_an_sdist_is_a_store_path_built_once_and_carried_by_a_cache(
+    index: LocalIndex, tmp_path: Path
+) -> None:
+    """The wheel an sdist builds is a store path of its own (kind ``built-wheel``): a second
+    environment installing the same sdist takes it instead of building again, a binary cache
+    carries it (signed, as any built path), and a home that pulled it builds no wheel."""
+    project = make_project(
+        tmp_path / "p", {"svc": service(["sdonly==1.0"]), "svc2": service(["sdonly==1.0", "tinyhelper==1.0"])}
+    )
+    assert harness("--project", str(project), "lock", home=tmp_path / "locker").returncode == 0
+    home = tmp_path / "a"
+    result = harness("--project", str(project), "realize", "svc", home=home)
+    assert result.returncode == 0, result.stderr
+    store = Store.in_home(home)
+    [wheel] = [r for r in store.records() if r.kind == "built-wheel"]
+    assert wheel.name.endswith("-sdonly-1.0-wheel"), wheel.name
+    assert [p.name for p in (store.root / wheel.name).iterdir()] == ["sdonly-1.0-py3-none-any.whl"]
+    assert "build of sdonly-1.0.tar.gz" in wheel.obtained, wheel.obtained
+
+    result = harness("--project", str(project), "realize", "svc2", home=home)
+    assert result.returncode == 0, result.stderr
+    assert [r for r in store.records() if r.kind == "built-wheel"] == [wheel], "built once per store"
+    for name in ("svc", "svc2"):
+        [venv] = [p for p in store.root.iterdir() if p.name.endswith(f"-{name}-env")]
+        probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import sdonly"], capture_output=True, text=True)
+        assert probe.returncode == 0, probe.stderr
+
+    keys = tmp_path / "keys"
+    assert harness("store", "keygen", "ci-1", "--dir", str(keys), home=home).returncode == 0
+    cache = tmp_path / "cache"
+    pushed = harness(
+        "--project", str(project), "store", "push", str(cache), "svc", "--key", str(keys / "ci-1.secret"), home=home
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    other = tmp_path / "b"
+    trusted = (keys / "ci-1.public").read_text().strip()
+    pulled = harness("store", "pull", str(cache), "--all", "--trusted-key", trusted, home=other)
+    assert pulled.returncode == 0, pulled.stderr
+    result = harness("--project", str(project), "realize", "svc2", "--offline", home=other)
+    assert result.returncode == 0, result.stderr
+    [theirs] = [r for r in Store.in_home(other).records() if r.kind == "built-wheel"]
+    assert theirs.name == wheel.name and theirs.content == wheel.content
+    assert theirs.obtained.startswith("cache "), theirs.obtained
+
+
 def test_an_sdist_build_requirement_the_index_lacks_is_a_lock_error_naming_the_package(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -370,10 +415,16 @@ def test_the_seeds_sdist_only_packages_lock_and_realize_in_an_empty_home(tmp_pat
     assert result.returncode == 0, result.stderr
     first, second = registered(home), registered(again)
     assert set(first) == set(second)
-    env_name = venv.name
+    kinds = {r.name: r.kind for r in Store.in_home(again).records()}
+    built = {n for n, kind in kinds.items() if kind == "built-wheel"}
+    assert {n.split("-", 1)[1] for n in built} == {
+        "docopt-0.6.2-wheel",
+        "iopath-0.1.10-wheel",
+        "markupsafe-2.0.1-wheel",
+    }, "each sdist's wheel is a store path of its own"
     differing = {n for n in first if first[n] != second[n]}
-    assert differing <= {env_name}, differing
-    if differing:
-        record = Store.in_home(again).record(env_name)
+    assert differing <= {venv.name, *(n for n in built if "markupsafe" in n)}, differing
+    for name in differing:  # only what the records say is not reproducible, and why
+        record = Store.in_home(again).record(name)
         assert record is not None and "not reproducible in another home" in record.obtained, record
-        assert "markupsafe/_speedups" in record.obtained
+        assert "markupsafe" in record.obtained, record

@@ -45,6 +45,48 @@ def chosen_file(package: LockedPackage, lock: Lock) -> LockedFile:
     return package.sdist
 
 
+#: Bump when the meaning of a built wheel's inputs changes (how realize builds it).
+BUILT_WHEEL_SCHEME = 1
+
+
+def built_wheel_path(package: LockedPackage, lock: Lock) -> str | None:
+    """The store path of the wheel realize builds from ``package``'s sdist: a derived path
+    (``built-wheel``) of its own, so a store builds it once for every environment that installs
+    it and a binary cache carries it. None when the package installs a wheel, or when its
+    sdist is built against the environment (``build-isolation = false``: it is built inside
+    the environment's own build, from what is installed there). Pure.
+
+    Named by what the build reads: the sdist's store path (its sha256), the interpreter it is
+    built with (``lock.python.store``: a host copy standing in gives another path), the store
+    paths of the files of every build package (its isolated build environment may take any of
+    them) and the uv version that drives the build."""
+    if not package.build_isolation or package.wheels or package.sdist is None:
+        return None
+    file = package.sdist
+    from harness.store.hashing import sanitize_name, store_hash, store_path_name
+
+    name = sanitize_name(f"{package.name}-{package.version}-wheel")
+    inputs = {
+        "scheme": BUILT_WHEEL_SCHEME,
+        "sdist": file.store,
+        "python": lock.python.store,
+        "build": sorted({chosen_file(p, lock).store for p in lock.build_packages}),
+        "uv": lock.uv,
+    }
+    return store_path_name(store_hash("built-wheel", name, inputs), name)
+
+
+def built_wheels(lock: Lock) -> list[tuple[LockedPackage, str]]:
+    """Each package of ``lock`` (build packages first: the others' builds may need them) that
+    installs a wheel built from its sdist, with that wheel's store path. Pure."""
+    found = []
+    for package in [*lock.build_packages, *lock.packages]:
+        name = built_wheel_path(package, lock)
+        if name is not None:
+            found.append((package, name))
+    return found
+
+
 def lock_objects(lock: Lock) -> list[str]:
     """Every store path the lock's environment needs, in build order."""
     from harness.lock.storepaths import view_paths
@@ -53,5 +95,7 @@ def lock_objects(lock: Lock) -> list[str]:
     names += [s.store for s in lock.sources]
     names += [w.store for w in lock.weights]
     names += view_paths(lock)
-    names += [lock.python.store, lock.environment.store]
+    names += [lock.python.store]
+    names += [name for _, name in built_wheels(lock)]
+    names += [lock.environment.store]
     return list(dict.fromkeys(names))

@@ -819,6 +819,7 @@ def _register_paths(ctx: Context, lock: Lock, prepared: _Prepared, report: Repor
     realized = lock if python_store == lock.python.store else with_interpreter(lock, python_store)
     report.environment = realized.environment.store
     report.impure += interpreter_notes(store, lock, realized)
+    _add_built_wheels(ctx, realized)
     _add_environment(ctx, realized)
     report.built = sorted(set(lock_objects(realized)) - present)
     report.present = sorted(set(lock_objects(realized)) & present)
@@ -1167,18 +1168,111 @@ def _not_reproducible(embedded: tuple[str, ...]) -> str:
     return f"; not reproducible in another home: {shown} name this store's location"
 
 
+def _add_built_wheels(ctx: Context, lock: Lock) -> None:
+    """Build and register each wheel ``lock`` builds from an sdist (``lock/objects.py:built_wheels``)
+    that the store lacks, build packages first: each from the registered sdist, with the
+    interpreter the environment is built on, offline from the lock's build packages alone
+    (``realize/environment.py:build_sdist_wheel``). Once registered, every environment that
+    installs it, in this store or one that pulls it from a binary cache, installs these bytes."""
+    from harness.lock.objects import built_wheels
+
+    store = ctx.store
+    todo = [(package, name) for package, name in built_wheels(lock) if not store.is_registered(name)]
+    if not todo:
+        return
+    with ctx.progress.phase(f"building {len(todo)} wheel(s) from sdists for {lock.name}", total=len(todo)) as phase:
+        for package, name in todo:
+            store.add(name, "built-wheel", _wheel_builder(ctx, lock, chosen_file(package, lock)), progress=ctx.progress)
+            phase.advance()
+
+
+def _wheel_builder(ctx: Context, lock: Lock, sdist: LockedFile) -> Callable[[Path], BuildResult]:
+    """The store builder of the wheel built from registered ``sdist`` for ``lock``: with the
+    build packages' wheels registered now (a build package published as an sdist: its wheel,
+    built before)."""
+    from harness.realize.environment import build_sdist_wheel
+
+    store = ctx.store
+    build_files = _build_wheel_files(store, lock)
+    hashes = {sdist.file: sdist.sha256, **{path.name: sha for path, sha in build_files.items()}}
+    major_minor = ".".join(lock.python.version.split(".")[:2])
+
+    def build(out: Path) -> BuildResult:
+        out.mkdir()
+        result = build_sdist_wheel(
+            out,
+            interpreter_dir=store.root / lock.python.store,
+            interpreter_exe=f"bin/python{major_minor}",
+            sdist=store.root / sdist.store / sdist.file,
+            build_wheels=list(build_files),
+            cache_dir=ctx.uv_cache_dir or ctx.cache_dir,
+            hashes=hashes,
+        )
+        return BuildResult(obtained=f"uv {lock.uv} build of {sdist.file}" + _not_reproducible(result.embedded_paths))
+
+    return build
+
+
+def _build_wheel_files(store: Store, lock: Lock) -> dict[Path, str]:
+    """The wheel of every build package of ``lock`` in the store (a package published only as
+    an sdist: the wheel built from it, once registered), with its sha256: the lock's for a
+    downloaded wheel, the checked file's for a built one (:func:`_built_wheel_file`)."""
+    from harness.lock.objects import built_wheel_path
+
+    files: dict[Path, str] = {}
+    for package in lock.build_packages:
+        built = built_wheel_path(package, lock)
+        if built is None:
+            file = chosen_file(package, lock)
+            files[store.root / file.store / file.file] = file.sha256
+        elif store.is_registered(built):
+            path, sha256 = _built_wheel_file(store, built)
+            files[path] = sha256
+    return files
+
+
+def _built_wheel_file(store: Store, name: str) -> tuple[Path, str]:
+    """The one wheel in registered built-wheel path ``name`` and its sha256, once the path is
+    checked to hold what its record says (its NAR hash): no lock names these bytes, so the
+    record's content hash is what they are held to before an installer takes them."""
+    from harness.store.hashing import file_sha256, nar_digest
+
+    folder = store.root / name
+    record = store.record(name)
+    wheels = sorted(folder.glob("*.whl"))
+    if record is None or len(wheels) != 1:
+        raise HarnessError(f"{folder}: expected one registered wheel there", hint="run `harness store verify --repair`")
+    found = nar_digest(folder).hash
+    if found != record.content:
+        raise HarnessError(
+            f"{folder}: the built wheel changed since it was registered (content {found}, registered {record.content})",
+            hint="run `harness store verify --repair`",
+        )
+    return wheels[0], file_sha256(wheels[0])
+
+
 def _add_environment(ctx: Context, lock: Lock) -> None:
     """Build and register the lock's environment; then record the pycs compiled for it in the
     store's bytecode index, so the next environment on this interpreter takes them from the
     pool (``harness/store/bytecode.py``)."""
+    from harness.lock.objects import built_wheel_path
     from harness.realize.bytecode import ReuseFrom
-    from harness.realize.environment import EnvironmentBuild, build_environment
+    from harness.realize.environment import EnvironmentBuild, build_environment, wheel_embedded_paths
 
     store = ctx.store
+    built_hashes: dict[str, str] = {}
+    unreproducible: list[str] = []
 
     def file_in_store(package: LockedPackage) -> Path:
-        file = chosen_file(package, lock)
-        return store.root / file.store / file.file
+        built = built_wheel_path(package, lock)
+        if built is None:
+            file = chosen_file(package, lock)
+            return store.root / file.store / file.file
+        path, sha256 = _built_wheel_file(store, built)
+        built_hashes[path.name] = sha256
+        if wheel_embedded_paths(path, [store.root], label=f"{package.name} {package.version}"):
+            unreproducible.append(path.name)
+        return path
 
     wheels = [file_in_store(p) for p in lock.packages]
     build_wheels = [file_in_store(p) for p in lock.build_packages]
@@ -1199,6 +1293,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
     ]
 
     hashes = {chosen_file(p, lock).file: chosen_file(p, lock).sha256 for p in [*lock.packages, *lock.build_packages]}
+    hashes.update(built_hashes)
     major_minor = ".".join(lock.python.version.split(".")[:2])
     reuse = ReuseFrom(store.root, lock.python.store)
     built: list[EnvironmentBuild] = []
@@ -1222,7 +1317,8 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             against_environment=[p.name for p in lock.packages if not p.build_isolation],
         )
         built.append(result)
-        return BuildResult(obtained=f"uv {lock.uv}" + _not_reproducible(result.embedded_paths))
+        embedded = (*result.embedded_paths, *(f"{wheel} (built from its sdist)" for wheel in unreproducible))
+        return BuildResult(obtained=f"uv {lock.uv}" + _not_reproducible(embedded))
 
     store.add(lock.environment.store, "environment", build, references=tuple(references), progress=ctx.progress)
     # Registered: its pycs are in the pool now (the environment kind's files are shared).

@@ -271,6 +271,99 @@ def build_environment(
     )
 
 
+@dataclass(frozen=True)
+class WheelBuild:
+    """What :func:`build_sdist_wheel` made: the wheel's file name in ``out`` and its sha256;
+    ``embedded_paths`` lists the wheel's binary members that name where it was built (the
+    store's location: an extension linked against a host interpreter copy keeps its path as
+    a run path), so another home builds other bytes for them."""
+
+    wheel: str
+    sha256: str
+    embedded_paths: tuple[str, ...] = ()
+
+
+def build_sdist_wheel(
+    out: Path,
+    *,
+    interpreter_dir: Path,
+    interpreter_exe: str,
+    sdist: Path,
+    build_wheels: Sequence[Path] = (),
+    cache_dir: Path,
+    hashes: Mapping[str, str] | None = None,
+) -> WheelBuild:
+    """Fill the empty directory ``out`` with the one wheel built from ``sdist`` (a realized
+    sdist: its file, or its store folder), as :func:`build_environment` builds an sdist: the
+    sdist checked against its sha256 in ``hashes`` (the lock's), unpacked in a scratch folder,
+    ``uv build --wheel`` with the interpreter ``interpreter_dir/interpreter_exe`` offline, uv's
+    cache off, its build requirements only from ``build_wheels`` (each pinned to its hash),
+    ``SOURCE_DATE_EPOCH`` fixed and the scratch folder and the store mapped out of compilers'
+    debug information. The wheel's members are scanned for the build's absolute paths: a
+    text member naming one is a :class:`HarnessError` (the wheel would not work elsewhere), a
+    binary one is reported (:attr:`WheelBuild.embedded_paths`). A failed build names the
+    package and the last lines of its log, or says to re-lock when the lock lacks a
+    requirement; ``out`` is then left for the caller to delete."""
+    out, interpreter_dir, cache_dir = out.absolute(), interpreter_dir.absolute(), cache_dir.absolute()
+    _check_empty(out)
+    exe = interpreter_dir / interpreter_exe
+    if not exe.is_file():
+        raise HarnessError(f"{exe}: no interpreter there")
+    dist = _dist(sdist)
+    if dist.is_wheel:
+        raise HarnessError(f"{dist.path}: not an sdist")
+    builds = [_dist(path) for path in build_wheels]
+    for build in builds:
+        if not build.is_wheel:
+            raise HarnessError(f"{build.path}: build requirements must be wheels, got {build.filename}")
+    with tempfile.TemporaryDirectory(prefix="harness-wheel-") as tmp:
+        scratch = _prepare_scratch(Path(tmp), builds, hashes, cache_dir)
+        [wheel], own, _ = _build_sdists(exe, [dist], scratch, hashes, interpreter_dir.parent)
+        shutil.copyfile(wheel.path, out / wheel.filename)
+        needles = (scratch.work, interpreter_dir.parent, cache_dir, out)
+        embedded = wheel_embedded_paths(out / wheel.filename, needles, label=f"{dist.name} {dist.version}")
+    return WheelBuild(wheel.filename, own[wheel.filename], embedded)
+
+
+def wheel_embedded_paths(wheel: Path, roots: Iterable[Path], *, label: str) -> tuple[str, ...]:
+    """The binary members of ``wheel`` that name one of the absolute ``roots`` (module doc:
+    debug information, a run path); a text member naming one is a :class:`HarnessError`
+    naming ``label`` and the members (the installed file would point at a build folder)."""
+    import zipfile
+
+    needles = _needles(roots)
+    offenders: list[str] = []
+    binaries: list[str] = []
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.infolist():
+            if member.is_dir():
+                continue
+            data = archive.read(member)
+            if any(needle in data for needle in needles):
+                (binaries if b"\0" in data else offenders).append(member.filename)
+    if offenders:
+        raise HarnessError(
+            f"the wheel built from {label} names absolute build paths, so it would not work elsewhere: "
+            + ", ".join(sorted(offenders))
+        )
+    return tuple(sorted(binaries))
+
+
+def _needles(roots: Iterable[Path]) -> list[bytes]:
+    """Each root as bytes, as given and resolved, longest first. A very short path
+    (``/tmp``) would match unrelated text; build paths are never that short."""
+    return sorted(
+        {
+            os.fsencode(p)
+            for root in roots
+            for p in (root.absolute(), Path(os.path.realpath(root)))
+            if len(os.fsencode(p)) >= 8
+        },
+        key=len,
+        reverse=True,
+    )
+
+
 # --------------------------------------------------------------------------- phases
 
 
@@ -838,17 +931,7 @@ def _check_paths(out: Path, site_packages: Path, from_sources: Iterable[str], ro
     naming one is an error (it would break when the store moves or the scratch folder goes);
     a binary one (debug information of an extension compiled from a source tree records its
     build and include folders) is returned, relative to ``out``, for the caller to weigh."""
-    # A very short path ("/tmp") would match unrelated text; build paths are never that short.
-    needles = sorted(
-        {
-            os.fsencode(p)
-            for root in roots
-            for p in (root.absolute(), Path(os.path.realpath(root)))
-            if len(os.fsencode(p)) >= 8
-        },
-        key=len,
-        reverse=True,
-    )
+    needles = _needles(roots)
     offenders: list[str] = []
     binaries: list[str] = []
     for path in _scanned(out, site_packages, from_sources):

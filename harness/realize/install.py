@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # the models load pydantic: the no-op path loads none of them
     from harness.realize.fetch import LocalWeights
 
 #: Bump when what the stamp records or means changes.
-_STAMP_VERSION = 2
+_STAMP_VERSION = 3  # 3: a wheel built from an sdist is a store path of its own
 #: The variables that say where a lock's interpreter may come from (see _Stamp._sources).
 _SOURCE_VARIABLES = (
     "HARNESS_SUBSTITUTERS",
