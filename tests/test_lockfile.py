@@ -308,6 +308,8 @@ def _tomlkit_dumps(lock: Lock) -> str:
                     table.add("marker", package.marker)
                 if package.platforms:
                     table.add("platforms", list(package.platforms))
+                if package.build_requires:
+                    table.add("build-requires", sorted(package.build_requires))
                 if package.wheels:
                     wheels = tomlkit.array()
                     wheels.multiline(True)
@@ -328,6 +330,8 @@ def _tomlkit_dumps(lock: Lock) -> str:
                     table.add(field, value)
             if not source.build_isolation:
                 table.add("build-isolation", False)
+            if source.build_requires:
+                table.add("build-requires", sorted(source.build_requires))
             if source.submodules:
                 submodules = tomlkit.array()
                 submodules.multiline(True)
@@ -380,6 +384,7 @@ _PACKAGES = st.lists(
         platforms=st.lists(_TEXT, max_size=2),
         wheels=st.lists(_FILES, max_size=3),
         sdist=st.one_of(st.none(), _FILES),
+        build_requires=st.lists(_TEXT, max_size=2),
     ),
     max_size=3,
 )
@@ -404,6 +409,7 @@ _PACKAGES = st.lists(
             install=st.sampled_from(["editable", "regular", "path", "none"]),
             subdirectory=st.one_of(st.none(), _PATH),
             build_isolation=st.booleans(),
+            build_requires=st.lists(_TEXT, max_size=2),
             submodules=st.lists(
                 st.builds(
                     LockedSubmodule, path=_PATH, url=_TEXT, commit=st.from_regex(r"[0-9a-f]{40}", fullmatch=True)

@@ -53,10 +53,10 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 )
 
 
-def sdist_with_external_backend(name: str, version: str) -> bytes:
-    """A deterministic sdist whose ``[build-system]`` needs ``tinybackend`` from the index."""
+def sdist_with_external_backend(name: str, version: str, backend: str = "tinybackend==1.0") -> bytes:
+    """A deterministic sdist whose ``[build-system]`` needs ``backend`` (``tinybackend``) from the index."""
     pyproject = (
-        '[build-system]\nrequires = ["tinybackend==1.0"]\nbuild-backend = "tinybackend"\n\n'
+        f'[build-system]\nrequires = ["{backend}"]\nbuild-backend = "tinybackend"\n\n'
         f'[project]\nname = "{name}"\nversion = "{version}"\ndependencies = []\n'
     )
     members = {
@@ -194,6 +194,86 @@ def test_a_wheel_built_from_an_sdist_is_a_store_path_built_once_and_carried_by_a
     [theirs] = [r for r in Store.in_home(other).records() if r.kind == "built-wheel"]
     assert theirs.name == wheel.name and theirs.content == wheel.content
     assert theirs.obtained.startswith("cache "), theirs.obtained
+
+
+def test_sdists_whose_backends_conflict_each_lock_and_build_with_their_own_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sdists, one built by ``tinybackend<2`` and one by ``tinybackend>=2``: each is locked
+    with a build set of its own (``build-requires``), where one set for all sdists could not
+    be resolved; the lock re-locks byte for byte; realize builds each from its own set."""
+    with LocalIndex(tmp_path / "index") as local:
+        for version in ("1.0", "2.0"):
+            local.add_wheel("tinybackend", version, modules={"tinybackend/__init__.py": TINY_BACKEND})
+        local.add_wheel("tinyhelper", "1.0")
+        (local.root / "sdold-1.0.tar.gz").write_bytes(sdist_with_external_backend("sdold", "1.0", "tinybackend<2"))
+        (local.root / "sdnew-1.0.tar.gz").write_bytes(sdist_with_external_backend("sdnew", "1.0", "tinybackend>=2"))
+        monkeypatch.setenv("HARNESS_INDEX_PYPI", local.url)
+        project = make_project(tmp_path / "p", {"svc": service(["sdold==1.0", "sdnew==1.0"])})
+        result = harness("--project", str(project), "lock", home=tmp_path / "locker")
+        assert result.returncode == 0, result.stderr
+        lock_file = project / "locks" / "svc.lock.toml"
+        data = tomllib.loads(lock_file.read_text())
+        sets = {p["name"]: p["build-requires"] for p in data["packages"]}
+        assert sets == {
+            "sdold": ["tinybackend==1.0", "tinyhelper==1.0"],
+            "sdnew": ["tinybackend==2.0", "tinyhelper==1.0"],
+        }
+        builds = sorted((p["name"], p["version"]) for p in data["build-packages"])
+        assert builds == [("tinybackend", "1.0"), ("tinybackend", "2.0"), ("tinyhelper", "1.0")]
+        first = lock_file.read_bytes()
+        result = harness("--project", str(project), "lock", "--refresh", home=tmp_path / "other")
+        assert result.returncode == 0, result.stderr
+        assert lock_file.read_bytes() == first, "re-locked byte for byte"
+
+        home = tmp_path / "home"
+        result = harness("--project", str(project), "realize", "svc", home=home)
+        assert result.returncode == 0, result.stderr
+    store = Store.in_home(home)
+    built = sorted(r.name.split("-", 1)[1] for r in store.records() if r.kind == "built-wheel")
+    assert built == ["sdnew-1.0-wheel", "sdold-1.0-wheel"]
+    [venv] = [p for p in store.root.iterdir() if p.name.endswith("-svc-env")]
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import sdold, sdnew"], capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stderr
+
+
+def test_a_lock_of_two_platforms_gives_each_sdist_its_build_set(index: LocalIndex, tmp_path: Path) -> None:
+    """Locked for x86_64 and aarch64, the sdist's entry (and its build set) is shared, and
+    each platform's projection is byte for byte the lock of that platform alone."""
+    from harness.lock.lockfile import dumps, read
+    from harness.lock.platforms import for_platform
+
+    platforms = ["x86_64-manylinux_2_28", "aarch64-manylinux_2_28"]
+    locks: dict[str, str] = {}
+    for label, wanted in (("both", platforms), *((p, [p]) for p in platforms)):
+        project = make_project(tmp_path / label, {"svc": service(["sdonly==1.0"])})
+        settings = project / "harness.toml"
+        settings.write_text(
+            settings.read_text().replace(
+                'platform = "x86_64-manylinux_2_28"', f"platforms = {wanted!r}".replace("'", '"')
+            )
+        )
+        result = harness("--project", str(project), "lock", home=tmp_path / "home")
+        assert result.returncode == 0, result.stderr
+        locks[label] = str(project / "locks" / "svc.lock.toml")
+    data = tomllib.loads(Path(locks["both"]).read_text())
+    [sdonly] = [p for p in data["packages"] if p["name"] == "sdonly"]
+    assert sdonly["build-requires"] == ["tinybackend==1.0", "tinyhelper==1.0"] and "platforms" not in sdonly
+    both = read(Path(locks["both"]), whole=True)
+    for platform in platforms:
+        assert dumps(for_platform(both, platform)) == Path(locks[platform]).read_text(), platform
+
+    # Written by a harness from before sdists' build requirements were locked (its aarch64
+    # environment path is the one that harness gave it): stale, naming why.
+    from harness.lock.storepaths import environment_path_before_sdist_builds
+
+    old = environment_path_before_sdist_builds(for_platform(both, platforms[1]))
+    path = Path(locks["both"])
+    path.write_text(path.read_text().replace(both.targets[1].environment, old))
+    project = path.parent.parent
+    check = harness("--project", str(project), "lock", "--check", home=tmp_path / "home")
+    assert check.returncode == 1
+    assert "written by an older harness: its sdists' build requirements are not locked" in check.stdout, check.stdout
 
 
 def test_an_sdist_build_requirement_the_index_lacks_is_a_lock_error_naming_the_package(
@@ -422,6 +502,12 @@ def test_the_seeds_sdist_only_packages_lock_and_realize_in_an_empty_home(tmp_pat
         "iopath-0.1.10-wheel",
         "markupsafe-2.0.1-wheel",
     }, "each sdist's wheel is a store path of its own"
+    # The C extension was compiled with this machine's toolchain, which no lock names: an
+    # impurity the record, the realize and every run using it say; the pure wheels are not.
+    impure = {n.split("-", 2)[1]: Store.in_home(again).record(n).impure for n in built}  # type: ignore[union-attr]
+    assert impure["docopt"] is None and impure["iopath"] is None, impure
+    assert "compiled from its sdist with this machine's toolchain" in (impure["markupsafe"] or ""), impure
+    assert "compiled from its sdist with this machine's toolchain" in result.stdout + result.stderr
     differing = {n for n in first if first[n] != second[n]}
     assert differing <= {venv.name, *(n for n in built if "markupsafe" in n)}, differing
     for name in differing:  # only what the records say is not reproducible, and why

@@ -89,16 +89,22 @@ def _platform_missing(lock: Lock, platform: str) -> str | None:
 
 
 def _sdists_unlocked(lock: Lock) -> str | None:
-    """A single-platform lock that installs an sdist but was written before sdists' build
-    requirements were locked (its environment's store path is the one that harness gave it):
-    realize could not build it offline on a clean machine."""
-    if lock.targets or not any(p.sdist is not None and not p.wheels for p in lock.packages):
-        return None
+    """A lock that installs an sdist (on one of its platforms) but was written before sdists'
+    build requirements were locked (that platform's environment store path is the one that
+    harness gave it): realize could not build it offline on a clean machine."""
     from harness.lock.storepaths import environment_path_before_sdist_builds
 
-    if lock.environment.store != environment_path_before_sdist_builds(lock):
-        return None
-    return "written by an older harness: its sdists' build requirements are not locked"
+    if lock.targets:
+        from harness.lock.platforms import for_platform
+
+        written = [(t.environment, for_platform(lock, t.platform)) for t in lock.targets]
+    else:
+        written = [(lock.environment.store, lock)]
+    for environment, one in written:
+        if any(p.sdist is not None and not p.wheels for p in one.packages):
+            if environment == environment_path_before_sdist_builds(one):
+                return "written by an older harness: its sdists' build requirements are not locked"
+    return None
 
 
 def _settings_changed(manifest: ServiceManifest | BenchmarkManifest, lock: Lock, settings: Settings) -> str | None:

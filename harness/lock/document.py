@@ -106,6 +106,14 @@ class LockedPackage(Strict):
         description="false: its sdist is built against the environment's own packages, after the rest is "
         "installed (the manifest's no-build-isolation).",
     )
+    #: The build packages (``name==version``) its sdist's isolated build uses; empty: all of them.
+    build_requires: list[str] = Field(
+        default_factory=list,
+        alias="build-requires",
+        description="An sdist built in isolation: the build packages (name==version) its build environment is "
+        "made of, resolved for its own build requirements alone; empty (a lock written before): every build "
+        "package.",
+    )
     model_config = Strict.model_config | {"populate_by_name": True}
 
 
@@ -138,6 +146,14 @@ class LockedSource(Strict):
         default=True,
         alias="build-isolation",
         description="false: built against the environment's own packages (--no-build-isolation).",
+    )
+    #: The build packages (``name==version``) its isolated build uses; empty: all of them.
+    build_requires: list[str] = Field(
+        default_factory=list,
+        alias="build-requires",
+        description="A source built in isolation: the build packages (name==version) its build environment is "
+        "made of (the sources' build requirements, resolved together); empty (a lock written before): every "
+        "build package.",
     )
     model_config = Strict.model_config | {"populate_by_name": True}
     #: Every submodule, recursively, sorted by path; ``tree`` covers their files.
@@ -248,8 +264,8 @@ class Lock(Strict):
     build_packages: list[LockedPackage] = Field(
         default_factory=list,
         alias="build-packages",
-        description="The sources' build requirements (what their PEP 517 backends ask for), so realize builds "
-        "them offline.",
+        description="The build requirements of the sources and of the sdists built in isolation (what their "
+        "PEP 517 backends ask for), so realize builds them offline; each names its own in build-requires.",
     )
     sources: list[LockedSource] = Field(default_factory=list, description="The git sources, pinned.")
     weights: list[LockedWeights] = Field(default_factory=list, description="The weight sets, every file hashed.")

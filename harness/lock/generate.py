@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,8 +230,7 @@ def _lock_manifest(
             uv=uv,
             interpreter=interpreters[t],
             pins=sources.pins,
-            packages=resolved[t].packages,
-            build_packages=resolved[t].build_packages,
+            resolution=resolved[t],
             weights=weights,
         )
         for t in targets
@@ -398,11 +397,17 @@ def _single_lock(
     uv: str,
     interpreter: Interpreter,
     pins: list[GitSource],
-    packages: list[Package],
-    build_packages: list[Package],
+    resolution: _Resolution,
     weights: list[WeightSet],
 ) -> Lock:
     """The lock of one platform, store paths filled in."""
+    isolated = set(manifest.environment.no_build_isolation)
+
+    def package(p: Package) -> LockedPackage:
+        return _package(
+            p, isolated=p.name not in isolated, build_requires=resolution.sdist_builds.get((p.name, p.version))
+        )
+
     lock = Lock(
         lock_version=LINKS_LOCK_VERSION if any(p.links for p in pins) else LOCK_VERSION,
         name=name,
@@ -416,8 +421,8 @@ def _single_lock(
             platform=interpreter.platform,
             source=interpreter.source,
         ),
-        packages=[_package(p, isolated=p.name not in manifest.environment.no_build_isolation) for p in packages],
-        build_packages=[_package(p) for p in build_packages],
+        packages=[package(p) for p in resolution.packages],
+        build_packages=[package(p) for p in resolution.build_packages],
         sources=[
             LockedSource(
                 name=p.name,
@@ -428,6 +433,12 @@ def _single_lock(
                 install=p.install,
                 subdirectory=p.subdirectory,
                 **{"build-isolation": p.build_isolation},
+                # An isolated build's set: the sources' build packages (a checkout only builds nothing).
+                **{
+                    "build-requires": resolution.source_builds
+                    if p.build_isolation and p.install not in ("none", "path")
+                    else []
+                },
                 submodules=[LockedSubmodule(path=m.path, url=m.url, commit=m.commit) for m in p.submodules],
                 links=dict(p.links),
             )
@@ -528,10 +539,14 @@ def _sources(
 
 
 class _Resolution(NamedTuple):
-    """One platform's Python resolution: the environment's packages and the build packages."""
+    """One platform's Python resolution: the environment's packages and the build packages;
+    once the sdists' builds are resolved (:func:`_with_sdist_builds`), which build packages
+    (``name==version``) each isolated sdist's build uses, by (name, version), and the sources'."""
 
     packages: list[Package]
     build_packages: list[Package]
+    sdist_builds: dict[tuple[str, str], list[str]] = {}
+    source_builds: list[str] = []
 
 
 def _resolve_all(
@@ -618,10 +633,10 @@ def _with_sdist_builds(
         packages = _with_environment_builds(
             run, environment, interpreters[target], sources, resolution, scratch, target
         )
-        out[target] = _Resolution(
-            packages,
-            _isolated_builds(run, environment, interpreters[target], sources, packages, resolution, scratch, target),
+        builds = _isolated_builds(
+            run, environment, interpreters[target], sources, packages, resolution, scratch, target
         )
+        out[target] = _Resolution(packages, *builds)
     return out
 
 
@@ -676,6 +691,15 @@ def _with_environment_builds(
     raise HarnessError(f"the build requirements of its sdists did not settle after {_SDIST_ROUNDS} rounds")
 
 
+class _BuildSets(NamedTuple):
+    """The build packages of one platform (every build set's, once each) and which of them
+    (``name==version``) each isolated sdist's build and the sources' builds use."""
+
+    build_packages: list[Package]
+    sdist_builds: dict[tuple[str, str], list[str]]
+    source_builds: list[str]
+
+
 def _isolated_builds(
     run: _Locking,
     environment: Environment,
@@ -685,25 +709,76 @@ def _isolated_builds(
     resolution: _Resolution,
     scratch: Path,
     target: str,
-) -> list[Package]:
-    """The build packages: the git sources' build requirements and those of every isolated
-    sdist among ``packages`` and the build packages themselves, resolved until they settle."""
+) -> _BuildSets:
+    """A build set per distinct list of build requirements: the git sources' together (their
+    resolution, ``resolution.build_packages``), and each isolated sdist among ``packages`` (and
+    among the build packages themselves, until they settle) its own, so two sdists whose
+    backends want conflicting versions (an old setuptools and a new one) both lock, and an
+    sdist's wheel is named by exactly what its build reads. Sdists asking for the same
+    requirements share one resolution."""
     against = set(environment.no_build_isolation)
-    wanted = set(sources.build_requirements)
-    build = resolution.build_packages
+    before = _previous_for(run.previous, target, run.options)
+    sets: dict[tuple[str, ...], list[Package]] = {}
+    if sources.build_requirements:
+        sets[tuple(sorted(set(sources.build_requirements)))] = resolution.build_packages
+    needs_of: dict[tuple[str, str], tuple[str, ...]] = {}
     for _ in range(_SDIST_ROUNDS):
-        needs = _sdist_needs(run, environment, [p for p in [*packages, *build] if p.name not in against], scratch)
-        if set(needs) <= wanted:
-            return build
-        wanted |= set(needs)
-        requirements = sorted(wanted)
-        before = _previous_for(run.previous, target, run.options)
-        build = _resolver(run, environment, interpreter)(
-            requirements,
-            previous=_to_pins(before.build_packages) if before else None,
-            package_index=_direct_only(environment.package_index, requirements),
-        )
-    raise HarnessError(f"the build requirements of its sdists did not settle after {_SDIST_ROUNDS} rounds")
+        every = _union(sets.values())
+        waiting = [
+            p
+            for p in [*packages, *every]
+            if p.sdist is not None and not p.wheels and p.name not in against and (p.name, p.version) not in needs_of
+        ]
+        if not waiting:
+            break
+        for package in waiting:
+            needs = tuple(sorted(set(_sdist_needs(run, environment, [package], scratch))))
+            needs_of[(package.name, package.version)] = needs
+            if needs and needs not in sets:
+                sets[needs] = _resolver(run, environment, interpreter)(
+                    list(needs),
+                    previous=_previous_build_pins(before, package),
+                    package_index=_direct_only(environment.package_index, list(needs)),
+                )
+    else:
+        raise HarnessError(f"the build requirements of its sdists did not settle after {_SDIST_ROUNDS} rounds")
+
+    def pins(needs: tuple[str, ...]) -> list[str]:
+        return sorted({f"{p.name}=={p.version}" for p in sets.get(needs, [])})
+
+    return _BuildSets(
+        _union(sets.values()),
+        {key: pins(needs) for key, needs in needs_of.items()},
+        pins(tuple(sorted(set(sources.build_requirements)))),
+    )
+
+
+def _union(sets: Iterable[list[Package]]) -> list[Package]:
+    """Every package of ``sets`` once (by name, version, marker and index), in a stable order."""
+    seen: dict[tuple[str, str, str, str], Package] = {}
+    for packages in sets:
+        for package in packages:
+            seen.setdefault((package.name, package.version, package.marker, package.index), package)
+    return [seen[key] for key in sorted(seen)]
+
+
+def _previous_build_pins(before: Lock | None, package: Package) -> list[Package] | None:
+    """The previous lock's pins of the build set ``package``'s sdist used, as preferences (all
+    its build packages, one version of each, when it named none: a lock written before)."""
+    if before is None:
+        return None
+    previous = next(
+        (
+            p
+            for p in [*before.packages, *before.build_packages]
+            if (p.name, p.version) == (package.name, package.version)
+        ),
+        None,
+    )
+    from harness.lock.objects import build_set
+
+    chosen = build_set(previous.build_requires if previous is not None else [], before)
+    return _to_pins(list({p.name: p for p in chosen}.values()))
 
 
 def _previous_for(previous: Lock | None, target: str, options: LockOptions) -> Lock | None:
@@ -792,9 +867,11 @@ def _file(file: DistFile) -> LockedFile:
     return LockedFile(file=file.file, size=file.size, sha256=file.sha256)
 
 
-def _package(package: Package, *, isolated: bool = True) -> LockedPackage:
+def _package(package: Package, *, isolated: bool = True, build_requires: list[str] | None = None) -> LockedPackage:
     """``isolated``: false for a package the manifest builds against the environment; kept
-    only where it matters, for an sdist."""
+    only where it matters, for an sdist, as ``build_requires``: the build packages its
+    isolated build uses."""
+    built = not package.wheels and package.sdist is not None
     return LockedPackage(
         name=package.name,
         version=package.version,
@@ -802,7 +879,10 @@ def _package(package: Package, *, isolated: bool = True) -> LockedPackage:
         marker=package.marker,
         wheels=[_file(w) for w in package.wheels],
         sdist=_file(package.sdist) if package.sdist else None,
-        **{"build-isolation": isolated or bool(package.wheels) or package.sdist is None},
+        **{
+            "build-isolation": isolated or not built,
+            "build-requires": sorted(build_requires or []) if built and isolated else [],
+        },
     )
 
 

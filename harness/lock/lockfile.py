@@ -68,6 +68,8 @@ def dumps(lock: Lock) -> str:
                 fields += plain([("platforms", list(package.platforms))])
             if not package.build_isolation:
                 fields += plain([("build-isolation", False)])
+            if package.build_requires:
+                fields += plain([("build-requires", sorted(package.build_requires))])
             if package.wheels:
                 wheels = [_file(w) for w in sorted(package.wheels, key=lambda w: w.file)]
                 fields.append(("wheels", tomltext.multiline_array(wheels)))
@@ -82,6 +84,8 @@ def dumps(lock: Lock) -> str:
         ]
         if not source.build_isolation:
             pairs.append(("build-isolation", False))
+        if source.build_requires:
+            pairs.append(("build-requires", sorted(source.build_requires)))
         fields = plain(pairs)
         if source.links:
             fields += plain([("links", dict(sorted(source.links.items())))])

@@ -58,8 +58,8 @@ def built_wheel_path(package: LockedPackage, lock: Lock) -> str | None:
 
     Named by what the build reads: the sdist's store path (its sha256), the interpreter it is
     built with (``lock.python.store``: a host copy standing in gives another path), the store
-    paths of the files of every build package (its isolated build environment may take any of
-    them) and the uv version that drives the build."""
+    paths of the files of its build packages (:func:`build_set`: its isolated build
+    environment may take any of them) and the uv version that drives the build."""
     if not package.build_isolation or package.wheels or package.sdist is None:
         return None
     file = package.sdist
@@ -70,10 +70,20 @@ def built_wheel_path(package: LockedPackage, lock: Lock) -> str | None:
         "scheme": BUILT_WHEEL_SCHEME,
         "sdist": file.store,
         "python": lock.python.store,
-        "build": sorted({chosen_file(p, lock).store for p in lock.build_packages}),
+        "build": sorted({chosen_file(p, lock).store for p in build_set(package.build_requires, lock)}),
         "uv": lock.uv,
     }
     return store_path_name(store_hash("built-wheel", name, inputs), name)
+
+
+def build_set(requires: list[str], lock: Lock) -> list[LockedPackage]:
+    """The build packages of ``lock`` that a build naming ``requires`` (``name==version``, a
+    package's or a source's ``build-requires``) is made of; every build package when
+    ``requires`` is empty (a lock written before each build named its own). Pure."""
+    if not requires:
+        return list(lock.build_packages)
+    wanted = set(requires)
+    return [p for p in lock.build_packages if f"{p.name}=={p.version}" in wanted]
 
 
 def built_wheels(lock: Lock) -> list[tuple[LockedPackage, str]]:

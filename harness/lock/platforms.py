@@ -53,12 +53,12 @@ def merge(locks: list[Lock]) -> Lock:
 
 
 def _merge_packages(per_platform: list[list[LockedPackage]], platforms: list[str]) -> list[LockedPackage]:
-    groups: dict[tuple[str, str, str, str], list[tuple[str, LockedPackage]]] = {}
+    # A pin whose sdist builds from another build set on one platform is an entry of its own.
+    groups: dict[tuple[str, str, str, str, tuple[str, ...]], list[tuple[str, LockedPackage]]] = {}
     for platform, packages in zip(platforms, per_platform, strict=True):
         for package in packages:
-            groups.setdefault((package.name, package.version, package.marker, package.index), []).append(
-                (platform, package)
-            )
+            key = (package.name, package.version, package.marker, package.index, tuple(package.build_requires))
+            groups.setdefault(key, []).append((platform, package))
     merged = []
     for members in groups.values():
         wheels = {w.file: w for _, p in members for w in p.wheels}

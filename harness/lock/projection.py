@@ -39,9 +39,15 @@ def project_platform(lock: Lock, platform: str) -> Lock:
             if package.platforms and platform not in package.platforms:
                 continue
             wheels = [w for w in package.wheels if wheel_fits(w.file, tags)]
+            # A wheel fits: nothing is built, so no build set (as locking this platform alone writes).
             out.append(
                 package.model_copy(
-                    update={"platforms": [], "wheels": wheels, "sdist": None if wheels else package.sdist}
+                    update={
+                        "platforms": [],
+                        "wheels": wheels,
+                        "sdist": None if wheels else package.sdist,
+                        "build_requires": [] if wheels else package.build_requires,
+                    }
                 )
             )
         return out

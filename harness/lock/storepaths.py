@@ -108,6 +108,8 @@ def _package_key(package: LockedPackage) -> dict[str, object]:
     }
     if not package.build_isolation:  # only when off: other environments keep their paths
         key["build-isolation"] = False
+    if package.build_requires:  # only where named: environments of older locks keep their paths
+        key["build-requires"] = sorted(package.build_requires)
     return key
 
 
@@ -188,6 +190,7 @@ def _environment_path(lock: Lock, python_store: str, *, sdists_first: bool = Tru
                 "subdirectory": s.subdirectory or "",
                 # only when off, so environments of sources without the key keep their paths
                 **({} if s.build_isolation else {"build-isolation": False}),
+                **({"build-requires": sorted(s.build_requires)} if s.build_requires else {}),
                 # the path sources' .pth sorts first (realize.environment.PATH_SOURCES_PTH);
                 # environments built before that order are another layout, so another path
                 **({"pth": "first"} if s.install == "path" else {}),

@@ -405,7 +405,21 @@ def _complete(ctx: Context, lock: Lock) -> Report:
     realized = realized_lock(ctx.store, lock)
     report = Report(lock.name, realized.environment.store, present=sorted(lock_objects(realized)))
     report.impure += interpreter_notes(ctx.store, lock, realized)
+    report.impure += built_wheel_notes(ctx.store, realized)
     return report
+
+
+def built_wheel_notes(store: Store, realized: Lock) -> list[str]:
+    """What a report says about the wheels built from sdists for ``realized`` (the lock as
+    realized here): each compiled with this machine's toolchain, which the lock does not name."""
+    from harness.lock.objects import built_wheels
+
+    notes = []
+    for _, name in built_wheels(realized):
+        record = store.record(name)
+        if record is not None and record.impure:
+            notes.append(f"{name}: {record.impure}")
+    return notes
 
 
 def interpreter_notes(store: Store, lock: Lock, realized: Lock) -> list[str]:
@@ -820,6 +834,7 @@ def _register_paths(ctx: Context, lock: Lock, prepared: _Prepared, report: Repor
     report.environment = realized.environment.store
     report.impure += interpreter_notes(store, lock, realized)
     _add_built_wheels(ctx, realized)
+    report.impure += built_wheel_notes(store, realized)
     _add_environment(ctx, realized)
     report.built = sorted(set(lock_objects(realized)) - present)
     report.present = sorted(set(lock_objects(realized)) & present)
@@ -1190,10 +1205,11 @@ def _wheel_builder(ctx: Context, lock: Lock, sdist: LockedFile) -> Callable[[Pat
     """The store builder of the wheel built from registered ``sdist`` for ``lock``: with the
     build packages' wheels registered now (a build package published as an sdist: its wheel,
     built before)."""
-    from harness.realize.environment import build_sdist_wheel
+    from harness.realize.environment import build_sdist_wheel, host_toolchain
 
     store = ctx.store
-    build_files = _build_wheel_files(store, lock)
+    package = next(p for p in [*lock.build_packages, *lock.packages] if p.sdist == sdist)
+    build_files = _build_wheel_files(store, lock, package.build_requires)
     hashes = {sdist.file: sdist.sha256, **{path.name: sha for path, sha in build_files.items()}}
     major_minor = ".".join(lock.python.version.split(".")[:2])
 
@@ -1208,19 +1224,24 @@ def _wheel_builder(ctx: Context, lock: Lock, sdist: LockedFile) -> Callable[[Pat
             cache_dir=ctx.uv_cache_dir or ctx.cache_dir,
             hashes=hashes,
         )
-        return BuildResult(obtained=f"uv {lock.uv} build of {sdist.file}" + _not_reproducible(result.embedded_paths))
+        impure = None
+        if result.compiled:  # the compiler and headers are the machine's: the lock names neither
+            impure = f"compiled from its sdist with this machine's toolchain ({host_toolchain()})"
+        obtained = f"uv {lock.uv} build of {sdist.file}" + _not_reproducible(result.embedded_paths)
+        return BuildResult(obtained=obtained, impure=impure)
 
     return build
 
 
-def _build_wheel_files(store: Store, lock: Lock) -> dict[Path, str]:
-    """The wheel of every build package of ``lock`` in the store (a package published only as
-    an sdist: the wheel built from it, once registered), with its sha256: the lock's for a
-    downloaded wheel, the checked file's for a built one (:func:`_built_wheel_file`)."""
-    from harness.lock.objects import built_wheel_path
+def _build_wheel_files(store: Store, lock: Lock, requires: list[str]) -> dict[Path, str]:
+    """The wheel of every build package of ``lock`` that a build naming ``requires`` uses
+    (``lock/objects.py:build_set``) in the store (a package published only as an sdist: the
+    wheel built from it, once registered), with its sha256: the lock's for a downloaded
+    wheel, the checked file's for a built one (:func:`_built_wheel_file`)."""
+    from harness.lock.objects import build_set, built_wheel_path
 
     files: dict[Path, str] = {}
-    for package in lock.build_packages:
+    for package in build_set(requires, lock):
         built = built_wheel_path(package, lock)
         if built is None:
             file = chosen_file(package, lock)
@@ -1251,6 +1272,20 @@ def _built_wheel_file(store: Store, name: str) -> tuple[Path, str]:
     return wheels[0], file_sha256(wheels[0])
 
 
+def _sources_build_set(lock: Lock) -> list[LockedPackage]:
+    """The build packages the environment's own builds (its isolated sources) may take: those
+    the sources name (``build-requires``), not the sdists' sets, which may hold other versions
+    of one backend; every build package for a lock written before each build named its own."""
+    from harness.lock.objects import build_set
+
+    named = sorted({r for s in lock.sources for r in s.build_requires})
+    if named:
+        return build_set(named, lock)
+    if any(p.build_requires for p in [*lock.packages, *lock.build_packages]):
+        return []  # each build names its own, and no source names any
+    return list(lock.build_packages)
+
+
 def _add_environment(ctx: Context, lock: Lock) -> None:
     """Build and register the lock's environment; then record the pycs compiled for it in the
     store's bytecode index, so the next environment on this interpreter takes them from the
@@ -1275,7 +1310,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
         return path
 
     wheels = [file_in_store(p) for p in lock.packages]
-    build_wheels = [file_in_store(p) for p in lock.build_packages]
+    build_wheels = [file_in_store(p) for p in _sources_build_set(lock)]
     from harness.lock.storepaths import source_folders
 
     # A path source with links goes on sys.path as its view (harness/realize/views.py).

@@ -282,6 +282,30 @@ class WheelBuild:
     sha256: str
     embedded_paths: tuple[str, ...] = ()
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the wheel holds compiled code (its platform tag is not ``any``): built with
+        this machine's compilers and headers, which no lock names."""
+        return any(tag.platform != "any" for tag in parse_wheel_filename(self.wheel)[3])
+
+
+def host_toolchain() -> str:
+    """What compiles an extension here, as a build backend finds it: ``$CC`` or ``cc``, and
+    the first line of its ``--version`` (``gcc (Debian 12.2.0-14) 12.2.0``)."""
+    import shlex
+    import subprocess
+
+    command = shlex.split(os.environ.get("CC", "")) or ["cc"]
+    found = shutil.which(command[0])
+    if found is None:
+        return f"no {command[0]} on PATH"
+    try:
+        out = subprocess.run([found, *command[1:], "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return found
+    first = (out.stdout or out.stderr).strip().splitlines()
+    return f"{found}: {first[0]}" if first else found
+
 
 def build_sdist_wheel(
     out: Path,

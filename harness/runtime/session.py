@@ -271,8 +271,10 @@ def _launch_spec_of(
 
 
 def _impurities(store: Store, plan: Plan, locks: dict[str, Lock]) -> list[str]:
-    """What the run uses that harness did not build: external services, and interpreters
-    that are host copies (impure records), sorted."""
+    """What the run uses that harness did not build: external services, interpreters that
+    are host copies and wheels compiled from sdists with the machine's toolchain (impure
+    records), sorted."""
+    from harness.lock.objects import built_wheels
     from harness.lock.storepaths import interpreter_path
 
     impurities: list[str] = []
@@ -285,6 +287,10 @@ def _impurities(store: Store, plan: Plan, locks: dict[str, Lock]) -> list[str]:
             own = interpreter_path(lock)
             instead = f", standing in for the lock's {own}" if own != lock.python.store else ""
             impurities.append(f"{name}: interpreter {lock.python.store} is {record.impure}{instead}")
+        for _, wheel in built_wheels(lock):
+            record = store.record(wheel)
+            if record is not None and record.impure:
+                impurities.append(f"{name}: wheel {wheel} is {record.impure}")
     return sorted(set(impurities))
 
 
