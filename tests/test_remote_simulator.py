@@ -272,15 +272,6 @@ def test_bad_remote_manifest_is_exit_2(tmp_path: Path, body: str, said: str) -> 
     assert "Traceback" not in result.stderr
 
 
-def test_external_simulator_needs_a_worker(tmp_path: Path) -> None:
-    from pydantic import ValidationError
-
-    from harness.manifests.model import BenchmarkManifest
-
-    with pytest.raises(ValidationError, match="needs a worker"):
-        BenchmarkManifest.model_validate({"summary": "s", "simulator": "external", "environment": {"python": "3.11"}})
-
-
 @pytest.mark.parametrize(
     ("table", "said"),
     [
