@@ -485,12 +485,22 @@ def services_page() -> str:
     for name, bench in sorted(project.load_benchmarks().items()):
         lock = lock_of(name)
         note = _comment_note(ROOT / "benchmarks" / f"{name}.toml", "vram_gb")
+        vram = (
+            "— (simulator elsewhere: only its client here)"
+            if bench.external
+            else f"{bench.vram_gb:g} ({_vram_label(bench.vram_gb, note)})"
+        )
         bench_rows.append(
-            f"| [{name}](#{name}) | {bench.kind} | {bench.vram_gb:g} ({_vram_label(bench.vram_gb, note)}) | {bench.load_seconds:g} "
+            f"| [{name}](#{name}) | {bench.kind} | {vram} | {bench.load_seconds:g} "
             f"| {_environment_cells(bench.environment, lock)} | {_weights_cells(bench, lock)} |"
         )
         details.append(f"### {name}\n\n{_cell(bench.summary)}\n")
         details.append(_lock_line("benchmarks", name, lock))
+        if bench.external:
+            details.append(
+                '- simulator: elsewhere (`simulator = "external"`): the lock is its client\'s environment; the '
+                f"deploy's `[benchmarks.{name}] url` says where the simulator answers"
+            )
         if note:
             details.append(f"- VRAM: {_cell(note)}")
         details.extend(_environment_lines(bench.environment))

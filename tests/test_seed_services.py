@@ -305,7 +305,17 @@ def locked(seed: Seed) -> Seed:
 
 def test_every_shipped_manifest_locks(locked: Seed) -> None:
     names = {p.name.removesuffix(".lock.toml") for p in (locked.project / "locks").glob("*.lock.toml")}
-    assert names == {"sam3", "molmo2", "openwam", "smolvla", "simate", "kinematics", "robodojo", "reach"}
+    assert names == {
+        "sam3",
+        "molmo2",
+        "openwam",
+        "smolvla",
+        "simate",
+        "kinematics",
+        "robodojo",
+        "reach",
+        "reach-remote",
+    }
     assert harness(locked, "lock", "--check").returncode == 0
 
     openwam = tomllib.loads((locked.project / "locks" / "openwam.lock.toml").read_text())

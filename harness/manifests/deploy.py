@@ -8,6 +8,7 @@ validated on its own (:class:`Deploy`) and against the project's manifests
 from __future__ import annotations
 
 import os
+import re
 import string
 from collections.abc import Mapping
 from pathlib import Path
@@ -83,6 +84,23 @@ class ServiceDeploy(Strict):
         return self
 
 
+class BenchmarkDeploy(Strict):
+    """How one benchmark runs on this machine: where its remote simulator answers."""
+
+    url: str = Field(
+        description='Where the simulator of a benchmark whose manifest says simulator = "external" answers '
+        "(http://host:port, ws://…); its worker, the simulator's client, gets it as {url} and "
+        "HARNESS_SIMULATOR_URL, and every run records it. Only for such a benchmark.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.match(r"^(https?|wss?)://[^\s/]+(/[^\s]*)?$", value):
+            raise ValueError(f"url must be an http(s):// or ws(s):// address, got {value!r}")
+        return value.rstrip("/")
+
+
 class BrokerDeploy(Strict):
     """``[broker]``: limits of the broker that serves this machine's services."""
 
@@ -135,6 +153,11 @@ class Deploy(Strict):
     services: dict[str, ServiceDeploy] = Field(
         default_factory=dict,
         description="How each service runs here, by manifest name; a name without a manifest is an error.",
+    )
+    benchmarks: dict[str, BenchmarkDeploy] = Field(
+        default_factory=dict,
+        description='How each benchmark runs here, by manifest name: the url of one whose simulator = "external"; '
+        "a name without a benchmark manifest, or one whose simulator is local, is an error.",
     )
     substituters: list[str] = Field(
         default_factory=list,
@@ -203,6 +226,27 @@ def check_deploy_against(deploy: Deploy, service_names: set[str], shown: str) ->
             close = difflib.get_close_matches(name, sorted(service_names), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             lines.append(f"{shown}: services.{name}: no manifest services/{name}.toml{hint}")
+        raise InputError("\n".join(lines))
+
+
+def check_deploy_benchmarks(deploy: Deploy, simulators: Mapping[str, str], shown: str) -> None:
+    """A deploy's ``[benchmarks.<name>]`` must name a benchmark whose simulator runs
+    elsewhere. ``simulators`` maps each benchmark manifest's name to its ``simulator``."""
+    lines = []
+    for name in sorted(deploy.benchmarks):
+        where = simulators.get(name)
+        if where is None:
+            import difflib
+
+            close = difflib.get_close_matches(name, sorted(simulators), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            lines.append(f"{shown}: benchmarks.{name}: no manifest benchmarks/{name}.toml{hint}")
+        elif where != "external":
+            lines.append(
+                f"{shown}: benchmarks.{name}.url: benchmarks/{name}.toml runs its simulator here (simulator = "
+                f'"{where}"); a url applies to a benchmark whose manifest says simulator = "external"'
+            )
+    if lines:
         raise InputError("\n".join(lines))
 
 

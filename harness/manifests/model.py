@@ -622,7 +622,9 @@ class BenchmarkManifest(Strict):
 
     Its ``[[weights]]`` are the assets; ``worker`` starts one simulator worker (the runtime
     starts ``[sim] workers_per_gpu`` of them per GPU on ports from ``base_port``);
-    ``observation`` names the observation contract the agent is evaluated under.
+    ``observation`` names the observation contract the agent is evaluated under. With
+    ``simulator = "external"`` the simulator is a service elsewhere (a task from The
+    Simulator): ``[environment]`` is its client's alone, and ``worker`` is that client.
     """
 
     kind: Literal["benchmark", "simulator"] = Field(
@@ -651,8 +653,44 @@ class BenchmarkManifest(Strict):
         description="The name of the observation contract the agent is evaluated under (descriptive; harness "
         "does not interpret it).",
     )
-    environment: Environment = Field(description="The environment the benchmark and its workers run in.")
+    simulator: Literal["local", "external"] = Field(
+        default="local",
+        description='Where the simulator runs: "local", here, realized from [environment] with its workers '
+        'placed on the deploy\'s [sim] GPUs; "external", elsewhere (a task from The Simulator): [environment] '
+        "is then only its client's, the deploy's [benchmarks.<name>] url says where the simulator answers, "
+        "the worker is its client (no GPU placed for it, {url} the simulator's address, also "
+        "HARNESS_SIMULATOR_URL), and every run names the simulator as an impurity.",
+    )
+    identity: HealthPath = Field(
+        default=None,
+        description='simulator = "external" only: a URL path on the simulator (e.g. /info) that answers GET with '
+        "a JSON object naming its version and task; a run asks it before the worker starts, records the answer "
+        "(diff names a change) and refuses to start when it does not answer.",
+    )
+    environment: Environment = Field(
+        description='The environment the benchmark and its workers run in (with simulator = "external": '
+        "its client's only)."
+    )
     weights: list[Weights] = Field(default_factory=list, description="Assets, as a service's weight sets.")
+
+    @property
+    def external(self) -> bool:
+        """The simulator runs elsewhere: only its client is realized here."""
+        return self.simulator == "external"
+
+    @model_validator(mode="after")
+    def _remote_simulator(self) -> BenchmarkManifest:
+        if self.identity is not None and not self.external:
+            raise ValueError('identity applies to simulator = "external" only (a local simulator is in the closure)')
+        if self.external:
+            if not self.worker:
+                raise ValueError('simulator = "external" needs a worker: the client that drives the remote simulator')
+            if self.vram_gb > 0:
+                raise ValueError(
+                    'simulator = "external": vram_gb must be 0, no GPU is placed for the simulator\'s workers here '
+                    "(the simulator's GPUs are the remote machine's)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _weights_unique(self) -> BenchmarkManifest:
@@ -673,6 +711,10 @@ class BenchmarkManifest(Strict):
         data = handler(self)
         if data.get("workdir") == "project":
             data.pop("workdir")
+        if data.get("simulator") == "local":
+            data.pop("simulator")
+        if data.get("identity") is None:
+            data.pop("identity", None)
         return data
 
 

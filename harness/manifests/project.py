@@ -96,8 +96,14 @@ class Project:
 
     def load_deploy(self, path: Path) -> Deploy:
         """A deploy file, validated on its own and against the project's manifests: it names
-        only services that have one, and an external service's ``client`` uses only ``{url}``."""
-        from harness.manifests.deploy import Deploy, check_deploy_against, check_external_clients
+        only services that have one, an external service's ``client`` uses only ``{url}``, and a
+        ``[benchmarks.<name>]`` names a benchmark whose simulator runs elsewhere."""
+        from harness.manifests.deploy import (
+            Deploy,
+            check_deploy_against,
+            check_deploy_benchmarks,
+            check_external_clients,
+        )
         from harness.manifests.loading import display_path, load_model
         from harness.manifests.model import ServiceManifest
 
@@ -111,6 +117,9 @@ class Project:
             name: (display_path(paths[name]), load_model(ServiceManifest, paths[name]).client) for name in external
         }
         check_external_clients(deploy, clients, display_path(path))
+        if deploy.benchmarks:
+            simulators = {name: manifest.simulator for name, manifest in self.load_benchmarks().items()}
+            check_deploy_benchmarks(deploy, simulators, display_path(path))
         return deploy
 
     def agent_path(self, name_or_path: str) -> Path:

@@ -133,6 +133,12 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
         interpreter, own = info.get("interpreter"), info.get("standing_in_for")
         if own and not any(interpreter in line for line in impurities):
             impurities.append(f"{name}: host interpreter {interpreter} stood in for the lock's {own}")
+    simulator = config.get("simulator")
+    if isinstance(simulator, dict) and not any(f"simulator at {simulator.get('url')} " in i for i in impurities):
+        # A simulator elsewhere is named even when the record's list of impurities does not.
+        from harness.runs.simulator import simulator_impurity
+
+        impurities.append(simulator_impurity(simulator))
     return AuditReport(run_dir.name, tuple(items), tuple(impurities), tuple(scoped_resets(run_dir)))
 
 
@@ -231,7 +237,8 @@ def diff_runs(a: Path, b: Path) -> list[str]:
     packages, sources (commit, install mode), weights, code, environment store path and
     manifest digest; per service its launch (argv after templates, working directory, the
     variables harness sets); the run's own command as launched; project files; placement;
-    the configuration (command, agent, overrides, deploy, benchmark); for cluster runs the
+    the configuration (command, agent, overrides, deploy, benchmark); a simulator that runs
+    elsewhere (its address, and each thing it reported itself to be); for cluster runs the
     engine, shard count, retries and each shard's status, score, platform, retries and
     closure against its head's (:func:`cluster_differences`). A difference that
     another one explains is not repeated: a bumped package changes the environment path and
@@ -239,6 +246,8 @@ def diff_runs(a: Path, b: Path) -> list[str]:
     launch compare by name without their hash (the hash's inputs are compared themselves),
     and the placement's port and URL by role, so a moved port is one placement line.
     """
+    from harness.runs.simulator import simulator_differences
+
     lines: list[str] = []
     closure_a, closure_b = read_json(a / "lock.json"), read_json(b / "lock.json")
     config_a, config_b = read_json(a / "config.json"), read_json(b / "config.json")
@@ -278,6 +287,7 @@ def diff_runs(a: Path, b: Path) -> list[str]:
         if resets_a.get(service, 0) != resets_b.get(service, 0):
             lines.append(f"scoped resets of {service}: {resets_a.get(service, 0)} → {resets_b.get(service, 0)}")
     lines += cluster_differences(cluster_view(a, config_a, closure_a), cluster_view(b, config_b, closure_b))
+    lines += simulator_differences(config_a.get("simulator"), config_b.get("simulator"))
     for key in ("command", "agent", "overrides", "deploy", "benchmark"):
         if config_a.get(key) != config_b.get(key):
             lines.append(f"configuration {key}: {_short(config_a.get(key))} → {_short(config_b.get(key))}")
@@ -476,12 +486,20 @@ def _with_project(launch: dict[str, Any], config: dict[str, Any]) -> dict[str, A
     services = {n: {**x, "project": project} for n, x in (launch.get("services") or {}).items()}
     command = launch.get("command")
     if command:
-        command = {**command, "project": project, "run": (command.get("env") or {}).get("HARNESS_RUN_DIR")}
+        # A worker given a remote simulator's address ({url}): the simulator's line says it.
+        simulator = (config.get("simulator") or {}).get("url")
+        command = {
+            **command,
+            "project": project,
+            "run": (command.get("env") or {}).get("HARNESS_RUN_DIR"),
+            **({"url": simulator} if simulator else {}),
+        }
     return {"services": services, "command": command}
 
 
-#: Variables that name this run itself (its folder, its broker's address): never compared.
-_PER_RUN_VARIABLES = frozenset({"HARNESS_RUN_DIR", "HARNESS_BROKER"})
+#: Variables that name this run itself (its folder, its broker's address), or that another
+#: line compares (a remote simulator's address): never compared as variables.
+_PER_RUN_VARIABLES = frozenset({"HARNESS_RUN_DIR", "HARNESS_BROKER", "HARNESS_SIMULATOR_URL"})
 
 
 def _explained_url(key: str, moved: dict[str, set[str]]) -> bool:

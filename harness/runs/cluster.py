@@ -157,6 +157,7 @@ def run_on_cluster(
     from harness.config import load_settings
     from harness.runs.record import new_run_id, runs_dir
     from harness.runs.run import RunOutcome
+    from harness.runs.simulator import simulator_entry, simulator_impurity
     from harness.runtime.session import prepare
     from harness.store.store import Store
 
@@ -178,12 +179,17 @@ def run_on_cluster(
         state_dir=run_dir / "services",
         show_progress=show_progress,
     )
+    simulator = simulator_entry(prepared.plan.simulator)  # elsewhere: its address and identity
+    if simulator is not None:
+        prepared.impurities = sorted({*prepared.impurities, simulator_impurity(simulator)})
     store = Store.in_home(state.home)
     head = _head_closure(store, prepared, command)
     settings = _head_settings(load_settings(state.home, prepared.project.root))
     _announce(run_id, shards, target, prepared, echo)
     pushed = push_closure(store, [e["path"] for e in head.closure["store_paths"]], settings, state.home, echo)
     config = _cluster_config(run_id, started, prepared, ask, target, shards, retries, pushed, head.digest)
+    if simulator is not None:
+        config["simulator"] = simulator
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", head.closure)
     jobs = _shard_jobs(run_id, shards, prepared, ask, settings, pushed, head)

@@ -112,12 +112,15 @@ def run(
         ports=ports,
         show_progress=show_progress,
     )
+    simulator = _remote_simulator(prepared, echo)
     _announce(run_id, prepared, echo)
     store = Store.in_home(state.home)
     broker = _RunBroker(_shared_broker(state.home, prepared, shard, echo))
     what = _what_to_run(prepared, store, command, run_dir)
     run_roots = _root_closure(store, prepared, what, run_id)
-    config = _record_start(run_dir, run_id, started, command, prepared, store, what, broker, agent, sets, shard)
+    config = _record_start(
+        run_dir, run_id, started, command, prepared, store, what, broker, agent, sets, shard, simulator
+    )
     _let_sigint_interrupt()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     exit_status = 1  # if the launch check refuses, the run failed before anything started
@@ -173,6 +176,20 @@ def _announce(run_id: str, prepared: Prepared, echo: Echo) -> None:
     )
     for note in prepared.plan.notes:
         echo(f"note: {note}")
+
+
+def _remote_simulator(prepared: Prepared, echo: Echo) -> dict[str, Any] | None:
+    """The record of the benchmark's simulator when it runs elsewhere (its address and what
+    it reports itself to be, asked now), also named among the run's impurities; None when
+    it runs here. Refuses a simulator without an address or one that does not answer."""
+    from harness.runs.simulator import simulator_entry, simulator_impurity
+
+    entry = simulator_entry(prepared.plan.simulator)
+    if entry is not None:
+        prepared.impurities = sorted({*prepared.impurities, simulator_impurity(entry)})
+        reported = f", reporting {json.dumps(entry['reported'], sort_keys=True)}" if entry["reported"] else ""
+        echo(f"simulator of {entry['benchmark']}: elsewhere, at {entry['url']}{reported}")
+    return entry
 
 
 def _shared_broker(home: Path, prepared: Prepared, shard: tuple[int, int] | None, echo: Echo) -> SharedBroker | None:
@@ -235,8 +252,10 @@ def _record_start(
     agent: str | None,
     sets: tuple[str, ...],
     shard: tuple[int, int] | None,
+    simulator: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """Write the record's ``config.json`` (what was asked, planned and launched) and
+    """Write the record's ``config.json`` (what was asked, planned and launched, and the
+    simulator elsewhere, :mod:`harness.runs.simulator`) and
     ``lock.json`` (the closure) before anything starts; return the config, whose command
     launch is filled in once the broker's address is known."""
     project = prepared.project
@@ -260,6 +279,8 @@ def _record_start(
     }
     if shard is not None:
         config["shard"] = f"{shard[0]}/{shard[1]}"
+    if simulator is not None:
+        config["simulator"] = simulator
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", closure.as_json())
     return config
@@ -446,11 +467,14 @@ def _benchmark_command(prepared: Prepared, store: Store, run_dir: Path, worker_c
     from harness.runtime.launch import _expand, source_values
 
     view = weights_view_path(lock)
+    remote = prepared.plan.simulator
     values = {
         "python": str(store.root / lock.environment.store / "bin" / "python"),
         "weights": str(store.root / view) if view else "",
         "port": "0",
-        "url": "",
+        # A benchmark whose simulator runs elsewhere: its worker is the client, given the
+        # simulator's address.
+        "url": (remote.url or "") if remote is not None else "",
         "run": str(run_dir),
     }
     values.update(source_values(manifest, {i: store.root / f for i, f in enumerate(source_folders(lock))}))
@@ -464,8 +488,8 @@ def _benchmark_command(prepared: Prepared, store: Store, run_dir: Path, worker_c
 
 
 def _command_env(broker_env: dict[str, str], prepared: Prepared, run_dir: Path) -> dict[str, str]:
-    """The caller's environment plus where the broker (and its token), the run record and
-    each service are: ``HARNESS_SERVICE_<NAME>_URL`` and, for the same services,
+    """The caller's environment plus where the broker (and its token), the run record, a
+    simulator that runs elsewhere (``HARNESS_SIMULATOR_URL``) and each service are: ``HARNESS_SERVICE_<NAME>_URL`` and, for the same services,
     ``HARNESS_SERVICE_<NAME>_CLIENT``, the manifest's client table rendered as a lease
     carries it (JSON, sorted keys; ``{}`` when the manifest has none)."""
     env = dict(os.environ)
@@ -473,6 +497,8 @@ def _command_env(broker_env: dict[str, str], prepared: Prepared, run_dir: Path) 
         env.pop(key, None)  # the benchmark's own environment must not see ours
     env.update(broker_env)
     env["HARNESS_RUN_DIR"] = str(run_dir)
+    if prepared.plan.simulator is not None and prepared.plan.simulator.url:
+        env["HARNESS_SIMULATOR_URL"] = prepared.plan.simulator.url
     if prepared.skills:  # the skills on and their text: a dropped skill is absent from the prompt
         env["HARNESS_SKILLS"] = json.dumps(prepared.skills.get("text", {}), sort_keys=True)
     for placement in prepared.plan.services:

@@ -98,7 +98,7 @@ from filelock import FileLock, Timeout
 from harness.errors import HarnessError
 from harness.runtime import supervisor, watchdog
 from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta
-from harness.runtime.plan import Gpu, Plan, ServicePlacement, SimWorker
+from harness.runtime.plan import Gpu, Plan, RemoteSimulator, ServicePlacement, SimWorker
 from harness.runtime.scheduling import STATES, Action, BrokerError, GroupState, Scheduler, Start, Stop
 
 __all__ = ["STATES", "Broker", "BrokerError", "broker_address", "down", "read_state", "spawn", "status"]
@@ -1179,6 +1179,7 @@ def plan_from_json(data: Mapping[str, Any]) -> Plan:
         sim_workers=tuple(SimWorker(**w) for w in data.get("sim_workers", ())),
         gpus=tuple(Gpu(**g) for g in data.get("gpus", ())),
         notes=tuple(data.get("notes", ())),
+        simulator=RemoteSimulator(**data["simulator"]) if data.get("simulator") else None,
     )
 
 

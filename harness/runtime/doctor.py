@@ -29,8 +29,9 @@ def diagnose(
     inventory = _inventory(gpus)
     would_install = None
     skips: dict[str, str] = {}
+    simulator = None
     if agent is not None:
-        would_install, skips = _run_would_install(state, project, agent, sets, inventory, manifests)
+        would_install, skips, simulator = _run_would_install(state, project, agent, sets, inventory, manifests)
     findings = verify_store(store, check_contents=False)
     bad = [f for f in findings if f.status != "ok"]
     problems = len(bad) + sum(1 for m in manifests.values() if m["state"] == "lock stale")
@@ -40,6 +41,9 @@ def diagnose(
         "manifests": manifests,
         "run_would_install": would_install,
         "run_skips": skips,
+        # A benchmark whose simulator runs elsewhere: nothing of the simulator is installed,
+        # only its client (the benchmark's own manifest, in run_would_install when missing).
+        "run_simulator": simulator,
         "store": {
             "root": str(store.root),
             "paths": len(findings),
@@ -99,9 +103,12 @@ def _run_would_install(
     sets: tuple[str, ...],
     inventory: tuple[Gpu, ...],
     manifests: dict[str, dict[str, Any]],
-) -> tuple[list[str], dict[str, str]]:
+) -> tuple[list[str], dict[str, str], dict[str, Any] | None]:
     """What a run of ``agent`` would install (what its plan launches, and its benchmark,
-    not realized yet), and the services it skips, each with why."""
+    not realized yet: for a simulator that runs elsewhere, its client alone), the services
+    it skips, each with why, and where its simulator runs when elsewhere."""
+    from dataclasses import asdict
+
     from harness.manifests.agent import parse_override
     from harness.runtime.placement import agent_plan
 
@@ -111,4 +118,5 @@ def _run_would_install(
     launched = {p.name for p in plan.services if p.mode in ("resident", "on_demand")}
     skips = {p.name: f"{p.mode}: {p.reason}" if p.reason else p.mode for p in plan.services if p.name not in launched}
     names = sorted(launched | ({closure.benchmark} if closure.benchmark else set()))
-    return [n for n in names if manifests.get(n, {}).get("state") != "realized"], skips
+    pending = [n for n in names if manifests.get(n, {}).get("state") != "realized"]
+    return pending, skips, asdict(plan.simulator) if plan.simulator is not None else None

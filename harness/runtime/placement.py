@@ -15,6 +15,8 @@ Pure (data in, data out): no processes, no NVML, no files. The rules are the see
   worker, when a benchmark is given) is taken before any model is placed, and those GPUs
   are the simulator's: ``auto`` never places a model there, only an explicit ``gpu = N``
   shares one (that is how the seed's "No GPU for models" example keeps every model off).
+  A benchmark whose simulator runs elsewhere (``simulator = "external"``) has no workers
+  here: the plan's ``simulator`` names its address, and ``[sim]``'s GPUs stay free.
 * ``vram_gb = 0`` services are CPU only and always run; ``external`` is a URL only; ``off``
   is off.
 * A service that ``auto`` cannot place (no GPU at all, or none with room) is **off** with a
@@ -35,7 +37,7 @@ from harness.errors import InputError
 from harness.runtime.inventory import describe, visible
 from harness.runtime.launch import local_url as launch_url
 from harness.runtime.launch import render_client
-from harness.runtime.plan import Gpu, Mode, Plan, ServicePlacement, SimWorker
+from harness.runtime.plan import Gpu, Mode, Plan, RemoteSimulator, ServicePlacement, SimWorker
 
 if TYPE_CHECKING:
     from harness.manifests.agent import AgentConfig, Closure
@@ -145,10 +147,12 @@ class _Planner:
         deploy: Deploy | None,
         gpus: tuple[Gpu, ...],
         benchmark: BenchmarkManifest | None,
+        benchmark_name: str | None = None,
     ) -> None:
         self.services = services
         self.deploy = deploy
         self.benchmark = benchmark
+        self.simulator = remote_simulator(benchmark_name, benchmark, deploy)
         self.inventory = visible(gpus, deploy)
         self.free = {g.index: g.free_gb for g in self.inventory}
         self.total = {g.index: g.total_gb for g in self.inventory}
@@ -175,12 +179,27 @@ class _Planner:
             sim_workers=tuple(self.workers),
             gpus=self.inventory,
             notes=tuple(self.notes) + tuple(self.off_notes[n] for n in sorted(self.off_notes)),
+            simulator=self.simulator,
         )
 
     # -- simulator workers -----------------------------------------------------------------
 
     def place_sim_workers(self) -> None:
         sim = self.deploy.sim if self.deploy is not None else None
+        if self.simulator is not None:
+            # Its simulator runs elsewhere: no worker of it is placed here, and [sim]'s
+            # GPUs stay free for models.
+            name = self.simulator.benchmark
+            where = (
+                f"at {self.simulator.url}"
+                if self.simulator.url
+                else f"no address: the deploy's [benchmarks.{name}] url"
+            )
+            self.notes.append(
+                f"benchmark {name}: its simulator runs elsewhere ({where}); only its client runs here, "
+                "no simulator workers" + (" ([sim] is not used)" if sim is not None and sim.gpus else "")
+            )
+            return
         if sim is None or not sim.gpus:
             return
         missing = [g for g in sim.gpus if g not in self.free]
@@ -487,6 +506,18 @@ class _Planner:
         )
 
 
+def remote_simulator(
+    name: str | None, benchmark: BenchmarkManifest | None, deploy: Deploy | None
+) -> RemoteSimulator | None:
+    """Where the simulator of benchmark ``name`` runs when its manifest says ``simulator =
+    "external"`` (the deploy's ``[benchmarks.<name>] url``, None when it gives none); None for
+    a local simulator or no benchmark."""
+    if benchmark is None or not benchmark.external:
+        return None
+    entry = deploy.benchmarks.get(name) if deploy is not None and name is not None else None
+    return RemoteSimulator(name or "(benchmark)", entry.url if entry is not None else None, benchmark.identity)
+
+
 def _join(items: Iterable[object]) -> str:
     words = [str(item) for item in items]
     if len(words) <= 1:
@@ -516,19 +547,21 @@ def plan(
     gpus: tuple[Gpu, ...],
     *,
     benchmark: BenchmarkManifest | None = None,
+    benchmark_name: str | None = None,
 ) -> Plan:
     """Place ``services`` (name → manifest) on ``gpus`` as ``deploy`` says (see the module
     docstring for the rules).
 
     ``gpus`` is the machine's whole inventory (NVML or ``--gpus``); the deploy's ``gpus`` and
     ``gpu_memory_gb`` are applied here (:func:`~harness.runtime.inventory.visible`), and the
-    plan's ``gpus`` are the visible ones. ``benchmark`` sizes the simulator workers. Deploy
-    entries for services not in ``services`` are ignored (a closure plans a subset).
+    plan's ``gpus`` are the visible ones. ``benchmark`` sizes the simulator workers; one whose
+    simulator runs elsewhere has none, and the plan's ``simulator`` says where (the deploy's
+    ``[benchmarks.<benchmark_name>] url``). Deploy entries for services not in ``services`` are ignored (a closure plans a subset).
     Deterministic; raises :class:`InputError` only for an infeasible or contradictory
     deploy (explicit placement without room, a missing GPU, a swap group on two GPUs, a
     port used twice).
     """
-    return _Planner(services, deploy, tuple(gpus), benchmark).run()
+    return _Planner(services, deploy, tuple(gpus), benchmark, benchmark_name).run()
 
 
 def closure_plan(
@@ -547,7 +580,7 @@ def closure_plan(
     benchmark = None
     if closure.benchmark is not None and benchmarks is not None:
         benchmark = benchmarks.get(closure.benchmark)
-    return plan(chosen, deploy, gpus, benchmark=benchmark)
+    return plan(chosen, deploy, gpus, benchmark=benchmark, benchmark_name=closure.benchmark)
 
 
 def agent_plan(
@@ -586,5 +619,5 @@ def agent_plan(
         notes += [n for n in planned.notes if any(n.startswith(f"{p.name} is off") for p in for_room)]
     if dropped:
         kept = tuple(sorted((*planned.services, *dropped.values()), key=lambda p: p.name))
-        planned = Plan(kept, planned.sim_workers, planned.gpus, (*notes, *planned.notes))
+        planned = Plan(kept, planned.sim_workers, planned.gpus, (*notes, *planned.notes), planned.simulator)
     return closure, planned

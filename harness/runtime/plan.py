@@ -52,13 +52,26 @@ class SimWorker:
 
 
 @dataclass(frozen=True)
+class RemoteSimulator:
+    """The simulator of a benchmark whose manifest says ``simulator = "external"``: it runs
+    elsewhere, at ``url`` (the deploy's ``[benchmarks.<name>] url``; None when no deploy
+    gives one, which a run refuses). Nothing of it is placed here: only its client runs."""
+
+    benchmark: str
+    url: str | None
+    identity: str | None = None  # the URL path that reports its version and task, if any
+
+
+@dataclass(frozen=True)
 class Plan:
-    """Placement of every service of a closure, plus simulator workers."""
+    """Placement of every service of a closure, plus simulator workers (none when the
+    benchmark's simulator runs elsewhere: ``simulator`` says where)."""
 
     services: tuple[ServicePlacement, ...]
     sim_workers: tuple[SimWorker, ...] = ()
     gpus: tuple[Gpu, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)  # e.g. "sam3 is off: no GPU can hold 7.2 GB"
+    simulator: RemoteSimulator | None = None
 
     def service(self, name: str) -> ServicePlacement:
         for placement in self.services:
@@ -79,4 +92,5 @@ class Plan:
             "sim_workers": [asdict(w) for w in self.sim_workers],
             "gpus": [asdict(g) for g in self.gpus],
             "notes": list(self.notes),
+            "simulator": asdict(self.simulator) if self.simulator is not None else None,
         }

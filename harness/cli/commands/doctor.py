@@ -37,6 +37,13 @@ def command(state: State, agent: str | None, sets: tuple[str, ...], gpus_spec: s
         click.echo("a run would install: " + (", ".join(pending) if pending else "nothing (all realized)"))
         for name, why in sorted(report["run_skips"].items()):
             click.echo(f"  not installed: {name} ({why})")
+        simulator = report.get("run_simulator")
+        if simulator:
+            where = f"at {simulator['url']}" if simulator["url"] else "no deploy gives its address yet"
+            click.echo(
+                f"  not installed: the simulator of {simulator['benchmark']} (elsewhere, {where}); "
+                f"only its client, {simulator['benchmark']}, is"
+            )
     store = report["store"]
     click.echo(f"store: {store['paths']} paths, {store['problems']} problem(s) at {store['root']}")
     for line in store["details"]:

@@ -141,7 +141,9 @@ def command(
     selection = select_services(project, services, deploy, agent=agent, sets=sets, names=names, benchmark=benchmark)
     gpus = inventory(gpus_spec)
     bench = project.load_benchmarks().get(selection.benchmark) if selection.benchmark else None
-    result = plan({n: services[n] for n in selection.names}, deploy, gpus, benchmark=bench)
+    result = plan(
+        {n: services[n] for n in selection.names}, deploy, gpus, benchmark=bench, benchmark_name=selection.benchmark
+    )
     result = replace(result, notes=selection.notes + result.notes)
 
     if as_json:
