@@ -100,6 +100,17 @@ CUDA_INDEX = [
     ("torchvision", "0.22.0+cu128"),
     ("torchaudio", "2.7.0+cu128"),
 ]
+#: The other accelerator variants' indexes (smolvla: cpu, cu126, cu128; robodojo: cu126, cu128).
+VARIANT_INDEXES = {
+    "cpu": [("torch", "2.7.1+cpu"), ("torchvision", "0.22.1+cpu")],
+    "cu126": [
+        ("torch", "2.7.1+cu126"),
+        ("torchvision", "0.22.1+cu126"),
+        ("torch", "2.7.0+cu126"),
+        ("torchvision", "0.22.0+cu126"),
+        ("torchaudio", "2.7.0+cu126"),
+    ],
+}
 ISAACLAB = ["isaaclab", "isaaclab_assets", "isaaclab_contrib", "isaaclab_mimic", "isaaclab_rl", "isaaclab_tasks"]
 
 
@@ -197,10 +208,12 @@ def copy_manifests(project: Path, commits: dict[str, str]) -> None:
             path.write_text(new)
 
 
-def settings(home: Path, *, pypi: str, cuda: str, nvidia: str, hub: str, github: str) -> str:
+def settings(home: Path, *, pypi: str, cuda: str, nvidia: str, hub: str, github: str, variants: dict[str, str]) -> str:
     return f'''[indexes]
 pypi = "{pypi}"
 pytorch-cu128 = "{cuda}"
+pytorch-cpu = "{variants["cpu"]}"
+pytorch-cu126 = "{variants["cu126"]}"
 nvidia = "{nvidia}"
 
 [hubs]
@@ -233,7 +246,14 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seed]:
     for name, version in CUDA_INDEX:
         cuda.add_wheel(name, version, tag="cp310.cp311.cp312-none-manylinux_2_28_x86_64")
     nvidia.add_wheel("isaacsim", "5.1.0")
+    others = {label: LocalIndex(base / label, json_api=False) for label in VARIANT_INDEXES}
+    for label, wheels in VARIANT_INDEXES.items():
+        for name, version in wheels:
+            others[label].add_wheel(name, version, tag="cp310.cp311.cp312-none-manylinux_2_28_x86_64")
     with pytest.MonkeyPatch.context() as mp:
+        # Realized and run as the lab's CUDA 12.8 server would (robodojo has no cpu variant).
+        mp.setenv("HARNESS_CUDA_DRIVER", "12.8")
+        mp.delenv("HARNESS_VARIANT", raising=False)
         mp.setenv("GIT_CONFIG_GLOBAL", os.devnull)
         mp.setenv("GIT_CONFIG_NOSYSTEM", "1")
         for name in list(os.environ):  # nothing but the settings file may say where things are
@@ -260,7 +280,7 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seed]:
         copy_manifests(project, commits)
         (project / "weights" / "simate").mkdir(parents=True)
         (project / "weights" / "simate" / "model.safetensors").write_bytes(b"simate stand-in")
-        with default, cuda, nvidia, HubServer() as hub:
+        with default, cuda, nvidia, others["cpu"], others["cu126"], HubServer() as hub:
             hub.ms_commit("facebook/sam3", {"sam3.pt": b"sam3 stand-in", "configuration.json": b"{}"})
             hub.hf_commit("allenai/Molmo2-8B", {"config.json": b"{}", "model.safetensors": b"molmo2"})
             hub.hf_commit("OpenWAM/OpenWAM-Alpha-Sim-RoboDojo", {"config.json": b"{}", "dit.safetensors": b"wam"})
@@ -284,6 +304,7 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seed]:
                     nvidia=nvidia.url,
                     hub=hub.url,
                     github=(base / "github").as_uri(),
+                    variants={label: index.url for label, index in others.items()},
                 )
             )
             yield Seed(project, home, commits, cuda)
@@ -330,9 +351,11 @@ def test_every_shipped_manifest_locks(locked: Seed) -> None:
     ]
 
     robodojo = tomllib.loads((locked.project / "locks" / "robodojo.lock.toml").read_text())
-    packages = {p["name"]: p for p in robodojo["packages"]}
-    assert packages["isaacsim"]["index"] == "nvidia"
-    assert packages["torchaudio"]["version"] == "2.7.0+cu128"
+    packages = {(p["name"], tuple(p.get("variants", []))): p for p in robodojo["packages"]}
+    assert packages[("isaacsim", ())]["index"] == "nvidia"
+    assert packages[("torchaudio", ("cu128",))]["version"] == "2.7.0+cu128"
+    assert packages[("torchaudio", ("cu126",))]["version"] == "2.7.0+cu126"
+    assert [(t["variant"], t["cuda"]) for t in robodojo["targets"]] == [("cu126", "12.6"), ("cu128", "12.8")]
     dojo = next(s for s in robodojo["sources"] if s["name"] == "RoboDojo")
     assert [m["path"] for m in dojo["submodules"]] == ["XPolicyLab", "third_party/IsaacLab", "third_party/curobo"]
     assert dojo["links"] == {"Assets": "robodojo/Assets"}
@@ -344,6 +367,15 @@ def test_every_shipped_manifest_locks(locked: Seed) -> None:
 
     smolvla = tomllib.loads((locked.project / "locks" / "smolvla.lock.toml").read_text())
     assert {p["name"] for p in smolvla["build-packages"]} == {"editables"}  # XPolicyLab asked for it
+    # One lock, every variant: torch from each variant's index, what they share once.
+    assert [t["variant"] for t in smolvla["targets"]] == ["cpu", "cu126", "cu128"]
+    torch = {tuple(p["variants"]): (p["version"], p["index"]) for p in smolvla["packages"] if p["name"] == "torch"}
+    assert torch == {
+        ("cpu",): ("2.7.1+cpu", "pytorch-cpu"),
+        ("cu126",): ("2.7.1+cu126", "pytorch-cu126"),
+        ("cu128",): ("2.7.1+cu128", "pytorch-cu128"),
+    }
+    assert [p.get("variants") for p in smolvla["packages"] if p["name"] == "h5py"] == [None]
     text = "".join(p.read_text() for p in (locked.project / "locks").glob("*.lock.toml"))
     assert "127.0.0.1" not in text and "file://" not in text
 
@@ -354,7 +386,7 @@ def test_every_shipped_manifest_realizes_and_runs_from_the_store(locked: Seed) -
     store = Store.in_home(locked.home)
     for name, imports in {
         "openwam": "import torch, openwam; assert torch.__version__ == '2.7.1+cu128'",
-        "smolvla": "import lerobot, xpolicylab, h5py",
+        "smolvla": "import lerobot, xpolicylab, h5py, torch; assert torch.__version__ == '2.7.1+cu128'",
         "robodojo": "import src.eval_client.main, xpolicylab, isaaclab_tasks, nvidia_curobo, isaacsim, torchaudio",
         "sam3": "import sam3, timm",
         "molmo2": "import molmo_utils, decord2",

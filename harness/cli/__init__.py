@@ -85,6 +85,21 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
 
+def _variant_from_deploy(path: Path | None) -> None:
+    """The deploy's ``variant`` key, as ``HARNESS_VARIANT`` (module doc of lock/variants.py).
+    A deploy that cannot be read is left to the command, which reports it by file and key."""
+    if path is None:
+        return
+    try:
+        import tomllib
+
+        value = tomllib.loads(path.read_text(encoding="utf-8")).get("variant")
+    except (OSError, ValueError):
+        return
+    if isinstance(value, str) and value:
+        os.environ["HARNESS_VARIANT"] = value
+
+
 class State:
     """Global options, resolved lazily so commands that need no project don't look for one."""
 
@@ -124,14 +139,24 @@ class State:
 @click.option("--home", metavar="DIR", help="Store and state folder [env HARNESS_HOME; default ~/.cache/harness].")
 @click.option("--deploy", metavar="PATH", help="Deploy file for this machine [env HARNESS_DEPLOY].")
 @click.option("--project", metavar="DIR", help="Project folder [default: nearest folder holding services/].")
+@click.option(
+    "--variant",
+    metavar="NAME",
+    help="Accelerator variant of locks that have them (cpu, cu128) [env HARNESS_VARIANT; default: the deploy's "
+    "variant, else what this machine's driver runs].",
+)
 @click.pass_context
-def cli(ctx: click.Context, home: str | None, deploy: str | None, project: str | None) -> None:
+def cli(ctx: click.Context, home: str | None, deploy: str | None, project: str | None, variant: str | None) -> None:
     """harness: lock, realize and run model services reproducibly.
 
     \b
     services/*.toml --lock--> locks/ --realize--> store --launch--> run record
     """
     ctx.obj = State(home, deploy, project)
+    if variant:  # read where every lock is (lock/variants.py), and inherited by services and shards
+        os.environ["HARNESS_VARIANT"] = variant
+    elif ctx.invoked_subcommand is not None and not os.environ.get("HARNESS_VARIANT"):
+        _variant_from_deploy(ctx.obj.deploy_path)
     if ctx.invoked_subcommand is not None:
         # A home shared by a group (``store init --group``: its store is setgid) must stay
         # usable by the group whatever this member's umask. One stat; an import only there.

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from harness.errors import HarnessError
 from harness.lock.digest import accepted_digests
 from harness.lock.lockfile import lock_path, read
+from harness.lock.projection import platforms_of
 from harness.manifests.project import Project
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def check_locks(
 
 def _platform_missing(lock: Lock, platform: str) -> str | None:
     """Why ``lock`` is stale for ``platform`` (uv's canonical spelling): it was not made for it."""
-    locked = [t.platform for t in lock.targets] or [lock.python.platform]
+    locked = platforms_of(lock)
     if platform in locked:
         return None
     return f"not locked for {platform} (locked for {', '.join(locked)})"
@@ -97,7 +98,7 @@ def _sdists_unlocked(lock: Lock) -> str | None:
     if lock.targets:
         from harness.lock.platforms import for_platform
 
-        written = [(t.environment, for_platform(lock, t.platform)) for t in lock.targets]
+        written = [(t.environment, for_platform(lock, t.platform, t.variant)) for t in lock.targets]
     else:
         written = [(lock.environment.store, lock)]
     for environment, one in written:
@@ -120,7 +121,7 @@ def _settings_changed(manifest: ServiceManifest | BenchmarkManifest, lock: Lock,
             wanted = lock_targets(settings, LockOptions())
         except HarnessError as exc:
             return f"platforms: {exc.message}"
-        locked = [t.platform for t in lock.targets] or [lock.python.platform]
+        locked = platforms_of(lock)
         if locked != wanted:
             return (
                 f"platforms changed: locked for {', '.join(locked)}; "

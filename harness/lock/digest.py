@@ -25,7 +25,7 @@ LEGACY_SCHEME = "harness-manifest-v1"
 LOCK_SHAPING_KEYS = ("environment", "weights")
 #: Keys added to a lock-shaping table after this scheme, with the value that leaves them out
 #: of the digest: a manifest that does not use them keeps the digest its lock recorded.
-ADDED_LATER: dict[str, dict[str, object]] = {"environment": {"no-build-isolation": []}}
+ADDED_LATER: dict[str, dict[str, object]] = {"environment": {"no-build-isolation": [], "variants": {}}}
 
 
 def manifest_digest(manifest: BaseModel) -> str:

@@ -95,6 +95,11 @@ class LockedPackage(Strict):
         default_factory=list,
         description="In a lock for several platforms: the platforms this pin is for (empty: every one).",
     )
+    #: In a lock of accelerator variants: the variants this pin is for (empty: every one).
+    variants: list[str] = Field(
+        default_factory=list,
+        description="In a lock of accelerator variants: the variants this pin is for (empty: every one).",
+    )
     wheels: list[LockedFile] = Field(default_factory=list, description="The wheels that fit the target platform(s).")
     sdist: LockedFile | None = Field(
         default=None, description="The source distribution, recorded only when no wheel fits; realize builds it."
@@ -225,6 +230,10 @@ class LockedTarget(Strict):
     source: Literal["uv-managed", "host"] = Field(description="Where its interpreter comes from, as python.source.")
     python: StorePath = Field(default="", description="The store path of its interpreter.")
     environment: StorePath = Field(default="", description="The store path of its environment.")
+    variant: str = Field(default="", description="The manifest's accelerator variant it is (empty: no variants).")
+    cuda: str | None = Field(
+        default=None, description="The CUDA version the driver must support to run the variant (none: anywhere)."
+    )
 
 
 class LockedEnvironment(Strict):
@@ -251,6 +260,14 @@ class Lock(Strict):
     )
     uv: str = Field(description="The version of uv that resolved it.")
     python: LockedInterpreter = Field(description="The interpreter.")
+    variant: str = Field(
+        default="",
+        description="A manifest with accelerator variants: the variant this lock is (for several targets: the "
+        "first's); empty without variants.",
+    )
+    cuda: str | None = Field(
+        default=None, description="The CUDA version the driver must support to run the variant (none: anywhere)."
+    )
     environment: LockedEnvironment = Field(default_factory=LockedEnvironment, description="The environment.")
     #: Several platforms in one lock: one entry each, in ``[lock] platforms`` order; empty for a
     #: lock of one platform. ``python`` and ``environment`` then describe the first, and

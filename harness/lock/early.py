@@ -69,7 +69,9 @@ def _prestart(home: Path, project: Project, names: list[str], options: LockOptio
             environment = _bounded(files[name]).get("environment")
         except (OSError, ValueError, InputError):
             continue  # the project's validation reports it, naming the file and the key
-        if not isinstance(environment, dict) or environment.get("sources") or environment.get("package-index"):
+        if not isinstance(environment, dict) or any(
+            environment.get(key) for key in ("sources", "package-index", "variants")
+        ):
             continue
         request = environment.get("python")
         requirements = environment.get("requirements", [])

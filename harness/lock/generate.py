@@ -213,12 +213,17 @@ def _lock_manifest(
             # With the exact version known up front, resolve while uv lists interpreters (the
             # listing only says where the interpreter comes from, and checks that it exists).
             guesses = _known_interpreters(version.exact, targets) if version.exact is not None else side.interpreters()
-            resolved = _resolve_all(run, environment, guesses, sources, pool)
+            # Each accelerator variant is resolved as an environment of its own (its platforms
+            # side by side), in the manifest's order.
+            variants = {v: environment.for_variant(v) for v in environment.variants} or {"": environment}
+            runs = {v: dataclasses.replace(run, variant=v) for v in variants}
+            by_variant = {v: _resolve_all(runs[v], env, guesses, sources, pool) for v, env in variants.items()}
         interpreters = side.interpreters()
         redo = _guessed_wrong(interpreters, guesses)
-        if redo:
-            resolved.update(_resolve_all(run, environment, redo, sources, pool))
-        resolved = _with_sdist_builds(run, environment, interpreters, sources, resolved, Path(scratch))
+        for v, env in variants.items():
+            if redo:
+                by_variant[v].update(_resolve_all(runs[v], env, redo, sources, pool))
+            by_variant[v] = _with_sdist_builds(runs[v], env, interpreters, sources, by_variant[v], Path(scratch))
         weights = side.weight_sets()
         uv = side.uv.result()
 
@@ -230,10 +235,12 @@ def _lock_manifest(
             uv=uv,
             interpreter=interpreters[t],
             pins=sources.pins,
-            resolution=resolved[t],
+            resolution=by_variant[v][t],
             weights=weights,
+            variant=v,
         )
         for t in targets
+        for v in variants
     ]
     return merge(locks)
 
@@ -248,6 +255,8 @@ class _Locking:
     cache_dir: Path
     options: LockOptions
     previous: Lock | None
+    #: The accelerator variant being resolved ("" without variants): its previous pins are preferences.
+    variant: str = ""
 
 
 class _PythonVersion(NamedTuple):
@@ -399,8 +408,10 @@ def _single_lock(
     pins: list[GitSource],
     resolution: _Resolution,
     weights: list[WeightSet],
+    variant: str = "",
 ) -> Lock:
-    """The lock of one platform, store paths filled in."""
+    """The lock of one platform (of one accelerator variant, for a manifest with variants),
+    store paths filled in."""
     isolated = set(manifest.environment.no_build_isolation)
 
     def package(p: Package) -> LockedPackage:
@@ -415,6 +426,8 @@ def _single_lock(
         manifest=f"{'services' if kind == 'service' else 'benchmarks'}/{name}.toml",
         manifest_digest=manifest_digest(manifest),
         uv=uv,
+        variant=variant,
+        cuda=manifest.environment.variants[variant].cuda if variant else None,
         python=LockedInterpreter(
             implementation=interpreter.implementation,
             version=interpreter.version,
@@ -561,7 +574,7 @@ def _resolve_all(
 
     jobs: dict[str, tuple[Future[list[Package]], Future[list[Package]] | None]] = {}
     for target, interpreter in interpreters.items():
-        before = _previous_for(run.previous, target, run.options)
+        before = _previous_for(run, target)
         resolve = _resolver(run, environment, interpreter)
         requirements = [
             *environment.requirements,
@@ -677,7 +690,7 @@ def _with_environment_builds(
         if not missing:
             return packages
         added += missing
-        before = _previous_for(run.previous, target, run.options)
+        before = _previous_for(run, target)
         requirements = [
             *environment.requirements,
             *_not_named([*sources.environment_requirements, *added], environment.requirements),
@@ -717,7 +730,7 @@ def _isolated_builds(
     sdist's wheel is named by exactly what its build reads. Sdists asking for the same
     requirements share one resolution."""
     against = set(environment.no_build_isolation)
-    before = _previous_for(run.previous, target, run.options)
+    before = _previous_for(run, target)
     sets: dict[tuple[str, ...], list[Package]] = {}
     if sources.build_requirements:
         sets[tuple(sorted(set(sources.build_requirements)))] = resolution.build_packages
@@ -781,18 +794,24 @@ def _previous_build_pins(before: Lock | None, package: Package) -> list[Package]
     return _to_pins(list({p.name: p for p in chosen}.values()))
 
 
-def _previous_for(previous: Lock | None, target: str, options: LockOptions) -> Lock | None:
-    """The previous lock's pins for ``target`` (its own platform's, else its first's), as
-    preferences; None when upgrading everything."""
-    if previous is None or options.upgrade:
+def _previous_for(run: _Locking, target: str) -> Lock | None:
+    """The previous lock's pins for ``target`` (its own platform's, else its first's; of the
+    variant being resolved, else the first variant), as preferences; None when upgrading
+    everything."""
+    previous = run.previous
+    if previous is None or run.options.upgrade:
         return None
     if not previous.targets:
         return previous
     from harness.lock.platforms import for_platform, platforms_of
+    from harness.lock.projection import variants_of
 
     held = platforms_of(previous)
+    platform = target if target in held else held[0]
+    variants = [name for name, _ in variants_of(previous, platform)]
+    variant = run.variant if run.variant in variants else (variants[0] if variants else "")
     try:
-        return for_platform(previous, target if target in held else held[0])
+        return for_platform(previous, platform, variant)
     except HarnessError:
         return None
 

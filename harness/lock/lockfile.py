@@ -40,6 +40,10 @@ def dumps(lock: Lock) -> str:
         ("uv", lock.uv),
     ):
         lines.append(tomltext.assignment(name, item))
+    if lock.variant:  # only in a lock of accelerator variants: every other lock keeps its bytes
+        lines.append(tomltext.assignment("variant", lock.variant))
+        if lock.cuda is not None:
+            lines.append(tomltext.assignment("cuda", lock.cuda))
     lines.append("")
 
     def table(header: str, fields: list[tuple[str, str]]) -> None:
@@ -58,14 +62,19 @@ def dumps(lock: Lock) -> str:
     )
     table("[environment]", plain([("store", lock.environment.store)]))
     for target in lock.targets:
-        table("[[targets]]", plain([(k, getattr(target, k)) for k in ("platform", "source", "python", "environment")]))
+        keys = ["platform", "source", "python", "environment"]
+        keys += ["variant"] if target.variant else []
+        keys += ["cuda"] if target.cuda is not None else []
+        table("[[targets]]", plain([(k, getattr(target, k)) for k in keys]))
     for name, packages in (("packages", lock.packages), ("build-packages", lock.build_packages)):
-        for package in sorted(packages, key=lambda p: (p.name, p.version, p.marker, p.platforms)):
+        for package in sorted(packages, key=lambda p: (p.name, p.version, p.marker, p.platforms, p.variants)):
             fields = plain([("name", package.name), ("version", package.version), ("index", package.index)])
             if package.marker:
                 fields += plain([("marker", package.marker)])
             if package.platforms:
                 fields += plain([("platforms", list(package.platforms))])
+            if package.variants:
+                fields += plain([("variants", list(package.variants))])
             if not package.build_isolation:
                 fields += plain([("build-isolation", False)])
             if package.build_requires:
@@ -123,7 +132,7 @@ def read(path: Path, *, whole: bool = False) -> Lock:
     from harness.manifests.loading import load_model
 
     lock = load_model(Lock, path)
-    if whole or not lock.targets:
+    if whole or not (lock.targets or lock.variant):
         return lock
     from harness.lock.platforms import for_host
 

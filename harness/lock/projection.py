@@ -12,25 +12,38 @@ from harness.lock.document import Lock, LockedPackage
 
 
 def platforms_of(lock: Lock) -> list[str]:
-    """The platforms a lock holds, in order."""
-    return [t.platform for t in lock.targets] or [lock.python.platform]
+    """The platforms a lock holds, in order (each once, however many variants it has)."""
+    return list(dict.fromkeys(t.platform for t in lock.targets)) or [lock.python.platform]
 
 
-def project_platform(lock: Lock, platform: str) -> Lock:
-    """The packages of ``lock`` (one of whose targets is ``platform``) that ``platform`` takes,
-    with the wheels that fit it (the sdist only where none does), as a single-platform lock
-    whose store paths are not yet assigned (:func:`harness.lock.storepaths.assign_store_paths`
-    does that; :func:`harness.lock.platforms.for_platform` is both). Pure."""
+def variants_of(lock: Lock, platform: str) -> list[tuple[str, str | None]]:
+    """The accelerator variants ``lock`` holds for ``platform``, in order, each with the CUDA
+    version it needs (None: it runs anywhere); [] for a lock without variants."""
+    if not lock.targets:
+        return [(lock.variant, lock.cuda)] if lock.variant else []
+    return [(t.variant, t.cuda) for t in lock.targets if t.platform == platform and t.variant]
+
+
+def project_platform(lock: Lock, platform: str, variant: str = "") -> Lock:
+    """The packages of ``lock`` (one of whose targets is ``platform``, of ``variant`` in a lock
+    of accelerator variants) that the target takes, with the wheels that fit it (the sdist only
+    where none does), as a single-target lock whose store paths are not yet assigned
+    (:func:`harness.lock.storepaths.assign_store_paths` does that;
+    :func:`harness.lock.platforms.for_platform` is both). Pure."""
     from harness.resolve.interpreter import target_tags
     from harness.resolve.python import wheel_fits
 
     if not lock.targets:
         if platform != lock.python.platform:
             raise HarnessError(f"lock {lock.name} holds {lock.python.platform} only, not {platform}")
+        if variant and variant != lock.variant:
+            raise HarnessError(f"lock {lock.name} holds variant {lock.variant or '(none)'} only, not {variant}")
         return lock
-    target = next((t for t in lock.targets if t.platform == platform), None)
+    target = next((t for t in lock.targets if t.platform == platform and t.variant == variant), None)
     if target is None:
-        raise HarnessError(f"lock {lock.name} holds {', '.join(platforms_of(lock))}, not {platform}")
+        held = ", ".join(f"{t.platform}{f' ({t.variant})' if t.variant else ''}" for t in lock.targets)
+        wanted = f"{platform}{f' ({variant})' if variant else ''}"
+        raise HarnessError(f"lock {lock.name} holds {held}, not {wanted}")
     tags = target_tags(lock.python.version, platform)
 
     def keep(packages: list[LockedPackage]) -> list[LockedPackage]:
@@ -38,12 +51,15 @@ def project_platform(lock: Lock, platform: str) -> Lock:
         for package in packages:
             if package.platforms and platform not in package.platforms:
                 continue
+            if package.variants and variant not in package.variants:
+                continue
             wheels = [w for w in package.wheels if wheel_fits(w.file, tags)]
             # A wheel fits: nothing is built, so no build set (as locking this platform alone writes).
             out.append(
                 package.model_copy(
                     update={
                         "platforms": [],
+                        "variants": [],
                         "wheels": wheels,
                         "sdist": None if wheels else package.sdist,
                         "build_requires": [] if wheels else package.build_requires,
@@ -56,6 +72,8 @@ def project_platform(lock: Lock, platform: str) -> Lock:
         update={
             "targets": [],
             "python": lock.python.model_copy(update={"platform": platform, "source": target.source}),
+            "variant": target.variant,
+            "cuda": target.cuda,
             "packages": keep(lock.packages),
             "build_packages": keep(lock.build_packages),
         }

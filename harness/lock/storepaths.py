@@ -119,7 +119,7 @@ def assign_store_paths(lock: Lock) -> Lock:
     Pure and deterministic; packages, wheels and weight files come out sorted, so the lock
     in memory equals the lock read back from its file.
     """
-    order = lambda p: (p.name, p.version, p.marker, p.platforms)  # noqa: E731
+    order = lambda p: (p.name, p.version, p.marker, p.platforms, p.variants)  # noqa: E731
     packages = [_with_file_paths(p) for p in sorted(lock.packages, key=order)]
     build_packages = [_with_file_paths(p) for p in sorted(lock.build_packages, key=order)]
     sources = [s.model_copy(update={"store": source_path(s)}) for s in lock.sources]
@@ -138,7 +138,7 @@ def assign_store_paths(lock: Lock) -> Lock:
         )
         targets = []
         for target in lock.targets:
-            alone = assign_store_paths(project_platform(common, target.platform))
+            alone = assign_store_paths(project_platform(common, target.platform, target.variant))
             targets.append(
                 target.model_copy(update={"python": alone.python.store, "environment": alone.environment.store})
             )
@@ -146,6 +146,8 @@ def assign_store_paths(lock: Lock) -> Lock:
         return common.model_copy(
             update={
                 "targets": targets,
+                "variant": first.variant,
+                "cuda": first.cuda,
                 "python": lock.python.model_copy(
                     update={"platform": first.platform, "source": first.source, "store": first.python}
                 ),

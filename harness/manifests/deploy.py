@@ -148,6 +148,11 @@ class Deploy(Strict):
         description="The project's share of each GPU in GB: total and free memory are capped at it when planning "
         "(as measured, when unset).",
     )
+    variant: str | None = Field(
+        default=None,
+        description="The accelerator variant of every lock that has variants (cpu, cu128) this machine runs, "
+        "instead of what its driver supports (--variant and HARNESS_VARIANT come first).",
+    )
     sim: Sim | None = Field(default=None, description="Simulator workers of harness run.")
     broker: BrokerDeploy | None = Field(default=None, description="Limits of the broker.")
     services: dict[str, ServiceDeploy] = Field(

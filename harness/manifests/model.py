@@ -233,6 +233,52 @@ class Source(Strict):
         return re.sub(r"[^A-Za-z0-9._-]", "-", tail)
 
 
+class Variant(Strict):
+    """One accelerator variant of an environment (``[environment.variants.<name>]``): the
+    per-package indexes and extra requirements that make it, and the CUDA version the
+    machine's driver must support to run it (none: it runs anywhere, as a cpu build does)."""
+
+    cuda: str | None = Field(
+        default=None,
+        description="The CUDA version (12.6) the NVIDIA driver must support to run this variant; leave it out for "
+        "one that runs without a GPU (cpu). Realize picks, on a machine with a GPU, the variant with the newest "
+        "CUDA its driver supports; without one, a variant without cuda.",
+    )
+    indexes: list[str] = Field(
+        default_factory=list,
+        description="Extra indexes by name for this variant, consulted before the environment's own.",
+    )
+    package_index: dict[str, str] = Field(
+        default_factory=dict,
+        alias="package-index",
+        description="Package name = index name for this variant (torch = pytorch-cu128), over the environment's.",
+    )
+    requirements: list[str] = Field(
+        default_factory=list,
+        description="Requirements this variant adds to the environment's (PEP 508, no URLs).",
+    )
+    model_config = Strict.model_config | {"populate_by_name": True}
+
+    @field_validator("cuda")
+    @classmethod
+    def _cuda(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"\d{1,3}\.\d{1,3}", value):
+            raise ValueError(f"cuda must be a CUDA version like '12.8', got {value!r}")
+        return value
+
+    @field_validator("indexes")
+    @classmethod
+    def _indexes(cls, values: list[str]) -> list[str]:
+        for value in values:
+            _index_name(value)
+        return values
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements(cls, values: list[str]) -> list[str]:
+        return _checked_requirements(values)
+
+
 class Environment(Strict):
     """Where a service or benchmark runs: a Python version, pinned requirements, sources."""
 
@@ -271,7 +317,47 @@ class Environment(Strict):
         "installed torch (flash-attn). Their backends' build requirements are locked into the environment.",
     )
 
+    variants: dict[str, Variant] = Field(
+        default_factory=dict,
+        description="Accelerator variants (cpu, cu126, cu128), each a table of its own: one lock holds every "
+        "variant's pins and store paths, and realize picks the one this machine's driver runs (or the one "
+        "--variant, the deploy's variant or HARNESS_VARIANT names).",
+    )
+
     model_config = Strict.model_config | {"populate_by_name": True}
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, values: dict[str, Variant]) -> dict[str, Variant]:
+        for name in values:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_]{0,31}", name):
+                raise ValueError(
+                    f"variants: {name!r} must be a short name (lowercase letters, digits, '_'; e.g. cpu, cu128)"
+                )
+        return values
+
+    @model_validator(mode="after")
+    def _variants_apart(self) -> Environment:
+        for name in self.variants:  # each variant's environment must hold as a manifest's would
+            merged = self.for_variant(name)
+            _checked_requirements(merged.requirements)
+            both = sorted(set(merged.package_index.values()) & set(merged.indexes))
+            if both:
+                raise ValueError(f"variants.{name}: index {both[0]!r} is in both indexes and package-index")
+        return self
+
+    def for_variant(self, name: str) -> Environment:
+        """The environment as variant ``name`` makes it: its indexes first, its package
+        indexes over the environment's, its requirements added; no variants of its own."""
+        variant = self.variants[name]
+        return self.model_copy(
+            update={
+                "indexes": [*variant.indexes, *(i for i in self.indexes if i not in variant.indexes)],
+                "package_index": {**self.package_index, **variant.package_index},
+                "requirements": [*self.requirements, *variant.requirements],
+                "variants": {},
+            }
+        )
 
     @field_validator("no_build_isolation")
     @classmethod
@@ -295,22 +381,7 @@ class Environment(Strict):
     @field_validator("requirements")
     @classmethod
     def _requirements(cls, values: list[str]) -> list[str]:
-        seen: dict[str, str] = {}
-        for value in values:
-            try:
-                requirement = Requirement(value)
-            except InvalidRequirement as exc:
-                raise ValueError(f"invalid requirement {value!r}: {exc}") from None
-            if requirement.url:
-                raise ValueError(
-                    f"requirement {value!r} names a URL; use [[environment.sources]] for git "
-                    "repositories and named indexes for other packages"
-                )
-            key = re.sub(r"[-_.]+", "-", requirement.name).lower()
-            if key in seen and not requirement.marker:
-                raise ValueError(f"requirement {requirement.name!r} is listed twice")
-            seen[key] = value
-        return values
+        return _checked_requirements(values)
 
     @field_validator("indexes")
     @classmethod
@@ -360,7 +431,28 @@ class Environment(Strict):
 
 
 #: Environment keys dropped from the canonical form while unset (see Environment._dump).
-_ENVIRONMENT_OPTIONAL = ("package-index", "package_index")
+def _checked_requirements(values: list[str]) -> list[str]:
+    """``values`` when each is a PEP 508 requirement without a URL, a package listed once
+    (again only with a marker); a ValueError naming the first that is not."""
+    seen: dict[str, str] = {}
+    for value in values:
+        try:
+            requirement = Requirement(value)
+        except InvalidRequirement as exc:
+            raise ValueError(f"invalid requirement {value!r}: {exc}") from None
+        if requirement.url:
+            raise ValueError(
+                f"requirement {value!r} names a URL; use [[environment.sources]] for git "
+                "repositories and named indexes for other packages"
+            )
+        key = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        if key in seen and not requirement.marker:
+            raise ValueError(f"requirement {requirement.name!r} is listed twice")
+        seen[key] = value
+    return values
+
+
+_ENVIRONMENT_OPTIONAL = ("package-index", "package_index", "variants")
 
 
 def _index_name(value: str) -> str:

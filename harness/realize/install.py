@@ -371,6 +371,10 @@ class _Stamp:
                 return None
             data = path.read_bytes()
             add("lock", name, hashlib.sha256(data).hexdigest())
+            if b"\nvariant = " in data:  # which variant this machine takes is an input too
+                from harness.lock.variants import driver_cuda, forced_variant
+
+                add("variant", name, forced_variant(), driver_cuda())
             for weights in loads_bounded(data.decode("utf-8"), str(path)).get("weights", []):
                 if weights.get("provider") == "path":
                     for label, st in tree_stats(

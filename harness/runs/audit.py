@@ -399,6 +399,9 @@ def _reset_counts(run_dir: Path) -> dict[str, int]:
 def _lock_diff(name: str, la: dict[str, Any], lb: dict[str, Any]) -> list[str]:
     """What differs in one manifest's locked inputs (``lock.json``'s ``locks.<name>``)."""
     lines: list[str] = []
+    if la.get("variant") != lb.get("variant"):  # the packages it changed follow
+        why = f" ({lb['variant_reason']})" if lb.get("variant_reason") else ""
+        lines.append(f"{name}: variant {la.get('variant') or '(none)'} → {lb.get('variant') or '(none)'}{why}")
     if la.get("python") != lb.get("python"):
         lines.append(f"{name}: python {la.get('python')} → {lb.get('python')}")
     if la.get("interpreter") != lb.get("interpreter"):

@@ -131,6 +131,7 @@ def closure_of(
     an impurity).
     """
     from harness.lock.storepaths import interpreter_path
+    from harness.lock.variants import variant_reason
     from harness.realize.builder import lock_objects
     from harness.store.hashing import file_blake3, file_sha256
 
@@ -175,6 +176,12 @@ def closure_of(
             },
             "weights": {w.dir: {f.path: f.sha256 for f in w.files} for w in lock.weights},
             "code": (code or {}).get(name),
+            # A lock of accelerator variants: the one this machine took, and why (lock/variants.py).
+            **(
+                {"variant": lock.variant, "variant_reason": variant_reason(lock.variant, lock.cuda)}
+                if lock.variant
+                else {}
+            ),
         }
     for file in service_files:
         closure.project_files[str(file.relative_to(project_root))] = "sha256:" + file_sha256(file)

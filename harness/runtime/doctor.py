@@ -80,6 +80,11 @@ def _manifest_states(state: ProjectState, project: Project, store: Store) -> dic
             "state": "realized" if not absent else "not realized",
             "detail": here.environment.store if not absent else f"{len(absent)} store paths to build",
         }
+        if lock.variant:  # a lock of accelerator variants: the one this machine takes, and why
+            from harness.lock.variants import variant_reason
+
+            manifests[name]["variant"] = lock.variant
+            manifests[name]["detail"] += f"; variant {lock.variant}: {variant_reason(lock.variant, lock.cuda)}"
     return manifests
 
 

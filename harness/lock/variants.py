@@ -1,0 +1,141 @@
+"""Which accelerator variant of a lock this machine runs (a manifest's ``[environment.variants]``).
+
+A lab runs one service on a laptop without a GPU, a server whose driver supports CUDA 12.6 and
+a newer one on 12.8; one lock holds every variant (``harness/lock/platforms.py``) and each
+machine realizes and runs the one it can:
+
+* forced: ``--variant`` (the CLI sets ``HARNESS_VARIANT``), else the deploy's ``variant`` key
+  (also through ``HARNESS_VARIANT``), names one; a name the lock lacks is an error listing them;
+* else, with an NVIDIA driver: the variant whose ``cuda`` is the newest the driver supports
+  (NVML's driver CUDA version: what the driver can run, not what is installed);
+* else (no driver, no GPU): a variant without ``cuda`` (cpu);
+* none fits: an error naming what each variant needs and what this machine has.
+
+:func:`choose_variant` is pure; :func:`driver_cuda` is the one look at the machine (NVML, or
+``HARNESS_CUDA_DRIVER``, which says what the driver supports: ``12.6``, or ``none``; tests and a
+user planning for another machine set it). It never raises: no driver is a normal machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+from harness.errors import HarnessError, InputError
+
+#: Names a variant to use instead of the machine's choice (``--variant`` and a deploy's
+#: ``variant`` set it).
+VARIANT_VARIABLE = "HARNESS_VARIANT"
+#: What the NVIDIA driver supports, instead of asking NVML: ``12.8``, or ``none``.
+DRIVER_VARIABLE = "HARNESS_CUDA_DRIVER"
+
+
+class Choice(NamedTuple):
+    """The variant chosen and why, in words a run record and ``plan`` show."""
+
+    variant: str
+    reason: str
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def choose_variant(
+    variants: list[tuple[str, str | None]], *, driver: str | None, forced: str | None = None, what: str = "the lock"
+) -> Choice:
+    """The variant of ``variants`` (name, CUDA version it needs or None) a machine whose driver
+    supports CUDA ``driver`` (None: no NVIDIA driver) runs, or the ``forced`` one (module doc).
+    Pure. InputError for a forced name ``what`` lacks; HarnessError when none can run here."""
+    names = [name for name, _ in variants]
+    if forced:
+        if forced not in names:
+            raise InputError(
+                f"{what} has no variant {forced!r} ({VARIANT_VARIABLE}, --variant or the deploy's variant); "
+                f"it has {', '.join(names)}"
+            )
+        return Choice(forced, f"named by {VARIANT_VARIABLE} (--variant or the deploy's variant)")
+    anywhere = [name for name, cuda in variants if cuda is None]
+    if driver is None:
+        if anywhere:
+            return Choice(anywhere[0], "no NVIDIA driver here: the variant that needs no CUDA")
+        raise HarnessError(
+            f"{what} cannot run here: no NVIDIA driver, and every variant needs one ("
+            + ", ".join(f"{name}: CUDA {cuda}" for name, cuda in variants)
+            + ")",
+            hint=f"run it on a machine with a GPU, or add a variant without cuda; {DRIVER_VARIABLE} says "
+            "what a driver supports when planning for another machine",
+        )
+    runnable = [(name, cuda) for name, cuda in variants if cuda is not None and _version(cuda) <= _version(driver)]
+    if runnable:
+        name, cuda = max(runnable, key=lambda item: _version(item[1] or "0"))
+        return Choice(name, f"the NVIDIA driver supports CUDA {driver}: {name} (CUDA {cuda}) is the newest it runs")
+    if anywhere:
+        return Choice(
+            anywhere[0],
+            f"the NVIDIA driver supports CUDA {driver}, older than every CUDA variant: the one that needs none",
+        )
+    raise HarnessError(
+        f"{what} cannot run here: the NVIDIA driver supports CUDA {driver}, and its variants need "
+        + ", ".join(f"{name}: CUDA {cuda}" for name, cuda in variants),
+        hint="update the driver, or add a variant for an older CUDA",
+    )
+
+
+def variant_reason(variant: str, cuda: str | None) -> str:
+    """Why this machine takes ``variant`` (needing CUDA ``cuda``, or None) of a lock, as
+    :func:`choose_variant` chose it here: for a run record, ``plan`` and ``doctor``."""
+    if forced_variant() == variant:
+        return f"named by {VARIANT_VARIABLE} (--variant or the deploy's variant)"
+    driver = driver_cuda()
+    if driver is None:
+        return "no NVIDIA driver here: the variant that needs no CUDA"
+    if cuda is None:
+        return f"the NVIDIA driver supports CUDA {driver}, older than every CUDA variant: the one that needs none"
+    return f"the NVIDIA driver supports CUDA {driver}: {variant} (CUDA {cuda}) is the newest it runs"
+
+
+def forced_variant() -> str | None:
+    """The variant ``HARNESS_VARIANT`` names, if any."""
+    return os.environ.get(VARIANT_VARIABLE) or None
+
+
+def driver_cuda() -> str | None:
+    """The CUDA version this machine's NVIDIA driver supports (``12.8``), None without a
+    driver or GPU: ``HARNESS_CUDA_DRIVER`` when set (``none`` for none), else NVML."""
+    given = os.environ.get(DRIVER_VARIABLE)
+    if given is not None:
+        given = given.strip().lower()
+        if given in ("", "none"):
+            return None
+        try:
+            _version(given)
+        except ValueError:
+            raise InputError(f"{DRIVER_VARIABLE}={given!r}: expected a CUDA version like 12.8, or none") from None
+        return given
+    return _nvml_driver_cuda()
+
+
+@functools.lru_cache(maxsize=1)
+def _nvml_driver_cuda() -> str | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver: a machine without a GPU
+        return None
+    try:
+        if pynvml.nvmlDeviceGetCount() == 0:
+            return None
+        version = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+        return f"{version // 1000}.{(version % 1000) // 10}"
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
