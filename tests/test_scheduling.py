@@ -363,3 +363,25 @@ def test_random_callers_never_see_two_members_loaded_and_nobody_starves(seed: in
     for name in names:
         granted = [t.lease.granted for t in tickets if t.service == name and t.lease is not None]
         assert granted == sorted(granted), f"callers of {name} were admitted out of order"
+
+
+def test_a_reset_is_judged_by_the_incarnation_not_the_brokers_fresh_flag() -> None:
+    """In a broker several runs share, another run's client of the same id may have been
+    served by this incarnation already (``fresh`` false): this run's client lost its memory
+    all the same."""
+    from harness.runtime.scheduling import ResetTracker
+
+    tracker = ResetTracker()
+    lease = {"service": "policy", "scoped": True, "lease": "a", "incarnation": 1, "fresh": True}
+    assert tracker.observe(lease, "agent", 1.0) is None, "a first lease loses nothing"
+    assert tracker.observe({**lease, "lease": "b", "fresh": False}, "agent", 2.0) is None
+    reset = tracker.observe({**lease, "lease": "c", "incarnation": 2, "fresh": False}, "agent", 3.0)
+    assert reset == {
+        "service": "policy",
+        "at": 3.0,
+        "client": "agent",
+        "lease": "c",
+        "incarnation": 2,
+        "previous_incarnation": 1,
+    }
+    assert tracker.observe({**lease, "scoped": False, "incarnation": 5}, "agent", 4.0) is None, "not scoped"

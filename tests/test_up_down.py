@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,7 +28,7 @@ from harness.store.store import Store
 from tests.conftest import run_harness_process
 from tests.ports import free_port
 from tests.test_runs import SERVICE, _project, _run, harness
-from tests.upstreams import Upstreams
+from tests.upstreams import Upstreams, make_project
 
 PORT = free_port()  # the service's port (tests/ports.py)
 
@@ -263,6 +264,81 @@ def test_up_refuses_a_port_held_by_a_process_that_does_not_answer(project: Path,
         holder.kill()
         holder.wait()
         harness(project, home, "down")
+
+
+SWAP_DEPLOY = """
+[services.policy]
+mode = "on_demand"
+swap = "g"
+
+[services.seg]
+mode = "on_demand"
+swap = "g"
+"""
+
+#: Acquires the scoped policy, then its swap peer (which swaps the policy out), then the
+#: policy again: the agent's memory in the policy is gone.
+SWAPPING_CALLER = r"""
+import json, os, urllib.request
+def post(path, body):
+    req = urllib.request.Request(os.environ["HARNESS_BROKER"] + path, data=json.dumps(body).encode(),
+                                 method="POST", headers={"Content-Type": "application/json",
+                                 "Authorization": "Bearer " + os.environ["HARNESS_BROKER_TOKEN"]})
+    return json.loads(urllib.request.urlopen(req, timeout=120).read())
+for name in ("policy", "seg", "policy"):
+    lease = post("/acquire", {"service": name, "client": "agent"})
+    print(name, lease["incarnation"], lease["fresh"], flush=True)
+    post("/release", {"lease": lease["lease"]})
+"""
+
+
+@pytest.fixture(scope="module")
+def swap_project(up: Upstreams, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two services in one swap group, one of them a scoped policy (memory of past frames)."""
+    root = tmp_path_factory.mktemp("swapping")
+    policy = SERVICE.replace('"svc"', '"policy"') % (free_port(), "alpha==1.0")
+    seg = SERVICE.replace('"svc"', '"seg"') % (free_port(), "alpha==1.0")
+    project = make_project(
+        root, {"policy": policy.replace("[environment]", "scoped = true\n\n[environment]"), "seg": seg}
+    )
+    servers = project / "services" / "servers"
+    servers.mkdir()
+    shutil.copy(Path(__file__).parent / "services" / "fake_model.py", servers / "fake_model.py")
+    (project / "caller.py").write_text(SWAPPING_CALLER)
+    (project / "swap.toml").write_text(SWAP_DEPLOY)
+    assert harness(project, up.home, "lock").returncode == 0
+    return project
+
+
+def test_a_run_joining_ups_broker_records_its_scoped_resets(swap_project: Path, home: Path) -> None:
+    """The daily workflow: `harness up`, then runs that join its broker. A swap that wipes the
+    scoped policy's memory mid-run is in the run's record, and audit --strict fails on it."""
+    project = swap_project
+    deploy = ("--deploy", str(project / "swap.toml"))
+    try:
+        assert harness(project, home, *deploy, "up").returncode == 0
+        result = harness(
+            project, home, *deploy, "run", "--service", "policy", "--service", "seg", "--", sys.executable, "caller.py"
+        )
+        assert result.returncode == 0, result.stderr
+        assert "using the broker of harness up" in result.stderr
+        assert result.stdout.split()[:9] == ["policy", "1", "True", "seg", "1", "True", "policy", "2", "True"]
+        run_dir = home / "runs" / result.stderr.split("run ", 1)[1].split(":", 1)[0]
+        [reset] = json.loads((run_dir / "result.json").read_text())["scoped_resets"]
+        assert (reset["service"], reset["client"]) == ("policy", "agent")
+        assert (reset["previous_incarnation"], reset["incarnation"]) == (1, 2)
+        strict = harness(project, home, *deploy, "audit", "--strict", run_dir.name)
+        assert strict.returncode != 0 and "scoped reset" in strict.stdout + strict.stderr
+        status = _status_with(project, home, *deploy)
+        assert status["broker"]["runs"] == [], "the run ended: its token answers no more"
+    finally:
+        harness(project, home, *deploy, "down")
+
+
+def _status_with(project: Path, home: Path, *args: str) -> dict:
+    result = harness(project, home, *args, "status", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 assert SERVICE  # the manifest template shared with tests/test_runs.py

@@ -16,6 +16,15 @@ HTTP on loopback (JSON bodies; errors are ``{"error": msg, "code": code}``)::
     GET  /status                          -> {"broker": {...}, "services": [{...}, ...]}
     GET  /health                          -> {"status": "ok"}
     POST /shutdown                        -> 200, then every service it started is stopped
+    POST /runs     {"run": id, "pid": int?} -> 200 {"token": t}: a run that joins this broker
+    POST /runs/end {"run": id}              -> 200 {"scoped_resets": [...]} (and the token ends)
+
+A run that joins the broker (``harness run`` beside ``harness up``) registers itself and
+hands its command the token ``/runs`` answered: a token that may only acquire, release and
+read ``/status`` and ``/plan``. Leases taken with it are watched for resets of ``scoped``
+services (:class:`~harness.runtime.scheduling.ResetTracker`), which ``/runs/end`` hands
+back, so the run records them as it would with a broker of its own. A run whose process
+exits without ending is forgotten.
 
 In a request ``"client"`` is the caller's id; in the answer it is the service's client
 table, an object of strings: the manifest's ``client`` (``url = "{url}"``) with its templates
@@ -74,6 +83,7 @@ when it died, and stops only what harness started.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import hmac
 import json
 import math
@@ -88,6 +98,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
@@ -99,7 +110,16 @@ from harness.errors import HarnessError
 from harness.runtime import supervisor, watchdog
 from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta
 from harness.runtime.plan import Gpu, Plan, ServicePlacement, SimWorker
-from harness.runtime.scheduling import STATES, Action, BrokerError, GroupState, Scheduler, Start, Stop
+from harness.runtime.scheduling import (
+    STATES,
+    Action,
+    BrokerError,
+    GroupState,
+    ResetTracker,
+    Scheduler,
+    Start,
+    Stop,
+)
 
 __all__ = ["STATES", "Broker", "BrokerError", "broker_address", "down", "read_state", "spawn", "status"]
 
@@ -127,6 +147,28 @@ HANDED_SECRETS = "HARNESS_BROKER_SECRETS"
 SYSTEM_CLIENT = "harness-up"
 
 # ----------------------------------------------------------------------------- broker
+
+
+@dataclass(eq=False)
+class RunWatch:
+    """A run that joined the broker (``POST /runs``): its token's leases, watched for resets."""
+
+    run: str
+    pid: int | None
+    create_time: float | None
+    tracker: ResetTracker = field(default_factory=ResetTracker)
+    resets: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, lease: Mapping[str, Any], client: str) -> None:
+        with self.lock:
+            reset = self.tracker.observe(lease, client, time.time())
+            if reset is not None:
+                self.resets.append(reset)
+
+
+def _token_key(token: bytes) -> bytes:
+    return hashlib.sha256(token).digest()
 
 
 class Broker:
@@ -191,6 +233,7 @@ class Broker:
         self._up_errors: dict[str, str] = {}
         #: The secret every request but ``/health`` must carry; written to ``broker.token``.
         self.token = secrets.token_urlsafe(32)
+        self._runs: dict[bytes, RunWatch] = {}  # sha256 of a run's token -> the run
         # A broker inside a run's process: its services must not outlive that process,
         # even killed with SIGKILL (see harness.runtime.watchdog).
         self._watchdog = watchdog.spawn(self.state_dir, grace) if die_with_owner and self.specs else None
@@ -400,6 +443,7 @@ class Broker:
             if slow:
                 last_slow = now
                 self._reap_dead_clients()
+                self._forget_dead_runs()
             with self._lock:
                 for lease in self._sched.reclaim_overdue(now):
                     self._conds[self._sched.service(lease.service).group].notify_all()
@@ -502,6 +546,53 @@ class Broker:
         caller can tell whether this broker serves the very store paths it would launch."""
         return {name: launch_identity(spec) for name, spec in self.specs.items()}
 
+    # --------------------------------------------------------------------- joined runs
+
+    def register_run(self, run: str, pid: int | None = None) -> str:
+        """A run joins (``POST /runs``): a token for its command, whose leases are watched for
+        resets of scoped services until :meth:`end_run` (or until process ``pid`` exits)."""
+        create_time = self._client_create_time(pid) if pid is not None else None
+        token = secrets.token_urlsafe(32)
+        with self._lock:
+            for key, watch in list(self._runs.items()):
+                if watch.run == run:  # registered again: the earlier token ends
+                    del self._runs[key]
+            self._runs[_token_key(token.encode())] = RunWatch(run, pid if create_time else None, create_time)
+        return token
+
+    def run_of(self, token: bytes) -> RunWatch | None:
+        """The joined run whose token is ``token``, or None."""
+        with self._lock:
+            return self._runs.get(_token_key(token))
+
+    def end_run(self, run: str) -> list[dict[str, Any]]:
+        """A joined run ends (``POST /runs/end``): its resets; its token no longer answers."""
+        with self._lock:
+            ended = [(k, w) for k, w in self._runs.items() if w.run == run]
+            for key, _ in ended:
+                del self._runs[key]
+        if not ended:
+            raise BrokerError(404, "unknown_run", f"no run {run!r} has joined this broker")
+        watch = ended[0][1]
+        with watch.lock:
+            return list(watch.resets)
+
+    def _forget_dead_runs(self) -> None:
+        """Joined runs whose process has exited are forgotten (their token ends)."""
+        with self._lock:
+            watched = [(k, w) for k, w in self._runs.items() if w.pid is not None]
+        for key, watch in watched:
+            assert watch.pid is not None
+            try:
+                alive = abs(psutil.Process(watch.pid).create_time() - (watch.create_time or 0)) < 0.05
+            except psutil.NoSuchProcess:
+                alive = False
+            except psutil.Error:
+                continue
+            if not alive:
+                with self._lock:
+                    self._runs.pop(key, None)
+
     # ------------------------------------------------------------------------- status
 
     def status(self) -> dict[str, Any]:
@@ -516,6 +607,7 @@ class Broker:
                 row["pid"] = proc.pid if proc is not None else None
                 row["port"] = spec.port if spec is not None else self._sched.service(name).placement.port
                 services.append(row)
+            runs = [{"run": w.run, "pid": w.pid, "scoped_resets": len(w.resets)} for w in self._runs.values()]
         from harness.runtime.inventory import gpu_memory_by_pid, tree_gpu_memory
 
         gpu_usage = gpu_memory_by_pid() if any(row["pid"] is not None for row in services) else None
@@ -534,6 +626,7 @@ class Broker:
                 "closing": self._closing,
                 "lease_seconds": self._sched.lease_seconds,
                 "gpu_wait_seconds": self.gpu_wait_seconds,
+                "runs": runs,
             },
             "services": services,
         }
@@ -734,8 +827,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the body may be unread: the stream is not trusted
         self._reply(exc.status, exc.as_json())
 
-    def _check_access(self) -> None:
-        """Host, then Origin, then the token; raises :class:`BrokerError` (403, 401)."""
+    def _check_access(self) -> RunWatch | None:
+        """Host, then Origin, then the token; raises :class:`BrokerError` (403, 401). Returns
+        the joined run whose token was sent (None: the owner's token)."""
         allowed = self.server.allowed_hosts
         host = self.headers.get("Host")
         if allowed is not None and host not in allowed:
@@ -744,16 +838,20 @@ class _Handler(BaseHTTPRequestHandler):
         if origin is not None:
             raise BrokerError(403, "forbidden", f"requests from a web page (Origin {origin!r}) are refused")
         scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode("utf-8", "surrogateescape"), self.server.token
-        ):
-            raise BrokerError(
-                401,
-                "unauthorized",
-                "this broker answers only its owner: send 'Authorization: Bearer TOKEN' "
-                f"with the token of {TOKEN_FILE} in its state folder "
-                "(the client reads it, or $HARNESS_BROKER_TOKEN)",
-            )
+        presented = given.strip().encode("utf-8", "surrogateescape")
+        if scheme.lower() == "bearer":
+            if hmac.compare_digest(presented, self.server.token):
+                return None
+            run = self.server.broker.run_of(presented)
+            if run is not None:
+                return run
+        raise BrokerError(
+            401,
+            "unauthorized",
+            "this broker answers only its owner: send 'Authorization: Bearer TOKEN' "
+            f"with the token of {TOKEN_FILE} in its state folder "
+            "(the client reads it, or $HARNESS_BROKER_TOKEN)",
+        )
 
     def _body(self) -> dict[str, Any]:
         if self.headers.get("Transfer-Encoding"):
@@ -796,10 +894,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         broker = self.server.broker
         try:
-            self._check_access()
+            run = self._check_access()
             data = self._body()
+            if run is not None and self.path not in ("/acquire", "/release"):
+                raise BrokerError(
+                    403, "forbidden", f"a run's token may only acquire and release leases, not POST {self.path}"
+                )
             if self.path == "/acquire":
-                self._acquire(broker, data)
+                self._acquire(broker, data, run)
             elif self.path == "/release":
                 lease_id = data.get("lease")
                 if not isinstance(lease_id, str) or not 0 < len(lease_id) <= 200:
@@ -815,6 +917,18 @@ class _Handler(BaseHTTPRequestHandler):
                     raise BrokerError(404, "unknown_service", f"this broker launches no {', '.join(unknown)}")
                 results = broker.start(names, check_leftovers=False)
                 self._reply(200, {"results": results, "status": broker.status()})
+            elif self.path == "/runs":
+                name, pid = data.get("run"), data.get("pid")
+                if not isinstance(name, str) or not 0 < len(name) <= 200:
+                    raise BrokerError(400, "bad_request", 'runs needs {"run": id}')
+                if pid is not None and not _positive_int(pid):
+                    raise BrokerError(400, "bad_request", f'"pid" must be a positive integer, not {pid!r}')
+                self._reply(200, {"token": broker.register_run(name, pid)})
+            elif self.path == "/runs/end":
+                name = data.get("run")
+                if not isinstance(name, str) or not 0 < len(name) <= 200:
+                    raise BrokerError(400, "bad_request", 'runs/end needs {"run": id}')
+                self._reply(200, {"scoped_resets": broker.end_run(name)})
             elif self.path == "/shutdown":
                 self._reply(200, {"shutting_down": True})
                 # Not on this thread: shutdown() waits for serve_forever, which waits for us.
@@ -826,7 +940,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bug: answer rather than drop the connection
             self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
 
-    def _acquire(self, broker: Broker, data: Mapping[str, Any]) -> None:
+    def _acquire(self, broker: Broker, data: Mapping[str, Any], run: RunWatch | None) -> None:
         service = data.get("service")
         if not isinstance(service, str) or not service:
             raise BrokerError(400, "bad_request", 'acquire needs {"service": name}')
@@ -843,6 +957,8 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if not self._reply(200, lease):
             broker.release(lease["lease"])  # nobody will ever release it
+        elif run is not None:  # a joined run's lease: one its command holds
+            run.observe(lease, client or "anonymous")
 
 
 # ---------------------------------------------------------------- state-folder helpers
@@ -1160,6 +1276,24 @@ class SharedBroker:
                 "what this project would launch:\n  " + "\n  ".join(problems),
                 hint="harness down, then harness up (or run) again with this project",
             )
+
+    def join_run(self, run: str, pid: int) -> dict[str, str]:
+        """Register run ``run`` (process ``pid``) with this broker: what its command needs to
+        reach it, with a token of the run's own whose leases the broker watches for resets of
+        scoped services (:meth:`end_run` hands them back)."""
+        try:
+            answer = self.request("POST", "/runs", {"run": run, "pid": pid})
+        except HarnessError as exc:
+            raise HarnessError(
+                f"{exc.message}: this broker cannot record the run's scoped resets",
+                hint="it was started by an older harness: harness down, then harness up again",
+            ) from None
+        return {"HARNESS_BROKER": self.url, "HARNESS_BROKER_TOKEN": str(answer["token"])}
+
+    def end_run(self, run: str) -> list[dict[str, Any]]:
+        """The scoped resets the broker saw in run ``run``'s leases; its token ends."""
+        resets = self.request("POST", "/runs/end", {"run": run}).get("scoped_resets")
+        return [r for r in resets if isinstance(r, dict)] if isinstance(resets, list) else []
 
     def start(self, names: list[str], timeout: float) -> dict[str, Any]:
         """Bring ``names`` up in this broker; its ``/status`` with this call's errors."""

@@ -613,3 +613,40 @@ class Scheduler:
             "error": svc.error,
             "log": svc.log,
         }
+
+
+# ------------------------------------------------------------------------- scoped resets
+
+
+class ResetTracker:
+    """Which leases of one run are resets of a ``scoped`` service (pure; not thread-safe).
+
+    A reset is a lease on a scoped service for a client that an earlier incarnation of the
+    service had served: the process that held the client's memory is gone. A client's
+    first lease loses nothing. Judged by the incarnation alone (not the lease's ``fresh``,
+    which is per client id in the whole broker: a broker that several runs share may have
+    served another run's client of the same id in this incarnation already).
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], int] = {}  # (service, client) -> incarnation last leased
+
+    def observe(self, lease: Mapping[str, Any], client: str, at: float) -> dict[str, Any] | None:
+        """Note ``lease`` (an acquire's answer) for ``client`` at unix time ``at``; the reset
+        it shows, if any."""
+        if not lease.get("scoped"):
+            return None
+        key = (str(lease.get("service")), client)
+        incarnation = int(lease.get("incarnation") or 0)
+        previous = self._seen.get(key)
+        self._seen[key] = incarnation
+        if previous is None or previous == incarnation:
+            return None
+        return {
+            "service": key[0],
+            "at": at,
+            "client": client,
+            "lease": lease.get("lease"),
+            "incarnation": incarnation,
+            "previous_incarnation": previous,
+        }
