@@ -316,7 +316,11 @@ def test_a_run_joining_ups_broker_records_its_scoped_resets(swap_project: Path, 
     project = swap_project
     deploy = ("--deploy", str(project / "swap.toml"))
     try:
-        assert harness(project, home, *deploy, "up").returncode == 0
+        # The services run with the environment `up` gave them; the run records that one.
+        started = run_harness_process(
+            *("--project", str(project), "--home", str(home), *deploy, "up"), env={"TINY_FLAG": "up's"}, timeout=300
+        )
+        assert started.returncode == 0, started.stderr
         result = harness(
             project, home, *deploy, "run", "--service", "policy", "--service", "seg", "--", sys.executable, "caller.py"
         )
@@ -324,6 +328,9 @@ def test_a_run_joining_ups_broker_records_its_scoped_resets(swap_project: Path, 
         assert "using the broker of harness up" in result.stderr
         assert result.stdout.split()[:9] == ["policy", "1", "True", "seg", "1", "True", "policy", "2", "True"]
         run_dir = home / "runs" / result.stderr.split("run ", 1)[1].split(":", 1)[0]
+        launch = json.loads((run_dir / "config.json").read_text())["launch"]
+        assert launch["services"]["policy"]["environment"]["TINY_FLAG"] == "up's"
+        assert "TINY_FLAG" not in launch["command"]["environment"]
         [reset] = json.loads((run_dir / "result.json").read_text())["scoped_resets"]
         assert (reset["service"], reset["client"]) == ("policy", "agent")
         assert (reset["previous_incarnation"], reset["incarnation"]) == (1, 2)

@@ -244,13 +244,19 @@ def _record_start(
     closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=what.code)
     deploy_text = prepared.deploy_path.read_text() if prepared.deploy_path else None
     shared = broker.shared
+    services = {name: service_launch(spec, store.root) for name, spec in sorted(prepared.specs.items())}
+    if shared is not None:  # its services run with the environment `harness up` gave them
+        for name, launch in services.items():
+            seen = (shared.launches.get(name) or {}).get("environment")
+            if isinstance(seen, dict):
+                launch["environment"] = seen
     config = {
         **run_config(run_id, started, command, prepared, agent=agent, sets=sets),
         "argv": what.argv,
         "deploy": {"path": str(prepared.deploy_path), "text": deploy_text} if deploy_text else None,
         # Everything that shapes what the services and the command compute, as launched.
         "launch": {
-            "services": {name: service_launch(spec, store.root) for name, spec in sorted(prepared.specs.items())},
+            "services": services,
             "command": None,  # filled in by _start_and_run, once the broker's address is known
         },
         "broker": {

@@ -108,7 +108,7 @@ from filelock import FileLock, Timeout
 
 from harness.errors import HarnessError
 from harness.runtime import supervisor, watchdog
-from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta
+from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta, recorded_environment
 from harness.runtime.plan import Gpu, Plan, ServicePlacement, SimWorker
 from harness.runtime.scheduling import (
     STATES,
@@ -1195,8 +1195,16 @@ def port_holder(port: int) -> str:
 def launch_identity(spec: LaunchSpec) -> dict[str, Any]:
     """What makes two launches of a service the same: its argv (every store path of its
     interpreter, weights and sources), working folder (its code's store path) and port, which
-    make the same process; and its rendered ``client`` table, which every lease hands out."""
-    return {"argv": list(spec.argv), "cwd": str(spec.cwd), "port": spec.port, "client": dict(spec.client)}
+    make the same process; and its rendered ``client`` table, which every lease hands out.
+    ``environment`` (a secret's value as a hash only) is what the process sees: a run that
+    joins records it, and it is not compared."""
+    return {
+        "argv": list(spec.argv),
+        "cwd": str(spec.cwd),
+        "port": spec.port,
+        "client": dict(spec.client),
+        "environment": recorded_environment(spec.env),
+    }
 
 
 def launch_differences(served: Mapping[str, Any], specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> list[str]:
@@ -1238,6 +1246,8 @@ class SharedBroker:
                 hint="it belongs to another user: use a state folder of your own",
             )
         self.token = token
+        #: What it launches (``GET /plan``), once :meth:`check_serves` has asked.
+        self.launches: dict[str, Any] = {}
 
     @classmethod
     def find(cls, state_dir: Path) -> SharedBroker | None:
@@ -1269,7 +1279,8 @@ class SharedBroker:
 
     def check_serves(self, specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> None:
         """Raise HarnessError unless this broker launches ``names`` exactly as ``specs`` do."""
-        problems = launch_differences(self.request("GET", "/plan").get("launch", {}), specs, names)
+        self.launches = dict(self.request("GET", "/plan").get("launch") or {})
+        problems = launch_differences(self.launches, specs, names)
         if problems:
             raise HarnessError(
                 f"the broker of {self.state_dir} (pid {self.pid}, started by harness up) does not serve "
