@@ -342,6 +342,37 @@ def test_a_run_joining_ups_broker_records_its_scoped_resets(swap_project: Path, 
         harness(project, home, *deploy, "down")
 
 
+def test_two_instances_deploy_write_made_share_a_machine(project: Path, home: Path, tmp_path: Path) -> None:
+    """Seed: several instances may share a machine. Each deploy `deploy write` makes has
+    ports and a state folder of its own: both come up, and `down` of one stops only its own."""
+    deploys = []
+    for name in ("first", "second"):
+        path = tmp_path / f"{name}.toml"
+        result = harness(project, home, "deploy", "write", "-o", str(path), "--gpus", "none")
+        assert result.returncode == 0, result.stderr
+        deploys.append(("--deploy", str(path)))
+    try:
+        pids = []
+        for deploy in deploys:
+            result = harness(project, home, *deploy, "up")
+            assert result.returncode == 0, result.stderr
+            status = _status_with(project, home, *deploy)
+            pids.append((status["broker"]["pid"], _service(status)["pid"], _service(status)["port"]))
+        assert pids[0][2] != pids[1][2], "ports of its own"
+        assert len({p[0] for p in pids}) == 2, "a broker each"
+        down = harness(project, home, *deploys[0], "down", "--json")
+        assert down.returncode == 0, down.stderr
+        deadline = time.monotonic() + 15
+        while (_alive(pids[0][0]) or _alive(pids[0][1])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pids[0][0]) and not _alive(pids[0][1])
+        assert _alive(pids[1][0]) and _alive(pids[1][1]), "the other instance is untouched"
+        assert _service(_status_with(project, home, *deploys[1]))["state"] == "ready"
+    finally:
+        for deploy in deploys:
+            harness(project, home, *deploy, "down")
+
+
 def _status_with(project: Path, home: Path, *args: str) -> dict:
     result = harness(project, home, *args, "status", "--json")
     assert result.returncode == 0, result.stderr
