@@ -373,6 +373,40 @@ def test_two_instances_deploy_write_made_share_a_machine(project: Path, home: Pa
             harness(project, home, *deploy, "down")
 
 
+def test_up_name_adds_a_service_and_down_name_stops_only_it(swap_project: Path, home: Path) -> None:
+    """Per-service control: `up NAME` beside a running broker adds NAME to it (it was
+    refused: "harness down, then harness up"), `down NAME` stops NAME alone, the broker and
+    the other service staying; a caller's acquire starts it again."""
+    project = swap_project
+    try:
+        first = harness(project, home, "up", "policy", "--json")
+        assert first.returncode == 0, first.stderr
+        broker_pid = json.loads(first.stdout)["broker"]["pid"]
+        added = harness(project, home, "up", "seg", "--json")
+        assert added.returncode == 0, added.stderr
+        status = json.loads(added.stdout)
+        assert status["broker"]["pid"] == broker_pid and status["broker"]["spawned"] is False
+        rows = {s["name"]: s for s in status["services"]}
+        assert rows["policy"]["state"] == rows["seg"]["state"] == "ready"
+        seg_pid, policy_pid = rows["seg"]["pid"], rows["policy"]["pid"]
+        stopped = harness(project, home, "down", "seg")
+        assert stopped.returncode == 0, stopped.stderr
+        assert "broker: running" in stopped.stdout and "seg: stopped" in stopped.stdout
+        deadline = time.monotonic() + 15
+        while _alive(seg_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(seg_pid) and _alive(policy_pid) and _alive(broker_pid)
+        rows = {s["name"]: s for s in _status_with(project, home)["services"]}
+        assert (rows["seg"]["state"], rows["seg"]["stop_reason"]) == ("stopped", "down")
+        assert rows["policy"]["state"] == "ready" and rows["policy"]["pid"] == policy_pid
+        again = harness(project, home, "down", "seg", "--json")
+        assert json.loads(again.stdout)["services"] == [{"name": "seg", "outcome": "not running"}]
+        unknown = harness(project, home, "down", "nope")
+        assert unknown.returncode != 0 and "serves no nope" in unknown.stderr
+    finally:
+        harness(project, home, "down")
+
+
 def _status_with(project: Path, home: Path, *args: str) -> dict:
     result = harness(project, home, *args, "status", "--json")
     assert result.returncode == 0, result.stderr

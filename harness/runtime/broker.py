@@ -16,6 +16,11 @@ HTTP on loopback (JSON bodies; errors are ``{"error": msg, "code": code}``)::
     GET  /status                          -> {"broker": {...}, "services": [{...}, ...]}
     GET  /health                          -> {"status": "ok"}
     POST /shutdown                        -> 200, then every service it started is stopped
+    POST /stop     {"names": [...], "timeout": s?} -> 200 {"results": {name: outcome}, "status"}: stop
+                   those services' processes, the broker staying (``harness down NAME``);
+                   409 in_use when leases stay in flight
+    POST /add      {"services": [{"placement": {...}, "spec": {...}}]} -> 200 {"status"}: serve
+                   services it did not launch (``harness up NAME``); 409 exists / port_taken
     POST /runs     {"run": id, "pid": int?} -> 200 {"token": t}: a run that joins this broker
     POST /runs/end {"run": id}              -> 200 {"scoped_resets": [...]} (and the token ends)
 
@@ -52,7 +57,10 @@ machine tested on its own; this module carries them out with processes, threads 
   lease in flight and nobody waiting for it (never, without ``idle_seconds``).
 * **Crashes**: a service whose process exits unexpectedly is noticed (polled every
   ``tick`` seconds and on every acquire), its process group is stopped, and it is started
-  again on the next acquire. A failed start fails the callers waiting for it (503
+  again on the next acquire; a ``resident`` one also without a caller, after a backoff
+  (``restart_backoff``), and a resident that stops answering its health check
+  (probed every ``health_interval`` seconds) ``health_failures`` times in a row is stopped
+  as a crash and started again. A failed start fails the callers waiting for it (503
   ``start_failed`` with the log's tail). After ``crash_limit`` failures (crashes or failed
   starts) within ``crash_window`` seconds, acquires are refused at once (503 ``crashing``,
   with the log's tail) until the window has passed.
@@ -83,6 +91,7 @@ when it died, and stops only what harness started.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -201,6 +210,9 @@ class Broker:
         die_with_owner: bool = False,
         gpu_free: Callable[[int], float | None] | None = None,
         gpu_wait_seconds: float = 120.0,
+        restart_backoff: tuple[float, float] | None = (1.0, 60.0),
+        health_interval: float = 5.0,
+        health_failures: int = 3,
     ) -> None:
         self.plan = plan
         self.state_dir = supervisor.make_state_dir(Path(state_dir))
@@ -215,7 +227,10 @@ class Broker:
             crash_window=crash_window,
             lease_seconds=lease_seconds,
             new_id=lambda: secrets.token_hex(8),
+            restart_backoff=restart_backoff,
+            health_failures=health_failures,
         )
+        self.health_interval = health_interval
         self.specs = {name: specs[name] for name, svc in self._sched.services.items() if svc.local}
         self._lock = threading.Lock()
         self._conds = {name: threading.Condition(self._lock) for name in self._sched.groups}
@@ -447,9 +462,13 @@ class Broker:
             with self._lock:
                 for lease in self._sched.reclaim_overdue(now):
                     self._conds[self._sched.service(lease.service).group].notify_all()
-            for group in self._sched.groups.values():
+            for group in list(self._sched.groups.values()):
                 with self._lock:
                     if group.busy or self._closing:
+                        continue
+                    restart = self._sched.restart_due(group, time.monotonic())
+                    if restart is not None:  # a crashed resident, after its backoff: not on this thread
+                        threading.Thread(target=self._carry_out, args=(group, restart), name="restart").start()
                         continue
                     action: Action | None = self._check_exit(group)
                     if action is not None:
@@ -468,6 +487,36 @@ class Broker:
                         self._execute(group, action)
                     if group.queue:
                         self._conds[group.name].notify_all()
+
+    def _carry_out(self, group: GroupState, action: Action) -> None:
+        """Carry out ``action``, decided for ``group`` (now busy) on another thread."""
+        with self._lock:
+            self._execute(group, action)
+
+    def _health_checks(self) -> None:
+        """Probe every ready resident every :attr:`health_interval` seconds (a thread): a
+        hung process fails its checks and is stopped as a crash, then started again."""
+        while not self._closed.wait(self.health_interval):
+            if self._closing:
+                return
+            with self._lock:
+                ready = [
+                    name
+                    for name in self._sched.order
+                    if self._sched.service(name).placement.mode == "resident"
+                    and self._sched.service(name).state == "ready"
+                    and not self._sched.service(name).foreign
+                    and name in self._procs
+                ]
+            for name in ready:
+                spec = self.specs[name]
+                ok = supervisor.probe(spec, timeout=2.0)
+                with self._lock:
+                    group = self._sched.group_of(name)
+                    what = spec.health_url or f"port {spec.port}"
+                    action = self._sched.health(name, ok, time.monotonic(), f"{what} did not answer")
+                    if action is not None and not self._closing:
+                        self._execute(group, action)
 
     def _reap_dead_clients(self) -> None:
         """Release the leases whose client process has exited (a crashed caller must not pin
@@ -528,6 +577,63 @@ class Broker:
                 self._up_errors.pop(name, None)
         self._up_state = "ready"
         return {n: results.get(n) for n in wanted}
+
+    def served(self) -> set[str]:
+        """The names of every service of its plan."""
+        with self._lock:
+            return set(self._sched.services)
+
+    def stop_service(self, name: str, timeout: float = 60.0) -> str:
+        """Stop ``name``'s process, the broker and every other service staying (``harness
+        down NAME``): waits for leases on it in flight to be released (at most ``timeout``
+        seconds: then 409 ``in_use``). Returns "stopped", or why nothing was: "not running",
+        "foreign" (never stopped: not ours), "external", "off". It starts again when a
+        caller asks for it. Raises :class:`BrokerError` 404 for a name it does not serve."""
+        if name not in self._sched.services:
+            raise BrokerError(404, "unknown_service", f"this broker serves no {name}")
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            group = self._sched.group_of(name)
+            while True:
+                decision = self._sched.unload(name)
+                if isinstance(decision, Stop):
+                    self._execute(group, decision)
+                    return "stopped"
+                if decision != "wait":
+                    return decision
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    leases = len(self._sched.service(name).inflight)
+                    raise BrokerError(
+                        409, "in_use", f"{name} still has {leases} lease(s) in flight after {timeout:g} s: not stopped"
+                    )
+                self._conds[group.name].wait(min(remaining, self.tick * 5))
+
+    def add_services(self, placements: Iterable[ServicePlacement], specs: Mapping[str, LaunchSpec]) -> None:
+        """Serve ``placements`` too (``harness up NAME`` beside a broker that does not launch
+        NAME): each joins its swap group or forms its own. Raises :class:`BrokerError` (409)
+        for a name it serves already or a port another of its services has."""
+        placements = list(placements)
+        with self._lock:
+            ports = {spec.port: name for name, spec in self.specs.items()}
+            for placement in placements:
+                spec = specs.get(placement.name)
+                if placement.name in self._sched.services:
+                    raise BrokerError(409, "exists", f"{placement.name} is served by this broker already")
+                if placement.mode in ("resident", "on_demand") and spec is None:
+                    raise BrokerError(400, "bad_request", f"{placement.name}: no launch spec")
+                if spec is not None and spec.port in ports:
+                    raise BrokerError(
+                        409, "port_taken", f"{placement.name}: port {spec.port} is {ports[spec.port]}'s in this broker"
+                    )
+            for placement in placements:
+                group = self._sched.add(placement, specs.get(placement.name))
+                self._conds.setdefault(group.name, threading.Condition(self._lock))
+                if placement.mode in ("resident", "on_demand"):
+                    self.specs[placement.name] = specs[placement.name]
+            self.plan = dataclasses.replace(self.plan, services=(*self.plan.services, *placements))
+        if self._server is not None and (read_state(self.state_dir) or {}).get("pid") == os.getpid():
+            self._write_state()  # broker.json names every service it serves
 
     def check_leftovers(self) -> None:
         """Refuse (HarnessError) when pid files show services that an earlier broker of this
@@ -666,6 +772,7 @@ class Broker:
         if self._house is None:
             self._house = threading.Thread(target=self._housekeeping, name="broker-housekeeping", daemon=True)
             self._house.start()
+            threading.Thread(target=self._health_checks, name="broker-health", daemon=True).start()
 
     def client_env(self) -> dict[str, str]:
         """What a process needs to reach this broker: ``HARNESS_BROKER`` and its token."""
@@ -731,7 +838,7 @@ class Broker:
             for cond in self._conds.values():
                 cond.notify_all()
         stoppers = []
-        for group in self._sched.groups.values():
+        for group in list(self._sched.groups.values()):
 
             def stop_group(group: GroupState = group) -> None:
                 cond = self._conds[group.name]
@@ -917,6 +1024,12 @@ class _Handler(BaseHTTPRequestHandler):
                     raise BrokerError(404, "unknown_service", f"this broker launches no {', '.join(unknown)}")
                 results = broker.start(names, check_leftovers=False)
                 self._reply(200, {"results": results, "status": broker.status()})
+            elif self.path == "/stop":
+                self._stop(broker, data)
+            elif self.path == "/add":
+                placements, specs = _services_to_add(data)
+                broker.add_services(placements, specs)
+                self._reply(200, {"status": broker.status()})
             elif self.path == "/runs":
                 name, pid = data.get("run"), data.get("pid")
                 if not isinstance(name, str) or not 0 < len(name) <= 200:
@@ -940,6 +1053,18 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bug: answer rather than drop the connection
             self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
 
+    def _stop(self, broker: Broker, data: Mapping[str, Any]) -> None:
+        names, timeout = data.get("names"), data.get("timeout", 60.0)
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise BrokerError(400, "bad_request", 'stop needs {"names": [service, ...]}')
+        if not _number(timeout):
+            raise BrokerError(400, "bad_request", f'"timeout" must be a number of seconds >= 0, not {timeout!r}')
+        unknown = sorted(set(names) - broker.served())
+        if unknown:
+            raise BrokerError(404, "unknown_service", f"this broker serves no {', '.join(unknown)}")
+        results = {name: broker.stop_service(name, float(timeout)) for name in names}
+        self._reply(200, {"results": results, "status": broker.status()})
+
     def _acquire(self, broker: Broker, data: Mapping[str, Any], run: RunWatch | None) -> None:
         service = data.get("service")
         if not isinstance(service, str) or not service:
@@ -959,6 +1084,26 @@ class _Handler(BaseHTTPRequestHandler):
             broker.release(lease["lease"])  # nobody will ever release it
         elif run is not None:  # a joined run's lease: one its command holds
             run.observe(lease, client or "anonymous")
+
+
+def _services_to_add(data: Mapping[str, Any]) -> tuple[list[ServicePlacement], dict[str, LaunchSpec]]:
+    """The placements and launch specs of a ``POST /add`` body; 400 when malformed."""
+    entries = data.get("services")
+    if not isinstance(entries, list) or not entries:
+        raise BrokerError(400, "bad_request", 'add needs {"services": [{"placement": ..., "spec": ...}, ...]}')
+    placements, specs = [], {}
+    try:
+        for entry in entries:
+            placement = ServicePlacement(**entry["placement"])
+            placements.append(placement)
+            if entry.get("spec") is not None:
+                spec = LaunchSpec.from_json(entry["spec"])
+                if spec.name != placement.name:
+                    raise ValueError(f"spec {spec.name!r} for placement {placement.name!r}")
+                specs[placement.name] = spec
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise BrokerError(400, "bad_request", f"a service to add is malformed: {type(exc).__name__}: {exc}") from None
+    return placements, specs
 
 
 # ---------------------------------------------------------------- state-folder helpers
@@ -1131,6 +1276,25 @@ def down(
         (state_dir / STATE_FILE).unlink(missing_ok=True)
         (state_dir / TOKEN_FILE).unlink(missing_ok=True)
     return {"broker": outcome, "brokers": stopped_brokers, "services": stopped}
+
+
+def down_services(
+    state_dir: Path, names: list[str], *, timeout: float = 60.0, grace: tuple[float, float] = supervisor.DEFAULT_GRACE
+) -> dict[str, Any]:
+    """Stop the services ``names`` of ``state_dir`` and nothing else (``harness down NAME``):
+    through the live broker, which stays; without one, by their pid files. Returns
+    ``{"broker": "running" | "not running", "services": [{"name", "outcome"}, ...]}``."""
+    shared = SharedBroker.find(state_dir)
+    if shared is not None:
+        results = shared.stop(names, timeout)
+        return {"broker": "running", "services": [{"name": n, "outcome": results.get(n, "?")} for n in names]}
+    records = {r.name: r for r in supervisor.read_pidfiles(Path(state_dir))}
+    services = []
+    for name in names:
+        record = records.get(name)
+        outcome = "not running" if record is None else supervisor.stop_recorded(record, grace=grace)
+        services.append({"name": name, "outcome": outcome, "pid": None if record is None else record.pid})
+    return {"broker": "not running", "services": services}
 
 
 def _wait_or_signal(pid: int, timeout: float, grace: tuple[float, float]) -> bool:
@@ -1306,6 +1470,25 @@ class SharedBroker:
         resets = self.request("POST", "/runs/end", {"run": run}).get("scoped_resets")
         return [r for r in resets if isinstance(r, dict)] if isinstance(resets, list) else []
 
+    def add_missing(self, plan: Plan, specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> list[str]:
+        """Have the broker serve those of ``names`` it does not launch yet (``harness up NAME``
+        beside a broker started for other services); the names added."""
+        launches = self.launches or dict(self.request("GET", "/plan").get("launch") or {})
+        missing = [n for n in names if n not in launches and n in specs]
+        if missing:
+            placed = {p.name: p for p in plan.services}
+            body = [{"placement": dataclasses.asdict(placed[n]), "spec": specs[n].as_json()} for n in sorted(missing)]
+            # The environment goes whole, to this user's own broker on loopback (as a spawned
+            # broker inherits it): it is written to no file.
+            self.request("POST", "/add", {"services": body})
+            self.launches = dict(self.request("GET", "/plan").get("launch") or {})
+        return missing
+
+    def stop(self, names: list[str], timeout: float = 60.0) -> dict[str, str]:
+        """Stop ``names`` in this broker, which stays (``harness down NAME``): name → outcome."""
+        answer = self.request("POST", "/stop", {"names": names, "timeout": timeout}, timeout=timeout + 30)
+        return {str(k): str(v) for k, v in (answer.get("results") or {}).items()}
+
     def start(self, names: list[str], timeout: float) -> dict[str, Any]:
         """Bring ``names`` up in this broker; its ``/status`` with this call's errors."""
         answer = self.request("POST", "/start", {"names": names}, timeout=timeout)
@@ -1372,6 +1555,7 @@ def spawn(
             f"another harness up holds {state_dir / LOCK_FILE} for over 60 s", hint="wait for it, or harness down"
         ) from None
     if shared is not None:
+        shared.add_missing(plan, specs, wanted)
         shared.check_serves(specs, wanted)
         joined = shared.start(wanted, timeout)
         joined["broker"]["spawned"] = False
@@ -1469,8 +1653,9 @@ def _main(argv: list[str] | None = None) -> int:
         for name, data in config["specs"].items()
     }
     options = config.get("options") or {}
-    if "grace" in options:
-        options["grace"] = tuple(options["grace"])
+    for key in ("grace", "restart_backoff"):
+        if options.get(key) is not None:
+            options[key] = tuple(options[key])
     broker = Broker(plan_from_json(config["plan"]), specs, args.state_dir, **options)
 
     def on_signal(signum: int, _frame: object) -> None:
