@@ -407,6 +407,73 @@ def test_up_name_adds_a_service_and_down_name_stops_only_it(swap_project: Path, 
         harness(project, home, "down")
 
 
+def test_logs_shows_the_last_lines_and_follows_new_ones(project: Path, home: Path) -> None:
+    try:
+        assert harness(project, home, "up").returncode == 0
+        every = harness(project, home, "logs")
+        assert every.returncode == 0, every.stderr
+        assert any(line.startswith("broker | broker: serving") for line in every.stdout.splitlines())
+        assert any(line.startswith("svc    | svc: serving on") for line in every.stdout.splitlines())
+        one = harness(project, home, "logs", "svc", "-n", "1")
+        assert one.stdout.strip().startswith("svc: serving on"), "one log: no prefix, its last line"
+        missing = harness(project, home, "logs", "nope")
+        assert missing.returncode == 2 and "no log for nope" in missing.stderr and "svc" in missing.stderr
+        args = ["--project", str(project), "--home", str(home), "logs", "-f", "svc", "-n", "0", "--interval", "0.05"]
+        follower = subprocess.Popen([sys.executable, "-m", "harness", *args], stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(2.0)  # it has started following
+            assert harness(project, home, "down", "svc").returncode == 0
+            assert harness(project, home, "up", "svc").returncode == 0  # a new start writes new lines
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and follower.poll() is None:
+                time.sleep(0.5)
+                if len(_svc_log_starts(project, home)) >= 2:
+                    break
+            time.sleep(1.0)
+            follower.send_signal(signal.SIGINT)
+            out, _ = follower.communicate(timeout=15)
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+        assert follower.returncode == 0
+        assert "svc: serving on" in out and "=== harness: starting" in out, out
+        assert "broker" not in out.split("\n", 1)[0], "only the log named"
+    finally:
+        harness(project, home, "down")
+
+
+def test_status_watch_shows_changes_as_they_happen(project: Path, home: Path) -> None:
+    try:
+        assert harness(project, home, "up").returncode == 0
+        args = ["--project", str(project), "--home", str(home), "status", "--watch", "--json", "--interval", "0.2"]
+        watcher = subprocess.Popen([sys.executable, "-m", "harness", *args], stdout=subprocess.PIPE, text=True)
+        try:
+            assert watcher.stdout is not None
+            first = json.loads(watcher.stdout.readline())
+            assert _service(first)["state"] == "ready"
+            assert harness(project, home, "down", "svc").returncode == 0
+            deadline = time.monotonic() + 20
+            seen = first
+            while _service(seen)["state"] != "stopped" and time.monotonic() < deadline:
+                seen = json.loads(watcher.stdout.readline())
+            assert _service(seen)["state"] == "stopped" and seen["at"] > first["at"]
+            watcher.send_signal(signal.SIGINT)
+            watcher.communicate(timeout=15)
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+        assert watcher.returncode == 0
+        table = harness(project, home, "status", "--watch", "--gpus", "1x24")
+        assert table.returncode == 2 and "give one of them" in table.stderr
+    finally:
+        harness(project, home, "down")
+
+
+def _svc_log_starts(project: Path, home: Path) -> list[str]:
+    log = _state_dir(project, home) / "logs" / "svc.log"
+    return [line for line in log.read_text().splitlines() if "serving on" in line]
+
+
 def _status_with(project: Path, home: Path, *args: str) -> dict:
     result = harness(project, home, *args, "status", "--json")
     assert result.returncode == 0, result.stderr
