@@ -472,3 +472,16 @@ def test_a_service_added_joins_its_swap_group() -> None:
         s.add(place("seg", 9100), spec("seg", 9100))
     alone = s.add(place("kin", 9200, mode="resident", gpu=None), spec("kin", 9200))
     assert alone.members == ["kin"] and s.order[-1] == "kin"
+
+
+def test_a_service_is_removed_only_when_nothing_of_it_runs_or_waits() -> None:
+    s = swap_group("policy")
+    s.add(place("seg", 9100, swap="gpu0", vram_gb=6.0), spec("seg", 9100))
+    ticket, _ = ask(s, "seg", 0.0)
+    with pytest.raises(BrokerError, match="in use"):
+        s.remove("seg")  # a caller waits for it
+    s.start_failed("seg", 1.0, "exit code 5")
+    assert ticket.error is not None
+    assert s.remove("seg") is False, "its swap group stays, with policy"
+    assert "seg" not in s.services and s.group_of("policy").members == ["policy"]
+    assert s.remove("policy") is True and s.groups == {}

@@ -474,6 +474,30 @@ def _svc_log_starts(project: Path, home: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if "serving on" in line]
 
 
+def test_a_failed_up_name_leaves_the_broker_as_it_found_it(swap_project: Path, home: Path) -> None:
+    """`up NAME` that added NAME to a running broker and saw it fail takes it out again: the
+    next `up NAME` launches it afresh (here: without the failure in its environment)."""
+    project = swap_project
+    try:
+        assert harness(project, home, "up", "policy").returncode == 0
+        failed = run_harness_process(
+            "--project", str(project), "--home", str(home), "up", "seg", env={"FAKE_FAIL_LOAD": "5"}, timeout=300
+        )
+        assert failed.returncode == 1 and "exit code 5" in failed.stderr, failed.stderr
+        assert "no longer serves seg" in failed.stderr
+        status = _status_with(project, home)
+        assert [s["name"] for s in status["services"]] == ["policy"]
+        assert status["services"][0]["state"] == "ready"
+        again = harness(project, home, "up", "seg", "--json")
+        assert again.returncode == 0, again.stderr
+        assert {s["name"]: s["state"] for s in json.loads(again.stdout)["services"]} == {
+            "policy": "ready",
+            "seg": "ready",
+        }
+    finally:
+        harness(project, home, "down")
+
+
 def _status_with(project: Path, home: Path, *args: str) -> dict:
     result = harness(project, home, *args, "status", "--json")
     assert result.returncode == 0, result.stderr

@@ -21,6 +21,7 @@ HTTP on loopback (JSON bodies; errors are ``{"error": msg, "code": code}``)::
                    409 in_use when leases stay in flight
     POST /add      {"services": [{"placement": {...}, "spec": {...}}]} -> 200 {"status"}: serve
                    services it did not launch (``harness up NAME``); 409 exists / port_taken
+    POST /remove   {"names": [...]} -> 200 {"status"}: serve them no more (a failed ``up NAME``'s)
     POST /runs     {"run": id, "pid": int?} -> 200 {"token": t}: a run that joins this broker
     POST /runs/end {"run": id}              -> 200 {"scoped_resets": [...]} (and the token ends)
 
@@ -635,6 +636,33 @@ class Broker:
         if self._server is not None and (read_state(self.state_dir) or {}).get("pid") == os.getpid():
             self._write_state()  # broker.json names every service it serves
 
+    def remove_services(self, names: Iterable[str], timeout: float = 60.0) -> None:
+        """Serve ``names`` no more, stopping any process first (``harness up NAME`` taking out
+        again the services it added and that did not come up). Raises :class:`BrokerError`."""
+        for name in names:
+            if name not in self.served():
+                continue
+            for attempt in range(5):  # a crashed resident's restart may begin meanwhile: stop it again
+                self.stop_service(name, timeout)
+                with self._lock:
+                    group = self._sched.group_of(name).name
+                    try:
+                        emptied = self._sched.remove(name)
+                    except BrokerError:
+                        if attempt == 4:
+                            raise
+                        continue
+                    if emptied:
+                        self._conds.pop(group, None)
+                    break
+            with self._lock:
+                self.specs.pop(name, None)
+                self.plan = dataclasses.replace(
+                    self.plan, services=tuple(p for p in self.plan.services if p.name != name)
+                )
+        if self._server is not None and (read_state(self.state_dir) or {}).get("pid") == os.getpid():
+            self._write_state()
+
     def check_leftovers(self) -> None:
         """Refuse (HarnessError) when pid files show services that an earlier broker of this
         state folder started and that still run: ``harness down`` first."""
@@ -1030,6 +1058,12 @@ class _Handler(BaseHTTPRequestHandler):
                 placements, specs = _services_to_add(data)
                 broker.add_services(placements, specs)
                 self._reply(200, {"status": broker.status()})
+            elif self.path == "/remove":
+                names = data.get("names")
+                if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                    raise BrokerError(400, "bad_request", 'remove needs {"names": [service, ...]}')
+                broker.remove_services(names)
+                self._reply(200, {"status": broker.status()})
             elif self.path == "/runs":
                 name, pid = data.get("run"), data.get("pid")
                 if not isinstance(name, str) or not 0 < len(name) <= 200:
@@ -1232,6 +1266,14 @@ def failed_up(state_dir: Path, status: Mapping[str, Any]) -> HarnessError | None
         )
     else:
         hint = "fix the cause, then harness up again (the broker it joined stays: harness down stops it)"
+        added = [n for n in broker.get("added") or () if n in failed]
+        shared = SharedBroker.find(state_dir) if added else None
+        if shared is not None:
+            try:  # what this up added and did not come up: the broker is left as it found it
+                shared.remove(added)
+                hint += f"; it no longer serves {', '.join(added)}, which this harness up had added"
+            except HarnessError as exc:
+                hint += f"; {exc.message}"
     return start_failure(failed, hint=hint)
 
 
@@ -1484,6 +1526,10 @@ class SharedBroker:
             self.launches = dict(self.request("GET", "/plan").get("launch") or {})
         return missing
 
+    def remove(self, names: list[str]) -> None:
+        """Have the broker serve ``names`` no more (the ones a failed ``harness up`` added)."""
+        self.request("POST", "/remove", {"names": names}, timeout=120.0)
+
     def stop(self, names: list[str], timeout: float = 60.0) -> dict[str, str]:
         """Stop ``names`` in this broker, which stays (``harness down NAME``): name → outcome."""
         answer = self.request("POST", "/stop", {"names": names, "timeout": timeout}, timeout=timeout + 30)
@@ -1555,10 +1601,11 @@ def spawn(
             f"another harness up holds {state_dir / LOCK_FILE} for over 60 s", hint="wait for it, or harness down"
         ) from None
     if shared is not None:
-        shared.add_missing(plan, specs, wanted)
+        added = shared.add_missing(plan, specs, wanted)
         shared.check_serves(specs, wanted)
         joined = shared.start(wanted, timeout)
         joined["broker"]["spawned"] = False
+        joined["broker"]["added"] = added
         return joined
     deadline = time.monotonic() + timeout
     token = read_token(state_dir)

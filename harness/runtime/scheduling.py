@@ -577,6 +577,27 @@ class Scheduler:
             return self._begin_start(group, svc)
         return None
 
+    def remove(self, service: str) -> bool:
+        """Serve ``service`` no more (a ``harness up NAME`` that added it and failed takes it
+        out again); True when its group went with it. Raises :class:`BrokerError` (409
+        ``in_use``) while it has a process, leases or callers."""
+        svc = self.services[service]
+        group = self.groups[svc.group]
+        if (
+            svc.state in ("starting", "ready", "stopping")
+            or svc.inflight
+            or group.active == service
+            or any(t.service == service for t in group.queue)
+        ):
+            raise BrokerError(409, "in_use", f"{service} is {svc.state} or in use: not removed")
+        del self.services[service]
+        self.order.remove(service)
+        group.members.remove(service)
+        if not group.members:
+            del self.groups[group.name]
+            return True
+        return False
+
     def unload(self, service: str) -> Stop | str:
         """``harness down NAME``: the stop of ``service``'s process now; ``"wait"`` while its
         group is busy or leases on it are in flight (never stopped mid-call); or why there
