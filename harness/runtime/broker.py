@@ -510,13 +510,18 @@ class Broker:
                     and name in self._procs
                 ]
             for name in ready:
-                spec = self.specs[name]
+                spec = self.specs.get(name)
+                if spec is None:
+                    continue  # taken out meanwhile
                 ok = supervisor.probe(spec, timeout=2.0)
                 with self._lock:
+                    # Not once closing: a stop decided then might never be carried out.
+                    if self._closing or name not in self._sched.services:
+                        continue
                     group = self._sched.group_of(name)
                     what = spec.health_url or f"port {spec.port}"
                     action = self._sched.health(name, ok, time.monotonic(), f"{what} did not answer")
-                    if action is not None and not self._closing:
+                    if action is not None:
                         self._execute(group, action)
 
     def _reap_dead_clients(self) -> None:
