@@ -1117,3 +1117,54 @@ def test_after_a_swap_the_next_member_waits_for_gpu_memory(make_broker, tmp_path
     with pytest.raises(ServiceFailed, match=r"GPU 0 has 1.5 GB free after the swap and .*-a needs 6 GB") as info:
         client.acquire(a.name)
     assert info.value.code == "start_failed" and fake_processes({a.name}) == {}
+
+
+def test_a_crashed_resident_comes_back_without_a_caller(make_broker, tmp_path: Path) -> None:
+    """Residents stay up: one killed from outside is started again after its backoff, with
+    nobody asking for it."""
+    spec = fake(f"{tmp_path.name}-kin", tmp_path)
+    broker, _ = make_broker([placement(spec, mode="resident")], [spec], restart_backoff=(0.2, 1.0))
+    assert broker.start() == {spec.name: None}
+    first = service_status(broker, spec.name)["pid"]
+    os.kill(first, signal.SIGKILL)
+    wait_until(
+        lambda: (
+            service_status(broker, spec.name)["state"] == "ready" and service_status(broker, spec.name)["pid"] != first
+        ),
+        timeout=15,
+        what="the resident to be restarted",
+    )
+    row = service_status(broker, spec.name)
+    assert row["crashes"] == 1 and row["restarts"] == 1 and row["incarnation"] == 2
+
+
+def test_a_hung_resident_fails_its_health_checks_and_is_replaced(make_broker, tmp_path: Path) -> None:
+    """A process that still runs but no longer answers (SIGSTOP) fails its health checks in a
+    row; it is stopped as a crash and started again."""
+    spec = fake(f"{tmp_path.name}-hung", tmp_path)
+    broker, _ = make_broker(
+        [placement(spec, mode="resident")],
+        [spec],
+        restart_backoff=(0.2, 1.0),
+        health_interval=0.2,
+        health_failures=3,
+        grace=(0.5, 0.5),
+    )
+    assert broker.start() == {spec.name: None}
+    hung = service_status(broker, spec.name)["pid"]
+    os.kill(hung, signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: (
+                service_status(broker, spec.name)["pid"] not in (hung, None)
+                and service_status(broker, spec.name)["state"] == "ready"
+            ),
+            timeout=30,
+            what="the hung resident to be replaced",
+        )
+    finally:
+        if psutil.pid_exists(hung):
+            os.kill(hung, signal.SIGCONT)
+    row = service_status(broker, spec.name)
+    assert row["crashes"] == 1 and "health checks in a row" in row["last_error"]
+    assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE

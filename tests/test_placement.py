@@ -556,6 +556,9 @@ def test_cli_deploy_write_gives_every_instance_ports_of_its_own(harness_cli, tmp
     assert not set(first.values()) & set(second.values())
     assert len(set(second.values())) == len(second)
     assert write("second", "--force") == second, "rewriting a deploy keeps its ports"
+    states = [PROJECT.load_deploy(tmp_path / f"{name}.toml").state for name in ("first", "second")]
+    assert states[0] != states[1], "and a state folder of its own: a broker, logs and pid files each"
+    assert all(str(tmp_path / "home" / "state") in str(state) for state in states)
     registry = json.loads((tmp_path / "home" / "state" / "ports.json").read_text())
     assert set(registry["deploys"]) == {str(tmp_path / "first.toml"), str(tmp_path / "second.toml")}
     (tmp_path / "first.toml").unlink()  # a deploy that is gone gives its ports back

@@ -302,6 +302,36 @@ def test_diff_names_exactly_the_bumped_package(project: Path, up: Upstreams, tmp
     assert diff.stdout.strip().splitlines() == ["svc: package alpha: 1.0 → 2.0"]
 
 
+def test_diff_names_a_changed_environment_and_never_records_a_secret(project: Path, home: Path) -> None:
+    """Services and the command inherit the caller's environment: a variable that changed is
+    a difference ("same closure" would be a lie), and a secret's value is never written."""
+    runs = []
+    for flag, secret in (("1", "hunter2-first"), ("changed", "hunter2-second")):
+        before = set((home / "runs").iterdir()) if (home / "runs").exists() else set()
+        result = run_harness_process(
+            *("--project", str(project), "--home", str(home), "run", "--service", "svc", "--"),
+            *(sys.executable, "caller.py"),
+            env={"TINY_FLAG": flag, "MY_API_TOKEN": secret},
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr
+        [run_dir] = set((home / "runs").iterdir()) - before
+        runs.append(run_dir)
+        text = (run_dir / "config.json").read_text()
+        assert secret not in text, "a secret's value is never in a record"
+        launch = json.loads(text)["launch"]
+        assert launch["services"]["svc"]["environment"]["TINY_FLAG"] == flag
+        assert launch["services"]["svc"]["environment"]["MY_API_TOKEN"].startswith("sha256:")
+    diff = harness(project, home, "diff", runs[0].name, runs[1].name)
+    assert diff.returncode == 0
+    lines = diff.stdout.strip().splitlines()
+    assert "svc: environment TINY_FLAG: 1 → changed" in lines
+    assert "run command: environment TINY_FLAG: 1 → changed" in lines
+    assert "svc: environment MY_API_TOKEN: changed (a secret: its value is recorded as a hash only)" in lines
+    assert len(lines) == 4, lines
+    assert "same closure" not in diff.stdout
+
+
 def test_changed_service_code_is_a_new_store_path(project: Path, home: Path, tmp_path: Path) -> None:
     first, run_a = _run(project, home)
     assert first.returncode == 0, first.stderr

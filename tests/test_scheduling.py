@@ -363,3 +363,125 @@ def test_random_callers_never_see_two_members_loaded_and_nobody_starves(seed: in
     for name in names:
         granted = [t.lease.granted for t in tickets if t.service == name and t.lease is not None]
         assert granted == sorted(granted), f"callers of {name} were admitted out of order"
+
+
+def test_a_reset_is_judged_by_the_incarnation_not_the_brokers_fresh_flag() -> None:
+    """In a broker several runs share, another run's client of the same id may have been
+    served by this incarnation already (``fresh`` false): this run's client lost its memory
+    all the same."""
+    from harness.runtime.scheduling import ResetTracker
+
+    tracker = ResetTracker()
+    lease = {"service": "policy", "scoped": True, "lease": "a", "incarnation": 1, "fresh": True}
+    assert tracker.observe(lease, "agent", 1.0) is None, "a first lease loses nothing"
+    assert tracker.observe({**lease, "lease": "b", "fresh": False}, "agent", 2.0) is None
+    reset = tracker.observe({**lease, "lease": "c", "incarnation": 2, "fresh": False}, "agent", 3.0)
+    assert reset == {
+        "service": "policy",
+        "at": 3.0,
+        "client": "agent",
+        "lease": "c",
+        "incarnation": 2,
+        "previous_incarnation": 1,
+    }
+    assert tracker.observe({**lease, "scoped": False, "incarnation": 5}, "agent", 4.0) is None, "not scoped"
+
+
+# ------------------------------------------------------------- per-service control
+
+
+def _up(s: Scheduler, name: str, now: float) -> None:
+    """Start ``name`` the way ``harness up`` does, and report it ready."""
+    s.enqueue(name, "harness-up", now)
+    action = step(s, name, now).action
+    assert isinstance(action, Start)
+    s.started(name, now)
+    step(s, name, now)  # the caller is admitted
+    for lease in [lease for lease in s.leases.values() if lease.service == name]:
+        s.release(lease.id, now)
+
+
+def test_a_crashed_resident_is_restarted_with_a_doubling_backoff() -> None:
+    s = scheduler(place("kin", 9001, mode="resident"), restart_backoff=(1.0, 4.0), crash_limit=10)
+    group = s.group_of("kin")
+    _up(s, "kin", 0.0)
+    crash = s.exited("kin", 10.0, "kin exited with exit code 3")
+    assert crash == Stop("kin", "crash")
+    s.stopped("kin", 10.0)
+    assert s.restart_due(group, 10.5) is None, "not before its backoff"
+    assert s.restart_due(group, 11.0) == Start("kin", after_swap=False, gpu=0, vram_gb=0.0)
+    s.start_failed("kin", 11.0, "exit code 3")  # two failures in the window: two seconds
+    assert s.restart_due(group, 12.9) is None and s.restart_due(group, 13.0) is not None
+    s.start_failed("kin", 13.0, "exit code 3")  # three: four seconds, the largest
+    s.start_failed("kin", 13.0, "again")
+    assert s.restart_due(group, 16.9) is None and s.restart_due(group, 17.0) is not None
+    s.started("kin", 17.5)
+    assert s.restart_due(group, 100.0) is None, "a ready resident is left alone"
+
+
+def test_restarts_respect_the_crash_limit_and_never_touch_on_demand_or_unloaded_services() -> None:
+    s = scheduler(place("kin", 9001, mode="resident"), place("seg", 9002), restart_backoff=(1.0, 4.0), crash_limit=2)
+    _up(s, "kin", 0.0)
+    s.exited("kin", 1.0, "crash")
+    s.stopped("kin", 1.0)
+    s.start_failed("kin", 2.0, "again")  # the crash limit: 2 failures within the window
+    assert s.restart_due(s.group_of("kin"), 50.0) is None, "refused while it keeps crashing"
+    assert s.restart_due(s.group_of("kin"), 303.0) is not None, "once the window has passed"
+    _up(s, "seg", 0.0)
+    s.exited("seg", 5.0, "crash")
+    s.stopped("seg", 5.0)
+    assert s.restart_due(s.group_of("seg"), 100.0) is None, "on demand: the next caller starts it"
+    t = scheduler(place("kin", 9001, mode="resident"))
+    _up(t, "kin", 0.0)
+    assert t.unload("kin") == Stop("kin", "down")
+    t.stopped("kin", 1.0)
+    assert t.service("kin").stop_reason == "down" and t.service("kin").state == "stopped"
+    assert t.restart_due(t.group_of("kin"), 100.0) is None, "stopped by hand: stays stopped"
+    assert t.unload("kin") == "not running"
+
+
+def test_unload_waits_for_leases_in_flight_and_leaves_foreign_and_external_alone() -> None:
+    s = scheduler(place("seg", 9001), place("remote", 9002, mode="external", gpu=None))
+    ticket, _ = ask(s, "seg", 0.0)
+    s.started("seg", 1.0)
+    step(s, "seg", 1.0)
+    assert ticket.lease is not None
+    assert s.unload("seg") == "wait", "never stopped mid-call"
+    s.release(ticket.lease.id, 2.0)
+    assert s.unload("seg") == Stop("seg", "down")
+    assert s.unload("remote") == "external"
+
+
+def test_health_checks_failing_in_a_row_stop_a_hung_service_as_a_crash() -> None:
+    s = scheduler(place("kin", 9001, mode="resident"), health_failures=3)
+    _up(s, "kin", 0.0)
+    assert s.health("kin", False, 1.0, "no answer") is None
+    assert s.health("kin", True, 2.0) is None, "an answer resets the count"
+    assert s.health("kin", False, 3.0) is None and s.health("kin", False, 4.0) is None
+    assert s.health("kin", False, 5.0, "/health did not answer") == Stop("kin", "crash")
+    s.stopped("kin", 5.0)
+    row = s.status_row("kin", 5.0)
+    assert row["state"] == "crashed" and row["crashes"] == 1 and "3 health checks" in row["error"]
+
+
+def test_a_service_added_joins_its_swap_group() -> None:
+    s = swap_group("policy")
+    group = s.add(place("seg", 9100, swap="gpu0", vram_gb=6.0), spec("seg", 9100))
+    assert group is s.group_of("policy") and group.members == ["policy", "seg"]
+    with pytest.raises(BrokerError, match="served already"):
+        s.add(place("seg", 9100), spec("seg", 9100))
+    alone = s.add(place("kin", 9200, mode="resident", gpu=None), spec("kin", 9200))
+    assert alone.members == ["kin"] and s.order[-1] == "kin"
+
+
+def test_a_service_is_removed_only_when_nothing_of_it_runs_or_waits() -> None:
+    s = swap_group("policy")
+    s.add(place("seg", 9100, swap="gpu0", vram_gb=6.0), spec("seg", 9100))
+    ticket, _ = ask(s, "seg", 0.0)
+    with pytest.raises(BrokerError, match="in use"):
+        s.remove("seg")  # a caller waits for it
+    s.start_failed("seg", 1.0, "exit code 5")
+    assert ticket.error is not None
+    assert s.remove("seg") is False, "its swap group stays, with policy"
+    assert "seg" not in s.services and s.group_of("policy").members == ["policy"]
+    assert s.remove("policy") is True and s.groups == {}

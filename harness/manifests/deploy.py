@@ -134,7 +134,8 @@ class Deploy(Strict):
     state: str | None = Field(
         default=None,
         description="The folder for the started services' logs, pid files and the broker's state (default: one "
-        "per project under $HARNESS_HOME/state).",
+        "per project under $HARNESS_HOME/state; `harness deploy write` writes one of its own for each deploy file, so "
+        "two instances on one machine never share a broker).",
     )
     gpus: list[int] | None = Field(
         default=None,

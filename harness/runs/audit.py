@@ -458,6 +458,7 @@ def _launch_diff(
                 continue  # the placement line says it
             if env_a.get(key) != env_b.get(key):
                 lines.append(f"{service}: env {key}: {env_a.get(key, '(unset)')} → {env_b.get(key, '(unset)')}")
+        lines += _environment_diff(service, xa, xb, skip=set(env_a) | set(env_b))
     ca, cb = la.get("command") or {}, lb.get("command") or {}
     if ca and cb:
         argv_a, argv_b = _normal(ca.get("argv", []), ca), _normal(cb.get("argv", []), cb)
@@ -479,6 +480,64 @@ def _launch_diff(
                     continue
             if env_a.get(key) != env_b.get(key):
                 lines.append(f"run command: env {key}: {env_a.get(key, '(unset)')} → {env_b.get(key, '(unset)')}")
+        lines += _environment_diff(
+            "run command", ca, cb, skip={k for k in (*env_a, *env_b) if k.startswith("HARNESS_")}
+        )
+    return lines
+
+
+#: Variables a shell session, terminal or test runner sets that differ from one session to
+#: the next and that no model reads: not compared in a launch's ``environment``.
+SESSION_VARIABLES = frozenset(
+    {
+        "_",
+        "OLDPWD",
+        "PWD",
+        "SHLVL",
+        "TERM",
+        "COLORTERM",
+        "COLUMNS",
+        "LINES",
+        "PS1",
+        "PS2",
+        "PROMPT_COMMAND",
+        "LS_COLORS",
+        "DISPLAY",
+        "WAYLAND_DISPLAY",
+        "WINDOWID",
+        "TMUX",
+        "TMUX_PANE",
+        "STY",
+        "PYTEST_CURRENT_TEST",
+    }
+)
+#: Prefixes of the same kind (a login's SSH connection, a desktop session, a terminal's own).
+SESSION_PREFIXES = ("SSH_", "XDG_SESSION_", "TERM_", "VSCODE_", "KITTY_", "ITERM_", "WT_")
+
+
+def _environment_diff(label: str, a: dict[str, Any], b: dict[str, Any], *, skip: set[str]) -> list[str]:
+    """What differs in two launches' ``environment`` (every variable the process saw), but
+    the variables in ``skip`` (compared elsewhere), a run's own and a session's. A secret's
+    value is recorded as a hash: its line says it changed and shows no value. Nothing when
+    either record predates ``environment``."""
+    env_a, env_b = a.get("environment"), b.get("environment")
+    if not isinstance(env_a, dict) or not isinstance(env_b, dict):
+        return []
+    from harness.runtime.launch import is_secret_name
+
+    lines = []
+    for key in sorted(set(env_a) | set(env_b)):
+        if key in skip or key in _PER_RUN_VARIABLES or key in SESSION_VARIABLES or key.startswith(SESSION_PREFIXES):
+            continue
+        va, vb = env_a.get(key), env_b.get(key)
+        if va == vb:
+            continue
+        if is_secret_name(key) and va is not None and vb is not None:
+            lines.append(f"{label}: environment {key}: changed (a secret: its value is recorded as a hash only)")
+        else:
+            shown_a = "(unset)" if va is None else "(a secret)" if is_secret_name(key) else _short(va)
+            shown_b = "(unset)" if vb is None else "(a secret)" if is_secret_name(key) else _short(vb)
+            lines.append(f"{label}: environment {key}: {shown_a} → {shown_b}")
     return lines
 
 
@@ -500,9 +559,9 @@ def _with_project(launch: dict[str, Any], config: dict[str, Any]) -> dict[str, A
     return {"services": services, "command": command}
 
 
-#: Variables that name this run itself (its folder, its broker's address), or that another
-#: line compares (a remote simulator's address): never compared as variables.
-_PER_RUN_VARIABLES = frozenset({"HARNESS_RUN_DIR", "HARNESS_BROKER", "HARNESS_SIMULATOR_URL"})
+#: Variables that name this run itself (its folder, its broker's address and token), or that
+#: another line compares (a remote simulator's address): never compared as variables.
+_PER_RUN_VARIABLES = frozenset({"HARNESS_RUN_DIR", "HARNESS_BROKER", "HARNESS_BROKER_TOKEN", "HARNESS_SIMULATOR_URL"})
 
 
 def _explained_url(key: str, moved: dict[str, set[str]]) -> bool:

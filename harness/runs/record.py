@@ -204,9 +204,10 @@ def service_launch(spec: LaunchSpec, store_root: Path) -> dict[str, Any]:
     """What a service's launch spec says that shapes the computation (``config.json``'s
     ``launch.services``): the argv after templates, the working directory, the variables
     harness sets (:data:`~harness.runtime.launch.SERVICE_VARIABLES` and the GPU), the
-    store paths they name, the port and URL. The caller's other variables (``PATH``,
-    ``HOME``, tokens) are neither recorded nor compared: they are not harness's to pin."""
-    from harness.runtime.launch import SERVICE_VARIABLES
+    store paths they name, the port and URL; and ``environment``, every variable the service
+    saw (:func:`harness.runtime.launch.recorded_environment`: a secret-like one's value as
+    a hash only), which ``diff`` compares but for per-session variables."""
+    from harness.runtime.launch import SERVICE_VARIABLES, recorded_environment
 
     keys = sorted({*SERVICE_VARIABLES, "CUDA_VISIBLE_DEVICES"})
     argv = [str(a) for a in spec.argv]
@@ -217,6 +218,7 @@ def service_launch(spec: LaunchSpec, store_root: Path) -> dict[str, Any]:
         "store_paths": store_paths_named([*argv, str(spec.cwd)], store_root),
         "port": spec.port,
         "url": spec.url,
+        "environment": recorded_environment(spec.env),
     }
 
 
@@ -229,8 +231,9 @@ def command_launch(argv: list[str], cwd: Path, env: dict[str, str], store_root: 
     """The run's own command or benchmark worker as launched (``launch.command``): argv,
     working directory, the ``HARNESS_*`` variables harness sets (never a secret: the
     broker's token, and any variable of a secret-like name, is named, not recorded), the
-    store paths named."""
-    from harness.runtime.launch import is_secret_name
+    store paths named, and every variable it was given (``environment``, a secret-like
+    one's value as a hash only)."""
+    from harness.runtime.launch import is_secret_name, recorded_environment
 
     return {
         "argv": list(argv),
@@ -241,6 +244,7 @@ def command_launch(argv: list[str], cwd: Path, env: dict[str, str], store_root: 
             if k.startswith("HARNESS_")
         },
         "store_paths": store_paths_named([*argv, str(cwd)], store_root),
+        "environment": recorded_environment(env),
     }
 
 

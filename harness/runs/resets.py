@@ -9,8 +9,13 @@ the caller with ``fresh: true`` on the lease (DESIGN invariant 5's documented ex
     {"service": "simate", "at": <unix time>, "client": "agent-1", "lease": "<id>",
      "incarnation": 2, "previous_incarnation": 1}
 
-A reset is a fresh lease on a scoped service for a client that an earlier incarnation of
-the service had served: a client's first lease is fresh without anything being lost.
+A reset is a lease on a scoped service for a client that an earlier incarnation of the
+service had served: a client's first lease is fresh without anything being lost.
+
+A run's own broker is a :class:`RecordingBroker`. A run that joins ``harness up``'s
+broker registers with it (``POST /runs``) and hands its command a token of its own: the
+broker watches the leases taken with that token by the same rule and gives the run its
+resets when it ends (``POST /runs/end``), which the run appends here.
 ``harness run`` copies the lines into ``result.json`` (``scoped_resets``); ``audit`` shows
 them and ``diff`` compares them.
 """
@@ -25,42 +30,38 @@ from pathlib import Path
 from typing import Any
 
 from harness.runtime.broker import Broker
+from harness.runtime.scheduling import ResetTracker
 
 #: Where a run's resets are kept, beside its other record files.
 RESETS_FILE = "scoped-resets.jsonl"
 
 
 class ResetLog:
-    """Notices resets in a stream of leases (thread-safe); appends each to ``path``."""
+    """Notices resets in a stream of leases (thread-safe); appends each to ``path``.
+
+    The rule is :class:`harness.runtime.scheduling.ResetTracker`'s."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._seen: dict[tuple[str, str], int] = {}  # (service, client) -> incarnation last leased
+        self._tracker = ResetTracker()
         self._lock = threading.Lock()
 
     def observe(self, lease: Mapping[str, Any], client: str) -> dict[str, Any] | None:
         """Record ``lease`` (an acquire's answer) for ``client``; return the reset it shows, if any."""
-        if not lease.get("scoped"):
-            return None
-        key = (str(lease.get("service")), client)
-        incarnation = int(lease.get("incarnation") or 0)
         with self._lock:
-            previous = self._seen.get(key)
-            self._seen[key] = incarnation
-            if not lease.get("fresh") or previous is None or previous == incarnation:
-                return None
-            reset = {
-                "service": key[0],
-                "at": time.time(),
-                "client": client,
-                "lease": lease.get("lease"),
-                "incarnation": incarnation,
-                "previous_incarnation": previous,
-            }
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(reset, sort_keys=True) + "\n")
+            reset = self._tracker.observe(lease, client, time.time())
+            if reset is not None:
+                write_resets(self.path, [reset])
             return reset
+
+
+def write_resets(path: Path, resets: list[dict[str, Any]]) -> None:
+    """Append ``resets`` to ``path`` (one JSON line each), as :class:`ResetLog` does."""
+    if not resets:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(reset, sort_keys=True) + "\n" for reset in resets))
 
 
 def read_resets(path: Path) -> list[dict[str, Any]]:

@@ -133,8 +133,8 @@ def run(
         echo("interrupted: recording the run")
     finally:
         foreign = broker.foreign(prepared.specs)
-        broker.stop()
-        score = _record_result(run_dir, run_id, started, exit_status, prepared.impurities, foreign)
+        unknown = broker.stop()
+        score = _record_result(run_dir, run_id, started, exit_status, [*prepared.impurities, *unknown], foreign)
         run_roots.close()  # the record's lock.json roots it now (the last N runs are kept)
     return RunOutcome(run_id, run_dir, exit_status, score)
 
@@ -263,13 +263,19 @@ def _record_start(
     closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=what.code)
     deploy_text = prepared.deploy_path.read_text() if prepared.deploy_path else None
     shared = broker.shared
+    services = {name: service_launch(spec, store.root) for name, spec in sorted(prepared.specs.items())}
+    if shared is not None:  # its services run with the environment `harness up` gave them
+        for name, launch in services.items():
+            seen = (shared.launches.get(name) or {}).get("environment")
+            if isinstance(seen, dict):
+                launch["environment"] = seen
     config = {
         **run_config(run_id, started, command, prepared, agent=agent, sets=sets),
         "argv": what.argv,
         "deploy": {"path": str(prepared.deploy_path), "text": deploy_text} if deploy_text else None,
         # Everything that shapes what the services and the command compute, as launched.
         "launch": {
-            "services": {name: service_launch(spec, store.root) for name, spec in sorted(prepared.specs.items())},
+            "services": services,
             "command": None,  # filled in by _start_and_run, once the broker's address is known
         },
         "broker": {
@@ -329,6 +335,7 @@ class _RunBroker:
 
     shared: SharedBroker | None
     own: RecordingBroker | None = None
+    joined: Path | None = None  # the run's folder, once it joined the shared broker
 
     def start(self, prepared: Prepared, run_dir: Path) -> tuple[str, dict[str, str]]:
         """Start the resident services (before the command starts); the broker's address
@@ -342,10 +349,13 @@ class _RunBroker:
         if self.shared is not None:
             specs = prepared.specs
             residents = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in specs]
+            # The command's leases are the run's: the broker watches them for scoped resets.
+            env = self.shared.join_run(run_dir.name, os.getpid())
+            self.joined = run_dir
             status = self.shared.start(residents, timeout=30.0 + sum(s.load_seconds for s in specs.values()))
             if status["broker"].get("up_errors"):
                 raise start_failure(status["broker"]["up_errors"], hint=hint)
-            return self.shared.url, self.shared.client_env()
+            return self.shared.url, env
         from harness.runs.resets import RESETS_FILE, RecordingBroker, ResetLog
         from harness.runtime.session import broker_options
 
@@ -379,10 +389,21 @@ class _RunBroker:
         except Exception:  # the record matters more than this detail
             return []
 
-    def stop(self) -> None:
-        """Stop the run's own broker and every service it started (``harness up``'s stays)."""
+    def stop(self) -> list[str]:
+        """Stop the run's own broker and every service it started (``harness up``'s stays);
+        a run that joined ``harness up``'s broker writes the resets it saw there. Returns
+        the impurities to record: resets that could not be read back."""
         if self.own is not None:
             self.own.shutdown()
+        if self.shared is None or self.joined is None:
+            return []
+        from harness.runs.resets import RESETS_FILE, write_resets
+
+        try:
+            write_resets(self.joined / RESETS_FILE, self.shared.end_run(self.joined.name))
+        except HarnessError as exc:
+            return [f"the scoped resets of this run are unknown: {exc.message}"]
+        return []
 
 
 def _record_result(

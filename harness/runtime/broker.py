@@ -16,6 +16,21 @@ HTTP on loopback (JSON bodies; errors are ``{"error": msg, "code": code}``)::
     GET  /status                          -> {"broker": {...}, "services": [{...}, ...]}
     GET  /health                          -> {"status": "ok"}
     POST /shutdown                        -> 200, then every service it started is stopped
+    POST /stop     {"names": [...], "timeout": s?} -> 200 {"results": {name: outcome}, "status"}: stop
+                   those services' processes, the broker staying (``harness down NAME``);
+                   409 in_use when leases stay in flight
+    POST /add      {"services": [{"placement": {...}, "spec": {...}}]} -> 200 {"status"}: serve
+                   services it did not launch (``harness up NAME``); 409 exists / port_taken
+    POST /remove   {"names": [...]} -> 200 {"status"}: serve them no more (a failed ``up NAME``'s)
+    POST /runs     {"run": id, "pid": int?} -> 200 {"token": t}: a run that joins this broker
+    POST /runs/end {"run": id}              -> 200 {"scoped_resets": [...]} (and the token ends)
+
+A run that joins the broker (``harness run`` beside ``harness up``) registers itself and
+hands its command the token ``/runs`` answered: a token that may only acquire, release and
+read ``/status`` and ``/plan``. Leases taken with it are watched for resets of ``scoped``
+services (:class:`~harness.runtime.scheduling.ResetTracker`), which ``/runs/end`` hands
+back, so the run records them as it would with a broker of its own. A run whose process
+exits without ending is forgotten.
 
 In a request ``"client"`` is the caller's id; in the answer it is the service's client
 table, an object of strings: the manifest's ``client`` (``url = "{url}"``) with its templates
@@ -43,7 +58,10 @@ machine tested on its own; this module carries them out with processes, threads 
   lease in flight and nobody waiting for it (never, without ``idle_seconds``).
 * **Crashes**: a service whose process exits unexpectedly is noticed (polled every
   ``tick`` seconds and on every acquire), its process group is stopped, and it is started
-  again on the next acquire. A failed start fails the callers waiting for it (503
+  again on the next acquire; a ``resident`` one also without a caller, after a backoff
+  (``restart_backoff``), and a resident that stops answering its health check
+  (probed every ``health_interval`` seconds) ``health_failures`` times in a row is stopped
+  as a crash and started again. A failed start fails the callers waiting for it (503
   ``start_failed`` with the log's tail). After ``crash_limit`` failures (crashes or failed
   starts) within ``crash_window`` seconds, acquires are refused at once (503 ``crashing``,
   with the log's tail) until the window has passed.
@@ -74,6 +92,8 @@ when it died, and stops only what harness started.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import hmac
 import json
 import math
@@ -88,6 +108,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
@@ -97,9 +118,18 @@ from filelock import FileLock, Timeout
 
 from harness.errors import HarnessError
 from harness.runtime import supervisor, watchdog
-from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta
+from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta, recorded_environment
 from harness.runtime.plan import Gpu, Plan, RemoteSimulator, ServicePlacement, SimWorker
-from harness.runtime.scheduling import STATES, Action, BrokerError, GroupState, Scheduler, Start, Stop
+from harness.runtime.scheduling import (
+    STATES,
+    Action,
+    BrokerError,
+    GroupState,
+    ResetTracker,
+    Scheduler,
+    Start,
+    Stop,
+)
 
 __all__ = ["STATES", "Broker", "BrokerError", "broker_address", "down", "read_state", "spawn", "status"]
 
@@ -127,6 +157,28 @@ HANDED_SECRETS = "HARNESS_BROKER_SECRETS"
 SYSTEM_CLIENT = "harness-up"
 
 # ----------------------------------------------------------------------------- broker
+
+
+@dataclass(eq=False)
+class RunWatch:
+    """A run that joined the broker (``POST /runs``): its token's leases, watched for resets."""
+
+    run: str
+    pid: int | None
+    create_time: float | None
+    tracker: ResetTracker = field(default_factory=ResetTracker)
+    resets: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, lease: Mapping[str, Any], client: str) -> None:
+        with self.lock:
+            reset = self.tracker.observe(lease, client, time.time())
+            if reset is not None:
+                self.resets.append(reset)
+
+
+def _token_key(token: bytes) -> bytes:
+    return hashlib.sha256(token).digest()
 
 
 class Broker:
@@ -159,6 +211,9 @@ class Broker:
         die_with_owner: bool = False,
         gpu_free: Callable[[int], float | None] | None = None,
         gpu_wait_seconds: float = 120.0,
+        restart_backoff: tuple[float, float] | None = (1.0, 60.0),
+        health_interval: float = 5.0,
+        health_failures: int = 3,
     ) -> None:
         self.plan = plan
         self.state_dir = supervisor.make_state_dir(Path(state_dir))
@@ -173,7 +228,10 @@ class Broker:
             crash_window=crash_window,
             lease_seconds=lease_seconds,
             new_id=lambda: secrets.token_hex(8),
+            restart_backoff=restart_backoff,
+            health_failures=health_failures,
         )
+        self.health_interval = health_interval
         self.specs = {name: specs[name] for name, svc in self._sched.services.items() if svc.local}
         self._lock = threading.Lock()
         self._conds = {name: threading.Condition(self._lock) for name in self._sched.groups}
@@ -191,6 +249,7 @@ class Broker:
         self._up_errors: dict[str, str] = {}
         #: The secret every request but ``/health`` must carry; written to ``broker.token``.
         self.token = secrets.token_urlsafe(32)
+        self._runs: dict[bytes, RunWatch] = {}  # sha256 of a run's token -> the run
         # A broker inside a run's process: its services must not outlive that process,
         # even killed with SIGKILL (see harness.runtime.watchdog).
         self._watchdog = watchdog.spawn(self.state_dir, grace) if die_with_owner and self.specs else None
@@ -400,12 +459,17 @@ class Broker:
             if slow:
                 last_slow = now
                 self._reap_dead_clients()
+                self._forget_dead_runs()
             with self._lock:
                 for lease in self._sched.reclaim_overdue(now):
                     self._conds[self._sched.service(lease.service).group].notify_all()
-            for group in self._sched.groups.values():
+            for group in list(self._sched.groups.values()):
                 with self._lock:
                     if group.busy or self._closing:
+                        continue
+                    restart = self._sched.restart_due(group, time.monotonic())
+                    if restart is not None:  # a crashed resident, after its backoff: not on this thread
+                        threading.Thread(target=self._carry_out, args=(group, restart), name="restart").start()
                         continue
                     action: Action | None = self._check_exit(group)
                     if action is not None:
@@ -424,6 +488,41 @@ class Broker:
                         self._execute(group, action)
                     if group.queue:
                         self._conds[group.name].notify_all()
+
+    def _carry_out(self, group: GroupState, action: Action) -> None:
+        """Carry out ``action``, decided for ``group`` (now busy) on another thread."""
+        with self._lock:
+            self._execute(group, action)
+
+    def _health_checks(self) -> None:
+        """Probe every ready resident every :attr:`health_interval` seconds (a thread): a
+        hung process fails its checks and is stopped as a crash, then started again."""
+        while not self._closed.wait(self.health_interval):
+            if self._closing:
+                return
+            with self._lock:
+                ready = [
+                    name
+                    for name in self._sched.order
+                    if self._sched.service(name).placement.mode == "resident"
+                    and self._sched.service(name).state == "ready"
+                    and not self._sched.service(name).foreign
+                    and name in self._procs
+                ]
+            for name in ready:
+                spec = self.specs.get(name)
+                if spec is None:
+                    continue  # taken out meanwhile
+                ok = supervisor.probe(spec, timeout=2.0)
+                with self._lock:
+                    # Not once closing: a stop decided then might never be carried out.
+                    if self._closing or name not in self._sched.services:
+                        continue
+                    group = self._sched.group_of(name)
+                    what = spec.health_url or f"port {spec.port}"
+                    action = self._sched.health(name, ok, time.monotonic(), f"{what} did not answer")
+                    if action is not None:
+                        self._execute(group, action)
 
     def _reap_dead_clients(self) -> None:
         """Release the leases whose client process has exited (a crashed caller must not pin
@@ -485,6 +584,90 @@ class Broker:
         self._up_state = "ready"
         return {n: results.get(n) for n in wanted}
 
+    def served(self) -> set[str]:
+        """The names of every service of its plan."""
+        with self._lock:
+            return set(self._sched.services)
+
+    def stop_service(self, name: str, timeout: float = 60.0) -> str:
+        """Stop ``name``'s process, the broker and every other service staying (``harness
+        down NAME``): waits for leases on it in flight to be released (at most ``timeout``
+        seconds: then 409 ``in_use``). Returns "stopped", or why nothing was: "not running",
+        "foreign" (never stopped: not ours), "external", "off". It starts again when a
+        caller asks for it. Raises :class:`BrokerError` 404 for a name it does not serve."""
+        if name not in self._sched.services:
+            raise BrokerError(404, "unknown_service", f"this broker serves no {name}")
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            group = self._sched.group_of(name)
+            while True:
+                decision = self._sched.unload(name)
+                if isinstance(decision, Stop):
+                    self._execute(group, decision)
+                    return "stopped"
+                if decision != "wait":
+                    return decision
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    leases = len(self._sched.service(name).inflight)
+                    raise BrokerError(
+                        409, "in_use", f"{name} still has {leases} lease(s) in flight after {timeout:g} s: not stopped"
+                    )
+                self._conds[group.name].wait(min(remaining, self.tick * 5))
+
+    def add_services(self, placements: Iterable[ServicePlacement], specs: Mapping[str, LaunchSpec]) -> None:
+        """Serve ``placements`` too (``harness up NAME`` beside a broker that does not launch
+        NAME): each joins its swap group or forms its own. Raises :class:`BrokerError` (409)
+        for a name it serves already or a port another of its services has."""
+        placements = list(placements)
+        with self._lock:
+            ports = {spec.port: name for name, spec in self.specs.items()}
+            for placement in placements:
+                spec = specs.get(placement.name)
+                if placement.name in self._sched.services:
+                    raise BrokerError(409, "exists", f"{placement.name} is served by this broker already")
+                if placement.mode in ("resident", "on_demand") and spec is None:
+                    raise BrokerError(400, "bad_request", f"{placement.name}: no launch spec")
+                if spec is not None and spec.port in ports:
+                    raise BrokerError(
+                        409, "port_taken", f"{placement.name}: port {spec.port} is {ports[spec.port]}'s in this broker"
+                    )
+            for placement in placements:
+                group = self._sched.add(placement, specs.get(placement.name))
+                self._conds.setdefault(group.name, threading.Condition(self._lock))
+                if placement.mode in ("resident", "on_demand"):
+                    self.specs[placement.name] = specs[placement.name]
+            self.plan = dataclasses.replace(self.plan, services=(*self.plan.services, *placements))
+        if self._server is not None and (read_state(self.state_dir) or {}).get("pid") == os.getpid():
+            self._write_state()  # broker.json names every service it serves
+
+    def remove_services(self, names: Iterable[str], timeout: float = 60.0) -> None:
+        """Serve ``names`` no more, stopping any process first (``harness up NAME`` taking out
+        again the services it added and that did not come up). Raises :class:`BrokerError`."""
+        for name in names:
+            if name not in self.served():
+                continue
+            for attempt in range(5):  # a crashed resident's restart may begin meanwhile: stop it again
+                self.stop_service(name, timeout)
+                with self._lock:
+                    group = self._sched.group_of(name).name
+                    try:
+                        emptied = self._sched.remove(name)
+                    except BrokerError:
+                        if attempt == 4:
+                            raise
+                        continue
+                    if emptied:
+                        self._conds.pop(group, None)
+                    break
+            with self._lock:
+                self.specs.pop(name, None)
+                self.plan = dataclasses.replace(
+                    self.plan, services=tuple(p for p in self.plan.services if p.name != name)
+                )
+        if self._server is not None and (read_state(self.state_dir) or {}).get("pid") == os.getpid():
+            self._write_state()
+
     def check_leftovers(self) -> None:
         """Refuse (HarnessError) when pid files show services that an earlier broker of this
         state folder started and that still run: ``harness down`` first."""
@@ -502,6 +685,53 @@ class Broker:
         caller can tell whether this broker serves the very store paths it would launch."""
         return {name: launch_identity(spec) for name, spec in self.specs.items()}
 
+    # --------------------------------------------------------------------- joined runs
+
+    def register_run(self, run: str, pid: int | None = None) -> str:
+        """A run joins (``POST /runs``): a token for its command, whose leases are watched for
+        resets of scoped services until :meth:`end_run` (or until process ``pid`` exits)."""
+        create_time = self._client_create_time(pid) if pid is not None else None
+        token = secrets.token_urlsafe(32)
+        with self._lock:
+            for key, watch in list(self._runs.items()):
+                if watch.run == run:  # registered again: the earlier token ends
+                    del self._runs[key]
+            self._runs[_token_key(token.encode())] = RunWatch(run, pid if create_time else None, create_time)
+        return token
+
+    def run_of(self, token: bytes) -> RunWatch | None:
+        """The joined run whose token is ``token``, or None."""
+        with self._lock:
+            return self._runs.get(_token_key(token))
+
+    def end_run(self, run: str) -> list[dict[str, Any]]:
+        """A joined run ends (``POST /runs/end``): its resets; its token no longer answers."""
+        with self._lock:
+            ended = [(k, w) for k, w in self._runs.items() if w.run == run]
+            for key, _ in ended:
+                del self._runs[key]
+        if not ended:
+            raise BrokerError(404, "unknown_run", f"no run {run!r} has joined this broker")
+        watch = ended[0][1]
+        with watch.lock:
+            return list(watch.resets)
+
+    def _forget_dead_runs(self) -> None:
+        """Joined runs whose process has exited are forgotten (their token ends)."""
+        with self._lock:
+            watched = [(k, w) for k, w in self._runs.items() if w.pid is not None]
+        for key, watch in watched:
+            assert watch.pid is not None
+            try:
+                alive = abs(psutil.Process(watch.pid).create_time() - (watch.create_time or 0)) < 0.05
+            except psutil.NoSuchProcess:
+                alive = False
+            except psutil.Error:
+                continue
+            if not alive:
+                with self._lock:
+                    self._runs.pop(key, None)
+
     # ------------------------------------------------------------------------- status
 
     def status(self) -> dict[str, Any]:
@@ -516,6 +746,7 @@ class Broker:
                 row["pid"] = proc.pid if proc is not None else None
                 row["port"] = spec.port if spec is not None else self._sched.service(name).placement.port
                 services.append(row)
+            runs = [{"run": w.run, "pid": w.pid, "scoped_resets": len(w.resets)} for w in self._runs.values()]
         from harness.runtime.inventory import gpu_memory_by_pid, tree_gpu_memory
 
         gpu_usage = gpu_memory_by_pid() if any(row["pid"] is not None for row in services) else None
@@ -534,6 +765,7 @@ class Broker:
                 "closing": self._closing,
                 "lease_seconds": self._sched.lease_seconds,
                 "gpu_wait_seconds": self.gpu_wait_seconds,
+                "runs": runs,
             },
             "services": services,
         }
@@ -573,6 +805,7 @@ class Broker:
         if self._house is None:
             self._house = threading.Thread(target=self._housekeeping, name="broker-housekeeping", daemon=True)
             self._house.start()
+            threading.Thread(target=self._health_checks, name="broker-health", daemon=True).start()
 
     def client_env(self) -> dict[str, str]:
         """What a process needs to reach this broker: ``HARNESS_BROKER`` and its token."""
@@ -638,7 +871,7 @@ class Broker:
             for cond in self._conds.values():
                 cond.notify_all()
         stoppers = []
-        for group in self._sched.groups.values():
+        for group in list(self._sched.groups.values()):
 
             def stop_group(group: GroupState = group) -> None:
                 cond = self._conds[group.name]
@@ -734,8 +967,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the body may be unread: the stream is not trusted
         self._reply(exc.status, exc.as_json())
 
-    def _check_access(self) -> None:
-        """Host, then Origin, then the token; raises :class:`BrokerError` (403, 401)."""
+    def _check_access(self) -> RunWatch | None:
+        """Host, then Origin, then the token; raises :class:`BrokerError` (403, 401). Returns
+        the joined run whose token was sent (None: the owner's token)."""
         allowed = self.server.allowed_hosts
         host = self.headers.get("Host")
         if allowed is not None and host not in allowed:
@@ -744,16 +978,20 @@ class _Handler(BaseHTTPRequestHandler):
         if origin is not None:
             raise BrokerError(403, "forbidden", f"requests from a web page (Origin {origin!r}) are refused")
         scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode("utf-8", "surrogateescape"), self.server.token
-        ):
-            raise BrokerError(
-                401,
-                "unauthorized",
-                "this broker answers only its owner: send 'Authorization: Bearer TOKEN' "
-                f"with the token of {TOKEN_FILE} in its state folder "
-                "(the client reads it, or $HARNESS_BROKER_TOKEN)",
-            )
+        presented = given.strip().encode("utf-8", "surrogateescape")
+        if scheme.lower() == "bearer":
+            if hmac.compare_digest(presented, self.server.token):
+                return None
+            run = self.server.broker.run_of(presented)
+            if run is not None:
+                return run
+        raise BrokerError(
+            401,
+            "unauthorized",
+            "this broker answers only its owner: send 'Authorization: Bearer TOKEN' "
+            f"with the token of {TOKEN_FILE} in its state folder "
+            "(the client reads it, or $HARNESS_BROKER_TOKEN)",
+        )
 
     def _body(self) -> dict[str, Any]:
         if self.headers.get("Transfer-Encoding"):
@@ -796,10 +1034,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         broker = self.server.broker
         try:
-            self._check_access()
+            run = self._check_access()
             data = self._body()
+            if run is not None and self.path not in ("/acquire", "/release"):
+                raise BrokerError(
+                    403, "forbidden", f"a run's token may only acquire and release leases, not POST {self.path}"
+                )
             if self.path == "/acquire":
-                self._acquire(broker, data)
+                self._acquire(broker, data, run)
             elif self.path == "/release":
                 lease_id = data.get("lease")
                 if not isinstance(lease_id, str) or not 0 < len(lease_id) <= 200:
@@ -815,6 +1057,30 @@ class _Handler(BaseHTTPRequestHandler):
                     raise BrokerError(404, "unknown_service", f"this broker launches no {', '.join(unknown)}")
                 results = broker.start(names, check_leftovers=False)
                 self._reply(200, {"results": results, "status": broker.status()})
+            elif self.path == "/stop":
+                self._stop(broker, data)
+            elif self.path == "/add":
+                placements, specs = _services_to_add(data)
+                broker.add_services(placements, specs)
+                self._reply(200, {"status": broker.status()})
+            elif self.path == "/remove":
+                names = data.get("names")
+                if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                    raise BrokerError(400, "bad_request", 'remove needs {"names": [service, ...]}')
+                broker.remove_services(names)
+                self._reply(200, {"status": broker.status()})
+            elif self.path == "/runs":
+                name, pid = data.get("run"), data.get("pid")
+                if not isinstance(name, str) or not 0 < len(name) <= 200:
+                    raise BrokerError(400, "bad_request", 'runs needs {"run": id}')
+                if pid is not None and not _positive_int(pid):
+                    raise BrokerError(400, "bad_request", f'"pid" must be a positive integer, not {pid!r}')
+                self._reply(200, {"token": broker.register_run(name, pid)})
+            elif self.path == "/runs/end":
+                name = data.get("run")
+                if not isinstance(name, str) or not 0 < len(name) <= 200:
+                    raise BrokerError(400, "bad_request", 'runs/end needs {"run": id}')
+                self._reply(200, {"scoped_resets": broker.end_run(name)})
             elif self.path == "/shutdown":
                 self._reply(200, {"shutting_down": True})
                 # Not on this thread: shutdown() waits for serve_forever, which waits for us.
@@ -826,7 +1092,19 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bug: answer rather than drop the connection
             self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
 
-    def _acquire(self, broker: Broker, data: Mapping[str, Any]) -> None:
+    def _stop(self, broker: Broker, data: Mapping[str, Any]) -> None:
+        names, timeout = data.get("names"), data.get("timeout", 60.0)
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise BrokerError(400, "bad_request", 'stop needs {"names": [service, ...]}')
+        if not _number(timeout):
+            raise BrokerError(400, "bad_request", f'"timeout" must be a number of seconds >= 0, not {timeout!r}')
+        unknown = sorted(set(names) - broker.served())
+        if unknown:
+            raise BrokerError(404, "unknown_service", f"this broker serves no {', '.join(unknown)}")
+        results = {name: broker.stop_service(name, float(timeout)) for name in names}
+        self._reply(200, {"results": results, "status": broker.status()})
+
+    def _acquire(self, broker: Broker, data: Mapping[str, Any], run: RunWatch | None) -> None:
         service = data.get("service")
         if not isinstance(service, str) or not service:
             raise BrokerError(400, "bad_request", 'acquire needs {"service": name}')
@@ -843,6 +1121,28 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if not self._reply(200, lease):
             broker.release(lease["lease"])  # nobody will ever release it
+        elif run is not None:  # a joined run's lease: one its command holds
+            run.observe(lease, client or "anonymous")
+
+
+def _services_to_add(data: Mapping[str, Any]) -> tuple[list[ServicePlacement], dict[str, LaunchSpec]]:
+    """The placements and launch specs of a ``POST /add`` body; 400 when malformed."""
+    entries = data.get("services")
+    if not isinstance(entries, list) or not entries:
+        raise BrokerError(400, "bad_request", 'add needs {"services": [{"placement": ..., "spec": ...}, ...]}')
+    placements, specs = [], {}
+    try:
+        for entry in entries:
+            placement = ServicePlacement(**entry["placement"])
+            placements.append(placement)
+            if entry.get("spec") is not None:
+                spec = LaunchSpec.from_json(entry["spec"])
+                if spec.name != placement.name:
+                    raise ValueError(f"spec {spec.name!r} for placement {placement.name!r}")
+                specs[placement.name] = spec
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise BrokerError(400, "bad_request", f"a service to add is malformed: {type(exc).__name__}: {exc}") from None
+    return placements, specs
 
 
 # ---------------------------------------------------------------- state-folder helpers
@@ -971,6 +1271,14 @@ def failed_up(state_dir: Path, status: Mapping[str, Any]) -> HarnessError | None
         )
     else:
         hint = "fix the cause, then harness up again (the broker it joined stays: harness down stops it)"
+        added = [n for n in broker.get("added") or () if n in failed]
+        shared = SharedBroker.find(state_dir) if added else None
+        if shared is not None:
+            try:  # what this up added and did not come up: the broker is left as it found it
+                shared.remove(added)
+                hint += f"; it no longer serves {', '.join(added)}, which this harness up had added"
+            except HarnessError as exc:
+                hint += f"; {exc.message}"
     return start_failure(failed, hint=hint)
 
 
@@ -1015,6 +1323,25 @@ def down(
         (state_dir / STATE_FILE).unlink(missing_ok=True)
         (state_dir / TOKEN_FILE).unlink(missing_ok=True)
     return {"broker": outcome, "brokers": stopped_brokers, "services": stopped}
+
+
+def down_services(
+    state_dir: Path, names: list[str], *, timeout: float = 60.0, grace: tuple[float, float] = supervisor.DEFAULT_GRACE
+) -> dict[str, Any]:
+    """Stop the services ``names`` of ``state_dir`` and nothing else (``harness down NAME``):
+    through the live broker, which stays; without one, by their pid files. Returns
+    ``{"broker": "running" | "not running", "services": [{"name", "outcome"}, ...]}``."""
+    shared = SharedBroker.find(state_dir)
+    if shared is not None:
+        results = shared.stop(names, timeout)
+        return {"broker": "running", "services": [{"name": n, "outcome": results.get(n, "?")} for n in names]}
+    records = {r.name: r for r in supervisor.read_pidfiles(Path(state_dir))}
+    services = []
+    for name in names:
+        record = records.get(name)
+        outcome = "not running" if record is None else supervisor.stop_recorded(record, grace=grace)
+        services.append({"name": name, "outcome": outcome, "pid": None if record is None else record.pid})
+    return {"broker": "not running", "services": services}
 
 
 def _wait_or_signal(pid: int, timeout: float, grace: tuple[float, float]) -> bool:
@@ -1079,8 +1406,16 @@ def port_holder(port: int) -> str:
 def launch_identity(spec: LaunchSpec) -> dict[str, Any]:
     """What makes two launches of a service the same: its argv (every store path of its
     interpreter, weights and sources), working folder (its code's store path) and port, which
-    make the same process; and its rendered ``client`` table, which every lease hands out."""
-    return {"argv": list(spec.argv), "cwd": str(spec.cwd), "port": spec.port, "client": dict(spec.client)}
+    make the same process; and its rendered ``client`` table, which every lease hands out.
+    ``environment`` (a secret's value as a hash only) is what the process sees: a run that
+    joins records it, and it is not compared."""
+    return {
+        "argv": list(spec.argv),
+        "cwd": str(spec.cwd),
+        "port": spec.port,
+        "client": dict(spec.client),
+        "environment": recorded_environment(spec.env),
+    }
 
 
 def launch_differences(served: Mapping[str, Any], specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> list[str]:
@@ -1122,6 +1457,8 @@ class SharedBroker:
                 hint="it belongs to another user: use a state folder of your own",
             )
         self.token = token
+        #: What it launches (``GET /plan``), once :meth:`check_serves` has asked.
+        self.launches: dict[str, Any] = {}
 
     @classmethod
     def find(cls, state_dir: Path) -> SharedBroker | None:
@@ -1153,13 +1490,55 @@ class SharedBroker:
 
     def check_serves(self, specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> None:
         """Raise HarnessError unless this broker launches ``names`` exactly as ``specs`` do."""
-        problems = launch_differences(self.request("GET", "/plan").get("launch", {}), specs, names)
+        self.launches = dict(self.request("GET", "/plan").get("launch") or {})
+        problems = launch_differences(self.launches, specs, names)
         if problems:
             raise HarnessError(
                 f"the broker of {self.state_dir} (pid {self.pid}, started by harness up) does not serve "
                 "what this project would launch:\n  " + "\n  ".join(problems),
                 hint="harness down, then harness up (or run) again with this project",
             )
+
+    def join_run(self, run: str, pid: int) -> dict[str, str]:
+        """Register run ``run`` (process ``pid``) with this broker: what its command needs to
+        reach it, with a token of the run's own whose leases the broker watches for resets of
+        scoped services (:meth:`end_run` hands them back)."""
+        try:
+            answer = self.request("POST", "/runs", {"run": run, "pid": pid})
+        except HarnessError as exc:
+            raise HarnessError(
+                f"{exc.message}: this broker cannot record the run's scoped resets",
+                hint="it was started by an older harness: harness down, then harness up again",
+            ) from None
+        return {"HARNESS_BROKER": self.url, "HARNESS_BROKER_TOKEN": str(answer["token"])}
+
+    def end_run(self, run: str) -> list[dict[str, Any]]:
+        """The scoped resets the broker saw in run ``run``'s leases; its token ends."""
+        resets = self.request("POST", "/runs/end", {"run": run}).get("scoped_resets")
+        return [r for r in resets if isinstance(r, dict)] if isinstance(resets, list) else []
+
+    def add_missing(self, plan: Plan, specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> list[str]:
+        """Have the broker serve those of ``names`` it does not launch yet (``harness up NAME``
+        beside a broker started for other services); the names added."""
+        launches = self.launches or dict(self.request("GET", "/plan").get("launch") or {})
+        missing = [n for n in names if n not in launches and n in specs]
+        if missing:
+            placed = {p.name: p for p in plan.services}
+            body = [{"placement": dataclasses.asdict(placed[n]), "spec": specs[n].as_json()} for n in sorted(missing)]
+            # The environment goes whole, to this user's own broker on loopback (as a spawned
+            # broker inherits it): it is written to no file.
+            self.request("POST", "/add", {"services": body})
+            self.launches = dict(self.request("GET", "/plan").get("launch") or {})
+        return missing
+
+    def remove(self, names: list[str]) -> None:
+        """Have the broker serve ``names`` no more (the ones a failed ``harness up`` added)."""
+        self.request("POST", "/remove", {"names": names}, timeout=120.0)
+
+    def stop(self, names: list[str], timeout: float = 60.0) -> dict[str, str]:
+        """Stop ``names`` in this broker, which stays (``harness down NAME``): name → outcome."""
+        answer = self.request("POST", "/stop", {"names": names, "timeout": timeout}, timeout=timeout + 30)
+        return {str(k): str(v) for k, v in (answer.get("results") or {}).items()}
 
     def start(self, names: list[str], timeout: float) -> dict[str, Any]:
         """Bring ``names`` up in this broker; its ``/status`` with this call's errors."""
@@ -1228,9 +1607,11 @@ def spawn(
             f"another harness up holds {state_dir / LOCK_FILE} for over 60 s", hint="wait for it, or harness down"
         ) from None
     if shared is not None:
+        added = shared.add_missing(plan, specs, wanted)
         shared.check_serves(specs, wanted)
         joined = shared.start(wanted, timeout)
         joined["broker"]["spawned"] = False
+        joined["broker"]["added"] = added
         return joined
     deadline = time.monotonic() + timeout
     token = read_token(state_dir)
@@ -1325,8 +1706,9 @@ def _main(argv: list[str] | None = None) -> int:
         for name, data in config["specs"].items()
     }
     options = config.get("options") or {}
-    if "grace" in options:
-        options["grace"] = tuple(options["grace"])
+    for key in ("grace", "restart_backoff"):
+        if options.get(key) is not None:
+            options[key] = tuple(options[key])
     broker = Broker(plan_from_json(config["plan"]), specs, args.state_dir, **options)
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -1,7 +1,9 @@
 """A deploy written for you (seed): ``harness deploy write``.
 
 For the GPUs this process sees, write a deploy that gives every service a port of its own
-(so several instances of the project may share a machine) and picks the first layout that
+and the instance a state folder of its own (so several instances of the project may share a
+machine: each has its own broker, logs and pid files, and ``harness down`` of one never
+touches another's services; :func:`instance_state`) and picks the first layout that
 fits the free memory:
 
 1. **resident**: every model at once;
@@ -17,6 +19,7 @@ without error on the same inventory. :func:`port_in_use` is the one probe of the
 
 from __future__ import annotations
 
+import hashlib
 import re
 import socket
 import tomllib
@@ -266,7 +269,20 @@ def port_in_use(port: int) -> bool:
     return False
 
 
-def render(layout: Layout, gpus: tuple[Gpu, ...], ports: Mapping[str, int], *, machine: str) -> str:
+def instance_state(home: Path, project_root: Path, deploy: Path) -> Path:
+    """The state folder of the instance that the deploy file ``deploy`` describes:
+    ``$HARNESS_HOME/state/<project>-<deploy's stem>-<hash of both paths>``, so rewriting the
+    same file keeps its folder (and a broker running there stays reachable) and no two
+    deploy files share one."""
+    project, path = project_root.expanduser().resolve(), deploy.expanduser().resolve()
+    key = hashlib.sha256(f"{project}\0{path}".encode()).hexdigest()[:12]
+    stem = re.sub(r"[^A-Za-z0-9_-]", "-", path.stem).strip("-") or "deploy"
+    return home / "state" / f"{project.name}-{stem}-{key}"
+
+
+def render(
+    layout: Layout, gpus: tuple[Gpu, ...], ports: Mapping[str, int], *, machine: str, state: Path | None = None
+) -> str:
     """The deploy as TOML text with comments saying why (tomlkit keeps them in place)."""
     import tomlkit
 
@@ -282,6 +298,11 @@ def render(layout: Layout, gpus: tuple[Gpu, ...], ports: Mapping[str, int], *, m
     for line in header:
         doc.add(tomlkit.comment(line))
     doc.add(tomlkit.nl())
+    if state is not None:
+        doc.add(
+            tomlkit.comment("This instance's own broker, logs and pid files: `harness down` stops only its services.")
+        )
+        doc["state"] = str(state)
     doc["gpus"] = [g.index for g in gpus]
 
     services = tomlkit.table(is_super_table=True)
@@ -308,12 +329,14 @@ def write_deploy(
     machine: str = "this machine",
     left_out: Mapping[str, str] | None = None,
     preferred: Mapping[str, int] | None = None,
+    state: Path | None = None,
 ) -> tuple[str, Layout]:
     """The deploy text for ``gpus`` and the layout it encodes.
 
     ``taken`` says which ports are in use (pass :func:`port_in_use` for this machine, plus
     the ports other deploys reserved: :mod:`harness.runtime.portregistry`). ``preferred``
-    ports replace the manifests' as the ports services want (an earlier write's).
+    ports replace the manifests' as the ports services want (an earlier write's). ``state``
+    is the instance's state folder (:func:`instance_state`), written as the deploy's ``state``.
     The text is checked before it is returned: it validates as a :class:`Deploy` and
     :func:`~harness.runtime.placement.plan` accepts it on ``gpus``; a failure there is a
     bug in this module and raises RuntimeError.
@@ -323,7 +346,7 @@ def write_deploy(
     layout = choose_layout(services, gpus, left_out=left_out)
     running = set(layout.running())
     ports = assign_ports({n: (preferred or {}).get(n, services[n].port) for n in running}, taken)
-    text = render(layout, gpus, ports, machine=machine)
+    text = render(layout, gpus, ports, machine=machine, state=state)
     try:
         deploy = Deploy.model_validate(tomllib.loads(text))
         plan(services, deploy, gpus)

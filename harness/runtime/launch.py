@@ -38,6 +38,7 @@ so an override naming another checkpoint key takes precedence in the adapter.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -99,6 +100,18 @@ SECRET_NAME = re.compile(
 def is_secret_name(name: str) -> bool:
     """Whether variable ``name`` looks like it holds a credential (:data:`SECRET_NAME`)."""
     return SECRET_NAME.search(name.upper()) is not None
+
+
+def recorded_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` as a record may hold it: every variable, the value of a secret-like one
+    (:func:`is_secret_name`) replaced by ``sha256:`` and the first 16 hex digits of its
+    SHA-256, so a changed secret shows as a change without its value ever being written."""
+    return {
+        name: ("sha256:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16])
+        if is_secret_name(name)
+        else value
+        for name, value in sorted(env.items())
+    }
 
 
 def env_as_delta(env: Mapping[str, str], base: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:

@@ -33,6 +33,15 @@ The rules (the broker's documented semantics):
 * **fresh / incarnation.** ``fresh`` is true on a client's first lease from each process
   start (so a ``scoped`` policy's reset memory is never mistaken for a kept one);
   ``incarnation`` counts starts (0 for external and foreign services).
+* **Residents stay up.** A ready ``resident`` service whose health check fails
+  ``health_failures`` times in a row is stopped as a crash (:meth:`Scheduler.health`); a
+  crashed resident (a crash or a failed start) is started again without waiting for a
+  caller (:meth:`Scheduler.restart_due`) after a backoff that doubles with each failure in
+  the crash window (``restart_backoff``: first and largest wait), and not while the crash
+  limit refuses it. A service stopped by hand (:meth:`Scheduler.unload`, ``harness down
+  NAME``) stays stopped until a caller asks for it.
+* **Services added** to a running scheduler (:meth:`Scheduler.add`, ``harness up NAME``
+  beside a broker that did not launch NAME) join their swap group, or form their own.
 * **Lease limits.** With ``lease_seconds``, a lease held longer is reclaimed by
   :meth:`Scheduler.reclaim_overdue`; its holder's later release gets 410
   ``lease_expired`` saying so.
@@ -193,6 +202,9 @@ class ServiceState:
     error_tail: str = ""
     stop_reason: str | None = None
     stopping: str | None = None  # the reason of the Stop in progress
+    failed_at: float | None = None  # when it last crashed or failed to start
+    last_error: str | None = None  # why, kept after a restart cleared ``error``
+    health_misses: int = 0  # health checks failed in a row while ready
 
     @property
     def name(self) -> str:
@@ -248,10 +260,14 @@ class Scheduler:
         crash_window: float = 300.0,
         lease_seconds: float | None = None,
         new_id: Callable[[], str] | None = None,
+        restart_backoff: tuple[float, float] | None = (1.0, 60.0),
+        health_failures: int = 3,
     ) -> None:
         self.crash_limit = crash_limit
         self.crash_window = crash_window
         self.lease_seconds = lease_seconds
+        self.restart_backoff = restart_backoff
+        self.health_failures = health_failures
         self.closing = False
         self._new_id = new_id or _counter_ids()
         self.services: dict[str, ServiceState] = {}
@@ -259,22 +275,30 @@ class Scheduler:
         self.leases: dict[str, Lease] = {}
         self._reclaimed: OrderedDict[str, str] = OrderedDict()
         self.order: list[str] = []
-        missing = []
-        for placement in placements:
-            local = placement.mode in ("resident", "on_demand")
-            spec = specs.get(placement.name)
-            if local and spec is None:
-                missing.append(placement.name)
-            key = f"swap:{placement.swap}" if (placement.swap and local) else f"service:{placement.name}"
-            self.groups.setdefault(key, GroupState(name=key, members=[])).members.append(placement.name)
-            state = {"external": "external", "off": "off"}.get(placement.mode, "stopped")
-            url = spec.url if (local and spec is not None) else placement.url
-            log = str(spec.log_path) if (local and spec is not None) else None
-            client = spec.client if (local and spec is not None) else placement.client
-            self.services[placement.name] = ServiceState(placement, url, log, key, state, dict(client))
-            self.order.append(placement.name)
+        missing = [p.name for p in placements if p.mode in ("resident", "on_demand") and p.name not in specs]
         if missing:
             raise HarnessError(f"no launch spec for {', '.join(sorted(missing))}")
+        for placement in placements:
+            self.add(placement, specs.get(placement.name))
+
+    def add(self, placement: ServicePlacement, spec: LaunchSpec | None) -> GroupState:
+        """Serve ``placement`` too (``spec``: its launch, for a local one); its group. Raises
+        :class:`BrokerError` (409) for a name already served or a local one without a spec."""
+        if placement.name in self.services:
+            raise BrokerError(409, "exists", f"{placement.name} is served already")
+        local = placement.mode in ("resident", "on_demand")
+        if local and spec is None:
+            raise BrokerError(400, "bad_request", f"no launch spec for {placement.name}")
+        key = f"swap:{placement.swap}" if (placement.swap and local) else f"service:{placement.name}"
+        group = self.groups.setdefault(key, GroupState(name=key, members=[]))
+        group.members.append(placement.name)
+        state = {"external": "external", "off": "off"}.get(placement.mode, "stopped")
+        url = spec.url if (local and spec is not None) else placement.url
+        log = str(spec.log_path) if (local and spec is not None) else None
+        client = spec.client if (local and spec is not None) else placement.client
+        self.services[placement.name] = ServiceState(placement, url, log, key, state, dict(client))
+        self.order.append(placement.name)
+        return group
 
     # --------------------------------------------------------------------- lookups
 
@@ -463,6 +487,7 @@ class Scheduler:
             group.active = None
             return
         svc.foreign = False
+        svc.health_misses = 0
         svc.incarnation += 1
         svc.starts += 1
         svc.served = set()
@@ -478,6 +503,8 @@ class Scheduler:
         svc.state = "crashed"
         svc.error, svc.error_tail = message, log_tail
         svc.failures.append(now)
+        svc.failed_at = now
+        svc.last_error = message
         svc.crashes += 1
         error = BrokerError(503, "start_failed", message, log_tail=log_tail)
         return self._resolve(group, service, _always(error))
@@ -505,8 +532,88 @@ class Scheduler:
             return None
         svc.crashes += 1
         svc.failures.append(now)
+        svc.failed_at = now
+        svc.last_error = message
         svc.error, svc.error_tail = message, log_tail
         return self._begin_stop(group, svc, "crash")
+
+    def health(self, service: str, ok: bool, now: float, message: str = "") -> Stop | None:
+        """The result of a health check of a ready local service; the stop of one that failed
+        ``health_failures`` checks in a row (a hung process: stopped as a crash, so a
+        resident is started again). ``message`` says how the last check failed."""
+        svc = self.services[service]
+        group = self.groups[svc.group]
+        if ok or svc.state != "ready" or svc.foreign:
+            svc.health_misses = 0
+            return None
+        svc.health_misses += 1
+        if svc.health_misses < self.health_failures or group.busy or svc.inflight:
+            return None  # a service answering a long call may be slow to check: never mid-call
+        svc.health_misses = 0
+        svc.crashes += 1
+        svc.failures.append(now)
+        svc.failed_at = now
+        svc.last_error = message
+        svc.error = svc.last_error = f"{service} failed {self.health_failures} health checks in a row: {message}"
+        svc.error_tail = ""
+        return self._begin_stop(group, svc, "crash")
+
+    def restart_due(self, group: GroupState, now: float) -> Start | None:
+        """The start of a crashed ``resident`` member of ``group`` whose backoff has passed
+        (None while the group is busy, holds another process, has callers waiting — their
+        acquire starts what they want — or while the crash limit refuses the service)."""
+        if self.restart_backoff is None or group.busy or self.closing or group.queue or group.active is not None:
+            return None
+        first, largest = self.restart_backoff
+        for name in group.members:
+            svc = self.services[name]
+            if svc.placement.mode != "resident" or svc.state != "crashed" or svc.foreign:
+                continue
+            if self._crash_refusal(svc, now) is not None:
+                continue
+            wait = min(largest, first * 2 ** max(0, len(svc.failures) - 1))
+            if svc.failed_at is not None and now - svc.failed_at < wait:
+                continue
+            return self._begin_start(group, svc)
+        return None
+
+    def remove(self, service: str) -> bool:
+        """Serve ``service`` no more (a ``harness up NAME`` that added it and failed takes it
+        out again); True when its group went with it. Raises :class:`BrokerError` (409
+        ``in_use``) while it has a process, leases or callers."""
+        svc = self.services[service]
+        group = self.groups[svc.group]
+        if (
+            svc.state in ("starting", "ready", "stopping")
+            or svc.inflight
+            or group.active == service
+            or any(t.service == service for t in group.queue)
+        ):
+            raise BrokerError(409, "in_use", f"{service} is {svc.state} or in use: not removed")
+        del self.services[service]
+        self.order.remove(service)
+        group.members.remove(service)
+        if not group.members:
+            del self.groups[group.name]
+            return True
+        return False
+
+    def unload(self, service: str) -> Stop | str:
+        """``harness down NAME``: the stop of ``service``'s process now; ``"wait"`` while its
+        group is busy or leases on it are in flight (never stopped mid-call); or why there
+        is nothing to stop (``"not running"``, ``"foreign"``, ``"external"``, ``"off"``). It
+        stays stopped until a caller asks for it."""
+        svc = self.services[service]
+        group = self.groups[svc.group]
+        if svc.placement.mode in ("external", "off"):
+            return svc.placement.mode
+        if svc.foreign:
+            return "foreign"
+        if group.busy or (svc.state == "ready" and svc.inflight):
+            return "wait"
+        if svc.state != "ready":
+            return "not running"
+        return self._begin_stop(group, svc, "down")
 
     def foreign_gone(self, service: str) -> None:
         """A foreign service's port stopped answering: start our own next time."""
@@ -605,11 +712,50 @@ class Scheduler:
             "waiting": sum(1 for t in group.queue if t.service == name),
             "starts": svc.starts,
             "restarts": max(0, svc.starts - 1),
+            "health_misses": svc.health_misses,
             "crashes": svc.crashes,
             "incarnation": svc.incarnation,
             "scoped": p.scoped,
             "idle_seconds": p.idle_seconds,
             "stop_reason": svc.stop_reason,
             "error": svc.error,
+            "last_error": svc.last_error,
             "log": svc.log,
+        }
+
+
+# ------------------------------------------------------------------------- scoped resets
+
+
+class ResetTracker:
+    """Which leases of one run are resets of a ``scoped`` service (pure; not thread-safe).
+
+    A reset is a lease on a scoped service for a client that an earlier incarnation of the
+    service had served: the process that held the client's memory is gone. A client's
+    first lease loses nothing. Judged by the incarnation alone (not the lease's ``fresh``,
+    which is per client id in the whole broker: a broker that several runs share may have
+    served another run's client of the same id in this incarnation already).
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], int] = {}  # (service, client) -> incarnation last leased
+
+    def observe(self, lease: Mapping[str, Any], client: str, at: float) -> dict[str, Any] | None:
+        """Note ``lease`` (an acquire's answer) for ``client`` at unix time ``at``; the reset
+        it shows, if any."""
+        if not lease.get("scoped"):
+            return None
+        key = (str(lease.get("service")), client)
+        incarnation = int(lease.get("incarnation") or 0)
+        previous = self._seen.get(key)
+        self._seen[key] = incarnation
+        if previous is None or previous == incarnation:
+            return None
+        return {
+            "service": key[0],
+            "at": at,
+            "client": client,
+            "lease": lease.get("lease"),
+            "incarnation": incarnation,
+            "previous_incarnation": previous,
         }

@@ -42,7 +42,7 @@ def write(
 
     from harness.errors import InputError
     from harness.manifests.loading import display_path
-    from harness.runtime.deploywrite import default_path, port_in_use, write_deploy
+    from harness.runtime.deploywrite import default_path, instance_state, port_in_use, write_deploy
     from harness.runtime.portregistry import reserve
 
     project = state.project()
@@ -65,6 +65,7 @@ def write(
             machine=machine,
             left_out=left_out,
             preferred=reservation.previous,
+            state=instance_state(state.home, project.root, path),
         )
         if output == "-":
             click.echo(text, nl=False)

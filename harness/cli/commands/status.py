@@ -31,6 +31,9 @@ def print_status(status: dict[str, Any], state_dir: Path) -> None:
     others = [pid for pid in status.get("brokers", []) if not broker or pid != broker.get("pid")]
     if others:
         click.echo(f"other broker processes of this state folder: {', '.join(map(str, others))} (harness down)")
+    runs = (broker or {}).get("runs") or []
+    if runs:
+        click.echo("runs joined: " + ", ".join(f"{r.get('run')} (pid {r.get('pid')})" for r in runs))
     rows = []
     now = time.time()
     for service in status.get("services", []):
@@ -58,6 +61,30 @@ def print_status(status: dict[str, Any], state_dir: Path) -> None:
     print_table(None, ["service", "mode", "gpu", "state", "pid", "port", "uptime", "memory", "gpu memory"], rows)
 
 
+def _watch(state_dir: Path, as_json: bool, interval: float) -> None:
+    """``status --watch``: the status every ``interval`` seconds until Ctrl-C."""
+    import json
+    import sys
+
+    from harness.runtime.broker import status
+
+    in_place = sys.stdout.isatty() and not as_json
+    try:
+        while True:
+            current = status(state_dir)
+            if as_json:
+                click.echo(json.dumps({"at": time.time(), **current}, sort_keys=True))
+            else:
+                if in_place:
+                    click.clear()
+                click.echo(f"--- {time.strftime('%H:%M:%S')} (every {interval:g} s; Ctrl-C to stop)")
+                print_status(current, state_dir)
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+
+
 def rehearse(state: State, gpus_spec: str) -> dict[str, Any]:
     """The plan of every service under the deploy on the ``--gpus`` machine (a rehearsal)."""
     from harness.runtime.inventory import parse_gpus
@@ -79,12 +106,26 @@ def rehearse(state: State, gpus_spec: str) -> dict[str, Any]:
     help="Also show where the deploy would put every service on these GPUs: 4x24, 24,24,80, or none.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Show it again every --interval seconds until Ctrl-C (on a terminal, in place; else one after another, "
+    "with --json one line each).",
+)
+@click.option(
+    "--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Seconds between looks."
+)
 @click.pass_obj
-def command(state: State, gpus_spec: str | None, as_json: bool) -> None:
+def command(state: State, gpus_spec: str | None, as_json: bool, watch: bool, interval: float) -> None:
     from harness.cli.output import print_json, print_table
     from harness.runtime.broker import status
 
     state_dir = _state_dir(state)
+    if watch:
+        if gpus_spec is not None:
+            raise click.UsageError("--watch shows what runs; --gpus rehearses a plan: give one of them")
+        _watch(state_dir, as_json, interval)
+        return
     current = status(state_dir)
     planned = rehearse(state, gpus_spec) if gpus_spec is not None else None
     if as_json:
