@@ -1681,3 +1681,30 @@ def test_dockerfile_task_scores_one_and_unsupported_steps_and_compose_are_refuse
         assert info["exception_type"] == "SandboxBuildFailedError", info
         assert words in info["exception_message"], info
         assert trials[name]["verifier_result"] is None and not (trials[name]["_dir"] / "harness" / "env.json").exists()
+
+
+@needs_harbor
+@needs_confine
+def test_dockerfile_task_without_user_namespaces(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
+    """The same Dockerfile task confined by Landlock and PRoot: ENV, WORKDIR and COPY are
+    applied as with namespaces; USER cannot give the commands ids of their own there: the
+    record says the users were not enforced and the verifier sees the one id this test's
+    namespace maps (where its USER check accepts root)."""
+    root, pin = project
+    task = _dockerfile_tasks(tmp_path / "tasks", root, pin) / "dockerfile-steps"
+    (tmp_path / "jobs").mkdir()
+    result = _harbor_job(task, tmp_path / "jobs", "confined", home, no_userns=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trial = _trials(tmp_path / "jobs" / "confined")["dockerfile-steps"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
+    assert record["sandbox"]["backend"] == "landlock+proot" and record["sandbox"]["users"]["enforced"] is False
+    stdout = (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()
+    assert _reward(trial) == {"reward": 1.0, "env": 1.0, "workdir": 1.0, "copy": 1.0, "user": 1.0, "answer": 1.0}, (
+        stdout
+    )
+    assert "user: root one id: True cwd: /srv/work" in stdout, stdout
+    assert record["dockerfile"]["user"] == "solver" and record["dockerfile"]["copied"] == [
+        "/srv/data",
+        "/srv/work/notes.txt",
+    ]
