@@ -847,6 +847,14 @@ def test_init_writes_manifest_and_harness_toml(tmp_path: Path) -> None:
     assert spec.manifest == "my-task" and spec.project is not None and spec.project.resolve() == root
     assert main(["init", str(task), "--project", str(root)]) == 2  # exists: refused without --force
     assert main(["init", str(tmp_path / "nowhere")]) == 2  # not a task
+    # What a trial would refuse, said by init and by check (issue 33).
+    from harness.harbor.__main__ import _refused, init
+
+    said = init(task, root, "again", None, True)
+    assert "a trial refuses: line 4: RUN make: an arbitrary command" in "\n".join(said), said
+    assert "line 4: RUN make" in (_refused(task) or "")
+    (task / "environment" / "Dockerfile").write_text("FROM python:3.11\nCOPY requirements.txt .\n")
+    assert _refused(task) is None
 
 
 def test_host_summary_and_executables_cache(tmp_path: Path) -> None:
@@ -1606,6 +1614,11 @@ def test_dockerfile_image_checks_requirements_host_and_copies(tmp_path: Path) ->
     (context / "data" / "leak").symlink_to(tmp_path / "secret")
     with pytest.raises(image.ImageRefused, match="line 3: COPY .*leak: a link out of environment/"):
         image.copy_into(image.read(context, {}) or plan("", {}), context, tmp_path / "root2")
+    (context / "data" / "leak").unlink()
+    (context / "data" / "etc").mkdir()
+    (context / "Dockerfile").write_text("FROM debian:12\nCOPY data /\n")  # its contents over the root
+    with pytest.raises(image.ImageRefused, match="line 2: COPY data/etc: /etc: /etc is the host's"):
+        image.copy_into(image.read(context, {}) or plan("", {}), context, tmp_path / "root4")
     (context / "Dockerfile").write_text("FROM debian:12\nCOPY absent.txt /a\n")
     with pytest.raises(image.ImageRefused, match="line 2: COPY absent.txt: no such file"):
         image.copy_into(image.read(context, {}) or plan("", {}), context, tmp_path / "root3")

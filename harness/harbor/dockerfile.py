@@ -447,7 +447,7 @@ def _workdir(out: ImagePlan, state: _State, line: int, args: str, _read: object)
     out.workdir = path
     if path not in out.workdirs:
         out.workdirs.append(path)
-    refused = _protected(path)
+    refused = protected(path)
     if refused:
         out.note(line, f"WORKDIR {args}", "refused", refused)
         return
@@ -497,10 +497,11 @@ def _copy(out: ImagePlan, state: _State, line: int, args: str, _read: object, wo
     if len(sources) > 1 and not dest.endswith("/"):
         dest += "/"
     target = state.absolute(out, dest)
-    refused = _protected(target)
-    if refused:
-        out.note(line, text, "refused", refused)
-        return
+    for landing in _landings(target, sources):
+        refused = protected(landing)
+        if refused:
+            out.note(line, text, "refused", refused)
+            return
     for source in sources:
         state.copied[target + source.rsplit("/", 1)[-1] if target.endswith("/") else target] = _normpath(source)[1:]
     out.copies.append(CopyStep(line, [_normpath(s)[1:] or "." for s in sources], target))
@@ -511,7 +512,15 @@ def _add_step(out: ImagePlan, state: _State, line: int, args: str, read: object)
     _copy(out, state, line, args, read, word="ADD")
 
 
-def _protected(path: str) -> str | None:
+def _landings(target: str, sources: list[str]) -> list[str]:
+    """Where a COPY to ``target`` puts things that must not be protected: the target, or for
+    the root folder itself, each source's name (a folder's contents spread over it: refused)."""
+    if target.rstrip("/"):
+        return [target.rstrip("/")]
+    return ["/" if s.endswith("/") or _normpath(s) == "/" else "/" + s.rstrip("/").rsplit("/", 1)[-1] for s in sources]
+
+
+def protected(path: str) -> str | None:
     """Why nothing may be put at ``path`` of a sandbox, or None."""
     for prefix in HOST_PATHS:
         if path == prefix or path.startswith(prefix + "/"):
@@ -522,7 +531,7 @@ def _protected(path: str) -> str | None:
         if path == prefix or path.startswith(prefix + "/"):
             return f"{path}: {prefix} is Harbor's, made afresh by each trial"
     if path == "/":
-        return "/: the session's root itself"
+        return "/: a folder's contents spread over the session's root (copy it into a folder)"
     return None
 
 
@@ -576,7 +585,7 @@ def _run_command(
         and all(w.startswith("-") and set(w[1:]) <= {"p"} for w in words[1:] if w[0] == "-")
     ):
         for path in (state.absolute(out, w) for w in words[1:] if not w.startswith("-")):
-            why = _protected(path.rstrip("/") or "/")
+            why = protected(path.rstrip("/") or "/")
             if why:
                 return why
             out.dirs.append(path.rstrip("/"))

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.harbor.dockerfile import ImagePlan, plan
+from harness.harbor.dockerfile import ImagePlan, protected, plan
 
 DOCKERFILE = "Dockerfile"
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
@@ -206,6 +206,10 @@ def _copy_one(source: Path, dest: str, root: Path, context: Path, line: int) -> 
     inside = dest.rstrip("/") or "/"
     if source.resolve().is_dir():
         target = root / inside.lstrip("/")
+        for child in sorted(os.listdir(source.resolve())):
+            why = protected(inside.rstrip("/") + "/" + child)
+            if why:
+                raise ImageRefused(f"environment/{DOCKERFILE}: line {line}: COPY {source.name}/{child}: {why}")
         for below in source.resolve().rglob("*"):
             if below.is_symlink() and not below.resolve().is_relative_to(context):
                 raise ImageRefused(f"environment/{DOCKERFILE}: line {line}: COPY {below}: a link out of environment/")
