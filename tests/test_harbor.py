@@ -1560,6 +1560,12 @@ def test_dockerfile_plan_applies_refuses_and_ignores_each_step_by_line() -> None
     assert actions[1] == "accepted" and "host's Debian system" in out.steps[0].how
     assert {actions[n] for n in (12, 13, 14)} == {"ignored"} and actions[11] == "applied"
     assert out.python == "3.12"
+    chowned = plan("FROM debian:12\nARG U=agent\nCOPY --chown=${U}:staff --link a /a\nCOPY --chown=root b /b\n", {})
+    assert [(c.dest, c.owner) for c in chowned.copies] == [("/a", "agent"), ("/b", None)]
+    assert (
+        "given to agent" in chowned.steps[2].how
+        and "--chmod" in plan("FROM debian\nCOPY --chmod=600 a /a\n", {}).refused[0].how
+    )
 
     refused = plan(
         "FROM python:3.12\nRUN apt-get update && apt-get install -y git\nRUN make\nADD https://example.invalid/x /x\n"
@@ -1576,6 +1582,9 @@ def test_dockerfile_plan_applies_refuses_and_ignores_each_step_by_line() -> None
     for base in ("FROM alpine:3.20", "FROM python:3.12-alpine", "FROM ubuntu:24.04", "FROM scratch"):
         assert plan(base + "\n", {}).refused[0].action == "refused", base
     assert plan("ENV A=1\n", {}).refused[0].how == "the Dockerfile has no FROM"
+    # A separate verifier's image (tests/Dockerfile) bundles its tests, as Harbor expects.
+    assert not plan("FROM debian:12\nCOPY test.sh /tests/\n", {}, tests_bundled=True).refused
+    assert "/tests is Harbor's" in plan("FROM debian:12\nCOPY test.sh /tests/\n", {}).refused[0].how
 
 
 def test_dockerfile_image_checks_requirements_host_and_copies(tmp_path: Path) -> None:
@@ -1604,11 +1613,13 @@ def test_dockerfile_image_checks_requirements_host_and_copies(tmp_path: Path) ->
     (context / "data" / "deep").mkdir(parents=True)
     (context / "data" / "deep" / "f.txt").write_text("f")
     (context / "notes.txt").write_text("n")
-    (context / "Dockerfile").write_text("FROM debian:12\nWORKDIR /srv\nCOPY data/ out/\nCOPY notes.txt *.txt /x/\n")
+    (context / "Dockerfile").write_text(
+        "FROM debian:12\nWORKDIR /srv\nCOPY data/ out/\nCOPY --chown=agent:agent notes.txt *.txt /x/\n"
+    )
     root = tmp_path / "root"
     root.mkdir()
     made = image.copy_into(image.read(context, {}) or plan("", {}), context, root)
-    assert made == ["/srv/out", "/x/notes.txt", "/x/notes.txt"]
+    assert made == [("/srv/out", None), ("/x/notes.txt", "agent"), ("/x/notes.txt", "agent")]
     assert (root / "srv" / "out" / "deep" / "f.txt").read_text() == "f" and (root / "x" / "notes.txt").is_file()
     (tmp_path / "secret").write_text("s")
     (context / "data" / "leak").symlink_to(tmp_path / "secret")
@@ -1668,10 +1679,11 @@ def test_dockerfile_task_scores_one_and_unsupported_steps_and_compose_are_refuse
     good = trials["dockerfile-steps"]
     assert good["exception_info"] is None, good["exception_info"]
     stdout = (good["_dir"] / "verifier" / "test-stdout.txt").read_text()
-    assert _reward(good) == {"reward": 1.0, "env": 1.0, "workdir": 1.0, "copy": 1.0, "user": 1.0, "answer": 1.0}, stdout
+    assert _reward(good) == dict.fromkeys(("reward", "env", "workdir", "copy", "chown", "user", "answer"), 1.0), stdout
     record = json.loads((good["_dir"] / "harness" / "env.json").read_text())
     if record["sandbox"]["users"]["enforced"]:
         assert "user: solver" in stdout, stdout
+        assert record["dockerfile"]["owners"]["/srv/data"].startswith("solver (uid "), record["dockerfile"]
     dockerfile = record["dockerfile"]
     steps = {s["line"]: (s["action"], s["step"].split()[0]) for s in dockerfile["steps"]}
     assert steps[3] == ("accepted", "FROM") and steps[13] == ("applied", "USER"), steps
@@ -1713,9 +1725,7 @@ def test_dockerfile_task_without_user_namespaces(tmp_path: Path, project: tuple[
     record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
     assert record["sandbox"]["backend"] == "landlock+proot" and record["sandbox"]["users"]["enforced"] is False
     stdout = (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()
-    assert _reward(trial) == {"reward": 1.0, "env": 1.0, "workdir": 1.0, "copy": 1.0, "user": 1.0, "answer": 1.0}, (
-        stdout
-    )
+    assert _reward(trial) == dict.fromkeys(("reward", "env", "workdir", "copy", "chown", "user", "answer"), 1.0), stdout
     assert "user: root one id: True cwd: /srv/work" in stdout, stdout
     assert record["dockerfile"]["user"] == "solver" and record["dockerfile"]["copied"] == [
         "/srv/data",

@@ -286,6 +286,7 @@ class CopyStep:
     line: int
     sources: list[str]
     dest: str
+    owner: str | None = None  # COPY --chown=USER[:GROUP]: the user
 
 
 @dataclass
@@ -304,6 +305,7 @@ class ImagePlan:
     copies: list[CopyStep] = field(default_factory=list)
     requirements: list[tuple[int, str]] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
+    writable: tuple[str, ...] = ()  # Harbor's folders this image may fill (a verifier's /tests)
 
     @property
     def refused(self) -> list[Step]:
@@ -331,11 +333,18 @@ def substitute(text: str, variables: Mapping[str, str]) -> str:
     return _VAR.sub(value, text)
 
 
-def plan(text: str, base_env: Mapping[str, str], read: Callable[[str], str | None] = lambda _name: None) -> ImagePlan:
+def plan(
+    text: str,
+    base_env: Mapping[str, str],
+    read: Callable[[str], str | None] = lambda _name: None,
+    *,
+    tests_bundled: bool = False,
+) -> ImagePlan:
     """What a trial does with each step of a Dockerfile's ``text`` (see :class:`ImagePlan`).
     ``base_env`` holds the sandbox's own variables (``PATH``, ``HOME``) that ``$VAR`` may name;
-    ``read(path)`` the text of a build-context file (a requirements file), or None."""
-    out = ImagePlan()
+    ``read(path)`` the text of a build-context file (a requirements file), or None;
+    ``tests_bundled``: a separate verifier's image, which may put its tests in ``/tests``."""
+    out = ImagePlan(writable=("/tests",) if tests_bundled else ())
     state = _State(dict(base_env))
     for line, word, args in instructions(text):
         handler = _HANDLERS.get(word)
@@ -447,7 +456,7 @@ def _workdir(out: ImagePlan, state: _State, line: int, args: str, _read: object)
     out.workdir = path
     if path not in out.workdirs:
         out.workdirs.append(path)
-    refused = protected(path)
+    refused = protected(path, out.writable)
     if refused:
         out.note(line, f"WORKDIR {args}", "refused", refused)
         return
@@ -464,11 +473,13 @@ def _user(out: ImagePlan, state: _State, line: int, args: str, _read: object) ->
 def _copy(out: ImagePlan, state: _State, line: int, args: str, _read: object, word: str = "COPY") -> None:
     text = f"{word} {args}"
     flags = [a for a in args.split() if a.startswith("--")]
+    owner = None
     for flag in flags:
-        if not flag.startswith("--link"):
-            out.note(
-                line, text, "refused", f"{flag.split('=')[0]}: not applied (files are copied as the sandbox's root)"
-            )
+        if flag.startswith("--chown="):
+            owner = substitute(flag.split("=", 1)[1], state.variables).partition(":")[0] or None
+            owner = None if owner in ("root", "0") else owner
+        elif not flag.startswith("--link"):
+            out.note(line, text, "refused", f"{flag.split('=')[0]}: not applied (copied files keep their modes)")
             return
     rest = " ".join(a for a in args.split() if not a.startswith("--"))
     try:
@@ -498,14 +509,15 @@ def _copy(out: ImagePlan, state: _State, line: int, args: str, _read: object, wo
         dest += "/"
     target = state.absolute(out, dest)
     for landing in _landings(target, sources):
-        refused = protected(landing)
+        refused = protected(landing, out.writable)
         if refused:
             out.note(line, text, "refused", refused)
             return
     for source in sources:
         state.copied[target + source.rsplit("/", 1)[-1] if target.endswith("/") else target] = _normpath(source)[1:]
-    out.copies.append(CopyStep(line, [_normpath(s)[1:] or "." for s in sources], target))
-    out.note(line, text, "applied", f"copied from environment/ to {target} in the session's root")
+    out.copies.append(CopyStep(line, [_normpath(s)[1:] or "." for s in sources], target, owner))
+    given = f", given to {owner}" if owner else ""
+    out.note(line, text, "applied", f"copied from environment/ to {target} in the session's root{given}")
 
 
 def _add_step(out: ImagePlan, state: _State, line: int, args: str, read: object) -> None:
@@ -520,15 +532,16 @@ def _landings(target: str, sources: list[str]) -> list[str]:
     return ["/" if s.endswith("/") or _normpath(s) == "/" else "/" + s.rstrip("/").rsplit("/", 1)[-1] for s in sources]
 
 
-def protected(path: str) -> str | None:
-    """Why nothing may be put at ``path`` of a sandbox, or None."""
+def protected(path: str, writable: tuple[str, ...] = ()) -> str | None:
+    """Why nothing may be put at ``path`` of a sandbox, or None; ``writable``: those of
+    Harbor's folders that may be filled here."""
     for prefix in HOST_PATHS:
         if path == prefix or path.startswith(prefix + "/"):
             return (
                 f"{path}: {prefix} is the host's (read-only) in the sandbox; a rootfs template will hold it (not yet)"
             )
     for prefix in HARBOR_PATHS:
-        if path == prefix or path.startswith(prefix + "/"):
+        if prefix not in writable and (path == prefix or path.startswith(prefix + "/")):
             return f"{path}: {prefix} is Harbor's, made afresh by each trial"
     if path == "/":
         return "/: a folder's contents spread over the session's root (copy it into a folder)"
@@ -585,7 +598,7 @@ def _run_command(
         and all(w.startswith("-") and set(w[1:]) <= {"p"} for w in words[1:] if w[0] == "-")
     ):
         for path in (state.absolute(out, w) for w in words[1:] if not w.startswith("-")):
-            why = protected(path.rstrip("/") or "/")
+            why = protected(path.rstrip("/") or "/", out.writable)
             if why:
                 return why
             out.dirs.append(path.rstrip("/"))

@@ -107,7 +107,8 @@ class HarnessEnvironment(BaseEnvironment):
         self._execs = 0
         self._phase = "agent"  # "verifier" from the verifier's first step; "after" once it is done
         self._image: ImagePlan | None = None  # the task's Dockerfile, as applied
-        self._image_copied: list[str] = []
+        self._image_copied: list[tuple[str, str | None]] = []
+        self._image_given: dict[str, str] = {}  # COPY --chown: path -> the owner, or why not
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -214,6 +215,7 @@ class HarnessEnvironment(BaseEnvironment):
         if self._image is not None:
             self._image_copied = await self._copy_image_files(self._image)
         await self._start_sandbox(config, confined)
+        await self._give_copied()
         self._base_env = self._commands_env(resolved.environment_path, broker)
         await self._write_start_record(config, broker, started, ignored)
         self.logger.info(
@@ -251,7 +253,11 @@ class HarnessEnvironment(BaseEnvironment):
         and for a compose file (:mod:`harness.harbor.image`)."""
         variables = {"PATH": _path_var(resolved.environment_path), "HOME": "/root", "LANG": "C.UTF-8"}
         try:
-            plan = await asyncio.to_thread(image.read, self.environment_dir, variables)
+            plan = await asyncio.to_thread(
+                functools.partial(image.read, tests_bundled=self.is_verifier_session),
+                self.environment_dir,
+                variables,
+            )
             problems = (
                 []
                 if plan is None
@@ -266,7 +272,7 @@ class HarnessEnvironment(BaseEnvironment):
                 self.logger.info(f"harness: {self.session_id} Dockerfile line {step.line}: {step.action}: {step.text}")
         return plan
 
-    async def _copy_image_files(self, plan: ImagePlan) -> list[str]:
+    async def _copy_image_files(self, plan: ImagePlan) -> list[tuple[str, str | None]]:
         """The Dockerfile's ``COPY`` steps, into the fresh session root (before it starts)."""
         store = str(self._resolved.store_root) if self._resolved else None
         for step in plan.copies:
@@ -278,6 +284,19 @@ class HarnessEnvironment(BaseEnvironment):
             return await asyncio.to_thread(image.copy_into, plan, self.environment_dir, self.session_dir)
         except image.ImageRefused as exc:
             raise SandboxBuildFailedError(f"harness: {exc}") from None
+
+    async def _give_copied(self) -> None:
+        """``COPY --chown``: the copied files to their user, where task users have ids."""
+        assert self._sandbox is not None
+        for path, owner in self._image_copied:
+            if owner is None:
+                continue
+            given = await self._sandbox.give(path, owner)
+            self._image_given[path] = (
+                f"{owner} (uid {given.uid})"
+                if given
+                else f"not enforced: {self._sandbox.idmap.reason or 'one id here'}"
+            )
 
     async def _resolve(self, spec: EnvironmentSpec) -> ResolvedEnvironment:
         """The closure ``spec`` names in ``home``'s store, realized first unless the options say not."""
@@ -434,7 +453,8 @@ class HarnessEnvironment(BaseEnvironment):
             "env": {k: ("<withheld: a credential>" if is_secret_name(k) else v) for k, v in plan.env.items()},
             "workdir": plan.workdir,
             "user": plan.user,
-            "copied": self._image_copied,
+            "copied": [path for path, _ in self._image_copied],
+            "owners": self._image_given,
             "requirements_checked": [r for _, r in plan.requirements],
         }
 

@@ -29,9 +29,10 @@ class ImageRefused(HarnessError):
     """The task's environment definition has a step a session cannot apply."""
 
 
-def read(environment_dir: Path, base_env: Mapping[str, str]) -> ImagePlan | None:
+def read(environment_dir: Path, base_env: Mapping[str, str], *, tests_bundled: bool = False) -> ImagePlan | None:
     """The plan of ``environment_dir``'s Dockerfile (None without one); :class:`ImageRefused`
-    for a compose file, or for the Dockerfile's refused steps (all of them, by line)."""
+    for a compose file, or for the Dockerfile's refused steps (all of them, by line).
+    ``tests_bundled``: a separate verifier's image, which may COPY its tests into ``/tests``."""
     _refuse_compose(environment_dir)
     path = environment_dir / DOCKERFILE
     if not path.is_file():
@@ -40,7 +41,7 @@ def read(environment_dir: Path, base_env: Mapping[str, str]) -> ImagePlan | None
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ImageRefused(f"environment/{DOCKERFILE}: cannot be read: {exc}") from None
-    out = plan(text, base_env, lambda name: _context_text(environment_dir, name))
+    out = plan(text, base_env, lambda name: _context_text(environment_dir, name), tests_bundled=tests_bundled)
     if out.refused:
         raise ImageRefused(
             f"environment/{DOCKERFILE}: "
@@ -177,10 +178,11 @@ def _unmet(out: ImagePlan, site: Path | None, version: str | None) -> list[str]:
     return problems
 
 
-def copy_into(out: ImagePlan, environment_dir: Path, root: Path) -> list[str]:
+def copy_into(out: ImagePlan, environment_dir: Path, root: Path) -> list[tuple[str, str | None]]:
     """Copy the plan's ``COPY`` files from ``environment_dir`` into the session folder
-    ``root`` (fresh and empty: nothing there can redirect a write); the paths made, inside.
-    Sources never leave ``environment_dir`` (a link out of it is refused)."""
+    ``root`` (fresh and empty: nothing there can redirect a write); the paths made, inside,
+    each with the user ``--chown`` gives it to (None: root's). Sources never leave
+    ``environment_dir`` (a link out of it is refused)."""
     context = environment_dir.resolve()
     made = []
     for step in out.copies:
@@ -196,18 +198,18 @@ def copy_into(out: ImagePlan, environment_dir: Path, root: Path) -> list[str]:
                     raise ImageRefused(
                         f"environment/{DOCKERFILE}: line {step.line}: COPY {pattern}: leads outside environment/"
                     )
-                made.append(_copy_one(source, step.dest, root, context, step.line))
+                made.append((_copy_one(source, step.dest, root, context, step.line, out.writable), step.owner))
     return made
 
 
-def _copy_one(source: Path, dest: str, root: Path, context: Path, line: int) -> str:
+def _copy_one(source: Path, dest: str, root: Path, context: Path, line: int, writable: tuple[str, ...]) -> str:
     """``source`` to ``dest`` (inside) as ``COPY`` does: a folder's contents into the
     destination folder, a file to the destination (into it when it ends in ``/``)."""
     inside = dest.rstrip("/") or "/"
     if source.resolve().is_dir():
         target = root / inside.lstrip("/")
         for child in sorted(os.listdir(source.resolve())):
-            why = protected(inside.rstrip("/") + "/" + child)
+            why = protected(inside.rstrip("/") + "/" + child, writable)
             if why:
                 raise ImageRefused(f"environment/{DOCKERFILE}: line {line}: COPY {source.name}/{child}: {why}")
         for below in source.resolve().rglob("*"):

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Runs as the Dockerfile's USER (task.toml names no verifier user), in its WORKDIR, with its
-# ENV and the files it COPYs. reward.json: one key per step, all 1.0 when each was applied.
+# ENV and the files it COPYs (--chown: to that user). reward.json: one key per step, all 1.0
+# when each was applied.
 python - <<'PY'
 import json, os, pwd
 
@@ -16,6 +17,7 @@ checks = {
     "env": float(os.environ.get("GREETING") == "hello from the image" and os.environ.get("DATA_DIR") == "/srv/data"),
     "workdir": float(os.getcwd() == "/srv/work" and os.path.isdir("/srv/cache")),
     "copy": float(read("/srv/data/points.csv") == "x,y\n1,2\n" and read("/srv/work/notes.txt") == "copied next to the work\n"),
+    "chown": float(pwd.getpwuid(os.stat("/srv/data/points.csv").st_uid).pw_name == me and read("/srv/data/seen.txt") == "seen\n"),
     # Where the sandbox's namespace holds one id, every command runs as its root (recorded).
     "user": float(me == "solver" or (one_id and os.getuid() == 0)),
     "answer": float(read("/srv/work/answer.txt") == "hello from the image\nx,y\n"),
