@@ -1653,6 +1653,8 @@ def _dockerfile_tasks(dest: Path, project: Path, pin: str) -> Path:
     unsupported = _task("dockerfile-steps", dest, project, pin, folder="unsupported")
     text = dockerfile.read_text().replace("USER solver\n", "RUN apt-get install -y git\nUSER solver\n")
     (unsupported / "environment" / "Dockerfile").write_text(text)
+    # Refused before anything is resolved: a manifest without a lock is never looked at.
+    (unsupported / "environment" / "harness.toml").write_text(f'manifest = "absent"\nproject = "{project}"\n')
     _task("compose-sidecar", dest, project, pin)
     return dest
 

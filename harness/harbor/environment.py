@@ -19,6 +19,12 @@ environment, and each separate verifier's):
    (OS, kernel, libc, the executables the sandbox exposes: :mod:`harness.harbor.host`), the
    environment variables given to commands, and the task digest Harbor put in ``lock.json``.
 
+A task's ``environment/Dockerfile`` is applied or refused, never dropped
+(:mod:`harness.harbor.image`): its ``ENV``, ``WORKDIR``, ``COPY``, ``USER`` (and ``ARG``,
+``RUN pip install`` checked against the lock, ``useradd``, ``mkdir``) shape the session; any
+other step, and a compose file, fails the trial with Harbor's ``SandboxBuildFailedError``
+naming it; the record's ``dockerfile`` lists every step and what was done with it.
+
 Task users (``[agent] user``, ``[verifier] user``, read from the task's ``task.toml``) run
 under ids of their own where the machine allows (:mod:`harness.harbor.ids`): the workdir,
 ``/logs/agent`` and ``/logs/artifacts`` belong to the agent's user, ``/logs/verifier`` to
@@ -202,6 +208,7 @@ class HarnessEnvironment(BaseEnvironment):
         started = time.time()
         spec = self._checked_spec()
         confined = await self._needs_confinement()
+        await self._plan_image({})  # a refused step fails the trial before anything is realized
         resolved = self._resolved = await self._resolve(spec)
         self._image = await self._read_image(resolved)
         paths = EnvironmentPaths.for_os(self.os)
@@ -252,25 +259,29 @@ class HarnessEnvironment(BaseEnvironment):
         ``SandboxBuildFailedError`` naming each step, with its line, that cannot be applied,
         and for a compose file (:mod:`harness.harbor.image`)."""
         variables = {"PATH": _path_var(resolved.environment_path), "HOME": "/root", "LANG": "C.UTF-8"}
-        try:
-            plan = await asyncio.to_thread(
-                functools.partial(image.read, tests_bundled=self.is_verifier_session),
-                self.environment_dir,
-                variables,
-            )
-            problems = (
-                []
-                if plan is None
-                else await asyncio.to_thread(image.check, plan, resolved.environment_path, host.os_release())
-            )
-        except image.ImageRefused as exc:
-            raise SandboxBuildFailedError(f"harness: {exc}") from None
+        plan = await self._plan_image(variables)
+        problems = (
+            []
+            if plan is None
+            else await asyncio.to_thread(image.check, plan, resolved.environment_path, host.os_release())
+        )
         if problems:
             raise SandboxBuildFailedError(f"harness: environment/{image.DOCKERFILE}: " + "; ".join(problems))
         if plan is not None:
             for step in plan.steps:
                 self.logger.info(f"harness: {self.session_id} Dockerfile line {step.line}: {step.action}: {step.text}")
         return plan
+
+    async def _plan_image(self, variables: dict[str, str]) -> ImagePlan | None:
+        """:func:`harness.harbor.image.read` of this task, its refusal as Harbor's error."""
+        try:
+            return await asyncio.to_thread(
+                functools.partial(image.read, tests_bundled=self.is_verifier_session),
+                self.environment_dir,
+                variables,
+            )
+        except image.ImageRefused as exc:
+            raise SandboxBuildFailedError(f"harness: {exc}") from None
 
     async def _copy_image_files(self, plan: ImagePlan) -> list[tuple[str, str | None]]:
         """The Dockerfile's ``COPY`` steps, into the fresh session root (before it starts)."""
