@@ -20,6 +20,12 @@ namespace with one id; a Harbor job of ``tests/harbor/reach-users`` (task users,
 set inside a user namespace of the test's own (the limit is per user namespace), so nothing
 else on the machine notices and it is gone when the test ends; any user can run it.
 
+Issue 33 (step 2) added: a task's Dockerfile applied or refused, never dropped — the pure plan
+of each step, the checks and copies of :mod:`harness.harbor.image`, and Harbor jobs of
+``tests/harbor/dockerfile-steps`` (ENV, WORKDIR, COPY, USER checked by its verifier; with and
+without user namespaces), of the same task with an unsupported step, and of
+``tests/harbor/compose-sidecar`` (refused naming its sidecar).
+
 The environment is a test project's ``reach`` benchmark locked for this machine's CPython
 (an interpreter and an empty venv), realized offline into a temporary ``HARNESS_HOME``; the
 example task itself runs verbatim (the repository's ``reach`` lock, CPython 3.11.7) where
