@@ -20,6 +20,12 @@ namespace with one id; a Harbor job of ``tests/harbor/reach-users`` (task users,
 set inside a user namespace of the test's own (the limit is per user namespace), so nothing
 else on the machine notices and it is gone when the test ends; any user can run it.
 
+Issue 33 (step 2) added: a task's Dockerfile applied or refused, never dropped — the pure plan
+of each step, the checks and copies of :mod:`harness.harbor.image`, and Harbor jobs of
+``tests/harbor/dockerfile-steps`` (ENV, WORKDIR, COPY, USER checked by its verifier; with and
+without user namespaces), of the same task with an unsupported step, and of
+``tests/harbor/compose-sidecar`` (refused naming its sidecar).
+
 The environment is a test project's ``reach`` benchmark locked for this machine's CPython
 (an interpreter and an empty venv), realized offline into a temporary ``HARNESS_HOME``; the
 example task itself runs verbatim (the repository's ``reach`` lock, CPython 3.11.7) where
@@ -813,15 +819,13 @@ def test_dockerfile_translation_lists_every_step_it_cannot_translate() -> None:
     for expected in (
         "line 1: FROM python:3.12-slim",
         "line 3: RUN apt-get install -y git",
-        "line 5: COPY",
         "--hash x",
         "./local_pkg",
-        "WORKDIR /app",
-        "USER agent",
-        "ENV A=1",
         "RUN curl -L x | sh",
     ):
         assert expected in steps, (expected, steps)
+    for applied in ("COPY", "WORKDIR", "USER", "ENV"):  # each trial applies these (issue 33)
+        assert applied not in steps, (applied, steps)
     assert (out.workdir, out.user) == ("/app", "agent")
     other = translate("FROM ubuntu:22.04\nRUN pip3 install flask\n")
     assert other.python is None and other.requirements == ["flask"]
@@ -849,6 +853,14 @@ def test_init_writes_manifest_and_harness_toml(tmp_path: Path) -> None:
     assert spec.manifest == "my-task" and spec.project is not None and spec.project.resolve() == root
     assert main(["init", str(task), "--project", str(root)]) == 2  # exists: refused without --force
     assert main(["init", str(tmp_path / "nowhere")]) == 2  # not a task
+    # What a trial would refuse, said by init and by check (issue 33).
+    from harness.harbor.__main__ import _refused, init
+
+    said = init(task, root, "again", None, True)
+    assert "a trial refuses: line 4: RUN make: an arbitrary command" in "\n".join(said), said
+    assert "line 4: RUN make" in (_refused(task) or "")
+    (task / "environment" / "Dockerfile").write_text("FROM python:3.11\nCOPY requirements.txt .\n")
+    assert _refused(task) is None
 
 
 def test_host_summary_and_executables_cache(tmp_path: Path) -> None:
@@ -1522,3 +1534,208 @@ def test_verifier_phase_kills_everything_and_makes_the_folders_afresh(
     assert out["after"].return_code == 0 and out["after"].stdout.endswith("writable\n"), out["after"]
     assert (out["again"].stdout or "").strip() == "refused", out["again"]  # guarded again, and empty
     assert not (tmp_path / "root" / "logs").is_symlink()
+
+
+# ------------------------------------------------ Dockerfiles applied or refused (issue 33)
+
+
+def test_dockerfile_plan_applies_refuses_and_ignores_each_step_by_line() -> None:
+    """Each step of a Dockerfile is applied (ARG substituted, ENV, WORKDIR, COPY, USER, RUN
+    pip/mkdir/useradd), accepted (FROM a Debian or python base), ignored with its reason
+    (EXPOSE, LABEL, CMD) or refused naming its line; nothing is dropped."""
+    from harness.harbor.dockerfile import plan
+
+    text = (
+        'FROM python:3.12-slim\nARG ROOT=/srv\nENV A=1 B="two words" PATH=/opt/bin:$PATH\nENV LEGACY some value\n'
+        'WORKDIR ${ROOT}\nWORKDIR app\nCOPY requirements.txt data/ ./\nCOPY ["notes.txt", "/opt/notes"]\n'
+        "RUN pip install --no-cache-dir -r requirements.txt && pip install -U pip\n"
+        'RUN useradd -m agent && mkdir -p out /srv/cache\nUSER agent:agent\nEXPOSE 80\nLABEL x=y\nCMD ["sh"]\n'
+    )
+    out = plan(
+        text, {"PATH": "/env/bin:/usr/bin"}, lambda name: "six==1.16.0\n" if name == "requirements.txt" else None
+    )
+    assert not out.refused, out.refused
+    assert out.env == {"A": "1", "B": "two words", "PATH": "/opt/bin:/env/bin:/usr/bin", "LEGACY": "some value"}
+    assert (out.workdir, out.workdirs, out.user, out.users) == ("/srv/app", ["/srv", "/srv/app"], "agent", ["agent"])
+    assert out.dirs == ["/srv/app/out", "/srv/cache"] and out.requirements == [(9, "six==1.16.0")]
+    assert [(c.line, c.sources, c.dest) for c in out.copies] == [
+        (7, ["requirements.txt", "data"], "/srv/app/"),
+        (8, ["notes.txt"], "/opt/notes"),
+    ]
+    actions = {s.line: s.action for s in out.steps}
+    assert actions[1] == "accepted" and "host's Debian system" in out.steps[0].how
+    assert {actions[n] for n in (12, 13, 14)} == {"ignored"} and actions[11] == "applied"
+    assert out.python == "3.12"
+    chowned = plan("FROM debian:12\nARG U=agent\nCOPY --chown=${U}:staff --link a /a\nCOPY --chown=root b /b\n", {})
+    assert [(c.dest, c.owner) for c in chowned.copies] == [("/a", "agent"), ("/b", None)]
+    assert (
+        "given to agent" in chowned.steps[2].how
+        and "--chmod" in plan("FROM debian\nCOPY --chmod=600 a /a\n", {}).refused[0].how
+    )
+
+    refused = plan(
+        "FROM python:3.12\nRUN apt-get update && apt-get install -y git\nRUN make\nADD https://example.invalid/x /x\n"
+        'ADD pkg.tar.gz /opt/\nCOPY --from=build /a /b\nCOPY a /usr/local/bin/a\nCOPY b /tests/b\nSHELL ["bash"]\n'
+        "HEALTHCHECK CMD true\nRUN pip install ./local\nRUN useradd -u 1234 x\nFROM debian:12\n",
+        {},
+    )
+    lines = {s.line: s.how for s in refused.refused}
+    assert sorted(lines) == list(range(2, 14)), lines
+    assert "apt-get update: system packages" in lines[2] and lines[3].startswith("an arbitrary command")
+    assert "network" in lines[4] and "unpacks archives" in lines[5] and "--from" in lines[6]
+    assert "/usr is the host's" in lines[7] and "/tests is Harbor's" in lines[8]
+    assert "local path" in lines[11] and "fixed ids" in lines[12] and "multi-stage" in lines[13]
+    for base in ("FROM alpine:3.20", "FROM python:3.12-alpine", "FROM ubuntu:24.04", "FROM scratch"):
+        assert plan(base + "\n", {}).refused[0].action == "refused", base
+    assert plan("ENV A=1\n", {}).refused[0].how == "the Dockerfile has no FROM"
+    # A separate verifier's image (tests/Dockerfile) bundles its tests, as Harbor expects.
+    assert not plan("FROM debian:12\nCOPY test.sh /tests/\n", {}, tests_bundled=True).refused
+    assert "/tests is Harbor's" in plan("FROM debian:12\nCOPY test.sh /tests/\n", {}).refused[0].how
+
+
+def test_dockerfile_image_checks_requirements_host_and_copies(tmp_path: Path) -> None:
+    """image.check refuses a pip requirement the locked environment lacks (or has at another
+    version), another Python than the base's, a host that is not Debian; copy_into copies
+    as COPY does and refuses a source linking out of environment/; a compose file is refused
+    naming its sidecars."""
+    from harness.harbor import image
+    from harness.harbor.dockerfile import plan
+
+    env = tmp_path / "env"
+    site = env / "lib" / "python3.12" / "site-packages"
+    (site / "six-1.16.0.dist-info").mkdir(parents=True)
+    (site / "six-1.16.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: six\nVersion: 1.16.0\n")
+    (env / "pyvenv.cfg").write_text("implementation = CPython\nversion_info = 3.12.1\n")
+    debian = {"id": "debian", "pretty_name": "Debian GNU/Linux 12 (bookworm)"}
+    ok = plan("FROM python:3.12\nRUN pip install six==1.16.0 'attrs; python_version < \"3\"'\n", {})
+    assert image.check(ok, env, debian) == []
+    assert image.check(ok, env, {"id": "ubuntu", "id_like": "debian"}) == []
+    assert "cannot stand in for a Debian base" in image.check(ok, env, {"id": "fedora", "pretty_name": "Fedora"})[0]
+    problems = image.check(plan("FROM python:3.11\nRUN pip install 'six>=2' requests\n", {}), env, debian)
+    assert len(problems) == 3, problems
+    assert "Python is 3.12.1" in problems[0] and "has six 1.16.0" in problems[1] and "has no requests" in problems[2]
+
+    context = tmp_path / "task" / "environment"
+    (context / "data" / "deep").mkdir(parents=True)
+    (context / "data" / "deep" / "f.txt").write_text("f")
+    (context / "notes.txt").write_text("n")
+    (context / "Dockerfile").write_text(
+        "FROM debian:12\nWORKDIR /srv\nCOPY data/ out/\nCOPY --chown=agent:agent notes.txt *.txt /x/\n"
+    )
+    root = tmp_path / "root"
+    root.mkdir()
+    made = image.copy_into(image.read(context, {}) or plan("", {}), context, root)
+    assert made == [("/srv/out", None), ("/x/notes.txt", "agent"), ("/x/notes.txt", "agent")]
+    assert (root / "srv" / "out" / "deep" / "f.txt").read_text() == "f" and (root / "x" / "notes.txt").is_file()
+    (tmp_path / "secret").write_text("s")
+    (context / "data" / "leak").symlink_to(tmp_path / "secret")
+    with pytest.raises(image.ImageRefused, match="line 3: COPY .*leak: a link out of environment/"):
+        image.copy_into(image.read(context, {}) or plan("", {}), context, tmp_path / "root2")
+    (context / "data" / "leak").unlink()
+    (context / "data" / "etc").mkdir()
+    (context / "Dockerfile").write_text("FROM debian:12\nCOPY data /\n")  # its contents over the root
+    with pytest.raises(image.ImageRefused, match="line 2: COPY data/etc: /etc: /etc is the host's"):
+        image.copy_into(image.read(context, {}) or plan("", {}), context, tmp_path / "root4")
+    (context / "Dockerfile").write_text("FROM debian:12\nCOPY absent.txt /a\n")
+    with pytest.raises(image.ImageRefused, match="line 2: COPY absent.txt: no such file"):
+        image.copy_into(image.read(context, {}) or plan("", {}), context, tmp_path / "root3")
+    (context / "Dockerfile").write_text("FROM debian:12\nRUN curl x | sh\n")
+    with pytest.raises(
+        image.ImageRefused, match=r"environment/Dockerfile: line 2: RUN curl x \| sh: an arbitrary command"
+    ):
+        image.read(context, {})
+    (context / "compose.yaml").write_text("services:\n  main:\n    build: .\n  db:\n    image: postgres\n  cache: {}\n")
+    with pytest.raises(image.ImageRefused, match="compose.yaml: sidecar service.s. db, cache cannot be served"):
+        image.read(context, {})
+
+
+def _dockerfile_tasks(dest: Path, project: Path, pin: str) -> Path:
+    """dockerfile-steps (its base set to this Python), the same with an unsupported step, and
+    compose-sidecar: each naming the test project's environment."""
+    steps = _task("dockerfile-steps", dest, project, pin)
+    dockerfile = steps / "environment" / "Dockerfile"
+    version = ".".join(platform.python_version_tuple()[:2])
+    dockerfile.write_text(dockerfile.read_text().replace("FROM python:3.11-slim", f"FROM python:{version}-slim"))
+    unsupported = _task("dockerfile-steps", dest, project, pin, folder="unsupported")
+    text = dockerfile.read_text().replace("USER solver\n", "RUN apt-get install -y git\nUSER solver\n")
+    (unsupported / "environment" / "Dockerfile").write_text(text)
+    # Refused before anything is resolved: a manifest without a lock is never looked at.
+    (unsupported / "environment" / "harness.toml").write_text(f'manifest = "absent"\nproject = "{project}"\n')
+    _task("compose-sidecar", dest, project, pin)
+    return dest
+
+
+@needs_harbor
+@needs_sandbox
+def test_dockerfile_task_scores_one_and_unsupported_steps_and_compose_are_refused(
+    tmp_path: Path, project: tuple[Path, str], home: Path
+) -> None:
+    """tests/harbor/dockerfile-steps with the oracle agent: ENV (ARG substituted), WORKDIR,
+    COPY and USER applied, each checked by its verifier: 1.0, the record listing every step;
+    the same task with `RUN apt-get install` fails with Harbor's SandboxBuildFailedError
+    naming that step and its line, before any agent runs; a compose task is refused naming
+    its sidecar."""
+    root, pin = project
+    tasks = _dockerfile_tasks(tmp_path / "tasks", root, pin)
+    result = _harbor(
+        "run", "-p", str(tasks), "-a", "oracle", "-e", ENV, "-n", "3", "-o", str(tmp_path / "jobs"),
+        "--job-name", "dockerfiles", home=home, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = _trials(tmp_path / "jobs" / "dockerfiles")
+    assert set(trials) == {"dockerfile-steps", "unsupported", "compose-sidecar"}, trials
+    good = trials["dockerfile-steps"]
+    assert good["exception_info"] is None, good["exception_info"]
+    stdout = (good["_dir"] / "verifier" / "test-stdout.txt").read_text()
+    assert _reward(good) == dict.fromkeys(("reward", "env", "workdir", "copy", "chown", "user", "answer"), 1.0), stdout
+    record = json.loads((good["_dir"] / "harness" / "env.json").read_text())
+    if record["sandbox"]["users"]["enforced"]:
+        assert "user: solver" in stdout, stdout
+        assert record["dockerfile"]["owners"]["/srv/data"].startswith("solver (uid "), record["dockerfile"]
+    dockerfile = record["dockerfile"]
+    steps = {s["line"]: (s["action"], s["step"].split()[0]) for s in dockerfile["steps"]}
+    assert steps[3] == ("accepted", "FROM") and steps[13] == ("applied", "USER"), steps
+    assert {a for a, word in steps.values() if word in ("ARG", "ENV", "WORKDIR", "COPY", "RUN")} == {"applied"}
+    assert {steps[7][0], steps[14][0], steps[15][0]} == {"ignored"}
+    assert dockerfile["copied"] == ["/srv/data", "/srv/work/notes.txt"] and dockerfile["user"] == "solver"
+    assert dockerfile["env"] == {"GREETING": "hello from the image", "DATA_DIR": "/srv/data"}
+    assert record["sandbox"]["workdir"] == "/srv/work" and not any(
+        "Dockerfile" in i for i in record["sandbox"]["ignored"]
+    )
+
+    for name, words in (
+        (
+            "unsupported",
+            "environment/Dockerfile: line 13: RUN apt-get install -y git: system packages are not installed",
+        ),
+        ("compose-sidecar", "environment/docker-compose.yaml: sidecar service(s) db cannot be served"),
+    ):
+        info = trials[name]["exception_info"]
+        assert info["exception_type"] == "SandboxBuildFailedError", info
+        assert words in info["exception_message"], info
+        assert trials[name]["verifier_result"] is None and not (trials[name]["_dir"] / "harness" / "env.json").exists()
+
+
+@needs_harbor
+@needs_confine
+def test_dockerfile_task_without_user_namespaces(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
+    """The same Dockerfile task confined by Landlock and PRoot: ENV, WORKDIR and COPY are
+    applied as with namespaces; USER cannot give the commands ids of their own there: the
+    record says the users were not enforced and the verifier sees the one id this test's
+    namespace maps (where its USER check accepts root)."""
+    root, pin = project
+    task = _dockerfile_tasks(tmp_path / "tasks", root, pin) / "dockerfile-steps"
+    (tmp_path / "jobs").mkdir()
+    result = _harbor_job(task, tmp_path / "jobs", "confined", home, no_userns=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trial = _trials(tmp_path / "jobs" / "confined")["dockerfile-steps"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
+    assert record["sandbox"]["backend"] == "landlock+proot" and record["sandbox"]["users"]["enforced"] is False
+    stdout = (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()
+    assert _reward(trial) == dict.fromkeys(("reward", "env", "workdir", "copy", "chown", "user", "answer"), 1.0), stdout
+    assert "user: root one id: True cwd: /srv/work" in stdout, stdout
+    assert record["dockerfile"]["user"] == "solver" and record["dockerfile"]["copied"] == [
+        "/srv/data",
+        "/srv/work/notes.txt",
+    ]

@@ -6,7 +6,8 @@ and other keys), so Harbor's task digest changes exactly when the environment do
 one line per task: the pin, and whether it changed. Needs no Harbor.
 
 ``python -m harness.harbor check TASK...`` prints what each task resolves to without
-realizing anything (exit 1 when a pin drifted or a path is missing).
+realizing anything (exit 1 when a pin drifted or a path is missing, or when a trial would
+refuse a step of the task's Dockerfile or its compose file).
 
 ``python -m harness.harbor init TASK [--project DIR] [--name NAME] [--python X.Y]`` gives a
 task an environment from its ``environment/Dockerfile`` (:mod:`harness.harbor.dockerfile`):
@@ -60,10 +61,24 @@ def pin(task: Path) -> str:
     return f"{task}: environment = {lock.environment.store} ({state})"
 
 
+def _refused(task: Path) -> str | None:
+    """Why a trial of ``task`` would refuse its Dockerfile or compose file (None: it would not)."""
+    from harness.harbor import image
+
+    try:
+        image.read(task / "environment", {})
+    except image.ImageRefused as exc:
+        return str(exc)
+    return None
+
+
 def check(task: Path, home: Path) -> tuple[bool, str]:
     from harness.realize.builder import lock_objects
     from harness.store.store import Store
 
+    refused = _refused(task)
+    if refused:
+        return False, f"{task}: a trial is refused: {refused}"
     spec, lock = _lock_of(task)
     store = Store.in_home(home)
     if lock is None:
@@ -150,6 +165,13 @@ def init(task: Path, project: Path | None, name: str | None, python: str | None,
         f"{spec_file}: manifest = {name!r}, project = {relative!r}",
     ]
     lines += [f"not translated: {step}" for step in out.untranslated]
+    from harness.harbor.dockerfile import plan
+
+    lines += [
+        f"a trial refuses: line {s.line}: {s.text}: {s.how} (remove the step, or install it on the host)"
+        for s in plan(text, {}, read).refused
+        if text
+    ]
     lines.append(f"next: harness --project {root} lock {name}; python -m harness.harbor pin {task}")
     return lines
 

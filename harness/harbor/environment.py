@@ -19,6 +19,12 @@ environment, and each separate verifier's):
    (OS, kernel, libc, the executables the sandbox exposes: :mod:`harness.harbor.host`), the
    environment variables given to commands, and the task digest Harbor put in ``lock.json``.
 
+A task's ``environment/Dockerfile`` is applied or refused, never dropped
+(:mod:`harness.harbor.image`): its ``ENV``, ``WORKDIR``, ``COPY``, ``USER`` (and ``ARG``,
+``RUN pip install`` checked against the lock, ``useradd``, ``mkdir``) shape the session; any
+other step, and a compose file, fails the trial with Harbor's ``SandboxBuildFailedError``
+naming it; the record's ``dockerfile`` lists every step and what was done with it.
+
 Task users (``[agent] user``, ``[verifier] user``, read from the task's ``task.toml``) run
 under ids of their own where the machine allows (:mod:`harness.harbor.ids`): the workdir,
 ``/logs/agent`` and ``/logs/artifacts`` belong to the agent's user, ``/logs/verifier`` to
@@ -51,13 +57,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError
 from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.trial.paths import EnvironmentPaths
 
 from harness.errors import HarnessError, InputError
-from harness.harbor import host
+from harness.harbor import host, image
+from harness.harbor.dockerfile import ImagePlan
 from harness.harbor.limits import Enforcement, MemoryLimitExceededError, enforce
 from harness.harbor.resolve import EnvironmentUnavailable, ResolvedEnvironment, resolve
 from harness.harbor.sandbox import Sandbox, SandboxConfig, SandboxError, unavailable_reason
@@ -105,6 +112,9 @@ class HarnessEnvironment(BaseEnvironment):
         self._used_mb: float | None = None
         self._execs = 0
         self._phase = "agent"  # "verifier" from the verifier's first step; "after" once it is done
+        self._image: ImagePlan | None = None  # the task's Dockerfile, as applied
+        self._image_copied: list[tuple[str, str | None]] = []
+        self._image_given: dict[str, str] = {}  # COPY --chown: path -> the owner, or why not
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -166,7 +176,8 @@ class HarnessEnvironment(BaseEnvironment):
 
     @property
     def workdir(self) -> str:
-        return self.task_env_config.workdir or DEFAULT_WORKDIR
+        """task.toml's workdir, else the Dockerfile's last ``WORKDIR``, else ``/app``."""
+        return self.task_env_config.workdir or (self._image.workdir if self._image else None) or DEFAULT_WORKDIR
 
     @property
     def is_verifier_session(self) -> bool:
@@ -180,7 +191,7 @@ class HarnessEnvironment(BaseEnvironment):
         try:
             await self._start()
         except BaseException as exc:
-            if isinstance(exc, HarnessError):
+            if isinstance(exc, (HarnessError, SandboxBuildFailedError)):
                 # The message first, on its own line: Harbor's log would bury it under a traceback.
                 self.logger.error(f"harness: {self.session_id} cannot start: {exc}")
             sandbox, self._sandbox = self._sandbox, None
@@ -197,16 +208,21 @@ class HarnessEnvironment(BaseEnvironment):
         started = time.time()
         spec = self._checked_spec()
         confined = await self._needs_confinement()
+        await self._plan_image({})  # a refused step fails the trial before anything is realized
         resolved = self._resolved = await self._resolve(spec)
+        self._image = await self._read_image(resolved)
         paths = EnvironmentPaths.for_os(self.os)
         broker = self.options.broker or os.environ.get("HARNESS_BROKER")
         ports = await asyncio.to_thread(_loopback_ports, broker) if broker and self._network_disabled else []
-        users = _task_users(self.environment_dir.parent)
+        users = _task_users(self.environment_dir.parent, self._image.user if self._image else None)
         await self._enforce_limits()
         ignored = self._warn_ignored()
         config = self._sandbox_config(resolved, paths, ports, users)
         await self._fresh_session_dir()
+        if self._image is not None:
+            self._image_copied = await self._copy_image_files(self._image)
         await self._start_sandbox(config, confined)
+        await self._give_copied()
         self._base_env = self._commands_env(resolved.environment_path, broker)
         await self._write_start_record(config, broker, started, ignored)
         self.logger.info(
@@ -237,6 +253,61 @@ class HarnessEnvironment(BaseEnvironment):
             )
         self.logger.warning(f"harness: {self.session_id}: {reason}: confined with Landlock and PRoot instead")
         return True
+
+    async def _read_image(self, resolved: ResolvedEnvironment) -> ImagePlan | None:
+        """The task's Dockerfile as this session applies it (None without one); Harbor's
+        ``SandboxBuildFailedError`` naming each step, with its line, that cannot be applied,
+        and for a compose file (:mod:`harness.harbor.image`)."""
+        variables = {"PATH": _path_var(resolved.environment_path), "HOME": "/root", "LANG": "C.UTF-8"}
+        plan = await self._plan_image(variables)
+        problems = (
+            []
+            if plan is None
+            else await asyncio.to_thread(image.check, plan, resolved.environment_path, host.os_release())
+        )
+        if problems:
+            raise SandboxBuildFailedError(f"harness: environment/{image.DOCKERFILE}: " + "; ".join(problems))
+        if plan is not None:
+            for step in plan.steps:
+                self.logger.info(f"harness: {self.session_id} Dockerfile line {step.line}: {step.action}: {step.text}")
+        return plan
+
+    async def _plan_image(self, variables: dict[str, str]) -> ImagePlan | None:
+        """:func:`harness.harbor.image.read` of this task, its refusal as Harbor's error."""
+        try:
+            return await asyncio.to_thread(
+                functools.partial(image.read, tests_bundled=self.is_verifier_session),
+                self.environment_dir,
+                variables,
+            )
+        except image.ImageRefused as exc:
+            raise SandboxBuildFailedError(f"harness: {exc}") from None
+
+    async def _copy_image_files(self, plan: ImagePlan) -> list[tuple[str, str | None]]:
+        """The Dockerfile's ``COPY`` steps, into the fresh session root (before it starts)."""
+        store = str(self._resolved.store_root) if self._resolved else None
+        for step in plan.copies:
+            if store and (step.dest == store or step.dest.startswith(store.rstrip("/") + "/")):
+                raise SandboxBuildFailedError(
+                    f"harness: environment/{image.DOCKERFILE}: line {step.line}: COPY to {step.dest}: the store is read-only"
+                )
+        try:
+            return await asyncio.to_thread(image.copy_into, plan, self.environment_dir, self.session_dir)
+        except image.ImageRefused as exc:
+            raise SandboxBuildFailedError(f"harness: {exc}") from None
+
+    async def _give_copied(self) -> None:
+        """``COPY --chown``: the copied files to their user, where task users have ids."""
+        assert self._sandbox is not None
+        for path, owner in self._image_copied:
+            if owner is None:
+                continue
+            given = await self._sandbox.give(path, owner)
+            self._image_given[path] = (
+                f"{owner} (uid {given.uid})"
+                if given
+                else f"not enforced: {self._sandbox.idmap.reason or 'one id here'}"
+            )
 
     async def _resolve(self, spec: EnvironmentSpec) -> ResolvedEnvironment:
         """The closure ``spec`` names in ``home``'s store, realized first unless the options say not."""
@@ -278,6 +349,8 @@ class HarnessEnvironment(BaseEnvironment):
             )
         if users.verifier is not None:
             owners[str(paths.verifier_dir)] = users.verifier
+        made = [*self._image.workdirs, *self._image.dirs] if self._image else []
+        extra_users: list[str | int] = [u for u in (self._image.users if self._image else []) if u not in users]
         return SandboxConfig(
             root=self.session_dir,
             guarded=[] if self.is_verifier_session else [str(paths.tests_dir), str(paths.verifier_dir)],
@@ -287,11 +360,11 @@ class HarnessEnvironment(BaseEnvironment):
                 str(p)
                 for p in (paths.agent_dir, paths.verifier_dir, paths.artifacts_dir, paths.tests_dir, paths.solution_dir)
             ]
-            + [self.workdir],
+            + [self.workdir, *made],
             network=not self._network_disabled,
             forward_ports=ports,
             hostname=_hostname(self.environment_name),
-            users=[u for u in users if u is not None],
+            users=[*dict.fromkeys(u for u in users if u is not None), *extra_users],
             owners=owners,
             limits=self._limits,
         )
@@ -330,7 +403,7 @@ class HarnessEnvironment(BaseEnvironment):
         ``PATH``, and the broker's address (and token) when there is one."""
         assert self._sandbox is not None
         base = {
-            "PATH": f"{env}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "PATH": _path_var(env),
             "HOME": "/root",
             "USER": "root",
             "LOGNAME": "root",
@@ -371,7 +444,30 @@ class HarnessEnvironment(BaseEnvironment):
         }
         self._record["host"]["libraries"] = await self._host_libraries(config, list(executables))
         self._record["sandbox"]["ignored"] = ignored
+        self._record["dockerfile"] = self._image_record()
         await asyncio.to_thread(_write_record, self.record_path, self._record)
+
+    def _image_record(self) -> dict[str, Any] | None:
+        """The record's ``dockerfile``: every step and what this session did with it."""
+        plan = self._image
+        if plan is None:
+            return None
+        import hashlib
+
+        text = (self.environment_dir / image.DOCKERFILE).read_bytes()
+        return {
+            "path": f"environment/{image.DOCKERFILE}",
+            "sha256": hashlib.sha256(text).hexdigest(),
+            "base": plan.base,
+            "host_base": "the host's /usr and /etc (read-only) stand in for the base image",
+            "steps": [s.as_json() for s in plan.steps],
+            "env": {k: ("<withheld: a credential>" if is_secret_name(k) else v) for k, v in plan.env.items()},
+            "workdir": plan.workdir,
+            "user": plan.user,
+            "copied": [path for path, _ in self._image_copied],
+            "owners": self._image_given,
+            "requirements_checked": [r for _, r in plan.requirements],
+        }
 
     async def _host_libraries(self, config: SandboxConfig, executables: list[str]) -> dict[str, Any]:
         """The host's shared libraries that the executables on PATH and the closure's ELF files
@@ -448,16 +544,25 @@ class HarnessEnvironment(BaseEnvironment):
         self._execs += 1
         given = self._merge_env(env) or {}
         self._env_names.update(given)
+        image_env = self._image.env if self._image else {}
         outcome = await sandbox.exec(
             command,
             cwd=cwd or self.workdir,
-            env={**self._base_env, **as_user, **given},
+            env={**self._base_env, **as_user, **image_env, **given},
             timeout=timeout_sec,
             on_output=self._output_callback(),
             user=wanted,
         )
         self._check_memory()
         return ExecResult(stdout=outcome.stdout, stderr=outcome.stderr, return_code=outcome.return_code)
+
+    def _resolve_user(self, user: str | int | None) -> str | int | None:
+        """As Docker: the given user, else Harbor's default (the task's), else the
+        Dockerfile's ``USER``."""
+        resolved = super()._resolve_user(user)
+        if resolved is None and self._image is not None:
+            return self._image.user
+        return resolved
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         source = Path(source_path)
@@ -677,24 +782,30 @@ class TaskUsers(NamedTuple):
     verifier: str | int | None
 
 
-def _task_users(task_dir: Path) -> TaskUsers:
+def _task_users(task_dir: Path, image_user: str | None = None) -> TaskUsers:
     """``[agent] user`` and ``[verifier] user`` of the task's ``task.toml`` (None: root/unset);
-    the first step's, for a multi-step task that sets them per step."""
+    the first step's, for a multi-step task that sets them per step; either unset is the
+    Dockerfile's ``USER`` (``image_user``), as in Docker."""
     try:
         data = loads_bounded((task_dir / "task.toml").read_text(encoding="utf-8"), str(task_dir / "task.toml"))
     except (OSError, ValueError, InputError):
-        return TaskUsers(None, None)
+        return TaskUsers(image_user, image_user)
 
     def user(table: Any) -> str | int | None:
         value = table.get("user") if isinstance(table, dict) else None
-        return None if value in (None, "", "root", 0) else value
+        return None if value in (None, "") else value
 
     agent, verifier = user(data.get("agent")), user(data.get("verifier"))
     for step in data.get("steps", []) if isinstance(data.get("steps"), list) else []:
         if isinstance(step, dict):
             agent = agent or user(step.get("agent"))
             verifier = verifier or user(step.get("verifier"))
-    return TaskUsers(agent, verifier)
+
+    def effective(value: str | int | None) -> str | int | None:
+        value = image_user if value is None else value  # an explicit root stays root
+        return None if value in ("root", 0, "0") else value
+
+    return TaskUsers(effective(agent), effective(verifier))
 
 
 def _ignored(environment_dir: Path, docker_image: str | None, storage_mb: int | None) -> list[str]:
@@ -702,15 +813,14 @@ def _ignored(environment_dir: Path, docker_image: str | None, storage_mb: int | 
     out = []
     if docker_image:
         out.append(f"docker_image = {docker_image!r}: the software is the harness environment and the host's /usr")
-    for name in ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml"):
-        if (environment_dir / name).is_file():
-            out.append(
-                f"environment/{name}: not built (python -m harness.harbor init TASK translates a "
-                "Dockerfile's Python packages into a manifest)"
-            )
     if storage_mb is not None:
         out.append(f"storage_mb = {storage_mb}: not enforced (the session's disk use is recorded at stop)")
     return out
+
+
+def _path_var(env: Path) -> str:
+    """The commands' ``PATH``: the environment ``env`` first, then the host's folders."""
+    return f"{env}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _size_mb(root: Path) -> float | None:

@@ -41,7 +41,7 @@ _MEMO: dict[str, tuple[tuple[int, int, int, int], str]] = {}
 
 
 def os_release(path: Path = Path("/etc/os-release")) -> dict[str, str]:
-    """``ID``, ``VERSION_ID`` and ``PRETTY_NAME`` of ``/etc/os-release`` (those present)."""
+    """``ID``, ``ID_LIKE``, ``VERSION_ID``, ``PRETTY_NAME`` and ``VERSION_CODENAME`` of ``/etc/os-release`` (those present)."""
     out: dict[str, str] = {}
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -49,7 +49,7 @@ def os_release(path: Path = Path("/etc/os-release")) -> dict[str, str]:
         return out
     for line in text.splitlines():
         key, sep, value = line.partition("=")
-        if sep and key in ("ID", "VERSION_ID", "PRETTY_NAME", "VERSION_CODENAME"):
+        if sep and key in ("ID", "ID_LIKE", "VERSION_ID", "PRETTY_NAME", "VERSION_CODENAME"):
             out[key.lower()] = value.strip().strip('"')
     return out
 

@@ -567,6 +567,21 @@ class Sandbox:
         await self._setup(only=added)
         return added
 
+    async def give(self, path: str, user: str | int) -> TaskUser | None:
+        """``path`` (inside) and everything below it to task user ``user`` (added if new), as
+        ``COPY --chown`` does; None where the namespace holds one id (nothing changes)."""
+        owner = await self.ensure_user(user)
+        if owner is None:
+            return None
+        inside = self._check_transfer(path, write=True)
+        script = 'exec chown -R -- "$1" "$2"'
+        rc, err = await self._run_io(
+            [self.tools.shell, "-c", script, "give", f"{owner.uid}:{owner.gid}", inside], privileged=True
+        )
+        if rc != 0:
+            raise SandboxError(f"giving {inside} to {user} failed: {err}")
+        return owner
+
     async def _setup(self, only: TaskUser | None = None) -> None:
         """As the sandbox's root: task users' homes, and the folders ``owners`` gives them."""
         lines = ["set -e"]
