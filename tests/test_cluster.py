@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -407,6 +407,88 @@ def test_slurm_array_through_submitit_local(setup: Setup) -> None:
     outcome = json.loads((run_dir / "result.json").read_text())
     assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"]
     assert json.loads((run_dir / "benchmark.json").read_text())["episodes"] == 20
+
+
+# Shard 0 runs its episodes at once; the others wait at the gate as GATE's do.
+FIRST_FREE = GATE.replace(
+    'while not (gates / "open").exists():',
+    'while not os.environ["HARNESS_SHARD"].startswith("0/") and not (gates / "open").exists():',
+)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped yet does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _wait_for(what: str, check: Callable[[], bool], timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_a_killed_head_leaves_a_run_that_resume_completes(setup: Setup, tmp_path: Path) -> None:
+    """The head (``--cluster slurm-local``) is SIGKILLed once shard 0 is recorded while shard
+    1 waits: shard 0's record is already in the run's folder. ``run --resume`` runs shard 1
+    alone, with the run's closure; the run then holds both shards and its audit passes.
+    A second resume has nothing to run."""
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
+    gates = setup.gates / "resume"
+    gates.mkdir()
+    (gates / "gate.py").write_text(FIRST_FREE)
+    env = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home)}
+    argv = [sys.executable, "-m", "harness", "--project", str(REPO), "run", "--agent", "kinematics-only"]
+    shard_cmd = [sys.executable, str(gates / "gate.py"), str(gates), str(REPO / "benchmarks" / "reach" / "episodes.py")]
+    with open(tmp_path / "head.log", "w") as log:
+        head = subprocess.Popen(
+            [*argv, "--cluster", "slurm-local", "--shards", "2", "--", *shard_cmd],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    tasks: list[int] = []
+    try:
+        _wait_for("shard 1 at its gate", lambda: any(gates.glob("started-1-2-*")) or head.poll() is not None)
+        assert head.poll() is None, (tmp_path / "head.log").read_text()
+        run_dir = Path(next(gates.glob("started-1-2-*")).read_text()).parent.parent
+        _wait_for("shard 0's record", lambda: (run_dir / "shards" / "0" / "shard.json").is_file())
+        tasks = [int(p.name) for p in (run_dir / "engine").iterdir() if p.name.isdigit()]
+        head.kill()
+        head.wait()
+        first = json.loads((run_dir / "shards" / "0" / "shard.json").read_text())
+        assert first["status"] == "ok" and not (run_dir / "result.json").exists()
+        # Shard 1's task outlives its head (as a Slurm job does) and ends on its own.
+        (gates / "open").write_text("")
+        _wait_for("the orphaned tasks to end", lambda: not any(_alive(pid) for pid in tasks))
+    finally:
+        if head.poll() is None:
+            head.kill()
+        for pid in tasks:
+            if _alive(pid):
+                os.kill(pid, signal.SIGTERM)
+    assert not (run_dir / "shards" / "1" / "shard.json").exists(), "the head died before it recorded shard 1"
+
+    resumed = _harness(setup, "run", "--resume", run_dir.name)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming 1 of 2 shards on slurm-local (1)" in resumed.stderr, resumed.stderr
+    outcome = json.loads((run_dir / "result.json").read_text())
+    assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"] and outcome["exit_status"] == 0
+    assert json.loads((run_dir / "shards" / "0" / "shard.json").read_text()) == first, "shard 0 was not run again"
+    assert (run_dir / "superseded" / "1.1").is_dir(), "shard 1's earlier record is kept aside"
+    assert json.loads((run_dir / "benchmark.json").read_text())["episodes"] == 20
+    config = json.loads((run_dir / "config.json").read_text())
+    assert [r["shards"] for r in config["cluster"]["resumes"]] == [[1]]
+    audit = _harness(setup, "audit", run_dir.name)
+    assert audit.returncode == 0, audit.stdout
+    assert audit.stdout.count("same ") == 2, audit.stdout
+    again = _harness(setup, "run", "--resume", run_dir.name)
+    assert again.returncode == 0 and "has a good record; nothing to run" in again.stderr, again.stderr
 
 
 @pytest.mark.last
