@@ -489,6 +489,19 @@ def test_a_killed_head_leaves_a_run_that_resume_completes(setup: Setup, tmp_path
     assert audit.stdout.count("same ") == 2, audit.stdout
     again = _harness(setup, "run", "--resume", run_dir.name)
     assert again.returncode == 0 and "has a good record; nothing to run" in again.stderr, again.stderr
+    # A run whose recorded closure the project no longer gives is refused, naming the path.
+    from harness.runs.closures import closure_digest
+
+    lock = json.loads((run_dir / "lock.json").read_text())
+    entry = next(e for e in lock["store_paths"] if e["path"].endswith("-kinematics-env"))
+    entry["content"] = "blake3:" + "0" * 64
+    (run_dir / "lock.json").write_text(json.dumps(lock))
+    config["cluster"]["closure_digest"] = closure_digest(lock)
+    (run_dir / "config.json").write_text(json.dumps(config))
+    refused = _harness(setup, "run", "--resume", run_dir.name)
+    assert refused.returncode == 1, refused.stderr
+    assert "the project no longer gives the run's closure" in refused.stderr and entry["path"] in refused.stderr
+    assert not (run_dir / "superseded" / "0.1").exists(), "nothing was moved aside before the refusal"
 
 
 @pytest.mark.last
