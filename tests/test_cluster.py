@@ -504,6 +504,54 @@ def test_a_killed_head_leaves_a_run_that_resume_completes(setup: Setup, tmp_path
     assert not (run_dir / "superseded" / "0.1").exists(), "nothing was moved aside before the refusal"
 
 
+def _task_of(pid: int) -> int:
+    """The submitit task process (``submitit.core._submit``) above process ``pid``."""
+    while pid > 1:
+        if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise AssertionError("no submitit task above the shard's command")
+
+
+def test_a_sigterm_to_a_slurm_task_is_recorded_as_a_cancel(setup: Setup, tmp_path: Path) -> None:
+    """What ``scancel`` does to a running task — SIGTERM to each of its processes, here the
+    shard's task process and its command, on submitit's local executor — is recorded as a
+    cancel naming the SIGTERM (not 'exited with 143'), as soon as the task ends; the other
+    shard is ok, the run exits 1 and the audit names the cancelled shard."""
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
+    gates = setup.gates / "scancel"
+    gates.mkdir()
+    (gates / "gate.py").write_text(FIRST_FREE)
+    shard_cmd = [sys.executable, str(gates / "gate.py"), str(gates), str(REPO / "benchmarks" / "reach" / "episodes.py")]
+    env = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home)}
+    argv = [sys.executable, "-m", "harness", "--project", str(REPO), "run", "--agent", "kinematics-only"]
+    with open(tmp_path / "head.log", "w") as log:
+        head = subprocess.Popen(
+            [*argv, "--cluster", "slurm-local", "--shards", "2", "--", *shard_cmd],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_for("shard 1 at its gate", lambda: any(gates.glob("started-1-2-*")) or head.poll() is not None)
+        assert head.poll() is None, (tmp_path / "head.log").read_text()
+        started = next(gates.glob("started-1-2-*"))
+        run_dir = Path(started.read_text()).parent.parent
+        command = int(started.name.rsplit("-", 1)[1])
+        task = _task_of(command)
+        os.kill(task, signal.SIGTERM)
+        os.kill(command, signal.SIGTERM)
+        assert head.wait(timeout=300) == 1, (tmp_path / "head.log").read_text()
+    finally:
+        if head.poll() is None:
+            head.kill()
+    shards = json.loads((run_dir / "result.json").read_text())["shards"]
+    assert [s["status"] for s in shards] == ["ok", "cancelled"], shards
+    assert "its task got SIGTERM (Slurm's scancel" in shards[1]["reason"], shards[1]["reason"]
+    code, lines = _audit_lines(setup, run_dir)
+    assert code == 1 and [ln.split(" ", 1)[0] for ln in lines if " shard " in ln] == ["cancelled"], lines
+
+
 @pytest.mark.last
 def test_second_node_killed_mid_run_is_retried_on_the_head(setup: Setup) -> None:
     """Runs last (marked so): it kills the second node while one of its shards waits at the gate."""
