@@ -26,6 +26,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' to run the cluster tests")
 
+from harness.runs.shard import ShardJob
 from harness.store.store import remove_tree
 from tests.conftest import REPO
 from tests.raycluster import Cluster, start_cluster
@@ -550,6 +551,45 @@ def test_a_sigterm_to_a_slurm_task_is_recorded_as_a_cancel(setup: Setup, tmp_pat
     assert "its task got SIGTERM (Slurm's scancel" in shards[1]["reason"], shards[1]["reason"]
     code, lines = _audit_lines(setup, run_dir)
     assert code == 1 and [ln.split(" ", 1)[0] for ln in lines if " shard " in ln] == ["cancelled"], lines
+
+
+def _dies_once(job: ShardJob) -> dict[str, object]:
+    """An array task that dies without a result on its first try (as on a node that went
+    away) and reports ok on the next; its marker file lives in the job's project folder."""
+    marker = Path(job.project_root) / f"tried-{job.index}"
+    if job.index == 1 and not marker.exists():
+        marker.write_text("")
+        os._exit(1)
+    return {"index": job.index, "shard": f"{job.index}/{job.count}", "status": "ok", "node": {"pid": os.getpid()}}
+
+
+def test_a_lost_slurm_task_is_submitted_again_up_to_the_retries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resubmission of lost array members, on submitit's local executor: the engine
+    takes the task that died for a lost node (the local executor cannot lose one; its state
+    is read as Slurm's NODE_FAIL), submits it again in an array of its own, and records
+    each shard once, as it ends, with every attempt; with no retries left it is lost."""
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
+    import harness.runs.cluster as cluster
+
+    judge = cluster.engine_ending
+    monkeypatch.setattr(cluster, "engine_ending", lambda state, message: judge("NODE_FAIL", message))
+    monkeypatch.chdir(REPO)  # the tasks import this module
+    jobs = [ShardJob("r", i, 2, str(tmp_path), None, (), None, (), (), None, None, False) for i in range(2)]
+    lines: list[str] = []
+    recorded: list[dict[str, object]] = []
+    engine = cluster.SubmititEngine(local=True, task=_dies_once)
+    kwargs = dict(cpus=1.0, gpus=0, folder=tmp_path / "engine", echo=lines.append, on_result=recorded.append)
+    results = engine.run(jobs, retries=1, **kwargs)
+    assert [r["status"] for r in results] == ["ok", "ok"] and len(recorded) == 2
+    assert [len(r["attempts"]) for r in results] == [1, 2], results
+    assert results[1]["attempts"][0]["status"] == "lost" and results[1]["attempts"][1]["status"] == "ok"
+    assert sum("submitted array job" in ln for ln in lines) == 2
+    assert any(ln.startswith("shard 1/2: task ") and "its node was lost" in ln for ln in lines), lines
+    (tmp_path / "tried-1").unlink()
+    lost = engine.run(jobs, retries=0, **kwargs)
+    assert [r["status"] for r in lost] == ["ok", "lost"] and "its node was lost (NODE_FAIL)" in lost[1]["reason"]
 
 
 @pytest.mark.last

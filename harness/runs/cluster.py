@@ -814,7 +814,7 @@ class SubmititEngine:
     is ``lost`` and its shard submitted again, in a new array of the lost members, up to
     ``retries`` times."""
 
-    def __init__(self, *, local: bool) -> None:
+    def __init__(self, *, local: bool, task: Callable[[ShardJob], dict[str, Any]] | None = None) -> None:
         try:
             import submitit  # noqa: F401
         except ImportError:
@@ -823,6 +823,8 @@ class SubmititEngine:
                 hint="pip install -e '.[slurm]' from the checkout",
             ) from None
         self.local = local
+        #: what each array task runs: a shard (another function only in the engine's tests)
+        self.task = task or _submitit_shard
 
     def run(
         self,
@@ -853,7 +855,7 @@ class SubmititEngine:
         attempts: dict[int, list[dict[str, Any]]] = {job.index: [] for job in jobs}
         todo = list(jobs)
         while todo:
-            submitted = executor.map_array(_submitit_shard, todo)
+            submitted = executor.map_array(self.task, todo)
             if submitted:
                 echo(f"submitted array job {submitted[0].job_id.split('_')[0]} ({len(todo)} tasks)")
             handles = {job.index: (job, handle) for job, handle in zip(todo, submitted, strict=True)}
