@@ -442,6 +442,13 @@ def test_slurm_endings_cancel_lose_and_fail_a_shard() -> None:
     assert engine_ending("", "gone")[1] == "gone (state UNKNOWN)"
 
 
+def test_a_ray_task_whose_node_went_away_is_lost_not_failed() -> None:
+    from harness.runs.cluster import ray_ending
+
+    assert ray_ending("WorkerCrashedError") == ray_ending("NodeDiedError") == "lost"
+    assert ray_ending("RayTaskError") == "failed"
+
+
 def test_a_shard_whose_task_got_sigterm_is_cancelled_not_a_command_that_exited_143() -> None:
     from harness.runs.cluster import after_termination
 

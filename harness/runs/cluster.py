@@ -749,7 +749,7 @@ class RayEngine:
             return {
                 "index": index,
                 "shard": f"{index}/{count}",
-                "status": "failed",
+                "status": ray_ending(type(exc).__name__),
                 "reason": f"{type(exc).__name__}: {first} (after the retries Ray was allowed)",
             }
 
@@ -763,6 +763,16 @@ class RayEngine:
             return
         for index, result in results.items():
             result["attempts"] = [start for i, start in attempts if i == index]
+
+
+#: Ray's errors for a task whose worker, node or object went away under it.
+_RAY_LOSSES = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "ObjectLostError", "OwnerDiedError")
+
+
+def ray_ending(error: str) -> str:
+    """A shard's status from the name of the error Ray gave for its task once its retries
+    were spent: ``lost`` when its worker or node went away, else ``failed``. Pure."""
+    return "lost" if error in _RAY_LOSSES else "failed"
 
 
 class _Interrupted(KeyboardInterrupt):
