@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' to run the cluster tests")
 
+from harness.runs.shard import ShardJob
 from harness.store.store import remove_tree
 from tests.conftest import REPO
 from tests.raycluster import Cluster, start_cluster
@@ -407,6 +408,188 @@ def test_slurm_array_through_submitit_local(setup: Setup) -> None:
     outcome = json.loads((run_dir / "result.json").read_text())
     assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"]
     assert json.loads((run_dir / "benchmark.json").read_text())["episodes"] == 20
+
+
+# Shard 0 runs its episodes at once; the others wait at the gate as GATE's do.
+FIRST_FREE = GATE.replace(
+    'while not (gates / "open").exists():',
+    'while not os.environ["HARNESS_SHARD"].startswith("0/") and not (gates / "open").exists():',
+)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped yet does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _wait_for(what: str, check: Callable[[], bool], timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_a_killed_head_leaves_a_run_that_resume_completes(setup: Setup, tmp_path: Path) -> None:
+    """The head (``--cluster slurm-local``) is SIGKILLed once shard 0 is recorded while shard
+    1 waits: shard 0's record is already in the run's folder. ``run --resume`` runs shard 1
+    alone, with the run's closure; the run then holds both shards and its audit passes.
+    A second resume has nothing to run."""
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
+    gates = setup.gates / "resume"
+    gates.mkdir()
+    (gates / "gate.py").write_text(FIRST_FREE)
+    env = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home)}
+    argv = [sys.executable, "-m", "harness", "--project", str(REPO), "run", "--agent", "kinematics-only"]
+    shard_cmd = [sys.executable, str(gates / "gate.py"), str(gates), str(REPO / "benchmarks" / "reach" / "episodes.py")]
+    with open(tmp_path / "head.log", "w") as log:
+        head = subprocess.Popen(
+            [*argv, "--cluster", "slurm-local", "--shards", "2", "--", *shard_cmd],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    tasks: list[int] = []
+    try:
+        _wait_for("shard 1 at its gate", lambda: any(gates.glob("started-1-2-*")) or head.poll() is not None)
+        assert head.poll() is None, (tmp_path / "head.log").read_text()
+        run_dir = Path(next(gates.glob("started-1-2-*")).read_text()).parent.parent
+        _wait_for("shard 0's record", lambda: (run_dir / "shards" / "0" / "shard.json").is_file())
+        tasks = [int(p.name) for p in (run_dir / "engine").iterdir() if p.name.isdigit()]
+        head.kill()
+        head.wait()
+        first = json.loads((run_dir / "shards" / "0" / "shard.json").read_text())
+        assert first["status"] == "ok" and not (run_dir / "result.json").exists()
+        # Shard 1's task outlives its head (as a Slurm job does) and ends on its own.
+        (gates / "open").write_text("")
+        _wait_for("the orphaned tasks to end", lambda: not any(_alive(pid) for pid in tasks))
+    finally:
+        if head.poll() is None:
+            head.kill()
+        for pid in tasks:
+            if _alive(pid):
+                os.kill(pid, signal.SIGTERM)
+    assert not (run_dir / "shards" / "1" / "shard.json").exists(), "the head died before it recorded shard 1"
+
+    resumed = _harness(setup, "run", "--resume", run_dir.name)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming 1 of 2 shards on slurm-local (1)" in resumed.stderr, resumed.stderr
+    outcome = json.loads((run_dir / "result.json").read_text())
+    assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"] and outcome["exit_status"] == 0
+    assert json.loads((run_dir / "shards" / "0" / "shard.json").read_text()) == first, "shard 0 was not run again"
+    assert (run_dir / "superseded" / "1.1").is_dir(), "shard 1's earlier record is kept aside"
+    assert json.loads((run_dir / "benchmark.json").read_text())["episodes"] == 20
+    config = json.loads((run_dir / "config.json").read_text())
+    assert [r["shards"] for r in config["cluster"]["resumes"]] == [[1]]
+    audit = _harness(setup, "audit", run_dir.name)
+    assert audit.returncode == 0, audit.stdout
+    assert audit.stdout.count("same ") == 2, audit.stdout
+    again = _harness(setup, "run", "--resume", run_dir.name)
+    assert again.returncode == 0 and "has a good record; nothing to run" in again.stderr, again.stderr
+    # A run whose recorded closure the project no longer gives is refused, naming the path.
+    from harness.runs.closures import closure_digest
+
+    lock = json.loads((run_dir / "lock.json").read_text())
+    entry = next(e for e in lock["store_paths"] if e["path"].endswith("-kinematics-env"))
+    entry["content"] = "blake3:" + "0" * 64
+    (run_dir / "lock.json").write_text(json.dumps(lock))
+    config["cluster"]["closure_digest"] = closure_digest(lock)
+    (run_dir / "config.json").write_text(json.dumps(config))
+    refused = _harness(setup, "run", "--resume", run_dir.name)
+    assert refused.returncode == 1, refused.stderr
+    assert "the project no longer gives the run's closure" in refused.stderr and entry["path"] in refused.stderr
+    assert not (run_dir / "superseded" / "0.1").exists(), "nothing was moved aside before the refusal"
+
+
+def _task_of(pid: int) -> int:
+    """The submitit task process (``submitit.core._submit``) above process ``pid``."""
+    while pid > 1:
+        if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise AssertionError("no submitit task above the shard's command")
+
+
+def test_a_sigterm_to_a_slurm_task_is_recorded_as_a_cancel(setup: Setup, tmp_path: Path) -> None:
+    """What ``scancel`` does to a running task — SIGTERM to each of its processes, here the
+    shard's task process and its command, on submitit's local executor — is recorded as a
+    cancel naming the SIGTERM (not 'exited with 143'), as soon as the task ends; the other
+    shard is ok, the run exits 1 and the audit names the cancelled shard."""
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
+    gates = setup.gates / "scancel"
+    gates.mkdir()
+    (gates / "gate.py").write_text(FIRST_FREE)
+    shard_cmd = [sys.executable, str(gates / "gate.py"), str(gates), str(REPO / "benchmarks" / "reach" / "episodes.py")]
+    env = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home)}
+    argv = [sys.executable, "-m", "harness", "--project", str(REPO), "run", "--agent", "kinematics-only"]
+    with open(tmp_path / "head.log", "w") as log:
+        head = subprocess.Popen(
+            [*argv, "--cluster", "slurm-local", "--shards", "2", "--", *shard_cmd],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_for("shard 1 at its gate", lambda: any(gates.glob("started-1-2-*")) or head.poll() is not None)
+        assert head.poll() is None, (tmp_path / "head.log").read_text()
+        started = next(gates.glob("started-1-2-*"))
+        run_dir = Path(started.read_text()).parent.parent
+        command = int(started.name.rsplit("-", 1)[1])
+        task = _task_of(command)
+        os.kill(task, signal.SIGTERM)
+        os.kill(command, signal.SIGTERM)
+        assert head.wait(timeout=300) == 1, (tmp_path / "head.log").read_text()
+    finally:
+        if head.poll() is None:
+            head.kill()
+    shards = json.loads((run_dir / "result.json").read_text())["shards"]
+    assert [s["status"] for s in shards] == ["ok", "cancelled"], shards
+    assert "its task got SIGTERM (Slurm's scancel" in shards[1]["reason"], shards[1]["reason"]
+    code, lines = _audit_lines(setup, run_dir)
+    assert code == 1 and [ln.split(" ", 1)[0] for ln in lines if " shard " in ln] == ["cancelled"], lines
+
+
+def _dies_once(job: ShardJob) -> dict[str, object]:
+    """An array task that dies without a result on its first try (as on a node that went
+    away) and reports ok on the next; its marker file lives in the job's project folder."""
+    marker = Path(job.project_root) / f"tried-{job.index}"
+    if job.index == 1 and not marker.exists():
+        marker.write_text("")
+        os._exit(1)
+    return {"index": job.index, "shard": f"{job.index}/{job.count}", "status": "ok", "node": {"pid": os.getpid()}}
+
+
+def test_a_lost_slurm_task_is_submitted_again_up_to_the_retries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resubmission of lost array members, on submitit's local executor: the engine
+    takes the task that died for a lost node (the local executor cannot lose one; its state
+    is read as Slurm's NODE_FAIL), submits it again in an array of its own, and records
+    each shard once, as it ends, with every attempt; with no retries left it is lost."""
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
+    import harness.runs.cluster as cluster
+
+    judge = cluster.engine_ending
+    monkeypatch.setattr(cluster, "engine_ending", lambda state, message: judge("NODE_FAIL", message))
+    monkeypatch.chdir(REPO)  # the tasks import this module
+    jobs = [ShardJob("r", i, 2, str(tmp_path), None, (), None, (), (), None, None, False) for i in range(2)]
+    lines: list[str] = []
+    recorded: list[dict[str, object]] = []
+    engine = cluster.SubmititEngine(local=True, task=_dies_once)
+    kwargs = dict(cpus=1.0, gpus=0, folder=tmp_path / "engine", echo=lines.append, on_result=recorded.append)
+    results = engine.run(jobs, retries=1, **kwargs)
+    assert [r["status"] for r in results] == ["ok", "ok"] and len(recorded) == 2
+    assert [len(r["attempts"]) for r in results] == [1, 2], results
+    assert results[1]["attempts"][0]["status"] == "lost" and results[1]["attempts"][1]["status"] == "ok"
+    assert sum("submitted array job" in ln for ln in lines) == 2
+    assert any(ln.startswith("shard 1/2: task ") and "its node was lost" in ln for ln in lines), lines
+    (tmp_path / "tried-1").unlink()
+    lost = engine.run(jobs, retries=0, **kwargs)
+    assert [r["status"] for r in lost] == ["ok", "lost"] and "its node was lost (NODE_FAIL)" in lost[1]["reason"]
 
 
 @pytest.mark.last

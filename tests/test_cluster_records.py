@@ -333,3 +333,143 @@ def test_judge_shard_refused_before_it_realized() -> None:
     summary = {"hostname": "gpu-b", "home": "/h/b", "status": "failed", "closure_refused": True, "reason": "why"}
     item = judge_shard(0, 2, summary, None, [], {"store_paths": []})
     assert (item.status, item.detail) == ("modified", "refused before its first episode: why")
+
+
+# ------------------------------------------------------------------------------ resume
+
+
+def _head_config(shards: int, digest: str) -> dict[str, Any]:
+    ask = {"command": [], "agent": "a", "sets": [], "services": [], "benchmark": "reach", "offline": False}
+    cluster = {"engine": "slurm-local", "address": None, "shards": shards, "retries": 1, "closure_digest": digest}
+    return {"id": "r1", "started": 1.0, "impurities": [], "cluster": {**cluster, "ask": ask}}
+
+
+def test_each_shard_is_recorded_as_it_ends_and_the_run_from_what_is_on_disk(tmp_path: Path) -> None:
+    """record_shard writes a shard's files and shard.json at once (a head killed after it
+    leaves them); record_cluster_run combines what is on disk, a shard with none lost."""
+    from harness.runs.cluster import record_cluster_run, record_shard
+
+    run, closure = _record(tmp_path)
+    for index in range(3):
+        remove = run / "shards" / str(index)
+        for path in sorted(remove.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+    config = _head_config(3, closure_digest(closure))
+    files = {"lock.json": json.dumps(closure), "benchmark.json": json.dumps({"episodes": 2, "successes": 2})}
+    node = {"hostname": "gpu-a", "home": "/h/a", "platform": "linux-x86_64"}
+    result = {"index": 0, "status": "ok", "node": node, "files": files, "output": ["realized"], "score": 1.0}
+    summary = record_shard(run, config, result)
+    assert summary["status"] == "ok" and summary["same_closure"] and summary["attempts"] == [node]
+    assert json.loads((run / "shards" / "0" / "shard.json").read_text())["home"] == "/h/a"
+    assert (run / "shards" / "0" / "logs" / "shard.log").read_text() == "realized\n"
+    assert not (run / "result.json").exists(), "the run's result is written at the end only"
+    assert not [p for p in (run / "shards" / "0").iterdir() if p.name.startswith(".")], "no temporary file left"
+    # A node that says ok but recorded another closure is failed, named.
+    other = json.loads(json.dumps(closure))
+    other["store_paths"][0]["content"] = "blake3:9"
+    bad = record_shard(run, config, {**result, "index": 1, "files": {"lock.json": json.dumps(other)}})
+    assert bad["status"] == "failed" and "gpu-a (/h/a) computed with another closure" in bad["reason"]
+    outcome = record_cluster_run(run, config, interrupted=False)
+    assert [s["status"] for s in outcome["shards"]] == ["ok", "failed", "lost"] and outcome["exit_status"] == 1
+    assert json.loads((run / "shards" / "2" / "shard.json").read_text())["status"] == "lost"
+
+
+def test_resume_runs_again_exactly_the_shards_without_a_good_record(tmp_path: Path) -> None:
+    """The shards to resume are those whose audit verdict is not ok: other bits, failed,
+    cancelled, lost, or never recorded (pure, then on a record as the head left it)."""
+    from harness.runs.resume import shards_to_resume
+
+    verdicts = {0: "ok", 1: "modified", 2: "failed", 3: "cancelled", 4: "missing", 6: "ok"}
+    assert shards_to_resume(8, verdicts) == [1, 2, 3, 4, 5, 7]
+    assert shards_to_resume(2, {0: "ok", 1: "ok"}) == []
+    run, closure = _record(tmp_path)
+    verdicts = {i: item.status for i, item in enumerate(audit_shards(run, closure))}
+    assert shards_to_resume(3, verdicts) == [1, 2]
+
+
+def test_resume_reads_the_recorded_ask_and_refuses_records_without_one() -> None:
+    from harness.runs.resume import recorded_ask
+
+    ask, target, shards, retries = recorded_ask(_head_config(4, "d"), "r1")
+    assert (ask.agent, ask.benchmark, ask.command, ask.offline) == ("a", "reach", (), False)
+    assert (target.engine, shards, retries) == ("slurm-local", 4, 1)
+    with pytest.raises(InputError, match=r"run r1: config.json has no \[cluster\]: only a cluster run"):
+        recorded_ask({"id": "r1"}, "r1")
+    old = _head_config(4, "d")
+    del old["cluster"]["ask"]
+    with pytest.raises(InputError, match="no cluster.ask: it was recorded before runs could be resumed"):
+        recorded_ask(old, "r1")
+    broken = _head_config(4, "d")
+    del broken["cluster"]["ask"]["agent"]
+    with pytest.raises(InputError, match="incomplete"):
+        recorded_ask(broken, "r1")
+
+
+def test_resume_refuses_a_closure_that_is_not_the_runs_naming_each_difference() -> None:
+    from harness.runs.resume import closure_refusal
+
+    run = {"store_paths": [{"path": "a" * 32 + "-kinematics-env", "content": "blake3:1"}], "locks": {}}
+    assert closure_refusal(run, run) == []
+    now = {"store_paths": [{"path": "b" * 32 + "-kinematics-env", "content": "blake3:2"}], "locks": {}}
+    (told,) = closure_refusal(run, now)
+    assert "kinematics-env" in told and "a" * 32 in told and "b" * 32 in told and "in the run" in told
+
+
+def test_a_resumed_shards_earlier_record_is_moved_aside(tmp_path: Path) -> None:
+    from harness.runs.resume import supersede
+
+    run, _ = _record(tmp_path)
+    first = supersede(run, 1)
+    assert first == run / "superseded" / "1.1" and (first / "shard.json").is_file()
+    assert not (run / "shards" / "1").exists() and supersede(run, 1) is None
+    (run / "shards" / "1").mkdir()
+    assert supersede(run, 1) == run / "superseded" / "1.2"
+
+
+def test_slurm_endings_cancel_lose_and_fail_a_shard() -> None:
+    """A task Slurm ended without a result: scancel is a cancel (not retried), a lost node is
+    lost (retried), a timeout or out of memory a failure naming it (pure)."""
+    from harness.runs.cluster import engine_ending
+
+    status, reason, retry = engine_ending("CANCELLED by 1000", "srun: error: task 0: Exited with exit code 143")
+    assert (status, retry) == ("cancelled", False) and "scancel" in reason and "CANCELLED by 1000" in reason
+    assert engine_ending("NODE_FAIL", "x")[::2] == ("lost", True)
+    assert engine_ending("PREEMPTED", "x")[::2] == ("lost", True)
+    assert engine_ending("INTERRUPTED", "x")[::2] == ("cancelled", False)
+    assert engine_ending("TIMEOUT", "x")[:1] == ("failed",) and "time limit" in engine_ending("TIMEOUT", "x")[1]
+    assert "memory" in engine_ending("OUT_OF_MEMORY", "x")[1]
+    assert engine_ending("FAILED", "ValueError: boom") == ("failed", "ValueError: boom (state FAILED)", False)
+    assert engine_ending("", "gone")[1] == "gone (state UNKNOWN)"
+
+
+def test_a_ray_task_whose_node_went_away_is_lost_not_failed() -> None:
+    from harness.runs.cluster import ray_ending
+
+    assert ray_ending("WorkerCrashedError") == ray_ending("NodeDiedError") == "lost"
+    assert ray_ending("RayTaskError") == "failed"
+
+
+def test_a_shard_whose_task_got_sigterm_is_cancelled_not_a_command_that_exited_143() -> None:
+    from harness.runs.cluster import after_termination
+
+    failed = {"index": 0, "status": "failed", "exit_status": 143, "reason": "the shard's command exited with 143"}
+    assert after_termination(failed, []) == failed, "no SIGTERM came: the command's own failure"
+    cancelled = after_termination(failed, [12.0])
+    assert cancelled["status"] == "cancelled" and "SIGTERM (Slurm's scancel" in cancelled["reason"]
+    assert "exited with 143" in cancelled["reason"] and failed["status"] == "failed"
+    ok = {"index": 0, "status": "ok"}
+    assert after_termination(ok, [12.0]) == ok, "a shard that ended ok stays ok"
+
+
+def test_cli_resume_refuses_other_options_and_a_run_that_is_no_cluster_run(harness_cli: Any, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    result = harness_cli("run", "--resume", "r1", "--agent", "kinematics-only", "--shards", "2")
+    assert (
+        result.code == 2
+        and "--resume runs the shards as the run recorded them: give no --agent, --shards" in result.err
+    )
+    local = home / "runs" / "20260101-000000-abcd"
+    _write(local / "config.json", {"id": local.name})
+    result = harness_cli("--home", str(home), "run", "--resume", local.name)
+    assert result.code == 2 and "has no [cluster]: only a cluster run" in result.err, result.err
+    assert "Traceback" not in result.err

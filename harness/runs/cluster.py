@@ -42,7 +42,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -101,12 +102,26 @@ def shard_resources(plan: Plan) -> tuple[float, int]:
     return 1.0, len(gpus)
 
 
+#: Called with each shard's result as it comes back, so the head records it at once.
+OnResult = Callable[[dict[str, Any]], None]
+
+
 class Engine(Protocol):
     """What runs the shards (:class:`RayEngine`, :class:`SubmititEngine`): one result per
-    shard that reported; a ``KeyboardInterrupt`` carrying ``results`` when cancelled."""
+    shard that reported, each also handed to ``on_result`` as it comes back (the head writes
+    it into the run's folder then, so a head that dies leaves every finished shard on disk);
+    a ``KeyboardInterrupt`` carrying ``results`` when cancelled."""
 
     def run(
-        self, jobs: list[ShardJob], *, cpus: float, gpus: int, retries: int, folder: Path, echo: Echo
+        self,
+        jobs: list[ShardJob],
+        *,
+        cpus: float,
+        gpus: int,
+        retries: int,
+        folder: Path,
+        echo: Echo,
+        on_result: OnResult,
     ) -> list[dict[str, Any]]: ...
 
 
@@ -158,8 +173,6 @@ def run_on_cluster(
     from harness.runs.record import new_run_id, runs_dir
     from harness.runs.run import RunOutcome
     from harness.runs.simulator import simulator_entry, simulator_impurity
-    from harness.runtime.session import prepare
-    from harness.store.store import Store
 
     _check_counts(shards, retries)
     target = parse_target(cluster)
@@ -168,23 +181,11 @@ def run_on_cluster(
     started = time.time()
     run_id = new_run_id(started)
     run_dir = runs_dir(state.home) / run_id
-    prepared = prepare(
-        state,
-        agent=agent,
-        sets=sets,
-        services=services,
-        benchmark=benchmark,
-        gpus=gpus,
-        offline=offline,
-        state_dir=run_dir / "services",
-        show_progress=show_progress,
-    )
+    prepared, store, head = prepare_head(state, ask, run_dir, gpus=gpus, show_progress=show_progress)
     simulator = simulator_entry(prepared.plan.simulator)  # elsewhere: its address and identity
     if simulator is not None:
         prepared.impurities = sorted({*prepared.impurities, simulator_impurity(simulator)})
-    store = Store.in_home(state.home)
-    head = _head_closure(store, prepared, command)
-    settings = _head_settings(load_settings(state.home, prepared.project.root))
+    settings = head_settings(load_settings(state.home, prepared.project.root))
     _announce(run_id, shards, target, prepared, echo)
     pushed = push_closure(store, [e["path"] for e in head.closure["store_paths"]], settings, state.home, echo)
     config = _cluster_config(run_id, started, prepared, ask, target, shards, retries, pushed, head.digest)
@@ -192,10 +193,33 @@ def run_on_cluster(
         config["simulator"] = simulator
     write_json(run_dir / "config.json", config)
     write_json(run_dir / "lock.json", head.closure)
-    jobs = _shard_jobs(run_id, shards, prepared, ask, settings, pushed, head)
-    outcome = _run_shards(engine, jobs, config, run_dir, store, head, run_id, echo)
-    _report_shards(outcome, echo)
+    jobs = shard_jobs(run_id, shards, prepared, ask, settings, pushed, head)
+    outcome = run_shards(engine, jobs, config, run_dir, store, head, run_id, echo)
+    report_shards(outcome, echo)
     return RunOutcome(run_id, run_dir, outcome["exit_status"], outcome["score"])
+
+
+def prepare_head(
+    state: ProjectState, ask: ClusterAsk, run_dir: Path, *, gpus: str | None, show_progress: bool
+) -> tuple[Prepared, Store, HeadClosure]:
+    """What the head does of a local run before services start: plan, realize into its own
+    store, and name the closure the shards must compute with."""
+    from harness.runtime.session import prepare
+    from harness.store.store import Store
+
+    prepared = prepare(
+        state,
+        agent=ask.agent,
+        sets=ask.sets,
+        services=ask.services,
+        benchmark=ask.benchmark,
+        gpus=gpus,
+        offline=ask.offline,
+        state_dir=run_dir / "services",
+        show_progress=show_progress,
+    )
+    store = Store.in_home(state.home)
+    return prepared, store, _head_closure(store, prepared, list(ask.command))
 
 
 def _check_counts(shards: int, retries: int) -> None:
@@ -227,7 +251,7 @@ def _head_closure(store: Store, prepared: Prepared, command: list[str]) -> HeadC
     return HeadClosure(closure, closure_digest(closure))
 
 
-def _head_settings(settings: Settings) -> Settings:
+def head_settings(settings: Settings) -> Settings:
     """The settings the shards get; a malformed trusted key is the head's error, not N nodes'."""
     from harness.cache.signing import parse_trusted
 
@@ -273,11 +297,20 @@ def _cluster_config(
             "resources": {"cpus": cpus, "gpus": gpu_count},
             "push": pushed,
             "closure_digest": digest,
+            # what was asked, as ``harness run --resume`` asks it again
+            "ask": {
+                "command": list(ask.command),
+                "agent": ask.agent,
+                "sets": list(ask.sets),
+                "services": list(ask.services),
+                "benchmark": ask.benchmark,
+                "offline": ask.offline,
+            },
         },
     }
 
 
-def _shard_jobs(
+def shard_jobs(
     run_id: str,
     shards: int,
     prepared: Prepared,
@@ -312,7 +345,7 @@ def _shard_jobs(
     ]
 
 
-def _run_shards(
+def run_shards(
     engine: Engine,
     jobs: list[ShardJob],
     config: dict[str, Any],
@@ -322,33 +355,51 @@ def _run_shards(
     run_id: str,
     echo: Echo,
 ) -> dict[str, Any]:
-    """Hand the jobs to the engine and record what comes back (also when cancelled), the
-    closure rooted against ``harness store gc`` meanwhile, as in a local run."""
+    """Hand the jobs to the engine, record each shard as it comes back and the whole run at
+    the end (also when cancelled), the closure rooted against ``harness store gc`` meanwhile,
+    as in a local run."""
     from harness.store.roots import TempRoots
 
     run_roots = TempRoots(store, f"harness run {run_id} (cluster head)")
     run_roots.add(e["path"] for e in head.closure["store_paths"])
     cpus, gpus = config["cluster"]["resources"]["cpus"], config["cluster"]["resources"]["gpus"]
-    results: list[dict[str, Any]] = []
+    recorded: set[int] = set()
+
+    def on_result(result: dict[str, Any]) -> None:
+        record_shard(run_dir, config, result)
+        recorded.add(int(result["index"]))
+
     interrupted = False
+    results: list[dict[str, Any]] = []
     # Ctrl-C must cancel the shards even when this process inherited an ignored SIGINT (as
     # background jobs of a non-interactive shell do), as in a local run.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         results = engine.run(
-            jobs, cpus=cpus, gpus=gpus, retries=config["cluster"]["retries"], folder=run_dir / "engine", echo=echo
+            jobs,
+            cpus=cpus,
+            gpus=gpus,
+            retries=config["cluster"]["retries"],
+            folder=run_dir / "engine",
+            echo=echo,
+            on_result=on_result,
         )
     except KeyboardInterrupt as exc:  # the engine cancelled what it could; record what came back
         interrupted = True
         results = list(getattr(exc, "results", []))
     finally:
-        outcome = record_cluster_run(run_dir, config, results, jobs, interrupted=interrupted)
-        run_roots.close()
+        try:
+            for result in results:  # any the engine did not hand over as it came back
+                if int(result["index"]) not in recorded:
+                    record_shard(run_dir, config, result)
+            outcome = record_cluster_run(run_dir, config, interrupted=interrupted)
+        finally:
+            run_roots.close()
     return outcome
 
 
-def _report_shards(outcome: dict[str, Any], echo: Echo) -> None:
+def report_shards(outcome: dict[str, Any], echo: Echo) -> None:
     for shard in outcome["shards"]:
         retried = f", after {len(shard['attempts']) - 1} retries" if len(shard.get("attempts", [])) > 1 else ""
         why = f": {shard['reason']}" if shard.get("reason") else ""
@@ -390,71 +441,97 @@ def push_closure(store: Store, names: Sequence[str], settings: Settings, home: P
 # --------------------------------------------------------------------------- the record
 
 
-def record_cluster_run(
-    run_dir: Path, config: dict[str, Any], results: list[dict[str, Any]], jobs: list[ShardJob], *, interrupted: bool
-) -> dict[str, Any]:
-    """Write every shard's record under ``shards/``, the combined benchmark and ``result.json``."""
+def record_shard(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """Write one shard's record under ``shards/<I>/`` as it comes back: its files and logs,
+    then ``shard.json`` (node, home, closure digest, attempts, status, reason), each file
+    written whole or not at all. A shard that says ``ok`` but recorded another closure than
+    the head's is ``failed``, naming the differences. Returns the summary."""
     from harness.runs.closures import closure_differences
 
     head_digest = config["cluster"]["closure_digest"]
-    head_lock = read_json(run_dir / "lock.json") if (run_dir / "lock.json").is_file() else {}
-    by_index = {r["index"]: r for r in results}
+    count = int(config["cluster"]["shards"])
+    index = int(result["index"])
+    folder = run_dir / "shards" / str(index)
+    for rel, text in (result.get("files") or {}).items():
+        write_text_atomic(folder / rel, text)
+    if result.get("output"):
+        write_text_atomic(folder / "logs" / "shard.log", "\n".join(result["output"]) + "\n")
+    shard_digest = closure_digest(read_json(folder / "lock.json")) if (folder / "lock.json").is_file() else None
+    node = result.get("node") or {}
+    summary = {
+        "index": index,
+        "shard": f"{index}/{count}",
+        "status": result.get("status", "lost"),
+        "reason": result.get("reason"),
+        "exit_status": result.get("exit_status"),
+        "score": result.get("score"),
+        "hostname": node.get("hostname"),
+        "node_id": node.get("node_id"),
+        "home": node.get("home"),
+        "platform": node.get("platform"),
+        "closure_digest": shard_digest,
+        # the node refused to compute: its closure was not the head's (harness/runs/shard.py)
+        "closure_refused": bool(result.get("closure_refused")),
+        "same_closure": shard_digest == head_digest if shard_digest else None,
+        "attempts": result.get("attempts") or ([node] if node else []),
+        "started": result.get("started"),
+        "ended": result.get("ended"),
+    }
+    if summary["status"] == "ok" and shard_digest != head_digest:
+        head_lock = read_json(run_dir / "lock.json") if (run_dir / "lock.json").is_file() else {}
+        theirs = read_json(folder / "lock.json") if shard_digest else {}
+        named = "; ".join(d.told("on the head", "there") for d in closure_differences(head_lock, theirs)[:5])
+        summary.update(
+            status="failed",
+            reason=(
+                f"node {node.get('hostname')} ({node.get('home')}) computed with another closure "
+                f"({shard_digest}) than the head's ({head_digest})" + (f": {named}" if named else "")
+            ),
+        )
+    write_json(folder / "shard.json", summary)
+    return summary
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all (a temporary file renamed over it)."""
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def record_cluster_run(run_dir: Path, config: dict[str, Any], *, interrupted: bool) -> dict[str, Any]:
+    """The run's ``result.json`` and combined ``benchmark.json`` from every shard's
+    ``shard.json`` on disk (written by :func:`record_shard` as each came back, this session
+    or an earlier one of ``--resume``); a shard with none is recorded ``cancelled`` (when
+    interrupted) or ``lost``."""
+    count = int(config["cluster"]["shards"])
     summaries = []
     benches = []
-    for job in jobs:
-        result = by_index.get(job.index) or {
-            "index": job.index,
-            "shard": f"{job.index}/{job.count}",
-            "status": "cancelled" if interrupted else "lost",
-            "reason": "cancelled before it reported" if interrupted else "no result came back",
-            "files": {},
-        }
-        folder = run_dir / "shards" / str(job.index)
-        for rel, text in (result.get("files") or {}).items():
-            target = folder / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
-        if result.get("output"):
-            (folder / "logs").mkdir(parents=True, exist_ok=True)
-            (folder / "logs" / "shard.log").write_text("\n".join(result["output"]) + "\n", encoding="utf-8")
-        shard_digest = None
-        if (folder / "lock.json").is_file():
-            shard_digest = closure_digest(read_json(folder / "lock.json"))
-        node = result.get("node") or {}
-        summary = {
-            "index": job.index,
-            "shard": f"{job.index}/{job.count}",
-            "status": result.get("status", "lost"),
-            "reason": result.get("reason"),
-            "exit_status": result.get("exit_status"),
-            "score": result.get("score"),
-            "hostname": node.get("hostname"),
-            "node_id": node.get("node_id"),
-            "home": node.get("home"),
-            "platform": node.get("platform"),
-            "closure_digest": shard_digest,
-            # the node refused to compute: its closure was not the head's (harness/runs/shard.py)
-            "closure_refused": bool(result.get("closure_refused")),
-            "same_closure": shard_digest == head_digest if shard_digest else None,
-            "attempts": result.get("attempts") or ([node] if node else []),
-            "started": result.get("started"),
-            "ended": result.get("ended"),
-        }
-        if summary["status"] == "ok" and shard_digest != head_digest:
-            theirs = read_json(folder / "lock.json") if shard_digest else {}
-            named = "; ".join(d.told("on the head", "there") for d in closure_differences(head_lock, theirs)[:5])
-            summary.update(
-                status="failed",
-                reason=(
-                    f"node {node.get('hostname')} ({node.get('home')}) computed with another closure "
-                    f"({shard_digest}) than the head's ({head_digest})" + (f": {named}" if named else "")
-                ),
-            )
-        write_json(folder / "shard.json", summary)
+    for index in range(count):
+        folder = run_dir / "shards" / str(index)
+        if (folder / "shard.json").is_file():
+            summary = read_json(folder / "shard.json")
+        else:
+            summary = {
+                "index": index,
+                "shard": f"{index}/{count}",
+                "status": "cancelled" if interrupted else "lost",
+                "reason": "cancelled before it reported" if interrupted else "no result came back",
+                "attempts": [],
+            }
+            write_json(folder / "shard.json", summary)
         summaries.append(summary)
         if (folder / "benchmark.json").is_file() and summary["status"] == "ok":
             benches.append(read_json(folder / "benchmark.json"))
-    combined = combine_benchmarks(benches, len(jobs))
+    combined = combine_benchmarks(benches, count)
     if combined is not None:
         write_json(run_dir / "benchmark.json", combined)
     all_ok = all(s["status"] == "ok" for s in summaries)
@@ -569,7 +646,15 @@ class RayEngine:
                 ) from None
 
     def run(
-        self, jobs: list[ShardJob], *, cpus: float, gpus: int, retries: int, folder: Path, echo: Echo
+        self,
+        jobs: list[ShardJob],
+        *,
+        cpus: float,
+        gpus: int,
+        retries: int,
+        folder: Path,
+        echo: Echo,
+        on_result: OnResult,
     ) -> list[dict[str, Any]]:
         import logging
 
@@ -590,14 +675,17 @@ class RayEngine:
                 num_cpus=cpus, num_gpus=gpus, max_retries=retries, retry_exceptions=False, scheduling_strategy="SPREAD"
             )
             refs = {task.remote(job, ledger): job.index for job in jobs}
-            return self._wait(refs, ledger, jobs, echo)
+            return self._wait(refs, ledger, jobs, echo, on_result)
         finally:
             ray.shutdown()
 
-    def _wait(self, refs: dict[Any, int], ledger: Any, jobs: list[ShardJob], echo: Echo) -> list[dict[str, Any]]:
+    def _wait(
+        self, refs: dict[Any, int], ledger: Any, jobs: list[ShardJob], echo: Echo, on_result: OnResult
+    ) -> list[dict[str, Any]]:
         import ray
 
         results: dict[int, dict[str, Any]] = {}
+        count = jobs[0].count if jobs else 0
         pending = list(refs)
         seen = 0
         try:
@@ -607,12 +695,15 @@ class RayEngine:
                 for index, start in attempts[seen:]:
                     again = " (retry)" if sum(1 for i, _ in attempts[:seen] if i == index) else ""
                     echo(
-                        f"shard {index}/{len(jobs)} started on {start['hostname']} "
+                        f"shard {index}/{count} started on {start['hostname']} "
                         f"(node {start['node_id'][:12]}, home {start['home']}){again}"
                     )
                 seen = len(attempts)
-                for ref in done:
-                    results[refs[ref]] = self._result(ref, refs[ref], len(jobs))
+                for ref in done:  # its attempts all began before it ended: the ledger has them
+                    index = refs[ref]
+                    results[index] = self._result(ref, index, count)
+                    results[index]["attempts"] = [start for i, start in attempts if i == index]
+                    on_result(results[index])
         except KeyboardInterrupt:
             echo(f"interrupted: cancelling {len(pending)} shards (each stops its services and records itself)")
             for ref in pending:
@@ -622,7 +713,7 @@ class RayEngine:
                 while pending and time.time() < deadline:
                     done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
                     for ref in done:
-                        result = self._result(ref, refs[ref], len(jobs))
+                        result = self._result(ref, refs[ref], count)
                         if result.get("status") != "ok":  # stopped by the cancel, whatever its exit
                             result["status"] = "cancelled"
                             result["reason"] = (
@@ -658,7 +749,7 @@ class RayEngine:
             return {
                 "index": index,
                 "shard": f"{index}/{count}",
-                "status": "failed",
+                "status": ray_ending(type(exc).__name__),
                 "reason": f"{type(exc).__name__}: {first} (after the retries Ray was allowed)",
             }
 
@@ -672,6 +763,16 @@ class RayEngine:
             return
         for index, result in results.items():
             result["attempts"] = [start for i, start in attempts if i == index]
+
+
+#: Ray's errors for a task whose worker, node or object went away under it.
+_RAY_LOSSES = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "ObjectLostError", "OwnerDiedError")
+
+
+def ray_ending(error: str) -> str:
+    """A shard's status from the name of the error Ray gave for its task once its retries
+    were spent: ``lost`` when its worker or node went away, else ``failed``. Pure."""
+    return "lost" if error in _RAY_LOSSES else "failed"
 
 
 class _Interrupted(KeyboardInterrupt):
@@ -715,9 +816,15 @@ def _ray_shard(job: ShardJob, ledger: Any) -> dict[str, Any]:
 
 
 class SubmititEngine:
-    """Shards as one submitit array job (Slurm, or submitit's local executor)."""
+    """Shards as a submitit array job (Slurm, or submitit's local executor).
 
-    def __init__(self, *, local: bool) -> None:
+    Each task's end is recorded as it comes (polled, not waited on in order). A task Slurm
+    ended without a result is judged from its state (:func:`engine_ending`): cancelled
+    (``scancel``) is recorded ``cancelled``; a node lost (``NODE_FAIL``, ``PREEMPTED``, ...)
+    is ``lost`` and its shard submitted again, in a new array of the lost members, up to
+    ``retries`` times."""
+
+    def __init__(self, *, local: bool, task: Callable[[ShardJob], dict[str, Any]] | None = None) -> None:
         try:
             import submitit  # noqa: F401
         except ImportError:
@@ -726,9 +833,19 @@ class SubmititEngine:
                 hint="pip install -e '.[slurm]' from the checkout",
             ) from None
         self.local = local
+        #: what each array task runs: a shard (another function only in the engine's tests)
+        self.task = task or _submitit_shard
 
     def run(
-        self, jobs: list[ShardJob], *, cpus: float, gpus: int, retries: int, folder: Path, echo: Echo
+        self,
+        jobs: list[ShardJob],
+        *,
+        cpus: float,
+        gpus: int,
+        retries: int,
+        folder: Path,
+        echo: Echo,
+        on_result: OnResult,
     ) -> list[dict[str, Any]]:
         import submitit
 
@@ -744,34 +861,140 @@ class SubmititEngine:
         if not self.local:
             params["slurm_array_parallelism"] = len(jobs)
         executor.update_parameters(**params)
-        submitted = executor.map_array(_submitit_shard, jobs)
-        echo(f"submitted array job {submitted[0].job_id.split('_')[0]} ({len(jobs)} tasks)" if submitted else "")
         results: dict[int, dict[str, Any]] = {}
-        try:
-            for job, handle in zip(jobs, submitted, strict=True):
-                try:
-                    results[job.index] = handle.result()
-                except Exception as exc:  # the engine's failure (a task that died), with its reason
-                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-                    results[job.index] = {
-                        "index": job.index,
-                        "shard": f"{job.index}/{job.count}",
-                        "status": "failed",
-                        "reason": f"task {handle.job_id}: {first}",
-                    }
-        except KeyboardInterrupt:
-            echo(f"interrupted: cancelling {len(submitted)} tasks")
-            for handle in submitted:
-                handle.cancel(check=False)
-            raise _Interrupted(list(results.values())) from None
+        attempts: dict[int, list[dict[str, Any]]] = {job.index: [] for job in jobs}
+        todo = list(jobs)
+        while todo:
+            submitted = executor.map_array(self.task, todo)
+            if submitted:
+                echo(f"submitted array job {submitted[0].job_id.split('_')[0]} ({len(todo)} tasks)")
+            handles = {job.index: (job, handle) for job, handle in zip(todo, submitted, strict=True)}
+            todo = []
+            try:
+                while handles:
+                    for index, (job, handle) in list(handles.items()):
+                        if not handle.done():
+                            continue
+                        del handles[index]
+                        result = self._ended(job, handle)
+                        attempts[index].append(
+                            {"job_id": handle.job_id, **(result.get("node") or {}), "status": result["status"]}
+                        )
+                        if result.pop("retry", False) and len(attempts[index]) <= retries:
+                            echo(f"shard {result['shard']}: {result['reason']}; submitted again")
+                            todo.append(job)
+                            continue
+                        result["attempts"] = attempts[index]
+                        results[index] = result
+                        on_result(result)
+                    if handles:
+                        time.sleep(0.5)
+            except KeyboardInterrupt:
+                echo(f"interrupted: cancelling {len(handles)} tasks")
+                for _, handle in handles.values():
+                    handle.cancel(check=False)
+                raise _Interrupted(list(results.values())) from None
         return [results[i] for i in sorted(results)]
+
+    @staticmethod
+    def _ended(job: ShardJob, handle: Any) -> dict[str, Any]:
+        """The task's result, or the engine's verdict on a task that returned none."""
+        try:
+            result: dict[str, Any] = handle.result()
+            return result
+        except Exception as exc:  # the engine's failure (a task that died), with its reason
+            message = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            status, reason, retry = engine_ending(str(handle.state), message)
+            return {
+                "index": job.index,
+                "shard": f"{job.index}/{job.count}",
+                "status": status,
+                "reason": f"task {handle.job_id}: {reason}",
+                "retry": retry,
+            }
+
+
+#: Slurm job states (``sacct``) of a node that went away under its task: the shard is lost
+#: and submitted again.
+_LOST_STATES = ("NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "REQUEUED", "REQUEUE_FED", "REVOKED", "DEADLINE")
+
+
+def engine_ending(state: str, message: str) -> tuple[str, str, bool]:
+    """(status, reason, retry) of a submitit task that returned no result, from the state
+    Slurm (``sacct``) or the local executor gives it and the last line of submitit's error.
+    Pure. ``CANCELLED`` (``scancel``; ``CANCELLED by UID``) is ``cancelled`` and not retried
+    (someone meant it; ``--resume`` runs it again); a lost node is ``lost`` and retried; the
+    local executor's ``INTERRUPTED`` is a task killed by a signal, its ``scancel``."""
+    said = state.strip() or "UNKNOWN"
+    word = said.split()[0].upper()
+    if word == "CANCELLED":
+        return "cancelled", f"cancelled on Slurm ({said}: scancel or an operator)", False
+    if word in _LOST_STATES:
+        return "lost", f"its node was lost ({said})", True
+    if word == "INTERRUPTED":
+        return "cancelled", "its task was killed by a signal (submitit's local executor)", False
+    if word == "TIMEOUT":
+        return "failed", f"it ran past the job's time limit ({said})", False
+    if word == "OUT_OF_MEMORY":
+        return "failed", f"it ran out of the job's memory ({said})", False
+    return "failed", f"{message} (state {said})", False
 
 
 def _submitit_shard(job: ShardJob) -> dict[str, Any]:
     import socket
 
     env = submitit_environment()
-    return run_shard(job, {"node_id": env or socket.gethostname(), "engine": "submitit"})
+    with _terminations() as terminated:
+        result = run_shard(job, {"node_id": env or socket.gethostname(), "engine": "submitit"})
+    return after_termination(result, terminated)
+
+
+@contextmanager
+def _terminations() -> Iterator[list[float]]:
+    """Note each SIGTERM this process gets in the block (when each came), then pass it on to
+    the handler before (submitit's, which lets the task finish and record itself). Slurm's
+    ``scancel`` sends SIGTERM to every process of the task: the command dies with 143 while
+    the shard, noting it, records a cancel instead of a failed command."""
+    seen: list[float] = []
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except ValueError:
+        yield seen
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        seen.append(time.time())
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            raise SystemExit(128 + signum)
+
+    try:
+        signal.signal(signal.SIGTERM, note)
+    except ValueError:  # not the main thread: nothing to note
+        yield seen
+        return
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def after_termination(result: dict[str, Any], terminated: list[float]) -> dict[str, Any]:
+    """A shard's result once its task got SIGTERM (``terminated``: when): a shard that did not
+    end ``ok`` was stopped by it, and is ``cancelled`` saying so. Pure."""
+    if not terminated or result.get("status") == "ok":
+        return result
+    before = f" ({result['reason']})" if result.get("reason") else ""
+    return {
+        **result,
+        "status": "cancelled",
+        "reason": (
+            "its task got SIGTERM (Slurm's scancel, or its time limit) and stopped"
+            + before
+            + "; --resume runs it again"
+        ),
+    }
 
 
 def submitit_environment() -> str | None:

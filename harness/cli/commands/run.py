@@ -30,7 +30,12 @@ from harness.cli import State
     type=int,
     default=3,
     show_default=True,
-    help="With --cluster ray: times a shard whose node died is retried elsewhere.",
+    help="With --cluster: times a shard whose node died is run again (Ray: elsewhere; Slurm: submitted again).",
+)
+@click.option(
+    "--resume",
+    metavar="RUN",
+    help="Run again the shards of cluster run RUN that have no good record, with its closure.",
 )
 # --quiet without -q: the command's own arguments follow, and a short flag is easily theirs.
 @click.option("--quiet", is_flag=True, help="Show no progress on stderr while realizing (the run's lines still print).")
@@ -47,6 +52,7 @@ def command(
     cluster: str | None,
     shards: int | None,
     retries: int,
+    resume: str | None,
     quiet: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -62,7 +68,12 @@ def command(
         echo=lambda line: click.echo(line, err=True),
         show_progress=not quiet,
     )
-    if cluster is not None:
+    if resume is not None:
+        _check_resume(agent, sets, services, benchmark, gpus, offline, cluster, shards, command)
+        from harness.runs.resume import resume_on_cluster
+
+        outcome = resume_on_cluster(state, resume, echo=common["echo"], show_progress=not quiet)
+    elif cluster is not None:
         if gpus:
             raise InputError("--gpus plans for this machine; a cluster shard plans for the GPUs its node has")
         from harness.runs.cluster import run_on_cluster
@@ -85,3 +96,39 @@ def command(
     score = f", score {outcome.score:.2f}" if outcome.score is not None else ""
     click.echo(f"run {outcome.run_id}: exit {outcome.exit_status}{score}; record {outcome.run_dir}", err=True)
     raise SystemExit(outcome.exit_status)
+
+
+def _check_resume(
+    agent: str | None,
+    sets: tuple[str, ...],
+    services: tuple[str, ...],
+    benchmark: str | None,
+    gpus: str | None,
+    offline: bool,
+    cluster: str | None,
+    shards: int | None,
+    command: tuple[str, ...],
+) -> None:
+    """--resume asks again what the run recorded: anything else given with it is refused."""
+    from harness.errors import InputError
+
+    given = [
+        name
+        for name, value in (
+            ("--agent", agent),
+            ("--set", sets),
+            ("--service", services),
+            ("--benchmark", benchmark),
+            ("--gpus", gpus),
+            ("--offline", offline),
+            ("--cluster", cluster),
+            ("--shards", shards is not None),
+            ("COMMAND", command),
+        )
+        if value
+    ]
+    if given:
+        raise InputError(
+            f"--resume runs the shards as the run recorded them: give no {', '.join(given)}",
+            hint="start a new run for another ask",
+        )
