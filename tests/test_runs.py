@@ -7,6 +7,7 @@ broker for a lease, calls the service, and exits with a code the test chooses.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import signal
@@ -321,7 +322,9 @@ def test_diff_names_a_changed_environment_and_never_records_a_secret(project: Pa
         assert secret not in text, "a secret's value is never in a record"
         launch = json.loads(text)["launch"]
         assert launch["services"]["svc"]["environment"]["TINY_FLAG"] == flag
-        assert launch["services"]["svc"]["environment"]["MY_API_TOKEN"].startswith("sha256:")
+        hidden = launch["services"]["svc"]["environment"]["MY_API_TOKEN"]
+        # Keyed (the user's record key), so nobody holding the record can test guesses against it.
+        assert hidden.startswith("hmac:") and hashlib.sha256(secret.encode()).hexdigest()[:16] not in hidden
     diff = harness(project, home, "diff", runs[0].name, runs[1].name)
     assert diff.returncode == 0
     lines = diff.stdout.strip().splitlines()
@@ -330,6 +333,21 @@ def test_diff_names_a_changed_environment_and_never_records_a_secret(project: Pa
     assert "svc: environment MY_API_TOKEN: changed (a secret: its value is recorded as a hash only)" in lines
     assert len(lines) == 4, lines
     assert "same closure" not in diff.stdout
+    from harness.runtime.recordkey import key_path
+
+    assert key_path().stat().st_mode & 0o777 == 0o600, "the key is the user's alone"
+
+
+def test_a_secret_hashed_under_another_key_is_not_called_changed() -> None:
+    """Records made by another user (another key) cannot say whether a secret changed."""
+    from harness.runs.audit import _environment_diff
+    from harness.runtime.launch import recorded_environment
+
+    env = {"MY_API_TOKEN": "same", "TINY_FLAG": "1"}
+    mine, theirs = recorded_environment(env, b"k" * 32), recorded_environment(env, b"o" * 32)
+    assert mine["MY_API_TOKEN"] != theirs["MY_API_TOKEN"] and mine["TINY_FLAG"] == theirs["TINY_FLAG"]
+    lines = _environment_diff("svc", {"environment": mine}, {"environment": theirs}, skip=set())
+    assert lines == ["svc: environment MY_API_TOKEN: cannot compare (a secret hashed under another key)"]
 
 
 def test_changed_service_code_is_a_new_store_path(project: Path, home: Path, tmp_path: Path) -> None:

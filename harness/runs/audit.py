@@ -523,7 +523,7 @@ def _environment_diff(label: str, a: dict[str, Any], b: dict[str, Any], *, skip:
     env_a, env_b = a.get("environment"), b.get("environment")
     if not isinstance(env_a, dict) or not isinstance(env_b, dict):
         return []
-    from harness.runtime.launch import is_secret_name
+    from harness.runtime.launch import is_secret_name, secret_hash_key_id
 
     lines = []
     for key in sorted(set(env_a) | set(env_b)):
@@ -533,7 +533,11 @@ def _environment_diff(label: str, a: dict[str, Any], b: dict[str, Any], *, skip:
         if va == vb:
             continue
         if is_secret_name(key) and va is not None and vb is not None:
-            lines.append(f"{label}: environment {key}: changed (a secret: its value is recorded as a hash only)")
+            ka, kb = secret_hash_key_id(str(va)), secret_hash_key_id(str(vb))
+            if ka != kb or ka is None:  # hashed under another user's key (or before keys): unknown
+                lines.append(f"{label}: environment {key}: cannot compare (a secret hashed under another key)")
+            else:
+                lines.append(f"{label}: environment {key}: changed (a secret: its value is recorded as a hash only)")
         else:
             shown_a = "(unset)" if va is None else "(a secret)" if is_secret_name(key) else _short(va)
             shown_b = "(unset)" if vb is None else "(a secret)" if is_secret_name(key) else _short(vb)

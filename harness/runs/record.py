@@ -206,8 +206,9 @@ def service_launch(spec: LaunchSpec, store_root: Path) -> dict[str, Any]:
     harness sets (:data:`~harness.runtime.launch.SERVICE_VARIABLES` and the GPU), the
     store paths they name, the port and URL; and ``environment``, every variable the service
     saw (:func:`harness.runtime.launch.recorded_environment`: a secret-like one's value as
-    a hash only), which ``diff`` compares but for per-session variables."""
+    a keyed hash only), which ``diff`` compares but for per-session variables."""
     from harness.runtime.launch import SERVICE_VARIABLES, recorded_environment
+    from harness.runtime.recordkey import record_key
 
     keys = sorted({*SERVICE_VARIABLES, "CUDA_VISIBLE_DEVICES"})
     argv = [str(a) for a in spec.argv]
@@ -218,7 +219,7 @@ def service_launch(spec: LaunchSpec, store_root: Path) -> dict[str, Any]:
         "store_paths": store_paths_named([*argv, str(spec.cwd)], store_root),
         "port": spec.port,
         "url": spec.url,
-        "environment": recorded_environment(spec.env),
+        "environment": recorded_environment(spec.env, record_key()),
     }
 
 
@@ -232,8 +233,9 @@ def command_launch(argv: list[str], cwd: Path, env: dict[str, str], store_root: 
     working directory, the ``HARNESS_*`` variables harness sets (never a secret: the
     broker's token, and any variable of a secret-like name, is named, not recorded), the
     store paths named, and every variable it was given (``environment``, a secret-like
-    one's value as a hash only)."""
+    one's value as a keyed hash only)."""
     from harness.runtime.launch import is_secret_name, recorded_environment
+    from harness.runtime.recordkey import record_key
 
     return {
         "argv": list(argv),
@@ -244,7 +246,7 @@ def command_launch(argv: list[str], cwd: Path, env: dict[str, str], store_root: 
             if k.startswith("HARNESS_")
         },
         "store_paths": store_paths_named([*argv, str(cwd)], store_root),
-        "environment": recorded_environment(env),
+        "environment": recorded_environment(env, record_key()),
     }
 
 

@@ -119,6 +119,7 @@ from filelock import FileLock, Timeout
 from harness.errors import HarnessError
 from harness.runtime import supervisor, watchdog
 from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta, recorded_environment
+from harness.runtime.recordkey import record_key
 from harness.runtime.plan import Gpu, Plan, RemoteSimulator, ServicePlacement, SimWorker
 from harness.runtime.scheduling import (
     STATES,
@@ -1414,7 +1415,7 @@ def launch_identity(spec: LaunchSpec) -> dict[str, Any]:
         "cwd": str(spec.cwd),
         "port": spec.port,
         "client": dict(spec.client),
-        "environment": recorded_environment(spec.env),
+        "environment": recorded_environment(spec.env, record_key()),
     }
 
 

@@ -102,16 +102,26 @@ def is_secret_name(name: str) -> bool:
     return SECRET_NAME.search(name.upper()) is not None
 
 
-def recorded_environment(env: Mapping[str, str]) -> dict[str, str]:
+def recorded_environment(env: Mapping[str, str], key: bytes) -> dict[str, str]:
     """``env`` as a record may hold it: every variable, the value of a secret-like one
-    (:func:`is_secret_name`) replaced by ``sha256:`` and the first 16 hex digits of its
-    SHA-256, so a changed secret shows as a change without its value ever being written."""
-    return {
-        name: ("sha256:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16])
-        if is_secret_name(name)
-        else value
-        for name, value in sorted(env.items())
-    }
+    (:func:`is_secret_name`) replaced by ``hmac:<key id>:`` and 16 hex digits of its
+    HMAC-SHA256 under ``key`` (the user's record key, ``runtime/recordkey.py``), so a changed
+    secret shows as a change without its value ever being written, nor guessable from it. Pure."""
+    import hmac
+
+    kid = hashlib.sha256(key).hexdigest()[:8]
+
+    def hidden(value: str) -> str:
+        digest = hmac.new(key, value.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:16]
+        return f"hmac:{kid}:{digest}"
+
+    return {name: hidden(value) if is_secret_name(name) else value for name, value in sorted(env.items())}
+
+
+def secret_hash_key_id(recorded: str) -> str | None:
+    """The key id of a value :func:`recorded_environment` hid (None for anything else)."""
+    parts = recorded.split(":")
+    return parts[1] if len(parts) == 3 and parts[0] == "hmac" else None
 
 
 def env_as_delta(env: Mapping[str, str], base: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
