@@ -198,3 +198,15 @@ def test_diff_names_a_change_of_variant() -> None:
     lines = _lock_diff("svc", {**before, "packages": {"tvar": "1.0+cpu"}}, {**after, "packages": {"tvar": "1.0+cu128"}})
     assert lines[0] == f"svc: variant cpu → cu128 ({after['variant_reason']})"
     assert "svc: package tvar: 1.0+cpu → 1.0+cu128" in lines
+
+
+def test_plan_says_which_variant_each_lock_takes_here(indexes: Path, tmp_path: Path) -> None:
+    project = indexes
+    assert harness("--project", str(project), "lock", home=tmp_path / "home").returncode == 0
+    plan = harness("--project", str(project), "plan", home=tmp_path / "home", HARNESS_CUDA_DRIVER="12.8")
+    assert plan.returncode == 0, plan.stderr
+    assert "note: svc runs variant cu128: the NVIDIA driver supports CUDA 12.8" in plan.stdout, plan.stdout
+    plan = harness(
+        "--project", str(project), "plan", "--gpus", "none", home=tmp_path / "home", HARNESS_CUDA_DRIVER="12.8"
+    )
+    assert "note: svc runs variant cpu: no NVIDIA driver here" in plan.stdout, plan.stdout

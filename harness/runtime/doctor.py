@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from harness.manifests.project import Project
     from harness.runtime.plan import Gpu
     from harness.runtime.session import ProjectState
@@ -125,3 +127,35 @@ def _run_would_install(
     names = sorted(launched | ({closure.benchmark} if closure.benchmark else set()))
     pending = [n for n in names if manifests.get(n, {}).get("state") != "realized"]
     return pending, skips, asdict(plan.simulator) if plan.simulator is not None else None
+
+
+def variant_notes(locks: dict[str, Path], *, no_gpu: bool = False) -> list[str]:
+    """One line per lock of ``locks`` (name → lock file) that has variants: the variant this
+    machine takes and why, or why it can take none (``no_gpu``: as a machine without an
+    NVIDIA driver would, ``plan --gpus none``). Locks that are missing or unreadable say
+    nothing here (``lock --check`` and ``validate`` report them)."""
+    from harness.errors import HarnessError
+    from harness.lock.lockfile import read
+    from harness.lock.platforms import host_platform_of
+    from harness.lock.projection import variants_of
+    from harness.lock.variants import choose_variant, driver_cuda, forced_variant
+
+    notes = []
+    for name, path in sorted(locks.items()):
+        try:
+            lock = read(path, whole=True)
+        except HarnessError:
+            continue
+        platform = host_platform_of(lock)
+        variants = variants_of(lock, platform) if platform is not None else []
+        if not variants:
+            continue
+        try:
+            choice = choose_variant(
+                variants, driver=None if no_gpu else driver_cuda(), forced=forced_variant(), what=f"lock {name}"
+            )
+        except HarnessError as exc:
+            notes.append(f"{name}: {exc.message}")
+            continue
+        notes.append(f"{name} runs variant {choice.variant}: {choice.reason}")
+    return notes

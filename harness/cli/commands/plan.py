@@ -144,7 +144,9 @@ def command(
     result = plan(
         {n: services[n] for n in selection.names}, deploy, gpus, benchmark=bench, benchmark_name=selection.benchmark
     )
-    result = replace(result, notes=selection.notes + result.notes)
+    result = replace(
+        result, notes=selection.notes + result.notes + tuple(_variant_notes(project, selection, gpus_spec))
+    )
 
     if as_json:
         data = result.as_json()
@@ -166,6 +168,18 @@ def command(
         )
     for note in result.notes:
         click.echo(f"note: {note}")
+
+
+def _variant_notes(project: Any, selection: Selection, gpus_spec: str | None) -> list[str]:
+    """Which accelerator variant each planned manifest's lock takes here (``--gpus none``:
+    as on a machine without a GPU), and why (``harness/lock/variants.py``)."""
+    from harness.lock.lockfile import lock_path
+    from harness.runtime.doctor import variant_notes
+
+    names = [*selection.names, *([selection.benchmark] if selection.benchmark else [])]
+    locks = {name: lock_path(project.locks_dir, name) for name in names}
+    no_gpu = gpus_spec is not None and gpus_spec.strip().lower() == "none"
+    return variant_notes({n: p for n, p in locks.items() if p.is_file()}, no_gpu=no_gpu)
 
 
 def _print_services(result: Any) -> None:
