@@ -278,6 +278,11 @@ class Variant(Strict):
     def _requirements(cls, values: list[str]) -> list[str]:
         return _checked_requirements(values)
 
+    @field_validator("package_index")
+    @classmethod
+    def _package_index(cls, values: dict[str, str]) -> dict[str, str]:
+        return _checked_package_index(values)
+
 
 class Environment(Strict):
     """Where a service or benchmark runs: a Python version, pinned requirements, sources."""
@@ -393,21 +398,7 @@ class Environment(Strict):
     @field_validator("package_index")
     @classmethod
     def _package_index(cls, values: dict[str, str]) -> dict[str, str]:
-        seen: dict[str, str] = {}
-        for package, index in values.items():
-            key = re.sub(r"[-_.]+", "-", package).lower()
-            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$", package):
-                raise ValueError(f"package-index: {package!r} is not a package name")
-            if key in seen:
-                raise ValueError(f"package-index: {package!r} and {seen[key]!r} name the same package")
-            seen[key] = package
-            _index_name(index)
-            if index == "pypi":
-                raise ValueError(
-                    f"package-index: {package} = 'pypi': the default index serves every package; "
-                    "leave the package out of package-index instead"
-                )
-        return values
+        return _checked_package_index(values)
 
     @model_validator(mode="after")
     def _explicit_indexes_apart(self) -> Environment:
@@ -431,6 +422,26 @@ class Environment(Strict):
 
 
 #: Environment keys dropped from the canonical form while unset (see Environment._dump).
+def _checked_package_index(values: dict[str, str]) -> dict[str, str]:
+    """``values`` (package name = index name) when each names a package once and an index by
+    name, never the default one; a ValueError naming the first that does not."""
+    seen: dict[str, str] = {}
+    for package, index in values.items():
+        key = re.sub(r"[-_.]+", "-", package).lower()
+        if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$", package):
+            raise ValueError(f"package-index: {package!r} is not a package name")
+        if key in seen:
+            raise ValueError(f"package-index: {package!r} and {seen[key]!r} name the same package")
+        seen[key] = package
+        _index_name(index)
+        if index == "pypi":
+            raise ValueError(
+                f"package-index: {package} = 'pypi': the default index serves every package; "
+                "leave the package out of package-index instead"
+            )
+    return values
+
+
 def _checked_requirements(values: list[str]) -> list[str]:
     """``values`` when each is a PEP 508 requirement without a URL, a package listed once
     (again only with a marker); a ValueError naming the first that is not."""
