@@ -605,3 +605,29 @@ def test_cli_deploy_write(harness_cli, tmp_path: Path) -> None:
     assert PROJECT.load_deploy(out).services["openwam"].mode == "on_demand"
     planned = harness_cli("--project", str(REPO), "--deploy", str(out), "plan", "--gpus", "1x24", "--json")
     assert planned.code == 0, planned.err
+
+
+def test_an_engines_cuda_visible_devices_is_narrowed_never_overwritten() -> None:
+    """Ray or Slurm gave this process GPUs 2 and 3 (``CUDA_VISIBLE_DEVICES=2,3``): the
+    inventory holds those alone, numbered 0 and 1 as CUDA numbers them inside the process,
+    and a service placed on the process's GPU 1 gets physical GPU 3, never GPU 1 (two
+    shards on one node each planned "GPU 0" and shared it)."""
+    from harness.runtime.inventory import restrict, visible_devices
+    from harness.runtime.launch import assigned_device, clean_environment
+    from harness.runtime.plan import Gpu
+
+    physical = tuple(Gpu(i, f"gpu{i}", 80.0, 80.0 - i) for i in range(4))
+    uuids = {i: f"GPU-{i}aaaa-{i}" for i in range(4)}
+    assert visible_devices({}) is None
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "2, 3"}) == ["2", "3"]
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "1,-1,2"}) == ["1"], "CUDA stops at an entry it cannot read"
+    mine = restrict(physical, ["2", "3"], uuids)
+    assert [(g.index, g.name, g.free_gb) for g in mine] == [(0, "gpu2", 78.0), (1, "gpu3", 77.0)]
+    assert [g.name for g in restrict(physical, ["GPU-3a", "GPU-0"], uuids)] == ["gpu3", "gpu0"]
+    assert restrict(physical, ["7", "1"], uuids) == (), "an entry naming no GPU hides the rest"
+    engine = {"CUDA_VISIBLE_DEVICES": "2,3", "PATH": "/usr/bin"}
+    assert assigned_device(engine, 1) == "3" and assigned_device({}, 1) == "1"
+    assert clean_environment(engine, 0)["CUDA_VISIBLE_DEVICES"] == "2"
+    assert clean_environment(engine, None)["CUDA_VISIBLE_DEVICES"] == ""
+    assert clean_environment({"PATH": "/usr/bin"}, 1)["CUDA_VISIBLE_DEVICES"] == "1"

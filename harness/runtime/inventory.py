@@ -10,7 +10,9 @@ which says how much GPU memory each process holds, for ``harness status``.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from harness.errors import InputError
@@ -32,9 +34,52 @@ MAX_GPUS = 64
 MAX_GPU_GB = 4096.0
 
 
-def detect_gpus() -> tuple[Gpu, ...]:
-    """The GPUs NVML reports, in index order; ``()`` when there is no driver, no GPU, or any
-    NVML error. Never raises: callers plan with whatever this returns."""
+def visible_devices(env: Mapping[str, str]) -> list[str] | None:
+    """The devices ``CUDA_VISIBLE_DEVICES`` in ``env`` names, in order (Ray and Slurm set it to
+    the GPUs they assigned a task; a user may too), None when it is unset. Pure.
+
+    As CUDA reads it: indices or UUIDs (``GPU-…``, a unique prefix will do) separated by
+    commas; an empty value, or one starting with an entry CUDA cannot read (``-1``,
+    ``NoDevFiles``), hides every GPU from there on."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    devices = []
+    for part in value.split(","):
+        part = part.strip()
+        if not (part.isdigit() or part.startswith(("GPU-", "MIG-"))):
+            break  # CUDA stops at the first entry it cannot read
+        devices.append(part)
+    return devices
+
+
+def restrict(gpus: tuple[Gpu, ...], devices: list[str], uuids: Mapping[int, str]) -> tuple[Gpu, ...]:
+    """The GPUs of ``gpus`` (NVML's, by physical index; ``uuids`` their UUIDs) that
+    ``devices`` names, in that order, numbered as CUDA numbers them inside the process: 0, 1…
+    (an engine's ``CUDA_VISIBLE_DEVICES=2,3`` makes physical GPU 3 the process's GPU 1). An
+    entry that names no GPU, and every one after it, is dropped, as CUDA does. Pure."""
+    by_index = {gpu.index: gpu for gpu in gpus}
+    chosen: list[Gpu] = []
+    for device in devices:
+        if device.isdigit():
+            gpu = by_index.get(int(device))
+        else:
+            matches = [by_index[i] for i, uuid in uuids.items() if i in by_index and uuid.startswith(device)]
+            gpu = matches[0] if len(matches) == 1 else None
+        if gpu is None or gpu in chosen:
+            break
+        chosen.append(gpu)
+    return tuple(Gpu(i, gpu.name, gpu.total_gb, gpu.free_gb) for i, gpu in enumerate(chosen))
+
+
+def detect_gpus(env: Mapping[str, str] | None = None) -> tuple[Gpu, ...]:
+    """The GPUs NVML reports, in index order, or, where ``CUDA_VISIBLE_DEVICES`` names some
+    (``env``, default this process's: an engine assigned them), those alone, numbered as the
+    process sees them (:func:`restrict`); ``()`` when there is no driver, no GPU, or any NVML
+    error. Never raises: callers plan with whatever this returns."""
+    devices = visible_devices(os.environ if env is None else env)
+    if devices == []:
+        return ()
     try:
         import pynvml
     except ImportError:
@@ -45,6 +90,7 @@ def detect_gpus() -> tuple[Gpu, ...]:
         return ()
     try:
         gpus = []
+        uuids: dict[int, str] = {}
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             name = pynvml.nvmlDeviceGetName(handle)
@@ -59,7 +105,10 @@ def detect_gpus() -> tuple[Gpu, ...]:
                     free_gb=round(memory.free / _GIB, _DIGITS),
                 )
             )
-        return tuple(gpus)
+            if devices is not None:
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+                uuids[index] = uuid.decode("ascii", "replace") if isinstance(uuid, bytes) else str(uuid)
+        return tuple(gpus) if devices is None else restrict(tuple(gpus), devices, uuids)
     except Exception:  # a GPU that falls off the bus mid-query: plan as if there were none
         return ()
     finally:

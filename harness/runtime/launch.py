@@ -244,6 +244,10 @@ def clean_environment(base: Mapping[str, str], gpu: int | None) -> dict[str, str
     cannot find the caller's), keeps everything else (``PATH``, ``HOME``, ``LANG``,
     ``TMPDIR``, proxies, ``HF_*``…), adds :data:`SERVICE_VARIABLES` and sets
     ``CUDA_VISIBLE_DEVICES`` to ``gpu`` (``""`` for a CPU-only service, which hides every GPU).
+    Where ``base`` has ``CUDA_VISIBLE_DEVICES`` already (Ray or Slurm assigned this process
+    its GPUs; the inventory then numbers those alone, ``inventory.restrict``), ``gpu`` is
+    an index into that list and the service gets the device it names: an engine's
+    assignment is narrowed, never overwritten.
     """
     leaked_bins = set()
     for variable in ("VIRTUAL_ENV", "CONDA_PREFIX"):
@@ -259,8 +263,20 @@ def clean_environment(base: Mapping[str, str], gpu: int | None) -> dict[str, str
         parts = [p for p in env["PATH"].split(os.pathsep) if os.path.normpath(p) not in leaked_bins]
         env["PATH"] = os.pathsep.join(parts)
     env.update(SERVICE_VARIABLES)
-    env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
+    env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else assigned_device(base, gpu)
     return env
+
+
+def assigned_device(base: Mapping[str, str], gpu: int) -> str:
+    """The device ``CUDA_VISIBLE_DEVICES`` gives a service placed on the process's GPU
+    ``gpu``: the ``gpu``-th entry of ``base``'s own ``CUDA_VISIBLE_DEVICES`` where an engine
+    set one, else ``gpu`` itself. Pure."""
+    from harness.runtime.inventory import visible_devices
+
+    devices = visible_devices(base)
+    if devices is not None and 0 <= gpu < len(devices):
+        return devices[gpu]
+    return str(gpu)
 
 
 def _expand(text: str, values: Mapping[str, str], service: str) -> str:
