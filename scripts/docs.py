@@ -339,6 +339,21 @@ def _commands(group: Any, ctx: Any, prefix: str) -> Iterator[tuple[str, Any]]:
             yield from _commands(command, click.Context(command, info_name=name, parent=ctx), path)
 
 
+def _help_markdown(text: str) -> str:
+    """A command's help as markdown: prose as it reads; a ``\\b`` paragraph (click's "do not
+    rewrap", e.g. ``Examples:``) as a shell block under its first line, so its lines stay as
+    written and nothing in it is typeset."""
+    blocks = []
+    for block in text.split("\n\n"):
+        if block.startswith("\b\n"):
+            title, *lines = block.removeprefix("\b\n").splitlines()
+            body = "\n".join(line.removeprefix("  ") for line in lines)
+            blocks.append(f"{title}\n\n```sh\n{body}\n```")
+        else:
+            blocks.append(block)
+    return "\n\n".join(blocks)
+
+
 def cli_page() -> str:
     import click
 
@@ -358,7 +373,7 @@ def cli_page() -> str:
         parts.append(f"```\n{path} {' '.join(usage)}\n```\n")
         text = (command.help or command.short_help or "").strip()
         if text:
-            parts.append(text.replace("\b\n", "") + "\n")
+            parts.append(_help_markdown(text) + "\n")
         parts.extend(_options(command))
         parts.append("")
     return _page("Command line", "Every harness command and option, from the CLI.", "\n".join(parts))

@@ -280,9 +280,11 @@ def _resolve(words: list[str]) -> tuple[list[str], click.Command | None, list[tu
     rest = list(words)
     while rest:
         word = rest.pop(0)
-        if word.startswith("-"):
+        if word == "--":
+            break  # what follows is the command's COMMAND
+        if word.startswith("-") and word != "-":
             options.append((word.split("=")[0], command))
-            if rest and not rest[0].startswith("-") and _takes_value(command, word):
+            if rest and (rest[0] == "-" or not rest[0].startswith("-")) and _takes_value(command, word):
                 rest.pop(0)
             continue
         if isinstance(command, click.Group):
@@ -293,7 +295,9 @@ def _resolve(words: list[str]) -> tuple[list[str], click.Command | None, list[tu
             path.append(word)
             ctx = click.Context(command, info_name=word, parent=ctx)
             continue
-        break  # an argument of the command reached
+        if command.context_settings.get("ignore_unknown_options"):
+            break  # an argument of a command that passes what follows on (run's COMMAND)
+        # an argument: options may still follow it (click reads them anywhere)
     return path, command, options
 
 
