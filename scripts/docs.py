@@ -37,10 +37,24 @@ def _page(title: str, description: str, body: str) -> str:
     return f"---\n{front}\n---\n\n{GENERATED}\n\n{body.rstrip()}\n"
 
 
+#: A command-line flag written in the code's help texts and descriptions ("--check").
+FLAG = re.compile(r"(?<![\w/-])--[A-Za-z][\w-]*")
+
+
+def _code_flags(text: str) -> str:
+    """``text`` with each ``--flag`` outside code spans put in one: the site's smartypants
+    turns "--" into an em dash everywhere but in code ("—check"), so a flag must be code to
+    render as typed. The help texts stay plain for the terminal; the page marks them up."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # even parts lie outside code spans
+        parts[i] = FLAG.sub(lambda m: f"`{m.group(0)}`", parts[i])
+    return "`".join(parts)
+
+
 def _cell(text: object) -> str:
     """Text safe inside a markdown table cell: ``|`` escaped and, outside code spans, ``<`` and
-    ``>`` too (``<NAME>`` would otherwise be read as an HTML tag and vanish)."""
-    parts = str(text).replace("|", "\\|").replace("\n", " ").strip().split("`")
+    ``>`` too (``<NAME>`` would otherwise be read as an HTML tag and vanish); flags as code."""
+    parts = _code_flags(str(text).replace("|", "\\|").replace("\n", " ").strip()).split("`")
     for i in range(0, len(parts), 2):  # even parts lie outside code spans
         parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
     return "`".join(parts)
@@ -339,6 +353,21 @@ def _commands(group: Any, ctx: Any, prefix: str) -> Iterator[tuple[str, Any]]:
             yield from _commands(command, click.Context(command, info_name=name, parent=ctx), path)
 
 
+def _help_markdown(text: str) -> str:
+    """A command's help as markdown: prose as it reads; a ``\\b`` paragraph (click's "do not
+    rewrap", e.g. ``Examples:``) as a shell block under its first line, so its lines stay as
+    written and nothing in it is typeset."""
+    blocks = []
+    for block in text.split("\n\n"):
+        if block.startswith("\b\n"):
+            title, *lines = block.removeprefix("\b\n").splitlines()
+            body = "\n".join(line.removeprefix("  ") for line in lines)
+            blocks.append(f"{title}\n\n```sh\n{body}\n```")
+        else:
+            blocks.append(_code_flags(block))
+    return "\n\n".join(blocks)
+
+
 def cli_page() -> str:
     import click
 
@@ -358,7 +387,7 @@ def cli_page() -> str:
         parts.append(f"```\n{path} {' '.join(usage)}\n```\n")
         text = (command.help or command.short_help or "").strip()
         if text:
-            parts.append(text.replace("\b\n", "") + "\n")
+            parts.append(_help_markdown(text) + "\n")
         parts.extend(_options(command))
         parts.append("")
     return _page("Command line", "Every harness command and option, from the CLI.", "\n".join(parts))

@@ -280,9 +280,11 @@ def _resolve(words: list[str]) -> tuple[list[str], click.Command | None, list[tu
     rest = list(words)
     while rest:
         word = rest.pop(0)
-        if word.startswith("-"):
+        if word == "--":
+            break  # what follows is the command's COMMAND
+        if word.startswith("-") and word != "-":
             options.append((word.split("=")[0], command))
-            if rest and not rest[0].startswith("-") and _takes_value(command, word):
+            if rest and (rest[0] == "-" or not rest[0].startswith("-")) and _takes_value(command, word):
                 rest.pop(0)
             continue
         if isinstance(command, click.Group):
@@ -293,7 +295,9 @@ def _resolve(words: list[str]) -> tuple[list[str], click.Command | None, list[tu
             path.append(word)
             ctx = click.Context(command, info_name=word, parent=ctx)
             continue
-        break  # an argument of the command reached
+        if command.context_settings.get("ignore_unknown_options"):
+            break  # an argument of a command that passes what follows on (run's COMMAND)
+        # an argument: options may still follow it (click reads them anywhere)
     return path, command, options
 
 
@@ -447,3 +451,71 @@ def test_built_pages_render_in_chromium(site_url: str, path: str, title: str, tm
     result = _browser(f"--screenshot={shot}", url)
     assert result.returncode == 0 and shot.is_file(), result.stderr[-2000:]
     assert _png_colours(shot) > 16, f"{shot}: the page rendered blank"
+
+
+# -- flags render as typed -------------------------------------------------------------------
+
+# A command-line flag in prose or a table: Starlight's smartypants turns its "--" into an em
+# dash ("—flag") everywhere but in code, so every flag on a page is written in a code span.
+FLAG = re.compile(r"(?<![\w/-])--[A-Za-z][\w-]*")
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.DOTALL)
+
+
+def _markdown_blocks(text: str) -> Iterator[tuple[int, str]]:
+    """(first line number, text) of each block of a markdown page that is not code: front
+    matter, fenced blocks and indented code blocks left out; blocks split at blank lines (a
+    code span may run over the lines of its paragraph, never beyond)."""
+    lines = text.splitlines()
+    start = 0
+    if lines and lines[0].strip() == "---":
+        start = next((i + 1 for i in range(1, len(lines)) if lines[i].strip() == "---"), 0)
+    fence: str | None = None
+    block: list[str] = []
+    first = 0
+    for number, line in enumerate(lines[start:], start + 1):
+        opening = FENCE.match(line)
+        if fence is not None:
+            if opening and opening.group(1)[0] == fence[0] and len(opening.group(1)) >= len(fence):
+                fence = None
+            continue
+        if opening or not line.strip() or (not block and line.startswith(("    ", "\t"))):
+            if block:
+                yield first, "\n".join(block)
+            block = []
+            fence = opening.group(1) if opening else None
+            continue
+        if not block:
+            first = number
+        block.append(line)
+    if block:
+        yield first, "\n".join(block)
+
+
+def _flags_outside_code(text: str) -> list[tuple[int, str]]:
+    """Each ``--flag`` of a markdown page outside code spans and code blocks, by line."""
+    found = []
+    for first, block in _markdown_blocks(text):
+        prose = CODE_SPAN.sub(lambda m: "\n" * m.group(0).count("\n"), block)
+        prose = re.sub(r"<code>.*?</code>", "", prose, flags=re.DOTALL)
+        for number, line in enumerate(prose.splitlines(), first):
+            found.extend((number, flag) for flag in FLAG.findall(line))
+    return found
+
+
+def test_the_flag_check_finds_flags_in_prose_only() -> None:
+    page = (
+        "---\ntitle: x --y\n---\n\nRun `harness lock\n--check` or --check,\n\n"
+        "```sh\nharness lock --check\n```\n\n    harness run --agent a\n\n"
+        "| `--set` | a --set b |\n\nsee ``a `--b` c`` and <code>--d</code> or --e-f.\n"
+    )
+    assert _flags_outside_code(page) == [(6, "--check"), (14, "--set"), (16, "--e-f")]
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_flags_are_in_code_spans(page: Path) -> None:
+    """Every ``--flag`` on a docs page is in a code span or block, so it renders as typed
+    (outside code the site's smartypants makes "--flag" an em dash, "—flag"). A generated
+    reference page is fixed in scripts/docs.py, which puts the code's flags in code spans."""
+    found = _flags_outside_code(page.read_text())
+    assert found == [], f"{page.relative_to(ROOT)}: " + ", ".join(f"line {n}: {flag}" for n, flag in found)

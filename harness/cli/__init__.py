@@ -152,6 +152,12 @@ def cli(ctx: click.Context, home: str | None, deploy: str | None, project: str |
 
     \b
     services/*.toml --lock--> locks/ --realize--> store --launch--> run record
+
+    \b
+    Examples:
+      harness services                                 # the project's manifests
+      harness lock kinematics && harness realize kinematics
+      harness run --agent kinematics-only              # realize, place, start, run, record
     """
     ctx.obj = State(home, deploy, project)
     if variant:  # read where every lock is (lock/variants.py), and inherited by services and shards

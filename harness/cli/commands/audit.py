@@ -9,7 +9,7 @@ from harness.cli import State
 
 @click.command(
     help="Re-check every store path a run used, and every shard of a cluster run; exit 1 if any "
-    "path changed or a shard was refused, failed, cancelled or is missing."
+    "path changed or a shard was refused, failed, cancelled or is missing.\n\n\b\nExamples:\n  harness audit                    # the newest run (latest)\n  harness audit latest --strict    # also fail on impurities (host copies)\n  harness audit 20261205-074512 --json"
 )
 @click.argument("run_id", default="latest")
 @click.option("--strict", is_flag=True, help="Also fail when the run had impurities or a scoped service was reset.")

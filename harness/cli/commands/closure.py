@@ -9,7 +9,9 @@ import click
 from harness.cli import State
 
 
-@click.command(help="Show the services and benchmark an agent config's run needs.")
+@click.command(
+    help="Show the services and benchmark an agent config's run needs.\n\n\b\nExamples:\n  harness closure --agent default\n  harness closure --agent kinematics-only --set agent.benchmark=reach-remote"
+)
 @click.option("--agent", "agent", default="default", show_default=True, help="Agent config name or path.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a config key (TOML value).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

@@ -13,12 +13,17 @@ from harness.cli import State
 from harness.cli.commands.plan import GPUS_HELP, inventory, select_services
 
 
-@click.group(help="Deploys for this machine: `harness deploy write` writes one for its GPUs.")
+@click.group(
+    help="Deploys for this machine: `harness deploy write` writes one for its GPUs.\n\n\b\nExamples:\n  harness deploy write"
+)
 def command() -> None:
     """The ``deploy`` group; its subcommands do the work."""
 
 
-@command.command("write", help="Write a deploy for the GPUs this machine sees (or --gpus).")
+@command.command(
+    "write",
+    help="Write a deploy for the GPUs this machine sees (or --gpus).\n\n\b\nExamples:\n  harness deploy write                     # configs/deploy/<hostname>.toml\n  harness deploy write --gpus 2x24 -o -    # rehearse a machine with two 24 GB GPUs, to stdout",
+)
 @click.option(
     "-o", "--output", metavar="PATH", help="Where to write ('-' for stdout) [default: configs/deploy/<hostname>.toml]."
 )

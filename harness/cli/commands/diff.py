@@ -9,7 +9,7 @@ from harness.cli import State
 
 @click.command(
     help="Say what differs between two runs: closure, placement, configuration and, for cluster "
-    "runs, engine, shard count, retries and each shard's status, score, platform and closure."
+    "runs, engine, shard count, retries and each shard's status, score, platform and closure.\n\n\b\nExamples:\n  harness diff 20261205-074512 latest\n  harness diff 20261205-074512 latest --json"
 )
 @click.argument("run_a")
 @click.argument("run_b")

@@ -8,7 +8,9 @@ from harness.cli import State
 from harness.cli.commands.plan import GPUS_HELP
 
 
-@click.command(help="What is installed, what a run would install, GPUs, stale locks, store health.")
+@click.command(
+    help="What is installed, what a run would install, GPUs, stale locks, store health.\n\n\b\nExamples:\n  harness doctor\n  harness doctor --agent default --gpus 1x24"
+)
 @click.option("--agent", help="Say what a run of this agent config would still install.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override an agent config key.")
 @click.option("--gpus", "gpus_spec", metavar="SPEC", help=GPUS_HELP)

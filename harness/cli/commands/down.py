@@ -9,7 +9,7 @@ from harness.cli import State
 
 @click.command(
     help="Stop what harness up started (SIGINT/SIGTERM, then SIGKILL), nothing else. With NAMES, stop only those "
-    "services: the broker and the others stay, and a named service starts again when a caller asks for it."
+    "services: the broker and the others stay, and a named service starts again when a caller asks for it.\n\n\b\nExamples:\n  harness down                # everything harness up started\n  harness down molmo2         # that one service; the broker and the others stay"
 )
 @click.argument("names", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print what was stopped as JSON.")

@@ -9,7 +9,9 @@ import click
 from harness.cli import State
 
 
-@click.command(help="Write a lock as hashed requirements.txt or PEP 751 pylock.toml.")
+@click.command(
+    help="Write a lock as hashed requirements.txt or PEP 751 pylock.toml.\n\n\b\nExamples:\n  harness export kinematics -o requirements.txt\n  harness export kinematics --format pylock -o pylock.toml"
+)
 @click.argument("name")
 @click.option(
     "--format",

@@ -8,7 +8,9 @@ from harness.cli import State
 from harness.cli.output import quiet_option, realize_jobs_option
 
 
-@click.command(help="Lock if needed, then realize the named services ahead of a run.")
+@click.command(
+    help="Lock if needed, then realize the named services ahead of a run.\n\n\b\nExamples:\n  harness install kinematics\n  harness install sam3 simate --offline"
+)
 @click.argument("names", nargs=-1)
 @click.option("--offline", is_flag=True, help="Never touch the network; list everything missing.")
 @realize_jobs_option

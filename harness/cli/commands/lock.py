@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from harness.manifests.project import Project
 
 
-@click.command(help="Pin every input of the named manifests (all when none) into locks/.")
+@click.command(
+    help="Pin every input of the named manifests (all when none) into locks/.\n\n\b\nExamples:\n  harness lock                                # every manifest; says what changed\n  harness lock --check kinematics reach       # exit 1 if either lock is stale\n  harness lock sam3 --upgrade-package torch"
+)
 @click.argument("names", nargs=-1)
 @click.option("--check", is_flag=True, help="Exit 1 naming every lock that is missing or stale; no network.")
 @click.option("--upgrade", is_flag=True, help="Allow every pin to move to the newest allowed version.")

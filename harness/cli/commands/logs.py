@@ -10,7 +10,7 @@ from harness.cli import State
 
 @click.command(
     help="Show the last lines of the services' logs (all of them and the broker's when no NAMES are given); "
-    "with -f, keep printing the lines written after them until Ctrl-C."
+    "with -f, keep printing the lines written after them until Ctrl-C.\n\n\b\nExamples:\n  harness logs\n  harness logs -f kinematics     # its last 20 lines, then every new one"
 )
 @click.argument("names", nargs=-1)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines as they are written.")

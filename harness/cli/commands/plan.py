@@ -112,7 +112,9 @@ def inventory(gpus_spec: str | None) -> tuple[Any, ...]:
 GPUS_HELP = "Plan for these GPUs instead of the ones seen: 4x24, 24,24,80, or none."
 
 
-@click.command(help="Show where and how each service would run: mode, GPU, swap group, port.")
+@click.command(
+    help="Show where and how each service would run: mode, GPU, swap group, port.\n\n\b\nExamples:\n  harness plan\n  harness plan --gpus 1x24 --agent default    # rehearse another machine"
+)
 @click.option("--gpus", "gpus_spec", metavar="SPEC", help=GPUS_HELP)
 @click.option("--agent", metavar="CONFIG", help="Only the services this agent config's run needs.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override an agent config key (TOML value).")

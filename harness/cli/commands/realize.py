@@ -13,7 +13,9 @@ if TYPE_CHECKING:
     from harness.realize.builder import Report
 
 
-@click.command(help="Build what the locks name into the store (all when none named).")
+@click.command(
+    help="Build what the locks name into the store (all when none named).\n\n\b\nExamples:\n  harness realize\n  harness realize kinematics reach --offline"
+)
 @click.argument("names", nargs=-1)
 @click.option("--offline", is_flag=True, help="Never touch the network; list everything missing.")
 @realize_jobs_option

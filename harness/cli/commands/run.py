@@ -10,7 +10,7 @@ from harness.cli import State
 
 
 @click.command(
-    help="Realize, place and start what a run needs, run COMMAND, record the run.",
+    help="Realize, place and start what a run needs, run COMMAND, record the run.\n\n\b\nExamples:\n  harness run --agent kinematics-only\n  harness run --agent kinematics-only --set agent.benchmark=reach-remote\n  harness run --resume 20261205-074512     # a cluster run's missing shards",
     context_settings={"ignore_unknown_options": True},
 )
 @click.option("--agent", help="Agent config: its enabled skills decide the services.")

@@ -17,7 +17,7 @@ DEFAULT_LAST = 20
 @click.group(
     invoke_without_command=True,
     help=f"List recorded runs, newest first (the last {DEFAULT_LAST} unless --last N or --all); "
-    "pin or unpin one (`runs pin ID`); remove old records (`runs prune`).",
+    "pin or unpin one (`runs pin ID`); remove old records (`runs prune`).\n\n\b\nExamples:\n  harness runs\n  harness runs --last 5 --json\n  harness runs pin latest",
 )
 @click.option(
     "--last",
@@ -65,7 +65,10 @@ def command(ctx: click.Context, last: int | None, show_all: bool, as_json: bool)
     )
 
 
-@command.command("pin", help="Keep every store path run ID used across `harness store gc` (ID, prefix or latest).")
+@command.command(
+    "pin",
+    help="Keep every store path run ID used across `harness store gc` (ID, prefix or latest).\n\n\b\nExamples:\n  harness runs pin latest\n  harness runs pin 20261205-074512 --remove",
+)
 @click.argument("run_id")
 @click.option("--remove", is_flag=True, help="Unpin instead: the run is kept only while among the last N.")
 @click.pass_obj
@@ -87,7 +90,7 @@ def pin(state: State, run_id: str, remove: bool) -> None:
     help="Remove old run records: those beyond the newest N (--keep N) and/or started DAYS or more "
     "ago (--older-than DAYS; with both, only records both select). Never a pinned run, never one in "
     "progress, and a record without result.json only with --older-than. Then `harness store gc` "
-    "can collect what only removed runs used.",
+    "can collect what only removed runs used.\n\n\b\nExamples:\n  harness runs prune --keep 100 --dry-run     # what would go, and the bytes it would free\n  harness runs prune --older-than 30",
 )
 @click.option("--keep", type=click.IntRange(min=0), default=None, metavar="N", help="Keep the newest N runs.")
 @click.option(

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     from harness.manifests.project import Project
 
 
-@click.command(help="List the project's service and benchmark manifests.")
+@click.command(
+    help="List the project's service and benchmark manifests.\n\n\b\nExamples:\n  harness services\n  harness services --json"
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_obj
 def command(state: State, as_json: bool) -> None:

@@ -97,7 +97,7 @@ def rehearse(state: State, gpus_spec: str) -> dict[str, Any]:
 
 @click.command(
     help="Show the services harness runs: mode, GPU, state, pid, port, uptime, memory (host RSS) and GPU memory "
-    "(from NVML, where a driver answers)."
+    "(from NVML, where a driver answers).\n\n\b\nExamples:\n  harness status\n  harness status --watch --interval 5\n  harness status --gpus 4x24     # also where the deploy would put each service"
 )
 @click.option(
     "--gpus",

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 @click.group(
     help="Inspect and maintain the store: init, ls, path, verify, gc, why, pin; "
-    "binary caches: keygen, push, pull, export, import."
+    "binary caches: keygen, push, pull, export, import.\n\n\b\nExamples:\n  harness store ls\n  harness store verify\n  harness store gc --dry-run"
 )
 def command() -> None:
     pass
@@ -47,7 +47,10 @@ def _store(state: State) -> Store:
     return Store.in_home(state.home)
 
 
-@command.command("init", help="Set up a home a group shares: setgid, group-writable, sticky store.")
+@command.command(
+    "init",
+    help="Set up a home a group shares: setgid, group-writable, sticky store.\n\n\b\nExamples:\n  harness --home /srv/harness store init --group robotics",
+)
 @click.option("--group", required=True, metavar="GROUP", help="The group whose members share the home.")
 @click.pass_obj
 def init(state: State, group: str) -> None:
@@ -60,7 +63,10 @@ def init(state: State, group: str) -> None:
     )
 
 
-@command.command("trust", help="In a shared home: list, add or remove the members whose paths everyone uses.")
+@command.command(
+    "trust",
+    help="In a shared home: list, add or remove the members whose paths everyone uses.\n\n\b\nExamples:\n  harness store trust                # list\n  harness store trust alice\n  harness store trust alice --remove",
+)
 @click.argument("members", nargs=-1)
 @click.option("--remove", is_flag=True, help="Stop trusting MEMBERS instead.")
 @click.pass_obj
@@ -213,7 +219,10 @@ def _size(n: int) -> str:
     return str(n)
 
 
-@command.command("path", help="Print the realized environment's path of a manifest.")
+@command.command(
+    "path",
+    help="Print the realized environment's path of a manifest.\n\n\b\nExamples:\n  harness store path kinematics\n  harness store path smolvla --weights",
+)
 @click.argument("name")
 @click.option("--weights", is_flag=True, help="Print the weights view instead.")
 @click.pass_obj
@@ -238,7 +247,10 @@ def path(state: State, name: str, weights: bool) -> None:
     click.echo(str(store.root / target))
 
 
-@command.command("verify", help="Check registered paths; exit 1 naming every one that changed.")
+@command.command(
+    "verify",
+    help="Check registered paths; exit 1 naming every one that changed.\n\n\b\nExamples:\n  harness store verify\n  harness store verify kinematics --check-contents\n  harness store verify --repair",
+)
 @click.argument("names", nargs=-1)
 @click.option("--check-contents", is_flag=True, help="Re-hash every byte.")
 @click.option("--repair", is_flag=True, help="Re-fetch or rebuild what is modified or missing.")
@@ -281,7 +293,7 @@ def _gc_options(state: State) -> dict[str, Any]:
 @command.command(
     "gc",
     help="Delete paths no root reaches (projects, pins, the last runs, pinned runs, "
-    "live processes and `up`'s services).",
+    "live processes and `up`'s services).\n\n\b\nExamples:\n  harness store gc --dry-run\n  harness store gc",
 )
 @click.option("--dry-run", is_flag=True, help="Only say what would be deleted, and why.")
 @click.option("--forget-missing", is_flag=True, help="Stop keeping what registered projects whose folder is gone used.")
@@ -319,7 +331,10 @@ def gc(state: State, dry_run: bool, forget_missing: bool) -> None:
     click.echo(f"{verb} {len(result.dead)} path(s){mine}; {result.kept} kept")
 
 
-@command.command("why", help="Say what keeps a store path alive: references and every root naming it.")
+@command.command(
+    "why",
+    help='Say what keeps a store path alive: references and every root naming it.\n\n\b\nExamples:\n  harness store why "$(harness store path kinematics)"',
+)
 @click.argument("name")
 @click.pass_obj
 def why(state: State, name: str) -> None:
@@ -343,7 +358,10 @@ def why(state: State, name: str) -> None:
         click.echo(f"nothing refers to {name}: the next gc deletes it")
 
 
-@command.command("pin", help="Keep a store path alive across gc.")
+@command.command(
+    "pin",
+    help='Keep a store path alive across gc.\n\n\b\nExamples:\n  harness store pin "$(harness store path kinematics)"\n  harness store pin "$(harness store path kinematics)" --remove',
+)
 @click.argument("name")
 @click.option("--remove", is_flag=True, help="Unpin instead.")
 @click.pass_obj
@@ -476,7 +494,10 @@ def _do_push(
     )
 
 
-@command.command("keygen", help="Make an ed25519 signing key pair: NAME.secret and NAME.public.")
+@command.command(
+    "keygen",
+    help="Make an ed25519 signing key pair: NAME.secret and NAME.public.\n\n\b\nExamples:\n  harness store keygen lab --dir ~/.config/harness",
+)
 @click.argument("name")
 @click.option("--dir", "folder", default=".", show_default=True, help="Where to write the two files.")
 def keygen(name: str, folder: str) -> None:
@@ -490,7 +511,10 @@ def keygen(name: str, folder: str) -> None:
     click.echo(public.read_text().strip())
 
 
-@command.command("push", help="Copy closures to a binary cache (directory, s3://, file://); only what it lacks.")
+@command.command(
+    "push",
+    help="Copy closures to a binary cache (directory, s3://, file://); only what it lacks.\n\n\b\nExamples:\n  harness store push --key ~/.config/harness/lab.secret /nfs/harness-cache kinematics\n  harness store push file:///nfs/harness-cache --all",
+)
 @click.argument("cache")
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_paths", is_flag=True, help="Every registered path.")
@@ -510,7 +534,10 @@ def push_command(
     )
 
 
-@command.command("pull", help="Copy closures from a binary cache into the store; only what it lacks.")
+@command.command(
+    "pull",
+    help="Copy closures from a binary cache into the store; only what it lacks.\n\n\b\nExamples:\n  harness store pull /nfs/harness-cache kinematics\n  harness store pull file:///nfs/harness-cache --all",
+)
 @click.argument("cache")
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_paths", is_flag=True, help="Every path the cache holds.")
@@ -590,7 +617,10 @@ def _all_in_cache(backend: Backend, store: Store) -> list[str]:
     return names
 
 
-@command.command("export", help="Write closures as one tar (a directory cache) for air-gapped transfer.")
+@command.command(
+    "export",
+    help="Write closures as one tar (a directory cache) for air-gapped transfer.\n\n\b\nExamples:\n  harness store export kinematics reach -o closures.tar",
+)
 @click.argument("names", nargs=-1)
 @click.option("-o", "--output", required=True, metavar="FILE", help="The tar to write.")
 @click.option("--all", "all_paths", is_flag=True, help="Every registered path.")
@@ -615,7 +645,10 @@ def export_command(
     click.echo(f"exported {len(result.pushed)} path(s) to {output}")
 
 
-@command.command("import", help="Register the paths of a tar written by `harness store export`.")
+@command.command(
+    "import",
+    help="Register the paths of a tar written by `harness store export`.\n\n\b\nExamples:\n  harness store import closures.tar",
+)
 @click.argument("file")
 @_trusted_key_option
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel unpacking.")

@@ -13,7 +13,9 @@ if TYPE_CHECKING:
     from harness.runtime.session import Prepared
 
 
-@click.command(help="Start the resident services (or those named) and the broker.")
+@click.command(
+    help="Start the resident services (or those named) and the broker.\n\n\b\nExamples:\n  harness up\n  harness up kinematics\n  harness up --agent default"
+)
 @click.argument("names", nargs=-1)
 @click.option("--agent", help="Only the services this agent config needs.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override an agent config key.")

@@ -7,7 +7,9 @@ import click
 from harness.cli import State
 
 
-@click.command(help="Check every manifest, agent config and deploy; exit 2 on errors.")
+@click.command(
+    help="Check every manifest, agent config and deploy; exit 2 on errors.\n\n\b\nExamples:\n  harness validate\n  harness validate --json"
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the checked files as JSON.")
 @click.pass_obj
 def command(state: State, as_json: bool) -> None:
