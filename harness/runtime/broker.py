@@ -282,9 +282,16 @@ class Broker:
     # ------------------------------------------------------------------------ acquire
 
     def acquire(
-        self, service: str, client: str = "anonymous", *, client_pid: int | None = None, timeout: float | None = None
+        self,
+        service: str,
+        client: str = "anonymous",
+        *,
+        client_pid: int | None = None,
+        timeout: float | None = None,
+        run: str | None = None,
     ) -> dict[str, Any]:
-        """Wait until ``service`` may be called by ``client``; return the lease (as JSON).
+        """Wait until ``service`` may be called by ``client`` (of joined run ``run``, if any);
+        return the lease (as JSON).
 
         Blocks while the service loads, or while a swap-group peer is in use, for at most
         ``timeout`` seconds (None: no limit besides the load's own ``load_seconds``).
@@ -297,7 +304,7 @@ class Broker:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             ticket = self._sched.enqueue(
-                service, client, time.monotonic(), client_pid=client_pid, client_create_time=create_time
+                service, client, time.monotonic(), client_pid=client_pid, client_create_time=create_time, run=run
             )
             if ticket.lease is not None:
                 return ticket.lease.as_json()
@@ -1227,7 +1234,11 @@ class _Handler(BaseHTTPRequestHandler):
         if timeout is not None and not _number(timeout):
             raise BrokerError(400, "bad_request", f'"timeout" must be a number of seconds >= 0, not {timeout!r}')
         lease = broker.acquire(
-            service, client or "anonymous", client_pid=pid, timeout=None if timeout is None else float(timeout)
+            service,
+            client or "anonymous",
+            client_pid=pid,
+            timeout=None if timeout is None else float(timeout),
+            run=None if run is None else run.run,
         )
         if not self._reply(200, lease):
             broker.release(lease["lease"])  # nobody will ever release it

@@ -13,8 +13,9 @@ Events (every one has ``seq``, ``time`` — unix seconds — and ``event``):
 * ``stop`` ``{service, reason: "idle" | "swap" | "down" | "crash" | "shutdown", for?}``: a
   stop is decided (``for``: the member a swap makes room for) · ``stopped`` ``{service, reason}``
 * ``crash`` ``{service, error}``: a ready process exited, or failed its health checks
-* ``lease`` ``{service, lease, client, pid, wait_s, fresh, incarnation}`` · ``release``
-  ``{service, lease, client, held_s, reclaimed}``
+* ``lease`` ``{service, lease, client, pid, run, wait_s, fresh, incarnation}`` · ``release``
+  ``{service, lease, client, pid, run, held_s, reclaimed}`` (``run``: the joined run whose
+  token took the lease, None for the owner's)
 * ``refused`` ``{service, code, client}`` · ``scoped_reset`` ``{service, client, lease,
   incarnation, previous_incarnation, run?}``
 * ``added`` / ``removed`` ``{service}``

@@ -137,6 +137,8 @@ class Lease:
     foreign: bool
     #: the service's client table, rendered (``client`` in the answer; ``client`` above is the caller's id)
     client_table: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: the joined run whose token took it (None: the broker's owner)
+    run: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The body of ``POST /acquire``'s answer."""
@@ -163,6 +165,7 @@ class Ticket:
     lease: Lease | None = None
     error: BrokerError | None = None
     queued: float = 0.0  # monotonic time of the acquire
+    run: str | None = None  # the joined run asking, if any
 
     @property
     def done(self) -> bool:
@@ -344,8 +347,10 @@ class Scheduler:
         *,
         client_pid: int | None = None,
         client_create_time: float | None = None,
+        run: str | None = None,
     ) -> Ticket:
-        """A caller asks for ``service``: a ticket granted at once (external) or queued.
+        """A caller asks for ``service`` (``run``: the joined run asking, told in the events):
+        a ticket granted at once (external) or queued.
 
         Raises :class:`BrokerError` for an unknown service (404), an ``off`` one (409) or a
         closing scheduler (503). Follow with :meth:`advance` on its group.
@@ -359,7 +364,7 @@ class Scheduler:
             raise BrokerError(409, "off", f"{service} is off in this run's plan{why}")
         if self.closing:
             raise BrokerError(503, "closing", "the broker is shutting down")
-        ticket = Ticket(service, client, client_pid, client_create_time, queued=now)
+        ticket = Ticket(service, client, client_pid, client_create_time, queued=now, run=run)
         if svc.placement.mode == "external":
             ticket.lease = self._grant(svc, ticket, now)
         else:
@@ -446,6 +451,7 @@ class Scheduler:
             svc.placement.scoped,
             svc.foreign,
             svc.client,
+            ticket.run,
         )
         self.leases[lease.id] = lease
         svc.inflight.add(lease.id)
@@ -456,6 +462,7 @@ class Scheduler:
             lease=lease.id,
             client=lease.client,
             pid=lease.client_pid,
+            run=lease.run,
             wait_s=round(max(0.0, now - ticket.queued), 6),
             fresh=fresh,
             incarnation=lease.incarnation,
@@ -692,6 +699,7 @@ class Scheduler:
             lease=lease.id,
             client=lease.client,
             pid=lease.client_pid,
+            run=lease.run,
             held_s=round(max(0.0, now - lease.granted), 6),
             reclaimed=reclaimed,
         )
