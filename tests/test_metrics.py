@@ -211,3 +211,18 @@ def test_one_log_line_per_event_with_its_reason() -> None:
     )
     assert line == '1970-01-01T00:00:00.250000Z #7 stop vla reason=swap for="world model"'
     assert "\n" not in metrics.describe({"seq": 1, "time": 0, "event": "crash", "service": "x", "error": "a\nb"})
+
+
+def test_reading_the_newest_events_does_not_walk_the_whole_log() -> None:
+    import time
+
+    log = metrics.EventLog()
+    for i in range(metrics.EVENTS_KEPT):
+        log.append({"event": "lease", "service": "a", "n": i}, 0.0)
+    began = time.perf_counter()
+    for _ in range(10_000):
+        [newest] = log.since(log.last_seq - 1)
+    assert newest["n"] == metrics.EVENTS_KEPT - 1
+    # 10,000 reads of the whole log take seconds; of the one newest event, milliseconds
+    assert time.perf_counter() - began < 0.5
+    assert [e["seq"] for e in log.since(log.last_seq - 3)] == [log.last_seq - 2, log.last_seq - 1, log.last_seq]
