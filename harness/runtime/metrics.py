@@ -29,6 +29,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 #: Events kept for ``GET /events?since=N`` (older ones are gone: a reader resumes from the oldest kept).
@@ -64,8 +65,6 @@ class EventLog:
 
 def describe(event: Mapping[str, Any]) -> str:
     """One line for ``broker.log``: time, number, kind, service, then the rest as key=value."""
-    from datetime import UTC, datetime
-
     stamp = datetime.fromtimestamp(float(event["time"]), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     rest = " ".join(
         f"{key}={_value(value)}"
