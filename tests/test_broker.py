@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -1168,3 +1169,141 @@ def test_a_hung_resident_fails_its_health_checks_and_is_replaced(make_broker, tm
     row = service_status(broker, spec.name)
     assert row["crashes"] == 1 and "health checks in a row" in row["last_error"]
     assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
+
+
+# ------------------------------------------------------------------- metrics and events
+
+
+def read_events(address: str, token: str, since: int | None, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` events of ``GET /events`` (server-sent events), each checked to
+    carry its number as the ``id`` and its kind as the ``event``."""
+    query = "" if since is None else f"?since={since}"
+    request = urllib.request.Request(address + "/events" + query, headers={"Authorization": f"Bearer {token}"})
+    events: list[dict[str, Any]] = []
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers["Content-Type"] == "text/event-stream"
+        fields: dict[str, str] = {}
+        while len(events) < count:
+            line = response.readline().decode()
+            assert line, "the stream ended"
+            line = line.rstrip("\n")
+            if line.startswith(":"):
+                continue
+            if line:
+                key, _, val = line.partition(": ")
+                fields[key] = val
+                continue
+            if not fields:
+                continue  # the blank line after a comment: no event
+            event = json.loads(fields["data"])
+            assert fields["id"] == str(event["seq"]) and fields["event"] == event["event"]
+            events.append(event)
+            fields = {}
+    return events
+
+
+def test_metrics_and_events_of_a_real_broker(make_broker, tmp_path: Path) -> None:
+    from tests.test_metrics import parse, value
+
+    spec = fake(f"{tmp_path.name}-obs", tmp_path, load=0.3)
+    broker, _ = make_broker([placement(spec)], [spec])
+    client = Client(broker.address, token=broker.token, client_id="watcher")
+    began = time.time()
+    lease = client.acquire(spec.name)
+    time.sleep(0.2)
+    client.release(lease)
+
+    def scrape(token: str | None = broker.token) -> tuple[int, str, str]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        request = urllib.request.Request(client.address + "/metrics", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.headers["Content-Type"], response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+    code, kind, text = scrape()
+    assert code == 200 and kind.startswith("text/plain; version=0.0.4")
+    samples = parse(text)
+    name = spec.name
+    assert value(samples, "harness_service_starts_total", service=name) == 1
+    assert value(samples, "harness_service_crashes_total", service=name) == 0
+    assert value(samples, "harness_service_state", service=name, state="ready") == 1
+    assert value(samples, "harness_service_leases", service=name) == 0
+    assert value(samples, "harness_service_leases_total", service=name) == 1
+    assert 0.3 <= value(samples, "harness_service_load_seconds", service=name) < 10
+    # the lease waited for the load, and was held the 0.2 s slept
+    assert value(samples, "harness_lease_wait_seconds_count", service=name) == 1
+    assert value(samples, "harness_lease_wait_seconds_sum", service=name) >= 0.3
+    assert value(samples, "harness_lease_hold_seconds_count", service=name) == 1
+    assert 0.2 <= value(samples, "harness_lease_hold_seconds_sum", service=name) < 5
+    assert value(samples, "harness_lease_hold_seconds_bucket", service=name, le="0.1") == 0
+    assert value(samples, "harness_lease_hold_seconds_bucket", service=name, le="+Inf") == 1
+    assert 0 < value(samples, "harness_broker_uptime_seconds") < 120
+    assert scrape(None)[0] == 401 and scrape("wrong")[0] == 401  # like every endpoint but /health
+
+    events = read_events(client.address, broker.token, None, 5)
+    assert [(e["event"], e["service"]) for e in events] == [
+        ("added", name),
+        ("start", name),
+        ("ready", name),
+        ("lease", name),
+        ("release", name),
+    ]
+    assert [e["seq"] for e in events] == [1, 2, 3, 4, 5]
+    assert all(began - 5 <= e["time"] <= time.time() for e in events[1:])
+    assert events[1]["reason"] == "caller" and events[3]["client"] == "watcher" and events[3]["lease"] == lease.id
+    assert events[3]["pid"] == os.getpid() and events[4]["held_s"] >= 0.2
+    # resuming: what came after event 4, then a decision made while the stream is open
+    got: list[list[dict[str, Any]]] = []
+    reader = threading.Thread(target=lambda: got.append(read_events(client.address, broker.token, 4, 3)))
+    reader.start()
+    time.sleep(0.2)  # the reader has the first two: the stop comes while it waits
+    assert broker.stop_service(name) == "stopped"
+    reader.join(15)
+    assert got, "the stream did not deliver the stop"
+    assert [(e["seq"], e["event"], e.get("reason")) for e in got[0]] == [
+        (5, "release", None),
+        (6, "stop", "down"),
+        (7, "stopped", "down"),
+    ]
+    auth = {"Authorization": f"Bearer {broker.token}"}
+    code, body = raw_request(client.address, "GET", "/events?since=x", headers=auth)
+    assert code == 400 and "since" in body["error"]
+
+
+def test_the_broker_log_records_every_decision_with_its_reason(tmp_path: Path) -> None:
+    resident = fake(f"{tmp_path.name}-res", tmp_path)
+    lazy = fake(f"{tmp_path.name}-lazy", tmp_path)
+    plan = Plan(
+        (
+            placement(resident, mode="resident"),
+            placement(lazy, swap="g"),
+            placement(resident_peer := fake(f"{tmp_path.name}-peer", tmp_path), swap="g"),
+        )
+    )
+    try:
+        spawn(plan, {s.name: s for s in (resident, lazy, resident_peer)}, tmp_path, options={"tick": 0.05})
+        client = Client(state_dir=tmp_path, client_id="logged")
+        with client.use(lazy.name):
+            pass
+        with client.use(resident_peer.name):  # lazy is swapped out for it
+            pass
+        assert down(tmp_path)["broker"] == "shutdown"
+    finally:
+        down(tmp_path, grace=(0.5, 0.5))
+    lines = (tmp_path / "logs" / "broker.log").read_text().splitlines()
+    matches = [re.fullmatch(r"broker: (\S+Z) #(\d+) (\S+) (\S+)(.*)", line) for line in lines]
+    decisions = [m.groups() for m in matches if m]
+    seen = [
+        (kind, name, m.group(1) if (m := re.search(r"reason=(\S+)", rest)) else None)
+        for _, _, kind, name, rest in decisions
+    ]
+    assert ("start", resident.name, "caller") in seen and ("ready", resident.name, None) in seen
+    swap = seen.index(("stop", lazy.name, "swap"))
+    assert seen[swap + 1 : swap + 3] == [("stopped", lazy.name, "swap"), ("start", resident_peer.name, "caller")]
+    assert ("stop", resident.name, "shutdown") in seen and ("stop", resident_peer.name, "shutdown") in seen
+    leases = [rest for _, _, kind, _, rest in decisions if kind == "lease"]
+    assert len(leases) == 3 and all("client=logged" in rest for rest in leases[1:])
+    numbers = [int(number) for _, number, *_ in decisions]
+    assert numbers == list(range(1, len(numbers) + 1))  # one line per event, none left out

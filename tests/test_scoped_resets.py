@@ -115,6 +115,16 @@ def test_a_joined_runs_token_is_watched_for_resets_and_may_only_lease(tmp_path: 
         status, lease = _post(url, "/acquire", broker.token, {"service": seg.name, "client": "agent"})
         _post(url, "/release", broker.token, {"lease": lease["lease"]})
         assert broker.status()["broker"]["runs"] == [{"run": "r1", "pid": os.getpid(), "scoped_resets": 1}]
+        # The broker's events name the run that holds each lease, and the reset
+        events = broker.events_since(0)
+        holders = [(e["event"], e["service"], e["run"]) for e in events if e["event"] in ("lease", "release")]
+        assert holders == [
+            *[(kind, name, "r1") for name in (policy.name, seg.name, policy.name) for kind in ("lease", "release")],
+            ("lease", seg.name, None),
+            ("release", seg.name, None),
+        ]
+        [reset_event] = [e for e in events if e["event"] == "scoped_reset"]
+        assert (reset_event["service"], reset_event["client"], reset_event["incarnation"]) == (policy.name, "agent", 2)
         for path in ("/start", "/shutdown", "/runs"):
             status, refusal = _post(url, path, token, {"names": [], "run": "r2"})
             assert status == 403 and "only acquire and release" in str(refusal["error"])

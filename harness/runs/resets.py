@@ -89,8 +89,14 @@ class RecordingBroker(Broker):
         self.resets = resets
 
     def acquire(
-        self, service: str, client: str = "anonymous", *, client_pid: int | None = None, timeout: float | None = None
+        self,
+        service: str,
+        client: str = "anonymous",
+        *,
+        client_pid: int | None = None,
+        timeout: float | None = None,
+        run: str | None = None,
     ) -> dict[str, Any]:
-        lease = super().acquire(service, client, client_pid=client_pid, timeout=timeout)
+        lease = super().acquire(service, client, client_pid=client_pid, timeout=timeout, run=run)
         self.resets.observe(lease, client)
         return lease

@@ -14,7 +14,14 @@ HTTP on loopback (JSON bodies; errors are ``{"error": msg, "code": code}``)::
                       (with "log_tail") · 504 timeout
     POST /release  {"lease": id}          -> 200 {"released": id} · 404 unknown_lease
     GET  /status                          -> {"broker": {...}, "services": [{...}, ...]}
-    GET  /health                          -> {"status": "ok"}
+    GET  /health                          -> {"status": "ok"}  (the one endpoint without the token)
+    GET  /metrics                         -> Prometheus text (format 0.0.4): per service its state,
+                   starts, restarts, crashes, swaps, idle stops, load time, lease wait and hold
+                   histograms; the broker's uptime (:mod:`harness.runtime.metrics`)
+    GET  /events?since=N                  -> text/event-stream: every decision (start, ready, stop
+                   with its reason, crash, lease, release, scoped_reset, ...) numbered from 1, as
+                   ``id: N / event: KIND / data: {json}``, from after N on (or ``Last-Event-ID``);
+                   the same lines go to ``broker.log``
     POST /shutdown                        -> 200, then every service it started is stopped
     POST /stop     {"names": [...], "timeout": s?} -> 200 {"results": {name: outcome}, "status"}: stop
                    those services' processes, the broker staying (``harness down NAME``);
@@ -106,6 +113,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -117,7 +125,7 @@ import psutil
 from filelock import FileLock, Timeout
 
 from harness.errors import HarnessError
-from harness.runtime import supervisor, watchdog
+from harness.runtime import metrics, supervisor, watchdog
 from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta, recorded_environment
 from harness.runtime.recordkey import record_key
 from harness.runtime.plan import Gpu, Plan, RemoteSimulator, ServicePlacement, SimWorker
@@ -215,8 +223,16 @@ class Broker:
         restart_backoff: tuple[float, float] | None = (1.0, 60.0),
         health_interval: float = 5.0,
         health_failures: int = 3,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self.plan = plan
+        #: Where each event goes as a line (the detached broker's ``broker.log``), if anywhere.
+        self._log = log
+        #: The events (``GET /events``) and counters (``GET /metrics``); guarded by its lock,
+        #: which is taken under the broker's lock, never the other way round.
+        self._events = metrics.EventLog()
+        self._metrics = metrics.Metrics()
+        self._events_cond = threading.Condition()
         self.state_dir = supervisor.make_state_dir(Path(state_dir))
         self.grace = grace
         self.tick = tick
@@ -231,6 +247,7 @@ class Broker:
             new_id=lambda: secrets.token_hex(8),
             restart_backoff=restart_backoff,
             health_failures=health_failures,
+            on_event=self._record,
         )
         self.health_interval = health_interval
         self.specs = {name: specs[name] for name, svc in self._sched.services.items() if svc.local}
@@ -266,9 +283,16 @@ class Broker:
     # ------------------------------------------------------------------------ acquire
 
     def acquire(
-        self, service: str, client: str = "anonymous", *, client_pid: int | None = None, timeout: float | None = None
+        self,
+        service: str,
+        client: str = "anonymous",
+        *,
+        client_pid: int | None = None,
+        timeout: float | None = None,
+        run: str | None = None,
     ) -> dict[str, Any]:
-        """Wait until ``service`` may be called by ``client``; return the lease (as JSON).
+        """Wait until ``service`` may be called by ``client`` (of joined run ``run``, if any);
+        return the lease (as JSON).
 
         Blocks while the service loads, or while a swap-group peer is in use, for at most
         ``timeout`` seconds (None: no limit besides the load's own ``load_seconds``).
@@ -281,7 +305,7 @@ class Broker:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             ticket = self._sched.enqueue(
-                service, client, time.monotonic(), client_pid=client_pid, client_create_time=create_time
+                service, client, time.monotonic(), client_pid=client_pid, client_create_time=create_time, run=run
             )
             if ticket.lease is not None:
                 return ticket.lease.as_json()
@@ -305,10 +329,11 @@ class Broker:
                 if self._sched.withdraw(ticket):
                     cond.notify_all()  # the head may have changed
 
-    def release(self, lease_id: str) -> None:
-        """End a lease. Raises :class:`BrokerError` (unknown_lease, lease_expired)."""
+    def release(self, lease_id: str, *, reclaimed: bool = False) -> None:
+        """End a lease (``reclaimed``: for a holder that died). Raises :class:`BrokerError`
+        (unknown_lease, lease_expired)."""
         with self._lock:
-            lease, wake = self._sched.release(lease_id, time.monotonic())
+            lease, wake = self._sched.release(lease_id, time.monotonic(), reclaimed=reclaimed)
             # Only the last lease's release can let the queue move (a peer becomes
             # evictable); waking every waiter on each release costs O(waiters) per call.
             if wake:
@@ -541,7 +566,7 @@ class Broker:
             if not same:
                 self._client_times.pop(lease.client_pid, None)  # the pid may be reused
                 try:
-                    self.release(lease.id)
+                    self.release(lease.id, reclaimed=True)
                 except BrokerError:
                     pass  # released meanwhile
 
@@ -733,6 +758,38 @@ class Broker:
                 with self._lock:
                     self._runs.pop(key, None)
 
+    # ------------------------------------------------------------ events and metrics
+
+    def _record(self, event: dict[str, Any]) -> None:
+        """The scheduler's ``on_event`` (called under the broker's lock): number and keep the
+        event, count it, write its line to the log, wake the ``/events`` readers."""
+        with self._events_cond:
+            logged = self._events.append(event, time.time())
+            self._metrics.observe(logged)
+            self._events_cond.notify_all()
+        if self._log is not None:
+            self._log(metrics.describe(logged))
+
+    def events_since(self, seq: int, wait: float = 0.0) -> list[dict[str, Any]]:
+        """The events numbered above ``seq``; waits up to ``wait`` seconds for one when none
+        is there yet (an ``/events`` stream), less once the broker has shut down."""
+        deadline = time.monotonic() + wait
+        with self._events_cond:
+            while True:
+                found = self._events.since(seq)
+                remaining = deadline - time.monotonic()
+                if found or remaining <= 0 or self._closed.is_set():
+                    return found
+                self._events_cond.wait(min(remaining, 1.0))
+
+    def metrics_text(self) -> str:
+        """``GET /metrics``: the Prometheus text exposition of the services and leases."""
+        now = time.monotonic()
+        with self._lock:
+            rows = [self._sched.status_row(name, now) for name in self._sched.order]
+        with self._events_cond:
+            return metrics.render(self._metrics, rows, time.time() - self._started_at, STATES, self._events.last_seq)
+
     # ------------------------------------------------------------------------- status
 
     def status(self) -> dict[str, Any]:
@@ -908,6 +965,8 @@ class Broker:
                 self._server.shutdown()
             self._server.server_close()
         self._closed.set()
+        with self._events_cond:
+            self._events_cond.notify_all()  # /events streams end
 
 
 # ----------------------------------------------------------------------------- HTTP
@@ -921,6 +980,22 @@ class _Server(ThreadingHTTPServer):
     broker: Broker
     token: bytes
     allowed_hosts: frozenset[str] | None  # None: not on loopback, any Host (the token still counts)
+
+
+#: Seconds between comment lines on a quiet ``/events`` stream (so proxies and readers see it live).
+EVENTS_KEEPALIVE = 15.0
+
+
+def _since(query: str, last_event_id: str | None) -> int:
+    """The event number an ``/events`` reader has seen: ``?since=N``, else the
+    ``Last-Event-ID`` header a reconnecting EventSource sends, else 0 (everything kept)."""
+    values = urllib.parse.parse_qs(query).get("since")
+    raw = values[-1] if values else last_event_id
+    if raw is None or raw == "":
+        return 0
+    if not re.fullmatch(r"[0-9]{1,18}", raw.strip()):
+        raise BrokerError(400, "bad_request", f"since must be an event number >= 0, not {raw[:40]!r}")
+    return int(raw.strip())
 
 
 def _positive_int(value: object) -> bool:
@@ -962,6 +1037,43 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         except OSError:
             return False  # the caller went away
+
+    def _reply_text(self, status: int, text: str, content_type: str) -> None:
+        body = text.encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass  # the caller went away
+
+    def _stream_events(self, broker: Broker, since: int) -> None:
+        """``GET /events``: server-sent events, each the JSON of one event with its number as
+        the ``id``, from ``since`` on, until the caller leaves or the broker shuts down."""
+        self.close_connection = True
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(b": harness broker events\n\n")
+            self.wfile.flush()
+            while True:
+                events = broker.events_since(since, wait=EVENTS_KEEPALIVE)
+                if not events:
+                    if broker.wait_closed(0):
+                        return
+                    self.wfile.write(b": keep-alive\n\n")
+                for event in events:
+                    since = int(event["seq"])
+                    data = json.dumps(event, separators=(",", ":"))
+                    self.wfile.write(f"id: {since}\nevent: {event['event']}\ndata: {data}\n\n".encode())
+                self.wfile.flush()
+        except OSError:
+            return  # the reader went away
 
     def _refuse(self, exc: BrokerError) -> None:
         if exc.status in (400, 401, 403, 413):
@@ -1021,10 +1133,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             self._check_access()
-            if self.path == "/status":
+            path, _, query = self.path.partition("?")
+            if path == "/status":
                 self._reply(200, broker.status())
-            elif self.path == "/plan":
+            elif path == "/plan":
                 self._reply(200, {"plan": broker.plan.as_json(), "launch": broker.launches()})
+            elif path == "/metrics":
+                self._reply_text(200, broker.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/events":
+                self._stream_events(broker, _since(query, self.headers.get("Last-Event-ID")))
             else:
                 raise BrokerError(404, "not_found", f"no such endpoint: GET {self.path}")
         except BrokerError as exc:
@@ -1118,7 +1235,11 @@ class _Handler(BaseHTTPRequestHandler):
         if timeout is not None and not _number(timeout):
             raise BrokerError(400, "bad_request", f'"timeout" must be a number of seconds >= 0, not {timeout!r}')
         lease = broker.acquire(
-            service, client or "anonymous", client_pid=pid, timeout=None if timeout is None else float(timeout)
+            service,
+            client or "anonymous",
+            client_pid=pid,
+            timeout=None if timeout is None else float(timeout),
+            run=None if run is None else run.run,
         )
         if not self._reply(200, lease):
             broker.release(lease["lease"])  # nobody will ever release it
@@ -1710,7 +1831,13 @@ def _main(argv: list[str] | None = None) -> int:
     for key in ("grace", "restart_backoff"):
         if options.get(key) is not None:
             options[key] = tuple(options[key])
-    broker = Broker(plan_from_json(config["plan"]), specs, args.state_dir, **options)
+    broker = Broker(
+        plan_from_json(config["plan"]),
+        specs,
+        args.state_dir,
+        log=lambda line: print(f"broker: {line}", flush=True),
+        **options,
+    )
 
     def on_signal(signum: int, _frame: object) -> None:
         threading.Thread(target=broker.shutdown, name="signal-shutdown").start()

@@ -66,6 +66,8 @@ STATES = ("stopped", "starting", "ready", "stopping", "crashed", "external", "of
 
 #: How many reclaimed lease ids are remembered, so their holders get a clear error.
 RECLAIMED_MEMORY = 4096
+#: How many (service, client) pairs are remembered to tell scoped resets (oldest forgotten).
+RESET_MEMORY = 65536
 
 
 class BrokerError(HarnessError):
@@ -135,6 +137,8 @@ class Lease:
     foreign: bool
     #: the service's client table, rendered (``client`` in the answer; ``client`` above is the caller's id)
     client_table: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: the joined run whose token took it (None: the broker's owner)
+    run: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The body of ``POST /acquire``'s answer."""
@@ -160,6 +164,8 @@ class Ticket:
     client_create_time: float | None = None
     lease: Lease | None = None
     error: BrokerError | None = None
+    queued: float = 0.0  # monotonic time of the acquire
+    run: str | None = None  # the joined run asking, if any
 
     @property
     def done(self) -> bool:
@@ -205,6 +211,7 @@ class ServiceState:
     failed_at: float | None = None  # when it last crashed or failed to start
     last_error: str | None = None  # why, kept after a restart cleared ``error``
     health_misses: int = 0  # health checks failed in a row while ready
+    start_began: float | None = None  # when the Start in progress was decided
 
     @property
     def name(self) -> str:
@@ -262,7 +269,10 @@ class Scheduler:
         new_id: Callable[[], str] | None = None,
         restart_backoff: tuple[float, float] | None = (1.0, 60.0),
         health_failures: int = 3,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        self.on_event = on_event
+        self._resets = ResetTracker(limit=RESET_MEMORY)
         self.crash_limit = crash_limit
         self.crash_window = crash_window
         self.lease_seconds = lease_seconds
@@ -298,7 +308,13 @@ class Scheduler:
         client = spec.client if (local and spec is not None) else placement.client
         self.services[placement.name] = ServiceState(placement, url, log, key, state, dict(client))
         self.order.append(placement.name)
+        self._emit("added", placement.name, mode=placement.mode)
         return group
+
+    def _emit(self, event: str, service: str, **fields: Any) -> None:
+        """Tell :attr:`on_event` a decision or outcome (see :mod:`harness.runtime.metrics`)."""
+        if self.on_event is not None:
+            self.on_event({"event": event, "service": service, **fields})
 
     # --------------------------------------------------------------------- lookups
 
@@ -331,8 +347,10 @@ class Scheduler:
         *,
         client_pid: int | None = None,
         client_create_time: float | None = None,
+        run: str | None = None,
     ) -> Ticket:
-        """A caller asks for ``service``: a ticket granted at once (external) or queued.
+        """A caller asks for ``service`` (``run``: the joined run asking, told in the events):
+        a ticket granted at once (external) or queued.
 
         Raises :class:`BrokerError` for an unknown service (404), an ``off`` one (409) or a
         closing scheduler (503). Follow with :meth:`advance` on its group.
@@ -346,7 +364,7 @@ class Scheduler:
             raise BrokerError(409, "off", f"{service} is off in this run's plan{why}")
         if self.closing:
             raise BrokerError(503, "closing", "the broker is shutting down")
-        ticket = Ticket(service, client, client_pid, client_create_time)
+        ticket = Ticket(service, client, client_pid, client_create_time, queued=now, run=run)
         if svc.placement.mode == "external":
             ticket.lease = self._grant(svc, ticket, now)
         else:
@@ -379,13 +397,16 @@ class Scheduler:
                 peer = self.services[group.active]
                 if peer.inflight:
                     break  # never evict mid-call; its release moves the queue on
-                action = self._begin_stop(group, peer, "swap")
+                action = self._begin_stop(group, peer, "swap", room_for=head.name)
                 break
             refusal = self._crash_refusal(head, now)
             if refusal is not None:
-                refused += self._resolve(group, head.name, _always(refusal))
+                turned = self._resolve(group, head.name, _always(refusal))
+                for ticket in turned:
+                    self._emit("refused", head.name, code=refusal.code, client=ticket.client)
+                refused += turned
                 continue
-            action = self._begin_start(group, head)
+            action = self._begin_start(group, head, now, "caller")
             break
         return Step(tuple(admitted), tuple(refused), action)
 
@@ -430,10 +451,28 @@ class Scheduler:
             svc.placement.scoped,
             svc.foreign,
             svc.client,
+            ticket.run,
         )
         self.leases[lease.id] = lease
         svc.inflight.add(lease.id)
         svc.last_used = now
+        self._emit(
+            "lease",
+            svc.name,
+            lease=lease.id,
+            client=lease.client,
+            pid=lease.client_pid,
+            run=lease.run,
+            wait_s=round(max(0.0, now - ticket.queued), 6),
+            fresh=fresh,
+            incarnation=lease.incarnation,
+        )
+        if svc.placement.scoped:
+            reset = self._resets.observe(lease.as_json(), lease.client, now)
+            if reset is not None:
+                reset.pop("at", None)
+                reset.pop("service", None)
+                self._emit("scoped_reset", svc.name, **reset)
         return lease
 
     def _crash_refusal(self, svc: ServiceState, now: float) -> BrokerError | None:
@@ -453,18 +492,24 @@ class Scheduler:
 
     # ------------------------------------------------------------ starts and stops
 
-    def _begin_start(self, group: GroupState, svc: ServiceState) -> Start:
+    def _begin_start(self, group: GroupState, svc: ServiceState, now: float, reason: str) -> Start:
         group.busy = True
         group.active = svc.name
         svc.state = "starting"
+        svc.start_began = now
         svc.error, svc.error_tail = None, ""
         after_swap, group.swapped_out = group.swapped_out, False
+        self._emit("start", svc.name, reason=reason, after_swap=after_swap)
         return Start(svc.name, after_swap, svc.placement.gpu, svc.placement.vram_gb)
 
-    def _begin_stop(self, group: GroupState, svc: ServiceState, reason: str) -> Stop:
+    def _begin_stop(self, group: GroupState, svc: ServiceState, reason: str, room_for: str | None = None) -> Stop:
         group.busy = True
         svc.state = "stopping"
         svc.stopping = reason
+        if room_for is None:
+            self._emit("stop", svc.name, reason=reason)
+        else:
+            self._emit("stop", svc.name, reason=reason, **{"for": room_for})
         return Stop(svc.name, reason)
 
     def stop(self, service: str, reason: str) -> Stop:
@@ -482,9 +527,12 @@ class Scheduler:
         group.busy = False
         svc.state = "ready"
         svc.ready_at = now
+        load = round(now - svc.start_began, 6) if svc.start_began is not None else None
+        svc.start_began = None
         if foreign:
             svc.foreign = True
             group.active = None
+            self._emit("ready", service, foreign=True, load_s=load)
             return
         svc.foreign = False
         svc.health_misses = 0
@@ -493,6 +541,7 @@ class Scheduler:
         svc.served = set()
         svc.inflight = set()  # leases of an earlier incarnation no longer pin this one
         svc.last_used = now
+        self._emit("ready", service, incarnation=svc.incarnation, load_s=load)
 
     def start_failed(self, service: str, now: float, message: str, log_tail: str = "") -> list[Ticket]:
         """A :class:`Start` failed: record it and fail the callers waiting for it."""
@@ -506,6 +555,8 @@ class Scheduler:
         svc.failed_at = now
         svc.last_error = message
         svc.crashes += 1
+        svc.start_began = None
+        self._emit("start_failed", service, error=message)
         error = BrokerError(503, "start_failed", message, log_tail=log_tail)
         return self._resolve(group, service, _always(error))
 
@@ -522,6 +573,7 @@ class Scheduler:
         if group.active == service:
             group.active = None
         group.swapped_out = reason == "swap"
+        self._emit("stopped", service, reason=reason)
 
     def exited(self, service: str, now: float, message: str, log_tail: str = "") -> Stop | None:
         """The process of ``service`` exited on its own: a crash; returns the group's stop
@@ -535,6 +587,7 @@ class Scheduler:
         svc.failed_at = now
         svc.last_error = message
         svc.error, svc.error_tail = message, log_tail
+        self._emit("crash", service, error=message)
         return self._begin_stop(group, svc, "crash")
 
     def health(self, service: str, ok: bool, now: float, message: str = "") -> Stop | None:
@@ -556,6 +609,7 @@ class Scheduler:
         svc.last_error = message
         svc.error = svc.last_error = f"{service} failed {self.health_failures} health checks in a row: {message}"
         svc.error_tail = ""
+        self._emit("crash", service, error=svc.error)
         return self._begin_stop(group, svc, "crash")
 
     def restart_due(self, group: GroupState, now: float) -> Start | None:
@@ -574,7 +628,7 @@ class Scheduler:
             wait = min(largest, first * 2 ** max(0, len(svc.failures) - 1))
             if svc.failed_at is not None and now - svc.failed_at < wait:
                 continue
-            return self._begin_start(group, svc)
+            return self._begin_start(group, svc, now, "restart")
         return None
 
     def remove(self, service: str) -> bool:
@@ -593,6 +647,7 @@ class Scheduler:
         del self.services[service]
         self.order.remove(service)
         group.members.remove(service)
+        self._emit("removed", service)
         if not group.members:
             del self.groups[group.name]
             return True
@@ -621,12 +676,14 @@ class Scheduler:
         if svc.foreign and svc.state == "ready":
             svc.state, svc.foreign, svc.stop_reason = "stopped", False, "foreign service went away"
             svc.ready_at = None
+            self._emit("stopped", service, reason="foreign_gone")
 
     # ------------------------------------------------------------------ releasing
 
-    def release(self, lease_id: str, now: float) -> tuple[Lease, bool]:
+    def release(self, lease_id: str, now: float, *, reclaimed: bool = False) -> tuple[Lease, bool]:
         """End a lease; returns it and whether its group's waiters should look again (the
-        last lease of a member let go). Raises 404 ``unknown_lease`` or 410 ``lease_expired``."""
+        last lease of a member let go). Raises 404 ``unknown_lease`` or 410 ``lease_expired``.
+        ``reclaimed``: the broker ends it (held too long, or its holder died), not its holder."""
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             why = self._reclaimed.get(lease_id)
@@ -636,6 +693,16 @@ class Scheduler:
         svc = self.services[lease.service]
         svc.inflight.discard(lease_id)
         svc.last_used = now
+        self._emit(
+            "release",
+            lease.service,
+            lease=lease.id,
+            client=lease.client,
+            pid=lease.client_pid,
+            run=lease.run,
+            held_s=round(max(0.0, now - lease.granted), 6),
+            reclaimed=reclaimed,
+        )
         group = self.groups[svc.group]
         return lease, bool(group.queue) and not svc.inflight
 
@@ -646,7 +713,7 @@ class Scheduler:
             return []
         overdue = [lease for lease in self.leases.values() if now - lease.granted > self.lease_seconds]
         for lease in overdue:
-            self.release(lease.id, now)
+            self.release(lease.id, now, reclaimed=True)
             self._reclaimed[lease.id] = (
                 f"lease {lease.id} on {lease.service} was reclaimed: held {now - lease.granted:.1f} s, longer "
                 f"than the broker's lease limit of {self.lease_seconds:g} s; acquire again for the next call"
@@ -737,8 +804,9 @@ class ResetTracker:
     served another run's client of the same id in this incarnation already).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self._seen: dict[tuple[str, str], int] = {}  # (service, client) -> incarnation last leased
+        self._limit = limit  # pairs remembered at most (the least recently leased forgotten)
 
     def observe(self, lease: Mapping[str, Any], client: str, at: float) -> dict[str, Any] | None:
         """Note ``lease`` (an acquire's answer) for ``client`` at unix time ``at``; the reset
@@ -747,8 +815,10 @@ class ResetTracker:
             return None
         key = (str(lease.get("service")), client)
         incarnation = int(lease.get("incarnation") or 0)
-        previous = self._seen.get(key)
+        previous = self._seen.pop(key, None)
         self._seen[key] = incarnation
+        if self._limit is not None and len(self._seen) > self._limit:
+            del self._seen[next(iter(self._seen))]
         if previous is None or previous == incarnation:
             return None
         return {
