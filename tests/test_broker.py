@@ -1128,10 +1128,15 @@ def test_a_crashed_resident_comes_back_without_a_caller(make_broker, tmp_path: P
     assert broker.start() == {spec.name: None}
     first = service_status(broker, spec.name)["pid"]
     os.kill(first, signal.SIGKILL)
+
+    def restarted() -> bool:
+        # one snapshot: two reads could see the old process still "ready", then the new
+        # one's pid while it is only "starting"
+        row = service_status(broker, spec.name)
+        return row["state"] == "ready" and row["pid"] != first
+
     wait_until(
-        lambda: (
-            service_status(broker, spec.name)["state"] == "ready" and service_status(broker, spec.name)["pid"] != first
-        ),
+        restarted,
         timeout=15,
         what="the resident to be restarted",
     )
@@ -1155,11 +1160,13 @@ def test_a_hung_resident_fails_its_health_checks_and_is_replaced(make_broker, tm
     hung = service_status(broker, spec.name)["pid"]
     os.kill(hung, signal.SIGSTOP)
     try:
+
+        def replaced() -> bool:
+            row = service_status(broker, spec.name)  # one snapshot, as above
+            return row["pid"] not in (hung, None) and row["state"] == "ready"
+
         wait_until(
-            lambda: (
-                service_status(broker, spec.name)["pid"] not in (hung, None)
-                and service_status(broker, spec.name)["state"] == "ready"
-            ),
+            replaced,
             timeout=30,
             what="the hung resident to be replaced",
         )
