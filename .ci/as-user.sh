@@ -5,7 +5,8 @@
 #
 # As user $HARNESS_CI_USER (created when missing), in a home it owns:
 #   1. a fresh copy of this checkout (the files git sees, uncommitted edits included);
-#   2. the README's main job, `bash scripts/example.sh`, with its own venv and HARNESS_HOME;
+#   2. the README's main job, `bash scripts/example.sh`, with its own venv and HARNESS_HOME, then
+#      again with only the distribution's python3 on PATH in an empty home (a fresh machine);
 #   3. a store shared by a lab: a second user in one group with the first reuses its paths;
 #   4. the tests of the store, realize, the runtime and the caches with that venv
 #      ($HARNESS_CI_USER_TESTS adds more test files or pytest arguments);
@@ -67,6 +68,22 @@ as_user() {
 # 2. The README's main job.
 echo "ci: as $user (uid $(id -u "$user")): bash scripts/example.sh"
 as_user "bash scripts/example.sh"
+
+# 2b. The README's promise on a fresh machine (issue 35): the main job again with nothing but
+#     the distribution's own python3 on PATH, a new HOME (no ~/.pyenv, an empty uv cache), a
+#     new venv and an empty HARNESS_HOME. With Python downloads unreachable, the distribution's
+#     3.11.x stands in for the lock's CPython, and the audit says so.
+if [ -x /usr/bin/python3 ]; then
+  fresh="$home/fresh-machine"
+  rm -rf "$fresh"; install -d -o "$user" -g "$(id -g "$user")" "$fresh" "$fresh/home"
+  echo "ci: as $user, with only /usr/bin/python3 ($(/usr/bin/python3 --version 2>&1)) and an empty home: bash scripts/example.sh"
+  runuser -u "$user" -- env -i HOME="$fresh/home" USER="$user" LOGNAME="$user" LANG=C.UTF-8 PATH=/usr/bin:/bin \
+    PYTHON=/usr/bin/python3 HARNESS_VENV="$fresh/venv" HARNESS_HOME="$fresh/home/harness-home" "${passthrough[@]}" \
+    bash -c "cd '$work' && bash scripts/example.sh" | tail -n 8
+  rm -rf "$fresh"
+else
+  echo "ci: no /usr/bin/python3: the main job did not run with the distribution's Python" >&2
+fi
 
 # 3. A lab's shared store: the first user makes the home of the main job a home group $lab
 #    shares; a second member realizes the same locks (nothing is built or downloaded again),
