@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 import functools
+import html
 import http.server
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -369,10 +371,44 @@ def _chromium() -> str:
     pytest.skip("no headless Chromium here (CI installs Debian's chromium)")
 
 
+# A page that loads a page of the site in a 1280 px wide frame and writes, once it has laid
+# out, each code block that is wider than its box (its text runs under the copy button and
+# needs a scroll bar) into #result: headless Chromium's --dump-dom prints it.
+_FIT_PROBE = """<!doctype html><html><body>
+<iframe id="page" style="width:1280px;height:900px;border:0"></iframe><pre id="result">pending</pre>
+<script>
+const frame = document.getElementById("page");
+frame.onload = () => {
+  const doc = frame.contentDocument;
+  const wide = [...doc.querySelectorAll("pre")]
+    .filter((pre) => pre.scrollWidth > pre.clientWidth + 1)
+    .map((pre) => ({width: pre.scrollWidth, box: pre.clientWidth, text: pre.textContent.slice(0, 80)}));
+  document.getElementById("result").textContent = JSON.stringify(wide);
+};
+frame.src = new URLSearchParams(location.search).get("page");
+</script></body></html>"""
+
+
+class _SiteHandler(http.server.SimpleHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path.startswith("/__fit.html"):
+            body = _FIT_PROBE.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
 def site_url() -> Iterator[str]:
     dist = _dist()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(dist))
+    handler = functools.partial(_SiteHandler, directory=str(dist))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -453,6 +489,18 @@ def test_built_pages_render_in_chromium(site_url: str, path: str, title: str, tm
     assert _png_colours(shot) > 16, f"{shot}: the page rendered blank"
 
 
+@pytest.mark.parametrize("path", ["/", "/guides/getting-started/"])
+def test_code_blocks_fit_the_page_at_1280px(site_url: str, path: str) -> None:
+    """At 1280 px (a laptop), no code block of the home page or the first guide is wider than
+    its box: the pipeline diagram once ran under its copy button."""
+    dom = _browser("--virtual-time-budget=15000", "--dump-dom", f"{site_url}/__fit.html?page={path}")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'<pre id="result">(.*?)</pre>', dom.stdout, flags=re.S)
+    assert found is not None and found.group(1) != "pending", f"{path}: the probe did not run: {dom.stdout[-500:]}"
+    wide = json.loads(html.unescape(found.group(1)))
+    assert wide == [], f"{path}: code blocks wider than the page at 1280 px: {wide}"
+
+
 # -- flags render as typed -------------------------------------------------------------------
 
 # A command-line flag in prose or a table: Starlight's smartypants turns its "--" into an em
@@ -493,11 +541,13 @@ def _markdown_blocks(text: str) -> Iterator[tuple[int, str]]:
 
 
 def _flags_outside_code(text: str) -> list[tuple[int, str]]:
-    """Each ``--flag`` of a markdown page outside code spans and code blocks, by line."""
+    """Each ``--flag`` of a markdown page outside code spans, code blocks and HTML comments
+    (which do not render: tests/test_guide_commands.py's markers live there), by line."""
     found = []
     for first, block in _markdown_blocks(text):
         prose = CODE_SPAN.sub(lambda m: "\n" * m.group(0).count("\n"), block)
         prose = re.sub(r"<code>.*?</code>", "", prose, flags=re.DOTALL)
+        prose = re.sub(r"<!--.*?-->", lambda m: "\n" * m.group(0).count("\n"), prose, flags=re.DOTALL)
         for number, line in enumerate(prose.splitlines(), first):
             found.extend((number, flag) for flag in FLAG.findall(line))
     return found
@@ -508,6 +558,7 @@ def test_the_flag_check_finds_flags_in_prose_only() -> None:
         "---\ntitle: x --y\n---\n\nRun `harness lock\n--check` or --check,\n\n"
         "```sh\nharness lock --check\n```\n\n    harness run --agent a\n\n"
         "| `--set` | a --set b |\n\nsee ``a `--b` c`` and <code>--d</code> or --e-f.\n"
+        "\n<!-- not rendered: --g -->\n"
     )
     assert _flags_outside_code(page) == [(6, "--check"), (14, "--set"), (16, "--e-f")]
 
