@@ -17,7 +17,12 @@
    Every request carries the broker's token (``Authorization: Bearer``, read by the client
    from the state folder) and passes its Host/Origin checks: authentication is always on.
 
-    python bench/broker.py [--requests 2000] [--swaps 7] [--latency-only]
+3. Under load (issue 31): ``--clients`` threads (20) alternate acquire + release with a bare
+   ``GET /health`` to the broker, each on its own keep-alive connection, while the event
+   stream is read and ``/status`` polled once a second, as the web UI does. Goal: acquire p99
+   at most 2x the ``GET /health`` p99 of the same threads.
+
+    python bench/broker.py [--requests 2000] [--swaps 7] [--latency-only] [--clients 20] [--concurrent-only]
 """
 
 from __future__ import annotations
@@ -177,6 +182,73 @@ def latency(requests: int) -> dict[str, list[float]]:
     return times
 
 
+def concurrent(clients: int, requests: int) -> dict[str, list[float]]:
+    """``clients`` threads at once against one broker in its own process (resident kinematics),
+    with what the web UI keeps open: the event stream (``GET /events``, read as it comes) and
+    ``GET /status`` once a second. Each thread alternates acquire + release with a bare
+    ``GET /health`` to the broker over its own keep-alive connection, so both see the same
+    load; issue 31's goal compares their p99."""
+    import threading
+
+    state = Path(tempfile.mkdtemp(prefix="bench-broker-many-"))
+    spec, where = kinematics_spec("kinematics", state)
+    where = ServicePlacement(where.name, "resident", None, where.port, where.url)
+    spawn(Plan((where,)), {spec.name: spec}, state)
+    times: dict[str, list[float]] = {"many_acquire": [], "many_health": []}
+    lock = threading.Lock()
+    stop = threading.Event()
+    try:
+        client = Client(state_dir=state)  # one keep-alive connection per thread
+        host, port = client._host, client._port
+        token = (state / "broker.token").read_text().strip()
+        auth = {"Authorization": f"Bearer {token}"}
+
+        def events() -> None:
+            conn = http.client.HTTPConnection(host, port)
+            conn.request("GET", "/events", headers=auth)
+            response = conn.getresponse()
+            while not stop.is_set() and response.fp is not None and response.fp.readline():
+                pass
+
+        def status() -> None:
+            conn = http.client.HTTPConnection(host, port)
+            while not stop.wait(1.0):
+                conn.request("GET", "/status", headers=auth)
+                conn.getresponse().read()
+
+        def worker() -> None:
+            health = http.client.HTTPConnection(host, port)
+            mine: dict[str, list[float]] = {"many_acquire": [], "many_health": []}
+            for _ in range(20):  # warm-up
+                client.release(client.acquire(spec.name))
+            for _ in range(requests):
+                t0 = time.perf_counter()
+                lease = client.acquire(spec.name)
+                t1 = time.perf_counter()
+                client.release(lease)
+                t2 = time.perf_counter()
+                health.request("GET", "/health")
+                health.getresponse().read()
+                mine["many_acquire"].append(t1 - t0)
+                mine["many_health"].append(time.perf_counter() - t2)
+            with lock:
+                for key, values in mine.items():
+                    times[key] += values
+
+        observers = [threading.Thread(target=f, daemon=True) for f in (events, status)]
+        for thread in observers:
+            thread.start()
+        threads = [threading.Thread(target=worker) for _ in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        stop.set()
+        down(state)
+    return times
+
+
 ECHO_SERVER = """
 import socket, sys
 server = socket.create_server(("127.0.0.1", 0))
@@ -273,7 +345,22 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--swaps", type=int, default=7)
     parser.add_argument("--latency-only", action="store_true", help="skip the swap measurements")
+    parser.add_argument("--clients", type=int, default=20, help="concurrent clients of the load test")
+    parser.add_argument("--concurrent-only", action="store_true", help="only the concurrent clients' test")
     args = parser.parse_args()
+
+    many = concurrent(args.clients, max(50, args.requests // args.clients))
+    ratio = pct(many["many_acquire"], 0.99) / pct(many["many_health"], 0.99)
+    print(f"{args.clients} concurrent clients, the event stream and a status poll connected (ms)")
+    print(f"{'request':<42} {'p50':>7} {'p99':>7}")
+    for title, key in (
+        ("acquire (broker, keep-alive)", "many_acquire"),
+        ("GET /health (broker, keep-alive)", "many_health"),
+    ):
+        print(f"{title:<42} {pct(many[key], 0.5) * 1e3:7.3f} {pct(many[key], 0.99) * 1e3:7.3f}")
+    print(f"goal: acquire p99 <= 2x GET /health p99 under load: {ratio:.2f}x ({'meets' if ratio <= 2 else 'MISSES'})\n")
+    if args.concurrent_only:
+        return
 
     times = latency(args.requests)
     times.update(in_process(args.requests))
