@@ -5,7 +5,9 @@ Every service's output goes to ``<state>/logs/NAME.log`` (appended across restar
 detached broker's to ``logs/broker.log``. :func:`log_files` finds them, :func:`last_lines`
 reads the end of one without reading it whole, and :class:`Follower` hands out complete
 lines as they are written, from where it started; a file that shrank (truncated) is read
-again from its start, and one that appears later is followed from its first line.
+again from its start, as is one replaced by a new file (a log moved aside to ``NAME.log.1``
+when its writer restarts over :data:`harness.runtime.supervisor.LOG_ROTATE_BYTES`), and one
+that appears later is followed from its first line.
 """
 
 from __future__ import annotations
@@ -68,19 +70,22 @@ class Follower:
     from_start: bool = False  # True: follow from each file's first byte, not its end
     _offsets: dict[str, int] = field(default_factory=dict)
     _partial: dict[str, bytes] = field(default_factory=dict)
+    _files: dict[str, int] = field(default_factory=dict)  # the inode each offset belongs to
 
     def __post_init__(self) -> None:
         for name, path in self.paths.items():
-            self._offsets[name] = 0 if self.from_start else _size(path)
+            size, self._files[name] = _size(path)
+            self._offsets[name] = 0 if self.from_start else size
 
     def poll(self, max_bytes: int = 1 << 20) -> list[tuple[str, str]]:
         """``(name, line)`` for each line completed since the last poll, log by log."""
         out: list[tuple[str, str]] = []
         for name, path in self.paths.items():
-            size = _size(path)
+            size, inode = _size(path)
             offset = self._offsets.get(name, 0)
-            if size < offset:  # truncated or replaced: read it from its start
+            if size < offset or inode != self._files.get(name):  # truncated or replaced: from its start
                 offset, self._partial[name] = 0, b""
+                self._files[name] = inode
             if size == offset:
                 continue
             try:
@@ -98,8 +103,10 @@ class Follower:
         return out
 
 
-def _size(path: Path) -> int:
+def _size(path: Path) -> tuple[int, int]:
+    """(size, inode) of ``path``; (0, 0) while it is missing."""
     try:
-        return path.stat().st_size
+        info = path.stat()
     except OSError:
-        return 0
+        return 0, 0
+    return info.st_size, info.st_ino

@@ -138,11 +138,19 @@ def _narrow(path: Path, wanted: int) -> None:
         pass
 
 
-def open_private_log(path: Path) -> BinaryIO:
+#: A log larger than this when its writer starts (a service's start or restart, the
+#: broker's, the watchdog's) is moved aside to ``NAME.log.1`` first, replacing the one there:
+#: a service restarted for weeks keeps at most about twice this on disk.
+LOG_ROTATE_BYTES = 64 * 1024 * 1024
+
+
+def open_private_log(path: Path, rotate_bytes: int = LOG_ROTATE_BYTES) -> BinaryIO:
     """Open log ``path`` for appending, readable by its owner only: created 0600, never
     through a link; one this user already has with wider modes is narrowed (a service's
-    output may show its secrets)."""
+    output may show its secrets). One of this user's over ``rotate_bytes`` is first renamed
+    to ``<path>.1`` (a link or another user's file there is replaced, never followed)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _rotate(path, rotate_bytes)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         info = os.fstat(fd)
@@ -151,6 +159,18 @@ def open_private_log(path: Path) -> BinaryIO:
     except OSError:
         pass
     return os.fdopen(fd, "ab")
+
+
+def _rotate(path: Path, limit: int) -> None:
+    try:
+        info = path.lstat()
+    except OSError:
+        return
+    if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_size > limit:
+        try:
+            os.replace(path, path.with_name(path.name + ".1"))
+        except OSError:
+            pass  # kept growing rather than lost: appending still works
 
 
 def write_private(path: Path, text: str) -> None:
