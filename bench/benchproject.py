@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Requirement sets the lock and realize benches share (issue 17's medium and VLM-like sets).
 MEDIUM = ["requests==2.32.3", "rich==13.9.4", "pydantic==2.9.2"]
+#: A mid-size scientific set (issue 30: an environment of 290 MiB, 2,800 sources to compile).
+SCIENTIFIC = ["numpy==2.1.3", "scipy==1.14.1", "pandas==2.2.3"]
 VLM = [
     "transformers==4.57.1",
     "tokenizers==0.22.1",

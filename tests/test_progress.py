@@ -115,14 +115,29 @@ def test_a_running_phase_stops_at_its_next_update_once_stopped() -> None:
         phase.advance(1)
 
 
-def test_ctrl_c_during_realize_ends_it_at_once_and_leaves_a_store_that_verifies(svc: Path, tmp_path: Path) -> None:
-    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the host copy of
-    the interpreter is being made beside the fetch: realize ends without copying and
-    compiling the standard library to its end, the store verifies, and the next realize
-    finishes the work."""
+#: The phases of a cold realize of the svc project, by the start of their progress line, in
+#: the order they start (the interpreter's host copy is made beside the fetch).
+PHASES = (
+    "fetching",
+    "copying CPython",
+    "compiling bytecode of CPython",
+    "hashing python",
+    "installing",
+    "compiling bytecode of environment",
+    "hashing and registering environment",
+)
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_ctrl_c_in_each_phase_of_realize_ends_it_within_a_second(svc: Path, tmp_path: Path, phase: str) -> None:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) the moment a phase of a
+    cold realize starts: realize ends at once (the issue measured 12 s; goal 1 s, asserted
+    loosely for a loaded machine) with exit 130, no traceback, a store that verifies, and the
+    next realize finishes the work, fetching nothing it had already fetched."""
     import os
     import signal
     import sys
+    import time
 
     home = tmp_path / "home"
     process = subprocess.Popen(
@@ -135,20 +150,78 @@ def test_ctrl_c_during_realize_ends_it_at_once_and_leaves_a_store_that_verifies(
     )
     assert process.stderr is not None
     seen = []
+    sent = None
     for line in process.stderr:
         seen.append(line)
-        if line.startswith("copying CPython") and line.rstrip().endswith("..."):
+        if line.startswith(phase) and line.rstrip().endswith("..."):
             os.killpg(process.pid, signal.SIGINT)
+            sent = time.monotonic()
             break
     _, rest = process.communicate(timeout=120)
+    took = time.monotonic() - (sent or 0)
     err = "".join(seen) + rest
+    assert sent is not None, f"{phase!r} never started:\n{err}"
     assert process.returncode == 130, err
     assert "Traceback" not in err and "aborted" in err
-    assert not re.search(r"standard library: \d+ files, done", err), err
+    assert took < 3, f"{phase}: {took:.2f} s after SIGINT\n{err}"
+    if phase == "copying CPython":  # stopped, not run to its end (the issue's 12 s)
+        assert not re.search(r"standard library: \d+ files, done", err), err
     verify = _harness(svc, home, "store", "verify")
     assert verify.returncode == 0
-    assert _harness(svc, home, "realize").returncode == 0
+    again = _harness(svc, home, "realize")
+    # What the interrupt left in scratch (deleting a big build takes seconds) is gone now.
+    assert list((home / "store" / ".tmp").iterdir()) == []
+    fetched_before = re.search(r"^fetching \d+ file\(s\): .*done in", err, re.M) is not None
+    if fetched_before:  # the downloads a stopped realize finished are kept for the next
+        assert not re.search(r"^fetching \d+ file\(s\)", again.stderr, re.M), again.stderr
     assert _harness(svc, home, "store", "verify", "--check-contents").returncode == 0
+
+
+def test_ctrl_c_while_uv_downloads_the_interpreter_is_not_remembered_as_unreachable(svc: Path, tmp_path: Path) -> None:
+    """Ctrl-C while `uv python install` waits on a mirror that accepts connections and never
+    answers: realize ends at once, and the interrupted download is not noted as a failed one
+    (harness/realize/unreachable.py), so the next realize asks uv again instead of standing
+    a host copy in for an hour."""
+    import os
+    import signal
+    import socket
+    import sys
+    import time
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel accepts; nobody ever answers
+    mirror = f"http://127.0.0.1:{silent.getsockname()[1]}/python-build-standalone"
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in ("UV_PYTHON_DOWNLOADS", "HARNESS_PYTHON_DOWNLOADS_JSON_URL")}
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "harness", "--project", str(svc), "--home", str(home), "realize"],
+            env={**env, "UV_PYTHON_INSTALL_MIRROR": mirror, "UV_PYTHON_DOWNLOADS": "automatic"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert process.stderr is not None
+        seen, sent = [], None
+        for line in process.stderr:
+            seen.append(line)
+            if "(uv python install) ..." in line:
+                time.sleep(0.5)  # uv is connecting, then waiting on the silent mirror
+                os.killpg(process.pid, signal.SIGINT)
+                sent = time.monotonic()
+                break
+        _, rest = process.communicate(timeout=120)
+        took = time.monotonic() - (sent or 0)
+    finally:
+        silent.close()
+    err = "".join(seen) + rest
+    assert sent is not None, err
+    assert process.returncode == 130 and "Traceback" not in err, err
+    assert took < 3, f"{took:.2f} s after SIGINT\n{err}"
+    assert list((home / "cache").glob("python-unreachable/*.json")) == [], "an interrupt is no failed download"
+    assert _harness(svc, home, "store", "verify").returncode == 0
 
 
 def test_live_display_on_a_terminal_leaves_one_line_per_phase() -> None:

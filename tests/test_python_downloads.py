@@ -322,3 +322,59 @@ def test_a_failed_download_is_not_waited_on_again_until_refresh(example: Path, t
     other.write_text("{}\n")
     elsewhere = harness(example, home, "realize", *NAMES, env=_env(HARNESS_PYTHON_DOWNLOADS_JSON_URL=str(other)))
     assert asked(elsewhere) == 1, elsewhere.stderr
+
+
+def test_an_unreachable_mirror_is_waited_on_once_then_run_and_up_use_the_stand_in(
+    example: Path, tmp_path: Path
+) -> None:
+    """Issue 30, step 1, with a real uv: the download mirror is a closed port on loopback (a
+    socket bound, never listening: every connection is refused, as on an offline cluster). The
+    first realize waits through uv's retries once; `run` and `up` afterwards (each a full
+    realize path: their sets of locks have no up-to-date stamp yet) use the host copy in
+    place without asking uv, and take a small part of that wait; `--refresh` asks again."""
+    import socket
+    import time
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound and never listening: connections are refused
+    port = closed.getsockname()[1]
+    try:
+        env = _env(UV_PYTHON_INSTALL_MIRROR=f"http://127.0.0.1:{port}/python-build-standalone")
+        home = tmp_path / "home"
+
+        def asked(result: subprocess.CompletedProcess[str]) -> int:
+            return sum(line.endswith("(uv python install) ...") for line in result.stderr.splitlines())
+
+        def timed(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+            started = time.monotonic()
+            result = harness(example, home, *args, env=env)
+            return result, time.monotonic() - started
+
+        first, waited = timed("realize", "kinematics")
+        assert asked(first) == 1 and "Connection refused" in first.stdout, first.stdout + first.stderr
+        assert "stands in for the lock's" in first.stdout
+        [note] = (home / "cache" / "python-unreachable").glob("*.json")
+        assert str(port) not in note.read_text(), "addresses are hashed, never written"
+
+        # `run` realizes kinematics + reach (no stamp for that set): reach is built on the
+        # host copy, and nothing asks uv.
+        ran, run_took = timed("run", "--quiet", "--agent", "kinematics-only")
+        assert asked(ran) == 0 and "success rate 1.00" in ran.stdout, ran.stdout + ran.stderr
+        _, closure = _last_run(home)
+        assert closure["locks"]["reach"]["standing_in_for"] == LOCK.python.store
+
+        # `up` (another set again: kinematics alone is stamped by the realize above, so drop
+        # the stamps to take the full path) starts the service on the host copy, asking nothing.
+        shutil.rmtree(home / "cache" / "up-to-date")
+        upped, up_took = timed("up", "--quiet", "kinematics")
+        try:
+            assert asked(upped) == 0, upped.stderr
+        finally:
+            harness(example, home, "down", env=env)
+        # What uv's retries cost the first realize is not paid again (loose: a loaded machine).
+        assert run_took < waited and up_took < waited, (waited, run_took, up_took)
+
+        refreshed = harness(example, home, "realize", "--refresh", "kinematics", env=env)
+        assert asked(refreshed) == 1 and "not asked again" not in refreshed.stdout, refreshed.stderr
+    finally:
+        closed.close()

@@ -100,6 +100,34 @@ def test_run_uv_failure_carries_stderr(tmp_path: Path) -> None:
     assert "missing.in" in info.value.stderr and "missing.in" in str(info.value)
 
 
+def test_run_stoppable_ends_the_command_when_asked_to_stop() -> None:
+    """uvtool.run_stoppable: the output and status of a real process; one still running when
+    ``stop`` raises is killed and the exception raised within a poll or two, not at its end;
+    a stop already asked for starts nothing."""
+    import time
+
+    from harness.progress import Stopped
+    from harness.resolve.uvtool import STOP_POLL, run_stoppable
+
+    done = run_stoppable([sys.executable, "-c", "print('out'); raise SystemExit(4)"], lambda: None)
+    assert (done.returncode, done.stdout) == (4, "out\n")
+    asked = time.monotonic() + 0.5
+
+    def stop() -> None:
+        if time.monotonic() > asked:
+            raise Stopped("interrupted")
+
+    marker = f"harness-stoppable-{os.getpid()}"
+    started = time.monotonic()
+    with pytest.raises(Stopped):
+        run_stoppable([sys.executable, "-c", f"import time; time.sleep(30)  # {marker}"], stop)
+    assert time.monotonic() - started < 0.5 + 10 * STOP_POLL
+    gone = subprocess.run(["pgrep", "-f", marker], capture_output=True)
+    assert gone.returncode == 1, "the command was killed"
+    with pytest.raises(Stopped):
+        run_stoppable(["false"], stop)
+
+
 def test_wait_for_exit_returns_the_status_or_times_out() -> None:
     """uvtool.wait_for_exit: the exit status of a real process, TimeoutExpired while it runs
     (it is left running), a process already reaped, and a pidfd numbered above 1023 (where

@@ -40,6 +40,7 @@ import harness.resolve.git
 import harness.lock.objects
 import harness.realize.members
 import harness.realize.repair
+import harness.realize.unreachable
 import harness.store.entries
 import harness.store.gc
 import harness.store.launchcheck
@@ -647,3 +648,51 @@ def test_a_path_another_member_built_is_used_when_this_users_build_is_the_same(
     content, again, registered = as_user(a, member_a)
     assert content == again == theirs and registered is True
     assert os.stat(home / "store" / name).st_uid == b.uid  # b's path, used as it is
+
+
+def test_another_members_download_notes_make_no_one_skip_a_download(lab: tuple[User, User], home: Path) -> None:
+    """Issue 30, step 1, in a shared home: a failed interpreter download is remembered per
+    user (harness/realize/unreachable.py). b's own note, a note b writes under a's name, and a
+    link b puts in place of a's note all leave a asking uv; a's own note still counts."""
+    a, b = lab
+    unreachable = harness.realize.unreachable
+    key = unreachable.download_key("m" * 32 + "-cpython-3.11.7", {})
+    cache = home / "cache"
+    a_uid = a.uid
+    as_user(a, lambda: init_and_add(home))
+
+    def member(action: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            harness.store.shared.apply_group_umask(home)  # what the CLI does for every command
+            return action()
+
+        return run
+
+    def b_fails_and_plants() -> list[Any]:
+        unreachable.remember_unreachable(cache, key, "uv could not install it (b)")
+        seen = unreachable.remembered(cache, key, minutes=60)
+        [own] = (cache / unreachable.FOLDER).glob(f"{key}-*.json")
+        # A note of b's, under a's name: same key, a time of now.
+        (own.parent / f"{key}-{a_uid}.json").write_bytes(own.read_bytes())
+        return [seen is not None]
+
+    assert as_user(b, member(b_fails_and_plants)) == [True]
+    assert as_user(a, lambda: unreachable.remembered(cache, key, minutes=60)) is None
+
+    def a_fails() -> list[Any]:
+        unreachable.remember_unreachable(cache, key, "uv could not install it (a)")  # replaces b's plant
+        known = unreachable.remembered(cache, key, minutes=60)
+        return [None if known is None else known.reason]
+
+    assert as_user(a, member(a_fails)) == ["uv could not install it (a)"]
+
+    def b_links_a_note_to_its_own() -> None:
+        folder = cache / unreachable.FOLDER
+        theirs = folder / f"{key}-{a_uid}.json"
+        theirs.unlink()  # the folder is the group's, not sticky: b can remove a's note
+        theirs.symlink_to(folder / f"{key}-{os.getuid()}.json")
+
+    as_user(b, member(b_links_a_note_to_its_own))
+    assert as_user(a, lambda: unreachable.remembered(cache, key, minutes=60)) is None
+    # b's own note still counts for b, and only for b.
+    assert as_user(b, lambda: unreachable.remembered(cache, key, minutes=60) is not None) is True

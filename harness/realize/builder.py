@@ -60,7 +60,7 @@ from harness.config import Settings
 from harness.errors import HarnessError
 from harness.lock.objects import chosen_file, lock_objects
 from harness.progress import Reporter, Stopped, reporter
-from harness.store.store import BuildResult, Staged, Store
+from harness.store.store import INTERRUPTS, BuildResult, Staged, Store
 
 if TYPE_CHECKING:  # the lock models load pydantic: only where a lock is actually read
     from harness.store.entries import PathLock
@@ -208,8 +208,18 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
         if todo:
             _fetch_and_prepare(ctx, todo, run, fail_fast=fail_fast)
         _register_locks(ctx, locks, todo, run, fail_fast=fail_fast)
-    finally:
+    except INTERRUPTS:
+        # Ctrl-C: what was built in scratch is left to the next realize's clean (deleting an
+        # interpreter copy takes a while); what was registered stays for it to use.
+        _drop_what_failed(ctx, locks, run, now=False)
+        raise
+    except BaseException:
         _drop_what_failed(ctx, locks, run)
+        # A failed fetch stops the builds beside it, which leave their scratch as an
+        # interrupt does (store.INTERRUPTS): a failed realize leaves nothing.
+        ctx.store.clean()
+        raise
+    _drop_what_failed(ctx, locks, run)
     _drop_downloads(ctx, locks)
     _root_realized(ctx, locks, run.failures)
     return _reports_unless_failed(run)
@@ -319,10 +329,11 @@ def _register_locks(ctx: Context, locks: list[Lock], todo: list[Lock], run: _Rea
             run.failures[lock.name] = exc
 
 
-def _drop_what_failed(ctx: Context, locks: list[Lock], run: _Realizing) -> None:
+def _drop_what_failed(ctx: Context, locks: list[Lock], run: _Realizing, *, now: bool = True) -> None:
     """Drop what was made ready but no lock that succeeded registered, and give up again
-    what the failed locks registered (:func:`_give_up`): a failed realize leaves nothing."""
-    run.prepared.release()
+    what the failed locks registered (:func:`_give_up`): a failed realize leaves nothing.
+    ``now=False`` (an interrupt) leaves the scratch builds to the next clean."""
+    run.prepared.release(now=now)
     done = {report.name for report in run.reports}
     _give_up(
         ctx,
@@ -612,12 +623,12 @@ class _Prepared:
     #: Set when the fetch failed for good: the builds stop at their next phase (all is dropped).
     stop: threading.Event = field(default_factory=threading.Event)
 
-    def release(self) -> None:
+    def release(self, *, now: bool = True) -> None:
         for interpreter in self.interpreters.values():
-            interpreter.release()
+            interpreter.release(now=now)
         for source in self.sources.values():
             if isinstance(source, Staged):
-                source.discard()
+                source.discard(now=now)
 
 
 @dataclass
@@ -942,10 +953,11 @@ class _Interpreter:
     guard: PathLock | None = None
     error: HarnessError | None = None
 
-    def release(self) -> None:
-        """Drop what was not registered and let concurrent realizes go on. Idempotent."""
+    def release(self, *, now: bool = True) -> None:
+        """Drop what was not registered and let concurrent realizes go on. Idempotent.
+        ``now=False``: the scratch build is left to the next clean (an interrupt)."""
         if self.staged is not None:
-            self.staged.discard()
+            self.staged.discard(now=now)
             self.staged = None
         if self.guard is not None:
             self.guard.release()

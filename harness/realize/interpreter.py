@@ -57,6 +57,7 @@ import os
 import re
 import shutil
 import struct
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -68,7 +69,7 @@ from harness.lock.document import LockedInterpreter
 from harness.progress import QUIET, Reporter
 from harness.realize.bytecode import compile_tree
 from harness.resolve.interpreter import installed_paths, list_pythons, parse_platform
-from harness.resolve.uvtool import UvError, run_uv
+from harness.resolve.uvtool import UvError, run_stoppable, run_uv
 
 #: How ``python -c`` describes an interpreter (runs on CPython 3.8+).
 _PROBE = r"""
@@ -252,10 +253,14 @@ def build_uv_managed(
             python, out, cache_dir=cache_dir, offline=offline, uv_env=uv_env, progress=progress, jobs=jobs
         )
     except UvError as exc:
+        progress.check()  # the realize is being stopped: nobody falls back, nothing is learnt
         detail = _last_line(exc.stderr) or str(exc)
         if offline:
             raise DownloadUnavailable(f"offline, and uv's archive cache lacks it ({detail})") from None
-        raise DownloadUnavailable(f"uv could not install it: {detail}", tried=True) from None
+        # uv ended by Ctrl-C (the terminal's SIGINT reaches it before this thread hears of
+        # it) says nothing about the network: not remembered as a failed download.
+        interrupted = exc.returncode in (-signal.SIGINT, 128 + signal.SIGINT)
+        raise DownloadUnavailable(f"uv could not install it: {detail}", tried=not interrupted) from None
 
 
 def build_host_copy(
@@ -338,7 +343,7 @@ def _build_uv_managed(
     env = {"UV_PYTHON_CACHE_DIR": os.fspath(archives), **(uv_env or {})}
     with progress.phase(f"installing CPython {python.version} (uv python install)") as phase:
         phase.failure = "unavailable"  # the caller may fall back to a host copy (DownloadUnavailable)
-        run_uv(args, cache_dir=cache_dir, env_extra=env, python_downloads="manual", timeout=1800)
+        run_uv(args, cache_dir=cache_dir, env_extra=env, python_downloads="manual", timeout=1800, stop=phase.check)
     installs = [
         p
         for p in scratch.iterdir()
@@ -406,8 +411,10 @@ def _build_host(
     searched: list[str] = []
     found = None
     series: list[_Probe] = []  # other patch releases of the same series, as a fallback
-    for candidate in _candidates(python.version, python.platform, searched):
-        probe = _probe(candidate)
+    # Looking for a copy runs uv and each candidate: an interrupt ends those too
+    # (``progress.check``), not only the copy's phases.
+    for candidate in _candidates(python.version, python.platform, searched, stop=progress.check):
+        probe = _probe(candidate, stop=progress.check)
         if probe is None:
             continue
         if _acceptable(probe, python.version, target.arch):
@@ -449,9 +456,12 @@ def _build_host(
     )
 
 
-def _candidates(version: str, platform_name: str, searched: list[str]) -> Iterator[str]:
+def _candidates(
+    version: str, platform_name: str, searched: list[str], *, stop: Callable[[], None] = lambda: None
+) -> Iterator[str]:
     """Executables that may be CPython ``version`` (or another release of its series), most
-    specific first, each once; appends what it looked at to ``searched`` (for the error)."""
+    specific first, each once; appends what it looked at to ``searched`` (for the error).
+    ``stop`` raises to end the search (it ends ``uv python list`` while that runs)."""
     minor = _minor(version)
     seen: set[str] = set()
 
@@ -470,7 +480,7 @@ def _candidates(version: str, platform_name: str, searched: list[str]) -> Iterat
     for folder in dict.fromkeys(managers):
         yield from offer(folder / version / "bin" / f"python{minor}")
     try:
-        for installed in installed_paths(version, list_pythons(None), platform=platform_name):
+        for installed in installed_paths(version, list_pythons(None, stop=stop), platform=platform_name):
             yield from offer(installed)
         searched.append("uv python list")
     except HarnessError:
@@ -488,19 +498,11 @@ def _candidates(version: str, platform_name: str, searched: list[str]) -> Iterat
             yield from offer(other / "bin" / f"python{minor}")
 
 
-def _probe(executable: str) -> _Probe | None:
+def _probe(executable: str, *, stop: Callable[[], None] = lambda: None) -> _Probe | None:
     """Describe the interpreter at ``executable``, or None when it does not run (a pyenv shim
-    for a version that is not selected, say)."""
+    for a version that is not selected, say). What ``stop`` raises ends the probe and is raised."""
     try:
-        proc = subprocess.run(
-            [executable, "-I", "-S", "-c", _PROBE],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-            env=_clean_env(),
-        )
+        proc = run_stoppable([executable, "-I", "-S", "-c", _PROBE], stop, timeout=60, env=_clean_env())
         if proc.returncode != 0:
             return None
         data = json.loads(proc.stdout)

@@ -34,7 +34,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -302,17 +302,23 @@ def installed_paths(version: str, listings: Iterable[PythonListing], *, platform
     return out
 
 
-def list_pythons(cache_dir: Path | None) -> list[PythonListing]:
+def list_pythons(cache_dir: Path | None, *, stop: Callable[[], None] | None = None) -> list[PythonListing]:
     """Ask uv for every CPython it can download (any platform) or finds installed.
 
     Runs offline: the download list is built into uv. ``UV_PYTHON_DOWNLOADS=automatic`` is
     needed only for uv to *list* downloads; nothing is downloaded. Discovering installed
     interpreters is most of the cost (uv runs each one it finds, and a pyenv shim is a shell
     script: about 1 s here); where downloads are enough, :func:`list_downloads` is quicker.
+    ``stop`` ends the listing early by raising (:func:`~harness.resolve.uvtool.run_stoppable`).
     """
     with tempfile.TemporaryDirectory(prefix="harness-python-list-") as neutral:  # no project around
         proc = run_uv(
-            PYTHON_LIST_ARGS, cache_dir=cache_dir, python_downloads="automatic", cwd=Path(neutral), timeout=120
+            PYTHON_LIST_ARGS,
+            cache_dir=cache_dir,
+            python_downloads="automatic",
+            cwd=Path(neutral),
+            timeout=120,
+            stop=stop,
         )
     return parse_python_list(proc.stdout)
 

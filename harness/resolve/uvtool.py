@@ -49,7 +49,8 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -195,6 +196,7 @@ def run_uv(
     timeout: float | None = None,
     python_downloads: str = "never",
     check: bool = True,
+    stop: Callable[[], None] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``uv --no-config (--cache-dir DIR | --no-cache) ARGS`` and return its result.
 
@@ -202,6 +204,7 @@ def run_uv(
     captured as text. With ``check`` (default), a non-zero exit raises :class:`UvError` with
     uv's stderr; a timeout or a missing binary raises :class:`HarnessError` too.
     ``python_downloads`` is ``UV_PYTHON_DOWNLOADS`` (``never``, ``manual`` or ``automatic``).
+    ``stop``: called while uv runs (:func:`run_stoppable`); what it raises ends uv and is raised.
     """
     command = _command(args, cache_dir)
     shown = " ".join(["uv", *command[1:]])
@@ -210,6 +213,8 @@ def run_uv(
     try:
         if early is not None:
             proc = early.finish(cwd, timeout)
+        elif stop is not None:
+            proc = run_stoppable(command, stop, cwd=cwd, env=env, timeout=timeout)
         else:
             proc = subprocess.run(
                 command,
@@ -232,6 +237,50 @@ def run_uv(
             f"{shown} failed (exit {proc.returncode}):\n{tail}", stderr=proc.stderr, returncode=proc.returncode
         )
     return proc
+
+
+#: How often :func:`run_stoppable` asks whether to stop (seconds).
+STOP_POLL = 0.1
+
+
+def run_stoppable(
+    command: Sequence[str | os.PathLike[str]],
+    stop: Callable[[], None],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(command)``, output captured as text, stdin closed, that calls ``stop``
+    every :data:`STOP_POLL` seconds while the command runs: what ``stop`` raises (a realize
+    interrupted in another thread, :meth:`harness.progress.Reporter.check`) kills the command
+    and is raised at once, rather than after the command's own end. A Ctrl-C reaches only the
+    processes running when it is pressed; one started by a worker thread just after would
+    otherwise be waited for to its end."""
+    stop()
+    process = subprocess.Popen(
+        [os.fspath(part) for part in command],
+        cwd=cwd,
+        env=None if env is None else dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                out, err = process.communicate(timeout=STOP_POLL)
+                return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(process.args, timeout or 0) from None
+                stop()
+    except BaseException:
+        process.kill()
+        process.communicate()
+        raise
 
 
 def _text(data: bytes | str | None) -> str:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness import __version__
 from harness.errors import HarnessError
-from harness.progress import QUIET, Reporter, format_bytes
+from harness.progress import QUIET, Reporter, Stopped, format_bytes
 from harness.store.entries import user_name  # callers import it from here too
 
 if TYPE_CHECKING:
@@ -122,6 +122,27 @@ class _Guard:
             self._fd = None
 
 
+#: What ends a build at the user's request (Ctrl-C; a realize stopped in another thread,
+#: :class:`harness.progress.Stopped`). The build's scratch folder is then not removed at once:
+#: an environment of gigabytes takes seconds to delete, and Ctrl-C must end realize within
+#: one. It is debris under ``.tmp/`` like a crash's, which the next :meth:`Store.clean` (every
+#: realize starts with one; ``store gc``) removes; nothing of it is registered.
+INTERRUPTS: tuple[type[BaseException], ...] = (KeyboardInterrupt, Stopped)
+
+
+def _interrupted(exc: BaseException, progress: Reporter) -> bool:
+    """Whether ``exc`` ended a build because the user asked: an interrupt itself, or a failure
+    while ``progress``'s realize is being stopped (a compile subprocess killed by the same
+    Ctrl-C fails before this thread hears of the interrupt)."""
+    if isinstance(exc, INTERRUPTS):
+        return True
+    try:
+        progress.check()
+    except Stopped:
+        return True
+    return False
+
+
 @dataclass
 class Staged:
     """An object built, canonicalized and hashed in the store's scratch but not registered
@@ -141,9 +162,12 @@ class Staged:
     guard: _Guard
     fingerprint: tuple[int, dict[str, Entry]]
 
-    def discard(self) -> None:
-        """Remove the scratch build and let go of it (nothing of it was registered). Idempotent."""
-        remove_tree(self.scratch)
+    def discard(self, *, now: bool = True) -> None:
+        """Remove the scratch build and let go of it (nothing of it was registered). Idempotent.
+        ``now=False`` (an interrupt: :data:`INTERRUPTS`) only lets go of it, leaving the
+        scratch to the next :meth:`Store.clean`."""
+        if now:
+            remove_tree(self.scratch)
         self.guard.release()
 
 
@@ -435,6 +459,7 @@ class Store:
             import tempfile  # lazy: `store verify` and lookups never build (CLI start-up)
 
             scratch = Path(tempfile.mkdtemp(prefix=f"{name[:40]}.", dir=self.tmp_dir))
+            interrupted = False
             try:
                 out = scratch / "out"
                 result = build(out) or BuildResult()
@@ -448,8 +473,12 @@ class Store:
                             )
                         return self._adopt(name, claimed, digest.hash)
                     return self._place(out, name, kind, digest, result, references, expected_content)
+            except BaseException as exc:
+                interrupted = _interrupted(exc, progress)
+                raise
             finally:
-                remove_tree(scratch)
+                if not interrupted:  # else left to the next clean (INTERRUPTS)
+                    remove_tree(scratch)
 
     def stage(self, kind: str, build: Builder, *, label: str, progress: Reporter = QUIET) -> Staged:
         """Build an object with ``build(out)`` in the store's scratch, canonicalize and hash it,
@@ -482,8 +511,9 @@ class Store:
                 fingerprints: list[tuple[int, dict[str, Entry]]] = []
                 digest = self._seal_and_hash(out, kind, label, fingerprints=fingerprints)
                 phase.summary = format_bytes(digest.nar_size)
-        except BaseException:
-            remove_tree(scratch)
+        except BaseException as exc:
+            if not _interrupted(exc, progress):  # else left to the next clean (INTERRUPTS)
+                remove_tree(scratch)
             guard.release()
             raise
         return Staged(self, kind, out, digest, result, scratch, guard, fingerprints[0])
