@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("status", "Show the services harness runs: mode, GPU, state, pid, port, uptime."),
     "down": ("down", "Stop what harness up started (or the services named), nothing else."),
     "logs": ("logs", "Show the services' last log lines; -f keeps printing new ones."),
+    "ui": ("ui", "Print (or --open) a one-time URL of the broker's web UI."),
     "doctor": ("doctor", "What is installed, what a run would install, GPUs, stale locks, store health."),
     "run": ("run", "Realize, place and start what a run needs, run COMMAND, record the run."),
     "runs": ("runs", "List recorded runs."),
