@@ -44,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("runs", "List recorded runs."),
     "audit": ("audit", "Re-check every store path a run used; exit 1 if any changed."),
     "diff": ("diff", "Say what differs between two runs."),
+    "report": ("report", "Write a run's report: one self-contained HTML page."),
     "plan": ("plan", "Show where and how each service would run: mode, GPU, swap group, port."),
     "deploy": ("deploy", "Write a deploy for the GPUs this machine sees (deploy write)."),
     "completion": ("completion", "Print the shell completion script: harness completion bash|zsh|fish."),

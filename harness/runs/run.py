@@ -395,6 +395,12 @@ class _RunBroker:
         the impurities to record: resets that could not be read back."""
         if self.own is not None:
             self.own.shutdown()
+            from harness.runs.report import EVENTS_FILE, write_events
+
+            try:  # the timeline of the run's report (harness report)
+                write_events(self.own.state_dir.parent / EVENTS_FILE, self.own.events_since(0))
+            except OSError:
+                pass  # the record matters more than its timeline
         if self.shared is None or self.joined is None:
             return []
         from harness.runs.resets import RESETS_FILE, write_resets
