@@ -1309,7 +1309,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/ui/api/logs":
             self._reply(200, webui.read_log(broker.state_dir, urllib.parse.parse_qs(query)))
         elif path == "/ui/api/runs":
-            self._reply(200, {"runs": webui.recent_runs(broker.runs_dir)})
+            self._reply(200, {"runs": webui.recent_runs(broker.runs_dir), "known": broker.runs_dir is not None})
         elif (found := re.fullmatch(r"/ui/runs/([^/]+)/report", path)) is not None:
             body = webui.report_file(broker.runs_dir, found.group(1)).read_bytes()
             self._send(200, body, "text/html; charset=utf-8", {"Content-Security-Policy": webui.REPORT_POLICY})

@@ -67,7 +67,7 @@ function serviceRow(row) {
   const holders = (row.holders || []).map(who).join("; ");
   const waiters = (row.waiters || []).map(who).join("; ");
   const cells = [
-    row.name, row.mode, row.gpu === null ? "CPU" : row.gpu, null, row.incarnation,
+    row.name, row.swap ? `${row.mode} (swap ${row.swap})` : row.mode, row.gpu === null ? "CPU" : row.gpu, null, row.incarnation,
     duration(row.uptime_s), `${row.leases}${holders ? ` (${holders})` : ""}`,
     `${row.waiting}${waiters ? ` (${waiters})` : ""}`, bytes(row.memory_bytes), bytes(row.gpu_memory_bytes),
     row.restarts, row.crashes,
@@ -177,6 +177,12 @@ async function refreshRuns() {
       tr.append(cell);
       return tr;
     });
+    if (!rows.length) {
+      const none = el("td", answer.known ? "no runs recorded yet" : "this broker does not know where runs are recorded");
+      none.colSpan = 5;
+      rows.push(el("tr"));
+      rows[0].append(none);
+    }
     $("runs").tBodies[0].replaceChildren(...rows);
   } catch (error) {
     $("message").textContent = `runs: ${error.message}`;
