@@ -338,6 +338,10 @@ def test_a_run_joining_ups_broker_records_its_scoped_resets(swap_project: Path, 
         assert strict.returncode != 0 and "scoped reset" in strict.stdout + strict.stderr
         status = _status_with(project, home, *deploy)
         assert status["broker"]["runs"] == [], "the run ended: its token answers no more"
+        # The shared broker's events while the run was joined are the record's timeline.
+        events = [json.loads(line) for line in (run_dir / "services" / "events.jsonl").read_text().splitlines()]
+        assert any(e["event"] == "lease" and e["run"] == run_dir.name for e in events), events
+        assert any(e["event"] == "scoped_reset" for e in events)
     finally:
         harness(project, home, *deploy, "down")
 

@@ -22,7 +22,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-#: Where a run's own broker leaves its events (one JSON object a line), for the timeline.
+#: Where a run keeps its broker's events (one JSON object a line), for the timeline: every
+#: event of its own broker, or those of ``harness up``'s broker while the run was joined.
 EVENTS_FILE = "services/events.jsonl"
 #: The report's file in the run's folder.
 REPORT_FILE = "report.html"
@@ -260,8 +261,8 @@ def _spans(events: Sequence[Mapping[str, Any]], end: float) -> dict[str, list[tu
 def _timeline(events: Sequence[Mapping[str, Any]], started: float | None) -> str:
     if not events:
         return (
-            "<h2>Timeline</h2><p class=muted>no broker events in this record (a run that joined "
-            "<code>harness up</code>'s broker leaves them in that broker's log)</p>"
+            "<h2>Timeline</h2><p class=muted>no broker events in this record (a record made before "
+            "runs kept them, or a run whose broker could not hand them over)</p>"
         )
     times = [t for t in (_number(e.get("time")) for e in events) if t is not None]
     t0 = started if started is not None else min(times)

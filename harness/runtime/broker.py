@@ -30,7 +30,8 @@ HTTP on loopback (JSON bodies; errors are ``{"error": msg, "code": code}``)::
                    services it did not launch (``harness up NAME``); 409 exists / port_taken
     POST /remove   {"names": [...]} -> 200 {"status"}: serve them no more (a failed ``up NAME``'s)
     POST /runs     {"run": id, "pid": int?} -> 200 {"token": t}: a run that joins this broker
-    POST /runs/end {"run": id}              -> 200 {"scoped_resets": [...]} (and the token ends)
+    POST /runs/end {"run": id}              -> 200 {"scoped_resets": [...], "events": [...]} (and the
+                   token ends); ``events``: the broker's events since the run joined (its report's timeline)
     POST /ui-login                          -> 200 {"url": one-time login URL of the web UI} (``harness ui``)
     GET  /ui, /ui/...                      the web UI: a session cookie from the one-time URL, checked
                    with Origin and a CSRF token for its POSTs (:mod:`harness.runtime.webui`)
@@ -180,6 +181,7 @@ class RunWatch:
     create_time: float | None
     tracker: ResetTracker = field(default_factory=ResetTracker)
     resets: list[dict[str, Any]] = field(default_factory=list)
+    first_seq: int = 0  # the broker's last event number when the run joined
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, lease: Mapping[str, Any], client: str) -> None:
@@ -726,11 +728,14 @@ class Broker:
         resets of scoped services until :meth:`end_run` (or until process ``pid`` exits)."""
         create_time = self._client_create_time(pid) if pid is not None else None
         token = secrets.token_urlsafe(32)
+        with self._events_cond:
+            first_seq = self._events.last_seq
         with self._lock:
             for key, watch in list(self._runs.items()):
                 if watch.run == run:  # registered again: the earlier token ends
                     del self._runs[key]
-            self._runs[_token_key(token.encode())] = RunWatch(run, pid if create_time else None, create_time)
+            watch = RunWatch(run, pid if create_time else None, create_time, first_seq=first_seq)
+            self._runs[_token_key(token.encode())] = watch
         return token
 
     def run_of(self, token: bytes) -> RunWatch | None:
@@ -738,8 +743,9 @@ class Broker:
         with self._lock:
             return self._runs.get(_token_key(token))
 
-    def end_run(self, run: str) -> list[dict[str, Any]]:
-        """A joined run ends (``POST /runs/end``): its resets; its token no longer answers."""
+    def end_run(self, run: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """A joined run ends (``POST /runs/end``): its resets and the broker's events since it
+        joined (every service's, for the run's timeline); its token no longer answers."""
         with self._lock:
             ended = [(k, w) for k, w in self._runs.items() if w.run == run]
             for key, _ in ended:
@@ -748,7 +754,8 @@ class Broker:
             raise BrokerError(404, "unknown_run", f"no run {run!r} has joined this broker")
         watch = ended[0][1]
         with watch.lock:
-            return list(watch.resets)
+            resets = list(watch.resets)
+        return resets, self.events_since(watch.first_seq)
 
     def _forget_dead_runs(self) -> None:
         """Joined runs whose process has exited are forgotten (their token ends)."""
@@ -1215,7 +1222,8 @@ class _Handler(BaseHTTPRequestHandler):
                 name = data.get("run")
                 if not isinstance(name, str) or not 0 < len(name) <= 200:
                     raise BrokerError(400, "bad_request", 'runs/end needs {"run": id}')
-                self._reply(200, {"scoped_resets": broker.end_run(name)})
+                resets, events = broker.end_run(name)
+                self._reply(200, {"scoped_resets": resets, "events": events})
             elif self.path == "/ui-login":
                 if run is not None:
                     raise BrokerError(403, "forbidden", "a run's token may not open the web UI")
@@ -1756,10 +1764,15 @@ class SharedBroker:
             ) from None
         return {"HARNESS_BROKER": self.url, "HARNESS_BROKER_TOKEN": str(answer["token"])}
 
-    def end_run(self, run: str) -> list[dict[str, Any]]:
-        """The scoped resets the broker saw in run ``run``'s leases; its token ends."""
-        resets = self.request("POST", "/runs/end", {"run": run}).get("scoped_resets")
-        return [r for r in resets if isinstance(r, dict)] if isinstance(resets, list) else []
+    def end_run(self, run: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The scoped resets the broker saw in run ``run``'s leases, and its events since the
+        run joined (none from a broker before they were sent); the run's token ends."""
+        answer = self.request("POST", "/runs/end", {"run": run}, timeout=30.0)
+        resets, events = answer.get("scoped_resets"), answer.get("events")
+        return (
+            [r for r in resets if isinstance(r, dict)] if isinstance(resets, list) else [],
+            [e for e in events if isinstance(e, dict)] if isinstance(events, list) else [],
+        )
 
     def add_missing(self, plan: Plan, specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> list[str]:
         """Have the broker serve those of ``names`` it does not launch yet (``harness up NAME``
