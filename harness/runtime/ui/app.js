@@ -111,6 +111,11 @@ async function refreshStatus() {
   }
 }
 
+let pending = null;
+function refreshSoon() {  // a burst of events (a swap, a restart) costs one status read
+  if (pending === null) pending = setTimeout(() => { pending = null; refreshStatus(); }, 300);
+}
+
 function showEvent(event) {
   const list = $("events");
   const time = new Date(event.time * 1000).toLocaleTimeString();
@@ -128,7 +133,7 @@ function connectEvents() {
   for (const kind of kinds) {
     source.addEventListener(kind, (message) => {
       showEvent(JSON.parse(message.data));
-      if (kind !== "lease" && kind !== "release") refreshStatus();
+      if (kind !== "lease" && kind !== "release") refreshSoon();
     });
   }
   source.onopen = () => { $("connection").textContent = "live"; $("connection").className = "state live"; };
