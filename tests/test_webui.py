@@ -394,3 +394,28 @@ for method, path in (("GET", "/ui"), ("GET", "/ui/login?code=guessed"), ("POST",
     finally:
         broker.shutdown()
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_the_ui_is_served_on_loopback_only_and_never_to_a_runs_token(make_broker, tmp_path: Path) -> None:
+    spec = fake(f"{tmp_path.name}-lo", tmp_path)
+    broker, client = make_broker([placement(spec)], [spec])
+    status, _, body = request(
+        client.address, "POST", "/runs", headers={"Authorization": f"Bearer {broker.token}"}, body={"run": "r1"}
+    )
+    run_token = json.loads(body)["token"]
+    status, _, body = request(
+        client.address, "POST", "/ui-login", headers={"Authorization": f"Bearer {run_token}"}, body={}
+    )
+    assert status == 403, body
+    # A broker bound to an address that is not 127.0.0.1 or ::1 serves its API (with the token) but no UI.
+    elsewhere = Broker(Plan((placement(spec),)), {spec.name: spec}, tmp_path / "elsewhere", host="127.0.0.2")
+    try:
+        address = elsewhere.serve_in_thread()
+        auth = {"Authorization": f"Bearer {elsewhere.token}"}
+        assert request(address, "GET", "/status", headers=auth)[0] == 200
+        status, _, body = request(address, "GET", "/ui", headers=auth)
+        assert status == 403 and b"loopback only" in body
+        code = json.loads(request(address, "POST", "/ui-login", headers=auth, body={})[2])["url"].split("code=")[1]
+        assert request(address, "GET", f"/ui/login?code={code}")[0] == 403
+    finally:
+        elsewhere.shutdown()

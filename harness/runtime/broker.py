@@ -1224,9 +1224,7 @@ class _Handler(BaseHTTPRequestHandler):
                     raise BrokerError(400, "bad_request", 'runs/end needs {"run": id}')
                 resets, events = broker.end_run(name)
                 self._reply(200, {"scoped_resets": resets, "events": events})
-            elif self.path == "/ui-login":
-                if run is not None:
-                    raise BrokerError(403, "forbidden", "a run's token may not open the web UI")
+            elif self.path == "/ui-login":  # the owner's token only: a run's was refused above
                 self._reply(200, {"url": f"{broker.address}/ui/login?code={broker.ui.new_code()}"})
             elif self.path == "/shutdown":
                 self._reply(200, {"shutting_down": True})
@@ -1263,6 +1261,8 @@ class _Handler(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         port = int(self.server.server_address[1])
         try:
+            if self.server.allowed_hosts is None:  # a broker bound to another address than loopback
+                raise BrokerError(403, "forbidden", "the web UI is served on loopback only (127.0.0.1)")
             if method == "GET" and path == "/ui/login":
                 self._ui_login(broker, query, port)
                 return
