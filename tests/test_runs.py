@@ -126,6 +126,14 @@ def test_run_records_and_audits_ok(project: Path, up: Upstreams, tmp_path: Path,
     assert strict.returncode == 1, "impurities fail a strict audit"
     listed = json.loads(harness(project, home, "runs", "--json").stdout)
     assert listed[0]["id"] == run_dir.name and listed[0]["exit_status"] == 0
+    # The run's report: one page from the record, with the broker's events as its timeline.
+    events = [json.loads(line) for line in (run_dir / "services" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e.get("service") == "svc"][:3] == ["added", "start", "ready"]
+    written = harness(project, home, "report", run_dir.name)
+    assert written.returncode == 0 and written.stdout.strip() == str(run_dir / "report.html"), written.stderr
+    page = (run_dir / "report.html").read_text()
+    assert "<script" not in page and lock.environment.store in page and "<title>svc: " in page
+    assert "each as the run used it" in page and "is host:" in page  # the verdict (impure, not failed) and why
 
 
 def test_the_command_and_every_lease_get_the_rendered_client_table(project: Path, home: Path) -> None:

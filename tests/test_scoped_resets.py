@@ -132,6 +132,10 @@ def test_a_joined_runs_token_is_watched_for_resets_and_may_only_lease(tmp_path: 
         assert status == 200
         [reset] = ended["scoped_resets"]  # type: ignore[misc]
         assert (reset["service"], reset["previous_incarnation"], reset["incarnation"]) == (policy.name, 1, 2)
+        # With them, the broker's events since the run joined: its report's timeline.
+        seqs = [e["seq"] for e in ended["events"]]  # type: ignore[union-attr]
+        assert seqs == [e["seq"] for e in broker.events_since(0) if e["event"] != "added"]
+        assert [e["run"] for e in ended["events"] if e["event"] == "lease"][:3] == ["r1"] * 3  # type: ignore[union-attr]
         assert _post(url, "/acquire", token, {"service": seg.name})[0] == 401, "its token ended with the run"
         assert _post(url, "/runs/end", broker.token, {"run": "r1"})[0] == 404
     finally:

@@ -338,6 +338,10 @@ def test_a_run_joining_ups_broker_records_its_scoped_resets(swap_project: Path, 
         assert strict.returncode != 0 and "scoped reset" in strict.stdout + strict.stderr
         status = _status_with(project, home, *deploy)
         assert status["broker"]["runs"] == [], "the run ended: its token answers no more"
+        # The shared broker's events while the run was joined are the record's timeline.
+        events = [json.loads(line) for line in (run_dir / "services" / "events.jsonl").read_text().splitlines()]
+        assert any(e["event"] == "lease" and e["run"] == run_dir.name for e in events), events
+        assert any(e["event"] == "scoped_reset" for e in events)
     finally:
         harness(project, home, *deploy, "down")
 
@@ -505,3 +509,44 @@ def _status_with(project: Path, home: Path, *args: str) -> dict:
 
 
 assert SERVICE  # the manifest template shared with tests/test_runs.py
+
+
+def test_harness_ui_logs_a_browser_in_to_up_s_broker_once(project: Path, home: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    refused = harness(project, home, "ui")
+    assert refused.returncode == 1 and "no broker serves" in refused.stderr and "harness up" in refused.stderr
+    try:
+        assert harness(project, home, "up").returncode == 0
+        # A run of this home, with its report: the UI lists it (harness up told the broker where runs live).
+        run, other = _run(project, home)
+        assert run.returncode == 0, run.stderr
+        assert harness(project, home, "report", other.name, "--no-audit").returncode == 0
+        printed = harness(project, home, "ui")
+        assert printed.returncode == 0, printed.stderr
+        url = printed.stdout.strip()
+        assert url.startswith("http://127.0.0.1:") and "/ui/login?code=" in url and "works once" in printed.stderr
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args: object, **kwargs: object) -> None:
+                return None
+
+        opener = urllib.request.build_opener(NoRedirect)
+        with pytest.raises(urllib.error.HTTPError) as login:
+            opener.open(url, timeout=10)
+        assert login.value.code == 303 and login.value.headers["Location"] == "/ui"
+        cookie = login.value.headers["Set-Cookie"].split(";", 1)[0]
+        with pytest.raises(urllib.error.HTTPError) as again:
+            opener.open(url, timeout=10)
+        assert again.value.code == 403, "the URL works once"
+        base = url.split("/ui/", 1)[0]
+        request = urllib.request.Request(f"{base}/ui/api/runs", headers={"Cookie": cookie})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            runs = json.loads(response.read())["runs"]
+        assert runs[0]["id"] == other.name and runs[0]["report"] is True
+        request = urllib.request.Request(f"{base}/ui/api/logs?name=broker", headers={"Cookie": cookie})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert "ready svc" in json.loads(response.read())["text"]  # the detached broker's own log
+    finally:
+        harness(project, home, "down")

@@ -393,16 +393,27 @@ class _RunBroker:
         """Stop the run's own broker and every service it started (``harness up``'s stays);
         a run that joined ``harness up``'s broker writes the resets it saw there. Returns
         the impurities to record: resets that could not be read back."""
+        from harness.runs.report import EVENTS_FILE, write_events
+
         if self.own is not None:
             self.own.shutdown()
+            try:  # the timeline of the run's report (harness report)
+                write_events(self.own.state_dir.parent / EVENTS_FILE, self.own.events_since(0))
+            except OSError:
+                pass  # the record matters more than its timeline
         if self.shared is None or self.joined is None:
             return []
         from harness.runs.resets import RESETS_FILE, write_resets
 
         try:
-            write_resets(self.joined / RESETS_FILE, self.shared.end_run(self.joined.name))
+            resets, events = self.shared.end_run(self.joined.name)
         except HarnessError as exc:
             return [f"the scoped resets of this run are unknown: {exc.message}"]
+        write_resets(self.joined / RESETS_FILE, resets)
+        try:  # the timeline of the run's report: the shared broker's events while the run was joined
+            write_events(self.joined / EVENTS_FILE, events)
+        except OSError:
+            pass  # the record matters more than its timeline
         return []
 
 

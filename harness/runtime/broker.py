@@ -30,7 +30,11 @@ HTTP on loopback (JSON bodies; errors are ``{"error": msg, "code": code}``)::
                    services it did not launch (``harness up NAME``); 409 exists / port_taken
     POST /remove   {"names": [...]} -> 200 {"status"}: serve them no more (a failed ``up NAME``'s)
     POST /runs     {"run": id, "pid": int?} -> 200 {"token": t}: a run that joins this broker
-    POST /runs/end {"run": id}              -> 200 {"scoped_resets": [...]} (and the token ends)
+    POST /runs/end {"run": id}              -> 200 {"scoped_resets": [...], "events": [...]} (and the
+                   token ends); ``events``: the broker's events since the run joined (its report's timeline)
+    POST /ui-login                          -> 200 {"url": one-time login URL of the web UI} (``harness ui``)
+    GET  /ui, /ui/...                      the web UI: a session cookie from the one-time URL, checked
+                   with Origin and a CSRF token for its POSTs (:mod:`harness.runtime.webui`)
 
 A run that joins the broker (``harness run`` beside ``harness up``) registers itself and
 hands its command the token ``/runs`` answered: a token that may only acquire, release and
@@ -125,7 +129,7 @@ import psutil
 from filelock import FileLock, Timeout
 
 from harness.errors import HarnessError
-from harness.runtime import metrics, supervisor, watchdog
+from harness.runtime import metrics, supervisor, watchdog, webui
 from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta, recorded_environment
 from harness.runtime.recordkey import record_key
 from harness.runtime.plan import Gpu, Plan, RemoteSimulator, ServicePlacement, SimWorker
@@ -177,6 +181,7 @@ class RunWatch:
     create_time: float | None
     tracker: ResetTracker = field(default_factory=ResetTracker)
     resets: list[dict[str, Any]] = field(default_factory=list)
+    first_seq: int = 0  # the broker's last event number when the run joined
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, lease: Mapping[str, Any], client: str) -> None:
@@ -224,8 +229,13 @@ class Broker:
         health_interval: float = 5.0,
         health_failures: int = 3,
         log: Callable[[str], None] | None = None,
+        runs_dir: str | Path | None = None,
     ) -> None:
         self.plan = plan
+        #: Where the run records the web UI lists live (``$HARNESS_HOME/runs``), if known.
+        self.runs_dir = Path(runs_dir) if runs_dir is not None else None
+        #: The web UI's one-time login codes and sessions (:mod:`harness.runtime.webui`).
+        self.ui = webui.UiSessions()
         #: Where each event goes as a line (the detached broker's ``broker.log``), if anywhere.
         self._log = log
         #: The events (``GET /events``) and counters (``GET /metrics``); guarded by its lock,
@@ -718,11 +728,14 @@ class Broker:
         resets of scoped services until :meth:`end_run` (or until process ``pid`` exits)."""
         create_time = self._client_create_time(pid) if pid is not None else None
         token = secrets.token_urlsafe(32)
+        with self._events_cond:
+            first_seq = self._events.last_seq
         with self._lock:
             for key, watch in list(self._runs.items()):
                 if watch.run == run:  # registered again: the earlier token ends
                     del self._runs[key]
-            self._runs[_token_key(token.encode())] = RunWatch(run, pid if create_time else None, create_time)
+            watch = RunWatch(run, pid if create_time else None, create_time, first_seq=first_seq)
+            self._runs[_token_key(token.encode())] = watch
         return token
 
     def run_of(self, token: bytes) -> RunWatch | None:
@@ -730,8 +743,9 @@ class Broker:
         with self._lock:
             return self._runs.get(_token_key(token))
 
-    def end_run(self, run: str) -> list[dict[str, Any]]:
-        """A joined run ends (``POST /runs/end``): its resets; its token no longer answers."""
+    def end_run(self, run: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """A joined run ends (``POST /runs/end``): its resets and the broker's events since it
+        joined (every service's, for the run's timeline); its token no longer answers."""
         with self._lock:
             ended = [(k, w) for k, w in self._runs.items() if w.run == run]
             for key, _ in ended:
@@ -740,7 +754,8 @@ class Broker:
             raise BrokerError(404, "unknown_run", f"no run {run!r} has joined this broker")
         watch = ended[0][1]
         with watch.lock:
-            return list(watch.resets)
+            resets = list(watch.resets)
+        return resets, self.events_since(watch.first_seq)
 
     def _forget_dead_runs(self) -> None:
         """Joined runs whose process has exited are forgotten (their token ends)."""
@@ -799,6 +814,7 @@ class Broker:
             services = []
             for name in self._sched.order:
                 row = self._sched.status_row(name, now)
+                row.update(self._sched.who(name, now))
                 proc = self._procs.get(name)
                 spec = self.specs.get(name)
                 row["pid"] = proc.pid if proc is not None else None
@@ -982,6 +998,8 @@ class _Server(ThreadingHTTPServer):
     allowed_hosts: frozenset[str] | None  # None: not on loopback, any Host (the token still counts)
 
 
+#: How long a stop pressed in the web UI waits for leases in flight before it is refused (409).
+UI_STOP_SECONDS = 10.0
 #: Seconds between comment lines on a quiet ``/events`` stream (so proxies and readers see it live).
 EVENTS_KEEPALIVE = 15.0
 
@@ -1131,6 +1149,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":  # open: readiness probes carry no secret
             self._reply(200, {"status": "ok", "pid": os.getpid()})
             return
+        if self.path == "/ui" or self.path.startswith(("/ui/", "/ui?")):
+            self._ui("GET")
+            return
         try:
             self._check_access()
             path, _, query = self.path.partition("?")
@@ -1151,6 +1172,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         broker = self.server.broker
+        if self.path.startswith("/ui/"):
+            self._ui("POST")
+            return
         try:
             run = self._check_access()
             data = self._body()
@@ -1198,7 +1222,10 @@ class _Handler(BaseHTTPRequestHandler):
                 name = data.get("run")
                 if not isinstance(name, str) or not 0 < len(name) <= 200:
                     raise BrokerError(400, "bad_request", 'runs/end needs {"run": id}')
-                self._reply(200, {"scoped_resets": broker.end_run(name)})
+                resets, events = broker.end_run(name)
+                self._reply(200, {"scoped_resets": resets, "events": events})
+            elif self.path == "/ui-login":  # the owner's token only: a run's was refused above
+                self._reply(200, {"url": f"{broker.address}/ui/login?code={broker.ui.new_code()}"})
             elif self.path == "/shutdown":
                 self._reply(200, {"shutting_down": True})
                 # Not on this thread: shutdown() waits for serve_forever, which waits for us.
@@ -1209,6 +1236,109 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(exc)
         except Exception as exc:  # a bug: answer rather than drop the connection
             self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
+
+    # ------------------------------------------------------------------------ web UI
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("Referrer-Policy", "no-referrer")
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass  # the caller went away
+
+    def _ui(self, method: str) -> None:
+        """A request under ``/ui`` (:mod:`harness.runtime.webui`): the login, else the session
+        cookie (or the owner's token) and, for a POST, the page's origin and CSRF token."""
+        broker = self.server.broker
+        path, _, query = self.path.partition("?")
+        port = int(self.server.server_address[1])
+        try:
+            if self.server.allowed_hosts is None:  # a broker bound to another address than loopback
+                raise BrokerError(403, "forbidden", "the web UI is served on loopback only (127.0.0.1)")
+            if method == "GET" and path == "/ui/login":
+                self._ui_login(broker, query, port)
+                return
+            request = webui.UiRequest(
+                method,
+                self.headers.get("Host"),
+                self.headers.get("Origin"),
+                self.headers.get("Sec-Fetch-Site"),
+                self.headers.get("Cookie"),
+                self.headers.get("Authorization"),
+                self.headers.get(webui.CSRF_HEADER),
+            )
+            session = webui.check_ui(
+                request, port=port, allowed_hosts=self.server.allowed_hosts, token=self.server.token, sessions=broker.ui
+            )
+            if method == "POST":
+                self._ui_post(broker, path, self._body())
+            else:
+                self._ui_get(broker, path, query, session)
+        except BrokerError as exc:
+            self._refuse(exc)
+        except Exception as exc:  # a bug: answer rather than drop the connection
+            self._reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}", "code": "internal"})
+
+    def _ui_login(self, broker: Broker, query: str, port: int) -> None:
+        allowed = self.server.allowed_hosts
+        if allowed is not None and self.headers.get("Host") not in allowed:
+            raise BrokerError(
+                403, "forbidden", f"Host {self.headers.get('Host')!r} is not this broker's loopback address"
+            )
+        code = (urllib.parse.parse_qs(query).get("code") or [""])[0]
+        session = broker.ui.redeem(code) if code else None
+        if session is None:
+            raise BrokerError(
+                403, "forbidden", "this login URL was used already or has expired: run `harness ui` again"
+            )
+        self._send(303, b"", "text/plain", {"Location": "/ui", "Set-Cookie": webui.session_cookie(port, session)})
+
+    def _ui_get(self, broker: Broker, path: str, query: str, session: str | None) -> None:
+        if path in ("/ui", "/ui/"):
+            csrf = broker.ui.csrf(session) if session is not None else ""
+            self._send(
+                200, webui.page(csrf), "text/html; charset=utf-8", {"Content-Security-Policy": webui.PAGE_POLICY}
+            )
+        elif path.removeprefix("/ui/") in webui.ASSETS:
+            body, content_type = webui.asset(path.removeprefix("/ui/"))
+            self._send(200, body, content_type)
+        elif path == "/ui/api/status":
+            self._reply(200, broker.status())
+        elif path == "/ui/api/events":
+            self._stream_events(broker, _since(query, self.headers.get("Last-Event-ID")))
+        elif path == "/ui/api/logs":
+            self._reply(200, webui.read_log(broker.state_dir, urllib.parse.parse_qs(query)))
+        elif path == "/ui/api/runs":
+            self._reply(200, {"runs": webui.recent_runs(broker.runs_dir), "known": broker.runs_dir is not None})
+        elif (found := re.fullmatch(r"/ui/runs/([^/]+)/report", path)) is not None:
+            body = webui.report_file(broker.runs_dir, found.group(1)).read_bytes()
+            self._send(200, body, "text/html; charset=utf-8", {"Content-Security-Policy": webui.REPORT_POLICY})
+        else:
+            raise BrokerError(404, "not_found", f"no such page: GET {path}")
+
+    def _ui_post(self, broker: Broker, path: str, data: Mapping[str, Any]) -> None:
+        action = path.removeprefix("/ui/api/")
+        if action not in ("start", "stop", "restart"):
+            raise BrokerError(404, "not_found", f"no such endpoint: POST {path}")
+        name = webui.service_name(data)
+        if name not in broker.served():
+            raise BrokerError(404, "unknown_service", f"this broker serves no {name}")
+        results: dict[str, Any] = {}
+        if action in ("stop", "restart"):
+            results["stop"] = broker.stop_service(name, UI_STOP_SECONDS)
+        if action in ("start", "restart"):
+            if name not in broker.specs:
+                raise BrokerError(409, "not_local", f"{name} is not started by this broker")
+            results["start"] = broker.start([name], check_leftovers=False)[name]
+        self._reply(200, {"service": name, "action": action, "results": results})
 
     def _stop(self, broker: Broker, data: Mapping[str, Any]) -> None:
         names, timeout = data.get("names"), data.get("timeout", 60.0)
@@ -1634,10 +1764,15 @@ class SharedBroker:
             ) from None
         return {"HARNESS_BROKER": self.url, "HARNESS_BROKER_TOKEN": str(answer["token"])}
 
-    def end_run(self, run: str) -> list[dict[str, Any]]:
-        """The scoped resets the broker saw in run ``run``'s leases; its token ends."""
-        resets = self.request("POST", "/runs/end", {"run": run}).get("scoped_resets")
-        return [r for r in resets if isinstance(r, dict)] if isinstance(resets, list) else []
+    def end_run(self, run: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The scoped resets the broker saw in run ``run``'s leases, and its events since the
+        run joined (none from a broker before they were sent); the run's token ends."""
+        answer = self.request("POST", "/runs/end", {"run": run}, timeout=30.0)
+        resets, events = answer.get("scoped_resets"), answer.get("events")
+        return (
+            [r for r in resets if isinstance(r, dict)] if isinstance(resets, list) else [],
+            [e for e in events if isinstance(e, dict)] if isinstance(events, list) else [],
+        )
 
     def add_missing(self, plan: Plan, specs: Mapping[str, LaunchSpec], names: Iterable[str]) -> list[str]:
         """Have the broker serve those of ``names`` it does not launch yet (``harness up NAME``
@@ -1671,6 +1806,15 @@ class SharedBroker:
 
 
 # ---------------------------------------------------------- a broker in its own process
+
+
+def ui_login_url(state_dir: Path) -> str:
+    """A one-time URL of the web UI of ``state_dir``'s broker (``harness ui``): opened once,
+    within :data:`webui.CODE_SECONDS`, it logs that browser in (:mod:`harness.runtime.webui`)."""
+    shared = SharedBroker.find(state_dir)
+    if shared is None:
+        raise HarnessError(f"no broker serves {state_dir}", hint="harness up starts one")
+    return str(shared.request("POST", "/ui-login", {})["url"])
 
 
 def plan_from_json(data: Mapping[str, Any]) -> Plan:

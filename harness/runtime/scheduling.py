@@ -790,6 +790,30 @@ class Scheduler:
             "log": svc.log,
         }
 
+    def who(self, name: str, now: float) -> dict[str, list[dict[str, Any]]]:
+        """Who holds a lease on service ``name`` and who waits for it (the UI's view):
+        ``holders`` (client, pid, run, lease, held_s) and ``waiters`` (client, pid, run,
+        waited_s), oldest first."""
+        svc = self.services[name]
+        held = sorted((self.leases[i] for i in svc.inflight if i in self.leases), key=lambda lease: lease.granted)
+        waiting = [t for t in self.groups[svc.group].queue if t.service == name and not t.done]
+        return {
+            "holders": [
+                {
+                    "client": x.client,
+                    "pid": x.client_pid,
+                    "run": x.run,
+                    "lease": x.id,
+                    "held_s": round(now - x.granted, 3),
+                }
+                for x in held
+            ],
+            "waiters": [
+                {"client": t.client, "pid": t.client_pid, "run": t.run, "waited_s": round(now - t.queued, 3)}
+                for t in waiting
+            ],
+        }
+
 
 # ------------------------------------------------------------------------- scoped resets
 

@@ -52,7 +52,13 @@ def command(
             p for p in prepared.plan.services if p.name in prepared.specs or p.mode not in ("resident", "on_demand")
         ),
     )
-    status = spawn(plan, prepared.specs, prepared.state_dir, names=wanted, options=broker_options(prepared.deploy))
+    status = spawn(
+        plan,
+        prepared.specs,
+        prepared.state_dir,
+        names=wanted,
+        options={**broker_options(prepared.deploy), "runs_dir": str(state.home / "runs")},
+    )
     # Honest start-up: a service that did not come up fails `up`, naming the cause, and what
     # this `up` started is stopped again.
     failure = failed_up(prepared.state_dir, status)
