@@ -182,6 +182,7 @@ def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> Non
     # The second node realized from the cache into its own store.
     second_store = setup.cluster.second.home / "store"
     assert any(p.name.endswith("-kinematics-env") for p in second_store.iterdir())
+    _one_broker_and_one_start_per_node(run4, shards)
 
     one = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "ray", "--shards", "1")
     assert one.returncode == 0, one.stderr
@@ -208,6 +209,36 @@ def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> Non
     assert audit.returncode == 1
     bad = [ln for ln in audit.stdout.splitlines() if ln.startswith("modified")]
     assert len(bad) == 1 and str(setup.cluster.second.home) in bad[0] and entry["path"] in bad[0], audit.stdout
+
+
+def _one_broker_and_one_start_per_node(run_dir: Path, shards: list[dict[str, object]]) -> None:
+    """The shards on one node shared one broker there (the same process served each) and the
+    kinematics service started once per node, not once per shard; the broker and the service
+    then end, leaving nothing running on the node."""
+    from harness.runs.nodebroker import LINGER_S
+
+    by_home: dict[str, list[dict[str, object]]] = {}
+    for shard in shards:
+        by_home.setdefault(str(shard["home"]), []).append(shard)
+    assert any(len(on) >= 2 for on in by_home.values()), f"two shards share a node: {by_home}"
+    for home, on in by_home.items():
+        brokers = {
+            json.loads((run_dir / "shards" / str(s["index"]) / "config.json").read_text())["broker"]["pid"] for s in on
+        }
+        assert len(brokers) == 1, f"{len(on)} shards on {home} were served by brokers {brokers}"
+        state = Path(home) / "runs" / run_dir.name / "node"
+        starts = [ln for ln in (state / "logs" / "broker.log").read_text().splitlines() if " start kinematics " in ln]
+        assert len(starts) == 1, f"{len(on)} shards on {home}, kinematics started {len(starts)} times: {starts}"
+        # It ends once no shard is joined (LINGER_S later, or with the Ray job, which kills the
+        # processes of its workers): either way the service it started is stopped with it.
+        pid, port = brokers.pop(), json.loads((state / "ports.json").read_text())["kinematics"]
+        _wait_for(f"the broker of {home} to end", lambda pid=pid: not _alive(pid), LINGER_S + 60)
+        _wait_for(f"the kinematics service of {home} to stop", lambda port=port: not _answers(port), 60)
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _audit_lines(setup: Setup, run_dir: Path) -> tuple[int, list[str]]:

@@ -3,10 +3,11 @@
 :func:`run_shard` is what a cluster engine (Ray, Slurm) executes on a node. It takes the
 node's ``HARNESS_HOME`` from the node's own environment, points realize at the binary
 caches the head pushed to (``HARNESS_SUBSTITUTERS``/``HARNESS_TRUSTED_KEYS`` for the
-duration of the shard), picks ports free on the node for the run's local services (several
-shards may share a node), and calls :func:`harness.runs.run.run` restricted to its shard:
-realize the closure into the node's store (substituters first), start the services through
-a node-local broker, run the shard's episodes, record. The record is written on the node
+duration of the shard), takes the ports of the run's local services on this node (chosen
+once per node: the run's shards there share them), and calls :func:`harness.runs.run.run`
+restricted to its shard: realize the closure into the node's store (substituters first), start the services through
+the broker the run's shards share on the node (:mod:`harness.runs.nodebroker`: one model
+load per node), run the shard's episodes, record. The record is written on the node
 under ``$HARNESS_HOME/runs/<run id>/shards/<I>/`` and returned whole (JSON and logs), so the
 head can keep it under the run's own folder.
 
@@ -93,20 +94,6 @@ def shard_dir(home: Path, run_id: str, index: int) -> Path:
     return home / "runs" / run_id / "shards" / str(index)
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on loopback now (the kernel picks them)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 @contextmanager
 def _environment(values: dict[str, str]) -> Iterator[None]:
     """Set ``values`` in this process's environment for the block, then restore it.
@@ -147,6 +134,7 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
     ``node`` names the node as the engine knows it (Ray's node id, a Slurm host); the
     host name and ``HARNESS_HOME`` are added here.
     """
+    from harness.runs.nodebroker import node_ports, node_state_dir
     from harness.runs.record import read_json
 
     home = node_home()
@@ -176,7 +164,9 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
         from harness.runs.run import run
 
         state = NodeState(home, Path(job.deploy_path) if job.deploy_path else None, Path(job.project_root))
-        ports = dict(zip(job.local_services, free_ports(len(job.local_services)), strict=True))
+        # One broker per node for the run's shards there, on ports chosen once per node.
+        shared = node_state_dir(home, job.run_id) if job.local_services else None
+        ports = node_ports(shared, job.local_services) if shared is not None else {}
         with _environment(env), _sigint_unblocked():
             take_head_standins(job, home, lines.append)
             refuse_foreseen(job, home)
@@ -195,6 +185,7 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
                 run_dir=folder,
                 ports=ports,
                 expected_closure=job.expected_closure or None,
+                node_broker=shared,
             )
         result.update(
             exit_status=outcome.exit_status, score=outcome.score, status="ok" if outcome.exit_status == 0 else "failed"
