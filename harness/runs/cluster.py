@@ -40,6 +40,7 @@ shard whose node cannot realize fails with the node's reason, and the run exits 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,6 +55,8 @@ from harness.runs.record import read_json, write_json
 from harness.runs.shard import ShardJob, run_shard
 
 if TYPE_CHECKING:
+    from submitit import AutoExecutor
+
     from harness.config import Settings
     from harness.runs.run import RunOutcome
     from harness.runtime.plan import Plan
@@ -163,8 +166,10 @@ def run_on_cluster(
     offline: bool,
     echo: Echo = print,
     show_progress: bool = True,
+    slurm: tuple[str, ...] = (),
 ) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) in ``shards`` shards on ``cluster``.
+    ``slurm``: ``--slurm KEY=VALUE`` items (:mod:`harness.runs.slurm`), for a Slurm target.
 
     Returns a :class:`harness.runs.run.RunOutcome` for the whole run: exit 0 when every
     shard succeeded, 130 when cancelled, else 1; the score combined over the shards.
@@ -177,6 +182,7 @@ def run_on_cluster(
     _check_counts(shards, retries)
     target = parse_target(cluster)
     engine = open_engine(target)  # a missing extra is an error before anything is realized
+    check_slurm_given(target, slurm)
     ask = ClusterAsk(tuple(command), agent, tuple(sets), tuple(services), benchmark, offline)
     started = time.time()
     run_id = new_run_id(started)
@@ -189,6 +195,7 @@ def run_on_cluster(
     _announce(run_id, shards, target, prepared, echo)
     pushed = push_closure(store, [e["path"] for e in head.closure["store_paths"]], settings, state.home, echo)
     config = _cluster_config(run_id, started, prepared, ask, target, shards, retries, pushed, head.digest)
+    use_slurm_options(engine, config, prepared, slurm)
     if simulator is not None:
         config["simulator"] = simulator
     write_json(run_dir / "config.json", config)
@@ -197,6 +204,28 @@ def run_on_cluster(
     outcome = run_shards(engine, jobs, config, run_dir, store, head, run_id, echo)
     report_shards(outcome, echo)
     return RunOutcome(run_id, run_dir, outcome["exit_status"], outcome["score"])
+
+
+def check_slurm_given(target: Target, given: tuple[str, ...]) -> None:
+    """``--slurm`` is for a Slurm target, and its items are checked before anything is realized."""
+    from harness.runs.slurm import slurm_options
+
+    if given and not target.engine.startswith("slurm"):
+        raise InputError(f"--slurm applies to --cluster slurm (or slurm-local), not {target.describe()}")
+    slurm_options(None, given)
+
+
+def use_slurm_options(engine: Engine, config: dict[str, Any], prepared: Prepared, given: tuple[str, ...]) -> None:
+    """The deploy's ``[slurm]`` with ``--slurm`` over it, recorded in ``config.json`` and
+    handed to a submitit engine (``--resume`` hands it the recorded ones)."""
+    from harness.runs.slurm import slurm_options
+
+    if not isinstance(engine, SubmititEngine):
+        return
+    deploy = getattr(prepared.deploy, "slurm", None)
+    options = slurm_options(deploy.model_dump(exclude_none=True) if deploy is not None else None, given)
+    config["cluster"]["slurm"] = options
+    engine.options = options
 
 
 def prepare_head(
@@ -832,9 +861,29 @@ class SubmititEngine:
                 "--cluster slurm needs submitit, which is not installed",
                 hint="pip install -e '.[slurm]' from the checkout",
             ) from None
+        if not local and shutil.which("srun") is None:  # submitit's own test for a Slurm machine
+            raise HarnessError(
+                "--cluster slurm: no srun on this machine's PATH, so it is no Slurm login node",
+                hint="run it where sbatch and srun are, or try the array here with --cluster slurm-local",
+            )
         self.local = local
         #: what each array task runs: a shard (another function only in the engine's tests)
         self.task = task or _submitit_shard
+        #: partition, account, QOS, time, memory, GPUs (:func:`harness.runs.slurm.slurm_options`)
+        self.options: dict[str, Any] = {}
+
+    def executor(self, folder: Path, *, cpus: float, gpus: int, count: int) -> AutoExecutor:
+        """submitit's executor for an array of ``count`` shards, its parameters set (submitit
+        renders them into the sbatch script of each submission)."""
+        import submitit
+
+        from harness.runs.slurm import submitit_parameters
+
+        executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if self.local else "slurm")
+        executor.update_parameters(
+            **submitit_parameters(self.options, cpus=cpus, gpus=gpus, local=self.local, count=count)
+        )
+        return executor
 
     def run(
         self,
@@ -847,20 +896,7 @@ class SubmititEngine:
         echo: Echo,
         on_result: OnResult,
     ) -> list[dict[str, Any]]:
-        import submitit
-
-        executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if self.local else "slurm")
-        params: dict[str, Any] = {
-            "timeout_min": 24 * 60,
-            "cpus_per_task": max(1, int(cpus)),
-            "nodes": 1,
-            "tasks_per_node": 1,
-        }
-        if gpus:
-            params["gpus_per_node"] = gpus
-        if not self.local:
-            params["slurm_array_parallelism"] = len(jobs)
-        executor.update_parameters(**params)
+        executor = self.executor(folder, cpus=cpus, gpus=gpus, count=len(jobs))
         results: dict[int, dict[str, Any]] = {}
         attempts: dict[int, list[dict[str, Any]]] = {job.index: [] for job in jobs}
         todo = list(jobs)

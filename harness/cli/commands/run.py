@@ -33,6 +33,14 @@ from harness.cli import State
     help="With --cluster: times a shard whose node died is run again (Ray: elsewhere; Slurm: submitted again).",
 )
 @click.option(
+    "--slurm",
+    "slurm",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="With --cluster slurm: partition, account, qos, time, mem or gpus (per shard) of the array job; "
+    "over the deploy's [slurm].",
+)
+@click.option(
     "--resume",
     metavar="RUN",
     help="Run again the shards of cluster run RUN that have no good record, with its closure.",
@@ -52,6 +60,7 @@ def command(
     cluster: str | None,
     shards: int | None,
     retries: int,
+    slurm: tuple[str, ...],
     resume: str | None,
     quiet: bool,
     command: tuple[str, ...],
@@ -69,7 +78,7 @@ def command(
         show_progress=not quiet,
     )
     if resume is not None:
-        _check_resume(agent, sets, services, benchmark, gpus, offline, cluster, shards, command)
+        _check_resume(agent, sets, services, benchmark, gpus, offline, cluster, shards, slurm, command)
         from harness.runs.resume import resume_on_cluster
 
         outcome = resume_on_cluster(state, resume, echo=common["echo"], show_progress=not quiet)
@@ -85,11 +94,14 @@ def command(
             shards=1 if shards is None else shards,
             retries=retries,
             gpus=None,
+            slurm=slurm,
             **common,
         )
     else:
-        if shards is not None:
-            raise InputError("--shards splits a run over a cluster: give --cluster too")
+        if shards is not None or slurm:
+            raise InputError(
+                f"{'--shards' if shards is not None else '--slurm'} is for a run over a cluster: give --cluster too"
+            )
         from harness.runs.run import run
 
         outcome = run(state, list(command), gpus=gpus, **common)
@@ -107,6 +119,7 @@ def _check_resume(
     offline: bool,
     cluster: str | None,
     shards: int | None,
+    slurm: tuple[str, ...],
     command: tuple[str, ...],
 ) -> None:
     """--resume asks again what the run recorded: anything else given with it is refused."""
@@ -123,6 +136,7 @@ def _check_resume(
             ("--offline", offline),
             ("--cluster", cluster),
             ("--shards", shards is not None),
+            ("--slurm", slurm),
             ("COMMAND", command),
         )
         if value
