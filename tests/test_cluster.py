@@ -428,6 +428,48 @@ def test_ctrl_c_cancels_every_shard_and_stops_their_services(setup: Setup) -> No
             assert sock.connect_ex(("127.0.0.1", port)) != 0, f"a service still answers on port {port}"
 
 
+def test_runs_logs_follows_the_shards_output_as_it_comes(setup: Setup) -> None:
+    """While both shards wait at the gate, ``harness runs logs RUN -f`` already shows each
+    one's progress (the closure check, the command started), from both nodes; once the gate
+    opens it shows the command's own output and ends with the run."""
+    proc, gates = _gated(setup, "logs", 2)
+    started = _wait_started(proc, gates, 2)
+    run_id = Path(started[0].read_text()).parts[-3]  # HARNESS_RUN_DIR: <home>/runs/<id>/shards/<I>
+    env = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home)}
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "harness", "--project", str(REPO), "runs", "logs", run_id, "-f"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        live = setup.cluster.head.home / "runs" / run_id / "live"
+        _wait_for(
+            "both shards' progress in their live logs",
+            lambda: (
+                all("running:" in p.read_text() for p in (live / "0.log", live / "1.log") if p.is_file())
+                and len(list(live.glob("*.log"))) == 2
+            ),
+            120,
+        )
+        assert proc.poll() is None, "the shards still wait at the gate: the output came as it was written"
+        (gates / "open").write_text("")
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        out, follow_err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+    assert follow.returncode == 0 and "has ended" in follow_err, follow_err
+    for index in (0, 1):
+        mine = [ln for ln in out.splitlines() if ln.startswith(f"shard {index} | ")]
+        assert any("--- shard" in ln for ln in mine), out
+        assert any("closure: the head's" in ln for ln in mine), out
+        assert any("success" in ln.lower() or "episode" in ln.lower() for ln in mine), out
+    homes = {str(setup.cluster.head.home), str(setup.cluster.second.home)}
+    assert {h for h in homes if h in out} == homes, "both nodes' shards reported"
+
+
 def test_slurm_array_through_submitit_local(setup: Setup) -> None:
     """``--cluster slurm-local``: the same shards as one submitit array job, on this machine
     (submitit's local executor; a real Slurm takes ``--cluster slurm``)."""
@@ -439,6 +481,10 @@ def test_slurm_array_through_submitit_local(setup: Setup) -> None:
     outcome = json.loads((run_dir / "result.json").read_text())
     assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"]
     assert json.loads((run_dir / "benchmark.json").read_text())["episodes"] == 20
+    # Each task appended its output to the run's folder as it went (a filesystem both see).
+    for index in (0, 1):
+        live = (run_dir / "live" / f"{index}.log").read_text()
+        assert f"--- shard {index}/2" in live and "closure: the head's" in live, live
 
 
 # Shard 0 runs its episodes at once; the others wait at the gate as GATE's do.

@@ -39,6 +39,7 @@ shard whose node cannot realize fails with the node's reason, and the run exits 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -704,12 +705,15 @@ class RayEngine:
                 num_cpus=cpus, num_gpus=gpus, max_retries=retries, retry_exceptions=False, scheduling_strategy="SPREAD"
             )
             refs = {task.remote(job, ledger): job.index for job in jobs}
-            return self._wait(refs, ledger, jobs, echo, on_result)
+            try:
+                return self._wait(refs, ledger, jobs, echo, on_result, folder.parent)
+            finally:
+                self._keep_output(ledger, folder.parent)
         finally:
             ray.shutdown()
 
     def _wait(
-        self, refs: dict[Any, int], ledger: Any, jobs: list[ShardJob], echo: Echo, on_result: OnResult
+        self, refs: dict[Any, int], ledger: Any, jobs: list[ShardJob], echo: Echo, on_result: OnResult, run_dir: Path
     ) -> list[dict[str, Any]]:
         import ray
 
@@ -728,6 +732,7 @@ class RayEngine:
                         f"(node {start['node_id'][:12]}, home {start['home']}){again}"
                     )
                 seen = len(attempts)
+                self._keep_output(ledger, run_dir)
                 for ref in done:  # its attempts all began before it ended: the ledger has them
                     index = refs[ref]
                     results[index] = self._result(ref, index, count)
@@ -783,6 +788,20 @@ class RayEngine:
             }
 
     @staticmethod
+    def _keep_output(ledger: Any, run_dir: Path) -> None:
+        """Append what the shards handed the ledger since the last look to their live logs."""
+        import ray
+
+        from harness.runs.livelog import append_lines, live_log
+
+        try:
+            output = ray.get(ledger.take_output.remote(), timeout=30)
+        except ray.exceptions.RayError:
+            return
+        for index, lines in output.items():
+            append_lines(live_log(run_dir, index), lines)
+
+    @staticmethod
     def _attach(results: dict[int, dict[str, Any]], ledger: Any) -> None:
         import ray
 
@@ -813,13 +832,23 @@ class _Interrupted(KeyboardInterrupt):
 
 
 class Ledger:
-    """A Ray actor on the head's node: every attempt of every shard, in the order they began."""
+    """A Ray actor on the head's node: every attempt of every shard, in the order they began,
+    and the shards' output until the head takes it."""
 
     def __init__(self) -> None:
         self._attempts: list[tuple[int, dict[str, Any]]] = []
+        self._output: dict[int, list[str]] = {}
 
     def started(self, index: int, facts: dict[str, Any]) -> None:
         self._attempts.append((index, facts))
+
+    def output(self, index: int, lines: list[str]) -> None:
+        """Lines a shard wrote (:mod:`harness.runs.livelog`), kept until the head takes them."""
+        self._output.setdefault(index, []).extend(lines)
+
+    def take_output(self) -> dict[int, list[str]]:
+        taken, self._output = self._output, {}
+        return taken
 
     def attempts(self) -> list[tuple[int, dict[str, Any]]]:
         return list(self._attempts)
@@ -840,7 +869,11 @@ def _ray_shard(job: ShardJob, ledger: Any) -> dict[str, Any]:
         "started": time.time(),
     }
     ray.get(ledger.started.remote(job.index, facts))
-    result = run_shard(job, {"node_id": facts["node_id"], "engine": "ray"})
+
+    def send(lines: list[str]) -> None:  # in order: one caller's calls on an actor run in order
+        ledger.output.remote(job.index, lines)
+
+    result = run_shard(job, {"node_id": facts["node_id"], "engine": "ray"}, send)
     return result
 
 
@@ -896,7 +929,10 @@ class SubmititEngine:
         echo: Echo,
         on_result: OnResult,
     ) -> list[dict[str, Any]]:
+        from harness.runs.livelog import live_log
+
         executor = self.executor(folder, cpus=cpus, gpus=gpus, count=len(jobs))
+        jobs = [dataclasses.replace(job, live_log=str(live_log(folder.parent, job.index))) for job in jobs]
         results: dict[int, dict[str, Any]] = {}
         attempts: dict[int, list[dict[str, Any]]] = {job.index: [] for job in jobs}
         todo = list(jobs)
@@ -980,8 +1016,11 @@ def _submitit_shard(job: ShardJob) -> dict[str, Any]:
     import socket
 
     env = submitit_environment()
+    from harness.runs.livelog import file_sender
+
+    send = file_sender(Path(job.live_log)) if job.live_log else None
     with _terminations() as terminated:
-        result = run_shard(job, {"node_id": env or socket.gethostname(), "engine": "submitit"})
+        result = run_shard(job, {"node_id": env or socket.gethostname(), "engine": "submitit"}, send)
     return after_termination(result, terminated)
 
 

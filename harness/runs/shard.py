@@ -32,6 +32,7 @@ from harness.errors import HarnessError
 
 if TYPE_CHECKING:
     from harness.manifests.project import Project
+    from harness.runs.livelog import ShardOutput
 
 #: Files of a shard's record larger than this come back truncated (their tail is kept).
 MAX_RETURNED_BYTES = 1 << 20
@@ -64,6 +65,9 @@ class ShardJob:
     #: its own against it before the first episode, and pulls the head's stand-ins
     expected_closure: dict[str, Any] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: where the shard appends its output as it comes (the head's run folder, on a filesystem
+    #: both see: Slurm's), when the engine has no channel of its own (:mod:`harness.runs.livelog`)
+    live_log: str | None = None
 
 
 @dataclass
@@ -128,7 +132,9 @@ def _sigint_unblocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_shard(
+    job: ShardJob, node: dict[str, Any] | None = None, send: Callable[[list[str]], None] | None = None
+) -> dict[str, Any]:
     """Run ``job`` on this node and return its record (see the module docstring).
 
     ``node`` names the node as the engine knows it (Ray's node id, a Slurm host); the
@@ -160,6 +166,9 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
     if job.trusted_keys:
         env["HARNESS_TRUSTED_KEYS"] = " ".join(job.trusted_keys)
     lines: list[str] = []
+    echo, output = _shard_echo(
+        lines, send, folder, f"--- shard {job.index}/{job.count} on {facts['hostname']} ({home})"
+    )
     try:
         from harness.runs.run import run
 
@@ -168,7 +177,7 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
         shared = node_state_dir(home, job.run_id) if job.local_services else None
         ports = node_ports(shared, job.local_services) if shared is not None else {}
         with _environment(env), _sigint_unblocked():
-            take_head_standins(job, home, lines.append)
+            take_head_standins(job, home, echo)
             refuse_foreseen(job, home)
             outcome = run(
                 state,
@@ -179,7 +188,7 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
                 benchmark=job.benchmark,
                 gpus=job.gpus,
                 offline=job.offline,
-                echo=lines.append,
+                echo=echo,
                 shard=(job.index, job.count),
                 run_id=job.run_id,
                 run_dir=folder,
@@ -215,10 +224,30 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
         )
     except KeyboardInterrupt:
         result.update(status="cancelled", exit_status=130, reason="interrupted before the command started")
+    if output is not None:
+        output.close()
     result["ended"] = time.time()
     result["output"] = lines
     result["files"] = _collect(folder)
     return result
+
+
+def _shard_echo(
+    lines: list[str], send: Callable[[list[str]], None] | None, folder: Path, header: str
+) -> tuple[Callable[[str], None], ShardOutput | None]:
+    """Where the shard's progress lines go: its result's ``output``, and, given ``send``, the
+    head as they come with the command's output (:mod:`harness.runs.livelog`)."""
+    if send is None:
+        return lines.append, None
+    from harness.runs.livelog import ShardOutput
+
+    output = ShardOutput(send, folder / "logs" / "command.log", header)
+
+    def echo(line: str) -> None:
+        lines.append(line)
+        output.echo(line)
+
+    return echo, output
 
 
 def node_platform() -> str:
