@@ -164,6 +164,7 @@ def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> Non
     ran the lock's store paths and names a node whose record says otherwise."""
     four = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", setup.cluster.client, "--shards", "4")
     assert four.returncode == 0, four.stderr
+    assert "note: the head has no GPU, so the run is planned without one" in four.stderr
     run4 = _run_dir(setup, four.stderr)
     config = json.loads((run4 / "config.json").read_text())
     # The whole closure is in the head's cache: pushed now, or already there from another
@@ -474,13 +475,22 @@ def test_slurm_array_through_submitit_local(setup: Setup) -> None:
     """``--cluster slurm-local``: the same shards as one submitit array job, on this machine
     (submitit's local executor; a real Slurm takes ``--cluster slurm``)."""
     pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
-    result = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "slurm-local", "--shards", "2")
+    # --gpus: the GPUs of one node, which the GPU-less head plans for; each node plans its own.
+    result = _harness(
+        setup, "run", "--agent", "kinematics-only", "--cluster", "slurm-local", "--shards", "2", "--gpus", "1x24"
+    )
     assert result.returncode == 0, result.stderr
     assert "submitted array job" in result.stderr
+    assert "the head has no GPU" not in result.stderr
     run_dir = _run_dir(setup, result.stderr)
     outcome = json.loads((run_dir / "result.json").read_text())
     assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"]
     assert json.loads((run_dir / "benchmark.json").read_text())["episodes"] == 20
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["cluster"]["node_gpus"] == "1x24"
+    assert [g["total_gb"] for g in config["plan"]["gpus"]] == [24.0], config["plan"]["gpus"]
+    for index in (0, 1):  # this machine has no GPU: the shard's own plan has none
+        assert json.loads((run_dir / "shards" / str(index) / "config.json").read_text())["plan"]["gpus"] == []
     # Each task appended its output to the run's folder as it went (a filesystem both see).
     for index in (0, 1):
         live = (run_dir / "live" / f"{index}.log").read_text()

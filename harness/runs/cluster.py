@@ -188,7 +188,10 @@ def run_on_cluster(
     started = time.time()
     run_id = new_run_id(started)
     run_dir = runs_dir(state.home) / run_id
+    # ``gpus``: one node's GPUs (the node kind), which the head plans for; each node still
+    # plans its own shard from its own inventory, and proves the same closure.
     prepared, store, head = prepare_head(state, ask, run_dir, gpus=gpus, show_progress=show_progress)
+    note_node_kind(prepared.plan, gpus, echo)
     simulator = simulator_entry(prepared.plan.simulator)  # elsewhere: its address and identity
     if simulator is not None:
         prepared.impurities = sorted({*prepared.impurities, simulator_impurity(simulator)})
@@ -196,6 +199,7 @@ def run_on_cluster(
     _announce(run_id, shards, target, prepared, echo)
     pushed = push_closure(store, [e["path"] for e in head.closure["store_paths"]], settings, state.home, echo)
     config = _cluster_config(run_id, started, prepared, ask, target, shards, retries, pushed, head.digest)
+    config["cluster"]["node_gpus"] = gpus  # what --resume plans the head for again
     use_slurm_options(engine, config, prepared, slurm)
     if simulator is not None:
         config["simulator"] = simulator
@@ -205,6 +209,16 @@ def run_on_cluster(
     outcome = run_shards(engine, jobs, config, run_dir, store, head, run_id, echo)
     report_shards(outcome, echo)
     return RunOutcome(run_id, run_dir, outcome["exit_status"], outcome["score"])
+
+
+def note_node_kind(plan: Plan, gpus: str | None, echo: Echo) -> None:
+    """Say so when the head planned the run without a GPU because it has none: its shards
+    then ask their engine for no GPU, and services that need one are off."""
+    if gpus is None and not plan.gpus:
+        echo(
+            "note: the head has no GPU, so the run is planned without one (each shard asks its engine "
+            "for none; services that need one are off): give --gpus SPEC, one node's GPUs, to plan for the nodes"
+        )
 
 
 def check_slurm_given(target: Target, given: tuple[str, ...]) -> None:

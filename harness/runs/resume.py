@@ -111,7 +111,10 @@ def resume_on_cluster(state: ProjectState, run: str, *, echo: Echo = print, show
     engine = open_engine(target)
     if isinstance(engine, SubmititEngine):  # the partition, account, QOS, time... it was asked with
         engine.options = dict(config["cluster"].get("slurm") or {})
-    prepared, store, head = prepare_head(state, ask, run_dir, gpus=None, show_progress=show_progress)
+    node_gpus = config["cluster"].get("node_gpus")  # the node kind the head planned for
+    prepared, store, head = prepare_head(
+        state, ask, run_dir, gpus=str(node_gpus) if node_gpus else None, show_progress=show_progress
+    )
     if head.digest != config["cluster"]["closure_digest"]:
         differences = closure_refusal(recorded_closure, head.closure)
         raise HarnessError(

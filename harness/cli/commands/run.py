@@ -17,7 +17,11 @@ from harness.cli import State
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override an agent config key.")
 @click.option("--service", "services", multiple=True, metavar="NAME", help="Run with these services.")
 @click.option("--benchmark", metavar="NAME", help="Benchmark environment (default: the agent's).")
-@click.option("--gpus", metavar="SPEC", help="Plan for these GPUs instead of the ones found.")
+@click.option(
+    "--gpus",
+    metavar="SPEC",
+    help="Plan for these GPUs instead of the ones found; with --cluster, one node's GPUs (each node still plans its own).",
+)
 @click.option("--offline", is_flag=True, help="Never touch the network while realizing.")
 @click.option(
     "--cluster",
@@ -83,8 +87,6 @@ def command(
 
         outcome = resume_on_cluster(state, resume, echo=common["echo"], show_progress=not quiet)
     elif cluster is not None:
-        if gpus:
-            raise InputError("--gpus plans for this machine; a cluster shard plans for the GPUs its node has")
         from harness.runs.cluster import run_on_cluster
 
         outcome = run_on_cluster(
@@ -93,7 +95,7 @@ def command(
             cluster=cluster,
             shards=1 if shards is None else shards,
             retries=retries,
-            gpus=None,
+            gpus=gpus,  # one node's GPUs: the head plans for the node kind
             slurm=slurm,
             **common,
         )
