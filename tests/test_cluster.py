@@ -471,6 +471,48 @@ def test_runs_logs_follows_the_shards_output_as_it_comes(setup: Setup) -> None:
     assert {h for h in homes if h in out} == homes, "both nodes' shards reported"
 
 
+def test_a_detached_run_goes_on_without_the_shell_that_started_it(setup: Setup) -> None:
+    """``--detach`` returns the run id once the run is recorded, while its shards still wait
+    at the gate: the head runs on in a session of its own (no terminal's hangup reaches it),
+    drives the Ray job to its end and records the run; its log is in the run's folder."""
+    gates = setup.gates / "detach"
+    gates.mkdir()
+    result = _harness(
+        setup,
+        "run",
+        "--agent",
+        "kinematics-only",
+        "--cluster",
+        "ray",
+        "--shards",
+        "2",
+        "--detach",
+        "--",
+        sys.executable,
+        str(setup.gates / "gate.py"),
+        str(gates),
+        str(REPO / "benchmarks" / "reach" / "episodes.py"),
+    )
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.strip()
+    pid = int(result.stderr.split("its head is pid ", 1)[1].split()[0])
+    run_dir = setup.cluster.head.home / "runs" / run_id
+    try:
+        assert (run_dir / "config.json").is_file() and not (run_dir / "result.json").exists()
+        assert _alive(pid) and os.getsid(pid) == pid != os.getsid(0), "the head leads a session of its own"
+        _wait_for("both shards at the gate", lambda: len(list(gates.glob("started-*"))) == 2)
+        (gates / "open").write_text("")
+        _wait_for("the detached head to record the run", lambda: (run_dir / "result.json").is_file())
+        _wait_for("the detached head to end", lambda: not _alive(pid), 60)
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    outcome = json.loads((run_dir / "result.json").read_text())
+    assert outcome["exit_status"] == 0 and [s["status"] for s in outcome["shards"]] == ["ok", "ok"], outcome
+    log = (run_dir / "head.log").read_text()
+    assert f"run {run_id}: 2 shards on ray" in log and f"run {run_id}: exit 0" in log, log
+
+
 def test_slurm_array_through_submitit_local(setup: Setup) -> None:
     """``--cluster slurm-local``: the same shards as one submitit array job, on this machine
     (submitit's local executor; a real Slurm takes ``--cluster slurm``)."""

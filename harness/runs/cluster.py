@@ -176,6 +176,7 @@ def run_on_cluster(
     shard succeeded, 130 when cancelled, else 1; the score combined over the shards.
     """
     from harness.config import load_settings
+    from harness.runs.detach import detached_run_id
     from harness.runs.record import new_run_id, runs_dir
     from harness.runs.run import RunOutcome
     from harness.runs.simulator import simulator_entry, simulator_impurity
@@ -186,7 +187,7 @@ def run_on_cluster(
     check_slurm_given(target, slurm)
     ask = ClusterAsk(tuple(command), agent, tuple(sets), tuple(services), benchmark, offline)
     started = time.time()
-    run_id = new_run_id(started)
+    run_id = detached_run_id() or new_run_id(started)  # a detached head's was chosen before it started
     run_dir = runs_dir(state.home) / run_id
     # ``gpus``: one node's GPUs (the node kind), which the head plans for; each node still
     # plans its own shard from its own inventory, and proves the same closure.

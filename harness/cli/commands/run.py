@@ -49,6 +49,12 @@ from harness.cli import State
     metavar="RUN",
     help="Run again the shards of cluster run RUN that have no good record, with its closure.",
 )
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="With --cluster: once the run is recorded, print its id and return, its head going on in a session "
+    "of its own (log in the run's head.log); follow it with `harness runs logs ID -f`.",
+)
 # --quiet without -q: the command's own arguments follow, and a short flag is easily theirs.
 @click.option("--quiet", is_flag=True, help="Show no progress on stderr while realizing (the run's lines still print).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -66,6 +72,7 @@ def command(
     retries: int,
     slurm: tuple[str, ...],
     resume: str | None,
+    detach: bool,
     quiet: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -81,6 +88,10 @@ def command(
         echo=lambda line: click.echo(line, err=True),
         show_progress=not quiet,
     )
+    if detach:
+        if cluster is None:
+            raise InputError("--detach runs the head of a cluster run on its own: give --cluster")
+        _detach(state)
     if resume is not None:
         _check_resume(agent, sets, services, benchmark, gpus, offline, cluster, shards, slurm, command)
         from harness.runs.resume import resume_on_cluster
@@ -110,6 +121,22 @@ def command(
     score = f", score {outcome.score:.2f}" if outcome.score is not None else ""
     click.echo(f"run {outcome.run_id}: exit {outcome.exit_status}{score}; record {outcome.run_dir}", err=True)
     raise SystemExit(outcome.exit_status)
+
+
+def _detach(state: State) -> None:
+    """Start this command's head in a session of its own, print the run id once it has
+    recorded the run, and exit (:mod:`harness.runs.detach`)."""
+    from harness.cli import invoked_args
+    from harness.runs.detach import detach_head
+
+    detached = detach_head(state.home, invoked_args())
+    click.echo(
+        f"run {detached.run_id}: detached, its head is pid {detached.pid} (log {detached.log}); "
+        f"follow it with `harness runs logs {detached.run_id} -f`, stop it with `kill -INT {detached.pid}`",
+        err=True,
+    )
+    click.echo(detached.run_id)
+    raise SystemExit(0)
 
 
 def _check_resume(
