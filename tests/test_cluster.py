@@ -164,6 +164,7 @@ def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> Non
     ran the lock's store paths and names a node whose record says otherwise."""
     four = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", setup.cluster.client, "--shards", "4")
     assert four.returncode == 0, four.stderr
+    assert "note: the head has no GPU, so the run is planned without one" in four.stderr
     run4 = _run_dir(setup, four.stderr)
     config = json.loads((run4 / "config.json").read_text())
     # The whole closure is in the head's cache: pushed now, or already there from another
@@ -182,6 +183,7 @@ def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> Non
     # The second node realized from the cache into its own store.
     second_store = setup.cluster.second.home / "store"
     assert any(p.name.endswith("-kinematics-env") for p in second_store.iterdir())
+    _one_broker_and_one_start_per_node(run4, shards)
 
     one = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "ray", "--shards", "1")
     assert one.returncode == 0, one.stderr
@@ -208,6 +210,36 @@ def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> Non
     assert audit.returncode == 1
     bad = [ln for ln in audit.stdout.splitlines() if ln.startswith("modified")]
     assert len(bad) == 1 and str(setup.cluster.second.home) in bad[0] and entry["path"] in bad[0], audit.stdout
+
+
+def _one_broker_and_one_start_per_node(run_dir: Path, shards: list[dict[str, object]]) -> None:
+    """The shards on one node shared one broker there (the same process served each) and the
+    kinematics service started once per node, not once per shard; the broker and the service
+    then end, leaving nothing running on the node."""
+    from harness.runs.nodebroker import LINGER_S
+
+    by_home: dict[str, list[dict[str, object]]] = {}
+    for shard in shards:
+        by_home.setdefault(str(shard["home"]), []).append(shard)
+    assert any(len(on) >= 2 for on in by_home.values()), f"two shards share a node: {by_home}"
+    for home, on in by_home.items():
+        brokers = {
+            json.loads((run_dir / "shards" / str(s["index"]) / "config.json").read_text())["broker"]["pid"] for s in on
+        }
+        assert len(brokers) == 1, f"{len(on)} shards on {home} were served by brokers {brokers}"
+        state = Path(home) / "runs" / run_dir.name / "node"
+        starts = [ln for ln in (state / "logs" / "broker.log").read_text().splitlines() if " start kinematics " in ln]
+        assert len(starts) == 1, f"{len(on)} shards on {home}, kinematics started {len(starts)} times: {starts}"
+        # It ends once no shard is joined (LINGER_S later, or with the Ray job, which kills the
+        # processes of its workers): either way the service it started is stopped with it.
+        pid, port = brokers.pop(), json.loads((state / "ports.json").read_text())["kinematics"]
+        _wait_for(f"the broker of {home} to end", lambda pid=pid: not _alive(pid), LINGER_S + 60)
+        _wait_for(f"the kinematics service of {home} to stop", lambda port=port: not _answers(port), 60)
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _audit_lines(setup: Setup, run_dir: Path) -> tuple[int, list[str]]:
@@ -397,17 +429,114 @@ def test_ctrl_c_cancels_every_shard_and_stops_their_services(setup: Setup) -> No
             assert sock.connect_ex(("127.0.0.1", port)) != 0, f"a service still answers on port {port}"
 
 
+def test_runs_logs_follows_the_shards_output_as_it_comes(setup: Setup) -> None:
+    """While both shards wait at the gate, ``harness runs logs RUN -f`` already shows each
+    one's progress (the closure check, the command started), from both nodes; once the gate
+    opens it shows the command's own output and ends with the run."""
+    proc, gates = _gated(setup, "logs", 2)
+    started = _wait_started(proc, gates, 2)
+    run_id = Path(started[0].read_text()).parts[-3]  # HARNESS_RUN_DIR: <home>/runs/<id>/shards/<I>
+    env = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home)}
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "harness", "--project", str(REPO), "runs", "logs", run_id, "-f"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        live = setup.cluster.head.home / "runs" / run_id / "live"
+        _wait_for(
+            "both shards' progress in their live logs",
+            lambda: (
+                all("running:" in p.read_text() for p in (live / "0.log", live / "1.log") if p.is_file())
+                and len(list(live.glob("*.log"))) == 2
+            ),
+            120,
+        )
+        assert proc.poll() is None, "the shards still wait at the gate: the output came as it was written"
+        (gates / "open").write_text("")
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        out, follow_err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+    assert follow.returncode == 0 and "has ended" in follow_err, follow_err
+    for index in (0, 1):
+        mine = [ln for ln in out.splitlines() if ln.startswith(f"shard {index} | ")]
+        assert any("--- shard" in ln for ln in mine), out
+        assert any("closure: the head's" in ln for ln in mine), out
+        assert any("success" in ln.lower() or "episode" in ln.lower() for ln in mine), out
+    homes = {str(setup.cluster.head.home), str(setup.cluster.second.home)}
+    assert {h for h in homes if h in out} == homes, "both nodes' shards reported"
+
+
+def test_a_detached_run_goes_on_without_the_shell_that_started_it(setup: Setup) -> None:
+    """``--detach`` returns the run id once the run is recorded, while its shards still wait
+    at the gate: the head runs on in a session of its own (no terminal's hangup reaches it),
+    drives the Ray job to its end and records the run; its log is in the run's folder."""
+    gates = setup.gates / "detach"
+    gates.mkdir()
+    result = _harness(
+        setup,
+        "run",
+        "--agent",
+        "kinematics-only",
+        "--cluster",
+        "ray",
+        "--shards",
+        "2",
+        "--detach",
+        "--",
+        sys.executable,
+        str(setup.gates / "gate.py"),
+        str(gates),
+        str(REPO / "benchmarks" / "reach" / "episodes.py"),
+    )
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.strip()
+    pid = int(result.stderr.split("its head is pid ", 1)[1].split()[0])
+    run_dir = setup.cluster.head.home / "runs" / run_id
+    try:
+        assert (run_dir / "config.json").is_file() and not (run_dir / "result.json").exists()
+        assert _alive(pid) and os.getsid(pid) == pid != os.getsid(0), "the head leads a session of its own"
+        _wait_for("both shards at the gate", lambda: len(list(gates.glob("started-*"))) == 2)
+        (gates / "open").write_text("")
+        _wait_for("the detached head to record the run", lambda: (run_dir / "result.json").is_file())
+        _wait_for("the detached head to end", lambda: not _alive(pid), 60)
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    outcome = json.loads((run_dir / "result.json").read_text())
+    assert outcome["exit_status"] == 0 and [s["status"] for s in outcome["shards"]] == ["ok", "ok"], outcome
+    log = (run_dir / "head.log").read_text()
+    assert f"run {run_id}: 2 shards on ray" in log and f"run {run_id}: exit 0" in log, log
+
+
 def test_slurm_array_through_submitit_local(setup: Setup) -> None:
     """``--cluster slurm-local``: the same shards as one submitit array job, on this machine
     (submitit's local executor; a real Slurm takes ``--cluster slurm``)."""
     pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
-    result = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "slurm-local", "--shards", "2")
+    # --gpus: the GPUs of one node, which the GPU-less head plans for; each node plans its own.
+    result = _harness(
+        setup, "run", "--agent", "kinematics-only", "--cluster", "slurm-local", "--shards", "2", "--gpus", "1x24"
+    )
     assert result.returncode == 0, result.stderr
     assert "submitted array job" in result.stderr
+    assert "the head has no GPU" not in result.stderr
     run_dir = _run_dir(setup, result.stderr)
     outcome = json.loads((run_dir / "result.json").read_text())
     assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"]
     assert json.loads((run_dir / "benchmark.json").read_text())["episodes"] == 20
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["cluster"]["node_gpus"] == "1x24"
+    assert [g["total_gb"] for g in config["plan"]["gpus"]] == [24.0], config["plan"]["gpus"]
+    for index in (0, 1):  # this machine has no GPU: the shard's own plan has none
+        assert json.loads((run_dir / "shards" / str(index) / "config.json").read_text())["plan"]["gpus"] == []
+    # Each task appended its output to the run's folder as it went (a filesystem both see).
+    for index in (0, 1):
+        live = (run_dir / "live" / f"{index}.log").read_text()
+        assert f"--- shard {index}/2" in live and "closure: the head's" in live, live
 
 
 # Shard 0 runs its episodes at once; the others wait at the gate as GATE's do.

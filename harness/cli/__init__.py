@@ -206,9 +206,19 @@ def main(argv: list[str] | None = None) -> None:
             roots.release_process_roots()
 
 
+#: The arguments of this invocation (``run --detach`` starts the head again with them).
+_ARGS: list[str] = []
+
+
+def invoked_args() -> list[str]:
+    """The arguments ``harness`` was given (without the program name)."""
+    return list(_ARGS)
+
+
 def _main(argv: list[str] | None) -> None:
     from harness.errors import HarnessError
 
+    _ARGS[:] = list(sys.argv[1:] if argv is None else argv)
     try:
         # standalone_mode=False returns ctx.exit()'s code instead of exiting, so errors
         # raised below reach the handlers here rather than click's own printing.

@@ -101,6 +101,65 @@ class BenchmarkDeploy(Strict):
         return value.rstrip("/")
 
 
+class SlurmDeploy(Strict):
+    """``[slurm]``: what a ``--cluster slurm`` run's array job asks Slurm for (``--slurm
+    KEY=VALUE`` on the command line wins, key by key)."""
+
+    partition: str | None = Field(default=None, min_length=1, description="sbatch --partition.")
+    account: str | None = Field(default=None, min_length=1, description="sbatch --account, charged for the job.")
+    qos: str | None = Field(default=None, min_length=1, description="sbatch --qos, the quality of service.")
+    time: str | None = Field(
+        default=None,
+        description="Each task's time limit: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, as sbatch "
+        "--time takes it (default 24 hours).",
+    )
+    mem: str | None = Field(
+        default=None,
+        description="Each task's memory, as sbatch --mem takes it: a number with an optional K, M, G or T (32G).",
+    )
+    gpus: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="GPUs per shard (sbatch --gpus-per-node), instead of what the run's plan places services on: "
+        "the head may have none, while the nodes do.",
+    )
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None:
+            slurm_minutes(value)  # raises ValueError naming the forms
+        return value
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[1-9][0-9]*[KMGT]?", value):
+            raise ValueError(f"mem {value!r}: give a number with an optional K, M, G or T, as 32G")
+        return value
+
+
+def slurm_minutes(text: str) -> int:
+    """Slurm's time limit (``--time``) in whole minutes, rounded up. Pure. Forms: ``M``,
+    ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``; a ValueError names them."""
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if match is None:
+        raise ValueError(f"time {text!r}: give minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
+    days, first, second, third = match.groups()
+    if days is not None:  # D-H[:M[:S]]
+        seconds = int(days) * 86400 + int(first) * 3600 + int(second or 0) * 60 + int(third or 0)
+    elif third is not None:  # H:M:S
+        seconds = int(first) * 3600 + int(second) * 60 + int(third)
+    elif second is not None:  # M:S
+        seconds = int(first) * 60 + int(second)
+    else:  # M
+        seconds = int(first) * 60
+    if seconds <= 0:
+        raise ValueError(f"time {text!r}: the limit must be above zero")
+    return -(-seconds // 60)
+
+
 class BrokerDeploy(Strict):
     """``[broker]``: limits of the broker that serves this machine's services."""
 
@@ -156,6 +215,7 @@ class Deploy(Strict):
     )
     sim: Sim | None = Field(default=None, description="Simulator workers of harness run.")
     broker: BrokerDeploy | None = Field(default=None, description="Limits of the broker.")
+    slurm: SlurmDeploy | None = Field(default=None, description="What a --cluster slurm run's array job asks for.")
     services: dict[str, ServiceDeploy] = Field(
         default_factory=dict,
         description="How each service runs here, by manifest name; a name without a manifest is an error.",

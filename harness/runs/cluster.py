@@ -39,7 +39,9 @@ shard whose node cannot realize fails with the node's reason, and the run exits 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,6 +56,8 @@ from harness.runs.record import read_json, write_json
 from harness.runs.shard import ShardJob, run_shard
 
 if TYPE_CHECKING:
+    from submitit import AutoExecutor
+
     from harness.config import Settings
     from harness.runs.run import RunOutcome
     from harness.runtime.plan import Plan
@@ -163,13 +167,16 @@ def run_on_cluster(
     offline: bool,
     echo: Echo = print,
     show_progress: bool = True,
+    slurm: tuple[str, ...] = (),
 ) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) in ``shards`` shards on ``cluster``.
+    ``slurm``: ``--slurm KEY=VALUE`` items (:mod:`harness.runs.slurm`), for a Slurm target.
 
     Returns a :class:`harness.runs.run.RunOutcome` for the whole run: exit 0 when every
     shard succeeded, 130 when cancelled, else 1; the score combined over the shards.
     """
     from harness.config import load_settings
+    from harness.runs.detach import detached_run_id
     from harness.runs.record import new_run_id, runs_dir
     from harness.runs.run import RunOutcome
     from harness.runs.simulator import simulator_entry, simulator_impurity
@@ -177,11 +184,15 @@ def run_on_cluster(
     _check_counts(shards, retries)
     target = parse_target(cluster)
     engine = open_engine(target)  # a missing extra is an error before anything is realized
+    check_slurm_given(target, slurm)
     ask = ClusterAsk(tuple(command), agent, tuple(sets), tuple(services), benchmark, offline)
     started = time.time()
-    run_id = new_run_id(started)
+    run_id = detached_run_id() or new_run_id(started)  # a detached head's was chosen before it started
     run_dir = runs_dir(state.home) / run_id
+    # ``gpus``: one node's GPUs (the node kind), which the head plans for; each node still
+    # plans its own shard from its own inventory, and proves the same closure.
     prepared, store, head = prepare_head(state, ask, run_dir, gpus=gpus, show_progress=show_progress)
+    note_node_kind(prepared.plan, gpus, echo)
     simulator = simulator_entry(prepared.plan.simulator)  # elsewhere: its address and identity
     if simulator is not None:
         prepared.impurities = sorted({*prepared.impurities, simulator_impurity(simulator)})
@@ -189,6 +200,8 @@ def run_on_cluster(
     _announce(run_id, shards, target, prepared, echo)
     pushed = push_closure(store, [e["path"] for e in head.closure["store_paths"]], settings, state.home, echo)
     config = _cluster_config(run_id, started, prepared, ask, target, shards, retries, pushed, head.digest)
+    config["cluster"]["node_gpus"] = gpus  # what --resume plans the head for again
+    use_slurm_options(engine, config, prepared, slurm)
     if simulator is not None:
         config["simulator"] = simulator
     write_json(run_dir / "config.json", config)
@@ -197,6 +210,38 @@ def run_on_cluster(
     outcome = run_shards(engine, jobs, config, run_dir, store, head, run_id, echo)
     report_shards(outcome, echo)
     return RunOutcome(run_id, run_dir, outcome["exit_status"], outcome["score"])
+
+
+def note_node_kind(plan: Plan, gpus: str | None, echo: Echo) -> None:
+    """Say so when the head planned the run without a GPU because it has none: its shards
+    then ask their engine for no GPU, and services that need one are off."""
+    if gpus is None and not plan.gpus:
+        echo(
+            "note: the head has no GPU, so the run is planned without one (each shard asks its engine "
+            "for none; services that need one are off): give --gpus SPEC, one node's GPUs, to plan for the nodes"
+        )
+
+
+def check_slurm_given(target: Target, given: tuple[str, ...]) -> None:
+    """``--slurm`` is for a Slurm target, and its items are checked before anything is realized."""
+    from harness.runs.slurm import slurm_options
+
+    if given and not target.engine.startswith("slurm"):
+        raise InputError(f"--slurm applies to --cluster slurm (or slurm-local), not {target.describe()}")
+    slurm_options(None, given)
+
+
+def use_slurm_options(engine: Engine, config: dict[str, Any], prepared: Prepared, given: tuple[str, ...]) -> None:
+    """The deploy's ``[slurm]`` with ``--slurm`` over it, recorded in ``config.json`` and
+    handed to a submitit engine (``--resume`` hands it the recorded ones)."""
+    from harness.runs.slurm import slurm_options
+
+    if not isinstance(engine, SubmititEngine):
+        return
+    deploy = getattr(prepared.deploy, "slurm", None)
+    options = slurm_options(deploy.model_dump(exclude_none=True) if deploy is not None else None, given)
+    config["cluster"]["slurm"] = options
+    engine.options = options
 
 
 def prepare_head(
@@ -675,12 +720,15 @@ class RayEngine:
                 num_cpus=cpus, num_gpus=gpus, max_retries=retries, retry_exceptions=False, scheduling_strategy="SPREAD"
             )
             refs = {task.remote(job, ledger): job.index for job in jobs}
-            return self._wait(refs, ledger, jobs, echo, on_result)
+            try:
+                return self._wait(refs, ledger, jobs, echo, on_result, folder.parent)
+            finally:
+                self._keep_output(ledger, folder.parent)
         finally:
             ray.shutdown()
 
     def _wait(
-        self, refs: dict[Any, int], ledger: Any, jobs: list[ShardJob], echo: Echo, on_result: OnResult
+        self, refs: dict[Any, int], ledger: Any, jobs: list[ShardJob], echo: Echo, on_result: OnResult, run_dir: Path
     ) -> list[dict[str, Any]]:
         import ray
 
@@ -699,6 +747,7 @@ class RayEngine:
                         f"(node {start['node_id'][:12]}, home {start['home']}){again}"
                     )
                 seen = len(attempts)
+                self._keep_output(ledger, run_dir)
                 for ref in done:  # its attempts all began before it ended: the ledger has them
                     index = refs[ref]
                     results[index] = self._result(ref, index, count)
@@ -754,6 +803,20 @@ class RayEngine:
             }
 
     @staticmethod
+    def _keep_output(ledger: Any, run_dir: Path) -> None:
+        """Append what the shards handed the ledger since the last look to their live logs."""
+        import ray
+
+        from harness.runs.livelog import append_lines, live_log
+
+        try:
+            output = ray.get(ledger.take_output.remote(), timeout=30)
+        except ray.exceptions.RayError:
+            return
+        for index, lines in output.items():
+            append_lines(live_log(run_dir, index), lines)
+
+    @staticmethod
     def _attach(results: dict[int, dict[str, Any]], ledger: Any) -> None:
         import ray
 
@@ -784,13 +847,23 @@ class _Interrupted(KeyboardInterrupt):
 
 
 class Ledger:
-    """A Ray actor on the head's node: every attempt of every shard, in the order they began."""
+    """A Ray actor on the head's node: every attempt of every shard, in the order they began,
+    and the shards' output until the head takes it."""
 
     def __init__(self) -> None:
         self._attempts: list[tuple[int, dict[str, Any]]] = []
+        self._output: dict[int, list[str]] = {}
 
     def started(self, index: int, facts: dict[str, Any]) -> None:
         self._attempts.append((index, facts))
+
+    def output(self, index: int, lines: list[str]) -> None:
+        """Lines a shard wrote (:mod:`harness.runs.livelog`), kept until the head takes them."""
+        self._output.setdefault(index, []).extend(lines)
+
+    def take_output(self) -> dict[int, list[str]]:
+        taken, self._output = self._output, {}
+        return taken
 
     def attempts(self) -> list[tuple[int, dict[str, Any]]]:
         return list(self._attempts)
@@ -811,7 +884,11 @@ def _ray_shard(job: ShardJob, ledger: Any) -> dict[str, Any]:
         "started": time.time(),
     }
     ray.get(ledger.started.remote(job.index, facts))
-    result = run_shard(job, {"node_id": facts["node_id"], "engine": "ray"})
+
+    def send(lines: list[str]) -> None:  # in order: one caller's calls on an actor run in order
+        ledger.output.remote(job.index, lines)
+
+    result = run_shard(job, {"node_id": facts["node_id"], "engine": "ray"}, send)
     return result
 
 
@@ -832,9 +909,29 @@ class SubmititEngine:
                 "--cluster slurm needs submitit, which is not installed",
                 hint="pip install -e '.[slurm]' from the checkout",
             ) from None
+        if not local and shutil.which("srun") is None:  # submitit's own test for a Slurm machine
+            raise HarnessError(
+                "--cluster slurm: no srun on this machine's PATH, so it is no Slurm login node",
+                hint="run it where sbatch and srun are, or try the array here with --cluster slurm-local",
+            )
         self.local = local
         #: what each array task runs: a shard (another function only in the engine's tests)
         self.task = task or _submitit_shard
+        #: partition, account, QOS, time, memory, GPUs (:func:`harness.runs.slurm.slurm_options`)
+        self.options: dict[str, Any] = {}
+
+    def executor(self, folder: Path, *, cpus: float, gpus: int, count: int) -> AutoExecutor:
+        """submitit's executor for an array of ``count`` shards, its parameters set (submitit
+        renders them into the sbatch script of each submission)."""
+        import submitit
+
+        from harness.runs.slurm import submitit_parameters
+
+        executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if self.local else "slurm")
+        executor.update_parameters(
+            **submitit_parameters(self.options, cpus=cpus, gpus=gpus, local=self.local, count=count)
+        )
+        return executor
 
     def run(
         self,
@@ -847,20 +944,10 @@ class SubmititEngine:
         echo: Echo,
         on_result: OnResult,
     ) -> list[dict[str, Any]]:
-        import submitit
+        from harness.runs.livelog import live_log
 
-        executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if self.local else "slurm")
-        params: dict[str, Any] = {
-            "timeout_min": 24 * 60,
-            "cpus_per_task": max(1, int(cpus)),
-            "nodes": 1,
-            "tasks_per_node": 1,
-        }
-        if gpus:
-            params["gpus_per_node"] = gpus
-        if not self.local:
-            params["slurm_array_parallelism"] = len(jobs)
-        executor.update_parameters(**params)
+        executor = self.executor(folder, cpus=cpus, gpus=gpus, count=len(jobs))
+        jobs = [dataclasses.replace(job, live_log=str(live_log(folder.parent, job.index))) for job in jobs]
         results: dict[int, dict[str, Any]] = {}
         attempts: dict[int, list[dict[str, Any]]] = {job.index: [] for job in jobs}
         todo = list(jobs)
@@ -944,8 +1031,11 @@ def _submitit_shard(job: ShardJob) -> dict[str, Any]:
     import socket
 
     env = submitit_environment()
+    from harness.runs.livelog import file_sender
+
+    send = file_sender(Path(job.live_log)) if job.live_log else None
     with _terminations() as terminated:
-        result = run_shard(job, {"node_id": env or socket.gethostname(), "engine": "submitit"})
+        result = run_shard(job, {"node_id": env or socket.gethostname(), "engine": "submitit"}, send)
     return after_termination(result, terminated)
 
 

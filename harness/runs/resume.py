@@ -86,6 +86,7 @@ def resume_on_cluster(state: ProjectState, run: str, *, echo: Echo = print, show
     from harness.runs.audit import audit_shards
     from harness.runs.cluster import (
         head_settings,
+        SubmititEngine,
         open_engine,
         prepare_head,
         push_closure,
@@ -108,7 +109,12 @@ def resume_on_cluster(state: ProjectState, run: str, *, echo: Echo = print, show
         outcome = record_cluster_run(run_dir, config, interrupted=False)
         return RunOutcome(run_dir.name, run_dir, outcome["exit_status"], outcome["score"])
     engine = open_engine(target)
-    prepared, store, head = prepare_head(state, ask, run_dir, gpus=None, show_progress=show_progress)
+    if isinstance(engine, SubmititEngine):  # the partition, account, QOS, time... it was asked with
+        engine.options = dict(config["cluster"].get("slurm") or {})
+    node_gpus = config["cluster"].get("node_gpus")  # the node kind the head planned for
+    prepared, store, head = prepare_head(
+        state, ask, run_dir, gpus=str(node_gpus) if node_gpus else None, show_progress=show_progress
+    )
     if head.digest != config["cluster"]["closure_digest"]:
         differences = closure_refusal(recorded_closure, head.closure)
         raise HarnessError(

@@ -83,13 +83,15 @@ def run(
     ports: dict[str, int] | None = None,
     show_progress: bool = True,
     expected_closure: dict[str, Any] | None = None,
+    node_broker: Path | None = None,
 ) -> RunOutcome:
     """Run ``command`` (or the benchmark's worker) with the closure's services; record it.
 
     A cluster shard (:mod:`harness.runs.cluster`) takes this same path with ``shard``
     (I, N), exported to the command as ``HARNESS_SHARD=I/N``, its record written to
     ``run_dir`` under the cluster run's id, and its services on ``ports`` free on its node,
-    through a broker of its own (never the one of ``harness up``, whose ports are its own).
+    through the broker its run shares on the node (``node_broker``, its state folder:
+    :mod:`harness.runs.nodebroker`), never the one of ``harness up``, whose ports are its own.
     With ``expected_closure`` (the head's, :func:`harness.runs.closures.expected_closure`),
     the closure realized here is compared with it before any service or the command starts:
     a difference is :class:`ClosureMismatch`, naming each one, and nothing is computed.
@@ -115,7 +117,7 @@ def run(
     simulator = _remote_simulator(prepared, echo)
     _announce(run_id, prepared, echo)
     store = Store.in_home(state.home)
-    broker = _RunBroker(_shared_broker(state.home, prepared, shard, echo))
+    broker = _RunBroker(_shared_broker(state.home, prepared, shard, echo), node=node_broker)
     what = _what_to_run(prepared, store, command, run_dir)
     run_roots = _root_closure(store, prepared, what, run_id)
     config = _record_start(
@@ -133,7 +135,7 @@ def run(
         echo("interrupted: recording the run")
     finally:
         foreign = broker.foreign(prepared.specs)
-        unknown = broker.stop()
+        unknown = broker.stop(interrupted=exit_status == 130)
         score = _record_result(run_dir, run_id, started, exit_status, [*prepared.impurities, *unknown], foreign)
         run_roots.close()  # the record's lock.json roots it now (the last N runs are kept)
     return RunOutcome(run_id, run_dir, exit_status, score)
@@ -280,9 +282,11 @@ def _record_start(
         },
         "broker": {
             "shared": shared is not None,
-            "state_dir": str(shared.state_dir if shared else run_dir / "services"),
+            "state_dir": str(shared.state_dir if shared else broker.node or run_dir / "services"),
         },
     }
+    if broker.node is not None:  # the broker the run's shards share on this node
+        config["broker"]["node"] = True
     if shard is not None:
         config["shard"] = f"{shard[0]}/{shard[1]}"
     if simulator is not None:
@@ -319,6 +323,8 @@ def _start_and_run(
         worker=what.worker,
     )
     address, broker_env = broker.start(prepared, run_dir)
+    if broker.node is not None and broker.shared is not None:  # which incarnation served the shard
+        config["broker"].update(url=broker.shared.url, pid=broker.shared.pid)
     env = _command_env(broker_env, prepared, run_dir)
     if shard is not None:
         env["HARNESS_SHARD"] = f"{shard[0]}/{shard[1]}"
@@ -336,6 +342,8 @@ class _RunBroker:
     shared: SharedBroker | None
     own: RecordingBroker | None = None
     joined: Path | None = None  # the run's folder, once it joined the shared broker
+    #: the state folder of the broker a cluster run's shards share on this node
+    node: Path | None = None
 
     def start(self, prepared: Prepared, run_dir: Path) -> tuple[str, dict[str, str]]:
         """Start the resident services (before the command starts); the broker's address
@@ -346,11 +354,17 @@ class _RunBroker:
         # naming the cause (a port's holder, an exit, a timeout): the command would only
         # meet the broker's refusal.
         hint = f"the command was not started; the run's record: {run_dir}"
+        if self.node is not None:
+            from harness.runs.nodebroker import join_node_broker
+
+            self.shared, env = join_node_broker(self.node, prepared, _joined_name(run_dir), os.getpid())
+            self.joined = run_dir
+            return self.shared.url, env
         if self.shared is not None:
             specs = prepared.specs
             residents = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in specs]
             # The command's leases are the run's: the broker watches them for scoped resets.
-            env = self.shared.join_run(run_dir.name, os.getpid())
+            env = self.shared.join_run(_joined_name(run_dir), os.getpid())
             self.joined = run_dir
             status = self.shared.start(residents, timeout=30.0 + sum(s.load_seconds for s in specs.values()))
             if status["broker"].get("up_errors"):
@@ -389,10 +403,12 @@ class _RunBroker:
         except Exception:  # the record matters more than this detail
             return []
 
-    def stop(self) -> list[str]:
+    def stop(self, *, interrupted: bool = False) -> list[str]:
         """Stop the run's own broker and every service it started (``harness up``'s stays);
-        a run that joined ``harness up``'s broker writes the resets it saw there. Returns
-        the impurities to record: resets that could not be read back."""
+        a run that joined ``harness up``'s broker writes the resets it saw there. A node's
+        broker stays for the run's next shard there, unless the run was interrupted and no
+        shard is joined any more (:mod:`harness.runs.nodebroker`). Returns the impurities
+        to record: resets that could not be read back."""
         from harness.runs.report import EVENTS_FILE, write_events
 
         if self.own is not None:
@@ -406,15 +422,26 @@ class _RunBroker:
         from harness.runs.resets import RESETS_FILE, write_resets
 
         try:
-            resets, events = self.shared.end_run(self.joined.name)
+            resets, events = self.shared.end_run(_joined_name(self.joined))
         except HarnessError as exc:
             return [f"the scoped resets of this run are unknown: {exc.message}"]
+        finally:
+            if self.node is not None and interrupted:
+                from harness.runs.nodebroker import stop_if_unjoined
+
+                stop_if_unjoined(self.shared)
         write_resets(self.joined / RESETS_FILE, resets)
         try:  # the timeline of the run's report: the shared broker's events while the run was joined
             write_events(self.joined / EVENTS_FILE, events)
         except OSError:
             pass  # the record matters more than its timeline
         return []
+
+
+def _joined_name(run_dir: Path) -> str:
+    """The name a run joins a broker under: its id, or ``shard I`` of a cluster run's shard
+    (one node's broker serves one run's shards)."""
+    return f"shard {run_dir.name}" if run_dir.parent.name == "shards" else run_dir.name
 
 
 def _record_result(

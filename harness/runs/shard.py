@@ -3,10 +3,11 @@
 :func:`run_shard` is what a cluster engine (Ray, Slurm) executes on a node. It takes the
 node's ``HARNESS_HOME`` from the node's own environment, points realize at the binary
 caches the head pushed to (``HARNESS_SUBSTITUTERS``/``HARNESS_TRUSTED_KEYS`` for the
-duration of the shard), picks ports free on the node for the run's local services (several
-shards may share a node), and calls :func:`harness.runs.run.run` restricted to its shard:
-realize the closure into the node's store (substituters first), start the services through
-a node-local broker, run the shard's episodes, record. The record is written on the node
+duration of the shard), takes the ports of the run's local services on this node (chosen
+once per node: the run's shards there share them), and calls :func:`harness.runs.run.run`
+restricted to its shard: realize the closure into the node's store (substituters first), start the services through
+the broker the run's shards share on the node (:mod:`harness.runs.nodebroker`: one model
+load per node), run the shard's episodes, record. The record is written on the node
 under ``$HARNESS_HOME/runs/<run id>/shards/<I>/`` and returned whole (JSON and logs), so the
 head can keep it under the run's own folder.
 
@@ -31,6 +32,7 @@ from harness.errors import HarnessError
 
 if TYPE_CHECKING:
     from harness.manifests.project import Project
+    from harness.runs.livelog import ShardOutput
 
 #: Files of a shard's record larger than this come back truncated (their tail is kept).
 MAX_RETURNED_BYTES = 1 << 20
@@ -63,6 +65,9 @@ class ShardJob:
     #: its own against it before the first episode, and pulls the head's stand-ins
     expected_closure: dict[str, Any] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: where the shard appends its output as it comes (the head's run folder, on a filesystem
+    #: both see: Slurm's), when the engine has no channel of its own (:mod:`harness.runs.livelog`)
+    live_log: str | None = None
 
 
 @dataclass
@@ -91,20 +96,6 @@ def node_home() -> Path:
 
 def shard_dir(home: Path, run_id: str, index: int) -> Path:
     return home / "runs" / run_id / "shards" / str(index)
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on loopback now (the kernel picks them)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @contextmanager
@@ -141,12 +132,15 @@ def _sigint_unblocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_shard(
+    job: ShardJob, node: dict[str, Any] | None = None, send: Callable[[list[str]], None] | None = None
+) -> dict[str, Any]:
     """Run ``job`` on this node and return its record (see the module docstring).
 
     ``node`` names the node as the engine knows it (Ray's node id, a Slurm host); the
     host name and ``HARNESS_HOME`` are added here.
     """
+    from harness.runs.nodebroker import node_ports, node_state_dir
     from harness.runs.record import read_json
 
     home = node_home()
@@ -172,13 +166,18 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
     if job.trusted_keys:
         env["HARNESS_TRUSTED_KEYS"] = " ".join(job.trusted_keys)
     lines: list[str] = []
+    echo, output = _shard_echo(
+        lines, send, folder, f"--- shard {job.index}/{job.count} on {facts['hostname']} ({home})"
+    )
     try:
         from harness.runs.run import run
 
         state = NodeState(home, Path(job.deploy_path) if job.deploy_path else None, Path(job.project_root))
-        ports = dict(zip(job.local_services, free_ports(len(job.local_services)), strict=True))
+        # One broker per node for the run's shards there, on ports chosen once per node.
+        shared = node_state_dir(home, job.run_id) if job.local_services else None
+        ports = node_ports(shared, job.local_services) if shared is not None else {}
         with _environment(env), _sigint_unblocked():
-            take_head_standins(job, home, lines.append)
+            take_head_standins(job, home, echo)
             refuse_foreseen(job, home)
             outcome = run(
                 state,
@@ -189,12 +188,13 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
                 benchmark=job.benchmark,
                 gpus=job.gpus,
                 offline=job.offline,
-                echo=lines.append,
+                echo=echo,
                 shard=(job.index, job.count),
                 run_id=job.run_id,
                 run_dir=folder,
                 ports=ports,
                 expected_closure=job.expected_closure or None,
+                node_broker=shared,
             )
         result.update(
             exit_status=outcome.exit_status, score=outcome.score, status="ok" if outcome.exit_status == 0 else "failed"
@@ -224,10 +224,30 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
         )
     except KeyboardInterrupt:
         result.update(status="cancelled", exit_status=130, reason="interrupted before the command started")
+    if output is not None:
+        output.close()
     result["ended"] = time.time()
     result["output"] = lines
     result["files"] = _collect(folder)
     return result
+
+
+def _shard_echo(
+    lines: list[str], send: Callable[[list[str]], None] | None, folder: Path, header: str
+) -> tuple[Callable[[str], None], ShardOutput | None]:
+    """Where the shard's progress lines go: its result's ``output``, and, given ``send``, the
+    head as they come with the command's output (:mod:`harness.runs.livelog`)."""
+    if send is None:
+        return lines.append, None
+    from harness.runs.livelog import ShardOutput
+
+    output = ShardOutput(send, folder / "logs" / "command.log", header)
+
+    def echo(line: str) -> None:
+        lines.append(line)
+        output.echo(line)
+
+    return echo, output
 
 
 def node_platform() -> str:

@@ -230,12 +230,17 @@ class Broker:
         health_failures: int = 3,
         log: Callable[[str], None] | None = None,
         runs_dir: str | Path | None = None,
+        exit_unjoined: float | None = None,
     ) -> None:
         self.plan = plan
         #: Where the run records the web UI lists live (``$HARNESS_HOME/runs``), if known.
         self.runs_dir = Path(runs_dir) if runs_dir is not None else None
         #: The web UI's one-time login codes and sessions (:mod:`harness.runtime.webui`).
         self.ui = webui.UiSessions()
+        #: A node's broker for the shards of one cluster run (harness/runs/nodebroker.py):
+        #: it shuts itself down this many seconds after its last joined run ended or died.
+        self.exit_unjoined = exit_unjoined
+        self._unjoined_since = time.monotonic()
         #: Where each event goes as a line (the detached broker's ``broker.log``), if anywhere.
         self._log = log
         #: The events (``GET /events``) and counters (``GET /metrics``); guarded by its lock,
@@ -496,6 +501,9 @@ class Broker:
                 last_slow = now
                 self._reap_dead_clients()
                 self._forget_dead_runs()
+                if self._unjoined_too_long(now):
+                    threading.Thread(target=self.shutdown, name="unjoined-shutdown").start()
+                    return
             with self._lock:
                 for lease in self._sched.reclaim_overdue(now):
                     self._conds[self._sched.service(lease.service).group].notify_all()
@@ -731,6 +739,9 @@ class Broker:
         with self._events_cond:
             first_seq = self._events.last_seq
         with self._lock:
+            if self._closing:  # a node's broker ending itself: the run starts another
+                raise BrokerError(503, "closing", "this broker is shutting down")
+            self._unjoined_since = time.monotonic()
             for key, watch in list(self._runs.items()):
                 if watch.run == run:  # registered again: the earlier token ends
                     del self._runs[key]
@@ -756,6 +767,25 @@ class Broker:
         with watch.lock:
             resets = list(watch.resets)
         return resets, self.events_since(watch.first_seq)
+
+    def _unjoined_too_long(self, now: float) -> bool:
+        """Whether a broker with ``exit_unjoined`` has served no joined run for that long
+        (counted once its services are up: the first run joins after they are)."""
+        if self.exit_unjoined is None:
+            return False
+        with self._lock:
+            joined = bool(self._runs)
+        if joined or self._up_state != "ready":
+            self._unjoined_since = now
+            return False
+        if now - self._unjoined_since < self.exit_unjoined:
+            return False
+        self._log_line(f"no run joined for {self.exit_unjoined:g} s: shutting down")
+        return True
+
+    def _log_line(self, line: str) -> None:
+        if self._log is not None:
+            self._log(line)
 
     def _forget_dead_runs(self) -> None:
         """Joined runs whose process has exited are forgotten (their token ends)."""

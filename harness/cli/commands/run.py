@@ -17,7 +17,11 @@ from harness.cli import State
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override an agent config key.")
 @click.option("--service", "services", multiple=True, metavar="NAME", help="Run with these services.")
 @click.option("--benchmark", metavar="NAME", help="Benchmark environment (default: the agent's).")
-@click.option("--gpus", metavar="SPEC", help="Plan for these GPUs instead of the ones found.")
+@click.option(
+    "--gpus",
+    metavar="SPEC",
+    help="Plan for these GPUs instead of the ones found; with --cluster, one node's GPUs (each node still plans its own).",
+)
 @click.option("--offline", is_flag=True, help="Never touch the network while realizing.")
 @click.option(
     "--cluster",
@@ -33,9 +37,23 @@ from harness.cli import State
     help="With --cluster: times a shard whose node died is run again (Ray: elsewhere; Slurm: submitted again).",
 )
 @click.option(
+    "--slurm",
+    "slurm",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="With --cluster slurm: partition, account, qos, time, mem or gpus (per shard) of the array job; "
+    "over the deploy's [slurm].",
+)
+@click.option(
     "--resume",
     metavar="RUN",
     help="Run again the shards of cluster run RUN that have no good record, with its closure.",
+)
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="With --cluster: once the run is recorded, print its id and return, its head going on in a session "
+    "of its own (log in the run's head.log); follow it with `harness runs logs ID -f`.",
 )
 # --quiet without -q: the command's own arguments follow, and a short flag is easily theirs.
 @click.option("--quiet", is_flag=True, help="Show no progress on stderr while realizing (the run's lines still print).")
@@ -52,7 +70,9 @@ def command(
     cluster: str | None,
     shards: int | None,
     retries: int,
+    slurm: tuple[str, ...],
     resume: str | None,
+    detach: bool,
     quiet: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -68,14 +88,16 @@ def command(
         echo=lambda line: click.echo(line, err=True),
         show_progress=not quiet,
     )
+    if detach:
+        if cluster is None:
+            raise InputError("--detach runs the head of a cluster run on its own: give --cluster")
+        _detach(state)
     if resume is not None:
-        _check_resume(agent, sets, services, benchmark, gpus, offline, cluster, shards, command)
+        _check_resume(agent, sets, services, benchmark, gpus, offline, cluster, shards, slurm, command)
         from harness.runs.resume import resume_on_cluster
 
         outcome = resume_on_cluster(state, resume, echo=common["echo"], show_progress=not quiet)
     elif cluster is not None:
-        if gpus:
-            raise InputError("--gpus plans for this machine; a cluster shard plans for the GPUs its node has")
         from harness.runs.cluster import run_on_cluster
 
         outcome = run_on_cluster(
@@ -84,18 +106,37 @@ def command(
             cluster=cluster,
             shards=1 if shards is None else shards,
             retries=retries,
-            gpus=None,
+            gpus=gpus,  # one node's GPUs: the head plans for the node kind
+            slurm=slurm,
             **common,
         )
     else:
-        if shards is not None:
-            raise InputError("--shards splits a run over a cluster: give --cluster too")
+        if shards is not None or slurm:
+            raise InputError(
+                f"{'--shards' if shards is not None else '--slurm'} is for a run over a cluster: give --cluster too"
+            )
         from harness.runs.run import run
 
         outcome = run(state, list(command), gpus=gpus, **common)
     score = f", score {outcome.score:.2f}" if outcome.score is not None else ""
     click.echo(f"run {outcome.run_id}: exit {outcome.exit_status}{score}; record {outcome.run_dir}", err=True)
     raise SystemExit(outcome.exit_status)
+
+
+def _detach(state: State) -> None:
+    """Start this command's head in a session of its own, print the run id once it has
+    recorded the run, and exit (:mod:`harness.runs.detach`)."""
+    from harness.cli import invoked_args
+    from harness.runs.detach import detach_head
+
+    detached = detach_head(state.home, invoked_args())
+    click.echo(
+        f"run {detached.run_id}: detached, its head is pid {detached.pid} (log {detached.log}); "
+        f"follow it with `harness runs logs {detached.run_id} -f`, stop it with `kill -INT {detached.pid}`",
+        err=True,
+    )
+    click.echo(detached.run_id)
+    raise SystemExit(0)
 
 
 def _check_resume(
@@ -107,6 +148,7 @@ def _check_resume(
     offline: bool,
     cluster: str | None,
     shards: int | None,
+    slurm: tuple[str, ...],
     command: tuple[str, ...],
 ) -> None:
     """--resume asks again what the run recorded: anything else given with it is refused."""
@@ -123,6 +165,7 @@ def _check_resume(
             ("--offline", offline),
             ("--cluster", cluster),
             ("--shards", shards is not None),
+            ("--slurm", slurm),
             ("COMMAND", command),
         )
         if value

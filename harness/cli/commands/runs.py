@@ -1,9 +1,11 @@
 """``harness runs``: the recorded runs, newest first; ``runs pin`` keeps one's paths across gc;
-``runs prune`` removes old records (:mod:`harness.runs.prune`)."""
+``runs prune`` removes old records (:mod:`harness.runs.prune`); ``runs logs`` shows a run's
+output as it comes (:mod:`harness.runs.livelog`)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 
@@ -17,7 +19,8 @@ DEFAULT_LAST = 20
 @click.group(
     invoke_without_command=True,
     help=f"List recorded runs, newest first (the last {DEFAULT_LAST} unless --last N or --all); "
-    "pin or unpin one (`runs pin ID`); remove old records (`runs prune`).\n\n\b\nExamples:\n  harness runs\n  harness runs --last 5 --json\n  harness runs pin latest",
+    "pin or unpin one (`runs pin ID`); remove old records (`runs prune`); show a run's output as it comes "
+    "(`runs logs ID -f`).\n\n\b\nExamples:\n  harness runs\n  harness runs --last 5 --json\n  harness runs pin latest",
 )
 @click.option(
     "--last",
@@ -83,6 +86,74 @@ def pin(state: State, run_id: str, remove: bool) -> None:
     else:
         pin_run(run_dir)
         click.echo(f"pinned run {run_dir.name}: `harness store gc` keeps what it used")
+
+
+@command.command(
+    "logs",
+    help="Show the output of run ID (ID, prefix or latest) as it comes: each shard's of a cluster run, "
+    "prefixed with the shard, or a local run's command's; with -f, keep printing new lines until the "
+    "run ends or Ctrl-C.\n\n\b\nExamples:\n  harness runs logs latest -f\n  harness runs logs 20261205-074512 --shard 3",
+)
+@click.argument("run_id")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run has ended.")
+@click.option(
+    "--shard", "shards", multiple=True, type=click.IntRange(min=0), metavar="I", help="Only shard I (repeatable)."
+)
+@click.option(
+    "-n",
+    "--lines",
+    "count",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="How many of each log's last lines to print first.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=0.25,
+    show_default=True,
+    hidden=True,
+    help="Seconds between looks at the files with -f.",
+)
+@click.pass_obj
+def logs(state: State, run_id: str, follow: bool, shards: tuple[int, ...], count: int, interval: float) -> None:
+    from harness.runs.livelog import run_ended, run_logs
+    from harness.runs.record import find_run
+    from harness.runtime.logs import Follower, last_lines
+
+    run_dir = find_run(state.home, run_id)
+    files = run_logs(run_dir, tuple(dict.fromkeys(shards)))
+    width = max(len(n) for n in files)
+
+    def show(name: str, line: str) -> None:
+        click.echo(f"{name.ljust(width)} | {line}" if len(files) > 1 else line)
+
+    ended_before = _mtime(run_dir / "result.json")
+    follower = Follower(files) if follow else None  # from before the last lines: none is missed
+    for name, path in files.items():
+        for line in last_lines(path, count):
+            show(name, line)
+    if follower is None:
+        return
+    try:
+        while True:
+            ended = _mtime(run_dir / "result.json") != ended_before and run_ended(run_dir)
+            for name, line in follower.poll():
+                show(name, line)
+            if ended:  # its last lines were written before its result: all shown now
+                click.echo(f"run {run_dir.name} has ended", err=True)
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 @command.command(

@@ -1,0 +1,148 @@
+"""One broker per node for the shards of a cluster run: one model load per node.
+
+The first shard of a run to reach a node starts a broker there, in the node's home
+(``$HARNESS_HOME/runs/<run id>/node/``: its ``broker.json``, token, logs and the services'
+pid files), detached from the shard's process as ``harness up``'s is; every shard of the
+run on that node — the first included — then joins it as a run joins ``harness up``'s
+broker (``POST /runs``: a token of its own whose leases are watched for scoped resets, and
+``/runs/end`` when it ends). Services start once per node and swap as on one machine.
+
+The services' ports are chosen once per node and run (``ports.json`` beside the broker,
+under a file lock), so every shard there launches the very same specs and the broker's
+launch check (:meth:`harness.runtime.broker.SharedBroker.check_serves`) holds.
+
+Placement is the node's own: the broker is planned by the shard that starts it, from this
+node's GPU inventory restricted to the devices the engine assigned to that shard
+(``CUDA_VISIBLE_DEVICES`` from Ray or Slurm, narrowed, never overwritten).
+
+When it stops: the broker shuts itself down :data:`LINGER_S` seconds after its last joined
+shard ended or died (:attr:`harness.runtime.broker.Broker.exit_unjoined`). Not at once when
+the node's last running shard ends: with more shards than slots, the engine starts the
+run's next shard on the node within a second or two of the previous one's end, and it
+should find the models loaded; and not left to the deploy's idle rules, which stop only
+``on_demand`` services, never the broker or a resident, so a node would keep a GPU loaded
+for a run that is over. A shard killed with its node's worker is noticed by its pid, as a
+run's that joined ``harness up``'s broker is. A cancelled shard that leaves no other shard
+joined stops the broker at once (:func:`stop_if_unjoined`). On Ray the broker ends with the
+run's job at the latest: Ray kills the processes its workers started when the job ends, and
+the broker's watchdog (:mod:`harness.runtime.watchdog`) then stops its services.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    from harness.runtime.broker import SharedBroker
+    from harness.runtime.session import Prepared
+
+#: How long a node's broker outlives its last joined shard, waiting for the run's next one.
+LINGER_S = 30.0
+
+#: Tries to join a node's broker that is shutting itself down as the shard arrives.
+_JOIN_TRIES = 5
+
+PORTS_FILE = "ports.json"
+
+
+def node_state_dir(home: Path, run_id: str) -> Path:
+    """The state folder of run ``run_id``'s broker on the node whose home is ``home``."""
+    return home / "runs" / run_id / "node"
+
+
+def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
+    """The ports of the run's local ``names`` on this node: chosen by the first shard here
+    (free ones now) and kept in ``ports.json``, read by every later one."""
+    from filelock import FileLock
+
+    from harness.runtime.supervisor import make_state_dir
+
+    make_state_dir(state_dir)
+    with FileLock(str(state_dir / "ports.lock"), timeout=60, mode=0o600):
+        path = state_dir / PORTS_FILE
+        known: dict[str, int] = json.loads(path.read_text()) if path.is_file() else {}
+        missing = [n for n in names if n not in known]
+        if missing:
+            chosen = free_ports(len(missing))
+            known.update(zip(missing, chosen, strict=False))
+            temp = path.with_name(f".{PORTS_FILE}.tmp")
+            temp.write_text(json.dumps(known, sort_keys=True))
+            temp.replace(path)
+    return {n: int(known[n]) for n in names}
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on loopback now (the kernel picks them)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def join_node_broker(
+    state_dir: Path, prepared: Prepared, run: str, pid: int, timeout: float | None = None
+) -> tuple[SharedBroker, dict[str, str]]:
+    """Join this node's broker for the run as ``run`` (process ``pid``), starting it if none
+    serves ``state_dir`` (or the one there is ending itself), with the plan's resident
+    services up. Returns the broker and what the shard's command needs to reach it (a token
+    of the shard's own). Raises :class:`HarnessError` naming what did not come up."""
+    from harness.runtime.broker import SharedBroker, spawn, start_failure
+    from harness.runtime.session import broker_options
+
+    # Its watchdog stops the services should the broker itself be killed: Ray kills the
+    # processes its workers started (this broker among them) when the run's job ends.
+    options: dict[str, float | bool] = {
+        **broker_options(prepared.deploy),
+        "exit_unjoined": LINGER_S,
+        "die_with_owner": True,
+    }
+    names = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in prepared.specs]
+    last: HarnessError | None = None
+    for attempt in range(_JOIN_TRIES):
+        try:
+            status = spawn(prepared.plan, prepared.specs, state_dir, names=names, timeout=timeout, options=options)
+        except HarnessError as exc:  # one ending itself as we came: its state goes, try again
+            last = exc
+            time.sleep(0.5 * (attempt + 1))
+            continue
+        if status["broker"].get("up_errors"):  # a service that did not come up: no retry
+            raise start_failure(status["broker"]["up_errors"], hint=f"the node's broker: {state_dir}")
+        try:
+            shared = SharedBroker.find(state_dir)
+            if shared is not None:
+                shared.check_serves(prepared.specs, list(prepared.specs))
+                return shared, shared.join_run(run, pid)
+        except HarnessError as exc:
+            last = exc
+        time.sleep(0.5 * (attempt + 1))
+    raise HarnessError(
+        f"cannot start or join the node's broker in {state_dir}" + (f": {last.message}" if last else ""),
+        hint=f"its log: {state_dir / 'logs' / 'broker.log'}",
+    )
+
+
+def stop_if_unjoined(shared: SharedBroker) -> bool:
+    """Stop the node's broker now (and its services) when no shard is joined to it any more:
+    a cancelled run's services must not wait out :data:`LINGER_S`. Whether it was stopped."""
+    from harness.runtime.broker import down
+
+    try:
+        runs = shared.request("GET", "/status").get("broker", {}).get("runs")
+    except HarnessError:
+        return False  # it is gone already
+    if runs:
+        return False
+    down(shared.state_dir)
+    return True
