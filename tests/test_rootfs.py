@@ -133,6 +133,10 @@ def test_lock_pins_closure_and_two_homes_realize_the_same_root(tmp_path: Path, a
     assert manifest["maintainer_scripts"]["run"] is False
     assert manifest["maintainer_scripts"]["carried"] == {"tool": ["postinst"]}
     assert not (root / "var" / "lib" / "tool-configured").exists()
+    # The project's template locks are gc roots: a collection keeps the root.
+    gc = _harness(tmp_path / "home-a", project, archive, "store", "gc")
+    assert gc.returncode == 0, gc.stderr
+    assert root.is_dir()
     # Realized again: up to date, nothing downloaded.
     served = len(archive.requests)
     again = _harness(tmp_path / "home-a", project, archive, "realize", "image:solver")

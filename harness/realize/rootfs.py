@@ -85,7 +85,11 @@ def realize_template(
         _write_manifest(lock, out, done)
         return BuildResult(obtained="built from the template's lock")
 
-    return store.add(lock.store, "rootfs", build, progress=progress)
+    record = store.add(lock.store, "rootfs", build, progress=progress)
+    from harness.store.gc import register_project
+
+    register_project(store, project_root, {f"image:{lock.label}": [lock.store]})  # a gc root
+    return record
 
 
 def _fetch(store: Store, settings: Settings, lock: TemplateLock) -> list[Path]:
