@@ -26,6 +26,11 @@ of each step, the checks and copies of :mod:`harness.harbor.image`, and Harbor j
 without user namespaces), of the same task with an unsupported step, and of
 ``tests/harbor/compose-sidecar`` (refused naming its sidecar).
 
+Issue 33 (steps 1 and 6) added: ``tests/harbor/kuka-two-station``, shaped like the seed's KUKA
+task, whose ``docker_image`` labels name the rootfs templates of ``tests/harbor/kuka-project``
+(Debian packages built here and served from a local archive, ``tests/debarchive.py``), graded
+1.0 by the oracle with and without user namespaces.
+
 The environment is a test project's ``reach`` benchmark locked for this machine's CPython
 (an interpreter and an empty venv), realized offline into a temporary ``HARNESS_HOME``; the
 example task itself runs verbatim (the repository's ``reach`` lock, CPython 3.11.7) where
