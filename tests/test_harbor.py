@@ -1825,3 +1825,33 @@ def test_kuka_shaped_task_on_rootfs_templates(
         assert solver["sandbox"]["users"]["enforced"] is True
     # Realized on first use by the session (a later run finds it in the store).
     assert realized_before or any(r.endswith("kuka-plan_0.4.3-1_amd64.deb") for r in archive.requests)
+
+
+@needs_harbor
+@needs_sandbox
+def test_a_template_not_locked_or_stale_fails_its_trial_naming_the_fix(
+    tmp_path: Path, project: tuple[Path, str], home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A label whose template was never locked, and one whose file changed since its lock: each
+    trial fails before any agent runs, saying which template and the command that fixes it."""
+    root, _archive = _kuka_project(tmp_path, project, monkeypatch)
+    locked = _harness(home, "lock", "image:kuka-verifier-v043", project=root)  # the solver's: never locked
+    assert locked.returncode == 0, locked.stderr
+    tasks = root / "tasks"
+    (tmp_path / "jobs").mkdir()
+    result = _harbor_job(tasks / "kuka-two-station", tmp_path / "jobs", "unlocked", home, no_userns=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    info = _trials(tmp_path / "jobs" / "unlocked")["kuka-two-station"]["exception_info"]
+    assert info is not None and "template 'kuka-solver-v043' is not locked" in info["exception_message"], info
+    assert "harness lock image:kuka-solver-v043" in info["exception_message"]
+
+    assert _harness(home, "lock", "image:kuka-solver-v043", project=root).returncode == 0
+    (root / "kuka" / "solver" / "stations.json").write_text('{"stations": ["KR-10-left"]}\n')
+    result = _harbor_job(tasks / "kuka-two-station", tmp_path / "jobs", "stale", home, no_userns=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    info = _trials(tmp_path / "jobs" / "stale")["kuka-two-station"]["exception_info"]
+    assert info is not None and "docker_image = 'kuka-solver-v043'" in info["exception_message"], info
+    assert (
+        "lock is stale" in info["exception_message"]
+        and "harness lock image:kuka-solver-v043" in info["exception_message"]
+    )

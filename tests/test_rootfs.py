@@ -142,6 +142,8 @@ def test_lock_pins_closure_and_two_homes_realize_the_same_root(tmp_path: Path, a
     again = _harness(tmp_path / "home-a", project, archive, "realize", "image:solver")
     assert again.returncode == 0 and "image:solver: up to date" in again.stdout
     assert len(archive.requests) == served
+    as_json = _harness(tmp_path / "home-a", project, archive, "realize", "image:solver", "--json")
+    assert json.loads(as_json.stdout) == [{"name": "image:solver", "store": str(root), "built": False}]
 
 
 def test_a_changed_file_makes_the_lock_stale(tmp_path: Path, archive: DebArchive) -> None:
@@ -276,3 +278,50 @@ def test_a_real_debian_package(tmp_path: Path) -> None:
     out = subprocess.run([f"{names[0]}/usr/bin/hello"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "Hello, world!"
     assert sys.platform == "linux"
+
+
+# ------------------------------------------------------------------------------ pure parts
+
+
+def test_dpkg_version_order_and_relations() -> None:
+    from harness.resolve.debian import compare_versions, parse_relations
+
+    ordered = ["1.0~rc1", "1.0", "1.0-1", "1.0-1+b1", "1.0a", "1.0.1", "1:0.1"]
+    for low, high in zip(ordered, ordered[1:], strict=False):
+        assert compare_versions(low, high) < 0 < compare_versions(high, low), (low, high)
+    assert compare_versions("2.36-9+deb12u4", "2.36-9+deb12u4") == 0
+    assert parse_relations("libc6 (>= 2.34), libfoo:any | libbar [amd64], awk") == [
+        [("libc6", ">= 2.34")],
+        [("libfoo", ""), ("libbar", "")],
+        [("awk", "")],
+    ]
+
+
+def test_closure_takes_providers_newest_versions_and_names_what_is_missing() -> None:
+    from harness.errors import InputError
+    from harness.resolve.debian import closure
+
+    def stanza(name: str, version: str, **fields: str) -> dict[str, str]:
+        sha = (name + version).encode().hex().ljust(64, "0")[:64]
+        return {
+            "Package": name,
+            "Version": version,
+            "Filename": f"pool/{name}.deb",
+            "Size": "1",
+            "SHA256": sha,
+            **fields,
+        }
+
+    index = [
+        stanza("tool", "1", Depends="awk, libc6"),
+        stanza("mawk", "1.3", Provides="awk"),
+        stanza("gawk", "5", Provides="awk"),
+        stanza("tool", "2", Depends="awk, libc6"),
+    ]
+    pins = closure(index, ("tool",), ("libc6",), "t.toml")
+    # gawk: the first provider by name; tool 2: the newest.
+    assert [(p.name, p.version) for p in pins] == [("gawk", "5"), ("tool", "2")]
+    with pytest.raises(InputError, match="t.toml: tool Depends: awk: not in the archive"):
+        closure(index[:1], ("tool",), (), "t.toml")
+    with pytest.raises(InputError, match="'nope' is not in the archive"):
+        closure(index, ("nope",), (), "t.toml")

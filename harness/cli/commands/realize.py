@@ -11,6 +11,7 @@ from harness.cli.output import quiet_option, realize_jobs_option
 
 if TYPE_CHECKING:
     from harness.realize.builder import Report
+    from harness.realize.rootfs import Realized
 
 
 @click.command(
@@ -51,6 +52,15 @@ def command(
     if images or not names:
         templates = _realize_images(state, images or None, offline=offline, as_json=as_json)
         if images and not names:
+            if as_json:
+                from harness.cli.output import print_json
+
+                print_json(
+                    [
+                        {"name": f"image:{t.label}", "store": str(state.home / "store" / t.store), "built": t.built}
+                        for t in templates
+                    ]
+                )
             return
         if not names and templates and not any(state.project().locks_dir.glob("*.lock.toml")):
             return
@@ -71,7 +81,7 @@ def command(
     _print(reports, as_json, state)
 
 
-def _realize_images(state: State, images: list[str] | None, *, offline: bool, as_json: bool) -> list[object]:
+def _realize_images(state: State, images: list[str] | None, *, offline: bool, as_json: bool) -> list[Realized]:
     """Realize rootfs templates (None: every locked one), one line each."""
     if images is None and not (state.project().root / "locks" / "images").is_dir():
         return []  # nothing more is imported where no template is locked
@@ -83,7 +93,7 @@ def _realize_images(state: State, images: list[str] | None, *, offline: bool, as
         if as_json:
             continue
         click.echo(f"image:{t.label}: {'built' if t.built else 'up to date'} -> {root / t.store}")
-    return list(done)
+    return done
 
 
 def _print(reports: list[Report], as_json: bool, state: State, failures: dict[str, str] | None = None) -> None:
