@@ -70,6 +70,8 @@ SETTINGS_TABLES: dict[str, str] = {
     "never which bytes (the lock pins the version; the list's sha256 checks the archive). `realize` "
     "uses them; `lock` does not.",
     "gc": "What `harness store gc` keeps besides what live roots name.",
+    "debian-archives": "Where each named Debian archive lives: rootfs templates (`harbor/images/*.toml`) "
+    "and their locks name archives; the address is read here at lock and realize time.",
 }
 
 
@@ -184,6 +186,21 @@ class Settings:
             "any prefix. Submodule URLs are mapped the same way. A later layer wins key by key.",
             '"https://github.com/XPolicyLab/XPolicyLab" = "file:///srv/git/XPolicyLab.git"',
             default="none",
+        ),
+    )
+    #: ``[debian-archives]``: an archive's name (as templates and their locks say it) → its address.
+    debian_archives: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "debian-archives",
+            "<name>",
+            _URL,
+            "The address of the Debian archive a rootfs template names `<name>` (the folder holding "
+            "`dists/` and `pool/`). Templates and their locks keep the name, so the same lock realizes "
+            "through any mirror; an archive nobody configured is an error naming where to set it.",
+            'debian = "http://mirror.lab.example/debian"',
+            default="none",
+            env="`HARNESS_DEBIAN_ARCHIVE_<NAME>` (the name upper-cased, `-` and `.` as `_`)",
         ),
     )
     #: ``[cache] substituters``: binary caches realize and pull read from.
@@ -334,6 +351,17 @@ class Settings:
             hint=f'set [indexes] {name} = "<url>" in $HARNESS_HOME/config.toml or export {env}',
         )
 
+    def debian_archive(self, name: str) -> str:
+        """The address of Debian archive ``name``; an error naming where to set it."""
+        for configured, url in self.debian_archives.items():
+            if normalize_index_name(configured) == normalize_index_name(name):
+                return url.rstrip("/")
+        env = "HARNESS_DEBIAN_ARCHIVE_" + re.sub(r"[-.]", "_", name).upper()
+        raise InputError(
+            f"Debian archive {name!r} has no address on this machine",
+            hint=f'set [debian-archives] {name} = "<url>" in $HARNESS_HOME/config.toml or export {env}',
+        )
+
     def hub_endpoint(self, hub: str) -> str | None:
         """The endpoint of ``huggingface`` or ``modelscope``; None keeps the client's default."""
         return self.hubs.get(hub)
@@ -392,6 +420,7 @@ class _Merged:
     lock_platforms_origin: str = ""
     python_pins: dict[str, str] = field(default_factory=dict)
     git_mirrors: dict[str, str] = field(default_factory=dict)
+    debian_archives: dict[str, str] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
     python: dict[str, Any] = field(default_factory=dict)
     gc: dict[str, Any] = field(default_factory=dict)
@@ -410,11 +439,13 @@ class _Merged:
         self.cache.update(_cache_table(data, path))
         self.python.update(_python_table(data, path))
         self.git_mirrors.update(_git_mirrors(data, path))
+        self.debian_archives.update(_string_table(data, "debian-archives", path))
         self.gc.update(_gc_table(data, path))
 
     def add_environment(self) -> None:
         """Merge the environment's variables (module docstring), which win over every file."""
         self.indexes.update(_env_indexes())
+        self.debian_archives.update(_env_archives())
         self.hubs.update(_env_hubs())
         self.cache.update(_env_cache())
         self.python.update(_env_python(self.python))
@@ -430,6 +461,7 @@ class _Merged:
             lock_platforms_origin=self.lock_platforms_origin,
             python_pins=self.python_pins,
             git_mirrors=self.git_mirrors,
+            debian_archives=self.debian_archives,
             python_downloads_json_url=self.python.get("python_downloads_json_url"),
             python_install_mirror=self.python.get("python_install_mirror"),
             python_download_retry_minutes=self.python.get("python_download_retry_minutes", 60.0),
@@ -497,6 +529,15 @@ def _env_indexes() -> dict[str, str]:
         key.removeprefix("HARNESS_INDEX_").lower().replace("_", "-"): value
         for key, value in os.environ.items()
         if key.startswith("HARNESS_INDEX_") and value
+    }
+
+
+def _env_archives() -> dict[str, str]:
+    """Debian archive addresses from ``HARNESS_DEBIAN_ARCHIVE_<NAME>`` variables."""
+    return {
+        key.removeprefix("HARNESS_DEBIAN_ARCHIVE_").lower().replace("_", "-"): value
+        for key, value in os.environ.items()
+        if key.startswith("HARNESS_DEBIAN_ARCHIVE_") and value
     }
 
 

@@ -26,6 +26,11 @@ of each step, the checks and copies of :mod:`harness.harbor.image`, and Harbor j
 without user namespaces), of the same task with an unsupported step, and of
 ``tests/harbor/compose-sidecar`` (refused naming its sidecar).
 
+Issue 33 (steps 1 and 6) added: ``tests/harbor/kuka-two-station``, shaped like the seed's KUKA
+task, whose ``docker_image`` labels name the rootfs templates of ``tests/harbor/kuka-project``
+(Debian packages built here and served from a local archive, ``tests/debarchive.py``), graded
+1.0 by the oracle with and without user namespaces.
+
 The environment is a test project's ``reach`` benchmark locked for this machine's CPython
 (an interpreter and an empty venv), realized offline into a temporary ``HARNESS_HOME``; the
 example task itself runs verbatim (the repository's ``reach`` lock, CPython 3.11.7) where
@@ -39,6 +44,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import socket
@@ -1739,3 +1745,113 @@ def test_dockerfile_task_without_user_namespaces(tmp_path: Path, project: tuple[
         "/srv/data",
         "/srv/work/notes.txt",
     ]
+
+
+# ------------------------------------------- rootfs templates for docker_image labels (issue 33)
+
+
+def _kuka_project(tmp_path: Path, project: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Any]:
+    """The test project with the KUKA templates (tests/harbor/kuka-project) and the task under
+    it; the templates' Debian packages built here and served as archive ``kuka``."""
+    from tests.debarchive import DebArchive
+
+    root = tmp_path / "project"
+    shutil.copytree(project[0], root)
+    shutil.copytree(EXAMPLES / "kuka-project", root, dirs_exist_ok=True)
+    shutil.copytree(EXAMPLES / "kuka-two-station", root / "tasks" / "kuka-two-station")
+    archive = DebArchive(tmp_path / "archive")
+    archive.add("kuka-common", "0.4.3-1", {"usr/share/kuka/cells.txt": "conveyor\n"})
+    plan = '#!/bin/sh\n[ -f /usr/share/kuka/cells.txt ] || exit 3\nset -- $(tr -d \'{}[]",:\' < "$1")\n'
+    plan += 'echo "pick@$2 handover place@$3"\n'
+    archive.add("kuka-plan", "0.4.3-1", {"bin/kuka-plan": plan}, executable=("bin/kuka-plan",), depends="kuka-common")
+    probe = '#!/bin/sh\n[ -f /usr/share/kuka/cells.txt ] || exit 3\necho "probe: $(wc -w < "$1") steps ok"\n'
+    archive.add(
+        "kuka-probe",
+        "0.4.3-1",
+        {"usr/bin/kuka-probe": probe},
+        executable=("usr/bin/kuka-probe",),
+        depends="kuka-common",
+    )
+    archive.publish()
+    monkeypatch.setenv("HARNESS_DEBIAN_ARCHIVE_KUKA", archive.serve())
+    return root, archive
+
+
+@needs_harbor
+@pytest.mark.parametrize(
+    "no_userns",
+    [
+        pytest.param(False, marks=needs_sandbox, id="namespaces"),
+        pytest.param(True, marks=needs_confine, id="landlock-proot"),
+    ],
+)
+def test_kuka_shaped_task_on_rootfs_templates(
+    tmp_path: Path, project: tuple[Path, str], home: Path, no_userns: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed's KUKA shape (schema 1.3, artifacts from /workspace/output, user "agent", cpus,
+    memory_mb, a separate verifier) whose docker_image labels name rootfs templates: locked,
+    realized on first use by the session, laid as each root's base — the solver's tool from its
+    Debian package on /usr/bin beside the host's tools, the verifier's tests bundled in its
+    template (the task ships none) — graded 1.0 by the oracle, with and without user namespaces."""
+    root, archive = _kuka_project(tmp_path, project, monkeypatch)
+    locked = _harness(home, "lock", "image:kuka-solver-v043", "image:kuka-verifier-v043", project=root)
+    assert locked.returncode == 0, locked.stderr
+    solver_store = re.search(r'^store = "(.*)"$', (root / "locks/images/kuka-solver-v043.lock.toml").read_text(), re.M)
+    assert solver_store is not None
+    realized_before = (home / "store" / solver_store.group(1)).exists()
+    task = root / "tasks" / "kuka-two-station"
+    assert not (task / "tests").exists() and not (task / "environment" / "harness.toml").exists()
+    (tmp_path / "jobs").mkdir()
+    result = _harbor_job(task, tmp_path / "jobs", "kuka", home, no_userns=no_userns)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trial = _trials(tmp_path / "jobs" / "kuka")["kuka-two-station"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    stdout = (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()
+    assert _reward(trial) == {"reward": 1.0, "native": 0.8, "probe": 0.2}, stdout
+    records = sorted(p.name for p in (trial["_dir"] / "harness").glob("*.json"))
+    solver = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
+    verifier = json.loads((trial["_dir"] / "harness" / records[1]).read_text())
+    assert solver["rootfs"]["label"] == "kuka-solver-v043" and verifier["rootfs"]["label"] == "kuka-verifier-v043"
+    assert solver["rootfs"]["packages"] == ["kuka-common=0.4.3-1", "kuka-plan=0.4.3-1"]
+    assert solver["rootfs"]["laid"]["host_binds"] == {"/usr": "/.host/usr"}
+    assert (home / "store" / solver["rootfs"]["store"]).is_dir()
+    assert solver["task"]["spec"]["manifest"] == "reach" and "kuka-solver-v043" in solver["task"]["spec"]["source"]
+    assert not any("docker_image" in line for line in solver["sandbox"]["ignored"])
+    assert "/usr" not in solver["sandbox"]["read_only"]
+    if no_userns:
+        assert solver["sandbox"]["backend"] == "landlock+proot"
+    else:
+        assert "verifier runs as agent" in stdout, stdout
+        assert solver["sandbox"]["users"]["enforced"] is True
+    # Realized on first use by the session (a later run finds it in the store).
+    assert realized_before or any(r.endswith("kuka-plan_0.4.3-1_amd64.deb") for r in archive.requests)
+
+
+@needs_harbor
+@needs_sandbox
+def test_a_template_not_locked_or_stale_fails_its_trial_naming_the_fix(
+    tmp_path: Path, project: tuple[Path, str], home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A label whose template was never locked, and one whose file changed since its lock: each
+    trial fails before any agent runs, saying which template and the command that fixes it."""
+    root, _archive = _kuka_project(tmp_path, project, monkeypatch)
+    locked = _harness(home, "lock", "image:kuka-verifier-v043", project=root)  # the solver's: never locked
+    assert locked.returncode == 0, locked.stderr
+    tasks = root / "tasks"
+    (tmp_path / "jobs").mkdir()
+    result = _harbor_job(tasks / "kuka-two-station", tmp_path / "jobs", "unlocked", home, no_userns=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    info = _trials(tmp_path / "jobs" / "unlocked")["kuka-two-station"]["exception_info"]
+    assert info is not None and "template 'kuka-solver-v043' is not locked" in info["exception_message"], info
+    assert "harness lock image:kuka-solver-v043" in info["exception_message"]
+
+    assert _harness(home, "lock", "image:kuka-solver-v043", project=root).returncode == 0
+    (root / "kuka" / "solver" / "stations.json").write_text('{"stations": ["KR-10-left"]}\n')
+    result = _harbor_job(tasks / "kuka-two-station", tmp_path / "jobs", "stale", home, no_userns=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    info = _trials(tmp_path / "jobs" / "stale")["kuka-two-station"]["exception_info"]
+    assert info is not None and "docker_image = 'kuka-solver-v043'" in info["exception_message"], info
+    assert (
+        "lock is stale" in info["exception_message"]
+        and "harness lock image:kuka-solver-v043" in info["exception_message"]
+    )

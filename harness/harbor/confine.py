@@ -327,6 +327,7 @@ class ConfinedSandbox(Sandbox):
             "dev",
             "sys",
             *(p.lstrip("/") for p in self.config.read_only),
+            *(p.lstrip("/") for p in self.config.host_binds.values()),
             *(str(p).lstrip("/") for p in self.config.store_paths),
             *(n for n in TOP_LEVEL_LINKS if (Path("/") / n).exists()),
         ]
@@ -350,7 +351,7 @@ class ConfinedSandbox(Sandbox):
         """Top-level names of the root that PRoot binds over (never written through the root)."""
         c = self.config
         names = {"proc", "dev", "sys", *(n for n in TOP_LEVEL_LINKS if (Path("/") / n).exists())}
-        names |= {p.strip("/").split("/")[0] for p in c.read_only}
+        names |= {p.strip("/").split("/")[0] for p in (*c.read_only, *c.host_binds.values())}
         return names
 
     def _rules(self, *, transfer: bool = False) -> dict[str, Any]:
@@ -359,6 +360,7 @@ class ConfinedSandbox(Sandbox):
         c = self.config
         read = [
             *c.read_only,
+            *c.host_binds,
             "/proc",
             "/sys",
             *map(str, c.store_paths),
@@ -461,6 +463,8 @@ class ConfinedSandbox(Sandbox):
         binds = ["-b", "/proc", "-b", "/dev", "-b", "/sys"]
         for path in c.read_only:
             binds += ["-b", path]
+        for host_path, inside in sorted(c.host_binds.items()):
+            binds += ["-b", f"{host_path}:{inside}"]
         for name in TOP_LEVEL_LINKS:
             host = Path("/") / name
             if host.exists():

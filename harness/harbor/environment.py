@@ -19,6 +19,13 @@ environment, and each separate verifier's):
    (OS, kernel, libc, the executables the sandbox exposes: :mod:`harness.harbor.host`), the
    environment variables given to commands, and the task digest Harbor put in ``lock.json``.
 
+A task's ``docker_image`` label (a separate verifier's ``[verifier.environment]`` one) names a
+rootfs template of the project when ``harbor/images/<label>.toml`` exists above the task
+(:mod:`harness.harbor.rootfs`): realized on first use, it is laid as the base of the session's
+root (its ``/usr`` merged with the host's), a verifier's template bringing its ``/tests``; the
+environment it names stands in for a missing ``environment/harness.toml``; the record's
+``rootfs`` names it.
+
 A task's ``environment/Dockerfile`` is applied or refused, never dropped
 (:mod:`harness.harbor.image`): its ``ENV``, ``WORKDIR``, ``COPY``, ``USER`` (and ``ARG``,
 ``RUN pip install`` checked against the lock, ``useradd``, ``mkdir``) shape the session; any
@@ -115,6 +122,8 @@ class HarnessEnvironment(BaseEnvironment):
         self._image: ImagePlan | None = None  # the task's Dockerfile, as applied
         self._image_copied: list[tuple[str, str | None]] = []
         self._image_given: dict[str, str] = {}  # COPY --chown: path -> the owner, or why not
+        self._template: tuple[Path, str] | None = None  # (project, label): docker_image names a template
+        self._rootfs: dict[str, Any] | None = None  # the template as laid, for the record
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -143,9 +152,32 @@ class HarnessEnvironment(BaseEnvironment):
         # Never raise here: Harbor builds every trial's environment before running any, so an
         # error would end the whole job. start() raises it, failing this trial only.
         try:
-            self._spec = read_spec(self.environment_dir, self.options.model_dump())
+            self._spec = read_spec(self.environment_dir, self.options.model_dump(), default=self._template_spec())
         except HarnessError as exc:
             self._spec_error = exc
+
+    def _template_spec(self) -> EnvironmentSpec | None:
+        """The environment the task's ``docker_image`` template names, if the label names a
+        template (:mod:`harness.harbor.rootfs`) that names one."""
+        from harness.harbor import rootfs
+
+        label = self.task_env_config.docker_image or ""
+        hint = Path(self.options.project).expanduser().absolute() if self.options.project else None
+        project = rootfs.find_project(self.environment_dir.parent, label, hint)
+        if project is None:
+            return None
+        self._template = (project, label)
+        from harness.lock.images import lock_path, read
+
+        lock = read(project, label)
+        if not lock.environment:
+            return None
+        return EnvironmentSpec(
+            manifest=lock.environment,
+            project=project,
+            environment=lock.environment_store,
+            source=f"{lock_path(project, label)} (docker_image = {label!r})",
+        )
 
     # ------------------------------------------------------------------- paths
 
@@ -218,7 +250,10 @@ class HarnessEnvironment(BaseEnvironment):
         await self._enforce_limits()
         ignored = self._warn_ignored()
         config = self._sandbox_config(resolved, paths, ports, users)
+        template = await self._realize_template()
         await self._fresh_session_dir()
+        if template is not None:
+            await self._lay_template(template, config)
         if self._image is not None:
             self._image_copied = await self._copy_image_files(self._image)
         await self._start_sandbox(config, confined)
@@ -229,6 +264,44 @@ class HarnessEnvironment(BaseEnvironment):
             f"harness: {self.session_id} runs {resolved.environment} "
             f"({len(resolved.paths)} store paths, digest {resolved.digest})"
         )
+
+    async def _realize_template(self) -> tuple[Path, Any] | None:
+        """The store path of the task's ``docker_image`` template (realized on first use)."""
+        if self._template is None:
+            return None
+        from harness.harbor import rootfs
+
+        project, label = self._template
+        try:
+            return await asyncio.to_thread(
+                rootfs.ensure, self.home, project, label, realize=self.options.realize, offline=self.options.offline
+            )
+        except HarnessError as exc:
+            raise EnvironmentUnavailable(f"docker_image = {label!r}: {exc}") from None
+
+    async def _lay_template(self, template: tuple[Path, Any], config: SandboxConfig) -> None:
+        """The template as the base of the fresh root; the sandbox binds the host's /usr and
+        /etc where the template merges its own with them (:func:`harness.harbor.rootfs.lay`)."""
+        from harness.harbor import rootfs
+        from harness.store.store import Store
+
+        path, lock = template
+        laid = await asyncio.to_thread(rootfs.lay, path, self.session_dir)
+        config.read_only = [p for p in config.read_only if p not in laid.host_binds]
+        config.host_binds = dict(laid.host_binds)
+        config.users = [*config.users, *(u for u in lock.users if u not in config.users)]
+        record = Store.in_home(self.home).record(lock.store)
+        self._rootfs = {
+            "label": lock.label,
+            "store": lock.store,
+            "path": str(path),
+            "content": record.content if record else None,
+            "packages": [f"{p.name}={p.version}" for p in lock.packages],
+            "files": len(lock.files),
+            "maintainer_scripts": "not run (see /.harness-rootfs.json in the root)",
+            "laid": {"copied": laid.copied, "host_links": laid.linked, "host_binds": laid.host_binds},
+        }
+        self.logger.info(f"harness: {self.session_id} root from template {lock.label} ({lock.store})")
 
     def _checked_spec(self) -> EnvironmentSpec:
         """The spec read when Harbor made this environment; its error, deferred to here, is
@@ -332,7 +405,8 @@ class HarnessEnvironment(BaseEnvironment):
 
     def _warn_ignored(self) -> list[str]:
         """What of the task's environment definition this session does not use, each warned of."""
-        ignored = _ignored(self.environment_dir, self.task_env_config.docker_image, self._effective_storage_mb)
+        label = None if self._template is not None else self.task_env_config.docker_image
+        ignored = _ignored(self.environment_dir, label, self._effective_storage_mb)
         for line in ignored:
             self.logger.warning(f"harness: {self.session_id} ignores {line}")
         return ignored
@@ -444,6 +518,7 @@ class HarnessEnvironment(BaseEnvironment):
         }
         self._record["host"]["libraries"] = await self._host_libraries(config, list(executables))
         self._record["sandbox"]["ignored"] = ignored
+        self._record["rootfs"] = self._rootfs
         self._record["dockerfile"] = self._image_record()
         await asyncio.to_thread(_write_record, self.record_path, self._record)
 
@@ -812,7 +887,10 @@ def _ignored(environment_dir: Path, docker_image: str | None, storage_mb: int | 
     """What of the task's environment definition this environment does not use, and why."""
     out = []
     if docker_image:
-        out.append(f"docker_image = {docker_image!r}: the software is the harness environment and the host's /usr")
+        out.append(
+            f"docker_image = {docker_image!r}: no template harbor/images/{docker_image}.toml above the task; "
+            "the software is the harness environment and the host's /usr"
+        )
     if storage_mb is not None:
         out.append(f"storage_mb = {storage_mb}: not enforced (the session's disk use is recorded at stop)")
     return out

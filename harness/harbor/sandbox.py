@@ -280,6 +280,9 @@ class SandboxConfig:
     root: Path  # the session folder, bound as /
     store_paths: list[Path] = field(default_factory=list)  # bound read-only at their own paths
     read_only: list[str] = field(default_factory=lambda: list(READ_ONLY))
+    # Host folders bound read-only elsewhere inside (host path -> inside): a rootfs template's
+    # root merges its /usr with the host's, which then lives at /.host/usr (harbor/rootfs.py).
+    host_binds: dict[str, str] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)  # e.g. /dev/nvidia0, bound read-write
     dirs: list[str] = field(default_factory=list)  # made as real folders (logs, tests, workdir)
     network: bool = True  # False: a network namespace of its own (loopback only)
@@ -383,6 +386,8 @@ class Sandbox:
         args += ["--die-with-parent", "--cap-drop", "ALL", "--bind", str(c.root), "/"]
         for path in c.read_only:
             args += ["--ro-bind", path, path]
+        for host, inside in sorted(c.host_binds.items()):
+            args += ["--ro-bind", host, inside]
         for path in self.guarded_now:  # the verifier's folders, read-only to the agent phase
             args += ["--ro-bind", str(_real_folder(c.root, path)), inside_path(path)]
         if self.idmap.multi:  # task users get names inside

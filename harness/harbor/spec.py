@@ -75,12 +75,18 @@ class EnvironmentSpec:
 
 
 def read_spec(
-    environment_dir: Path, overrides: dict[str, Any] | None = None, *, cwd: Path | None = None
+    environment_dir: Path,
+    overrides: dict[str, Any] | None = None,
+    *,
+    cwd: Path | None = None,
+    default: EnvironmentSpec | None = None,
 ) -> EnvironmentSpec:
     """The spec of a task whose ``environment/`` folder is ``environment_dir``.
 
-    Raises :class:`InputError` naming the file and key for a malformed file, an unknown key,
-    or a spec that names nothing (no file and no override).
+    ``default`` (the environment a rootfs template names, :mod:`harness.harbor.rootfs`)
+    stands in when neither the file nor the overrides name one. Raises :class:`InputError`
+    naming the file and key for a malformed file, an unknown key, or a spec that names
+    nothing (no file, no override, no default).
     """
     path = environment_dir / FILE_NAME
     data: dict[str, Any] = {}
@@ -107,6 +113,8 @@ def read_spec(
         source=str(path) if path.is_file() else "",
     )
     spec = apply_overrides(spec, overrides or {}, cwd=cwd or Path.cwd())
+    if default is not None and not (spec.manifest or spec.lock or spec.environment):
+        spec = replace(default, project=spec.project or default.project)
     return validate(spec, where=spec.source or "the environment kwargs")
 
 

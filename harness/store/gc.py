@@ -291,6 +291,7 @@ def _project_root(
                     paths = set(recorded_locks.get(lock_name, ()))  # unreadable now: keep what it named
                 for path in sorted(paths):
                     detail.setdefault(path, f"lock {lock_name}")
+            _add_template_locks(project, detail, recorded_locks)
             if checkout_code is not None:
                 for manifest, path in checkout_code(project).items():
                     detail.setdefault(path, f"code of {manifest}")
@@ -320,6 +321,22 @@ def _project_root(
         data["missing_since"] = since
         _write_project_file(entry, data)
     out.roots.append(Root("project", f"{project} (missing)", frozenset(detail), tuple(sorted(detail.items()))))
+
+
+def _add_template_locks(project: Path, detail: dict[str, str], recorded: Mapping[str, list[str]]) -> None:
+    """The store paths the project's rootfs templates lock to (``locks/images/``)."""
+    from harness.errors import HarnessError
+    from harness.lock.images import LOCKS, read
+
+    folder = project / "locks" / LOCKS
+    for lock_file in sorted(folder.glob("*.lock.toml")) if folder.is_dir() else []:
+        label = lock_file.name[: -len(".lock.toml")]
+        try:
+            paths = [read(project, label).store]
+        except HarnessError:
+            paths = list(recorded.get(f"image:{label}", ()))
+        for path in paths:
+            detail.setdefault(path, f"lock image:{label}")
 
 
 def _write_project_file(entry: Path, data: dict[str, Any]) -> None:

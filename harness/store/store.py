@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 FIXED_MTIME = 1
 FIXED_MTIME_NS = FIXED_MTIME * 1_000_000_000
 
-KINDS = ("file", "source", "weights", "weights-view", "source-view", "python", "built-wheel", "environment")
+KINDS = ("file", "source", "weights", "weights-view", "source-view", "python", "built-wheel", "environment", "rootfs")
 
 #: Kinds whose files are hard-linked to identical files of other paths (see Store._share_files):
 #: environments repeat one another's bytecode, scripts and metadata.

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 @click.command(
-    help="Pin every input of the named manifests (all when none) into locks/.\n\n\b\nExamples:\n  harness lock                                # every manifest; says what changed\n  harness lock --check kinematics reach       # exit 1 if either lock is stale\n  harness lock sam3 --upgrade-package torch"
+    help="Pin every input of the named manifests (all when none) into locks/; `image:LABEL` names the "
+    "rootfs template harbor/images/LABEL.toml (all are locked when no name is given).\n\n\b\nExamples:\n  harness lock                                # every manifest and template; says what changed\n  harness lock image:kuka-solver-v043         # one rootfs template\n  harness lock --check kinematics reach       # exit 1 if either lock is stale\n  harness lock sam3 --upgrade-package torch"
 )
 @click.argument("names", nargs=-1)
 @click.option("--check", is_flag=True, help="Exit 1 naming every lock that is missing or stale; no network.")
@@ -64,8 +65,17 @@ def command(
     from harness.errors import HarnessError
 
     project = state.project()
+    images = [n.removeprefix("image:") for n in names if n.startswith("image:")]
+    names = tuple(n for n in names if not n.startswith("image:"))
     if check:
-        _check(state, project, list(names), as_json=as_json, platform=platform)
+        _check(
+            state,
+            project,
+            list(names),
+            as_json=as_json,
+            platform=platform,
+            images=None if not names and not images else images,
+        )
 
     from harness.lock.outcome import LockOptions
 
@@ -78,20 +88,51 @@ def command(
         refresh=refresh,
     )
     shown = _Shown.on_stderr(project.root, as_json=as_json)
-    outcomes = _lock(state, project, list(names), options, shown)
+    outcomes = _lock(state, project, list(names), options, shown) if names or not images else []
+    templates = _lock_images(state, project, images if names or images else None, shown)
     if as_json:
-        print_json(_locks_json(outcomes))
-    failed = [o for o in outcomes if o.error]
+        print_json({**_locks_json(outcomes), "images": [t.__dict__ | {"path": str(t.path)} for t in templates]})
+    failed = [o.error for o in outcomes if o.error] + [t.error for t in templates if t.error]
     if failed:
-        raise HarnessError("\n".join(o.error or "" for o in failed))
+        raise HarnessError("\n".join(e or "" for e in failed))
 
 
-def _check(state: State, project: Project, names: list[str], *, as_json: bool, platform: str | None) -> NoReturn:
+def _lock_images(state: State, project: Project, images: list[str] | None, shown: _Shown) -> list[Any]:
+    """Lock rootfs templates (None: every one of the project), each reported as it ends."""
+    if images is None and not (project.root / "harbor" / "images").is_dir():
+        return []  # a project without templates loads nothing more (a no-op lock stays fast)
+    from harness.lock.images import lock_templates
+
+    outcomes = lock_templates(state.home, project.root, images)
+    for t in outcomes:
+        if shown.as_json:
+            continue
+        if t.error:
+            shown.say("failed", "red", f"image:{t.label}")
+        elif t.changed:
+            shown.say("locked", "green", f"image:{t.label} -> {t.path.relative_to(project.root)}")
+        else:
+            shown.say("unchanged", "dim", f"image:{t.label} ({t.path.relative_to(project.root)})")
+    return outcomes
+
+
+def _check(
+    state: State, project: Project, names: list[str], *, as_json: bool, platform: str | None, images: list[str] | None
+) -> NoReturn:
     """``lock --check``: print every stale lock (or that none is) and exit 1 if there is one."""
     from harness.cli.output import print_json
     from harness.lock.flow import stale_locks
 
-    stale = stale_locks(state.home, project, names, platform=platform)
+    stale = stale_locks(state.home, project, names, platform=platform) if names or images is None else []
+    if images or (project.root / "harbor" / "images").is_dir():  # else nothing more is imported
+        from harness.lock.check import Staleness
+        from harness.lock.images import lock_path, stale_reason
+        from harness.manifests.template import labels
+
+        for label in labels(project.root) if images is None else images:
+            reason = stale_reason(project.root, label)
+            if reason:
+                stale.append(Staleness(f"image:{label}", lock_path(project.root, label), reason))
     if as_json:
         print_json({"stale": [{"name": s.name, "lock": str(s.lock), "reason": s.reason} for s in stale]})
     else:

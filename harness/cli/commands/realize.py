@@ -11,6 +11,7 @@ from harness.cli.output import quiet_option, realize_jobs_option
 
 if TYPE_CHECKING:
     from harness.realize.builder import Report
+    from harness.realize.rootfs import Realized
 
 
 @click.command(
@@ -46,6 +47,23 @@ def command(
     from harness.realize.builder import RealizeFailed
     from harness.realize.install import realize_names
 
+    images = [n.removeprefix("image:") for n in names if n.startswith("image:")]
+    names = tuple(n for n in names if not n.startswith("image:"))
+    if images or not names:
+        templates = _realize_images(state, images or None, offline=offline, as_json=as_json)
+        if images and not names:
+            if as_json:
+                from harness.cli.output import print_json
+
+                print_json(
+                    [
+                        {"name": f"image:{t.label}", "store": str(state.home / "store" / t.store), "built": t.built}
+                        for t in templates
+                    ]
+                )
+            return
+        if not names and templates and not any(state.project().locks_dir.glob("*.lock.toml")):
+            return
     try:
         reports = realize_names(
             state,
@@ -61,6 +79,21 @@ def command(
         _print(exc.reports, as_json, state, failures=exc.failures)
         raise
     _print(reports, as_json, state)
+
+
+def _realize_images(state: State, images: list[str] | None, *, offline: bool, as_json: bool) -> list[Realized]:
+    """Realize rootfs templates (None: every locked one), one line each."""
+    if images is None and not (state.project().root / "locks" / "images").is_dir():
+        return []  # nothing more is imported where no template is locked
+    from harness.realize.rootfs import realize_templates
+
+    root = state.home / "store"
+    done = realize_templates(state.home, state.project().root, images, offline=offline)
+    for t in done:
+        if as_json:
+            continue
+        click.echo(f"image:{t.label}: {'built' if t.built else 'up to date'} -> {root / t.store}")
+    return done
 
 
 def _print(reports: list[Report], as_json: bool, state: State, failures: dict[str, str] | None = None) -> None:

@@ -1,0 +1,155 @@
+"""A task's ``docker_image`` label as a rootfs template: found, realized, laid as the root's base.
+
+Harbor tasks name images by label (``[environment] docker_image``; a separate verifier's
+``[verifier.environment] docker_image``, whose image Harbor takes to bundle its tests). In a
+harness project the label names ``harbor/images/<label>.toml``
+(:mod:`harness.manifests.template`), locked by ``harness lock image:<label>`` and realized to
+a store path of kind ``rootfs`` (:mod:`harness.realize.rootfs`). A session of such a task:
+
+1. finds the template: in ``--ek project``, the task's ``environment/harness.toml``'s
+   ``project``, else the nearest folder above the task holding ``harbor/images/<label>.toml``;
+2. realizes it on first use (as the environment is; ``--ek realize=false`` refuses instead),
+   checking that the lock is current first;
+3. lays it as the base of the session's root (:func:`lay`): every top-level entry of the
+   template but ``usr`` and ``etc`` is copied into the fresh root (writable, as an image's
+   layer is in a container); the template's ``usr`` and ``etc`` are merged with the host's:
+   the host's folder is bound read-only at ``/.host/usr`` (``/.host/etc``), and the root's
+   ``/usr`` is a real folder holding the template's files and, for every entry of the host's
+   folder the template does not have, a symlink into ``/.host`` — so ``/usr/bin`` holds both
+   the host's ``bash`` and the template's ``hello``. A template without ``usr``/``etc``
+   leaves the host's binds as they are.
+
+A task whose label names no template keeps the host's ``/usr`` (warned of, as before).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.lock.images import TemplateLock
+from harness.manifests.template import is_label, template_path
+
+HOST = "/.host"
+#: Folders of a template merged with the host's rather than copied.
+MERGED_WITH_HOST = ("usr", "etc")
+
+
+@dataclass(frozen=True)
+class Laid:
+    """What :func:`lay` did: host folders bound elsewhere, counts for the record."""
+
+    host_binds: dict[str, str] = field(default_factory=dict)  # host path -> path inside
+    copied: int = 0
+    linked: int = 0
+
+
+def find_project(task_dir: Path, label: str, hint: Path | None) -> Path | None:
+    """The project whose ``harbor/images/<label>.toml`` the task's label names (module doc, 1)."""
+    if not label or not is_label(label):
+        return None
+    if hint is not None:
+        return hint.resolve() if template_path(hint, label).is_file() else None
+    start = task_dir.resolve()
+    for candidate in (start, *start.parents):
+        if template_path(candidate, label).is_file():
+            return candidate
+    return None
+
+
+def ensure(home: Path, project: Path, label: str, *, realize: bool, offline: bool) -> tuple[Path, TemplateLock]:
+    """The realized store path of template ``label`` (built now unless ``realize`` is False)."""
+    from harness.config import load_settings
+    from harness.lock.images import read, stale_reason
+    from harness.realize.rootfs import realize_template
+    from harness.store.store import Store
+
+    stale = stale_reason(project, label)
+    if stale:
+        raise HarnessError(f"template {label}: its lock is stale: {stale}", hint=f"run `harness lock image:{label}`")
+    lock = read(project, label)
+    store = Store.in_home(home)
+    if store.record(lock.store) is None:
+        if not realize:
+            raise HarnessError(
+                f"template {label} ({lock.store}) is not realized in {home}",
+                hint=f"run `harness realize image:{label}`, or drop --ek realize=false",
+            )
+        if offline and lock.packages:
+            missing = [p for p in lock.packages if not (home / "cache" / "debs" / f"{p.sha256}.deb").is_file()]
+            if missing:
+                raise HarnessError(f"template {label}: offline, and {len(missing)} package(s) are not downloaded")
+        realize_template(store, load_settings(home, project), lock, project)
+    return store.path(lock.store), lock
+
+
+def lay(template: Path, root: Path) -> Laid:
+    """Lay the realized ``template`` as the base of the session root ``root`` (module doc, 3)."""
+    host_binds: dict[str, str] = {}
+    copied = linked = 0
+    for entry in sorted(os.listdir(template)):
+        source = template / entry
+        if entry in MERGED_WITH_HOST and source.is_dir() and not source.is_symlink():
+            host = Path("/") / entry
+            if host.is_dir():
+                host_binds[str(host)] = f"{HOST}/{entry}"
+                point = root / HOST.lstrip("/") / entry  # the mount point, readable by every task user
+                point.mkdir(parents=True, exist_ok=True)
+                os.chmod(point.parent, 0o755)
+                c, n = _merge(source, root / entry, host, f"{HOST}/{entry}")
+                copied, linked = copied + c, linked + n
+                continue
+        copied += _copy(source, root / entry)
+    return Laid(host_binds, copied, linked)
+
+
+def _merge(template: Path, dest: Path, host: Path, inside: str) -> tuple[int, int]:
+    """``dest`` as the template's folder plus symlinks to each host entry it does not have."""
+    dest.mkdir(parents=True, exist_ok=True)
+    os.chmod(dest, 0o755)
+    copied = linked = 0
+    names = set(os.listdir(template))
+    for name in sorted(names):
+        source, target = template / name, dest / name
+        host_entry = host / name
+        if source.is_dir() and not source.is_symlink() and host_entry.is_dir():
+            c, n = _merge(source, target, host_entry, f"{inside}/{name}")
+            copied, linked = copied + c, linked + n
+        else:
+            copied += _copy(source, target)
+    try:
+        host_names = os.listdir(host)
+    except OSError:
+        host_names = []
+    for name in sorted(set(host_names) - names):
+        os.symlink(f"{inside}/{name}", dest / name)
+        linked += 1
+    return copied, linked
+
+
+def _copy(source: Path, dest: Path) -> int:
+    """Copy one entry of the store into the root, writable by the root's owner."""
+    if source.is_symlink():
+        if os.path.lexists(dest):
+            _remove(dest)
+        os.symlink(os.readlink(source), dest)
+        return 1
+    if source.is_dir():
+        dest.mkdir(parents=True, exist_ok=True)
+        os.chmod(dest, 0o755)
+        return sum(_copy(source / name, dest / name) for name in sorted(os.listdir(source)))
+    if os.path.lexists(dest):
+        _remove(dest)
+    shutil.copyfile(source, dest, follow_symlinks=False)
+    os.chmod(dest, 0o755 if os.stat(source).st_mode & 0o100 else 0o644)
+    return 1
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
