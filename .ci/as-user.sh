@@ -22,7 +22,7 @@ tests/test_cache.py tests/test_build_env.py tests/test_broker.py tests/test_up_d
 tests/test_shared_store.py tests/test_bad_input.py tests/test_home_paths.py tests/test_bytecode.py tests/test_progress.py \
 tests/test_sdist_builds.py tests/test_launchcheck.py tests/test_lock_stamp.py tests/test_python_downloads.py \
 tests/test_gc.py tests/test_git_sources.py tests/test_source_views.py tests/test_secrets.py tests/test_fresh_machine.py \
-tests/test_remote_simulator.py tests/test_variants.py tests/test_logs.py tests/test_scoped_resets.py"
+tests/test_remote_simulator.py tests/test_variants.py tests/test_variant_groups.py tests/test_logs.py tests/test_scoped_resets.py"
 if [ "${1:-}" = --list-tests ]; then echo $user_tests; exit 0; fi
 [ "$(id -u)" = 0 ] || { echo "ci: .ci/as-user.sh needs root (it creates the user)" >&2; exit 2; }
 id -u "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user"

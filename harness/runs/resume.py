@@ -108,6 +108,8 @@ def resume_on_cluster(state: ProjectState, run: str, *, echo: Echo = print, show
         outcome = record_cluster_run(run_dir, config, interrupted=False)
         return RunOutcome(run_dir.name, run_dir, outcome["exit_status"], outcome["score"])
     engine = open_engine(target)
+    if config["cluster"].get("variant"):  # the run forced one: so does its resume
+        os.environ["HARNESS_VARIANT"] = str(config["cluster"]["variant"])
     prepared, store, head = prepare_head(state, ask, run_dir, gpus=None, show_progress=show_progress)
     if head.digest != config["cluster"]["closure_digest"]:
         differences = closure_refusal(recorded_closure, head.closure)

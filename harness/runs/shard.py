@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError
+from harness.runs.groups import NodeTarget, group_label
 
 if TYPE_CHECKING:
     from harness.manifests.project import Project
@@ -63,6 +64,11 @@ class ShardJob:
     #: its own against it before the first episode, and pulls the head's stand-ins
     expected_closure: dict[str, Any] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: every target of each of the run's locks with its store paths
+    #: (:func:`harness.runs.groups.expected_targets`): the node is proven against its own
+    targets: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: the variant the run forced (``--variant`` on the head), else None: each node chooses
+    variant: str | None = None
 
 
 @dataclass
@@ -167,6 +173,8 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
         "record_dir": str(folder),
     }
     env = dict(job.extra_env)
+    if job.variant:
+        env["HARNESS_VARIANT"] = job.variant
     if job.substituters:
         env["HARNESS_SUBSTITUTERS"] = " ".join(job.substituters)
     if job.trusted_keys:
@@ -178,6 +186,9 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
         state = NodeState(home, Path(job.deploy_path) if job.deploy_path else None, Path(job.project_root))
         ports = dict(zip(job.local_services, free_ports(len(job.local_services)), strict=True))
         with _environment(env), _sigint_unblocked():
+            job, targets = proven_against(job, f"node {facts['hostname']} ({home})", lines.append)
+            if targets:
+                result.update(targets={n: t.as_json() for n, t in targets.items()}, group=group_label(targets))
             take_head_standins(job, home, lines.append)
             refuse_foreseen(job, home)
             outcome = run(
@@ -215,9 +226,10 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
                     ),
                 )
     except HarnessError as exc:
+        from harness.runs.groups import TargetRefused
         from harness.runs.run import ClosureMismatch
 
-        result["closure_refused"] = isinstance(exc, ClosureMismatch)
+        result["closure_refused"] = isinstance(exc, (ClosureMismatch, TargetRefused))
         hint = f" ({exc.hint})" if getattr(exc, "hint", None) else ""
         result.update(
             status="failed", exit_status=exc.exit_code, reason=f"on {facts['hostname']} ({home}): {exc.message}{hint}"
@@ -228,6 +240,34 @@ def run_shard(job: ShardJob, node: dict[str, Any] | None = None) -> dict[str, An
     result["output"] = lines
     result["files"] = _collect(folder)
     return result
+
+
+def proven_against(job: ShardJob, here: str, echo: Callable[[str], None]) -> tuple[ShardJob, dict[str, NodeTarget]]:
+    """The target of each of the run's locks this node runs (its platform, and the variant its
+    driver, ``HARNESS_VARIANT`` or the run's forced one chooses: as realize chooses), and the
+    job with the closure of those targets expected (:func:`harness.runs.groups.group_closure`).
+    :class:`harness.runs.groups.TargetRefused` at once when a lock holds nothing for this node.
+    A job without the table (a head before it) is the head's closure, unchanged."""
+    from dataclasses import replace
+
+    from packaging import tags
+
+    from harness.lock.variants import driver_cuda, forced_variant
+    from harness.runs.groups import choose_targets, group_closure
+
+    if not job.targets:
+        return job, {}
+    chosen = choose_targets(
+        job.targets,
+        host_tags=[str(t) for t in tags.platform_tags()],
+        driver=driver_cuda(),
+        forced=forced_variant(),
+        here=here,
+    )
+    expected = group_closure(job.expected_closure, job.targets, chosen)
+    why = "; ".join(f"{name} {t.variant}: {t.reason}" for name, t in sorted(chosen.items()) if t.variant)
+    echo(f"target: {group_label(chosen)}" + (f" ({why})" if why else ""))
+    return replace(job, expected_closure=expected), chosen
 
 
 def node_platform() -> str:
