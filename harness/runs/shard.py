@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError
-from harness.runs.groups import NodeTarget, group_label
+from harness.runs.groups import NodeTarget, group_label, standins_of
 
 if TYPE_CHECKING:
     from harness.manifests.project import Project
@@ -281,12 +281,7 @@ def node_platform() -> str:
 def head_standins(expected: dict[str, Any]) -> dict[str, str]:
     """Lock interpreter → the host copy that stood in for it on the head, from the head's
     closure (:func:`harness.runs.closures.expected_closure`). Pure."""
-    found: dict[str, str] = {}
-    for info in (expected.get("locks") or {}).values():
-        own, host = info.get("standing_in_for"), info.get("interpreter")
-        if isinstance(own, str) and isinstance(host, str) and own and host and host != own:
-            found[own] = host
-    return found
+    return standins_of(expected)
 
 
 def take_head_standins(job: ShardJob, home: Path, echo: Callable[[str], None]) -> list[str]:
