@@ -320,3 +320,36 @@ def test_diff_names_a_shard_whose_group_changed_and_the_record_lists_groups() ->
     groups = shard_groups(summaries)
     assert groups["p cu128"]["shards"] == [1, 2] and groups["p cu128"]["closure_digests"] == ["C2"]
     assert list(groups) == ["p cpu", "p cu128"] and groups["p cpu"]["expected_digest"] == "E1"
+
+
+def test_a_two_platform_lock_of_variants_has_a_target_per_platform_and_variant(tmp_path: Path) -> None:
+    """x86_64 servers and an aarch64 robot computer share one lock: six targets, the head's
+    stand-in applies to its own platform's only, and an aarch64 node chooses aarch64's."""
+    with pytest.MonkeyPatch.context() as stack, variant_indexes(tmp_path / "indexes", stack):
+        project = variant_project(tmp_path / "p")
+        settings = project / "harness.toml"
+        settings.write_text(
+            settings.read_text().replace(
+                'platform = "x86_64-manylinux_2_28"', 'platforms = ["x86_64-manylinux_2_28", "aarch64-manylinux_2_28"]'
+            )
+        )
+        result = harness("lock", home=tmp_path / "home", project=project)
+        assert result.returncode == 0, result.stderr
+    lock = _whole(project)
+    targets = target_paths(lock)
+    assert [(t.platform.split("-")[0], t.variant) for t in targets] == [
+        (arch, v) for arch in ("x86_64", "aarch64") for v in ("cpu", "cu126", "cu128")
+    ]
+    assert len({t.digest for t in targets}) == 6 and len({t.own_interpreter for t in targets}) == 2
+    host = "c" * 32 + "-cpython-3.11.7-host"
+    head = {"locks": {"vb": {"standing_in_for": targets[0].own_interpreter, "interpreter": host}}}
+    table = _table(lock, head)
+    assert [e["interpreter"] == host for e in table["vb"]] == [True] * 3 + [False] * 3
+    chosen = choose_targets(table, host_tags=AARCH64_TAGS, driver="12.6", forced=None)
+    assert chosen["vb"] == NodeTarget(targets[3].platform, "cu126", chosen["vb"].reason)
+    assert group_label(chosen) == f"{targets[3].platform} cu126"
+    cpu_arm = group_closure(
+        {"store_paths": [], "locks": head["locks"]}, table, {"vb": NodeTarget(targets[3].platform, "cpu")}
+    )
+    assert {e["path"] for e in cpu_arm["store_paths"]} == set(targets[3].paths)
+    assert cpu_arm["locks"]["vb"]["python"].endswith(targets[3].platform)
