@@ -82,7 +82,9 @@ class Cluster:
         shutil.rmtree(self.temps, ignore_errors=True)
 
 
-def _start(name: str, args: list[str], home: Path, temp: Path, root: Path) -> Node:
+def _start(
+    name: str, args: list[str], home: Path, temp: Path, root: Path, extra_env: dict[str, str] | None = None
+) -> Node:
     home.mkdir(parents=True, exist_ok=True)
     temp.mkdir(parents=True, exist_ok=True)
     log = root / f"{name}.log"
@@ -94,6 +96,7 @@ def _start(name: str, args: list[str], home: Path, temp: Path, root: Path) -> No
         "RAY_health_check_period_ms": "1000",
         "RAY_health_check_failure_threshold": "3",
         "RAY_health_check_initial_delay_ms": "1000",
+        **(extra_env or {}),
     }
     env.pop("RAY_ADDRESS", None)
     with open(log, "wb") as sink:
@@ -148,8 +151,9 @@ def _wait_nodes(address: str, count: int, nodes: list[Node]) -> None:
     raise RuntimeError(f"the cluster did not come up with {count} nodes: {last}")
 
 
-def start_cluster(root: Path) -> Cluster:
-    """Head and second node on 127.0.0.1, homes ``root/home-head`` and ``root/home-second``."""
+def start_cluster(root: Path, second_env: dict[str, str] | None = None) -> Cluster:
+    """Head and second node on 127.0.0.1, homes ``root/home-head`` and ``root/home-second``;
+    ``second_env``: more of the second node's environment (another machine's driver, say)."""
     port, client = free_port(), free_port()
     # Ray's session paths are long; a unix socket path must stay under 108 bytes.
     temps = Path(f"/tmp/hr-{os.getpid()}-{port}")
@@ -164,7 +168,7 @@ def start_cluster(root: Path) -> Cluster:
     try:
         address = f"127.0.0.1:{port}"
         _wait_nodes(address, 1, nodes)
-        second = _start("second", ["--address", address], root / "home-second", temps / "s", root)
+        second = _start("second", ["--address", address], root / "home-second", temps / "s", root, second_env)
         nodes.append(second)
         _wait_nodes(address, 2, nodes)
     except BaseException:

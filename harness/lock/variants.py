@@ -96,6 +96,33 @@ def variant_reason(variant: str, cuda: str | None) -> str:
     return f"the NVIDIA driver supports CUDA {driver}: {variant} (CUDA {cuda}) is the newest it runs"
 
 
+def reason_problem(variants: list[tuple[str, str | None]], variant: str, reason: str) -> str | None:
+    """What is wrong with a record saying a machine took ``variant`` of a lock offering
+    ``variants`` (name, CUDA it needs) for ``reason`` (:func:`variant_reason`'s words), or None
+    when :func:`choose_variant` gives exactly that variant for that reason. Pure: a record whose
+    variant the lock lacks, or whose reason does not lead to it (a driver that supports CUDA
+    12.6 never takes cu128), is told."""
+    import re
+
+    names = [name for name, _ in variants]
+    if variant not in names:
+        return f"variant {variant!r} is not one the lock holds ({', '.join(names) or 'none'})"
+    forced = reason.startswith("named by ")
+    said = re.match(r"the NVIDIA driver supports CUDA ([0-9]+(?:\.[0-9]+)*)[:,]", reason)
+    if not forced and said is None and not reason.startswith("no NVIDIA driver here"):
+        return f"reason {reason!r} is none harness gives for choosing a variant"
+    driver = said.group(1) if said else None
+    try:
+        choice = choose_variant(variants, driver=driver, forced=variant if forced else None)
+    except HarnessError as exc:
+        return f"reason {reason!r} chooses no variant: {exc.message}"
+    if choice.variant != variant:
+        return f"reason {reason!r} chooses {choice.variant}, not {variant}"
+    if choice.reason != reason:
+        return f"reason {reason!r} is not what choosing {variant} says ({choice.reason!r})"
+    return None
+
+
 def forced_variant() -> str | None:
     """The variant ``HARNESS_VARIANT`` names, if any."""
     return os.environ.get(VARIANT_VARIABLE) or None

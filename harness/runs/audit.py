@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,7 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
             items.append(AuditItem(rel, "modified", f"project file changed since the run ({expected})"))
         else:
             items.append(AuditItem(rel, "ok"))
+    items += audit_variants(closure, root)
     if config.get("cluster"):  # a cluster run: every shard's closure against the lock
         items += audit_shards(run_dir, closure)
     impurities = list(config.get("impurities", []))
@@ -307,6 +309,7 @@ def cluster_view(run_dir: Path, config: dict[str, Any], head_closure: dict[str, 
     retries taken and how its closure differs from its head's (a local run: no engine, one
     shard, this record's own)."""
     from harness.runs.closures import closure_differences
+    from harness.runs.groups import shard_expectation
 
     cluster = config.get("cluster") or {}
     if not cluster:
@@ -316,9 +319,12 @@ def cluster_view(run_dir: Path, config: dict[str, Any], head_closure: dict[str, 
     per_shard = []
     for summary in (s for s in summaries if isinstance(s, dict)):
         lock = run_dir / "shards" / str(summary.get("index")) / "lock.json"
+        theirs = read_json(lock) if lock.is_file() else None
+        expectation = shard_expectation(cluster, head_closure, theirs, summary.get("targets"))
         deviation = (
-            [d.told("on the head", "on the node") for d in closure_differences(head_closure, read_json(lock))]
-            if lock.is_file()
+            expectation.problems
+            + [d.told("on the head", "on the node") for d in closure_differences(expectation.expected, theirs)]
+            if theirs is not None
             else ["no closure recorded"]
         )
         per_shard.append(
@@ -328,6 +334,7 @@ def cluster_view(run_dir: Path, config: dict[str, Any], head_closure: dict[str, 
                 "status": summary.get("status"),
                 "score": summary.get("score"),
                 "platform": summary.get("platform"),
+                "group": expectation.group if theirs is not None or summary.get("targets") else None,
                 "retries": max(0, len(summary.get("attempts") or []) - 1),
                 "closure": "; ".join(deviation) or "the head's",
             }
@@ -362,9 +369,9 @@ def cluster_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     if sa and sb and [s["index"] for s in sa] == [s["index"] for s in sb]:
         for xa, xb in zip(sa, sb, strict=True):
             label = f"shard {xa['index']}/{a['shards']}"
-            for key in ("status", "score", "platform", "retries"):
-                if xa[key] != xb[key]:
-                    lines.append(f"{label} {key}: {xa[key]} → {xb[key]}")
+            for key in ("status", "score", "platform", "group", "retries"):
+                if xa.get(key) != xb.get(key):
+                    lines.append(f"{label} {key}: {xa.get(key)} → {xb.get(key)}")
             if xa["closure"] != xb["closure"]:
                 lines.append(
                     f"{label} closure: {xa['closure']} (on {xa['where']}) → {xb['closure']} (on {xb['where']})"
@@ -372,12 +379,13 @@ def cluster_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         return lines
 
     def counted(shards: list[dict[str, Any]], key: str) -> str:
-        counts = Counter(str(s[key]) for s in shards)
+        counts = Counter(str(s.get(key)) for s in shards)
         return ", ".join(f"{value} ×{n}" for value, n in sorted(counts.items())) or "(none)"
 
-    for key, label in (("status", "statuses"), ("score", "scores"), ("platform", "platforms"), ("retries", "retries")):
+    keys = (("status", "statuses"), ("score", "scores"), ("platform", "platforms"), ("group", "groups"))
+    for key, label in (*keys, ("retries", "retries")):
         # Counted: with other shard counts, every count differs; only other values are news.
-        if sa and sb and {str(s[key]) for s in sa} != {str(s[key]) for s in sb}:
+        if sa and sb and {str(s.get(key)) for s in sa} != {str(s.get(key)) for s in sb}:
             lines.append(f"shard {label}: {counted(sa, key)} → {counted(sb, key)}")
     for run, shards, count in (("A", sa, a["shards"]), ("B", sb, b["shards"])):
         for shard in shards:
@@ -622,10 +630,38 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def audit_variants(closure: dict[str, Any], root: Path) -> list[AuditItem]:
+    """One item per manifest of a run's ``lock.json`` that ran an accelerator variant
+    (:func:`harness.runs.groups.variant_verdict`), against its lock file when that still has
+    the bytes the run recorded (``lock_blake3``)."""
+    from harness.lock.lockfile import read
+    from harness.runs.groups import variant_verdict
+    from harness.store.hashing import file_blake3
+
+    paths = {str(e["path"]) for e in closure.get("store_paths", [])}
+    items = []
+    for name, info in sorted((closure.get("locks") or {}).items()):
+        if not isinstance(info, dict) or not info.get("variant"):
+            continue
+        lock_file = root / str(info.get("lock") or f"locks/{name}.lock.toml")
+        lock, unread = None, f"lock file {lock_file} is gone"
+        if lock_file.is_file():
+            if file_blake3(lock_file) == info.get("lock_blake3"):
+                lock = read(lock_file, whole=True)
+            else:
+                unread = f"lock file {lock_file} changed since the run"
+        items.append(AuditItem(*variant_verdict(name, info, paths, lock, unread)))
+    return items
+
+
 def audit_shards(run_dir: Path, head_closure: dict[str, Any]) -> list[AuditItem]:
     """One audit item per shard of a cluster run (:func:`judge_shard`, from the shard's
     ``shard.json``, ``lock.json`` and ``services/launch-checks.jsonl`` under ``shards/<I>/``,
-    or the run's ``result.json`` where a shard has no folder)."""
+    or the run's ``result.json`` where a shard has no folder), each against the closure of the
+    targets (platform, variant) its record says it ran
+    (:func:`harness.runs.groups.shard_expectation`); then the shards of each group against each
+    other (:func:`harness.runs.groups.group_disagreements`)."""
+    from harness.runs.groups import group_disagreements, shard_expectation
     from harness.store.launchcheck import read_launches
 
     config = read_json(run_dir / "config.json")
@@ -634,12 +670,23 @@ def audit_shards(run_dir: Path, head_closure: dict[str, Any]) -> list[AuditItem]
     recorded = read_json(result_file).get("shards", []) if result_file.is_file() else []
     by_index = {s.get("index"): s for s in recorded if isinstance(s, dict)}
     items: list[AuditItem] = []
+    members: dict[int, tuple[str, dict[str, Any]]] = {}  # shards judged ok: their group, closure
     for index in range(count):
         folder = run_dir / "shards" / str(index)
         summary = read_json(folder / "shard.json") if (folder / "shard.json").is_file() else by_index.get(index)
         closure = read_json(folder / "lock.json") if (folder / "lock.json").is_file() else None
         launches = list(read_launches(folder / "services"))
-        items.append(judge_shard(index, count, summary, closure, launches, head_closure))
+        expectation = shard_expectation(
+            config.get("cluster") or {}, head_closure, closure, (summary or {}).get("targets")
+        )
+        item = judge_shard(
+            index, count, summary, closure, launches, expectation.expected, problems=expectation.problems
+        )
+        if item.status == "ok" and closure is not None:
+            members[index] = (expectation.group, closure)
+        items.append(item)
+    for index, why in group_disagreements(members).items():  # a group's own paths, node against node
+        items[index] = AuditItem(items[index].path, "modified", why)
     return items
 
 
@@ -650,13 +697,21 @@ def judge_shard(
     closure: dict[str, Any] | None,
     launches: list[dict[str, Any]],
     head_closure: dict[str, Any],
+    *,
+    problems: Sequence[str] = (),
 ) -> AuditItem:
     """The audit's verdict on shard ``index`` of ``count``, pure: ``summary`` is its
     ``shard.json`` (None: the head recorded nothing of it), ``closure`` its ``lock.json``
     (None: it recorded none), ``launches`` its launch checks (:func:`read_launches`).
 
+    ``head_closure`` is the closure expected of the shard: the head's, or that of the targets
+    it ran (another variant, another platform; a content hash ``""`` where only the node knows
+    it); ``problems`` what is wrong with the targets its record names (a variant its lock lacks,
+    a reason that does not lead to it).
+
     In this order: a launch refused for changed bits (``modified``, naming the path and the
-    files), a closure other than the head's (``modified``, naming each difference), a shard
+    files), targets the record cannot have run (``modified``, naming the problems), a closure
+    other than the expected one (``modified``, naming each difference), a shard
     that did not end ``ok`` (``failed``, ``cancelled``; ``missing`` when no result came
     back), no closure recorded (``missing``); else ``ok``. Every verdict names the node and
     its home; a bad one, the reason the shard gave."""
@@ -677,6 +732,8 @@ def judge_shard(
                 f"({files}; expected {refused.get('expected')}, found {refused.get('found')})",
                 at_launch="refused",
             )
+    if problems and (closure is not None or summary.get("targets")):
+        return AuditItem(where, "modified", "its record names targets it cannot have run: " + "; ".join(problems))
     if closure is not None:
         differences = closure_differences(head_closure, closure)
         if differences:
@@ -698,5 +755,13 @@ def judge_shard(
         return AuditItem(where, "missing", f"no result came back ({status}): {reason or 'no reason given'}")
     if closure is None:
         return AuditItem(where, "missing", f"no closure recorded: {reason or 'no record'}")
-    paths = len(head_closure.get("store_paths", []))
-    return AuditItem(where, "ok", f"same {paths} store paths and content hashes as the head's closure")
+    paths = head_closure.get("store_paths", [])
+    unknown = sum(1 for e in paths if not e.get("content"))
+    if unknown:  # another target than the head's: its own paths are checked by name here
+        return AuditItem(
+            where,
+            "ok",
+            f"same {len(paths)} store paths as its targets' closure, the head's content hashes for the "
+            f"{len(paths) - unknown} it shares with the head",
+        )
+    return AuditItem(where, "ok", f"same {len(paths)} store paths and content hashes as the head's closure")

@@ -46,7 +46,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -147,6 +147,8 @@ class HeadClosure:
 
     closure: dict[str, Any]
     digest: str
+    #: every target of each lock with its store paths (:func:`harness.runs.groups.expected_targets`)
+    targets: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------ the head
@@ -202,6 +204,7 @@ def run_on_cluster(
     config = _cluster_config(run_id, started, prepared, ask, target, shards, retries, pushed, head.digest)
     config["cluster"]["node_gpus"] = gpus  # what --resume plans the head for again
     use_slurm_options(engine, config, prepared, slurm)
+    config["cluster"].update(group_config(head))
     if simulator is not None:
         config["simulator"] = simulator
     write_json(run_dir / "config.json", config)
@@ -293,7 +296,16 @@ def _head_closure(store: Store, prepared: Prepared, command: list[str]) -> HeadC
         raise HarnessError("nothing to run: give a COMMAND after --, or a benchmark with a worker")
     lock_files = {name: project.locks_dir / f"{name}.lock.toml" for name in prepared.locks}
     closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=code).as_json()
-    return HeadClosure(closure, closure_digest(closure))
+    return HeadClosure(closure, closure_digest(closure), run_targets(lock_files, closure))
+
+
+def run_targets(lock_files: dict[str, Path], closure: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Every target of each of the run's locks (read as written) with the store paths it
+    realizes to: what each node is proven against (``harness/runs/groups.py``)."""
+    from harness.lock.lockfile import read
+    from harness.runs.groups import expected_targets
+
+    return expected_targets({name: read(path, whole=True) for name, path in lock_files.items()}, closure)
 
 
 def head_settings(settings: Settings) -> Settings:
@@ -355,6 +367,15 @@ def _cluster_config(
     }
 
 
+def group_config(head: HeadClosure) -> dict[str, Any]:
+    """What ``config.json``'s ``cluster`` says of targets: the table the shards were given, the
+    head's own group, and (in ``ask``) the variant the run forced, which ``--resume`` forces again."""
+    from harness.lock.variants import forced_variant
+    from harness.runs.groups import group_label, recorded_targets
+
+    return {"targets": head.targets, "group": group_label(recorded_targets(head.closure)), "variant": forced_variant()}
+
+
 def shard_jobs(
     run_id: str,
     shards: int,
@@ -365,6 +386,8 @@ def shard_jobs(
     head: HeadClosure,
 ) -> list[ShardJob]:
     """One job per shard: what the node runs, and the closure it must compute with."""
+    from harness.lock.variants import forced_variant
+
     local = tuple(p.name for p in prepared.plan.services if p.mode in ("resident", "on_demand"))
     return [
         ShardJob(
@@ -385,6 +408,8 @@ def shard_jobs(
             local_services=local,
             expected_digest=head.digest,
             expected_closure=expected_closure(head.closure),
+            targets=head.targets,
+            variant=forced_variant(),
         )
         for i in range(shards)
     ]
@@ -488,12 +513,10 @@ def push_closure(store: Store, names: Sequence[str], settings: Settings, home: P
 
 def record_shard(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """Write one shard's record under ``shards/<I>/`` as it comes back: its files and logs,
-    then ``shard.json`` (node, home, closure digest, attempts, status, reason), each file
-    written whole or not at all. A shard that says ``ok`` but recorded another closure than
-    the head's is ``failed``, naming the differences. Returns the summary."""
-    from harness.runs.closures import closure_differences
-
-    head_digest = config["cluster"]["closure_digest"]
+    then ``shard.json`` (node, home, group, closure digest, attempts, status, reason), each
+    file written whole or not at all. A shard that says ``ok`` but recorded another closure
+    than its group's (:func:`shard_verdict`) is ``failed``, naming the differences. Returns the
+    summary."""
     count = int(config["cluster"]["shards"])
     index = int(result["index"])
     folder = run_dir / "shards" / str(index)
@@ -501,8 +524,11 @@ def record_shard(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) 
         write_text_atomic(folder / rel, text)
     if result.get("output"):
         write_text_atomic(folder / "logs" / "shard.log", "\n".join(result["output"]) + "\n")
-    shard_digest = closure_digest(read_json(folder / "lock.json")) if (folder / "lock.json").is_file() else None
+    theirs = read_json(folder / "lock.json") if (folder / "lock.json").is_file() else None
+    shard_digest = closure_digest(theirs) if theirs is not None else None
     node = result.get("node") or {}
+    head_lock = read_json(run_dir / "lock.json") if (run_dir / "lock.json").is_file() else {}
+    group, expected_digest, wrong = shard_verdict(config["cluster"], head_lock, theirs, result.get("targets"))
     summary = {
         "index": index,
         "shard": f"{index}/{count}",
@@ -514,27 +540,48 @@ def record_shard(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) 
         "node_id": node.get("node_id"),
         "home": node.get("home"),
         "platform": node.get("platform"),
+        # the targets of the run's locks the node ran, and the store paths expected of them
+        "group": group,
+        "targets": result.get("targets"),
+        "expected_digest": expected_digest,
         "closure_digest": shard_digest,
-        # the node refused to compute: its closure was not the head's (harness/runs/shard.py)
+        # the node refused to compute: its closure was not its group's (harness/runs/shard.py)
         "closure_refused": bool(result.get("closure_refused")),
-        "same_closure": shard_digest == head_digest if shard_digest else None,
+        "same_closure": not wrong if shard_digest else None,
         "attempts": result.get("attempts") or ([node] if node else []),
         "started": result.get("started"),
         "ended": result.get("ended"),
     }
-    if summary["status"] == "ok" and shard_digest != head_digest:
-        head_lock = read_json(run_dir / "lock.json") if (run_dir / "lock.json").is_file() else {}
-        theirs = read_json(folder / "lock.json") if shard_digest else {}
-        named = "; ".join(d.told("on the head", "there") for d in closure_differences(head_lock, theirs)[:5])
+    if summary["status"] == "ok" and (wrong or shard_digest is None):
         summary.update(
             status="failed",
             reason=(
                 f"node {node.get('hostname')} ({node.get('home')}) computed with another closure "
-                f"({shard_digest}) than the head's ({head_digest})" + (f": {named}" if named else "")
+                f"({shard_digest}) than its group's ({group}, expected {expected_digest})"
+                + (f": {wrong}" if wrong else "")
             ),
         )
     write_json(folder / "shard.json", summary)
     return summary
+
+
+def shard_verdict(
+    cluster: dict[str, Any], head_lock: dict[str, Any], theirs: dict[str, Any] | None, reported: object
+) -> tuple[str, str, str]:
+    """(group, digest of the store paths expected of it, what is wrong: "" when nothing) of a
+    shard whose ``lock.json`` is ``theirs`` (None: none), judged against the closure of the
+    targets it ran (:func:`harness.runs.groups.shard_expectation`). Pure."""
+    from harness.lock.targets import paths_digest
+    from harness.runs.closures import closure_differences
+    from harness.runs.groups import shard_expectation
+
+    expectation = shard_expectation(cluster, head_lock, theirs, reported if isinstance(reported, dict) else None)
+    expected_digest = paths_digest(str(e["path"]) for e in expectation.expected.get("store_paths", []))
+    if expectation.problems:
+        return expectation.group, expected_digest, "; ".join(expectation.problems)
+    differences = closure_differences(expectation.expected, theirs) if theirs is not None else []
+    named = "; ".join(d.told("expected", "there") for d in differences[:5])
+    return expectation.group, expected_digest, named
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -556,7 +603,9 @@ def record_cluster_run(run_dir: Path, config: dict[str, Any], *, interrupted: bo
     """The run's ``result.json`` and combined ``benchmark.json`` from every shard's
     ``shard.json`` on disk (written by :func:`record_shard` as each came back, this session
     or an earlier one of ``--resume``); a shard with none is recorded ``cancelled`` (when
-    interrupted) or ``lost``."""
+    interrupted) or ``lost``. ``groups`` gathers the shards by the targets they ran."""
+    from harness.runs.groups import shard_groups
+
     count = int(config["cluster"]["shards"])
     summaries = []
     benches = []
@@ -598,6 +647,7 @@ def record_cluster_run(run_dir: Path, config: dict[str, Any], *, interrupted: bo
         "score": score,
         "impurities": impurities,
         "shards": summaries,
+        "groups": shard_groups(summaries),
     }
     write_json(run_dir / "result.json", result_json)
     return result_json

@@ -176,9 +176,14 @@ def closure_of(
             },
             "weights": {w.dir: {f.path: f.sha256 for f in w.files} for w in lock.weights},
             "code": (code or {}).get(name),
+            "platform": lock.python.platform,
             # A lock of accelerator variants: the one this machine took, and why (lock/variants.py).
             **(
-                {"variant": lock.variant, "variant_reason": variant_reason(lock.variant, lock.cuda)}
+                {
+                    "variant": lock.variant,
+                    "variant_reason": variant_reason(lock.variant, lock.cuda),
+                    "variants": offered_variants(lock_files[name], lock.python.platform),
+                }
                 if lock.variant
                 else {}
             ),
@@ -186,6 +191,15 @@ def closure_of(
     for file in service_files:
         closure.project_files[str(file.relative_to(project_root))] = "sha256:" + file_sha256(file)
     return closure
+
+
+def offered_variants(lock_file: Path, platform: str) -> list[list[str | None]]:
+    """The variants the lock file holds for ``platform``, each [name, CUDA it needs]: what the
+    audit checks a recorded variant and its reason against once the lock file has changed."""
+    from harness.lock.lockfile import read
+    from harness.lock.projection import variants_of
+
+    return [[name, cuda] for name, cuda in variants_of(read(lock_file, whole=True), platform)]
 
 
 #: A store path named inside a launch: ``<store>/<32 hash chars>-<name>``.

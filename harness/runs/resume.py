@@ -111,6 +111,8 @@ def resume_on_cluster(state: ProjectState, run: str, *, echo: Echo = print, show
     engine = open_engine(target)
     if isinstance(engine, SubmititEngine):  # the partition, account, QOS, time... it was asked with
         engine.options = dict(config["cluster"].get("slurm") or {})
+    if config["cluster"].get("variant"):  # the run forced one: so does its resume
+        os.environ["HARNESS_VARIANT"] = str(config["cluster"]["variant"])
     node_gpus = config["cluster"].get("node_gpus")  # the node kind the head planned for
     prepared, store, head = prepare_head(
         state, ask, run_dir, gpus=str(node_gpus) if node_gpus else None, show_progress=show_progress

@@ -167,7 +167,10 @@ def _check_expected(expected: dict[str, Any], actual: dict[str, Any], echo: Echo
     differences = closure_differences(expected, actual)
     if differences:
         raise ClosureMismatch(differences)
-    echo(f"closure: the head's {len(expected.get('store_paths', []))} store paths, same content hashes")
+    echo(
+        f"closure: the {len(expected.get('store_paths', []))} store paths expected of this node, "
+        "with the head's content hashes where it has them"
+    )
 
 
 def _announce(run_id: str, prepared: Prepared, echo: Echo) -> None:

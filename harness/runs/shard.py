@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError
+from harness.runs.groups import NodeTarget, group_label, standins_of
 
 if TYPE_CHECKING:
     from harness.manifests.project import Project
@@ -68,6 +69,11 @@ class ShardJob:
     #: where the shard appends its output as it comes (the head's run folder, on a filesystem
     #: both see: Slurm's), when the engine has no channel of its own (:mod:`harness.runs.livelog`)
     live_log: str | None = None
+    #: every target of each of the run's locks with its store paths
+    #: (:func:`harness.runs.groups.expected_targets`): the node is proven against its own
+    targets: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: the variant the run forced (``--variant`` on the head), else None: each node chooses
+    variant: str | None = None
 
 
 @dataclass
@@ -141,7 +147,6 @@ def run_shard(
     host name and ``HARNESS_HOME`` are added here.
     """
     from harness.runs.nodebroker import node_ports, node_state_dir
-    from harness.runs.record import read_json
 
     home = node_home()
     facts = {
@@ -160,11 +165,7 @@ def run_shard(
         "started": started,
         "record_dir": str(folder),
     }
-    env = dict(job.extra_env)
-    if job.substituters:
-        env["HARNESS_SUBSTITUTERS"] = " ".join(job.substituters)
-    if job.trusted_keys:
-        env["HARNESS_TRUSTED_KEYS"] = " ".join(job.trusted_keys)
+    env = _shard_environment(job)
     lines: list[str] = []
     echo, output = _shard_echo(
         lines, send, folder, f"--- shard {job.index}/{job.count} on {facts['hostname']} ({home})"
@@ -177,6 +178,9 @@ def run_shard(
         shared = node_state_dir(home, job.run_id) if job.local_services else None
         ports = node_ports(shared, job.local_services) if shared is not None else {}
         with _environment(env), _sigint_unblocked():
+            job, targets = proven_against(job, f"node {facts['hostname']} ({home})", echo)
+            if targets:
+                result.update(targets={n: t.as_json() for n, t in targets.items()}, group=group_label(targets))
             take_head_standins(job, home, echo)
             refuse_foreseen(job, home)
             outcome = run(
@@ -196,28 +200,12 @@ def run_shard(
                 expected_closure=job.expected_closure or None,
                 node_broker=shared,
             )
-        result.update(
-            exit_status=outcome.exit_status, score=outcome.score, status="ok" if outcome.exit_status == 0 else "failed"
-        )
-        if outcome.exit_status == 130:
-            result.update(status="cancelled", reason="interrupted")
-        elif outcome.exit_status != 0:
-            result["reason"] = f"the shard's command exited with {outcome.exit_status}"
-        bench = folder / "benchmark.json"
-        if result["status"] == "ok" and bench.is_file() and job.count > 1:
-            said = read_json(bench).get("shard")
-            if said != f"{job.index}/{job.count}":
-                result.update(
-                    status="failed",
-                    reason=(
-                        f"the benchmark ignored its shard (asked {job.index}/{job.count}, its benchmark.json "
-                        f"says {said!r}): its worker must read --shard or HARNESS_SHARD"
-                    ),
-                )
+        result.update(_verdict(job, folder, outcome.exit_status, outcome.score))
     except HarnessError as exc:
+        from harness.runs.groups import TargetRefused
         from harness.runs.run import ClosureMismatch
 
-        result["closure_refused"] = isinstance(exc, ClosureMismatch)
+        result["closure_refused"] = isinstance(exc, (ClosureMismatch, TargetRefused))
         hint = f" ({exc.hint})" if getattr(exc, "hint", None) else ""
         result.update(
             status="failed", exit_status=exc.exit_code, reason=f"on {facts['hostname']} ({home}): {exc.message}{hint}"
@@ -230,6 +218,47 @@ def run_shard(
     result["output"] = lines
     result["files"] = _collect(folder)
     return result
+
+
+def _shard_environment(job: ShardJob) -> dict[str, str]:
+    """The variables the shard's run sees besides the node's: the run's forced variant and
+    the head's caches and keys."""
+    env = dict(job.extra_env)
+    if job.variant:
+        env["HARNESS_VARIANT"] = job.variant
+    if job.substituters:
+        env["HARNESS_SUBSTITUTERS"] = " ".join(job.substituters)
+    if job.trusted_keys:
+        env["HARNESS_TRUSTED_KEYS"] = " ".join(job.trusted_keys)
+    return env
+
+
+def _verdict(job: ShardJob, folder: Path, exit_status: int, score: float | None) -> dict[str, Any]:
+    """The status, exit status, score and reason of a shard whose command ran: ``ok`` only if
+    it exited 0 and, in a run of several shards, its benchmark said it ran this shard."""
+    from harness.runs.record import read_json
+
+    verdict: dict[str, Any] = {
+        "exit_status": exit_status,
+        "score": score,
+        "status": "ok" if exit_status == 0 else "failed",
+    }
+    if exit_status == 130:
+        verdict.update(status="cancelled", reason="interrupted")
+    elif exit_status != 0:
+        verdict["reason"] = f"the shard's command exited with {exit_status}"
+    bench = folder / "benchmark.json"
+    if verdict["status"] == "ok" and bench.is_file() and job.count > 1:
+        said = read_json(bench).get("shard")
+        if said != f"{job.index}/{job.count}":
+            verdict.update(
+                status="failed",
+                reason=(
+                    f"the benchmark ignored its shard (asked {job.index}/{job.count}, its benchmark.json "
+                    f"says {said!r}): its worker must read --shard or HARNESS_SHARD"
+                ),
+            )
+    return verdict
 
 
 def _shard_echo(
@@ -250,6 +279,34 @@ def _shard_echo(
     return echo, output
 
 
+def proven_against(job: ShardJob, here: str, echo: Callable[[str], None]) -> tuple[ShardJob, dict[str, NodeTarget]]:
+    """The target of each of the run's locks this node runs (its platform, and the variant its
+    driver, ``HARNESS_VARIANT`` or the run's forced one chooses: as realize chooses), and the
+    job with the closure of those targets expected (:func:`harness.runs.groups.group_closure`).
+    :class:`harness.runs.groups.TargetRefused` at once when a lock holds nothing for this node.
+    A job without the table (a head before it) is the head's closure, unchanged."""
+    from dataclasses import replace
+
+    from packaging import tags
+
+    from harness.lock.variants import driver_cuda, forced_variant
+    from harness.runs.groups import choose_targets, group_closure
+
+    if not job.targets:
+        return job, {}
+    chosen = choose_targets(
+        job.targets,
+        host_tags=[str(t) for t in tags.platform_tags()],
+        driver=driver_cuda(),
+        forced=forced_variant(),
+        here=here,
+    )
+    expected = group_closure(job.expected_closure, job.targets, chosen)
+    why = "; ".join(f"{name} {t.variant}: {t.reason}" for name, t in sorted(chosen.items()) if t.variant)
+    echo(f"target: {group_label(chosen)}" + (f" ({why})" if why else ""))
+    return replace(job, expected_closure=expected), chosen
+
+
 def node_platform() -> str:
     """This node's operating system and machine (``linux-x86_64``), as the record keeps it."""
     import platform
@@ -261,12 +318,7 @@ def node_platform() -> str:
 def head_standins(expected: dict[str, Any]) -> dict[str, str]:
     """Lock interpreter → the host copy that stood in for it on the head, from the head's
     closure (:func:`harness.runs.closures.expected_closure`). Pure."""
-    found: dict[str, str] = {}
-    for info in (expected.get("locks") or {}).values():
-        own, host = info.get("standing_in_for"), info.get("interpreter")
-        if isinstance(own, str) and isinstance(host, str) and own and host and host != own:
-            found[own] = host
-    return found
+    return standins_of(expected)
 
 
 def take_head_standins(job: ShardJob, home: Path, echo: Callable[[str], None]) -> list[str]:

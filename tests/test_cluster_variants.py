@@ -1,0 +1,176 @@
+"""A cluster run over nodes that run other accelerator variants of one lock, on a real local Ray cluster.
+
+The head node (no GPU, ``HARNESS_CUDA_DRIVER=none``) runs the cpu variant of the benchmark's
+lock; the second node has ``HARNESS_VARIANT=cu128`` in its own environment (as a node whose
+deploy or operator names it), so it takes cu128. The lock is built in the test from local
+wheels (``tvar 1.0+cpu``, ``+cu126``, ``+cu128``: tests/test_variant_groups.py), served from
+local indexes every node reaches; the head signs its pushes to a directory cache.
+
+* Each node's shards are proven against their own variant's closure: the cu128 shards pass,
+  ran the cu128 build, and the record, ``audit`` and ``diff`` group the shards by variant.
+* A benchmark whose lock lacks cu128: the second node's shards are refused before their first
+  episode, naming what the node is and what the lock offers.
+
+Skipped, saying why, where Ray is not installed (``pip install -e '.[ray]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' to run the cluster tests")
+
+from tests.raycluster import Cluster, start_cluster
+from tests.test_variant_groups import BENCHMARK, VARIANTS, variant_indexes, variant_project
+
+# The same worker, from a lock that holds cpu and cu126 only.
+NO_CU128 = BENCHMARK.replace(VARIANTS, VARIANTS.split("[environment.variants.cu128]")[0])
+
+
+@dataclass
+class Setup:
+    cluster: Cluster
+    project: Path
+
+
+def _harness(setup: Setup, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HARNESS_HOME": str(setup.cluster.head.home), "RAY_ADDRESS": setup.cluster.address}
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "--project", str(setup.project), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def _run_dir(stderr: str) -> Path:
+    line = [ln for ln in stderr.splitlines() if "; record " in ln][-1]
+    return Path(line.rsplit("; record ", 1)[1].strip())
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    root = tmp_path_factory.mktemp("clustervariants")
+    with pytest.MonkeyPatch.context() as stack, variant_indexes(root / "indexes", stack):
+        stack.setenv("HARNESS_CUDA_DRIVER", "none")  # the head and its node: no GPU, whatever this machine has
+        project = variant_project(root / "project")
+        (project / "benchmarks" / "nocu128.toml").write_text(NO_CU128)
+        head_home = root / "home-head"
+        head_home.mkdir()
+        keys = root / "keys"
+        subprocess.run(
+            [sys.executable, "-m", "harness", "store", "keygen", "lab", "--dir", str(keys)],
+            check=True,
+            capture_output=True,
+        )
+        public = (keys / "lab.public").read_text().strip()
+        (head_home / "config.toml").write_text(
+            f'[cache]\nsubstituters = ["{root / "cache"}"]\ntrusted-keys = ["{public}"]\n'
+            f'secret-key-file = "{keys / "lab.secret"}"\n'
+        )
+        locked = subprocess.run(
+            [sys.executable, "-m", "harness", "--project", str(project), "--home", str(head_home), "lock"],
+            capture_output=True,
+            text=True,
+        )
+        assert locked.returncode == 0, locked.stderr
+        cluster = start_cluster(root, second_env={"HARNESS_VARIANT": "cu128"})
+        try:
+            yield Setup(cluster, project)
+        finally:
+            cluster.stop()
+
+
+def test_each_node_is_proven_against_its_own_variants_closure(setup: Setup) -> None:
+    result = _harness(setup, "run", "--benchmark", "vb", "--cluster", "ray", "--shards", "4")
+    assert result.returncode == 0, result.stderr
+    run_dir = _run_dir(result.stderr)
+    config = json.loads((run_dir / "config.json").read_text())["cluster"]
+    table = config["targets"]["vb"]
+    assert [t["variant"] for t in table] == ["cpu", "cu126", "cu128"] and len({t["digest"] for t in table}) == 3
+    platform = table[0]["platform"]
+    assert config["group"] == f"{platform} cpu" and config["variant"] is None
+    outcome = json.loads((run_dir / "result.json").read_text())
+    second = str(setup.cluster.second.home)
+    by_home: dict[str, list[dict[str, object]]] = {}
+    for shard in outcome["shards"]:
+        by_home.setdefault(str(shard["home"]), []).append(shard)
+    assert set(by_home) == {str(setup.cluster.head.home), second}, outcome["shards"]
+    for home, shards in by_home.items():
+        variant = "cu128" if home == second else "cpu"
+        for shard in shards:
+            assert shard["status"] == "ok" and shard["same_closure"], shard
+            assert shard["group"] == f"{platform} {variant}", shard
+            record = run_dir / "shards" / str(shard["index"])
+            assert (record / "build.txt").read_text() == variant, "the worker imported its variant's build"
+            locked = json.loads((record / "lock.json").read_text())["locks"]["vb"]
+            assert locked["variant"] == variant
+        if home == second:
+            log = (run_dir / "shards" / str(shards[0]["index"]) / "logs" / "shard.log").read_text()
+            assert f"target: {platform} cu128 (vb cu128: named by HARNESS_VARIANT" in log, log
+    groups = outcome["groups"]
+    assert sorted(groups) == [f"{platform} cpu", f"{platform} cu128"], groups
+    assert groups[f"{platform} cpu"]["expected_digest"] != groups[f"{platform} cu128"]["expected_digest"]
+    assert all(len(g["closure_digests"]) == 1 for g in groups.values()), groups
+
+    audit = _harness(setup, "audit", run_dir.name)
+    assert audit.returncode == 0, audit.stdout
+    shard_lines = [ln for ln in audit.stdout.splitlines() if " shard " in ln]
+    assert len(shard_lines) == 4 and all(ln.startswith("ok") for ln in shard_lines), audit.stdout
+    assert sum("as its targets' closure" in ln and second in ln for ln in shard_lines) == len(by_home[second])
+
+    # A cu128 shard whose record names cu126 (with a reason that leads to it) fails the audit.
+    index = by_home[second][0]["index"]
+    lock_file = run_dir / "shards" / str(index) / "lock.json"
+    original = lock_file.read_text()
+    tampered = json.loads(original)
+    tampered["locks"]["vb"]["variant"] = "cu126"
+    lock_file.write_text(json.dumps(tampered))
+    audit = _harness(setup, "audit", run_dir.name)
+    lock_file.write_text(original)
+    bad = [ln for ln in audit.stdout.splitlines() if ln.startswith("modified") and " shard " in ln]
+    assert audit.returncode == 1 and len(bad) == 1 and f"shard {index}/4" in bad[0], audit.stdout
+
+    # Forced to cpu for the whole run, the second node's shards change group: diff says so.
+    forced = _harness(setup, "--variant", "cpu", "run", "--benchmark", "vb", "--cluster", "ray", "--shards", "4")
+    assert forced.returncode == 0, forced.stderr
+    forced_dir = _run_dir(forced.stderr)
+    shards = json.loads((forced_dir / "result.json").read_text())["shards"]
+    assert {s["group"] for s in shards} == {f"{platform} cpu"}, shards
+    diff = _harness(setup, "diff", run_dir.name, forced_dir.name)
+    assert diff.returncode == 0, diff.stderr
+    assert f"{platform} cu128" in diff.stdout and "group" in diff.stdout, diff.stdout
+
+
+def test_a_node_whose_variant_the_lock_lacks_is_refused_before_its_first_episode(setup: Setup) -> None:
+    result = _harness(setup, "run", "--benchmark", "nocu128", "--cluster", "ray", "--shards", "4")
+    assert result.returncode == 1, result.stderr
+    run_dir = _run_dir(result.stderr)
+    shards = json.loads((run_dir / "result.json").read_text())["shards"]
+    second = str(setup.cluster.second.home)
+    refused = [s for s in shards if s["home"] == second]
+    assert refused and all(s["status"] == "failed" and s["closure_refused"] for s in refused), shards
+    for shard in refused:
+        reason = shard["reason"]
+        assert second in reason and "HARNESS_VARIANT=cu128" in reason, reason
+        assert "lock nocu128, which holds" in reason and "(cpu, cu126)" in reason, reason
+        record = run_dir / "shards" / str(shard["index"])
+        assert not (record / "build.txt").exists() and not (record / "logs" / "command.log").exists()
+    assert all(s["status"] == "ok" for s in shards if s["home"] != second), shards
+    store = setup.cluster.second.home / "store"
+    assert not store.is_dir() or not any(p.name.endswith("-nocu128-env") for p in store.iterdir())
+    audit = _harness(setup, "audit", run_dir.name)
+    bad = [ln for ln in audit.stdout.splitlines() if " shard " in ln and not ln.startswith("ok")]
+    assert audit.returncode == 1 and len(bad) == len(refused), audit.stdout
+    assert all("refused before its first episode" in ln and second in ln for ln in bad), bad
