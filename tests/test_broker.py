@@ -985,6 +985,7 @@ def test_malformed_requests_get_400_never_500(make_broker, tmp_path: Path) -> No
 OTHER_USER = "harness-broker-other"
 
 
+@pytest.mark.root
 @pytest.mark.skipif(
     os.geteuid() != 0 or not Path("/usr/sbin/useradd").exists(), reason="creates another user (needs root and useradd)"
 )
