@@ -129,6 +129,18 @@ def test_each_node_is_proven_against_its_own_variants_closure(setup: Setup) -> N
     shard_lines = [ln for ln in audit.stdout.splitlines() if " shard " in ln]
     assert len(shard_lines) == 4 and all(ln.startswith("ok") for ln in shard_lines), audit.stdout
     assert sum("as its targets' closure" in ln and second in ln for ln in shard_lines) == len(by_home[second])
+    assert any(ln.startswith("ok") and "cluster targets: the 3 targets" in ln for ln in audit.stdout.splitlines())
+
+    # The table the shards were judged against, edited to let cu128 be other paths: named.
+    config_file = run_dir / "config.json"
+    original = config_file.read_text()
+    edited = json.loads(original)
+    edited["cluster"]["targets"]["vb"][2]["paths"].pop()
+    config_file.write_text(json.dumps(edited))
+    audit = _harness(setup, "audit", run_dir.name)
+    config_file.write_text(original)
+    told = "cluster targets: config.json's targets of vb are not what the lock files give"
+    assert audit.returncode == 1 and any(ln.startswith("modified") and told in ln for ln in audit.stdout.splitlines())
 
     # A cu128 shard whose record names cu126 (with a reason that leads to it) fails the audit.
     index = by_home[second][0]["index"]
@@ -174,3 +186,25 @@ def test_a_node_whose_variant_the_lock_lacks_is_refused_before_its_first_episode
     bad = [ln for ln in audit.stdout.splitlines() if " shard " in ln and not ln.startswith("ok")]
     assert audit.returncode == 1 and len(bad) == len(refused), audit.stdout
     assert all("refused before its first episode" in ln and second in ln for ln in bad), bad
+
+
+def test_a_run_forced_to_a_variant_resumes_with_it(setup: Setup) -> None:
+    """``--variant cu126`` forces every shard (submitit's local executor here); a shard whose
+    record is gone is run again by ``--resume``, which forces cu126 again though nothing on
+    this machine asks for it (no driver: cpu)."""
+    import shutil
+
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
+    args = ("run", "--benchmark", "vb", "--cluster", "slurm-local", "--shards", "2")
+    result = _harness(setup, "--variant", "cu126", *args)
+    assert result.returncode == 0, result.stderr
+    run_dir = _run_dir(result.stderr)
+    assert json.loads((run_dir / "config.json").read_text())["cluster"]["variant"] == "cu126"
+    shutil.rmtree(run_dir / "shards" / "1")  # lost with its node
+    resumed = _harness(setup, "run", "--resume", run_dir.name)
+    assert resumed.returncode == 0, resumed.stderr
+    shards = json.loads((run_dir / "result.json").read_text())["shards"]
+    assert [s["status"] for s in shards] == ["ok", "ok"] and {s["group"].split()[-1] for s in shards} == {"cu126"}
+    assert (run_dir / "shards" / "1" / "build.txt").read_text() == "cu126"
+    audit = _harness(setup, "audit", run_dir.name)
+    assert audit.returncode == 0, audit.stdout

@@ -123,6 +123,7 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
         else:
             items.append(AuditItem(rel, "ok"))
     items += audit_variants(closure, root)
+    items += audit_targets(config, closure, root)
     if config.get("cluster"):  # a cluster run: every shard's closure against the lock
         items += audit_shards(run_dir, closure)
     impurities = list(config.get("impurities", []))
@@ -652,6 +653,36 @@ def audit_variants(closure: dict[str, Any], root: Path) -> list[AuditItem]:
                 unread = f"lock file {lock_file} changed since the run"
         items.append(AuditItem(*variant_verdict(name, info, paths, lock, unread)))
     return items
+
+
+def audit_targets(config: dict[str, Any], closure: dict[str, Any], root: Path) -> list[AuditItem]:
+    """A cluster run's table of targets (``config.json``'s ``cluster.targets``, what each shard
+    was judged against) derived again from the run's lock files, while they have the bytes the
+    run recorded: one item, ``modified`` when the recorded table is not what they give."""
+    from harness.lock.lockfile import read
+    from harness.runs.groups import expected_targets
+    from harness.store.hashing import file_blake3
+
+    table = (config.get("cluster") or {}).get("targets")
+    if not isinstance(table, dict) or not table:
+        return []
+    what = "cluster targets"
+    locks = {}
+    for name, info in sorted((closure.get("locks") or {}).items()):
+        lock_file = root / str(info.get("lock") or f"locks/{name}.lock.toml")
+        if not lock_file.is_file() or file_blake3(lock_file) != info.get("lock_blake3"):
+            return [
+                AuditItem(what, "ok", f"lock file {lock_file} changed since the run: the table is not derived again")
+            ]
+        locks[name] = read(lock_file, whole=True)
+    derived = expected_targets(locks, closure)
+    wrong = sorted(name for name in set(derived) | set(table) if derived.get(name) != table.get(name))
+    if wrong:
+        return [
+            AuditItem(what, "modified", f"config.json's targets of {', '.join(wrong)} are not what the lock files give")
+        ]
+    count = sum(len(entries) for entries in derived.values())
+    return [AuditItem(what, "ok", f"the {count} targets the shards were judged against, as the lock files give them")]
 
 
 def audit_shards(run_dir: Path, head_closure: dict[str, Any]) -> list[AuditItem]:

@@ -27,7 +27,10 @@ The run's folder holds one record::
     runs/<id>/result.json          exit status, the combined score, one line per shard
 
 Each node checks the closure it realized against the head's before its shard's first
-episode and refuses, naming each difference (:mod:`harness.runs.shard`). ``harness audit
+episode and refuses, naming each difference (:mod:`harness.runs.shard`); a node that runs
+another platform or accelerator variant of the locks than the head is checked against that
+target's closure instead, computed by the head from the lock files (``config.json``'s
+``cluster.targets``, :mod:`harness.runs.groups`), and the record groups the shards by target. ``harness audit
 RUN`` judges every shard (:func:`harness.runs.audit.judge_shard`): a shard refused at
 launch, refused for another closure, failed, cancelled or lost fails the audit, naming its
 node and home; ``harness diff`` compares engines, shard counts, retries and each shard's
@@ -368,8 +371,9 @@ def _cluster_config(
 
 
 def group_config(head: HeadClosure) -> dict[str, Any]:
-    """What ``config.json``'s ``cluster`` says of targets: the table the shards were given, the
-    head's own group, and (in ``ask``) the variant the run forced, which ``--resume`` forces again."""
+    """What ``config.json``'s ``cluster`` says of targets: the table the shards were given
+    (``targets``), the head's own group (``group``) and the variant the run forced
+    (``variant``: ``--variant``, ``HARNESS_VARIANT`` or the deploy's), which ``--resume`` forces again."""
     from harness.lock.variants import forced_variant
     from harness.runs.groups import group_label, recorded_targets
 
