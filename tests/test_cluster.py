@@ -465,7 +465,7 @@ def test_runs_logs_follows_the_shards_output_as_it_comes(setup: Setup) -> None:
     for index in (0, 1):
         mine = [ln for ln in out.splitlines() if ln.startswith(f"shard {index} | ")]
         assert any("--- shard" in ln for ln in mine), out
-        assert any("closure: the head's" in ln for ln in mine), out
+        assert any("store paths expected of this node" in ln for ln in mine), out
         assert any("success" in ln.lower() or "episode" in ln.lower() for ln in mine), out
     homes = {str(setup.cluster.head.home), str(setup.cluster.second.home)}
     assert {h for h in homes if h in out} == homes, "both nodes' shards reported"
@@ -536,7 +536,7 @@ def test_slurm_array_through_submitit_local(setup: Setup) -> None:
     # Each task appended its output to the run's folder as it went (a filesystem both see).
     for index in (0, 1):
         live = (run_dir / "live" / f"{index}.log").read_text()
-        assert f"--- shard {index}/2" in live and "closure: the head's" in live, live
+        assert f"--- shard {index}/2" in live and "store paths expected of this node" in live, live
 
 
 # Shard 0 runs its episodes at once; the others wait at the gate as GATE's do.
