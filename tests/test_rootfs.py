@@ -103,10 +103,15 @@ def test_lock_pins_closure_and_two_homes_realize_the_same_root(tmp_path: Path, a
 
     assert hashlib.sha256(tool_deb).hexdigest() in text
     assert '"/tests/test.sh"' in text and '"/opt/solver/settings.txt"' in text
-    # Re-locking unchanged inputs keeps the bytes; --check says it is current.
-    again = _harness(tmp_path / "lock-home", project, archive, "lock", "image:solver")
-    assert again.returncode == 0 and "unchanged image:solver" in again.stderr
-    assert lock_file.read_text() == text
+    # Re-locking unchanged inputs keeps the bytes without reading the archive (offline too);
+    # --refresh reads it again, and its pins are the same; --check says it is current.
+    served = len(archive.requests)
+    for flags in ((), ("--offline",), ("--refresh",)):
+        again = _harness(tmp_path / "lock-home", project, archive, "lock", "image:solver", *flags)
+        assert again.returncode == 0 and "unchanged image:solver" in again.stderr, (flags, again.stderr)
+        assert lock_file.read_text() == text
+        assert (len(archive.requests) > served) == (flags == ("--refresh",)), flags
+        served = len(archive.requests)
     assert _harness(tmp_path / "lock-home", project, archive, "lock", "--check", "image:solver").returncode == 0
 
     store_name = re.search(r'^store = "(.*)"$', text, re.M).group(1)  # type: ignore[union-attr]
@@ -152,6 +157,8 @@ def test_a_changed_file_makes_the_lock_stale(tmp_path: Path, archive: DebArchive
     (project / "tests" / "test.sh").write_text("#!/bin/bash\necho 0.5 > /logs/verifier/reward.txt\n")
     check = _harness(tmp_path / "h", project, archive, "lock", "--check", "image:solver")
     assert check.returncode == 1 and "stale  image:solver" in check.stdout
+    offline = _harness(tmp_path / "h", project, archive, "lock", "image:solver", "--offline")
+    assert offline.returncode != 0 and "--offline forbids reading it" in offline.stderr
     done = _harness(tmp_path / "h", project, archive, "realize", "image:solver")
     assert done.returncode == 1
     assert "tests/test.sh does not match the lock: expected sha256" in done.stderr

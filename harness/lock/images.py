@@ -297,9 +297,16 @@ class Locked:
     error: str | None = None
 
 
-def lock_templates(home: Path, root: Path, wanted: list[str] | None) -> list[Locked]:
+def lock_templates(
+    home: Path, root: Path, wanted: list[str] | None, *, offline: bool = False, refresh: bool = False
+) -> list[Locked]:
     """Lock the templates ``wanted`` (None: every template of the project); each failure is
-    its outcome's ``error``, so one bad template does not stop the others."""
+    its outcome's ``error``, so one bad template does not stop the others.
+
+    A lock whose template and files are unchanged is kept as it is, without reading the
+    archive (its pins stay, as a manifest's do), unless ``refresh`` (``--refresh``,
+    ``--upgrade``) asks to resolve again; ``offline`` refuses a lock that would need the
+    archive."""
     from harness.config import load_settings
     from harness.errors import HarnessError
     from harness.manifests.template import labels
@@ -308,6 +315,14 @@ def lock_templates(home: Path, root: Path, wanted: list[str] | None) -> list[Loc
     out = []
     for label in names:
         try:
+            if not refresh and lock_path(root, label).is_file() and stale_reason(root, label) is None:
+                out.append(Locked(label, lock_path(root, label)))
+                continue
+            if offline:
+                raise InputError(
+                    f"template {label} needs its archive's Packages index, and --offline forbids reading it",
+                    hint=f"run `harness lock image:{label}` with network",
+                )
             template = load_template(root, label)
             url = None
             if template.debian is not None:
