@@ -138,23 +138,25 @@ def parse(data: dict[str, Any], where: str) -> TemplateLock:
         debian = data.get("debian") or {}
         packages = tuple(
             DebPin(
-                str(p["name"]),
-                str(p["version"]),
-                str(p["architecture"]),
-                str(p["filename"]),
-                int(p["size"]),
-                str(p["sha256"]),
+                _text(p["name"]),
+                _text(p["version"]),
+                _text(p["architecture"]),
+                _text(p["filename"]),
+                _number(p["size"]),
+                _text(p["sha256"]),
             )
             for p in debian.get("package", [])
         )
         files = tuple(
-            LockedFile(str(f["path"]), str(f["source"]), str(f["sha256"]), int(f["size"]), bool(f["executable"]))
+            LockedFile(
+                _text(f["path"]), _text(f["source"]), _text(f["sha256"]), _number(f["size"]), _flag(f["executable"])
+            )
             for f in data.get("file", [])
         )
         lock = TemplateLock(
-            label=str(data["label"]),
-            template_sha256=str(data["template-sha256"]),
-            store=str(data["store"]),
+            label=_text(data["label"]),
+            template_sha256=_text(data["template-sha256"]),
+            store=_text(data["store"]),
             users=tuple(str(u) for u in data.get("users", [])),
             environment=data.get("environment"),
             environment_store=data.get("environment-store"),
@@ -180,6 +182,24 @@ def parse(data: dict[str, Any], where: str) -> TemplateLock:
     return lock
 
 
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _number(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r}")
+    return value
+
+
 def template_digest(template: Template) -> str:
     return hashlib.sha256(template.file.read_bytes()).hexdigest()
 
@@ -199,13 +219,13 @@ def locked_files(template: Template, root: Path) -> tuple[LockedFile, ...]:
         for inside, source in sources:
             if source.is_symlink() or not source.is_file():
                 raise InputError(f"{display_path(template.file)}: files: {source} is not a regular file")
-            data = source.read_bytes()
             try:
                 shown = source.resolve().relative_to(root.resolve()).as_posix()
             except ValueError:
                 raise InputError(
                     f"{display_path(template.file)}: files: {source} is outside the project {root}"
                 ) from None
+            data = source.read_bytes()
             executable = entry.executable if entry.executable is not None else bool(source.stat().st_mode & 0o111)
             out[inside] = LockedFile(inside, shown, hashlib.sha256(data).hexdigest(), len(data), executable)
             if len(out) > _FILE_LIMIT:
@@ -295,6 +315,7 @@ class Locked:
     path: Path
     changed: bool = False
     error: str | None = None
+    bad_input: bool = False  # the error is the template's (exit 2), not the archive's
 
 
 def lock_templates(
@@ -330,5 +351,6 @@ def lock_templates(
             path, changed = lock_template(root, label, url)
             out.append(Locked(label, path, changed))
         except HarnessError as exc:
-            out.append(Locked(label, lock_path(root, label), error=f"image:{label}: {exc}"))
+            bad = isinstance(exc, InputError)
+            out.append(Locked(label, lock_path(root, label), error=f"image:{label}: {exc}", bad_input=bad))
     return out

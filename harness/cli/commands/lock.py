@@ -94,7 +94,10 @@ def command(
         print_json({**_locks_json(outcomes), "images": [t.__dict__ | {"path": str(t.path)} for t in templates]})
     failed = [o.error for o in outcomes if o.error] + [t.error for t in templates if t.error]
     if failed:
-        raise HarnessError("\n".join(e or "" for e in failed))
+        from harness.errors import InputError
+
+        bad_input = not any(o.error for o in outcomes) and all(t.bad_input for t in templates if t.error)
+        raise (InputError if bad_input else HarnessError)("\n".join(e or "" for e in failed))
 
 
 def _lock_images(
