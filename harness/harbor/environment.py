@@ -167,17 +167,7 @@ class HarnessEnvironment(BaseEnvironment):
         if project is None:
             return None
         self._template = (project, label)
-        from harness.lock.images import lock_path, read
-
-        lock = read(project, label)
-        if not lock.environment:
-            return None
-        return EnvironmentSpec(
-            manifest=lock.environment,
-            project=project,
-            environment=lock.environment_store,
-            source=f"{lock_path(project, label)} (docker_image = {label!r})",
-        )
+        return rootfs.environment_spec(project, label)
 
     # ------------------------------------------------------------------- paths
 

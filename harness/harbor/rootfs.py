@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.harbor.spec import EnvironmentSpec
 from harness.lock.images import TemplateLock
 from harness.manifests.template import is_label, template_path
 
@@ -58,6 +59,53 @@ def find_project(task_dir: Path, label: str, hint: Path | None) -> Path | None:
         if template_path(candidate, label).is_file():
             return candidate
     return None
+
+
+def task_labels(task_dir: Path) -> list[str]:
+    """The ``docker_image`` labels of a task's ``task.toml``: the agent's, then a separate
+    verifier's (``[verifier.environment]``), each once."""
+    from harness.manifests.tomlfile import loads_bounded
+
+    path = task_dir / "task.toml"
+    try:
+        data = loads_bounded(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, ValueError, HarnessError):
+        return []
+    found = [
+        (data.get("environment") or {}).get("docker_image"),
+        ((data.get("verifier") or {}).get("environment") or {}).get("docker_image"),
+    ]
+    return [label for label in dict.fromkeys(found) if isinstance(label, str) and label]
+
+
+def environment_spec(project: Path, label: str) -> EnvironmentSpec | None:
+    """The environment template ``label``'s lock names, as a task's spec (None: it names none)."""
+    from harness.lock.images import lock_path, read
+
+    lock = read(project, label)
+    if not lock.environment:
+        return None
+    return EnvironmentSpec(
+        manifest=lock.environment,
+        project=project,
+        environment=lock.environment_store,
+        source=f"{lock_path(project, label)} (docker_image = {label!r})",
+    )
+
+
+def describe(home: Path, project: Path, label: str) -> tuple[bool, str]:
+    """One line saying whether template ``label`` is locked, current and realized in ``home``."""
+    from harness.lock.images import read, stale_reason
+    from harness.store.store import Store
+
+    stale = stale_reason(project, label)
+    if stale:
+        return False, f"template {label}: {stale}"
+    lock = read(project, label)
+    realized = Store.in_home(home).is_registered(lock.store)
+    return realized, f"template {label} -> {lock.store}: " + (
+        "realized" if realized else "not realized (realized on first use)"
+    )
 
 
 def ensure(home: Path, project: Path, label: str, *, realize: bool, offline: bool) -> tuple[Path, TemplateLock]:
