@@ -279,6 +279,7 @@ class HarnessEnvironment(BaseEnvironment):
         laid = await asyncio.to_thread(rootfs.lay, path, self.session_dir)
         config.read_only = [p for p in config.read_only if p not in laid.host_binds]
         config.host_binds = dict(laid.host_binds)
+        config.store_paths = [*config.store_paths, path]  # the template's /usr links point into it
         config.users = [*config.users, *(u for u in lock.users if u not in config.users)]
         record = Store.in_home(self.home).record(lock.store)
         self._rootfs = {

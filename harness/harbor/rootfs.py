@@ -14,10 +14,12 @@ a store path of kind ``rootfs`` (:mod:`harness.realize.rootfs`). A session of su
    template but ``usr`` and ``etc`` is copied into the fresh root (writable, as an image's
    layer is in a container); the template's ``usr`` and ``etc`` are merged with the host's:
    the host's folder is bound read-only at ``/.host/usr`` (``/.host/etc``), and the root's
-   ``/usr`` is a real folder holding the template's files and, for every entry of the host's
-   folder the template does not have, a symlink into ``/.host`` — so ``/usr/bin`` holds both
-   the host's ``bash`` and the template's ``hello``. A template without ``usr``/``etc``
-   leaves the host's binds as they are.
+   ``/usr`` is a real folder whose entries are links — into ``/.host`` for the host's, into
+   the template's store path (bound read-only at its own path, like the environment's) for
+   the template's, a folder both have being merged one level down — so ``/usr/bin`` holds
+   both the host's ``bash`` and the template's ``hello``, the template's winning, and laying
+   a root costs a link per entry, never a copy of the template's ``/usr``. A template
+   without ``usr``/``etc`` leaves the host's binds as they are.
 
 A task whose label names no template keeps the host's ``/usr`` (warned of, as before).
 """
@@ -166,8 +168,9 @@ def _merge(template: Path, dest: Path, host: Path, inside: str) -> tuple[int, in
         if source.is_dir() and not source.is_symlink() and host_entry.is_dir():
             c, n = _merge(source, target, host_entry, f"{inside}/{name}")
             copied, linked = copied + c, linked + n
-        else:
-            copied += _copy(source, target)
+        else:  # the template's own: a link into its store path, bound read-only at its own path
+            os.symlink(str(source), target)
+            linked += 1
     try:
         host_names = os.listdir(host)
     except OSError:
