@@ -67,6 +67,46 @@ def test_bad_deploy(path: Path, tmp_path: Path, harness_cli) -> None:
     assert "Traceback" not in result.err + result.out
 
 
+@pytest.mark.parametrize("path", sorted((BAD / "images").glob("*.toml")), ids=lambda p: p.stem)
+def test_bad_rootfs_template(path: Path, tmp_path: Path, harness_cli) -> None:
+    """A rootfs template (harbor/images/<label>.toml) with a bad key: exit 2 naming file and key,
+    and no lock written."""
+    project = _project(tmp_path)
+    (project / "harbor" / "images").mkdir(parents=True)
+    shutil.copy(path, project / "harbor" / "images" / "solver.toml")
+    result = harness_cli("--home", str(tmp_path / "home"), "--project", str(project), "lock", "image:solver")
+    assert result.code == 2, (result.out, result.err)
+    assert _expectation(path) in result.err, result.err
+    assert "harbor/images/solver.toml" in result.err and "Traceback" not in result.err
+    assert not (project / "locks" / "images").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "expect"),
+    [
+        (('store = "', 'store = "0'), "store: 0"),
+        (('path = "/tests/t.sh"', 'path = "/../t.sh"'), "a path outside the root or the project"),
+        (("lock-version = 1", "lock-version = 9"), "lock-version: expected 1"),
+        (('sha256 = "', 'sha256 = 7 #"'), "malformed template lock"),
+    ],
+    ids=["store-name", "path-escapes", "version", "type"],
+)
+def test_bad_rootfs_template_lock(tmp_path: Path, harness_cli, edit: tuple[str, str], expect: str) -> None:
+    """A template's lock edited by hand: realize refuses it (exit 2) naming the file, builds nothing."""
+    project = _project(tmp_path)
+    (project / "harbor" / "images").mkdir(parents=True)
+    (project / "harbor" / "t.sh").write_text("echo\n")
+    (project / "harbor" / "images" / "solver.toml").write_text('[[files]]\npath = "/tests/t.sh"\nsource = "../t.sh"\n')
+    home = str(tmp_path / "home")
+    assert harness_cli("--home", home, "--project", str(project), "lock", "image:solver").code == 0
+    lock = project / "locks" / "images" / "solver.lock.toml"
+    lock.write_text(lock.read_text().replace(*edit, 1))
+    result = harness_cli("--home", home, "--project", str(project), "realize", "image:solver")
+    assert result.code == 2, (result.out, result.err)
+    assert "locks/images/solver.lock.toml" in result.err and expect in result.err, result.err
+    assert "Traceback" not in result.err and not list((tmp_path / "home" / "store").glob("*-rootfs-*"))
+
+
 def test_an_external_services_client_may_use_only_its_url(tmp_path: Path, harness_cli) -> None:
     """harness runs nothing of an external service, so its client table's {weights} (or
     {python}, {port}, {source:NAME}) has no value: refused when the deploy is loaded, naming

@@ -1825,6 +1825,17 @@ def test_kuka_shaped_task_on_rootfs_templates(
         assert solver["sandbox"]["users"]["enforced"] is True
     # Realized on first use by the session (a later run finds it in the store).
     assert realized_before or any(r.endswith("kuka-plan_0.4.3-1_amd64.deb") for r in archive.requests)
+    # `python -m harness.harbor check` reads the same: the templates' environment, both templates.
+    check = subprocess.run(
+        [sys.executable, "-m", "harness.harbor", "check", str(task), "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "manifest reach" in check.stdout
+    for label in ("kuka-solver-v043", "kuka-verifier-v043"):
+        assert f"template {label} -> " in check.stdout and f"-rootfs-{label}: realized" in check.stdout
 
 
 @needs_harbor

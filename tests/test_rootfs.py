@@ -103,10 +103,15 @@ def test_lock_pins_closure_and_two_homes_realize_the_same_root(tmp_path: Path, a
 
     assert hashlib.sha256(tool_deb).hexdigest() in text
     assert '"/tests/test.sh"' in text and '"/opt/solver/settings.txt"' in text
-    # Re-locking unchanged inputs keeps the bytes; --check says it is current.
-    again = _harness(tmp_path / "lock-home", project, archive, "lock", "image:solver")
-    assert again.returncode == 0 and "unchanged image:solver" in again.stderr
-    assert lock_file.read_text() == text
+    # Re-locking unchanged inputs keeps the bytes without reading the archive (offline too);
+    # --refresh reads it again, and its pins are the same; --check says it is current.
+    served = len(archive.requests)
+    for flags in ((), ("--offline",), ("--refresh",)):
+        again = _harness(tmp_path / "lock-home", project, archive, "lock", "image:solver", *flags)
+        assert again.returncode == 0 and "unchanged image:solver" in again.stderr, (flags, again.stderr)
+        assert lock_file.read_text() == text
+        assert (len(archive.requests) > served) == (flags == ("--refresh",)), flags
+        served = len(archive.requests)
     assert _harness(tmp_path / "lock-home", project, archive, "lock", "--check", "image:solver").returncode == 0
 
     store_name = re.search(r'^store = "(.*)"$', text, re.M).group(1)  # type: ignore[union-attr]
@@ -152,9 +157,11 @@ def test_a_changed_file_makes_the_lock_stale(tmp_path: Path, archive: DebArchive
     (project / "tests" / "test.sh").write_text("#!/bin/bash\necho 0.5 > /logs/verifier/reward.txt\n")
     check = _harness(tmp_path / "h", project, archive, "lock", "--check", "image:solver")
     assert check.returncode == 1 and "stale  image:solver" in check.stdout
+    offline = _harness(tmp_path / "h", project, archive, "lock", "image:solver", "--offline")
+    assert offline.returncode != 0 and "--offline forbids reading it" in offline.stderr
     done = _harness(tmp_path / "h", project, archive, "realize", "image:solver")
-    assert done.returncode == 1
-    assert "tests/test.sh does not match the lock: expected sha256" in done.stderr
+    assert done.returncode == 2
+    assert "template solver: its lock is stale: a file the template takes changed" in done.stderr
     assert "harness lock image:solver" in done.stderr and "Traceback" not in done.stderr
     assert not list((tmp_path / "h" / "store").glob("*-rootfs-solver"))
 
@@ -162,7 +169,7 @@ def test_a_changed_file_makes_the_lock_stale(tmp_path: Path, archive: DebArchive
 def test_unknown_package_and_bad_template_are_refused(tmp_path: Path, archive: DebArchive) -> None:
     project = _project(tmp_path / "project", packages='"tool", "no-such-package"')
     done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr
     assert "harbor/images/solver.toml" in done.stderr and "'no-such-package'" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (project / "locks" / "images" / "solver.lock.toml").exists()
@@ -325,3 +332,29 @@ def test_closure_takes_providers_newest_versions_and_names_what_is_missing() -> 
         closure(index[:1], ("tool",), (), "t.toml")
     with pytest.raises(InputError, match="'nope' is not in the archive"):
         closure(index, ("nope",), (), "t.toml")
+
+
+def test_a_file_changed_under_realize_is_refused_naming_both_hashes(tmp_path: Path) -> None:
+    """Below the CLI's staleness check: the builder itself checks each of the project's files
+    against the lock's sha256 (a file changed between the check and the build)."""
+    import hashlib
+
+    from harness.config import Settings
+    from harness.lock.images import lock_template, read
+    from harness.realize.rootfs import RootfsError, realize_template
+    from harness.store.store import Store
+
+    project = tmp_path / "p"
+    (project / "harbor" / "images").mkdir(parents=True)
+    (project / "harbor" / "t.sh").write_text("echo 1\n")
+    (project / "harbor" / "images" / "x.toml").write_text('[[files]]\npath = "/tests/t.sh"\nsource = "../t.sh"\n')
+    lock_template(project, "x", None)
+    lock = read(project, "x")
+    (project / "harbor" / "t.sh").write_text("echo 0\n")
+    store = Store.in_home(tmp_path / "home")
+    with pytest.raises(RootfsError) as failed:
+        realize_template(store, Settings(), lock, project)
+    message = str(failed.value)
+    assert "harbor/t.sh does not match the lock" in message and lock.files[0].sha256 in message
+    assert hashlib.sha256(b"echo 0\n").hexdigest() in message
+    assert not store.is_registered(lock.store)

@@ -36,12 +36,35 @@ def _lock_of(task: Path) -> tuple[EnvironmentSpec, Lock | None]:
     from harness.harbor.spec import read_spec
     from harness.lock.lockfile import lock_path, read
 
-    spec = read_spec(task / "environment")
+    spec = read_spec(task / "environment", default=_template_spec(task))
     if spec.manifest:
         return spec, read(lock_path(_project(spec, task).locks_dir, spec.manifest))
     if spec.lock:
         return spec, read(spec.lock)
     return spec, None
+
+
+def _template_spec(task: Path) -> EnvironmentSpec | None:
+    """The environment the task's ``docker_image`` template names (harness/harbor/rootfs.py)."""
+    from harness.harbor import rootfs
+
+    labels = rootfs.task_labels(task)
+    project = rootfs.find_project(task, labels[0], None) if labels else None
+    return rootfs.environment_spec(project, labels[0]) if project is not None else None
+
+
+def _templates(task: Path, home: Path) -> tuple[bool, list[str]]:
+    """Whether every template the task's labels name is realized, and a line for each."""
+    from harness.harbor import rootfs
+
+    ok, lines = True, list[str]()
+    for label in rootfs.task_labels(task):
+        project = rootfs.find_project(task, label, None)
+        if project is None:
+            continue
+        good, line = rootfs.describe(home, project, label)
+        ok, lines = ok and good, [*lines, f"{task}: {line}"]
+    return ok, lines
 
 
 def pin(task: Path) -> str:
@@ -73,12 +96,19 @@ def _refused(task: Path) -> str | None:
 
 
 def check(task: Path, home: Path) -> tuple[bool, str]:
-    from harness.realize.builder import lock_objects
-    from harness.store.store import Store
 
     refused = _refused(task)
     if refused:
         return False, f"{task}: a trial is refused: {refused}"
+    templates_ok, template_lines = _templates(task, home)
+    ok, line = _check_environment(task, home)
+    return ok and templates_ok, "\n".join([line, *template_lines])
+
+
+def _check_environment(task: Path, home: Path) -> tuple[bool, str]:
+    from harness.realize.builder import lock_objects
+    from harness.store.store import Store
+
     spec, lock = _lock_of(task)
     store = Store.in_home(home)
     if lock is None:

@@ -167,17 +167,7 @@ class HarnessEnvironment(BaseEnvironment):
         if project is None:
             return None
         self._template = (project, label)
-        from harness.lock.images import lock_path, read
-
-        lock = read(project, label)
-        if not lock.environment:
-            return None
-        return EnvironmentSpec(
-            manifest=lock.environment,
-            project=project,
-            environment=lock.environment_store,
-            source=f"{lock_path(project, label)} (docker_image = {label!r})",
-        )
+        return rootfs.environment_spec(project, label)
 
     # ------------------------------------------------------------------- paths
 
@@ -289,6 +279,7 @@ class HarnessEnvironment(BaseEnvironment):
         laid = await asyncio.to_thread(rootfs.lay, path, self.session_dir)
         config.read_only = [p for p in config.read_only if p not in laid.host_binds]
         config.host_binds = dict(laid.host_binds)
+        config.store_paths = [*config.store_paths, path]  # the template's /usr links point into it
         config.users = [*config.users, *(u for u in lock.users if u not in config.users)]
         record = Store.in_home(self.home).record(lock.store)
         self._rootfs = {

@@ -14,10 +14,12 @@ a store path of kind ``rootfs`` (:mod:`harness.realize.rootfs`). A session of su
    template but ``usr`` and ``etc`` is copied into the fresh root (writable, as an image's
    layer is in a container); the template's ``usr`` and ``etc`` are merged with the host's:
    the host's folder is bound read-only at ``/.host/usr`` (``/.host/etc``), and the root's
-   ``/usr`` is a real folder holding the template's files and, for every entry of the host's
-   folder the template does not have, a symlink into ``/.host`` — so ``/usr/bin`` holds both
-   the host's ``bash`` and the template's ``hello``. A template without ``usr``/``etc``
-   leaves the host's binds as they are.
+   ``/usr`` is a real folder whose entries are links — into ``/.host`` for the host's, into
+   the template's store path (bound read-only at its own path, like the environment's) for
+   the template's, a folder both have being merged one level down — so ``/usr/bin`` holds
+   both the host's ``bash`` and the template's ``hello``, the template's winning, and laying
+   a root costs a link per entry, never a copy of the template's ``/usr``. A template
+   without ``usr``/``etc`` leaves the host's binds as they are.
 
 A task whose label names no template keeps the host's ``/usr`` (warned of, as before).
 """
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.harbor.spec import EnvironmentSpec
 from harness.lock.images import TemplateLock
 from harness.manifests.template import is_label, template_path
 
@@ -58,6 +61,53 @@ def find_project(task_dir: Path, label: str, hint: Path | None) -> Path | None:
         if template_path(candidate, label).is_file():
             return candidate
     return None
+
+
+def task_labels(task_dir: Path) -> list[str]:
+    """The ``docker_image`` labels of a task's ``task.toml``: the agent's, then a separate
+    verifier's (``[verifier.environment]``), each once."""
+    from harness.manifests.tomlfile import loads_bounded
+
+    path = task_dir / "task.toml"
+    try:
+        data = loads_bounded(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, ValueError, HarnessError):
+        return []
+    found = [
+        (data.get("environment") or {}).get("docker_image"),
+        ((data.get("verifier") or {}).get("environment") or {}).get("docker_image"),
+    ]
+    return [label for label in dict.fromkeys(found) if isinstance(label, str) and label]
+
+
+def environment_spec(project: Path, label: str) -> EnvironmentSpec | None:
+    """The environment template ``label``'s lock names, as a task's spec (None: it names none)."""
+    from harness.lock.images import lock_path, read
+
+    lock = read(project, label)
+    if not lock.environment:
+        return None
+    return EnvironmentSpec(
+        manifest=lock.environment,
+        project=project,
+        environment=lock.environment_store,
+        source=f"{lock_path(project, label)} (docker_image = {label!r})",
+    )
+
+
+def describe(home: Path, project: Path, label: str) -> tuple[bool, str]:
+    """One line saying whether template ``label`` is locked, current and realized in ``home``."""
+    from harness.lock.images import read, stale_reason
+    from harness.store.store import Store
+
+    stale = stale_reason(project, label)
+    if stale:
+        return False, f"template {label}: {stale}"
+    lock = read(project, label)
+    realized = Store.in_home(home).is_registered(lock.store)
+    return realized, f"template {label} -> {lock.store}: " + (
+        "realized" if realized else "not realized (realized on first use)"
+    )
 
 
 def ensure(home: Path, project: Path, label: str, *, realize: bool, offline: bool) -> tuple[Path, TemplateLock]:
@@ -118,8 +168,9 @@ def _merge(template: Path, dest: Path, host: Path, inside: str) -> tuple[int, in
         if source.is_dir() and not source.is_symlink() and host_entry.is_dir():
             c, n = _merge(source, target, host_entry, f"{inside}/{name}")
             copied, linked = copied + c, linked + n
-        else:
-            copied += _copy(source, target)
+        else:  # the template's own: a link into its store path, bound read-only at its own path
+            os.symlink(str(source), target)
+            linked += 1
     try:
         host_names = os.listdir(host)
     except OSError:

@@ -138,23 +138,25 @@ def parse(data: dict[str, Any], where: str) -> TemplateLock:
         debian = data.get("debian") or {}
         packages = tuple(
             DebPin(
-                str(p["name"]),
-                str(p["version"]),
-                str(p["architecture"]),
-                str(p["filename"]),
-                int(p["size"]),
-                str(p["sha256"]),
+                _text(p["name"]),
+                _text(p["version"]),
+                _text(p["architecture"]),
+                _text(p["filename"]),
+                _number(p["size"]),
+                _text(p["sha256"]),
             )
             for p in debian.get("package", [])
         )
         files = tuple(
-            LockedFile(str(f["path"]), str(f["source"]), str(f["sha256"]), int(f["size"]), bool(f["executable"]))
+            LockedFile(
+                _text(f["path"]), _text(f["source"]), _text(f["sha256"]), _number(f["size"]), _flag(f["executable"])
+            )
             for f in data.get("file", [])
         )
         lock = TemplateLock(
-            label=str(data["label"]),
-            template_sha256=str(data["template-sha256"]),
-            store=str(data["store"]),
+            label=_text(data["label"]),
+            template_sha256=_text(data["template-sha256"]),
+            store=_text(data["store"]),
             users=tuple(str(u) for u in data.get("users", [])),
             environment=data.get("environment"),
             environment_store=data.get("environment-store"),
@@ -180,6 +182,24 @@ def parse(data: dict[str, Any], where: str) -> TemplateLock:
     return lock
 
 
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _number(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r}")
+    return value
+
+
 def template_digest(template: Template) -> str:
     return hashlib.sha256(template.file.read_bytes()).hexdigest()
 
@@ -199,13 +219,13 @@ def locked_files(template: Template, root: Path) -> tuple[LockedFile, ...]:
         for inside, source in sources:
             if source.is_symlink() or not source.is_file():
                 raise InputError(f"{display_path(template.file)}: files: {source} is not a regular file")
-            data = source.read_bytes()
             try:
                 shown = source.resolve().relative_to(root.resolve()).as_posix()
             except ValueError:
                 raise InputError(
                     f"{display_path(template.file)}: files: {source} is outside the project {root}"
                 ) from None
+            data = source.read_bytes()
             executable = entry.executable if entry.executable is not None else bool(source.stat().st_mode & 0o111)
             out[inside] = LockedFile(inside, shown, hashlib.sha256(data).hexdigest(), len(data), executable)
             if len(out) > _FILE_LIMIT:
@@ -295,11 +315,19 @@ class Locked:
     path: Path
     changed: bool = False
     error: str | None = None
+    bad_input: bool = False  # the error is the template's (exit 2), not the archive's
 
 
-def lock_templates(home: Path, root: Path, wanted: list[str] | None) -> list[Locked]:
+def lock_templates(
+    home: Path, root: Path, wanted: list[str] | None, *, offline: bool = False, refresh: bool = False
+) -> list[Locked]:
     """Lock the templates ``wanted`` (None: every template of the project); each failure is
-    its outcome's ``error``, so one bad template does not stop the others."""
+    its outcome's ``error``, so one bad template does not stop the others.
+
+    A lock whose template and files are unchanged is kept as it is, without reading the
+    archive (its pins stay, as a manifest's do), unless ``refresh`` (``--refresh``,
+    ``--upgrade``) asks to resolve again; ``offline`` refuses a lock that would need the
+    archive."""
     from harness.config import load_settings
     from harness.errors import HarnessError
     from harness.manifests.template import labels
@@ -308,6 +336,14 @@ def lock_templates(home: Path, root: Path, wanted: list[str] | None) -> list[Loc
     out = []
     for label in names:
         try:
+            if not refresh and lock_path(root, label).is_file() and stale_reason(root, label) is None:
+                out.append(Locked(label, lock_path(root, label)))
+                continue
+            if offline:
+                raise InputError(
+                    f"template {label} needs its archive's Packages index, and --offline forbids reading it",
+                    hint=f"run `harness lock image:{label}` with network",
+                )
             template = load_template(root, label)
             url = None
             if template.debian is not None:
@@ -315,5 +351,6 @@ def lock_templates(home: Path, root: Path, wanted: list[str] | None) -> list[Loc
             path, changed = lock_template(root, label, url)
             out.append(Locked(label, path, changed))
         except HarnessError as exc:
-            out.append(Locked(label, lock_path(root, label), error=f"image:{label}: {exc}"))
+            bad = isinstance(exc, InputError)
+            out.append(Locked(label, lock_path(root, label), error=f"image:{label}: {exc}", bad_input=bad))
     return out

@@ -361,7 +361,8 @@ def realize_templates(
 ) -> list[Realized]:
     """Realize the locked templates ``labels`` (None: every locked one) into ``home``'s store."""
     from harness.config import load_settings
-    from harness.lock.images import LOCKS, read
+    from harness.errors import InputError
+    from harness.lock.images import LOCKS, read, stale_reason
 
     if labels is None:
         folder = project_root / "locks" / LOCKS
@@ -370,6 +371,9 @@ def realize_templates(
     settings = load_settings(home, project_root)
     out = []
     for label in labels:
+        stale = stale_reason(project_root, label)
+        if stale:
+            raise InputError(f"template {label}: its lock is stale: {stale}", hint=f"run `harness lock image:{label}`")
         lock = read(project_root, label)
         if store.record(lock.store) is not None:
             out.append(Realized(label, lock.store, False))

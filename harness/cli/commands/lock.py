@@ -89,21 +89,28 @@ def command(
     )
     shown = _Shown.on_stderr(project.root, as_json=as_json)
     outcomes = _lock(state, project, list(names), options, shown) if names or not images else []
-    templates = _lock_images(state, project, images if names or images else None, shown)
+    templates = _lock_images(state, project, images if names or images else None, options, shown)
     if as_json:
         print_json({**_locks_json(outcomes), "images": [t.__dict__ | {"path": str(t.path)} for t in templates]})
     failed = [o.error for o in outcomes if o.error] + [t.error for t in templates if t.error]
     if failed:
-        raise HarnessError("\n".join(e or "" for e in failed))
+        from harness.errors import InputError
+
+        bad_input = not any(o.error for o in outcomes) and all(t.bad_input for t in templates if t.error)
+        raise (InputError if bad_input else HarnessError)("\n".join(e or "" for e in failed))
 
 
-def _lock_images(state: State, project: Project, images: list[str] | None, shown: _Shown) -> list[Any]:
+def _lock_images(
+    state: State, project: Project, images: list[str] | None, options: LockOptions, shown: _Shown
+) -> list[Any]:
     """Lock rootfs templates (None: every one of the project), each reported as it ends."""
     if images is None and not (project.root / "harbor" / "images").is_dir():
         return []  # a project without templates loads nothing more (a no-op lock stays fast)
     from harness.lock.images import lock_templates
 
-    outcomes = lock_templates(state.home, project.root, images)
+    outcomes = lock_templates(
+        state.home, project.root, images, offline=options.offline, refresh=options.refresh or options.upgrade
+    )
     for t in outcomes:
         if shown.as_json:
             continue
