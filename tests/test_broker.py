@@ -1315,3 +1315,26 @@ def test_the_broker_log_records_every_decision_with_its_reason(tmp_path: Path) -
     assert len(leases) == 3 and all("client=logged" in rest for rest in leases[1:])
     numbers = [int(number) for _, number, *_ in decisions]
     assert numbers == list(range(1, len(numbers) + 1))  # one line per event, none left out
+
+
+def test_a_node_broker_ends_itself_once_no_run_is_joined(tmp_path: Path) -> None:
+    """``exit_unjoined`` (a cluster node's broker, shared by one run's shards): it stays while
+    a run is joined, ends itself that long after the last one ended, and from the moment it
+    decides, a run that comes to join is refused (it starts another) rather than joined to a
+    broker about to stop."""
+    from harness.runtime.scheduling import BrokerError as Refused
+
+    broker = Broker(Plan(services=()), {}, tmp_path / "state", tick=0.02, exit_unjoined=0.3)
+    try:
+        broker.serve_in_thread()
+        broker.start()
+        broker.register_run("shard 0", os.getpid())
+        time.sleep(1.5)  # past exit_unjoined and a slow housekeeping round: a joined run keeps it
+        assert not broker.wait_closed(0)
+        broker.end_run("shard 0")
+        assert broker.wait_closed(10), "it ended itself once no run was joined"
+        with pytest.raises(Refused) as refused:
+            broker.register_run("shard 1", os.getpid())
+        assert refused.value.status == 503
+    finally:
+        broker.shutdown()

@@ -241,6 +241,7 @@ class Broker:
         #: it shuts itself down this many seconds after its last joined run ended or died.
         self.exit_unjoined = exit_unjoined
         self._unjoined_since = time.monotonic()
+        self._ending = False  # it decided to end itself: no run joins any more
         #: Where each event goes as a line (the detached broker's ``broker.log``), if anywhere.
         self._log = log
         #: The events (``GET /events``) and counters (``GET /metrics``); guarded by its lock,
@@ -739,7 +740,7 @@ class Broker:
         with self._events_cond:
             first_seq = self._events.last_seq
         with self._lock:
-            if self._closing:  # a node's broker ending itself: the run starts another
+            if self._closing or self._ending:  # a node's broker ending itself: the run starts another
                 raise BrokerError(503, "closing", "this broker is shutting down")
             self._unjoined_since = time.monotonic()
             for key, watch in list(self._runs.items()):
@@ -773,13 +774,13 @@ class Broker:
         (counted once its services are up: the first run joins after they are)."""
         if self.exit_unjoined is None:
             return False
-        with self._lock:
-            joined = bool(self._runs)
-        if joined or self._up_state != "ready":
-            self._unjoined_since = now
-            return False
-        if now - self._unjoined_since < self.exit_unjoined:
-            return False
+        with self._lock:  # decided under the lock a joining run takes: it joins before, or is refused
+            if self._runs or self._up_state != "ready":
+                self._unjoined_since = now
+                return False
+            if now - self._unjoined_since < self.exit_unjoined:
+                return False
+            self._ending = True
         self._log_line(f"no run joined for {self.exit_unjoined:g} s: shutting down")
         return True
 

@@ -111,10 +111,10 @@ def command(
             **common,
         )
     else:
-        if shards is not None or slurm:
-            raise InputError(
-                f"{'--shards' if shards is not None else '--slurm'} is for a run over a cluster: give --cluster too"
-            )
+        if shards is not None:
+            raise InputError("--shards splits a run over a cluster: give --cluster too")
+        if slurm:
+            raise InputError("--slurm is for a run over a cluster: give --cluster too")
         from harness.runs.run import run
 
         outcome = run(state, list(command), gpus=gpus, **common)
