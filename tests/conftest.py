@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -20,6 +21,13 @@ REPO = Path(__file__).resolve().parent.parent
 # empty home paid that. Tests of the download path serve their own list and drop this
 # (tests/test_python_downloads.py); the fallback's reason is still checked there.
 os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+
+# A suite started in the background of a non-interactive shell (`.ci/run &`, a cron job)
+# inherits SIGINT ignored, and an ignored signal stays ignored across exec: every child a
+# test interrupts (Ctrl-C in realize, `logs -f`, `status --watch`) would ignore it too. A
+# handler of our own is reset to the default in each child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass

@@ -24,7 +24,6 @@ import json
 import re
 import shlex
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +34,8 @@ from tests.ports import free_port
 
 GUIDES = REPO / "docs" / "src" / "content" / "docs" / "guides"
 _FENCE = re.compile(r"```(?:sh|bash|console|shell)\n(.*?)```", re.S)
+#: What a project holds (the example's manifests, locks, configs and their files).
+PROJECT_PARTS = ("harness.toml", "services", "benchmarks", "configs", "locks", "harbor")
 _NOT_RUN = re.compile(r"<!--\s*docs-test:\s*not run:\s*(\S.*?)\s*-->")
 # Commands that follow output until interrupted: refused even in a runnable block.
 _FOREVER = ("--watch", "-f", "--follow")
@@ -130,16 +131,12 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
     with the example realized and run twice, a deploy on free ports) and the run ids the
     placeholders stand for."""
     project = tmp_path_factory.mktemp("project")
-    files = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    for name in filter(None, (f.decode() for f in files)):
+    # The project's own folders (a copy without git: CI's unprivileged user has no .git).
+    for name in PROJECT_PARTS:
         source = REPO / name
-        if source.is_file() and not name.startswith(("docs/", "tests/", "bench/")):
-            (project / name).parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, project / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        elif source.is_file():
             shutil.copy2(source, project / name)
     home = tmp_path_factory.mktemp("home")
     deploy = home / "deploy.toml"
