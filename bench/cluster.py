@@ -50,7 +50,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.raycluster import Cluster, _start, _wait_nodes  # noqa: E402
+from tests.raycluster import Cluster, sign_into_lab_cache, start_cluster  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
 
@@ -65,47 +65,12 @@ def _harness(home: Path, *args: str, env: dict[str, str] | None = None) -> subpr
     )
 
 
-def _start_cluster(root: Path) -> Cluster:
-    """tests/raycluster.py's head and second node, one CPU each (Ray's CLI takes the last
-    ``--num-cpus``)."""
-    port, client = free_port(), free_port()
-    temps = Path(f"/tmp/hb-{os.getpid()}-{port}")
-    head = _start(
-        "head",
-        ["--head", "--port", str(port), "--ray-client-server-port", str(client), "--include-dashboard", "false"]
-        + ["--num-cpus", "1"],
-        root / "home-head",
-        temps / "h",
-        root,
-    )
-    nodes = [head]
-    try:
-        address = f"127.0.0.1:{port}"
-        _wait_nodes(address, 1, nodes)
-        second = _start("second", ["--address", address, "--num-cpus", "1"], root / "home-second", temps / "s", root)
-        nodes.append(second)
-        _wait_nodes(address, 2, nodes)
-    except BaseException:
-        for node in nodes:
-            node.stop()
-        shutil.rmtree(temps, ignore_errors=True)
-        raise
-    return Cluster(address, f"ray://127.0.0.1:{client}", head, second, temps)
-
-
 def _setup(root: Path) -> tuple[Cluster, Path]:
     """Keys, the head's cache settings, its realized store and the cluster (realize runs while
     the cluster starts)."""
     head_home = root / "home-head"
     head_home.mkdir(parents=True)
-    keys, cache = root / "keys", root / "cache"
-    subprocess.run(
-        [sys.executable, "-m", "harness", "store", "keygen", "lab", "--dir", str(keys)], check=True, capture_output=True
-    )
-    public = (keys / "lab.public").read_text().strip()
-    (head_home / "config.toml").write_text(
-        f'[cache]\nsubstituters = ["{cache}"]\ntrusted-keys = ["{public}"]\nsecret-key-file = "{keys / "lab.secret"}"\n'
-    )
+    _, cache = sign_into_lab_cache(root, head_home)
     realize = subprocess.Popen(
         [sys.executable, "-m", "harness", "--project", str(REPO), "--home", str(head_home), "realize"]
         + ["kinematics", "reach"],
@@ -113,7 +78,7 @@ def _setup(root: Path) -> tuple[Cluster, Path]:
         stderr=subprocess.STDOUT,
     )
     try:
-        cluster = _start_cluster(root)
+        cluster = start_cluster(root, num_cpus=1)  # one CPU each
     except BaseException:
         realize.kill()
         realize.wait()

@@ -151,15 +151,31 @@ def _wait_nodes(address: str, count: int, nodes: list[Node]) -> None:
     raise RuntimeError(f"the cluster did not come up with {count} nodes: {last}")
 
 
-def start_cluster(root: Path, second_env: dict[str, str] | None = None) -> Cluster:
+def sign_into_lab_cache(root: Path, home: Path) -> tuple[Path, Path]:
+    """A lab key in ``root/keys`` and a directory cache ``root/cache`` that ``home`` pushes to
+    (signing) and pulls from (trusting); returns (keys folder, cache)."""
+    keys, cache = root / "keys", root / "cache"
+    subprocess.run(
+        [sys.executable, "-m", "harness", "store", "keygen", "lab", "--dir", str(keys)], check=True, capture_output=True
+    )
+    public = (keys / "lab.public").read_text().strip()
+    (home / "config.toml").write_text(
+        f'[cache]\nsubstituters = ["{cache}"]\ntrusted-keys = ["{public}"]\nsecret-key-file = "{keys / "lab.secret"}"\n'
+    )
+    return keys, cache
+
+
+def start_cluster(root: Path, second_env: dict[str, str] | None = None, *, num_cpus: int | None = None) -> Cluster:
     """Head and second node on 127.0.0.1, homes ``root/home-head`` and ``root/home-second``;
-    ``second_env``: more of the second node's environment (another machine's driver, say)."""
+    ``second_env``: more of the second node's environment (another machine's driver, say);
+    ``num_cpus``: each node's CPUs as Ray counts them (bench/cluster.py gives one)."""
     port, client = free_port(), free_port()
+    cpus = ["--num-cpus", str(num_cpus)] if num_cpus is not None else []
     # Ray's session paths are long; a unix socket path must stay under 108 bytes.
     temps = Path(f"/tmp/hr-{os.getpid()}-{port}")
     head = _start(
         "head",
-        ["--head", "--port", str(port), "--ray-client-server-port", str(client), "--include-dashboard", "false"],
+        ["--head", "--port", str(port), "--ray-client-server-port", str(client), "--include-dashboard", "false"] + cpus,
         root / "home-head",
         temps / "h",
         root,
@@ -168,7 +184,7 @@ def start_cluster(root: Path, second_env: dict[str, str] | None = None) -> Clust
     try:
         address = f"127.0.0.1:{port}"
         _wait_nodes(address, 1, nodes)
-        second = _start("second", ["--address", address], root / "home-second", temps / "s", root, second_env)
+        second = _start("second", ["--address", address, *cpus], root / "home-second", temps / "s", root, second_env)
         nodes.append(second)
         _wait_nodes(address, 2, nodes)
     except BaseException:

@@ -985,19 +985,26 @@ def test_malformed_requests_get_400_never_500(make_broker, tmp_path: Path) -> No
 OTHER_USER = "harness-broker-other"
 
 
-@pytest.mark.root
-@pytest.mark.skipif(
-    os.geteuid() != 0 or not Path("/usr/sbin/useradd").exists(), reason="creates another user (needs root and useradd)"
-)
-def test_another_local_user_cannot_use_or_stop_the_broker(tmp_path: Path) -> None:
+def other_user() -> str:
+    """A local user who is not us (created once, no home, no shell): another member of the machine."""
     import pwd
-    import shutil
-    import tempfile
 
     try:
         pwd.getpwnam(OTHER_USER)
     except KeyError:
         subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True)
+    return OTHER_USER
+
+
+@pytest.mark.root
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/sbin/useradd").exists(), reason="creates another user (needs root and useradd)"
+)
+def test_another_local_user_cannot_use_or_stop_the_broker(tmp_path: Path) -> None:
+    import shutil
+    import tempfile
+
+    other_user()
     state = Path(tempfile.mkdtemp(prefix="harness-auth-", dir="/tmp"))
     spec = fake(f"{state.name}-svc", state)
     broker = Broker(Plan((placement(spec),)), {spec.name: spec}, state, tick=0.05, grace=(2.0, 2.0))

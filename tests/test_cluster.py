@@ -29,7 +29,7 @@ pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'
 from harness.runs.shard import ShardJob
 from harness.store.store import remove_tree
 from tests.conftest import REPO
-from tests.raycluster import Cluster, start_cluster
+from tests.raycluster import Cluster, sign_into_lab_cache, start_cluster
 
 pytestmark = pytest.mark.network
 
@@ -86,15 +86,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     root = tmp_path_factory.mktemp("cluster")
     head_home = root / "home-head"
     head_home.mkdir()
-    keys = root / "keys"
-    cache = root / "cache"
-    subprocess.run(
-        [sys.executable, "-m", "harness", "store", "keygen", "lab", "--dir", str(keys)], check=True, capture_output=True
-    )
-    public = (keys / "lab.public").read_text().strip()
-    (head_home / "config.toml").write_text(
-        f'[cache]\nsubstituters = ["{cache}"]\ntrusted-keys = ["{public}"]\nsecret-key-file = "{keys / "lab.secret"}"\n'
-    )
+    _, cache = sign_into_lab_cache(root, head_home)
     # The head's store is realized while the cluster starts (both take a while on busy cores).
     realize = subprocess.Popen(
         [

@@ -28,7 +28,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' to run the cluster tests")
 
-from tests.raycluster import Cluster, start_cluster
+from tests.raycluster import Cluster, sign_into_lab_cache, start_cluster
 from tests.test_variant_groups import BENCHMARK, VARIANTS, variant_indexes, variant_project
 
 # The same worker, from a lock that holds cpu and cu126 only.
@@ -68,17 +68,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         (project / "benchmarks" / "nocu128.toml").write_text(NO_CU128)
         head_home = root / "home-head"
         head_home.mkdir()
-        keys = root / "keys"
-        subprocess.run(
-            [sys.executable, "-m", "harness", "store", "keygen", "lab", "--dir", str(keys)],
-            check=True,
-            capture_output=True,
-        )
-        public = (keys / "lab.public").read_text().strip()
-        (head_home / "config.toml").write_text(
-            f'[cache]\nsubstituters = ["{root / "cache"}"]\ntrusted-keys = ["{public}"]\n'
-            f'secret-key-file = "{keys / "lab.secret"}"\n'
-        )
+        sign_into_lab_cache(root, head_home)
         locked = subprocess.run(
             [sys.executable, "-m", "harness", "--project", str(project), "--home", str(head_home), "lock"],
             capture_output=True,

@@ -21,43 +21,14 @@ from pathlib import Path
 import pytest
 
 from harness.lock.variants import choose_variant
-from tests.localindex import LocalIndex
+from tests.test_variant_groups import VARIANTS, variant_indexes
 from tests.upstreams import make_project, service
-
-VARIANTS = """
-[environment.variants.cpu]
-package-index = { tvar = "tvar-cpu" }
-
-[environment.variants.cu126]
-cuda = "12.6"
-package-index = { tvar = "tvar-cu126" }
-
-[environment.variants.cu128]
-cuda = "12.8"
-package-index = { tvar = "tvar-cu128" }
-"""
 
 
 @pytest.fixture
 def indexes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The default index (tshared) and one index per variant, each serving its build of tvar."""
-    with (
-        LocalIndex(tmp_path / "pypi") as default,
-        LocalIndex(tmp_path / "cpu") as cpu,
-        LocalIndex(tmp_path / "cu126") as cu126,
-        LocalIndex(tmp_path / "cu128") as cu128,
-    ):
-        default.add_wheel("tshared", "1.0")
-        for local, label in ((cpu, "cpu"), (cu126, "cu126"), (cu128, "cu128")):
-            local.add_wheel(
-                "tvar", f"1.0+{label}", requires=["tshared"], modules={"tvar/build.py": f"BUILD = {label!r}\n"}
-            )
-        monkeypatch.setenv("HARNESS_INDEX_PYPI", default.url)
-        monkeypatch.setenv("HARNESS_INDEX_TVAR_CPU", cpu.url)
-        monkeypatch.setenv("HARNESS_INDEX_TVAR_CU126", cu126.url)
-        monkeypatch.setenv("HARNESS_INDEX_TVAR_CU128", cu128.url)
-        monkeypatch.delenv("HARNESS_VARIANT", raising=False)
-        monkeypatch.delenv("HARNESS_CUDA_DRIVER", raising=False)
+    with variant_indexes(tmp_path, monkeypatch):
         yield make_project(tmp_path / "p", {"svc": service(["tvar==1.0"], extra=VARIANTS)})
 
 

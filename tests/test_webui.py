@@ -23,7 +23,16 @@ import pytest
 from harness.runtime.broker import Broker, ui_login_url
 from harness.runtime.plan import Plan
 from harness.runtime.webui import UiSessions, cookie_name
-from tests.test_broker import fake, fake_processes, make_broker, placement, service_status, wait_until
+from tests.test_broker import (
+    OTHER_USER,
+    fake,
+    fake_processes,
+    make_broker,
+    other_user,
+    placement,
+    service_status,
+    wait_until,
+)
 
 __all__ = ["make_broker"]  # the fixture, shared with tests/test_broker.py
 
@@ -334,20 +343,12 @@ def test_headless_chromium_shows_the_services_and_its_buttons_work(make_broker, 
         browser.close()
 
 
-OTHER_USER = "harness-broker-other"
-
-
 @pytest.mark.root
 @pytest.mark.skipif(
     os.geteuid() != 0 or not Path("/usr/sbin/useradd").exists(), reason="creates another user (needs root and useradd)"
 )
 def test_another_local_user_cannot_log_in_to_the_ui(tmp_path: Path) -> None:
-    import pwd
-
-    try:
-        pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER], check=True)
+    other_user()
     state = Path(tempfile.mkdtemp(prefix="harness-ui-auth-", dir="/tmp"))
     spec = fake(f"{state.name}-svc", state)
     broker = Broker(Plan((placement(spec),)), {spec.name: spec}, state, tick=0.05, grace=(2.0, 2.0))

@@ -26,6 +26,27 @@ realize_jobs_option = click.option(
 )
 
 
+#: ``-n``/``--lines`` and the hidden ``--interval`` of the commands that print logs' last
+#: lines and follow them (``logs``, ``runs logs``).
+log_lines_option = click.option(
+    "-n",
+    "--lines",
+    "count",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="How many of each log's last lines to print first.",
+)
+follow_interval_option = click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=0.25,
+    show_default=True,
+    hidden=True,
+    help="Seconds between looks at the files with -f.",
+)
+
+
 def print_json(data: Any) -> None:
     """Stable, sorted JSON on stdout: the machine-readable face of every listing."""
     click.echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))

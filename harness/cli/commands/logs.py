@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from harness.cli import State
+from harness.cli.output import follow_interval_option, log_lines_option
 
 
 @click.command(
@@ -14,23 +15,8 @@ from harness.cli import State
 )
 @click.argument("names", nargs=-1)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines as they are written.")
-@click.option(
-    "-n",
-    "--lines",
-    "count",
-    type=click.IntRange(min=0),
-    default=20,
-    show_default=True,
-    help="How many of each log's last lines to print first.",
-)
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.05),
-    default=0.25,
-    show_default=True,
-    hidden=True,
-    help="Seconds between looks at the files with -f.",
-)
+@log_lines_option
+@follow_interval_option
 @click.pass_obj
 def command(state: State, names: tuple[str, ...], follow: bool, count: int, interval: float) -> None:
     import time

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from harness.cli import State
+from harness.cli.output import follow_interval_option, log_lines_option
 
 
 #: How many runs `harness runs` lists unless told otherwise.
@@ -99,23 +100,8 @@ def pin(state: State, run_id: str, remove: bool) -> None:
 @click.option(
     "--shard", "shards", multiple=True, type=click.IntRange(min=0), metavar="I", help="Only shard I (repeatable)."
 )
-@click.option(
-    "-n",
-    "--lines",
-    "count",
-    type=click.IntRange(min=0),
-    default=20,
-    show_default=True,
-    help="How many of each log's last lines to print first.",
-)
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.05),
-    default=0.25,
-    show_default=True,
-    hidden=True,
-    help="Seconds between looks at the files with -f.",
-)
+@log_lines_option
+@follow_interval_option
 @click.pass_obj
 def logs(state: State, run_id: str, follow: bool, shards: tuple[int, ...], count: int, interval: float) -> None:
     from harness.runs.livelog import run_ended, run_logs
