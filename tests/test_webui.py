@@ -22,7 +22,8 @@ import pytest
 
 from harness.runtime.broker import Broker, ui_login_url
 from harness.runtime.plan import Plan
-from harness.runtime.webui import UiSessions, cookie_name
+from harness.runtime.scheduling import BrokerError
+from harness.runtime.webui import UiSessions, cookie_name, read_log
 from tests.test_broker import (
     OTHER_USER,
     fake,
@@ -204,6 +205,28 @@ def test_the_ui_restarts_and_stops_a_service_and_shows_its_log_and_events(make_b
     finally:
         conn.close()
     assert kinds[:4] == ["added", "start", "ready", "lease"] and "stop" in kinds, kinds
+
+
+def test_the_log_view_starts_again_when_the_log_is_rotated(tmp_path: Path) -> None:
+    """A log moved aside to ``NAME.log.1`` and begun again (rotation at its writer's start)
+    is followed from the new file's start, even once the new file has grown past the old
+    offset: the reader compares files, not only sizes."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "sam3.log"
+    log.write_text("old line\n" * 3)
+    first = read_log(tmp_path, {"name": ["sam3"]})
+    assert first["text"] == "old line\n" * 3 and first["offset"] == log.stat().st_size
+    log.rename(logs / "sam3.log.1")
+    log.write_text("new line\n" * 10)  # longer than the old offset: a size check alone misses it
+    again = read_log(tmp_path, {"name": ["sam3"], "offset": [str(first["offset"])], "file": [first["file"]]})
+    assert again["reset"] and again["text"] == "new line\n" * 10, again
+    with open(log, "a") as handle:
+        handle.write("appended\n")
+    later = read_log(tmp_path, {"name": ["sam3"], "offset": [str(again["offset"])], "file": [again["file"]]})
+    assert not later["reset"] and later["text"] == "appended\n", later
+    with pytest.raises(BrokerError):
+        read_log(tmp_path, {"name": ["sam3"], "offset": ["0"], "file": ["x1"]})
 
 
 def test_the_ui_lists_recent_runs_and_serves_their_reports(make_broker, tmp_path: Path) -> None:

@@ -20,8 +20,9 @@ Pages and calls (``/ui/api/...`` answer JSON):
     GET  /ui/app.js, /ui/app.css   its script and style (package data, no build step)
     GET  /ui/api/status            the broker's /status
     GET  /ui/api/events?since=N    the broker's /events stream (EventSource)
-    GET  /ui/api/logs?name=S[&offset=B]  a log's last lines (no offset) or what was
-                                   appended after byte B: {"name", "offset", "text", "reset"}
+    GET  /ui/api/logs?name=S[&offset=B&file=F]  a log's last lines (no offset) or what was
+                                   appended after byte B of file F: {"name", "offset", "file",
+                                   "text", "reset"}
     GET  /ui/api/runs              recent run records (``runs_dir``) and whether each has a report
     GET  /ui/runs/ID/report        a run's ``report.html`` (``harness report ID`` writes it)
     POST /ui/api/start|stop|restart  {"name": S}: one service
@@ -216,8 +217,10 @@ def service_name(data: Mapping[str, Any]) -> str:
 def read_log(state_dir: Path, query: Mapping[str, list[str]]) -> dict[str, Any]:
     """``/ui/api/logs``: the last :data:`LOG_LINES` lines of a log (no ``offset``), or the
     bytes written after ``offset`` (at most :data:`LOG_STEP_BYTES`, ending at a line's end
-    where one is). ``reset`` is true when the log shrank (truncated): ``text`` is then
-    its last lines again."""
+    where one is). ``file`` names the file the offset belongs to (its inode); a caller that
+    sends it back (``&file=``) is told ``reset`` when the log shrank (truncated) or was
+    replaced (rotated to ``NAME.log.1`` and begun again), and ``text`` is then its last
+    lines again."""
     name = (query.get("name") or [""])[0]
     if not _SERVICE.fullmatch(name):
         raise BrokerError(400, "bad_request", "logs needs ?name=SERVICE")
@@ -225,17 +228,15 @@ def read_log(state_dir: Path, query: Mapping[str, list[str]]) -> dict[str, Any]:
         path = log_files(state_dir, [name])[name]
     except InputError:  # no log of that name (yet)
         return {"name": name, "offset": 0, "text": "", "reset": False}
-    offsets = query.get("offset")
-    raw_offset = offsets[0] if offsets else None
-    size = path.stat().st_size if path.is_file() else 0
-    if raw_offset is not None and not re.fullmatch(r"[0-9]{1,15}", raw_offset):
-        raise BrokerError(400, "bad_request", f"bad offset {raw_offset[:40]!r}")
-    offset = None if raw_offset is None else int(raw_offset)
-    if offset is None or offset > size:
+    offset, file = _number(query, "offset"), _number(query, "file")
+    info = path.stat() if path.is_file() else None
+    size, inode = (info.st_size, str(info.st_ino)) if info else (0, "0")
+    if offset is None or offset > size or (file is not None and str(file) != inode):
         lines = last_lines(path, LOG_LINES)
         return {
             "name": name,
             "offset": size,
+            "file": inode,
             "text": "".join(f"{line}\n" for line in lines),
             "reset": offset is not None,
         }
@@ -244,7 +245,18 @@ def read_log(state_dir: Path, query: Mapping[str, list[str]]) -> dict[str, Any]:
         data = handle.read(min(size - offset, LOG_STEP_BYTES))
     if len(data) == LOG_STEP_BYTES and b"\n" in data:
         data = data[: data.rindex(b"\n") + 1]
-    return {"name": name, "offset": offset + len(data), "text": data.decode("utf-8", "replace"), "reset": False}
+    text = data.decode("utf-8", "replace")
+    return {"name": name, "offset": offset + len(data), "file": inode, "text": text, "reset": False}
+
+
+def _number(query: Mapping[str, list[str]], key: str) -> int | None:
+    """The query's ``key`` as a non-negative integer (absent: ``None``); 400 otherwise."""
+    values = query.get(key)
+    if not values:
+        return None
+    if not re.fullmatch(r"[0-9]{1,20}", values[0]):
+        raise BrokerError(400, "bad_request", f"bad {key} {values[0][:40]!r}")
+    return int(values[0])
 
 
 def _json_object(path: Path) -> dict[str, Any]:

@@ -140,13 +140,13 @@ function connectEvents() {
   source.onerror = () => { $("connection").textContent = "reconnecting"; $("connection").className = "state lost"; };
 }
 
-const log = { name: null, offset: null };
+const log = { name: null, offset: null, file: null };
 
 async function followLog() {
   const name = $("log-name").value;
   if (name && (name !== log.name || $("log-follow").checked)) {
     const fresh = name !== log.name;
-    const query = fresh || log.offset === null ? "" : `&offset=${log.offset}`;
+    const query = fresh || log.offset === null ? "" : `&offset=${log.offset}&file=${log.file}`;
     try {
       const answer = await call("GET", `/ui/api/logs?name=${encodeURIComponent(name)}${query}`);
       const pre = $("log");
@@ -157,6 +157,7 @@ async function followLog() {
       if (atEnd || fresh) pre.scrollTop = pre.scrollHeight;
       log.name = name;
       log.offset = answer.offset;
+      log.file = answer.file;
     } catch (error) {
       $("message").textContent = `log: ${error.message}`;
     }
