@@ -39,6 +39,10 @@ TINY_BACKEND = (
     + """
 
 def get_requires_for_build_wheel(config_settings=None):
+    asked = os.environ.get("TINYBACKEND_ASKED")  # a file: one line per question, where from
+    if asked:
+        with open(asked, "a") as f:
+            f.write(os.getcwd() + "\\n")
     return ["tinyhelper==1.0"]
 
 
@@ -274,6 +278,30 @@ def test_a_lock_of_two_platforms_gives_each_sdist_its_build_set(index: LocalInde
     check = harness("--project", str(project), "lock", "--check", home=tmp_path / "home")
     assert check.returncode == 1
     assert "written by an older harness: its sdists' build requirements are not locked" in check.stdout, check.stdout
+
+
+def test_a_lock_of_two_platforms_fetches_and_asks_each_sdist_once(index: LocalIndex, tmp_path: Path) -> None:
+    """The platforms resolve side by side, each going on to its sdists as soon as it is done:
+    the second waits for the first's answer instead of fetching the sdist and asking its
+    backend again."""
+    asked = tmp_path / "asked.txt"
+    project = make_project(tmp_path / "p", {"svc": service(["sdonly==1.0"])})
+    settings = project / "harness.toml"
+    settings.write_text(
+        settings.read_text().replace(
+            'platform = "x86_64-manylinux_2_28"', 'platforms = ["x86_64-manylinux_2_28", "aarch64-manylinux_2_28"]'
+        )
+    )
+    result = harness("--project", str(project), "lock", home=tmp_path / "home", env={"TINYBACKEND_ASKED": str(asked)})
+    assert result.returncode == 0, result.stderr
+    # uv asks the backend too, building the sdist's metadata in its own folders; harness asks
+    # in its throw-away copy of the tree.
+    ours = [line for line in asked.read_text().splitlines() if "harness-build-requires-" in line]
+    assert len(ours) == 1, asked.read_text()
+    lock = tomllib.loads((project / "locks" / "svc.lock.toml").read_text())
+    assert [t["platform"] for t in lock["targets"]] == ["x86_64-manylinux_2_28", "aarch64-manylinux_2_28"]
+    [sdonly] = [p for p in lock["packages"] if p["name"] == "sdonly"]
+    assert sdonly["build-requires"] == ["tinybackend==1.0", "tinyhelper==1.0"]
 
 
 def test_an_sdist_build_requirement_the_index_lacks_is_a_lock_error_naming_the_package(

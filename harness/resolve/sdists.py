@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tarfile
+import threading
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
@@ -80,9 +81,35 @@ def _one_sdist(
     scratch: Path,
     offline: bool,
 ) -> list[str]:
+    key = hashlib.sha256(json.dumps(["harness-sdist-build-requires-v1", sdist.sha256]).encode()).hexdigest()[:40]
+    # One thread per sdist at a time: the platforms of a lock, resolved side by side, often
+    # install the same sdist; the second waits and reads the first's answer from the cache.
+    with _SDIST_LOCKS_LOCK:
+        one_at_a_time = _SDIST_LOCKS.setdefault(key, threading.Lock())
+    with one_at_a_time:
+        return _sdist_answer(
+            package, sdist, key, indexes, settings=settings, cache_dir=cache_dir, scratch=scratch, offline=offline
+        )
+
+
+#: A lock per sdist (by its answer's cache key) for :func:`_one_sdist`.
+_SDIST_LOCKS: dict[str, threading.Lock] = {}
+_SDIST_LOCKS_LOCK = threading.Lock()
+
+
+def _sdist_answer(
+    package: Package,
+    sdist: DistFile,
+    key: str,
+    indexes: Sequence[str],
+    *,
+    settings: Settings,
+    cache_dir: Path,
+    scratch: Path,
+    offline: bool,
+) -> list[str]:
     from harness.resolve.python import build_requirements, dynamic_build_requirements
 
-    key = hashlib.sha256(json.dumps(["harness-sdist-build-requires-v1", sdist.sha256]).encode()).hexdigest()[:40]
     static_cache = cache_dir / "build-requires" / f"{key}-static.json"
     static = _cached(static_cache)
     # dynamic_build_requirements caches its answer under the same key: with both cached, the
@@ -125,6 +152,7 @@ def fetch_sdist(package: Package, sdist: DistFile, *, settings: Settings, cache_
     checked against its size and sha256. Offline, an absent sdist is an error saying to lock online once."""
     from harness.download import download
     from harness.resolve.indexpages import find_file_urls, index_address
+    from harness.resolve.python import resolved_url
     from harness.store.hashing import file_sha256
     from harness.store.store import lock_file
 
@@ -141,8 +169,11 @@ def fetch_sdist(package: Package, sdist: DistFile, *, settings: Settings, cache_
                 "its build requirements are not known offline (the sdist was never fetched here)",
                 hint="lock once without --offline",
             )
-        address = index_address(package.index, settings, cache_dir)
-        url = find_file_urls(address, package.name, [sdist.file], index_name=package.index)[sdist.file]
+        # Where the resolution just found it, else the index's page for the package.
+        url = resolved_url(sdist.sha256)
+        if url is None:
+            address = index_address(package.index, settings, cache_dir)
+            url = find_file_urls(address, package.name, [sdist.file], index_name=package.index)[sdist.file]
         download(url, dest, sha256=sdist.sha256, size=sdist.size, label=sdist.file)
     return dest
 
