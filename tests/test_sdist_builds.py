@@ -59,8 +59,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 def sdist_with_external_backend(name: str, version: str, backend: str = "tinybackend==1.0") -> bytes:
     """A deterministic sdist whose ``[build-system]`` needs ``backend`` (``tinybackend``) from the index."""
+    module = re.split(r"[<>=!~ ;\[]", backend)[0]
     pyproject = (
-        f'[build-system]\nrequires = ["{backend}"]\nbuild-backend = "tinybackend"\n\n'
+        f'[build-system]\nrequires = ["{backend}"]\nbuild-backend = "{module}"\n\n'
         f'[project]\nname = "{name}"\nversion = "{version}"\ndependencies = []\n'
     )
     members = {
@@ -302,6 +303,32 @@ def test_a_lock_of_two_platforms_fetches_and_asks_each_sdist_once(index: LocalIn
     assert [t["platform"] for t in lock["targets"]] == ["x86_64-manylinux_2_28", "aarch64-manylinux_2_28"]
     [sdonly] = [p for p in lock["packages"] if p["name"] == "sdonly"]
     assert sdonly["build-requires"] == ["tinybackend==1.0", "tinyhelper==1.0"]
+
+
+def test_an_sdist_whose_backend_asks_for_nothing_more_gets_its_static_build_set(
+    index: LocalIndex, tmp_path: Path
+) -> None:
+    """A backend that asks for no dynamic requirements (most do not): the build set resolved
+    from the static ones while the backend was asked is the one locked, for each platform,
+    and the sdist builds from it."""
+    index.add_wheel("plainbackend", "1.0", modules={"plainbackend/__init__.py": BACKEND})
+    (index.root / "sdplain-1.0.tar.gz").write_bytes(sdist_with_external_backend("sdplain", "1.0", "plainbackend==1.0"))
+    project = make_project(tmp_path / "p", {"svc": service(["sdplain==1.0"])})
+    settings = project / "harness.toml"
+    settings.write_text(
+        settings.read_text().replace(
+            'platform = "x86_64-manylinux_2_28"', 'platforms = ["x86_64-manylinux_2_28", "aarch64-manylinux_2_28"]'
+        )
+    )
+    home = tmp_path / "home"
+    result = harness("--project", str(project), "lock", home=home)
+    assert result.returncode == 0, result.stderr
+    lock = tomllib.loads((project / "locks" / "svc.lock.toml").read_text())
+    [sdplain] = [p for p in lock["packages"] if p["name"] == "sdplain"]
+    assert sdplain["build-requires"] == ["plainbackend==1.0"] and "platforms" not in sdplain
+    assert [(p["name"], p["version"]) for p in lock["build-packages"]] == [("plainbackend", "1.0")]
+    realized = harness("--project", str(project), "realize", "svc", home=home)
+    assert realized.returncode == 0, realized.stderr
 
 
 def test_an_sdist_build_requirement_the_index_lacks_is_a_lock_error_naming_the_package(

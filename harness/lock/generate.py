@@ -819,7 +819,7 @@ def _isolated_builds(
         if not waiting:
             break
         for package in waiting:
-            needs = tuple(sorted(set(_sdist_needs(run, environment, [package], scratch))))
+            needs = _needs_resolving_ahead(run, environment, interpreter, package, scratch, before, sets)
             needs_of[(package.name, package.version)] = needs
             if needs and needs not in sets:
                 sets[needs] = _resolver(run, environment, interpreter)(
@@ -838,6 +838,56 @@ def _isolated_builds(
         {key: pins(needs) for key, needs in needs_of.items()},
         pins(tuple(sorted(set(sources.build_requirements)))),
     )
+
+
+def _needs_resolving_ahead(
+    run: _Locking,
+    environment: Environment,
+    interpreter: Interpreter,
+    package: Package,
+    scratch: Path,
+    before: Lock | None,
+    sets: dict[tuple[str, ...], list[Package]],
+) -> tuple[str, ...]:
+    """The build requirements of ``package``'s sdist (sorted, once each). While its backend
+    is asked for its dynamic ones, its static ones are already resolved beside it; when they
+    are all it needs (a backend seldom asks for more), that resolution goes into ``sets``, and
+    the build set costs no time after the backend's answer. Otherwise it is dropped, its
+    failure too, and the caller resolves what the sdist needs."""
+    from harness.resolve.sdists import sdist_build_requirements
+
+    resolve = _resolver(run, environment, interpreter)
+    ahead: dict[tuple[str, ...], Future[list[Package]]] = {}
+    with ThreadPoolExecutor(max_workers=1) as early:
+
+        def on_static(static: list[str]) -> None:
+            key = tuple(sorted(set(static)))
+            if key and key not in sets:
+                ahead[key] = early.submit(
+                    resolve,
+                    list(key),
+                    previous=_previous_build_pins(before, package),
+                    package_index=_direct_only(environment.package_index, list(key)),
+                )
+
+        needs = tuple(
+            sorted(
+                set(
+                    sdist_build_requirements(
+                        [package],
+                        indexes=list(environment.indexes),
+                        settings=run.settings,
+                        cache_dir=run.cache_dir,
+                        scratch=scratch,
+                        offline=run.options.offline,
+                        on_static=on_static,
+                    )
+                )
+            )
+        )
+        if needs in ahead:
+            sets[needs] = ahead[needs].result()
+    return needs
 
 
 def _union(sets: Iterable[list[Package]]) -> list[Package]:

@@ -24,7 +24,7 @@ import json
 import tarfile
 import threading
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -43,10 +43,13 @@ def sdist_build_requirements(
     cache_dir: Path,
     scratch: Path,
     offline: bool = False,
+    on_static: Callable[[list[str]], None] | None = None,
 ) -> list[str]:
     """The build requirements (static and dynamic) of every package of ``packages`` that
     installs from its sdist (no wheel fits the target), sorted and without repeats; [] when
     none does. ``indexes`` are the environment's (for the backend's throw-away environment).
+    ``on_static`` is handed each sdist's static requirements as soon as they are read, before
+    its backend is asked for the dynamic ones (the caller may start resolving them).
     A fetch, unpack or backend failure is a :class:`HarnessError` naming the package."""
     found: set[str] = set()
     for package in packages:
@@ -62,6 +65,7 @@ def sdist_build_requirements(
                     cache_dir=cache_dir,
                     scratch=scratch,
                     offline=offline,
+                    on_static=on_static,
                 )
             )
         except HarnessError as exc:
@@ -80,6 +84,7 @@ def _one_sdist(
     cache_dir: Path,
     scratch: Path,
     offline: bool,
+    on_static: Callable[[list[str]], None] | None = None,
 ) -> list[str]:
     key = hashlib.sha256(json.dumps(["harness-sdist-build-requires-v1", sdist.sha256]).encode()).hexdigest()[:40]
     # One thread per sdist at a time: the platforms of a lock, resolved side by side, often
@@ -88,7 +93,15 @@ def _one_sdist(
         one_at_a_time = _SDIST_LOCKS.setdefault(key, threading.Lock())
     with one_at_a_time:
         return _sdist_answer(
-            package, sdist, key, indexes, settings=settings, cache_dir=cache_dir, scratch=scratch, offline=offline
+            package,
+            sdist,
+            key,
+            indexes,
+            settings=settings,
+            cache_dir=cache_dir,
+            scratch=scratch,
+            offline=offline,
+            on_static=on_static,
         )
 
 
@@ -107,6 +120,7 @@ def _sdist_answer(
     cache_dir: Path,
     scratch: Path,
     offline: bool,
+    on_static: Callable[[list[str]], None] | None = None,
 ) -> list[str]:
     from harness.resolve.python import build_requirements, dynamic_build_requirements
 
@@ -121,6 +135,8 @@ def _sdist_answer(
         if static is None:
             static = build_requirements(root)
             _remember(static_cache, static)
+    if on_static is not None:
+        on_static(list(static))
     dynamic = dynamic_build_requirements(
         root,
         static,
