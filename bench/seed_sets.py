@@ -58,7 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.benchproject import harness_command  # noqa: E402
+from bench.benchproject import SCIENTIFIC, harness_command  # noqa: E402
 from harness.resolve.uvtool import uv_bin  # noqa: E402
 from harness.store.store import remove_tree  # noqa: E402
 
@@ -90,6 +90,14 @@ SETS = {
         ["lerobot[smolvla]==0.4.4", "torch==2.7.1", "torchvision==0.22.1", "torchcodec==0.5", "h5py==3.14.0"],
         "import lerobot, torch, h5py; "
         "print('lerobot', getattr(lerobot, '__version__', '?'), 'torch', torch.__version__)",
+    ),
+    # Not the seed's either: the mid-size scientific set of bench/benchproject.py (issue 30,
+    # step 3: disk against uv's venv and cache without the CUDA wheels' gigabytes).
+    "scientific": SeedSet(
+        "scientific",
+        "3.11",
+        list(SCIENTIFIC),
+        "import numpy, scipy.linalg, pandas; print('numpy', numpy.__version__, 'pandas', pandas.__version__)",
     ),
     "tiny": SeedSet(
         "tiny",

@@ -460,6 +460,22 @@ def test_html_only_index_still_gives_sizes(tmp_path: Path) -> None:
     assert pins["epsilon"].sdist == on_disk(index, "epsilon-1.0.tar.gz")
 
 
+def test_an_sdist_resolved_in_this_process_is_fetched_without_a_page_lookup(
+    local_index: LocalIndex, tmp_path: Path
+) -> None:
+    """A lock keeps no URL, but the sdists it fetches right after resolving (to ask their
+    backends) are fetched from where uv found them: no second look at the index's page."""
+    from harness.resolve.sdists import fetch_sdist
+
+    settings = Settings(indexes={"pypi": local_index.url})
+    epsilon = by_name(resolve(local_index, ["epsilon"], tmp_path, settings=settings))["epsilon"]
+    assert epsilon.sdist is not None
+    local_index.requests.clear()
+    fetched = fetch_sdist(epsilon, epsilon.sdist, settings=settings, cache_dir=tmp_path / "home-cache", offline=False)
+    assert local_index.requests == ["/files/epsilon-1.0.tar.gz"]
+    assert fetched.read_bytes() == local_index.file("epsilon-1.0.tar.gz").read_bytes()
+
+
 def test_resolution_is_deterministic(local_index: LocalIndex, tmp_path: Path) -> None:
     first = resolve(local_index, ["gamma", "delta"], tmp_path, cache_dir=tmp_path / "c1")
     second = resolve(local_index, ["delta", "gamma"], tmp_path, cache_dir=tmp_path / "c2")

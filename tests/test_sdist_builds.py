@@ -39,6 +39,10 @@ TINY_BACKEND = (
     + """
 
 def get_requires_for_build_wheel(config_settings=None):
+    asked = os.environ.get("TINYBACKEND_ASKED")  # a file: one line per question, where from
+    if asked:
+        with open(asked, "a") as f:
+            f.write(os.getcwd() + "\\n")
     return ["tinyhelper==1.0"]
 
 
@@ -55,8 +59,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 def sdist_with_external_backend(name: str, version: str, backend: str = "tinybackend==1.0") -> bytes:
     """A deterministic sdist whose ``[build-system]`` needs ``backend`` (``tinybackend``) from the index."""
+    module = re.split(r"[<>=!~ ;\[]", backend)[0]
     pyproject = (
-        f'[build-system]\nrequires = ["{backend}"]\nbuild-backend = "tinybackend"\n\n'
+        f'[build-system]\nrequires = ["{backend}"]\nbuild-backend = "{module}"\n\n'
         f'[project]\nname = "{name}"\nversion = "{version}"\ndependencies = []\n'
     )
     members = {
@@ -274,6 +279,56 @@ def test_a_lock_of_two_platforms_gives_each_sdist_its_build_set(index: LocalInde
     check = harness("--project", str(project), "lock", "--check", home=tmp_path / "home")
     assert check.returncode == 1
     assert "written by an older harness: its sdists' build requirements are not locked" in check.stdout, check.stdout
+
+
+def test_a_lock_of_two_platforms_fetches_and_asks_each_sdist_once(index: LocalIndex, tmp_path: Path) -> None:
+    """The platforms resolve side by side, each going on to its sdists as soon as it is done:
+    the second waits for the first's answer instead of fetching the sdist and asking its
+    backend again."""
+    asked = tmp_path / "asked.txt"
+    project = make_project(tmp_path / "p", {"svc": service(["sdonly==1.0"])})
+    settings = project / "harness.toml"
+    settings.write_text(
+        settings.read_text().replace(
+            'platform = "x86_64-manylinux_2_28"', 'platforms = ["x86_64-manylinux_2_28", "aarch64-manylinux_2_28"]'
+        )
+    )
+    result = harness("--project", str(project), "lock", home=tmp_path / "home", env={"TINYBACKEND_ASKED": str(asked)})
+    assert result.returncode == 0, result.stderr
+    # uv asks the backend too, building the sdist's metadata in its own folders; harness asks
+    # in its throw-away copy of the tree.
+    ours = [line for line in asked.read_text().splitlines() if "harness-build-requires-" in line]
+    assert len(ours) == 1, asked.read_text()
+    lock = tomllib.loads((project / "locks" / "svc.lock.toml").read_text())
+    assert [t["platform"] for t in lock["targets"]] == ["x86_64-manylinux_2_28", "aarch64-manylinux_2_28"]
+    [sdonly] = [p for p in lock["packages"] if p["name"] == "sdonly"]
+    assert sdonly["build-requires"] == ["tinybackend==1.0", "tinyhelper==1.0"]
+
+
+def test_an_sdist_whose_backend_asks_for_nothing_more_gets_its_static_build_set(
+    index: LocalIndex, tmp_path: Path
+) -> None:
+    """A backend that asks for no dynamic requirements (most do not): the build set resolved
+    from the static ones while the backend was asked is the one locked, for each platform,
+    and the sdist builds from it."""
+    index.add_wheel("plainbackend", "1.0", modules={"plainbackend/__init__.py": BACKEND})
+    (index.root / "sdplain-1.0.tar.gz").write_bytes(sdist_with_external_backend("sdplain", "1.0", "plainbackend==1.0"))
+    project = make_project(tmp_path / "p", {"svc": service(["sdplain==1.0"])})
+    settings = project / "harness.toml"
+    settings.write_text(
+        settings.read_text().replace(
+            'platform = "x86_64-manylinux_2_28"', 'platforms = ["x86_64-manylinux_2_28", "aarch64-manylinux_2_28"]'
+        )
+    )
+    home = tmp_path / "home"
+    result = harness("--project", str(project), "lock", home=home)
+    assert result.returncode == 0, result.stderr
+    lock = tomllib.loads((project / "locks" / "svc.lock.toml").read_text())
+    [sdplain] = [p for p in lock["packages"] if p["name"] == "sdplain"]
+    assert sdplain["build-requires"] == ["plainbackend==1.0"] and "platforms" not in sdplain
+    assert [(p["name"], p["version"]) for p in lock["build-packages"]] == [("plainbackend", "1.0")]
+    realized = harness("--project", str(project), "realize", "svc", home=home)
+    assert realized.returncode == 0, realized.stderr
 
 
 def test_an_sdist_build_requirement_the_index_lacks_is_a_lock_error_naming_the_package(

@@ -193,9 +193,10 @@ def _lock_manifest(
 ) -> Lock:
     """The steps of the module doc, with what is independent run side by side: the interpreter
     listings, uv's version and every weight set in threads (:func:`_start_side_jobs`), git
-    sources here, then the Python resolutions (packages and build packages of every platform)
-    at once. Errors are raised in the order of the steps, whichever finished first. Several
-    platforms give one lock (:func:`harness.lock.platforms.merge`)."""
+    sources here, then every platform's (and accelerator variant's) Python resolution, each
+    going on to its sdists' build sets as soon as it is done (:class:`_TargetPipeline`), as
+    many at once as there are cores. Errors are raised in the order of the steps, whichever
+    finished first. Several platforms give one lock (:func:`harness.lock.platforms.merge`)."""
     from harness.lock.platforms import merge
 
     run = _Locking(project, settings, cache_dir, options, previous)
@@ -216,14 +217,21 @@ def _lock_manifest(
             # Each accelerator variant is resolved as an environment of its own (its platforms
             # side by side), in the manifest's order.
             variants = {v: environment.for_variant(v) for v in environment.variants} or {"": environment}
-            runs = {v: dataclasses.replace(run, variant=v) for v in variants}
-            by_variant = {v: _resolve_all(runs[v], env, guesses, sources, pool) for v, env in variants.items()}
+            pipelines = [
+                _TargetPipeline(
+                    dataclasses.replace(run, variant=v), env, t, guesses[t], sources, side, pool, Path(scratch)
+                )
+                for v, env in variants.items()
+                for t in targets
+            ]
+            _run_pipelines(pipelines)
+            _raise_first(p.failed for p in pipelines if p.failed_resolving)
         interpreters = side.interpreters()
-        redo = _guessed_wrong(interpreters, guesses)
-        for v, env in variants.items():
-            if redo:
-                by_variant[v].update(_resolve_all(runs[v], env, redo, sources, pool))
-            by_variant[v] = _with_sdist_builds(runs[v], env, interpreters, sources, by_variant[v], Path(scratch))
+        _raise_first(p.failed for p in pipelines)
+        by_variant: dict[str, dict[str, _Resolution]] = {v: {} for v in variants}
+        for p in pipelines:
+            assert p.resolution is not None
+            by_variant[p.run.variant][p.target] = p.resolution
         weights = side.weight_sets()
         uv = side.uv.result()
 
@@ -605,6 +613,72 @@ def _resolve_all(
     }
 
 
+@dataclass
+class _TargetPipeline:
+    """One (variant, platform) of a lock, from its resolution to its sdists' build sets, run
+    in a thread of its own (:func:`_run_pipelines`): a platform whose resolution is done goes
+    on to fetch its sdists and ask their backends while another platform still resolves, and
+    what both need is done once (:mod:`harness.resolve.sdists` answers the second from the
+    first's work). Its outcome is kept, not raised, so the caller raises failures in the
+    lock's order whichever finished first: every resolution's (``failed_resolving``: the
+    packages, the sources' build packages, the interpreter listing) before any sdist's."""
+
+    run: _Locking
+    environment: Environment
+    target: str
+    guess: Interpreter
+    sources: _Sources
+    side: _SideJobs
+    pool: ThreadPoolExecutor
+    scratch: Path
+    resolution: _Resolution | None = None
+    failed: HarnessError | None = None
+    failed_resolving: bool = False
+
+    def _resolve(self, interpreter: Interpreter) -> _Resolution:
+        resolved = _resolve_all(self.run, self.environment, {self.target: interpreter}, self.sources, self.pool)
+        return resolved[self.target]
+
+    def __call__(self) -> None:
+        try:
+            resolution = self._resolve(self.guess)
+            interpreter = self.side.interpreters()[self.target]
+        except HarnessError as exc:
+            self.failed, self.failed_resolving = exc, True
+            return
+        try:
+            if _guessed_wrong({self.target: interpreter}, {self.target: self.guess}):
+                resolution = self._resolve(interpreter)
+            self.resolution = _with_sdist_builds(
+                self.run,
+                self.environment,
+                {self.target: interpreter},
+                self.sources,
+                {self.target: resolution},
+                self.scratch,
+            )[self.target]
+        except HarnessError as exc:
+            self.failed = exc
+
+
+def _run_pipelines(pipelines: list[_TargetPipeline]) -> None:
+    """Run every pipeline, as many at once as this machine has cores (at least two: most of a
+    resolution is waiting on the index); a failure that is no :class:`HarnessError` (a bug,
+    an interrupt) is raised."""
+    import os
+
+    with ThreadPoolExecutor(max_workers=max(2, min(len(pipelines), os.cpu_count() or 2))) as threads:
+        for job in [threads.submit(p) for p in pipelines]:
+            job.result()
+
+
+def _raise_first(failures: Iterable[HarnessError | None]) -> None:
+    """Raise the first of ``failures`` that is one."""
+    for failure in failures:
+        if failure is not None:
+            raise failure
+
+
 def _resolver(run: _Locking, environment: Environment, interpreter: Interpreter) -> Callable[..., list[Package]]:
     """:func:`harness.resolve.python.resolve_packages` for ``interpreter`` with the
     environment's indexes and the lock's options; the caller gives requirements and pins."""
@@ -745,7 +819,7 @@ def _isolated_builds(
         if not waiting:
             break
         for package in waiting:
-            needs = tuple(sorted(set(_sdist_needs(run, environment, [package], scratch))))
+            needs = _needs_resolving_ahead(run, environment, interpreter, package, scratch, before, sets)
             needs_of[(package.name, package.version)] = needs
             if needs and needs not in sets:
                 sets[needs] = _resolver(run, environment, interpreter)(
@@ -764,6 +838,56 @@ def _isolated_builds(
         {key: pins(needs) for key, needs in needs_of.items()},
         pins(tuple(sorted(set(sources.build_requirements)))),
     )
+
+
+def _needs_resolving_ahead(
+    run: _Locking,
+    environment: Environment,
+    interpreter: Interpreter,
+    package: Package,
+    scratch: Path,
+    before: Lock | None,
+    sets: dict[tuple[str, ...], list[Package]],
+) -> tuple[str, ...]:
+    """The build requirements of ``package``'s sdist (sorted, once each). While its backend
+    is asked for its dynamic ones, its static ones are already resolved beside it; when they
+    are all it needs (a backend seldom asks for more), that resolution goes into ``sets``, and
+    the build set costs no time after the backend's answer. Otherwise it is dropped, its
+    failure too, and the caller resolves what the sdist needs."""
+    from harness.resolve.sdists import sdist_build_requirements
+
+    resolve = _resolver(run, environment, interpreter)
+    ahead: dict[tuple[str, ...], Future[list[Package]]] = {}
+    with ThreadPoolExecutor(max_workers=1) as early:
+
+        def on_static(static: list[str]) -> None:
+            key = tuple(sorted(set(static)))
+            if key and key not in sets:
+                ahead[key] = early.submit(
+                    resolve,
+                    list(key),
+                    previous=_previous_build_pins(before, package),
+                    package_index=_direct_only(environment.package_index, list(key)),
+                )
+
+        needs = tuple(
+            sorted(
+                set(
+                    sdist_build_requirements(
+                        [package],
+                        indexes=list(environment.indexes),
+                        settings=run.settings,
+                        cache_dir=run.cache_dir,
+                        scratch=scratch,
+                        offline=run.options.offline,
+                        on_static=on_static,
+                    )
+                )
+            )
+        )
+        if needs in ahead:
+            sets[needs] = ahead[needs].result()
+    return needs
 
 
 def _union(sets: Iterable[list[Package]]) -> list[Package]:

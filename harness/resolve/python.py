@@ -50,6 +50,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -446,12 +447,31 @@ def resolve_packages(
         except UvError as exc:
             raise _resolution_error(exc, interpreter, offline) from None
         text = (work / OUTPUT).read_text()
+    entries = parse_pylock(text)
+    _remember_urls(entries)
     return to_packages(
-        parse_pylock(text),
+        entries,
         tags=tags,
         addresses=all_addresses,
         size_of=lambda f: _remote_size(f, offline=offline, addresses=all_addresses),
     )
+
+
+#: Where uv found each file it resolved in this process, by sha256: a lock keeps no URL
+#: (DESIGN invariant 4), but the sdists it fetches right after resolving need no page lookup.
+_URLS: dict[str, str] = {}
+
+
+def _remember_urls(entries: Iterable[_Entry]) -> None:
+    for entry in entries:
+        for file in (*entry.wheels, *([entry.sdist] if entry.sdist else [])):
+            _URLS[file.sha256] = file.url
+
+
+def resolved_url(sha256: str) -> str | None:
+    """The URL a resolution in this process found the file of ``sha256`` at, if any (the
+    caller checks what it downloads against the sha256, as always)."""
+    return _URLS.get(sha256)
 
 
 def _path_line(entry: Path | tuple[Path, Sequence[str]]) -> str:
@@ -474,8 +494,25 @@ def _resolution_error(exc: UvError, interpreter: Interpreter, offline: bool) -> 
     return HarnessError(f"cannot resolve the requirements for {target}:\n{explanation}")
 
 
+#: Sizes :func:`_remote_size` was told, by (URL, sha256), with a lock per file: the platforms
+#: of a lock resolve side by side and share their pure-Python wheels, asked for once.
+_SIZES: dict[tuple[str, str], int] = {}
+_SIZE_LOCKS: dict[tuple[str, str], threading.Lock] = {}
+_SIZE_LOCKS_LOCK = threading.Lock()
+
+
 def _remote_size(file: _File, *, offline: bool, addresses: Mapping[str, str | None]) -> int:
-    """The size of a file whose index did not publish one (module doc)."""
+    """The size of a file whose index did not publish one (module doc), asked once per process."""
+    key = (file.url, file.sha256)
+    with _SIZE_LOCKS_LOCK:
+        one_at_a_time = _SIZE_LOCKS.setdefault(key, threading.Lock())
+    with one_at_a_time:
+        if key not in _SIZES:
+            _SIZES[key] = _ask_size(file, offline=offline, addresses=addresses)
+        return _SIZES[key]
+
+
+def _ask_size(file: _File, *, offline: bool, addresses: Mapping[str, str | None]) -> int:
     import urllib.error  # here: urllib.request (http.client, ssl, email) is slow to import
     import urllib.request
 

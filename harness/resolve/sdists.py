@@ -22,8 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import tarfile
+import threading
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -42,10 +43,13 @@ def sdist_build_requirements(
     cache_dir: Path,
     scratch: Path,
     offline: bool = False,
+    on_static: Callable[[list[str]], None] | None = None,
 ) -> list[str]:
     """The build requirements (static and dynamic) of every package of ``packages`` that
     installs from its sdist (no wheel fits the target), sorted and without repeats; [] when
     none does. ``indexes`` are the environment's (for the backend's throw-away environment).
+    ``on_static`` is handed each sdist's static requirements as soon as they are read, before
+    its backend is asked for the dynamic ones (the caller may start resolving them).
     A fetch, unpack or backend failure is a :class:`HarnessError` naming the package."""
     found: set[str] = set()
     for package in packages:
@@ -61,6 +65,7 @@ def sdist_build_requirements(
                     cache_dir=cache_dir,
                     scratch=scratch,
                     offline=offline,
+                    on_static=on_static,
                 )
             )
         except HarnessError as exc:
@@ -79,10 +84,46 @@ def _one_sdist(
     cache_dir: Path,
     scratch: Path,
     offline: bool,
+    on_static: Callable[[list[str]], None] | None = None,
+) -> list[str]:
+    key = hashlib.sha256(json.dumps(["harness-sdist-build-requires-v1", sdist.sha256]).encode()).hexdigest()[:40]
+    # One thread per sdist at a time: the platforms of a lock, resolved side by side, often
+    # install the same sdist; the second waits and reads the first's answer from the cache.
+    with _SDIST_LOCKS_LOCK:
+        one_at_a_time = _SDIST_LOCKS.setdefault(key, threading.Lock())
+    with one_at_a_time:
+        return _sdist_answer(
+            package,
+            sdist,
+            key,
+            indexes,
+            settings=settings,
+            cache_dir=cache_dir,
+            scratch=scratch,
+            offline=offline,
+            on_static=on_static,
+        )
+
+
+#: A lock per sdist (by its answer's cache key) for :func:`_one_sdist`.
+_SDIST_LOCKS: dict[str, threading.Lock] = {}
+_SDIST_LOCKS_LOCK = threading.Lock()
+
+
+def _sdist_answer(
+    package: Package,
+    sdist: DistFile,
+    key: str,
+    indexes: Sequence[str],
+    *,
+    settings: Settings,
+    cache_dir: Path,
+    scratch: Path,
+    offline: bool,
+    on_static: Callable[[list[str]], None] | None = None,
 ) -> list[str]:
     from harness.resolve.python import build_requirements, dynamic_build_requirements
 
-    key = hashlib.sha256(json.dumps(["harness-sdist-build-requires-v1", sdist.sha256]).encode()).hexdigest()[:40]
     static_cache = cache_dir / "build-requires" / f"{key}-static.json"
     static = _cached(static_cache)
     # dynamic_build_requirements caches its answer under the same key: with both cached, the
@@ -94,6 +135,8 @@ def _one_sdist(
         if static is None:
             static = build_requirements(root)
             _remember(static_cache, static)
+    if on_static is not None:
+        on_static(list(static))
     dynamic = dynamic_build_requirements(
         root,
         static,
@@ -125,6 +168,7 @@ def fetch_sdist(package: Package, sdist: DistFile, *, settings: Settings, cache_
     checked against its size and sha256. Offline, an absent sdist is an error saying to lock online once."""
     from harness.download import download
     from harness.resolve.indexpages import find_file_urls, index_address
+    from harness.resolve.python import resolved_url
     from harness.store.hashing import file_sha256
     from harness.store.store import lock_file
 
@@ -141,8 +185,11 @@ def fetch_sdist(package: Package, sdist: DistFile, *, settings: Settings, cache_
                 "its build requirements are not known offline (the sdist was never fetched here)",
                 hint="lock once without --offline",
             )
-        address = index_address(package.index, settings, cache_dir)
-        url = find_file_urls(address, package.name, [sdist.file], index_name=package.index)[sdist.file]
+        # Where the resolution just found it, else the index's page for the package.
+        url = resolved_url(sdist.sha256)
+        if url is None:
+            address = index_address(package.index, settings, cache_dir)
+            url = find_file_urls(address, package.name, [sdist.file], index_name=package.index)[sdist.file]
         download(url, dest, sha256=sdist.sha256, size=sdist.size, label=sdist.file)
     return dest
 
