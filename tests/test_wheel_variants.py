@@ -198,3 +198,62 @@ def test_variant_labelled_wheels_are_left_out_or_refused(indexes: Path, tmp_path
     assert "only as variant-labelled wheels (PEP 825), which harness does not install yet" in result.stderr
     assert "package-index" in result.stderr, result.stderr
 
+
+# ------------------------------------------------------------------------------ other targets in the cache
+
+
+def test_a_machine_without_a_gpu_fills_the_cache_with_another_variant(
+    indexes: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``harness --variant cu128 realize`` on a machine without a driver, then ``store push``:
+    a machine whose driver runs cu128 realizes it from the cache alone (every index gone)."""
+    from harness.lock.lockfile import read
+    from harness.lock.targets import target_paths
+    from harness.cache.backends import open_backend
+    from harness.cache.transfer import present_in
+    from harness.runs.groups import cache_gaps
+    from harness.store.standins import standin_for
+    from harness.store.store import Store
+
+    project = indexes
+    # Another lock of the project has no cu128: pushing svc's cu128 closure does not read it.
+    no_cu128 = VARIANTS.split("[environment.variants.cu128]")[0]
+    (project / "services" / "other.toml").write_text(service(["tvar==1.0"], extra=no_cu128))
+    keys, cache = tmp_path / "keys", tmp_path / "cache"
+    assert harness("store", "keygen", "lab", "--dir", str(keys), home=tmp_path / "k").returncode == 0
+    builder = tmp_path / "builder"
+    assert harness("--project", str(project), "lock", home=builder).returncode == 0
+    cpu_only = {"HARNESS_CUDA_DRIVER": "none"}
+    result = harness("--project", str(project), "--variant", "cu128", "realize", "svc", home=builder, **cpu_only)
+    assert result.returncode == 0, result.stderr
+    key = str(keys / "lab.secret")
+    args = ("--project", str(project), "--variant", "cu128", "store", "push", "--key", key, str(cache), "svc")
+    result = harness(*args, home=builder, **cpu_only)
+    assert result.returncode == 0, result.stderr
+    # The cache now holds cu128's target, not cu126's (what a cluster head's note says).
+    lock = read(project / "locks" / "svc.lock.toml", whole=True)
+    store = Store.in_home(builder)
+    standins = {own: host for t in target_paths(lock) if (host := standin_for(store, own := t.own_interpreter))}
+    targets = target_paths(lock, standins)
+    present = present_in(open_backend(str(cache)), [p for t in targets for p in t.paths])
+    table = {"svc": [{"platform": t.platform, "variant": t.variant, "paths": list(t.paths)} for t in targets]}
+    lacking = {gap["variant"] for gap in cache_gaps(table, present)}
+    assert "cu128" not in lacking and "cu126" in lacking, (lacking, sorted(present))
+
+    for name in ("PYPI", "TVAR_CPU", "TVAR_CU126", "TVAR_CU128"):
+        monkeypatch.setenv(f"HARNESS_INDEX_{name}", "http://127.0.0.1:9/simple")  # nothing answers there
+    gpu = {
+        "HARNESS_CUDA_DRIVER": "12.8",
+        "HARNESS_SUBSTITUTERS": str(cache),
+        "HARNESS_TRUSTED_KEYS": (keys / "lab.public").read_text().strip(),
+    }
+    node = tmp_path / "node"
+    result = harness("--project", str(project), "realize", "svc", home=node, **gpu)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [venv] = [p for p in (node / "store").iterdir() if p.name.endswith("-svc-env")]
+    probe = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import tvar.build; print(tvar.build.BUILD)"],
+        capture_output=True,
+        text=True,
+    )
+    assert probe.stdout.strip() == "cu128", probe.stderr
