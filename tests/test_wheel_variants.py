@@ -149,6 +149,9 @@ def test_lock_records_the_metadata_and_realize_and_plan_use_it(indexes: Path, tm
     first = path.read_bytes()
     assert harness("--project", str(project), "lock", "--refresh", home=tmp_path / "other").returncode == 0
     assert path.read_bytes() == first, "re-locking is byte for byte"
+    offline = harness("--project", str(project), "lock", "--offline", "--refresh", home=tmp_path / "home")
+    assert offline.returncode == 0, offline.stderr
+    assert path.read_bytes() == first, "offline, the metadata the previous lock recorded is kept"
     # A driver for CUDA 12.7: the manifest alone says cu126; the metadata says cu128 runs.
     home = tmp_path / "realized"
     result = harness("--project", str(project), "realize", "svc", home=home, HARNESS_CUDA_DRIVER="12.7")
@@ -175,12 +178,29 @@ def test_lock_records_the_metadata_and_realize_and_plan_use_it(indexes: Path, tm
 
 def test_a_declaration_below_the_metadata_fails_lock_naming_both(indexes: Path, tmp_path: Path) -> None:
     project = indexes
+    (tmp_path / "cu128" / "tvar-1.0+cu128-variants.json").write_text('{"variants": {"cu128": []}}')
+    result = harness("--project", str(project), "lock", home=tmp_path / "home")
+    assert result.returncode == 1, result.stdout + result.stderr
+    told = "tvar-1.0+cu128-variants.json on index 'tvar-cu128': variants.cu128: expected an object of namespaces"
+    assert told in result.stderr, result.stderr
     publish(tmp_path / "cu128", "12.9")
     result = harness("--project", str(project), "lock", home=tmp_path / "home")
     assert result.returncode == 1 and "failed svc" in result.stderr, result.stdout + result.stderr
     assert 'services/svc.toml: environment.variants.cu128.cuda = "12.8"' in result.stderr, result.stderr
     assert "tvar==1.0+cu128 says nvidia :: cuda_version_lower_bound :: 12.9" in result.stderr, result.stderr
     assert not (project / "locks" / "svc.lock.toml").exists(), "nothing written"
+
+
+def test_a_hand_edited_record_is_refused_naming_file_and_key(indexes: Path, tmp_path: Path) -> None:
+    project = indexes
+    publish(tmp_path / "cu128", "12.7")
+    assert harness("--project", str(project), "lock", home=tmp_path / "home").returncode == 0
+    path = project / "locks" / "svc.lock.toml"
+    path.write_text(path.read_text().replace(ENTRY, "tvar needs cuda 12.7"))
+    result = harness("--project", str(project), "realize", "svc", home=tmp_path / "r", HARNESS_CUDA_DRIVER="12.8")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "svc.lock.toml" in result.stderr and "wheel-variants" in result.stderr, result.stderr
+    assert "NAME==VERSION [LABEL] NAMESPACE :: FEATURE :: VALUE" in result.stderr, result.stderr
 
 
 def test_variant_labelled_wheels_are_left_out_or_refused(indexes: Path, tmp_path: Path) -> None:
