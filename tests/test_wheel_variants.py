@@ -225,7 +225,7 @@ def test_variant_labelled_wheels_are_left_out_or_refused(indexes: Path, tmp_path
 def test_a_machine_without_a_gpu_fills_the_cache_with_another_variant(
     indexes: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``harness --variant cu128 realize`` on a machine without a driver, then ``store push``:
+    """``harness realize --variant cu128`` on a machine without a driver, then ``store push --variant cu128``:
     a machine whose driver runs cu128 realizes it from the cache alone (every index gone)."""
     from harness.lock.lockfile import read
     from harness.lock.targets import target_paths
@@ -244,10 +244,10 @@ def test_a_machine_without_a_gpu_fills_the_cache_with_another_variant(
     builder = tmp_path / "builder"
     assert harness("--project", str(project), "lock", home=builder).returncode == 0
     cpu_only = {"HARNESS_CUDA_DRIVER": "none"}
-    result = harness("--project", str(project), "--variant", "cu128", "realize", "svc", home=builder, **cpu_only)
+    result = harness("--project", str(project), "realize", "--variant", "cu128", "svc", home=builder, **cpu_only)
     assert result.returncode == 0, result.stderr
     key = str(keys / "lab.secret")
-    args = ("--project", str(project), "--variant", "cu128", "store", "push", "--key", key, str(cache), "svc")
+    args = ("--project", str(project), "store", "push", "--variant", "cu128", "--key", key, str(cache), "svc")
     result = harness(*args, home=builder, **cpu_only)
     assert result.returncode == 0, result.stderr
     # The cache now holds cu128's target, not cu126's (what a cluster head's note says).

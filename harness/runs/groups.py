@@ -91,7 +91,7 @@ def gap_note(gap: Mapping[str, Any], cache: str) -> str:
     return (
         f"cache {cache} lacks {gap['missing']} of the {gap['paths']} store paths of {gap['lock']}{variant} "
         f"({gap['platform']}): nodes that run it build them before their shards start; to fill it first, run "
-        f"`harness {forced}realize {gap['lock']}` and `harness {forced}store push {cache} {gap['lock']}` on a "
+        f"`harness realize {forced}{gap['lock']}` and `harness store push {forced}{cache} {gap['lock']}` on a "
         "machine of that platform (no GPU needed)"
     )
 

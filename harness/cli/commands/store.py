@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from harness.cli import State
-from harness.cli.output import quiet_option
+from harness.cli.output import quiet_option, variant_option
 
 if TYPE_CHECKING:
     from harness.cache.backends import Backend
@@ -517,13 +517,14 @@ def keygen(name: str, folder: str) -> None:
 
 @command.command(
     "push",
-    help="Copy closures to a binary cache (directory, s3://, file://); only what it lacks.\n\n\b\nExamples:\n  harness store push --key ~/.config/harness/lab.secret /nfs/harness-cache kinematics\n  harness store push file:///nfs/harness-cache --all",
+    help="Copy closures to a binary cache (directory, s3://, file://); only what it lacks.\n\n\b\nExamples:\n  harness store push --key ~/.config/harness/lab.secret /nfs/harness-cache kinematics\n  harness store push file:///nfs/harness-cache --all\n  harness store push --variant cu128 /nfs/harness-cache robodojo",
 )
 @click.argument("cache")
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_paths", is_flag=True, help="Every registered path.")
 @_signing_key_option
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
+@variant_option
 @quiet_option
 @click.pass_obj
 def push_command(
@@ -547,6 +548,7 @@ def push_command(
 @click.option("--all", "all_paths", is_flag=True, help="Every path the cache holds.")
 @_trusted_key_option
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
+@variant_option
 @quiet_option
 @click.pass_obj
 def pull_command(
