@@ -25,7 +25,7 @@ tests/test_sdist_builds.py tests/test_launchcheck.py tests/test_lock_stamp.py te
 tests/test_gc.py tests/test_git_sources.py tests/test_source_views.py tests/test_secrets.py tests/test_fresh_machine.py \
 tests/test_remote_simulator.py tests/test_variants.py tests/test_logs.py tests/test_scoped_resets.py \
 tests/test_guide_commands.py tests/test_device_check.py tests/test_webui.py tests/test_report.py tests/test_livelog.py \
-tests/test_rootfs.py tests/test_variant_groups.py"
+tests/test_rootfs.py tests/test_variant_groups.py tests/test_wheel_variants.py"
 if [ "${1:-}" = --list-tests ]; then echo $user_tests; exit 0; fi
 [ "$(id -u)" = 0 ] || { echo "ci: .ci/as-user.sh needs root (it creates the user)" >&2; exit 2; }
 id -u "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user"

@@ -306,6 +306,19 @@ class LocalIndex:
         path.write_bytes(sdist_bytes(name, version, requires=requires, backend=backend))
         return path
 
+    def add_variants_json(self, name: str, version: str, variants: Mapping[str, object]) -> Path:
+        """Serve ``{name}-{version}-variants.json`` (WheelNext, PEP 825) beside the release's
+        wheels, linked from the project's page: ``variants`` maps each label to its properties,
+        ``{namespace: {feature: [values]}}``; the NVIDIA provider is its one namespace."""
+        document = {
+            "default-priorities": {"namespace": ["nvidia"]},
+            "providers": {"nvidia": {"requires": ["nvidia-variant-provider"], "plugin-api": "nvidia_provider:Plugin"}},
+            "variants": variants,
+        }
+        path = self.root / f"{_dist(name)}-{version}-variants.json"
+        path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+        return path
+
     def cut_next(self, filename: str, *, after: int) -> None:
         """Make the next GET of ``filename`` send only ``after`` body bytes, then close.
 
@@ -328,7 +341,7 @@ class LocalIndex:
         """Published files grouped by normalized project name."""
         out: dict[str, list[Path]] = {}
         for path in sorted(self.root.iterdir()):
-            if path.suffix == ".whl" or path.name.endswith(".tar.gz"):
+            if path.suffix == ".whl" or path.name.endswith((".tar.gz", "-variants.json")):
                 stem = path.name.removesuffix(".tar.gz") if path.name.endswith(".tar.gz") else path.name
                 out.setdefault(normalize(stem.split("-", 1)[0]), []).append(path)
         return out

@@ -91,6 +91,10 @@ def test_each_node_is_proven_against_its_own_variants_closure(setup: Setup) -> N
     assert [t["variant"] for t in table] == ["cpu", "cu126", "cu128"] and len({t["digest"] for t in table}) == 3
     platform = table[0]["platform"]
     assert config["group"] == f"{platform} cpu" and config["variant"] is None
+    # The head pushed cpu's closure only: before the shards started it said which targets the cache lacks.
+    assert {(g["lock"], g["variant"]) for g in config["cache_gaps"]} == {("vb", "cu126"), ("vb", "cu128")}
+    assert f"store paths of vb cu128 ({platform}): nodes that run it build them" in result.stderr, result.stderr
+    assert "`harness store push --variant cu128 " in result.stderr, result.stderr
     outcome = json.loads((run_dir / "result.json").read_text())
     second = str(setup.cluster.second.home)
     by_home: dict[str, list[dict[str, object]]] = {}
@@ -144,9 +148,18 @@ def test_each_node_is_proven_against_its_own_variants_closure(setup: Setup) -> N
     bad = [ln for ln in audit.stdout.splitlines() if ln.startswith("modified") and " shard " in ln]
     assert audit.returncode == 1 and len(bad) == 1 and f"shard {index}/4" in bad[0], audit.stdout
 
+    # cu128's closure realized and pushed from the head, which has no GPU: the cache holds it now.
+    cache = str(setup.cluster.head.home.parent / "cache")
+    assert _harness(setup, "--variant", "cu128", "realize", "vb").returncode == 0
+    pushed = _harness(setup, "--variant", "cu128", "store", "push", cache, "vb")
+    assert pushed.returncode == 0, pushed.stderr
+
     # Forced to cpu for the whole run, the second node's shards change group: diff says so.
     forced = _harness(setup, "--variant", "cpu", "run", "--benchmark", "vb", "--cluster", "ray", "--shards", "4")
     assert forced.returncode == 0, forced.stderr
+    gaps = json.loads((_run_dir(forced.stderr) / "config.json").read_text())["cluster"]["cache_gaps"]
+    assert [(g["lock"], g["variant"]) for g in gaps] == [("vb", "cu126")], gaps
+    assert "of vb cu128" not in forced.stderr and "of vb cu126" in forced.stderr, forced.stderr
     forced_dir = _run_dir(forced.stderr)
     shards = json.loads((forced_dir / "result.json").read_text())["shards"]
     assert {s["group"] for s in shards} == {f"{platform} cpu"}, shards

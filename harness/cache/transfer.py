@@ -256,6 +256,11 @@ def _refuse_host_copies(store: Store, paths: Sequence[str]) -> None:
             )
 
 
+def present_in(backend: Backend, paths: Sequence[str], jobs: int = 8) -> set[str]:
+    """Which of ``paths`` ``backend`` holds (a narinfo for each), asked in parallel."""
+    return set(_presence(backend, list(dict.fromkeys(paths)), jobs).present)
+
+
 def _presence(backend: Backend, paths: Sequence[str], jobs: int) -> _Presence:
     """Which of ``paths`` ``backend`` has a narinfo for, asked in parallel (``jobs`` at once)."""
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

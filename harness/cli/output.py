@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 from collections.abc import Sequence
 
@@ -13,6 +14,23 @@ import click
 #: plain lines otherwise: ``harness/progress.py``) unless told not to.
 quiet_option = click.option(
     "--quiet", "-q", is_flag=True, help="Show no progress on stderr (results, warnings and errors still print)."
+)
+
+
+def _use_variant(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:  # over the global --variant and the deploy's: read where every lock is (lock/variants.py)
+        os.environ["HARNESS_VARIANT"] = value
+
+
+#: ``--variant`` of ``realize``, ``store push`` and ``store pull``: the same as ``harness
+#: --variant``, said where it matters most (another variant's closure, for a binary cache).
+variant_option = click.option(
+    "--variant",
+    metavar="NAME",
+    expose_value=False,
+    callback=_use_variant,
+    help="This accelerator variant of locks that have them (cpu, cu128), whatever this machine's driver runs: "
+    "a machine without a GPU realizes and pushes cu128 for the nodes that run it [as harness --variant].",
 )
 
 #: ``--jobs``/``-j`` of the commands that realize (``realize``, ``install``).

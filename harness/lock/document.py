@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
+from harness.lock.variants import check_wheel_entry, needed_cuda
 from harness.manifests.model import Strict
 from harness.resolve.pins import WeightFile, WeightSet
 
@@ -57,6 +58,7 @@ def _inside(value: str) -> str:
 
 
 StorePath = Annotated[str, AfterValidator(_store_path)]
+WheelEntry = Annotated[str, AfterValidator(check_wheel_entry)]
 FileName = Annotated[str, AfterValidator(_file_name)]
 InsidePath = Annotated[str, AfterValidator(_inside)]
 
@@ -234,6 +236,20 @@ class LockedTarget(Strict):
     cuda: str | None = Field(
         default=None, description="The CUDA version the driver must support to run the variant (none: anywhere)."
     )
+    wheel_variants: list[WheelEntry] = Field(
+        default_factory=list,
+        alias="wheel-variants",
+        description="What the variant's wheels need by the wheel-variant metadata (PEP 817) their index serves: "
+        "NAME==VERSION [LABEL] NAMESPACE :: FEATURE :: VALUE each. Its nvidia :: cuda_version_lower_bound, when "
+        "there, is what realize compares with the driver instead of cuda.",
+    )
+    # Spelled out (not Strict.model_config | {...}) so the pydantic mypy plugin sees it.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, populate_by_name=True)
+
+    @property
+    def needs_cuda(self) -> str | None:
+        """What the variant needs of the driver: its wheels' metadata, else ``cuda``."""
+        return needed_cuda(self.cuda, self.wheel_variants)
 
 
 class LockedEnvironment(Strict):
@@ -268,6 +284,11 @@ class Lock(Strict):
     cuda: str | None = Field(
         default=None, description="The CUDA version the driver must support to run the variant (none: anywhere)."
     )
+    wheel_variants: list[WheelEntry] = Field(
+        default_factory=list,
+        alias="wheel-variants",
+        description="A lock of one variant: what its wheels need by their wheel-variant metadata (as in targets).",
+    )
     environment: LockedEnvironment = Field(default_factory=LockedEnvironment, description="The environment.")
     #: Several platforms in one lock: one entry each, in ``[lock] platforms`` order; empty for a
     #: lock of one platform. ``python`` and ``environment`` then describe the first, and
@@ -289,6 +310,11 @@ class Lock(Strict):
 
     # Spelled out (not Strict.model_config | {...}) so the pydantic mypy plugin sees it.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, populate_by_name=True)
+
+    @property
+    def needs_cuda(self) -> str | None:
+        """What this lock's variant needs of the driver: its wheels' metadata, else ``cuda``."""
+        return needed_cuda(self.cuda, self.wheel_variants)
 
     @field_validator("lock_version")
     @classmethod

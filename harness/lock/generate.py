@@ -232,6 +232,7 @@ def _lock_manifest(
         for p in pipelines:
             assert p.resolution is not None
             by_variant[p.run.variant][p.target] = p.resolution
+        wheel_meta = _wheel_variants(run, environment, targets, by_variant)
         weights = side.weight_sets()
         uv = side.uv.result()
 
@@ -246,11 +247,44 @@ def _lock_manifest(
             resolution=by_variant[v][t],
             weights=weights,
             variant=v,
+            wheel_variants=wheel_meta.get((v, t), []),
         )
         for t in targets
         for v in variants
     ]
     return merge(locks)
+
+
+def _wheel_variants(
+    run: _Locking, environment: Environment, targets: list[str], by_variant: dict[str, dict[str, _Resolution]]
+) -> dict[tuple[str, str], list[str]]:
+    """(variant, platform) → what the variant's wheels need by the wheel-variant metadata their
+    indexes serve (``harness/lock/wheelmeta.py``; offline: the previous lock's, for unchanged
+    pins). InputError naming the manifest's cuda and the metadata when they disagree."""
+    from harness.lock.wheelmeta import (
+        declaration_problem,
+        previous_wheel_variants,
+        read_wheel_variants,
+        variant_packages,
+    )
+
+    found: dict[tuple[str, str], list[str]] = {}
+    seen: dict[tuple[str, str, str], object] = {}
+    for v in environment.variants:
+        names = variant_packages(environment, v)
+        for t in targets:
+            packages = by_variant[v][t].packages
+            if run.options.offline:
+                entries = previous_wheel_variants(run.previous, t, v, packages)
+            else:
+                entries = read_wheel_variants(
+                    packages, names, v, settings=run.settings, cache_dir=run.cache_dir, seen=seen
+                )
+            problem = declaration_problem(v, environment.variants[v].cuda, entries)
+            if problem is not None:
+                raise problem
+            found[(v, t)] = entries
+    return found
 
 
 @dataclass(frozen=True)
@@ -417,6 +451,7 @@ def _single_lock(
     resolution: _Resolution,
     weights: list[WeightSet],
     variant: str = "",
+    wheel_variants: list[str] | None = None,
 ) -> Lock:
     """The lock of one platform (of one accelerator variant, for a manifest with variants),
     store paths filled in."""
@@ -436,6 +471,7 @@ def _single_lock(
         uv=uv,
         variant=variant,
         cuda=manifest.environment.variants[variant].cuda if variant else None,
+        wheel_variants=wheel_variants or [],
         python=LockedInterpreter(
             implementation=interpreter.implementation,
             version=interpreter.version,

@@ -44,6 +44,8 @@ def dumps(lock: Lock) -> str:
         lines.append(tomltext.assignment("variant", lock.variant))
         if lock.cuda is not None:
             lines.append(tomltext.assignment("cuda", lock.cuda))
+        if lock.wheel_variants:  # only where an index served wheel-variant metadata
+            lines.append(tomltext.assignment("wheel-variants", list(lock.wheel_variants)))
     lines.append("")
 
     def table(header: str, fields: list[tuple[str, str]]) -> None:
@@ -65,7 +67,10 @@ def dumps(lock: Lock) -> str:
         keys = ["platform", "source", "python", "environment"]
         keys += ["variant"] if target.variant else []
         keys += ["cuda"] if target.cuda is not None else []
-        table("[[targets]]", plain([(k, getattr(target, k)) for k in keys]))
+        fields = plain([(k, getattr(target, k)) for k in keys])
+        if target.wheel_variants:
+            fields += plain([("wheel-variants", list(target.wheel_variants))])
+        table("[[targets]]", fields)
     for name, packages in (("packages", lock.packages), ("build-packages", lock.build_packages)):
         for package in sorted(packages, key=lambda p: (p.name, p.version, p.marker, p.platforms, p.variants)):
             fields = plain([("name", package.name), ("version", package.version), ("index", package.index)])

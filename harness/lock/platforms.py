@@ -48,7 +48,11 @@ def merge(locks: list[Lock]) -> Lock:
             update={
                 "targets": [
                     LockedTarget(
-                        platform=lock.python.platform, source=lock.python.source, variant=lock.variant, cuda=lock.cuda
+                        platform=lock.python.platform,
+                        source=lock.python.source,
+                        variant=lock.variant,
+                        cuda=lock.cuda,
+                        wheel_variants=lock.wheel_variants,
                     )
                     for lock in locks
                 ],

@@ -18,10 +18,22 @@ def platforms_of(lock: Lock) -> list[str]:
 
 def variants_of(lock: Lock, platform: str) -> list[tuple[str, str | None]]:
     """The accelerator variants ``lock`` holds for ``platform``, in order, each with the CUDA
-    version it needs (None: it runs anywhere); [] for a lock without variants."""
+    version it needs (None: it runs anywhere): its wheels' metadata where the lock recorded it,
+    the manifest's declaration otherwise (``needs_cuda``); [] for a lock without variants."""
     if not lock.targets:
-        return [(lock.variant, lock.cuda)] if lock.variant else []
-    return [(t.variant, t.cuda) for t in lock.targets if t.platform == platform and t.variant]
+        return [(lock.variant, lock.needs_cuda)] if lock.variant else []
+    return [(t.variant, t.needs_cuda) for t in lock.targets if t.platform == platform and t.variant]
+
+
+def cuda_source_of(lock: Lock, platform: str, variant: str) -> str:
+    """Which source decided what ``variant`` of ``lock`` on ``platform`` needs of the driver
+    (:func:`harness.lock.variants.cuda_source`): for ``plan`` and ``doctor``."""
+    from harness.lock.variants import cuda_source
+
+    for t in lock.targets or []:
+        if t.platform == platform and t.variant == variant:
+            return cuda_source(t.cuda, list(t.wheel_variants))
+    return cuda_source(lock.cuda, list(lock.wheel_variants))
 
 
 def project_platform(lock: Lock, platform: str, variant: str = "") -> Lock:
@@ -74,6 +86,7 @@ def project_platform(lock: Lock, platform: str, variant: str = "") -> Lock:
             "python": lock.python.model_copy(update={"platform": platform, "source": target.source}),
             "variant": target.variant,
             "cuda": target.cuda,
+            "wheel_variants": target.wheel_variants,
             "packages": keep(lock.packages),
             "build_packages": keep(lock.build_packages),
         }

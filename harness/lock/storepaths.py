@@ -148,6 +148,7 @@ def assign_store_paths(lock: Lock) -> Lock:
                 "targets": targets,
                 "variant": first.variant,
                 "cuda": first.cuda,
+                "wheel_variants": first.wheel_variants,
                 "python": lock.python.model_copy(
                     update={"platform": first.platform, "source": first.source, "store": first.python}
                 ),

@@ -29,7 +29,7 @@ class TargetPaths:
 
     platform: str
     variant: str  # "" for a lock without variants
-    cuda: str | None  # the CUDA version the driver must support (None: anywhere)
+    cuda: str | None  # the CUDA version the driver must support (None: anywhere): ``needs_cuda``
     own_interpreter: str  # the lock's own interpreter for this target
     interpreter: str  # what it is built on: the own one, or the host copy standing in
     environment: str
@@ -52,10 +52,11 @@ def paths_digest(paths: Iterable[str]) -> str:
 
 def target_keys(lock: Lock) -> list[tuple[str, str, str | None]]:
     """(platform, variant, cuda) of every target ``lock`` (as written, not projected) holds,
-    in order; one for a single-target lock."""
+    in order, cuda as the driver must support it (the wheels' metadata, else the manifest's);
+    one for a single-target lock."""
     if lock.targets:
-        return [(t.platform, t.variant, t.cuda) for t in lock.targets]
-    return [(lock.python.platform, lock.variant, lock.cuda)]
+        return [(t.platform, t.variant, t.needs_cuda) for t in lock.targets]
+    return [(lock.python.platform, lock.variant, lock.needs_cuda)]
 
 
 def target_paths(lock: Lock, standins: Mapping[str, str] | None = None) -> list[TargetPaths]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from typing import NamedTuple
 
 from harness.errors import HarnessError, InputError
@@ -102,8 +103,6 @@ def reason_problem(variants: list[tuple[str, str | None]], variant: str, reason:
     when :func:`choose_variant` gives exactly that variant for that reason. Pure: a record whose
     variant the lock lacks, or whose reason does not lead to it (a driver that supports CUDA
     12.6 never takes cu128), is told."""
-    import re
-
     names = [name for name, _ in variants]
     if variant not in names:
         return f"variant {variant!r} is not one the lock holds ({', '.join(names) or 'none'})"
@@ -121,6 +120,67 @@ def reason_problem(variants: list[tuple[str, str | None]], variant: str, reason:
     if choice.reason != reason:
         return f"reason {reason!r} is not what choosing {variant} says ({choice.reason!r})"
     return None
+
+
+#: A lock's record of what a variant's wheel needs, by its wheel-variant metadata (PEP 817):
+#: ``tvar==1.0+cu128 [cu128] nvidia :: cuda_version_lower_bound :: 12.9`` (package, the label
+#: read, one property).
+_WHEEL_ENTRY = re.compile(r"^(?P<pin>\S+==\S+) \[(?P<label>[0-9a-z._]+)\] (?P<property>\S+ :: \S+ :: \S+)$")
+#: The property of the NVIDIA provider saying which CUDA a driver must support.
+CUDA_LOWER_BOUND = ("nvidia", "cuda_version_lower_bound")
+
+
+def wheel_entry(name: str, version: str, label: str, prop: str) -> str:
+    """One entry of a lock's ``wheel-variants``: package ``name`` ``version``'s wheel of
+    variant ``label`` needs ``prop`` (``namespace :: feature :: value``). Pure."""
+    return f"{name}=={version} [{label}] {prop}"
+
+
+def check_wheel_entry(entry: str) -> str:
+    """``entry`` when it is spelled as :func:`wheel_entry` writes one, else ValueError (a
+    lock's validation)."""
+    if not _WHEEL_ENTRY.match(entry):
+        raise ValueError(f"{entry!r} is not NAME==VERSION [LABEL] NAMESPACE :: FEATURE :: VALUE")
+    return entry
+
+
+def wheel_cuda(entries: list[str]) -> tuple[str, str] | None:
+    """The CUDA version a variant's wheels need by their wheel-variant metadata, and which
+    package says so: the highest of the packages' ``nvidia :: cuda_version_lower_bound``
+    (a package listing several values needs the lowest of them), None when none says. Pure."""
+    bounds: dict[str, str] = {}
+    for entry in entries:
+        match = _WHEEL_ENTRY.match(entry)
+        if match is None:
+            continue
+        namespace, feature, value = match.group("property").split(" :: ")
+        if (namespace, feature) != CUDA_LOWER_BOUND or not re.fullmatch(r"[0-9]+(\.[0-9]+)*", value):
+            continue
+        pin = match.group("pin")
+        if pin not in bounds or _version(value) < _version(bounds[pin]):
+            bounds[pin] = value
+    if not bounds:
+        return None
+    pin = max(bounds, key=lambda p: (_version(bounds[p]), p))
+    return bounds[pin], pin
+
+
+def needed_cuda(declared: str | None, entries: list[str]) -> str | None:
+    """What a variant needs of the driver: its wheels' metadata when the lock recorded it
+    (:func:`wheel_cuda`), the manifest's ``cuda`` otherwise. Pure."""
+    found = wheel_cuda(entries)
+    return found[0] if found is not None else declared
+
+
+def cuda_source(declared: str | None, entries: list[str]) -> str:
+    """Which source decided what a variant needs of the driver, in words for ``plan`` and
+    ``doctor``. Pure."""
+    found = wheel_cuda(entries)
+    if found is not None:
+        return f"CUDA {found[0]} from the wheel-variant metadata of {found[1]} ({CUDA_LOWER_BOUND[0]} :: {CUDA_LOWER_BOUND[1]})"
+    if declared is not None:
+        return f"CUDA {declared} as the manifest declares (no wheel-variant metadata)"
+    return "no CUDA (the manifest declares none, and no wheel-variant metadata says one)"
 
 
 def forced_variant() -> str | None:

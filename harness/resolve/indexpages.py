@@ -126,6 +126,41 @@ def find_file_urls(
     return {name: files[name] for name in wanted}
 
 
+def read_linked_file(index_url: str, project: str, file_name: str, *, index_name: str, limit: int) -> bytes | None:
+    """The bytes of ``file_name`` as ``project``'s page on the index links it (a small file
+    served beside the wheels, such as a release's ``-variants.json``), None when the page does
+    not link it or the index has no such project. At most ``limit`` bytes; HarnessError
+    naming the index when it cannot be read or is larger."""
+    shown = repr(index_name)
+    files = _project_files(index_url, project, shown) or {}
+    url = next((u for n, u in files.items() if n.lower() == file_name.lower()), None)
+    if url is None:
+        return None
+    bare, auth = split_credentials(url)
+    if bare.startswith("file://"):
+        path = Path(urllib.request.url2pathname(urlsplit(bare).path))
+        try:
+            with path.open("rb") as f:
+                data = f.read(limit + 1)
+        except OSError as exc:
+            raise HarnessError(f"index {shown}: cannot read {file_name}: {exc.strerror}") from None
+    else:
+        request = urllib.request.Request(bare)
+        for key, value in auth.items():
+            request.add_unredirected_header(key, value)
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                data = response.read(limit + 1)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            raise HarnessError(f"index {shown}: HTTP {exc.code} {exc.reason} for {file_name}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise HarnessError(f"cannot read {file_name} from index {shown}: {exc}") from None
+    if len(data) > limit:
+        raise HarnessError(f"index {shown}: {file_name} is larger than {limit} bytes")
+    return data
+
+
 def clear_cache() -> None:
     """Forget cached default index addresses and project pages (for long-lived processes)."""
     with _lock:
@@ -264,4 +299,4 @@ def _absolute(links: list[tuple[str, str]], page_url: str, index_url: str) -> di
     return files
 
 
-__all__ = ["clear_cache", "default_index_url", "find_file_urls", "index_address"]
+__all__ = ["clear_cache", "default_index_url", "find_file_urls", "index_address", "read_linked_file"]

@@ -491,6 +491,16 @@ def _resolution_error(exc: UvError, interpreter: Interpreter, offline: bool) -> 
             f"cannot resolve for {target} offline: uv's cache lacks what it needs:\n{explanation}",
             hint="lock once with network access (without --offline) to fill the cache",
         )
+    if "wheel variants" in explanation:
+        # An index serving a release only as variant-labelled wheels (PEP 825's
+        # ``...-manylinux_2_28_x86_64-cu128.whl``): uv resolves none of them, and neither does harness.
+        return HarnessError(
+            f"cannot resolve the requirements for {target}: an index serves a release only as variant-labelled "
+            f"wheels (PEP 825), which harness does not install yet:\n{explanation}",
+            hint="give each accelerator variant an index serving plain wheels of its build (torch 2.7.0+cu128 "
+            "from a per-variant index: [environment.variants.<name>] package-index); harness reads the "
+            "-variants.json such an index serves beside them",
+        )
     return HarnessError(f"cannot resolve the requirements for {target}:\n{explanation}")
 
 

@@ -208,6 +208,7 @@ def run_on_cluster(
     config["cluster"]["node_gpus"] = gpus  # what --resume plans the head for again
     use_slurm_options(engine, config, prepared, slurm)
     config["cluster"].update(group_config(head))
+    config["cluster"]["cache_gaps"] = note_cache_gaps(head.targets, pushed, echo)
     if simulator is not None:
         config["simulator"] = simulator
     write_json(run_dir / "config.json", config)
@@ -510,6 +511,29 @@ def push_closure(store: Store, names: Sequence[str], settings: Settings, home: P
         "signed": secret is not None,
         "seconds": round(time.time() - started, 3),
     }
+
+
+def note_cache_gaps(table: dict[str, list[dict[str, Any]]], pushed: dict[str, Any], echo: Echo) -> list[dict[str, Any]]:
+    """Before any shard starts: which targets of the run's locks (other variants and platforms
+    than the head's) the cache the head pushed to lacks, one note each (``runs/groups.py:
+    cache_gaps``); recorded in ``config.json``. Nothing without a cache."""
+    from harness.cache.backends import open_backend
+    from harness.cache.transfer import present_in
+    from harness.runs.groups import cache_gaps, gap_note
+
+    url = pushed.get("cache")
+    if not url:
+        return []
+    paths = [str(p) for entries in table.values() for e in entries for p in e.get("paths") or []]
+    try:
+        present = present_in(open_backend(url), paths)
+    except HarnessError as exc:
+        echo(f"note: cannot tell which targets cache {url} holds: {exc.message}")
+        return []
+    gaps = cache_gaps(table, present)
+    for gap in gaps:
+        echo(f"note: {gap_note(gap, url)}")
+    return gaps
 
 
 # --------------------------------------------------------------------------- the record

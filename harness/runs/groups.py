@@ -21,7 +21,7 @@ cu128``); the record, ``audit`` and ``diff`` go by group.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,43 @@ def standins_of(closure: Mapping[str, Any]) -> dict[str, str]:
         if isinstance(own, str) and isinstance(host, str) and own and host and host != own:
             found[own] = host
     return found
+
+
+def cache_gaps(table: Mapping[str, list[dict[str, Any]]], present: Collection[str]) -> list[dict[str, Any]]:
+    """Every target of the run's locks (``table``: :func:`expected_targets`) of which a binary
+    cache holding ``present`` lacks store paths: the lock, platform, variant, how many of how
+    many paths are missing. The nodes that run such a target build those paths themselves.
+    Pure."""
+    gaps = []
+    for name in sorted(table):
+        for entry in table[name]:
+            paths = [str(p) for p in entry.get("paths") or []]
+            missing = [p for p in paths if p not in present]
+            if missing:
+                gaps.append(
+                    {
+                        "lock": name,
+                        "platform": str(entry["platform"]),
+                        "variant": str(entry.get("variant") or ""),
+                        "missing": len(missing),
+                        "paths": len(paths),
+                    }
+                )
+    return gaps
+
+
+def gap_note(gap: Mapping[str, Any], cache: str) -> str:
+    """One line naming a target the cache lacks (:func:`cache_gaps`) and how to fill it from
+    any machine of its platform: realizing another variant downloads and installs wheels, it
+    needs no GPU. Pure."""
+    variant = f" {gap['variant']}" if gap["variant"] else ""
+    forced = f"--variant {gap['variant']} " if gap["variant"] else ""
+    return (
+        f"cache {cache} lacks {gap['missing']} of the {gap['paths']} store paths of {gap['lock']}{variant} "
+        f"({gap['platform']}): nodes that run it build them before their shards start; to fill it first, run "
+        f"`harness realize {forced}{gap['lock']}` and `harness store push {forced}{cache} {gap['lock']}` on a "
+        "machine of that platform (no GPU needed)"
+    )
 
 
 def expected_targets(locks: Mapping[str, Lock], head_closure: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:

@@ -181,7 +181,7 @@ def closure_of(
             **(
                 {
                     "variant": lock.variant,
-                    "variant_reason": variant_reason(lock.variant, lock.cuda),
+                    "variant_reason": variant_reason(lock.variant, lock.needs_cuda),
                     "variants": offered_variants(lock_files[name], lock.python.platform),
                 }
                 if lock.variant

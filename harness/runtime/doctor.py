@@ -83,10 +83,11 @@ def _manifest_states(state: ProjectState, project: Project, store: Store) -> dic
             "detail": here.environment.store if not absent else f"{len(absent)} store paths to build",
         }
         if lock.variant:  # a lock of accelerator variants: the one this machine takes, and why
-            from harness.lock.variants import variant_reason
+            from harness.lock.variants import cuda_source, variant_reason
 
             manifests[name]["variant"] = lock.variant
-            manifests[name]["detail"] += f"; variant {lock.variant}: {variant_reason(lock.variant, lock.cuda)}"
+            manifests[name]["detail"] += f"; variant {lock.variant}: {variant_reason(lock.variant, lock.needs_cuda)}"
+            manifests[name]["detail"] += f" ({cuda_source(lock.cuda, list(lock.wheel_variants))})"
     return manifests
 
 
@@ -137,7 +138,7 @@ def variant_notes(locks: dict[str, Path], *, no_gpu: bool = False) -> list[str]:
     from harness.errors import HarnessError
     from harness.lock.lockfile import read
     from harness.lock.platforms import host_platform_of
-    from harness.lock.projection import variants_of
+    from harness.lock.projection import cuda_source_of, variants_of
     from harness.lock.variants import choose_variant, driver_cuda, forced_variant
 
     notes = []
@@ -157,5 +158,6 @@ def variant_notes(locks: dict[str, Path], *, no_gpu: bool = False) -> list[str]:
         except HarnessError as exc:
             notes.append(f"{name}: {exc.message}")
             continue
-        notes.append(f"{name} runs variant {choice.variant}: {choice.reason}")
+        source = cuda_source_of(lock, str(platform), choice.variant)
+        notes.append(f"{name} runs variant {choice.variant}: {choice.reason} (it needs {source})")
     return notes

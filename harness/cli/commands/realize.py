@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from harness.cli import State
-from harness.cli.output import quiet_option, realize_jobs_option
+from harness.cli.output import quiet_option, realize_jobs_option, variant_option
 
 if TYPE_CHECKING:
     from harness.realize.builder import Report
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 @click.command(
-    help="Build what the locks name into the store (all when none named).\n\n\b\nExamples:\n  harness realize\n  harness realize kinematics reach --offline"
+    help="Build what the locks name into the store (all when none named).\n\n\b\nExamples:\n  harness realize\n  harness realize kinematics reach --offline\n  harness realize --variant cu128 robodojo   # for a cache, on a machine without a GPU"
 )
 @click.argument("names", nargs=-1)
 @click.option("--offline", is_flag=True, help="Never touch the network; list everything missing.")
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     "[default: a failure is trusted for [python] download-retry-minutes].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
+@variant_option
 @quiet_option
 @click.pass_obj
 def command(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from harness.cli import State
-from harness.cli.output import quiet_option
+from harness.cli.output import quiet_option, variant_option
 
 if TYPE_CHECKING:
     from harness.cache.backends import Backend
@@ -391,15 +391,19 @@ def _project_or_none(state: State) -> Project | None:
         return None
 
 
-def _project_locks(state: State) -> dict:
-    """The project's locks by manifest name ({} outside a project)."""
+def _project_locks(state: State, names: tuple[str, ...] = ()) -> dict:
+    """The project's locks by manifest name ({} outside a project); those of ``names`` alone
+    when any of them names a lock, so ``--variant cu128 store push CACHE vb`` reads vb's lock
+    only (another lock of the project need not have cu128)."""
     from harness.lock.lockfile import read
 
     project = _project_or_none(state)
     if project is None or not project.locks_dir.is_dir():
         return {}
+    named = [project.locks_dir / f"{name}.lock.toml" for name in names if not _is_store_name(name.rstrip("/"))]
+    paths = [p for p in named if p.is_file()] if any(p.is_file() for p in named) else None
     locks = {}
-    for path in sorted(project.locks_dir.glob("*.lock.toml")):
+    for path in paths if paths is not None else sorted(project.locks_dir.glob("*.lock.toml")):
         lock = read(path)
         locks[lock.name] = lock
     return locks
@@ -420,7 +424,7 @@ def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
 
     store = _store(state)
     # What this store realized each lock to (a host interpreter may stand in, under its own name).
-    locks = {name: realized_lock(store, lock) for name, lock in _project_locks(state).items()}
+    locks = {name: realized_lock(store, lock) for name, lock in _project_locks(state, names).items()}
     if not names:
         if not locks:
             raise HarnessError(
@@ -513,13 +517,14 @@ def keygen(name: str, folder: str) -> None:
 
 @command.command(
     "push",
-    help="Copy closures to a binary cache (directory, s3://, file://); only what it lacks.\n\n\b\nExamples:\n  harness store push --key ~/.config/harness/lab.secret /nfs/harness-cache kinematics\n  harness store push file:///nfs/harness-cache --all",
+    help="Copy closures to a binary cache (directory, s3://, file://); only what it lacks.\n\n\b\nExamples:\n  harness store push --key ~/.config/harness/lab.secret /nfs/harness-cache kinematics\n  harness store push file:///nfs/harness-cache --all\n  harness store push --variant cu128 /nfs/harness-cache robodojo",
 )
 @click.argument("cache")
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_paths", is_flag=True, help="Every registered path.")
 @_signing_key_option
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
+@variant_option
 @quiet_option
 @click.pass_obj
 def push_command(
@@ -543,6 +548,7 @@ def push_command(
 @click.option("--all", "all_paths", is_flag=True, help="Every path the cache holds.")
 @_trusted_key_option
 @click.option("--jobs", "-j", default=8, show_default=True, help="Parallel transfers.")
+@variant_option
 @quiet_option
 @click.pass_obj
 def pull_command(
@@ -586,7 +592,7 @@ def _do_pull(
         selected,
         subs,
         trusted=trusted,
-        expected=expected_from_locks(_project_locks(state).values()),
+        expected=expected_from_locks(_project_locks(state, () if all_paths else names).values()),
         cache_dir=state.home / "cache",
         jobs=jobs,
         show_progress=not quiet,
