@@ -358,3 +358,89 @@ def test_a_file_changed_under_realize_is_refused_naming_both_hashes(tmp_path: Pa
     assert "harbor/t.sh does not match the lock" in message and lock.files[0].sha256 in message
     assert hashlib.sha256(b"echo 0\n").hexdigest() in message
     assert not store.is_registered(lock.store)
+
+
+def _stanza(name: str, version: str, **fields: str) -> dict[str, str]:
+    sha = (name + version).encode().hex().ljust(64, "0")[:64]
+    base = {"Package": name, "Version": version, "Filename": f"pool/{name}_{version}.deb", "Size": "1", "SHA256": sha}
+    return base | {k.replace("_", "-"): v for k, v in fields.items()}
+
+
+def test_version_constraints_choose_a_version_that_satisfies_them() -> None:
+    """``>=``, ``<<``, ``=`` and an alternative whose first choice fails its constraint: each
+    package gets the newest version every constraint on it allows (issue 33, step 2)."""
+    from harness.resolve.debian import closure, satisfies
+
+    for version, constraint, expected in [
+        ("2.36-9", ">= 2.34", True),
+        ("2.33", ">= 2.34", False),
+        ("1.9", "<< 2", True),
+        ("2.0", "<< 2", False),
+        ("2~rc1", "<< 2", True),
+        ("1.2-1", "= 1.2-1", True),
+        ("1.2-2", "= 1.2-1", False),
+        ("3", ">> 2", True),
+        ("2", "<= 2", True),
+        ("anything", "", True),
+    ]:
+        assert satisfies(version, constraint) is expected, (version, constraint)
+    index = [
+        _stanza("app", "1", Depends="libx (<< 2), liby (= 1.0-1), libz (>= 3) | libw"),
+        _stanza("libx", "1.5"),
+        _stanza("libx", "2.1"),
+        _stanza("liby", "1.0-2"),
+        _stanza("liby", "1.0-1"),
+        _stanza("libz", "2"),
+        _stanza("libw", "7"),
+    ]
+    pins = closure(index, ("app",), (), "t.toml")
+    # libx: 2.1 is newer, but << 2 holds only for 1.5; liby: exactly 1.0-1; libz 2 fails >= 3,
+    # so the second alternative, libw.
+    assert [(p.name, p.version) for p in pins] == [("app", "1"), ("libw", "7"), ("libx", "1.5"), ("liby", "1.0-1")]
+    assert pins[2].filename == "pool/libx_1.5.deb"
+
+
+def test_a_constraint_met_later_chooses_the_package_again() -> None:
+    """libx is first wanted unconstrained (newest, 3), then by a package that needs ``<< 3``:
+    the walk starts again knowing it, and both dependents get libx 2."""
+    from harness.resolve.debian import closure
+
+    index = [
+        _stanza("top", "1", Depends="libx, mid"),
+        _stanza("mid", "1", Depends="libx (<< 3)"),
+        _stanza("libx", "3"),
+        _stanza("libx", "2"),
+    ]
+    pins = closure(index, ("top",), (), "t.toml")
+    assert [(p.name, p.version) for p in pins] == [("libx", "2"), ("mid", "1"), ("top", "1")]
+
+
+def test_unsatisfiable_constraints_name_package_constraint_and_versions() -> None:
+    from harness.errors import InputError
+    from harness.resolve.debian import closure
+
+    index = [_stanza("app", "1", Depends="libc6 (>= 2.34)"), _stanza("libc6", "2.31-13"), _stanza("libc6", "2.28")]
+    with pytest.raises(InputError) as failed:
+        closure(index, ("app",), (), "t.toml")
+    assert "t.toml: app Depends: libc6 (>= 2.34): the index has 2.31-13, 2.28" in str(failed.value)
+    # Assumed (the host's): not checked, not pinned.
+    assert [p.name for p in closure(index, ("app",), ("libc6",), "t.toml")] == ["app"]
+    # Two dependents whose constraints no one version meets.
+    index = [
+        _stanza("top", "1", Depends="liba, libb"),
+        _stanza("liba", "1", Depends="libx (>= 2)"),
+        _stanza("libb", "1", Depends="libx (<< 2)"),
+        _stanza("libx", "1"),
+        _stanza("libx", "2"),
+    ]
+    with pytest.raises(InputError) as failed:
+        closure(index, ("top",), (), "t.toml")
+    assert "libx" in str(failed.value) and "(>= 2)" in str(failed.value) and "(<< 2)" in str(failed.value)
+    assert "the index has 2, 1" in str(failed.value)
+    # A versioned dependency on a virtual package: only a versioned Provides meets it.
+    index = [
+        _stanza("app", "1", Depends="awk (>= 1)"),
+        _stanza("mawk", "1", Provides="awk"),
+        _stanza("gawk", "5", Provides="awk (= 5)"),
+    ]
+    assert [p.name for p in closure(index, ("app",), (), "t.toml")] == ["app", "gawk"]
