@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_harness_process
-from tests.debarchive import DebArchive, dir_member, file_member, link_member
+from tests.debarchive import DebArchive, Signer, dir_member, file_member, link_member, make_signers, stop_agent
 
 TEMPLATE = """\
 summary = "a solver's root"
@@ -43,9 +43,24 @@ source = "settings.txt"
 """
 
 
+@pytest.fixture(scope="module")
+def signers() -> Iterator[list[Signer]]:
+    """Two signing keys: the archive's, and another nobody trusts (a short GNUPGHOME: gpg-agent's
+    socket path must fit)."""
+    import shutil
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="hgpg-")) / "g"
+    try:
+        yield make_signers(home, ("archive", "stranger"))
+    finally:
+        stop_agent(home)
+        shutil.rmtree(home.parent, ignore_errors=True)
+
+
 @pytest.fixture
-def archive(tmp_path: Path) -> Iterator[DebArchive]:
-    found = DebArchive(tmp_path / "archive")
+def archive(tmp_path: Path, signers: list[Signer]) -> Iterator[DebArchive]:
+    found = DebArchive(tmp_path / "archive", signer=signers[0])
     found.add(
         "tool",
         "1.0-1",
@@ -75,8 +90,16 @@ def _project(root: Path, packages: str = '"tool"') -> Path:
     return root
 
 
-def _harness(home: Path, project: Path, archive: DebArchive, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"HARNESS_HOME": str(home), "HARNESS_DEBIAN_ARCHIVE_TESTDEB": archive.url}
+def _harness(
+    home: Path, project: Path, archive: DebArchive, *args: str, trust: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``harness ARGS`` with the test archive's address, trusting its keyring (or ``trust``)."""
+    keyring = {"HARNESS_DEBIAN_KEYRING_TESTDEB": str(archive.signer.keyring)} if archive.signer else {}
+    env = {
+        "HARNESS_HOME": str(home),
+        "HARNESS_DEBIAN_ARCHIVE_TESTDEB": archive.url,
+        **(keyring if trust is None else trust),
+    }
     return run_harness_process("--project", str(project), *args, env=env)
 
 
@@ -98,7 +121,12 @@ def test_lock_pins_closure_and_two_homes_realize_the_same_root(tmp_path: Path, a
     # the other package of the index is not wanted. No address of the archive in the lock.
     assert re.findall(r'^name = "(.*)"$', text, re.M) == ["libfoo", "tool"]
     assert 'assumed = ["libc6"]' in text and "127.0.0.1" not in text and 'archive = "testdeb"' in text
+    # How the index was trusted: its InRelease verified, by the archive's key.
+    assert 'release = "InRelease verified with gpgv"' in text
+    assert f'signed-by = ["{archive.signer.fingerprint}"]' in text  # type: ignore[union-attr]
+    assert str(archive.signer.keyring) not in text  # type: ignore[union-attr]
     tool_deb = (archive.pool / "tool_1.0-1_amd64.deb").read_bytes()
+    assert "/dists/bookworm/InRelease" in archive.requests
     import hashlib
 
     assert hashlib.sha256(tool_deb).hexdigest() in text
@@ -205,6 +233,82 @@ def test_a_deb_that_changed_on_the_archive_is_refused(tmp_path: Path, archive: D
     assert not list((tmp_path / "h" / "store").glob("*-rootfs-solver"))
 
 
+def test_a_tampered_index_or_a_wrong_key_fails_lock_naming_what_was_expected(
+    tmp_path: Path, archive: DebArchive, signers: list[Signer]
+) -> None:
+    """InRelease (issue 33, step 1): the Packages file must have the sha256 the signed Release
+    lists, and the Release must be signed by a key of the keyring the settings name."""
+    import gzip
+    import hashlib
+
+    project = _project(tmp_path / "project")
+    packages = archive.root / "dists" / "bookworm" / "main" / "binary-amd64" / "Packages.gz"
+    signed = hashlib.sha256(packages.read_bytes()).hexdigest()
+    # A mirror serves an index with one more package (the signed Release unchanged).
+    text = gzip.decompress(packages.read_bytes()).decode()
+    packages.write_bytes(gzip.compress((text + "\n" + text.replace("Package: tool", "Package: tool2")).encode()))
+    served = hashlib.sha256(packages.read_bytes()).hexdigest()
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 1, done.stderr
+    assert "dists/bookworm/main/binary-amd64/Packages.gz: does not match the signed Release" in done.stderr
+    assert f"expected sha256 {signed}" in done.stderr and f"got sha256 {served}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (project / "locks" / "images" / "solver.lock.toml").exists()
+
+    # Re-published, but signed by a key the keyring does not hold: refused naming the key
+    # expected (the keyring's) and the key found.
+    archive.publish()
+    archive.release(signer=signers[1])
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 1, done.stderr
+    assert "dists/bookworm/InRelease: the signature does not verify against" in done.stderr
+    assert str(signers[0].keyring) in done.stderr and signers[0].fingerprint in done.stderr
+    assert signers[1].fingerprint[-16:] in done.stderr and "not in the keyring" in done.stderr
+    assert "Traceback" not in done.stderr and not (project / "locks" / "images" / "solver.lock.toml").exists()
+
+    # Signed by the right key, but for another suite (an old suite's signed file replayed).
+    archive.release(suite="bullseye")
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 1 and "the signed Release is for suite 'bullseye'" in done.stderr, done.stderr
+
+    # The signature checked against the keyring alone: a Release edited after signing (a text
+    # outside the signed part) is not what is read.
+    archive.release()
+    inrelease = archive.root / "dists" / "bookworm" / "InRelease"
+    inrelease.write_text(inrelease.read_text().replace("Origin: test", "Origin: forged"))
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 1 and "BAD signature" in done.stderr, done.stderr
+
+
+def test_an_archive_without_a_keyring_is_refused_unless_the_user_opts_out(tmp_path: Path, archive: DebArchive) -> None:
+    project = _project(tmp_path / "project")
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver", trust={})
+    assert done.returncode == 2, done.stderr
+    assert "Debian archive 'testdeb' names no keyring" in done.stderr and "[debian-archives.testdeb]" in done.stderr
+    assert "HARNESS_DEBIAN_KEYRING_TESTDEB" in done.stderr and "allow-unsigned = true" in done.stderr
+    assert "Traceback" not in done.stderr and not (project / "locks" / "images" / "solver.lock.toml").exists()
+    # A keyring that is not there: named.
+    missing = tmp_path / "no-such.gpg"
+    done = _harness(
+        tmp_path / "h", project, archive, "lock", "image:solver", trust={"HARNESS_DEBIAN_KEYRING_TESTDEB": str(missing)}
+    )
+    assert done.returncode == 2 and f"the keyring {missing}" in done.stderr and "does not exist" in done.stderr
+    # The explicit opt-out, in the user's settings: locked, and the lock says the index was not verified.
+    (tmp_path / "h").mkdir(exist_ok=True)
+    (tmp_path / "h" / "config.toml").write_text("[debian-archives.testdeb]\nallow-unsigned = true\n")
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver", trust={})
+    assert done.returncode == 0, done.stderr
+    text = (project / "locks" / "images" / "solver.lock.toml").read_text()
+    assert 'release = "not verified (allow-unsigned)"' in text and "signed-by = []" in text
+    assert "/dists/bookworm/InRelease" not in archive.requests
+    # A bad settings value: named with file and key.
+    (tmp_path / "h" / "config.toml").write_text('[debian-archives.testdeb]\nallow-unsigned = "yes"\n')
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver", "--refresh", trust={})
+    assert done.returncode == 2 and "config.toml: debian-archives.testdeb.allow-unsigned: expected true or false" in (
+        done.stderr
+    )
+
+
 ESCAPES = {
     "dotdot": ([(file_member("./usr/../../escaped"), b"x")], "escapes the root"),
     "absolute": ([(file_member("/etc/escaped"), b"x")], "has an absolute path"),
@@ -261,13 +365,17 @@ def test_a_real_debian_package(tmp_path: Path) -> None:
         '[debian]\narchive = "debian"\nsuite = "bookworm"\narchitecture = "amd64"\n'
         'packages = ["hello"]\nassume = ["libc6"]\n'
     )
-    env = {"HARNESS_DEBIAN_ARCHIVE_DEBIAN": url}
+    keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+    if not keyring.is_file():
+        pytest.skip("no Debian archive keyring on this machine (package debian-archive-keyring)")
+    env = {"HARNESS_DEBIAN_ARCHIVE_DEBIAN": url, "HARNESS_DEBIAN_KEYRING_DEBIAN": str(keyring)}
     locked = run_harness_process(
         "--project", str(project), "lock", "image:hello", env={**env, "HARNESS_HOME": str(tmp_path / "h0")}, timeout=300
     )
     assert locked.returncode == 0, locked.stderr
     text = (project / "locks" / "images" / "hello.lock.toml").read_text()
     assert 'name = "hello"' in text and url not in text
+    assert 'release = "InRelease verified with gpgv"' in text and re.search(r'signed-by = \["[0-9A-F]{40}', text)
     names = []
     for home in ("ha", "hb"):
         done = run_harness_process(

@@ -6,6 +6,9 @@ pool file, size, sha256), every file it takes from the project (path inside the 
 size, executable bit), its users, the store path of the harness environment it names (as the
 project's lock of that manifest pins it), and the store path the whole realizes to. The
 archive is named, never addressed: realize reads the address from ``[debian-archives]``.
+``[debian] release`` says how the index was trusted (its InRelease verified with ``gpgv``
+against the settings' keyring, ``signed-by`` the keys whose signatures held; or not verified,
+the archive being marked ``allow-unsigned``).
 
 ``document``, ``dumps``, ``store_name`` and ``parse`` are pure; ``lock_template`` reads the
 template, its files and the archive's index, and writes the lock (unchanged bytes when
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.config import DebianTrust
 from harness.errors import InputError
 from harness.manifests.template import Template, load_template
 from harness.manifests.tomlfile import display_path, read_toml
@@ -58,6 +62,10 @@ class TemplateLock:
     assumed: tuple[str, ...]
     packages: tuple[DebPin, ...]
     files: tuple[LockedFile, ...]
+    #: How the archive's index was trusted (:mod:`harness.resolve.debrelease`: ``VERIFIED`` or
+    #: ``UNVERIFIED``), and the fingerprints of the keys whose signatures held.
+    release: str | None = None
+    signed_by: tuple[str, ...] = ()
 
 
 def lock_path(root: Path, label: str) -> Path:
@@ -103,6 +111,8 @@ def dumps(lock: TemplateLock) -> str:
             f"components = {q(list(lock.components))}",
             f"architecture = {q(lock.architecture)}",
             f"assumed = {q(list(lock.assumed))}",
+            f"release = {q(lock.release or '')}",
+            f"signed-by = {q(list(lock.signed_by))}",
         ]
         for p in lock.packages:
             lines += ["", "[[debian.package]]", *(f"{k} = {q(v)}" for k, v in p.as_json().items())]
@@ -167,6 +177,8 @@ def parse(data: dict[str, Any], where: str) -> TemplateLock:
             assumed=tuple(debian.get("assumed", [])),
             packages=packages,
             files=files,
+            release=debian.get("release"),
+            signed_by=tuple(_text(k) for k in debian.get("signed-by", [])),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{where}: malformed template lock ({type(exc).__name__}: {exc})") from None
@@ -233,20 +245,30 @@ def locked_files(template: Template, root: Path) -> tuple[LockedFile, ...]:
     return tuple(out[k] for k in sorted(out))
 
 
-def lock_template(root: Path, label: str, archive_url: str | None) -> tuple[Path, bool]:
+def lock_template(
+    root: Path, label: str, archive_url: str | None, trust: DebianTrust | None = None
+) -> tuple[Path, bool]:
     """Lock template ``label`` of the project at ``root``; (the lock's path, whether it changed).
 
-    ``archive_url`` is the address of the archive the template names (None: it names none)."""
+    ``archive_url`` is the address of the archive the template names (None: it names none);
+    ``trust`` how its InRelease is checked (``Settings.debian_trust``), required with it."""
     template = load_template(root, label)
     packages: tuple[DebPin, ...] = ()
     base = template.debian
+    release_note: str | None = None
+    signers: tuple[str, ...] = ()
     if base is not None:
         from harness.resolve.debian import closure, read_index
+        from harness.resolve.debrelease import UNVERIFIED, VERIFIED, fetch_release
 
-        assert archive_url is not None
+        if archive_url is None or trust is None:
+            raise InputError(f"{display_path(template.file)}: debian.archive: no address or keyring given to lock it")
+        release = fetch_release(archive_url, base.suite, trust.keyring) if trust.keyring is not None else None
+        release_note = VERIFIED if release is not None else UNVERIFIED
+        signers = release.signed_by if release is not None else ()
         stanzas: list[dict[str, str]] = []
         for component in base.components:
-            stanzas += read_index(archive_url, base.suite, component, base.architecture)
+            stanzas += read_index(archive_url, base.suite, component, base.architecture, release)
         packages = tuple(closure(stanzas, base.packages, base.assume, display_path(template.file)))
     files = locked_files(template, root)
     env_store = _environment_store(root, template)
@@ -264,6 +286,8 @@ def lock_template(root: Path, label: str, archive_url: str | None) -> tuple[Path
         assumed=base.assume if base else (),
         packages=packages,
         files=files,
+        release=release_note,
+        signed_by=signers,
     )
     return _write(lock_path(root, label), dumps(lock))
 
@@ -345,10 +369,12 @@ def lock_templates(
                     hint=f"run `harness lock image:{label}` with network",
                 )
             template = load_template(root, label)
-            url = None
+            url, trust = None, None
             if template.debian is not None:
-                url = load_settings(home, root).debian_archive(template.debian.archive)
-            path, changed = lock_template(root, label, url)
+                settings = load_settings(home, root)
+                url = settings.debian_archive(template.debian.archive)
+                trust = settings.debian_trust(template.debian.archive)
+            path, changed = lock_template(root, label, url, trust)
             out.append(Locked(label, path, changed))
         except HarnessError as exc:
             bad = isinstance(exc, InputError)

@@ -16,9 +16,11 @@ architecture, the pool file's path, size and sha256. Honest and simple, not apt:
   and its constraint not checked; one the index cannot satisfy is an error naming the package
   that needs it, the constraint and the versions the index has.
 
-The index is read as an upstream (like a package index's pages), not trusted for anything but
-the pins: every ``.deb`` realize fetches is checked against the sha256 pinned here. The
-InRelease signature is not checked (record the archive you trust in the settings).
+The index is trusted as apt trusts it: the archive's ``InRelease`` is checked with ``gpgv``
+against the keyring the settings name, and the Packages file against the sha256 the signed
+Release lists, before it is read (:mod:`harness.resolve.debrelease`; an archive the settings
+mark ``allow-unsigned`` is read unchecked, and its locks say so). Every ``.deb`` realize
+fetches is checked against the sha256 pinned here.
 
 ``parse_packages``, ``closure``, ``satisfies`` and ``compare_versions`` are pure.
 """
@@ -31,9 +33,12 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError, InputError
+
+if TYPE_CHECKING:
+    from harness.resolve.debrelease import Release
 
 INDEX_FILES = ("Packages.xz", "Packages.gz", "Packages")
 _MAX_INDEX = 512 * 1024 * 1024
@@ -336,11 +341,24 @@ def _compare_part(a: str, b: str) -> int:
 # ------------------------------------------------------------------------------ the network
 
 
-def read_index(archive_url: str, suite: str, component: str, architecture: str) -> list[dict[str, str]]:
-    """The stanzas of one component's Packages index: ``.xz``, else ``.gz``, else plain."""
+def read_index(
+    archive_url: str, suite: str, component: str, architecture: str, release: Release | None = None
+) -> list[dict[str, str]]:
+    """The stanzas of one component's Packages index: ``.xz``, else ``.gz``, else plain.
+
+    With ``release`` (the archive's checked InRelease, :mod:`harness.resolve.debrelease`) only
+    the files it lists are asked for, and each is refused unless its sha256 is the listed one."""
     folder = f"{archive_url.rstrip('/')}/dists/{suite}/{component}/binary-{architecture}"
     problems = []
-    for name in INDEX_FILES:
+    names: tuple[str, ...] = INDEX_FILES
+    if release is not None:
+        names = tuple(n for n in INDEX_FILES if f"{component}/binary-{architecture}/{n}" in release.files)
+        if not names:
+            raise HarnessError(
+                f"the signed Release {release.where} lists no Packages index of {component}/binary-{architecture}",
+                hint="check the template's components and architecture",
+            )
+    for name in names:
         try:
             with urllib.request.urlopen(f"{folder}/{name}", timeout=60) as response:
                 data = response.read(_MAX_INDEX + 1)
@@ -351,6 +369,10 @@ def read_index(archive_url: str, suite: str, component: str, architecture: str) 
             raise HarnessError(f"cannot read the Packages index {folder}/{name}: {exc}") from None
         if len(data) > _MAX_INDEX:
             raise HarnessError(f"{folder}/{name}: larger than {_MAX_INDEX >> 20} MiB")
+        if release is not None:
+            from harness.resolve.debrelease import checked_index
+
+            checked_index(release, f"{component}/binary-{architecture}/{name}", data, f"{folder}/{name}")
         try:
             if name.endswith(".xz"):
                 data = lzma.decompress(data)
