@@ -90,6 +90,7 @@ class DebArchive:
         depends: str = "",
         links: dict[str, str] | None = None,
         postinst: str | None = None,
+        preinst: str | None = None,
         executable: tuple[str, ...] = (),
     ) -> Path:
         """Build ``name_version_arch.deb`` with ``dpkg-deb`` into the pool; ``files`` maps paths
@@ -101,9 +102,10 @@ class DebArchive:
         control = f"Package: {name}\nVersion: {version}\nArchitecture: {self.arch}\nMaintainer: t <t@localhost>\n"
         control += f"Description: test package {name}\n" + (f"Depends: {depends}\n" if depends else "")
         (tree / "DEBIAN" / "control").write_text(control)
-        if postinst is not None:
-            (tree / "DEBIAN" / "postinst").write_text(postinst)
-            os.chmod(tree / "DEBIAN" / "postinst", 0o755)
+        for script, text in (("postinst", postinst), ("preinst", preinst)):
+            if text is not None:
+                (tree / "DEBIAN" / script).write_text(text)
+                os.chmod(tree / "DEBIAN" / script, 0o755)
         for path, body in files.items():
             dest = tree / path
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -198,6 +200,26 @@ class DebArchive:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+def host_shell_files(tools: tuple[str, ...] = ("mkdir", "ln", "cat", "wc")) -> dict[str, bytes] | None:
+    """The host's ``dash`` as ``usr/bin/sh`` and ``tools`` in ``usr/bin``, with the libraries and
+    loader they need (``ldd``) at their paths: a base a test's maintainer scripts can run on.
+    None where one is missing."""
+    found = {"sh": shutil.which("dash"), **{tool: shutil.which(tool) for tool in tools}}
+    if not all(found.values()):
+        return None
+    files: dict[str, bytes] = {}
+    for name, program in found.items():
+        assert program is not None
+        files[f"usr/bin/{name}"] = Path(program).read_bytes()
+        listed = subprocess.run(["ldd", program], capture_output=True, text=True, check=False).stdout
+        for line in listed.splitlines():
+            words = line.split()
+            path = words[2] if len(words) > 2 and words[1] == "=>" else words[0] if words else ""
+            if path.startswith("/"):
+                files[path.lstrip("/")] = Path(path).read_bytes()
+    return files
 
 
 def _tar(members: list[tarfile.TarInfo | tuple[tarfile.TarInfo, bytes]]) -> bytes:

@@ -20,7 +20,16 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_harness_process
-from tests.debarchive import DebArchive, Signer, dir_member, file_member, link_member, make_signers, stop_agent
+from tests.debarchive import (
+    DebArchive,
+    Signer,
+    dir_member,
+    file_member,
+    host_shell_files,
+    link_member,
+    make_signers,
+    stop_agent,
+)
 
 TEMPLATE = """\
 summary = "a solver's root"
@@ -307,6 +316,120 @@ def test_an_archive_without_a_keyring_is_refused_unless_the_user_opts_out(tmp_pa
     assert done.returncode == 2 and "config.toml: debian-archives.testdeb.allow-unsigned: expected true or false" in (
         done.stderr
     )
+
+
+POSTINST = """#!/bin/sh
+set -e
+mkdir -p /var/lib/tool
+echo "$DPKG_MAINTSCRIPT_PACKAGE $DPKG_MAINTSCRIPT_NAME $1 [$2] $DPKG_MAINTSCRIPT_ARCH $SOURCE_DATE_EPOCH $LC_ALL $HOME" \\
+    >> /var/lib/tool/configured
+[ -f /var/lib/tool/preinst-ran ] && echo "after preinst" >> /var/lib/tool/configured
+ln -sf /usr/bin/tool /etc/tool-alternative
+echo "network: $(cat /proc/net/dev | wc -l) lines, user: $(cat /proc/self/uid_map | wc -l) map" >> /var/lib/tool/configured
+"""
+
+
+def _scripted_archive(archive: DebArchive) -> None:
+    shell = host_shell_files()
+    if shell is None:
+        pytest.skip("no dash on this machine to build a base the scripts can run on")
+    archive.add("minbase", "1", shell, executable=tuple(shell))  # the loader too, as libc6 ships it
+    archive.add(
+        "tool",
+        "2.0-1",
+        {"usr/bin/tool": "#!/bin/sh\necho tool\n"},
+        executable=("usr/bin/tool",),
+        depends="minbase",
+        preinst='#!/bin/sh\nmkdir -p /var/lib/tool\necho "$1" > /var/lib/tool/preinst-ran\n',
+        postinst=POSTINST,
+    )
+    archive.add("noisy", "1", {"usr/share/noisy": "x\n"}, postinst="#!/bin/sh\necho ran > /noisy-ran\n")
+    archive.publish()
+
+
+def test_maintainer_scripts_of_declared_packages_run_in_a_sandbox_reproducibly(
+    tmp_path: Path, archive: DebArchive
+) -> None:
+    """Issue 33, step 3: the template's ``configure`` packages get ``preinst install`` and
+    ``postinst configure`` in a sandbox over the new root (no network, uid 0 of its own user
+    namespace, a fixed environment); two empty homes realize the same content; a package not
+    declared keeps its scripts unrun, and the manifest says which ran."""
+    from harness.realize.maintscripts import unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.skip(f"no sandbox here: {unavailable_reason()}")
+    _scripted_archive(archive)
+    project = _project(tmp_path / "project", packages='"tool", "noisy"')
+    template = project / "harbor" / "images" / "solver.toml"
+    template.write_text(template.read_text().replace('assume = ["libc6"]', 'assume = ["libc6"]\nconfigure = ["tool"]'))
+    locked = _harness(tmp_path / "h0", project, archive, "lock", "image:solver")
+    assert locked.returncode == 0, locked.stderr
+    text = (project / "locks" / "images" / "solver.lock.toml").read_text()
+    assert 'configure = ["tool"]' in text
+    store_name = re.search(r'^store = "(.*)"$', text, re.M).group(1)  # type: ignore[union-attr]
+    hashes = []
+    for home in (tmp_path / "home-a", tmp_path / "home-b"):
+        done = _harness(home, project, archive, "realize", "image:solver")
+        assert done.returncode == 0, done.stderr
+        hashes.append(_content_hash(home, store_name))
+    assert hashes[0] == hashes[1]
+    root = tmp_path / "home-a" / "store" / store_name
+    lines = (root / "var" / "lib" / "tool" / "configured").read_text().splitlines()
+    assert lines[0] == "tool postinst configure [] amd64 315532800 C /root"
+    assert lines[1] == "after preinst"
+    # No network but loopback (two header lines and lo), one uid mapped.
+    assert lines[2] == "network: 3 lines, user: 1 map"
+    assert (root / "var" / "lib" / "tool" / "preinst-ran").read_text() == "install\n"
+    assert os.readlink(root / "etc" / "tool-alternative") == "../usr/bin/tool"  # made relative
+    assert not (root / "noisy-ran").exists()
+    for made in ("bin", "lib64", "proc", "dev", "tmp", "run", ".harness-maintscripts"):
+        assert not os.path.lexists(root / made), made
+    manifest = json.loads((root / ".harness-rootfs.json").read_text())["maintainer_scripts"]
+    assert manifest["run"] == ["tool"] and manifest["ran"] == ["tool preinst install", "tool postinst configure"]
+    assert manifest["carried"] == {"noisy": ["postinst"]}
+    # The scripts are an input of the store name: without `configure`, another path.
+    template.write_text(template.read_text().replace('configure = ["tool"]\n', ""))
+    assert _harness(tmp_path / "h0", project, archive, "lock", "image:solver").returncode == 0
+    assert store_name not in (project / "locks" / "images" / "solver.lock.toml").read_text()
+
+
+def test_a_failing_script_or_an_unpinned_configure_package_is_refused(tmp_path: Path, archive: DebArchive) -> None:
+    from harness.realize.maintscripts import unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.skip(f"no sandbox here: {unavailable_reason()}")
+    _scripted_archive(archive)
+    archive.add("broken", "1", {"usr/share/b": "b\n"}, depends="minbase", postinst="#!/bin/sh\necho oops >&2\nexit 3\n")
+    archive.add("perl-thing", "1", {"usr/share/p": "p\n"}, postinst="#!/usr/bin/perl\nprint 1;\n")
+    archive.publish()
+    project = _project(tmp_path / "project", packages='"broken", "perl-thing"')
+    template = project / "harbor" / "images" / "solver.toml"
+    base = template.read_text()
+    template.write_text(base.replace('assume = ["libc6"]', 'assume = ["libc6"]\nconfigure = ["tool"]'))
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 2 and "solver.toml: debian.configure: tool is not one of the packages" in done.stderr
+    for configure, message in (
+        ("broken", "broken's postinst configure failed (exit 3):\noops"),
+        ("perl-thing", "perl-thing's postinst runs /usr/bin/perl, which no pinned package provides"),
+    ):
+        template.write_text(base.replace('assume = ["libc6"]', f'assume = ["libc6"]\nconfigure = ["{configure}"]'))
+        assert _harness(tmp_path / "h", project, archive, "lock", "image:solver").returncode == 0
+        done = _harness(tmp_path / "h", project, archive, "realize", "image:solver")
+        assert done.returncode == 1 and f"template solver: {message}" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert not list((tmp_path / "h" / "store").glob("*-rootfs-solver"))
+
+
+def test_configure_order_puts_dependencies_first() -> None:
+    from harness.realize.maintscripts import configure_order
+
+    assert configure_order({"app": {"lib", "libc6"}, "lib": {"base"}, "base": set(), "zz": set()}) == [
+        "base",
+        "lib",
+        "app",
+        "zz",
+    ]
+    assert configure_order({"a": {"b"}, "b": {"a"}}) == ["b", "a"]  # a cycle, broken by name
 
 
 ESCAPES = {

@@ -34,6 +34,9 @@ LOCK_VERSION = 1
 #: What realize does to every template's tree, part of each store hash: merged /usr (bin, sbin,
 #: lib* moved under usr/), absolute symlinks made relative, maintainer scripts not run.
 FORMAT = "rootfs/1: merged-usr, relative links, no maintainer scripts"
+#: How the maintainer scripts of a template's ``configure`` packages run: part of the store
+#: hash of a template that runs any (``harness/realize/maintscripts.py``).
+MAINTSCRIPTS = "maintscripts/1: bwrap, root at /, preinst install then postinst configure, dependency order"
 LOCKS = "images"
 _FILE_LIMIT = 20000
 
@@ -66,23 +69,34 @@ class TemplateLock:
     #: ``UNVERIFIED``), and the fingerprints of the keys whose signatures held.
     release: str | None = None
     signed_by: tuple[str, ...] = ()
+    #: The packages whose maintainer scripts realize runs (the template's ``configure``).
+    configure: tuple[str, ...] = ()
 
 
 def lock_path(root: Path, label: str) -> Path:
     return root / "locks" / LOCKS / f"{label}.lock.toml"
 
 
-def store_name(label: str, packages: tuple[DebPin, ...], files: tuple[LockedFile, ...], users: tuple[str, ...]) -> str:
-    """The store path name a template's pins realize to (pure)."""
+def store_name(
+    label: str,
+    packages: tuple[DebPin, ...],
+    files: tuple[LockedFile, ...],
+    users: tuple[str, ...],
+    configure: tuple[str, ...] = (),
+) -> str:
+    """The store path name a template's pins realize to (pure); the scripts run are an input
+    where there are any (so a template that runs none keeps the name it always had)."""
     from harness.store.hashing import sanitize_name, store_hash, store_path_name
 
     name = sanitize_name(f"rootfs-{label}")
-    inputs = {
+    inputs: dict[str, object] = {
         "format": FORMAT,
         "packages": [{"name": p.name, "filename": p.filename, "sha256": p.sha256} for p in packages],
         "files": [{"path": f.path, "sha256": f.sha256, "executable": f.executable} for f in files],
         "users": list(users),
     }
+    if configure:
+        inputs["configure"] = {"packages": list(configure), "runner": MAINTSCRIPTS}
     return store_path_name(store_hash("rootfs", name, inputs), name)
 
 
@@ -114,6 +128,8 @@ def dumps(lock: TemplateLock) -> str:
             f"release = {q(lock.release or '')}",
             f"signed-by = {q(list(lock.signed_by))}",
         ]
+        if lock.configure:
+            lines.append(f"configure = {q(list(lock.configure))}")
         for p in lock.packages:
             lines += ["", "[[debian.package]]", *(f"{k} = {q(v)}" for k, v in p.as_json().items())]
     for f in lock.files:
@@ -179,6 +195,7 @@ def parse(data: dict[str, Any], where: str) -> TemplateLock:
             files=files,
             release=debian.get("release"),
             signed_by=tuple(_text(k) for k in debian.get("signed-by", [])),
+            configure=tuple(_text(k) for k in debian.get("configure", [])),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{where}: malformed template lock ({type(exc).__name__}: {exc})") from None
@@ -188,7 +205,10 @@ def parse(data: dict[str, Any], where: str) -> TemplateLock:
             raise InputError(f"{where}: file {f.path!r}: a path outside the root or the project")
     if lock.packages and not lock.archive:
         raise InputError(f"{where}: debian.archive: packages are pinned but no archive is named")
-    expected = store_name(lock.label, lock.packages, lock.files, lock.users)
+    unpinned = sorted(set(lock.configure) - {p.name for p in lock.packages})
+    if unpinned:
+        raise InputError(f"{where}: debian.configure: {', '.join(unpinned)} not pinned")
+    expected = store_name(lock.label, lock.packages, lock.files, lock.users, lock.configure)
     if lock.store != expected:
         raise InputError(f"{where}: store: {lock.store} does not match its pins ({expected}): re-lock it")
     return lock
@@ -270,12 +290,19 @@ def lock_template(
         for component in base.components:
             stanzas += read_index(archive_url, base.suite, component, base.architecture, release)
         packages = tuple(closure(stanzas, base.packages, base.assume, display_path(template.file)))
+        unpinned = sorted(set(base.configure) - {p.name for p in packages})
+        if unpinned:
+            raise InputError(
+                f"{display_path(template.file)}: debian.configure: {', '.join(unpinned)} is not one of the "
+                "packages the template pins",
+                hint="name packages of `packages` or of their dependencies; an assumed one is the host's",
+            )
     files = locked_files(template, root)
     env_store = _environment_store(root, template)
     lock = TemplateLock(
         label=label,
         template_sha256=template_digest(template),
-        store=store_name(label, packages, files, template.users),
+        store=store_name(label, packages, files, template.users, base.configure if base else ()),
         users=template.users,
         environment=template.environment,
         environment_store=env_store,
@@ -288,6 +315,7 @@ def lock_template(
         files=files,
         release=release_note,
         signed_by=signers,
+        configure=base.configure if base else (),
     )
     return _write(lock_path(root, label), dumps(lock))
 

@@ -7,7 +7,9 @@ verifier's ``[verifier.environment] docker_image``). In a harness project the la
 * a base of Debian packages (``[debian]``: the archive by name, whose address comes from the
   settings' ``[debian-archives]``; a suite, components, an architecture, the packages wanted;
   ``harness lock`` pins them and their ``Depends`` closure from the archive's Packages index;
-  ``assume`` names dependencies the host's ``/usr`` stands in for, pinned by nobody);
+  ``assume`` names dependencies the host's ``/usr`` stands in for, pinned by nobody;
+  ``configure`` the pinned packages whose ``preinst``/``postinst`` run in a sandbox over the new
+  root at realize time, :mod:`harness.realize.maintscripts`; the others' are not run);
 * files of the project (``[[files]]``: ``path`` inside the root, ``source`` relative to the
   template's file, a file or a folder; a verifier template bundles its ``/tests`` this way, as
   Harbor expects of a verifier image);
@@ -33,7 +35,7 @@ _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 KEYS = ("summary", "environment", "users", "debian", "files")
-DEBIAN_KEYS = ("archive", "suite", "components", "architecture", "packages", "assume")
+DEBIAN_KEYS = ("archive", "suite", "components", "architecture", "packages", "assume", "configure")
 FILE_KEYS = ("path", "source", "executable")
 
 
@@ -47,6 +49,7 @@ class DebianBase:
     architecture: str
     packages: tuple[str, ...]
     assume: tuple[str, ...] = ()
+    configure: tuple[str, ...] = ()  # packages whose maintainer scripts run (harness/realize/maintscripts.py)
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,10 @@ def _debian(table: object, where: str) -> DebianBase:
     if not packages:
         raise InputError(f"{where}: debian.packages: name at least one package")
     assume = _strings(table, "assume", where, _PACKAGE, "a Debian package name", prefix="debian.")
-    return DebianBase(table["archive"], table["suite"], components, table["architecture"], packages, assume)
+    configure = _strings(table, "configure", where, _PACKAGE, "a Debian package name", prefix="debian.")
+    return DebianBase(
+        table["archive"], table["suite"], components, table["architecture"], packages, assume, tuple(sorted(configure))
+    )
 
 
 def _files(entries: object, where: str, base: Path) -> tuple[TemplateFile, ...]:
