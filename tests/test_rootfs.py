@@ -310,6 +310,11 @@ def test_an_archive_without_a_keyring_is_refused_unless_the_user_opts_out(tmp_pa
     text = (project / "locks" / "images" / "solver.lock.toml").read_text()
     assert 'release = "not verified (allow-unsigned)"' in text and "signed-by = []" in text
     assert "/dists/bookworm/InRelease" not in archive.requests
+    # Once the settings name the keyring, the next lock checks the archive, unasked.
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 0, done.stderr
+    text = (project / "locks" / "images" / "solver.lock.toml").read_text()
+    assert 'release = "InRelease verified with gpgv"' in text and "/dists/bookworm/InRelease" in archive.requests
     # A bad settings value: named with file and key.
     (tmp_path / "h" / "config.toml").write_text('[debian-archives.testdeb]\nallow-unsigned = "yes"\n')
     done = _harness(tmp_path / "h", project, archive, "lock", "image:solver", "--refresh", trust={})

@@ -359,6 +359,22 @@ def stale_reason(root: Path, label: str) -> str | None:
     return None
 
 
+def _checkable_now(home: Path, root: Path, label: str) -> bool:
+    """Whether template ``label``'s lock was made without checking the archive's InRelease
+    (``allow-unsigned``, or before harness checked it) and the settings now name a keyring:
+    then ``harness lock`` locks it again, checked."""
+    from harness.config import load_settings
+    from harness.resolve.debrelease import VERIFIED
+
+    lock = read(root, label)
+    if lock.archive is None or lock.release == VERIFIED:
+        return False
+    try:
+        return load_settings(home, root).debian_trust(lock.archive).keyring is not None
+    except InputError:
+        return False
+
+
 @dataclass(frozen=True)
 class Locked:
     """One template's outcome of ``harness lock``."""
@@ -378,8 +394,9 @@ def lock_templates(
 
     A lock whose template and files are unchanged is kept as it is, without reading the
     archive (its pins stay, as a manifest's do), unless ``refresh`` (``--refresh``,
-    ``--upgrade``) asks to resolve again; ``offline`` refuses a lock that would need the
-    archive."""
+    ``--upgrade``) asks to resolve again, or the lock was made from an unchecked index and the
+    settings now name the archive's keyring; ``offline`` refuses a lock that would need the
+    archive (and keeps an unchecked one as it is)."""
     from harness.config import load_settings
     from harness.errors import HarnessError
     from harness.manifests.template import labels
@@ -388,7 +405,8 @@ def lock_templates(
     out = []
     for label in names:
         try:
-            if not refresh and lock_path(root, label).is_file() and stale_reason(root, label) is None:
+            current = lock_path(root, label).is_file() and stale_reason(root, label) is None
+            if current and not refresh and (offline or not _checkable_now(home, root, label)):
                 out.append(Locked(label, lock_path(root, label)))
                 continue
             if offline:
