@@ -680,3 +680,32 @@ def test_unsatisfiable_constraints_name_package_constraint_and_versions() -> Non
         _stanza("gawk", "5", Provides="awk (= 5)"),
     ]
     assert [p.name for p in closure(index, ("app",), (), "t.toml")] == ["app", "gawk"]
+
+
+def test_release_parsing_signatures_and_expiry_pure() -> None:
+    """The pure parts of the InRelease check: the SHA256 list, gpgv's status lines (good,
+    bad, unknown key), Valid-Until."""
+    from datetime import UTC, datetime
+
+    from harness.resolve.debrelease import ReleaseError, _check_valid_until, parse_release, signed_by
+
+    fields, files = parse_release(
+        "Suite: stable\nCodename: bookworm\nMD5Sum:\n 0ed6 12 main/x\nSHA256:\n"
+        f" {'a' * 64}  1484322 main/binary-amd64/Packages.xz\n {'b' * 64} 7 main/binary-amd64/Packages\n"
+    )
+    assert fields["Codename"] == "bookworm"
+    assert files == {"main/binary-amd64/Packages.xz": ("a" * 64, 1484322), "main/binary-amd64/Packages": ("b" * 64, 7)}
+    status = (
+        "[GNUPG:] NEWSIG\n[GNUPG:] GOODSIG 6ED0E7B82643E131 Debian\n"
+        "[GNUPG:] VALIDSIG 4CB5 2026-07-11 1783765031 0 4 0 1 8 01 B8B80B5B623EAB6AD8775C45B7C5D7D6350947F8\n"
+        "[GNUPG:] NEWSIG\n[GNUPG:] ERRSIG 1234ABCD 1 8 01 1783765032 9 -\n[GNUPG:] NO_PUBKEY 1234ABCD\n"
+    )
+    good, problems = signed_by(status)
+    assert good == ("B8B80B5B623EAB6AD8775C45B7C5D7D6350947F8",)  # the primary key's fingerprint
+    assert problems == ["signed by key 1234ABCD, which is not in the keyring"]
+    assert signed_by("[GNUPG:] BADSIG 1234ABCD x\n") == ((), ["a BAD signature by key 1234ABCD"])
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    _check_valid_until("Sat, 02 Jan 2026 00:00:00 UTC", "r", now)
+    _check_valid_until(None, "r", now)
+    with pytest.raises(ReleaseError, match="expired on Wed, 31 Dec 2025"):
+        _check_valid_until("Wed, 31 Dec 2025 00:00:00 UTC", "r", now)
