@@ -202,7 +202,7 @@ class DebArchive:
             self._server.server_close()
 
 
-def host_shell_files(tools: tuple[str, ...] = ("mkdir", "ln", "cat", "wc")) -> dict[str, bytes] | None:
+def host_shell_files(tools: tuple[str, ...] = ("mkdir", "ln", "cat", "wc", "chown")) -> dict[str, bytes] | None:
     """The host's ``dash`` as ``usr/bin/sh`` and ``tools`` in ``usr/bin``, with the libraries and
     loader they need (``ldd``) at their paths: a base a test's maintainer scripts can run on.
     None where one is missing."""

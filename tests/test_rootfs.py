@@ -330,6 +330,7 @@ echo "$DPKG_MAINTSCRIPT_PACKAGE $DPKG_MAINTSCRIPT_NAME $1 [$2] $DPKG_MAINTSCRIPT
     >> /var/lib/tool/configured
 [ -f /var/lib/tool/preinst-ran ] && echo "after preinst" >> /var/lib/tool/configured
 ln -sf /usr/bin/tool /etc/tool-alternative
+chown root:mail /var/lib/tool  # no id but 0 in the namespace: a no-op, as owners are not kept
 echo "network: $(cat /proc/net/dev | wc -l) lines, user: $(cat /proc/self/uid_map | wc -l) map" >> /var/lib/tool/configured
 """
 
@@ -392,10 +393,15 @@ def test_maintainer_scripts_of_declared_packages_run_in_a_sandbox_reproducibly(
     manifest = json.loads((root / ".harness-rootfs.json").read_text())["maintainer_scripts"]
     assert manifest["run"] == ["tool"] and manifest["ran"] == ["tool preinst install", "tool postinst configure"]
     assert manifest["carried"] == {"noisy": ["postinst"]}
-    # The scripts are an input of the store name: without `configure`, another path.
+    # The scripts are an input of the store name: without `configure`, another path; "*"
+    # names every pinned package in the lock.
     template.write_text(template.read_text().replace('configure = ["tool"]\n', ""))
     assert _harness(tmp_path / "h0", project, archive, "lock", "image:solver").returncode == 0
     assert store_name not in (project / "locks" / "images" / "solver.lock.toml").read_text()
+    template.write_text(template.read_text().replace('assume = ["libc6"]', 'assume = ["libc6"]\nconfigure = ["*"]'))
+    assert _harness(tmp_path / "h0", project, archive, "lock", "image:solver").returncode == 0
+    text = (project / "locks" / "images" / "solver.lock.toml").read_text()
+    assert 'configure = ["minbase", "noisy", "tool"]' in text
 
 
 def test_a_failing_script_or_an_unpinned_configure_package_is_refused(tmp_path: Path, archive: DebArchive) -> None:
@@ -413,6 +419,9 @@ def test_a_failing_script_or_an_unpinned_configure_package_is_refused(tmp_path: 
     template.write_text(base.replace('assume = ["libc6"]', 'assume = ["libc6"]\nconfigure = ["tool"]'))
     done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
     assert done.returncode == 2 and "solver.toml: debian.configure: tool is not one of the packages" in done.stderr
+    template.write_text(base.replace('assume = ["libc6"]', 'assume = ["libc6"]\nconfigure = ["*", "broken"]'))
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 2 and 'debian.configure: "*" (every pinned package) stands alone' in done.stderr
     for configure, message in (
         ("broken", "broken's postinst configure failed (exit 3):\noops"),
         ("perl-thing", "perl-thing's postinst runs /usr/bin/perl, which no pinned package provides"),
@@ -521,6 +530,46 @@ def test_a_real_debian_package(tmp_path: Path) -> None:
     out = subprocess.run([f"{names[0]}/usr/bin/hello"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "Hello, world!"
     assert sys.platform == "linux"
+
+
+@pytest.mark.network
+def test_a_real_debian_base_with_every_maintainer_script(tmp_path: Path) -> None:
+    """A bookworm base (base-passwd, base-files, dash, coreutils, sed, grep and their closure) locked with
+    ``configure = ["*"]``: every package's preinst/postinst runs in the sandbox, and two empty
+    homes realize the same content (issue 33, step 3, with real packages)."""
+    from harness.realize.maintscripts import unavailable_reason
+
+    url = _apt_archive()
+    keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+    if url is None or not keyring.is_file():
+        pytest.skip("no Debian archive and keyring on this machine")
+    if unavailable_reason() is not None:
+        pytest.skip(f"no sandbox here: {unavailable_reason()}")
+    project = tmp_path / "project"
+    (project / "services").mkdir(parents=True)
+    (project / "harbor" / "images").mkdir(parents=True)
+    (project / "harbor" / "images" / "base.toml").write_text(
+        '[debian]\narchive = "debian"\nsuite = "bookworm"\narchitecture = "amd64"\n'
+        'packages = ["base-passwd", "base-files", "dash", "coreutils", "sed", "grep"]\nconfigure = ["*"]\n'
+    )
+    env = {"HARNESS_DEBIAN_ARCHIVE_DEBIAN": url, "HARNESS_DEBIAN_KEYRING_DEBIAN": str(keyring)}
+    for home, command in (("h0", "lock"), ("ha", "realize"), ("hb", "realize")):
+        done = run_harness_process(
+            "--project",
+            str(project),
+            command,
+            "image:base",
+            env={**env, "HARNESS_HOME": str(tmp_path / home)},
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr
+    name = re.search(r'^store = "(.*)"$', (project / "locks/images/base.lock.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
+    assert _content_hash(tmp_path / "ha", name) == _content_hash(tmp_path / "hb", name)
+    root = tmp_path / "ha" / "store" / name
+    ran = json.loads((root / ".harness-rootfs.json").read_text())["maintainer_scripts"]["ran"]
+    assert {"base-passwd postinst configure", "base-files postinst configure"} <= set(ran), ran
+    assert (root / "etc" / "passwd").read_text().startswith("root:*:0:0:root:/root:")  # base-passwd's postinst
+    assert os.readlink(root / "etc" / "alternatives" / "awk").endswith("usr/bin/gawk")  # update-alternatives
 
 
 # ------------------------------------------------------------------------------ pure parts

@@ -277,6 +277,7 @@ def lock_template(
     base = template.debian
     release_note: str | None = None
     signers: tuple[str, ...] = ()
+    configure: tuple[str, ...] = ()
     if base is not None:
         from harness.resolve.debian import closure, read_index
         from harness.resolve.debrelease import UNVERIFIED, VERIFIED, fetch_release
@@ -290,7 +291,8 @@ def lock_template(
         for component in base.components:
             stanzas += read_index(archive_url, base.suite, component, base.architecture, release)
         packages = tuple(closure(stanzas, base.packages, base.assume, display_path(template.file)))
-        unpinned = sorted(set(base.configure) - {p.name for p in packages})
+        configure = tuple(p.name for p in packages) if base.configure == ("*",) else base.configure
+        unpinned = sorted(set(configure) - {p.name for p in packages})
         if unpinned:
             raise InputError(
                 f"{display_path(template.file)}: debian.configure: {', '.join(unpinned)} is not one of the "
@@ -302,7 +304,7 @@ def lock_template(
     lock = TemplateLock(
         label=label,
         template_sha256=template_digest(template),
-        store=store_name(label, packages, files, template.users, base.configure if base else ()),
+        store=store_name(label, packages, files, template.users, configure),
         users=template.users,
         environment=template.environment,
         environment_store=env_store,
@@ -315,7 +317,7 @@ def lock_template(
         files=files,
         release=release_note,
         signed_by=signers,
-        configure=base.configure if base else (),
+        configure=configure,
     )
     return _write(lock_path(root, label), dumps(lock))
 

@@ -9,7 +9,8 @@ verifier's ``[verifier.environment] docker_image``). In a harness project the la
   ``harness lock`` pins them and their ``Depends`` closure from the archive's Packages index;
   ``assume`` names dependencies the host's ``/usr`` stands in for, pinned by nobody;
   ``configure`` the pinned packages whose ``preinst``/``postinst`` run in a sandbox over the new
-  root at realize time, :mod:`harness.realize.maintscripts`; the others' are not run);
+  root at realize time (``["*"]``: every pinned package's; :mod:`harness.realize.maintscripts`);
+  the others' are not run);
 * files of the project (``[[files]]``: ``path`` inside the root, ``source`` relative to the
   template's file, a file or a folder; a verifier template bundles its ``/tests`` this way, as
   Harbor expects of a verifier image);
@@ -32,6 +33,7 @@ from harness.manifests.tomlfile import display_path, read_toml
 TEMPLATE_DIR = "harbor/images"
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+_CONFIGURE = re.compile(r"^([a-z0-9][a-z0-9+.-]+|\*)$")
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 KEYS = ("summary", "environment", "users", "debian", "files")
@@ -128,7 +130,9 @@ def _debian(table: object, where: str) -> DebianBase:
     if not packages:
         raise InputError(f"{where}: debian.packages: name at least one package")
     assume = _strings(table, "assume", where, _PACKAGE, "a Debian package name", prefix="debian.")
-    configure = _strings(table, "configure", where, _PACKAGE, "a Debian package name", prefix="debian.")
+    configure = _strings(table, "configure", where, _CONFIGURE, 'a Debian package name (or "*")', prefix="debian.")
+    if "*" in configure and len(configure) > 1:
+        raise InputError(f'{where}: debian.configure: "*" (every pinned package) stands alone')
     return DebianBase(
         table["archive"], table["suite"], components, table["architecture"], packages, assume, tuple(sorted(configure))
     )

@@ -14,10 +14,11 @@ one store path of kind ``rootfs``, without root and without Docker:
    ``usr/``. An absolute symlink target is made relative (it still means the same path
    inside the root, and nothing on the host). Devices and FIFOs are not made; setuid bits
    are dropped (the store keeps the executable bit only);
-3. **maintainer scripts run only for the packages the template names** (``[debian] configure``):
-   theirs ``preinst install`` then ``postinst configure``, in dependency order, in a sandbox
-   over the new root with a fixed environment (:mod:`harness.realize.maintscripts`, which says
-   why not every package's); a machine that cannot make the sandbox refuses such a template.
+3. **maintainer scripts run only for the packages the template names** (``[debian] configure``,
+   ``["*"]`` for all): theirs ``preinst install`` then ``postinst configure``, in dependency
+   order, in a sandbox over the new root with a fixed environment
+   (:mod:`harness.realize.maintscripts`, which says why a template opts in); a machine that
+   cannot make the sandbox refuses such a template.
    Every other package's files are as shipped; ``/.harness-rootfs.json`` in the tree names
    every package, what was not made, which scripts ran and which each other package carries
    that did not run;
@@ -69,6 +70,7 @@ class Unpacked:
     scripts: dict[str, list[str]] = field(default_factory=dict)
     bodies: dict[str, dict[str, bytes]] = field(default_factory=dict)  # package -> script -> its bytes
     depends: dict[str, set[str]] = field(default_factory=dict)  # package -> what its control names
+    provides: dict[str, set[str]] = field(default_factory=dict)  # package -> the virtual names it provides
     ran: list[str] = field(default_factory=list)  # "package script args", in the order run
 
 
@@ -199,25 +201,26 @@ def unpack_deb(path: Path, out: Path, package: str, done: Unpacked, *, shown: st
                 bodies[name] = body.read()
         done.scripts[package] = sorted(n for n in MAINTAINER_SCRIPTS if n in bodies)
         done.bodies[package] = bodies
-        done.depends[package] = _control_depends(bodies.get("control", b""))
+        done.depends[package], done.provides[package] = _control_relations(bodies.get("control", b""))
     with _tar_member(members, "data", where) as data:
         entries = sorted(data.getmembers(), key=lambda m: _inside(m.name, where))
         for member in entries:
             _unpack_member(data, member, out, package, where, done)
 
 
-def _control_depends(control: bytes) -> set[str]:
-    """Every package name a control file's ``Pre-Depends`` and ``Depends`` mention."""
+def _control_relations(control: bytes) -> tuple[set[str], set[str]]:
+    """Every name a control file's ``Pre-Depends`` and ``Depends`` mention, and what it ``Provides``."""
     from harness.resolve.debian import parse_packages, parse_relations
 
     stanzas = parse_packages(control.decode("utf-8", errors="replace"))
     fields = stanzas[0] if stanzas else {}
-    return {
+    depends = {
         name
         for key in ("Pre-Depends", "Depends")
         for group in parse_relations(fields.get(key, ""))
         for name, _ in group
     }
+    return depends, {group[0][0] for group in parse_relations(fields.get("Provides", ""))}
 
 
 def _configure(lock: TemplateLock, out: Path, done: Unpacked) -> None:
@@ -225,7 +228,16 @@ def _configure(lock: TemplateLock, out: Path, done: Unpacked) -> None:
     every ``preinst install``, then every ``postinst configure``, in dependency order."""
     from harness.realize.maintscripts import ScriptError, configure_order, run_script, tidy
 
-    order = configure_order({name: done.depends.get(name, set()) for name in lock.configure})
+    providers: dict[str, set[str]] = {}
+    for package, virtuals in done.provides.items():
+        for virtual in virtuals:
+            providers.setdefault(virtual, set()).add(package)
+    order = configure_order(
+        {
+            name: {real for dep in done.depends.get(name, set()) for real in providers.get(dep, set()) | {dep}}
+            for name in lock.configure
+        }
+    )
     arch = lock.architecture or ""
     where = f"template {lock.label}"
     for script, args in (("preinst", ("install",)), ("postinst", ("configure", ""))):
@@ -238,7 +250,7 @@ def _configure(lock: TemplateLock, out: Path, done: Unpacked) -> None:
             except ScriptError as exc:
                 raise RootfsError(str(exc), hint=exc.hint) from None
             done.ran.append(" ".join((package, script, *args)).strip())
-    done.skipped += [f"{path} (made by a maintainer script: special file)" for path in tidy(out)]
+    done.skipped += [f"{what}, made by a maintainer script" for what in tidy(out)]
     _relink(out, done, where)
 
 
