@@ -248,7 +248,7 @@ def _configure(lock: TemplateLock, out: Path, done: Unpacked) -> None:
             try:
                 run_script(out, package, script, body, args, arch, where)
             except ScriptError as exc:
-                raise RootfsError(str(exc), hint=exc.hint) from None
+                raise RootfsError(exc.message, hint=exc.hint) from None
             done.ran.append(" ".join((package, script, *args)).strip())
     done.skipped += [f"{what}, made by a maintainer script" for what in tidy(out)]
     _relink(out, done, where)
