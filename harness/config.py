@@ -203,6 +203,39 @@ class Settings:
             env="`HARNESS_DEBIAN_ARCHIVE_<NAME>` (the name upper-cased, `-` and `.` as `_`)",
         ),
     )
+    #: ``[debian-archives.<name>] keyring``: the OpenPGP keyring that signs the archive's InRelease.
+    debian_keyrings: dict[str, Path] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "debian-archives",
+            "`<name>.keyring` (with `<name>.url`, in a `[debian-archives.<name>]` table)",
+            "path (a binary keyring, as `gpg --export` or `gpg --dearmor` writes), relative to the file that names it",
+            "The keys that sign archive `<name>`'s `dists/<suite>/InRelease`: `harness lock` checks the "
+            "signature with `gpgv` against this keyring and each Packages index against the sha256 the "
+            "signed Release lists before reading it. A path on this machine, never fetched from the archive "
+            "(Debian's own: `/usr/share/keyrings/debian-archive-keyring.gpg`, package `debian-archive-keyring`). "
+            "An archive with neither `keyring` nor `allow-unsigned` is refused at lock time.",
+            '# [debian-archives.debian]\n# url = "http://mirror.lab.example/debian"\n'
+            '# keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"',
+            default="none: locking from the archive is refused",
+            env="`HARNESS_DEBIAN_KEYRING_<NAME>`",
+        ),
+    )
+    #: ``[debian-archives.<name>] allow-unsigned``: lock from an archive whose InRelease is not checked.
+    debian_unsigned: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "debian-archives",
+            "`<name>.allow-unsigned`",
+            "boolean",
+            "Lock from archive `<name>` without checking any signature (a local archive you built and "
+            "trust by where it lives): the Packages index is read as served, and the lock records "
+            '`release = "not verified (allow-unsigned)"`. A `keyring` wins over it.',
+            "# allow-unsigned = true",
+            default="`false`",
+            env="`HARNESS_DEBIAN_UNSIGNED_<NAME>=1`",
+        ),
+    )
     #: ``[cache] substituters``: binary caches realize and pull read from.
     substituters: tuple[str, ...] = field(
         default=(),
@@ -362,9 +395,34 @@ class Settings:
             hint=f'set [debian-archives] {name} = "<url>" in $HARNESS_HOME/config.toml or export {env}',
         )
 
+    def debian_trust(self, name: str) -> DebianTrust:
+        """How archive ``name``'s InRelease is checked: its keyring, or the explicit opt-out;
+        an error naming where to set either when neither is set."""
+        wanted = normalize_index_name(name)
+        for configured, keyring in self.debian_keyrings.items():
+            if normalize_index_name(configured) == wanted:
+                return DebianTrust(keyring=keyring)
+        if any(normalize_index_name(n) == wanted for n in self.debian_unsigned):
+            return DebianTrust(keyring=None)
+        env = re.sub(r"[-.]", "_", name).upper()
+        raise InputError(
+            f"Debian archive {name!r} names no keyring: its InRelease signature cannot be checked",
+            hint=f'set keyring = "/usr/share/keyrings/<archive>-keyring.gpg" under [debian-archives.{name}] in '
+            f"$HARNESS_HOME/config.toml (or export HARNESS_DEBIAN_KEYRING_{env}); to lock unchecked, "
+            f"allow-unsigned = true there (or HARNESS_DEBIAN_UNSIGNED_{env}=1)",
+        )
+
     def hub_endpoint(self, hub: str) -> str | None:
         """The endpoint of ``huggingface`` or ``modelscope``; None keeps the client's default."""
         return self.hubs.get(hub)
+
+
+@dataclass(frozen=True)
+class DebianTrust:
+    """How a Debian archive's InRelease is checked: against ``keyring``, or (None) not at all,
+    as the user chose with ``allow-unsigned``."""
+
+    keyring: Path | None
 
 
 def normalize_index_name(name: str) -> str:
@@ -421,6 +479,8 @@ class _Merged:
     python_pins: dict[str, str] = field(default_factory=dict)
     git_mirrors: dict[str, str] = field(default_factory=dict)
     debian_archives: dict[str, str] = field(default_factory=dict)
+    debian_keyrings: dict[str, Path] = field(default_factory=dict)
+    debian_unsigned: set[str] = field(default_factory=set)
     cache: dict[str, Any] = field(default_factory=dict)
     python: dict[str, Any] = field(default_factory=dict)
     gc: dict[str, Any] = field(default_factory=dict)
@@ -439,13 +499,22 @@ class _Merged:
         self.cache.update(_cache_table(data, path))
         self.python.update(_python_table(data, path))
         self.git_mirrors.update(_git_mirrors(data, path))
-        self.debian_archives.update(_string_table(data, "debian-archives", path))
+        self._add_archives(_debian_archives(data, path))
         self.gc.update(_gc_table(data, path))
+
+    def _add_archives(self, archives: list[tuple[str, str | None, Path | None, bool | None]]) -> None:
+        for name, url, keyring, unsigned in archives:
+            if url is not None:
+                self.debian_archives[name] = url
+            if keyring is not None:
+                self.debian_keyrings[name] = keyring
+            if unsigned is not None:
+                (self.debian_unsigned.add if unsigned else self.debian_unsigned.discard)(name)
 
     def add_environment(self) -> None:
         """Merge the environment's variables (module docstring), which win over every file."""
         self.indexes.update(_env_indexes())
-        self.debian_archives.update(_env_archives())
+        self._add_archives(_env_archives())
         self.hubs.update(_env_hubs())
         self.cache.update(_env_cache())
         self.python.update(_env_python(self.python))
@@ -462,6 +531,8 @@ class _Merged:
             python_pins=self.python_pins,
             git_mirrors=self.git_mirrors,
             debian_archives=self.debian_archives,
+            debian_keyrings=self.debian_keyrings,
+            debian_unsigned=tuple(sorted(self.debian_unsigned)),
             python_downloads_json_url=self.python.get("python_downloads_json_url"),
             python_install_mirror=self.python.get("python_install_mirror"),
             python_download_retry_minutes=self.python.get("python_download_retry_minutes", 60.0),
@@ -532,13 +603,58 @@ def _env_indexes() -> dict[str, str]:
     }
 
 
-def _env_archives() -> dict[str, str]:
-    """Debian archive addresses from ``HARNESS_DEBIAN_ARCHIVE_<NAME>`` variables."""
-    return {
-        key.removeprefix("HARNESS_DEBIAN_ARCHIVE_").lower().replace("_", "-"): value
-        for key, value in os.environ.items()
-        if key.startswith("HARNESS_DEBIAN_ARCHIVE_") and value
-    }
+def _env_archives() -> list[tuple[str, str | None, Path | None, bool | None]]:
+    """Debian archives from ``HARNESS_DEBIAN_ARCHIVE_<NAME>`` (address),
+    ``HARNESS_DEBIAN_KEYRING_<NAME>`` (keyring) and ``HARNESS_DEBIAN_UNSIGNED_<NAME>`` variables."""
+    out: list[tuple[str, str | None, Path | None, bool | None]] = []
+    for key, value in sorted(os.environ.items()):
+        if not value:
+            continue
+        for prefix in ("HARNESS_DEBIAN_ARCHIVE_", "HARNESS_DEBIAN_KEYRING_", "HARNESS_DEBIAN_UNSIGNED_"):
+            if key.startswith(prefix) and key != prefix:
+                name = key.removeprefix(prefix).lower().replace("_", "-")
+                if prefix.endswith("ARCHIVE_"):
+                    out.append((name, value, None, None))
+                elif prefix.endswith("KEYRING_"):
+                    out.append((name, None, Path(value).expanduser().absolute(), None))
+                elif value.lower() in ("1", "true", "yes"):
+                    out.append((name, None, None, True))
+                else:
+                    raise InputError(f"{key}={value!r}: expected 1 (lock from the archive without checking it)")
+    return out
+
+
+_ARCHIVE_KEYS = ("url", "keyring", "allow-unsigned")
+
+
+def _debian_archives(data: dict[str, Any], path: Path) -> list[tuple[str, str | None, Path | None, bool | None]]:
+    """``[debian-archives]`` of one settings file: ``name = "url"``, or a ``[debian-archives.name]``
+    table of ``url``, ``keyring`` (a path relative to the file) and ``allow-unsigned``."""
+    table = data.get("debian-archives", {})
+    if not isinstance(table, dict):
+        raise InputError(f'{path}: debian-archives: expected a table of name = "url" or [debian-archives.<name>]')
+    out: list[tuple[str, str | None, Path | None, bool | None]] = []
+    for name, value in table.items():
+        where = f"{path}: debian-archives.{name}"
+        if isinstance(value, str):
+            value = {"url": value}
+        if not isinstance(value, dict):
+            raise InputError(f"{where}: expected an address or a table of {', '.join(_ARCHIVE_KEYS)}")
+        unknown = sorted(set(value) - set(_ARCHIVE_KEYS))
+        if unknown:
+            raise InputError(f"{where}.{unknown[0]}: unknown key; valid keys: {', '.join(_ARCHIVE_KEYS)}")
+        url = value.get("url")
+        if url is not None and (not isinstance(url, str) or not re.match(r"^(https?|file)://\S+$", url)):
+            raise InputError(f"{where}{'.url' if 'url' in value else ''}: expected an http(s):// or file:// address")
+        keyring = value.get("keyring")
+        if keyring is not None and (not isinstance(keyring, str) or not keyring or "://" in keyring):
+            raise InputError(f"{where}.keyring: expected a path on this machine (a keyring is never fetched)")
+        unsigned = value.get("allow-unsigned")
+        if unsigned is not None and not isinstance(unsigned, bool):
+            raise InputError(f"{where}.allow-unsigned: expected true or false")
+        resolved = (path.parent / Path(keyring).expanduser()).absolute() if keyring else None
+        out.append((name, url, resolved, unsigned))
+    return out
 
 
 def _env_hubs() -> dict[str, str]:

@@ -82,6 +82,40 @@ def test_bad_rootfs_template(path: Path, tmp_path: Path, harness_cli) -> None:
 
 
 @pytest.mark.parametrize(
+    ("settings", "expect"),
+    [
+        (
+            '[debian-archives.debian]\nkeyring = "https://x.example/k.gpg"\n',
+            "debian-archives.debian.keyring: expected a path",
+        ),
+        (
+            "[debian-archives.debian]\nallow-unsigned = 1\n",
+            "debian-archives.debian.allow-unsigned: expected true or false",
+        ),
+        ('[debian-archives.debian]\nkeyrings = "/k.gpg"\n', "debian-archives.debian.keyrings: unknown key"),
+        ('[debian-archives.debian]\nurl = "ftp://x"\n', "debian-archives.debian.url: expected an http(s)://"),
+        ("[debian-archives]\ndebian = 3\n", "debian-archives.debian: expected an address or a table"),
+    ],
+    ids=["keyring-url", "unsigned-type", "unknown-key", "url-scheme", "not-a-table"],
+)
+def test_bad_debian_archive_settings(tmp_path: Path, harness_cli, settings: str, expect: str) -> None:
+    """``[debian-archives]`` settings that cannot say where an archive is or how it is trusted:
+    exit 2 naming the settings file and the key, before the archive is read, no lock written."""
+    project = _project(tmp_path)
+    (project / "harbor" / "images").mkdir(parents=True)
+    (project / "harbor" / "images" / "solver.toml").write_text(
+        '[debian]\narchive = "debian"\nsuite = "bookworm"\narchitecture = "amd64"\npackages = ["hello"]\n'
+    )
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text(settings)
+    result = harness_cli("--home", str(home), "--project", str(project), "lock", "image:solver")
+    assert result.code == 2, (result.out, result.err)
+    assert f"{home / 'config.toml'}: {expect}" in result.err, result.err
+    assert "Traceback" not in result.err and not (project / "locks" / "images").exists()
+
+
+@pytest.mark.parametrize(
     ("edit", "expect"),
     [
         (('store = "', 'store = "0'), "store: 0"),

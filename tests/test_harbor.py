@@ -1774,6 +1774,7 @@ def _kuka_project(tmp_path: Path, project: tuple[Path, str], monkeypatch: pytest
     )
     archive.publish()
     monkeypatch.setenv("HARNESS_DEBIAN_ARCHIVE_KUKA", archive.serve())
+    monkeypatch.setenv("HARNESS_DEBIAN_UNSIGNED_KUKA", "1")  # signatures: tests/test_rootfs.py
     return root, archive
 
 

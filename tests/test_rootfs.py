@@ -20,7 +20,16 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_harness_process
-from tests.debarchive import DebArchive, dir_member, file_member, link_member
+from tests.debarchive import (
+    DebArchive,
+    Signer,
+    dir_member,
+    file_member,
+    host_shell_files,
+    link_member,
+    make_signers,
+    stop_agent,
+)
 
 TEMPLATE = """\
 summary = "a solver's root"
@@ -43,9 +52,24 @@ source = "settings.txt"
 """
 
 
+@pytest.fixture(scope="module")
+def signers() -> Iterator[list[Signer]]:
+    """Two signing keys: the archive's, and another nobody trusts (a short GNUPGHOME: gpg-agent's
+    socket path must fit)."""
+    import shutil
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="hgpg-")) / "g"
+    try:
+        yield make_signers(home, ("archive", "stranger"))
+    finally:
+        stop_agent(home)
+        shutil.rmtree(home.parent, ignore_errors=True)
+
+
 @pytest.fixture
-def archive(tmp_path: Path) -> Iterator[DebArchive]:
-    found = DebArchive(tmp_path / "archive")
+def archive(tmp_path: Path, signers: list[Signer]) -> Iterator[DebArchive]:
+    found = DebArchive(tmp_path / "archive", signer=signers[0])
     found.add(
         "tool",
         "1.0-1",
@@ -75,8 +99,16 @@ def _project(root: Path, packages: str = '"tool"') -> Path:
     return root
 
 
-def _harness(home: Path, project: Path, archive: DebArchive, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"HARNESS_HOME": str(home), "HARNESS_DEBIAN_ARCHIVE_TESTDEB": archive.url}
+def _harness(
+    home: Path, project: Path, archive: DebArchive, *args: str, trust: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``harness ARGS`` with the test archive's address, trusting its keyring (or ``trust``)."""
+    keyring = {"HARNESS_DEBIAN_KEYRING_TESTDEB": str(archive.signer.keyring)} if archive.signer else {}
+    env = {
+        "HARNESS_HOME": str(home),
+        "HARNESS_DEBIAN_ARCHIVE_TESTDEB": archive.url,
+        **(keyring if trust is None else trust),
+    }
     return run_harness_process("--project", str(project), *args, env=env)
 
 
@@ -98,7 +130,12 @@ def test_lock_pins_closure_and_two_homes_realize_the_same_root(tmp_path: Path, a
     # the other package of the index is not wanted. No address of the archive in the lock.
     assert re.findall(r'^name = "(.*)"$', text, re.M) == ["libfoo", "tool"]
     assert 'assumed = ["libc6"]' in text and "127.0.0.1" not in text and 'archive = "testdeb"' in text
+    # How the index was trusted: its InRelease verified, by the archive's key.
+    assert 'release = "InRelease verified with gpgv"' in text
+    assert f'signed-by = ["{archive.signer.fingerprint}"]' in text  # type: ignore[union-attr]
+    assert str(archive.signer.keyring) not in text  # type: ignore[union-attr]
     tool_deb = (archive.pool / "tool_1.0-1_amd64.deb").read_bytes()
+    assert "/dists/bookworm/InRelease" in archive.requests
     import hashlib
 
     assert hashlib.sha256(tool_deb).hexdigest() in text
@@ -205,6 +242,210 @@ def test_a_deb_that_changed_on_the_archive_is_refused(tmp_path: Path, archive: D
     assert not list((tmp_path / "h" / "store").glob("*-rootfs-solver"))
 
 
+def test_a_tampered_index_or_a_wrong_key_fails_lock_naming_what_was_expected(
+    tmp_path: Path, archive: DebArchive, signers: list[Signer]
+) -> None:
+    """InRelease (issue 33, step 1): the Packages file must have the sha256 the signed Release
+    lists, and the Release must be signed by a key of the keyring the settings name."""
+    import gzip
+    import hashlib
+
+    project = _project(tmp_path / "project")
+    packages = archive.root / "dists" / "bookworm" / "main" / "binary-amd64" / "Packages.gz"
+    signed = hashlib.sha256(packages.read_bytes()).hexdigest()
+    # A mirror serves an index with one more package (the signed Release unchanged).
+    text = gzip.decompress(packages.read_bytes()).decode()
+    packages.write_bytes(gzip.compress((text + "\n" + text.replace("Package: tool", "Package: tool2")).encode()))
+    served = hashlib.sha256(packages.read_bytes()).hexdigest()
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 1, done.stderr
+    assert "dists/bookworm/main/binary-amd64/Packages.gz: does not match the signed Release" in done.stderr
+    assert f"expected sha256 {signed}" in done.stderr and f"got sha256 {served}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (project / "locks" / "images" / "solver.lock.toml").exists()
+
+    # Re-published, but signed by a key the keyring does not hold: refused naming the key
+    # expected (the keyring's) and the key found.
+    archive.publish()
+    archive.release(signer=signers[1])
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 1, done.stderr
+    assert "dists/bookworm/InRelease: the signature does not verify against" in done.stderr
+    assert str(signers[0].keyring) in done.stderr and signers[0].fingerprint in done.stderr
+    assert signers[1].fingerprint[-16:] in done.stderr and "not in the keyring" in done.stderr
+    assert "Traceback" not in done.stderr and not (project / "locks" / "images" / "solver.lock.toml").exists()
+
+    # Signed by the right key, but for another suite (an old suite's signed file replayed).
+    archive.release(suite="bullseye")
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 1 and "the signed Release is for suite 'bullseye'" in done.stderr, done.stderr
+
+    # The signature checked against the keyring alone: a Release edited after signing (a text
+    # outside the signed part) is not what is read.
+    archive.release()
+    inrelease = archive.root / "dists" / "bookworm" / "InRelease"
+    inrelease.write_text(inrelease.read_text().replace("Origin: test", "Origin: forged"))
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 1 and "BAD signature" in done.stderr, done.stderr
+
+
+def test_an_archive_without_a_keyring_is_refused_unless_the_user_opts_out(tmp_path: Path, archive: DebArchive) -> None:
+    project = _project(tmp_path / "project")
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver", trust={})
+    assert done.returncode == 2, done.stderr
+    assert "Debian archive 'testdeb' names no keyring" in done.stderr and "[debian-archives.testdeb]" in done.stderr
+    assert "HARNESS_DEBIAN_KEYRING_TESTDEB" in done.stderr and "allow-unsigned = true" in done.stderr
+    assert "Traceback" not in done.stderr and not (project / "locks" / "images" / "solver.lock.toml").exists()
+    # A keyring that is not there: named.
+    missing = tmp_path / "no-such.gpg"
+    done = _harness(
+        tmp_path / "h", project, archive, "lock", "image:solver", trust={"HARNESS_DEBIAN_KEYRING_TESTDEB": str(missing)}
+    )
+    assert done.returncode == 2 and f"the keyring {missing}" in done.stderr and "does not exist" in done.stderr
+    # The explicit opt-out, in the user's settings: locked, and the lock says the index was not verified.
+    (tmp_path / "h").mkdir(exist_ok=True)
+    (tmp_path / "h" / "config.toml").write_text("[debian-archives.testdeb]\nallow-unsigned = true\n")
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver", trust={})
+    assert done.returncode == 0, done.stderr
+    text = (project / "locks" / "images" / "solver.lock.toml").read_text()
+    assert 'release = "not verified (allow-unsigned)"' in text and "signed-by = []" in text
+    assert "/dists/bookworm/InRelease" not in archive.requests
+    # Once the settings name the keyring, the next lock checks the archive, unasked.
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 0, done.stderr
+    text = (project / "locks" / "images" / "solver.lock.toml").read_text()
+    assert 'release = "InRelease verified with gpgv"' in text and "/dists/bookworm/InRelease" in archive.requests
+    # A bad settings value: named with file and key.
+    (tmp_path / "h" / "config.toml").write_text('[debian-archives.testdeb]\nallow-unsigned = "yes"\n')
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver", "--refresh", trust={})
+    assert done.returncode == 2 and "config.toml: debian-archives.testdeb.allow-unsigned: expected true or false" in (
+        done.stderr
+    )
+
+
+POSTINST = """#!/bin/sh
+set -e
+mkdir -p /var/lib/tool
+echo "$DPKG_MAINTSCRIPT_PACKAGE $DPKG_MAINTSCRIPT_NAME $1 [$2] $DPKG_MAINTSCRIPT_ARCH $SOURCE_DATE_EPOCH $LC_ALL $HOME" \\
+    >> /var/lib/tool/configured
+[ -f /var/lib/tool/preinst-ran ] && echo "after preinst" >> /var/lib/tool/configured
+ln -sf /usr/bin/tool /etc/tool-alternative
+chown root:mail /var/lib/tool  # no id but 0 in the namespace: a no-op, as owners are not kept
+echo "network: $(cat /proc/net/dev | wc -l) lines, user: $(cat /proc/self/uid_map | wc -l) map" >> /var/lib/tool/configured
+"""
+
+
+def _scripted_archive(archive: DebArchive) -> None:
+    shell = host_shell_files()
+    if shell is None:
+        pytest.skip("no dash on this machine to build a base the scripts can run on")
+    archive.add("minbase", "1", shell, executable=tuple(shell))  # the loader too, as libc6 ships it
+    archive.add(
+        "tool",
+        "2.0-1",
+        {"usr/bin/tool": "#!/bin/sh\necho tool\n"},
+        executable=("usr/bin/tool",),
+        depends="minbase",
+        preinst='#!/bin/sh\nmkdir -p /var/lib/tool\necho "$1" > /var/lib/tool/preinst-ran\n',
+        postinst=POSTINST,
+    )
+    archive.add("noisy", "1", {"usr/share/noisy": "x\n"}, postinst="#!/bin/sh\necho ran > /noisy-ran\n")
+    archive.publish()
+
+
+def test_maintainer_scripts_of_declared_packages_run_in_a_sandbox_reproducibly(
+    tmp_path: Path, archive: DebArchive
+) -> None:
+    """Issue 33, step 3: the template's ``configure`` packages get ``preinst install`` and
+    ``postinst configure`` in a sandbox over the new root (no network, uid 0 of its own user
+    namespace, a fixed environment); two empty homes realize the same content; a package not
+    declared keeps its scripts unrun, and the manifest says which ran."""
+    from harness.realize.maintscripts import unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.skip(f"no sandbox here: {unavailable_reason()}")
+    _scripted_archive(archive)
+    project = _project(tmp_path / "project", packages='"tool", "noisy"')
+    template = project / "harbor" / "images" / "solver.toml"
+    template.write_text(template.read_text().replace('assume = ["libc6"]', 'assume = ["libc6"]\nconfigure = ["tool"]'))
+    locked = _harness(tmp_path / "h0", project, archive, "lock", "image:solver")
+    assert locked.returncode == 0, locked.stderr
+    text = (project / "locks" / "images" / "solver.lock.toml").read_text()
+    assert 'configure = ["tool"]' in text
+    store_name = re.search(r'^store = "(.*)"$', text, re.M).group(1)  # type: ignore[union-attr]
+    hashes = []
+    for home in (tmp_path / "home-a", tmp_path / "home-b"):
+        done = _harness(home, project, archive, "realize", "image:solver")
+        assert done.returncode == 0, done.stderr
+        hashes.append(_content_hash(home, store_name))
+    assert hashes[0] == hashes[1]
+    root = tmp_path / "home-a" / "store" / store_name
+    lines = (root / "var" / "lib" / "tool" / "configured").read_text().splitlines()
+    assert lines[0] == "tool postinst configure [] amd64 315532800 C /root"
+    assert lines[1] == "after preinst"
+    # No network but loopback (two header lines and lo), one uid mapped.
+    assert lines[2] == "network: 3 lines, user: 1 map"
+    assert (root / "var" / "lib" / "tool" / "preinst-ran").read_text() == "install\n"
+    assert os.readlink(root / "etc" / "tool-alternative") == "../usr/bin/tool"  # made relative
+    assert not (root / "noisy-ran").exists()
+    for made in ("bin", "lib64", "proc", "dev", "tmp", "run", ".harness-maintscripts"):
+        assert not os.path.lexists(root / made), made
+    manifest = json.loads((root / ".harness-rootfs.json").read_text())["maintainer_scripts"]
+    assert manifest["run"] == ["tool"] and manifest["ran"] == ["tool preinst install", "tool postinst configure"]
+    assert manifest["carried"] == {"noisy": ["postinst"]}
+    # The scripts are an input of the store name: without `configure`, another path; "*"
+    # names every pinned package in the lock.
+    template.write_text(template.read_text().replace('configure = ["tool"]\n', ""))
+    assert _harness(tmp_path / "h0", project, archive, "lock", "image:solver").returncode == 0
+    assert store_name not in (project / "locks" / "images" / "solver.lock.toml").read_text()
+    template.write_text(template.read_text().replace('assume = ["libc6"]', 'assume = ["libc6"]\nconfigure = ["*"]'))
+    assert _harness(tmp_path / "h0", project, archive, "lock", "image:solver").returncode == 0
+    text = (project / "locks" / "images" / "solver.lock.toml").read_text()
+    assert 'configure = ["minbase", "noisy", "tool"]' in text
+
+
+def test_a_failing_script_or_an_unpinned_configure_package_is_refused(tmp_path: Path, archive: DebArchive) -> None:
+    from harness.realize.maintscripts import unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.skip(f"no sandbox here: {unavailable_reason()}")
+    _scripted_archive(archive)
+    archive.add("broken", "1", {"usr/share/b": "b\n"}, depends="minbase", postinst="#!/bin/sh\necho oops >&2\nexit 3\n")
+    archive.add("perl-thing", "1", {"usr/share/p": "p\n"}, postinst="#!/usr/bin/perl\nprint 1;\n")
+    archive.publish()
+    project = _project(tmp_path / "project", packages='"broken", "perl-thing"')
+    template = project / "harbor" / "images" / "solver.toml"
+    base = template.read_text()
+    template.write_text(base.replace('assume = ["libc6"]', 'assume = ["libc6"]\nconfigure = ["tool"]'))
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 2 and "solver.toml: debian.configure: tool is not one of the packages" in done.stderr
+    template.write_text(base.replace('assume = ["libc6"]', 'assume = ["libc6"]\nconfigure = ["*", "broken"]'))
+    done = _harness(tmp_path / "h", project, archive, "lock", "image:solver")
+    assert done.returncode == 2 and 'debian.configure: "*" (every pinned package) stands alone' in done.stderr
+    for configure, message in (
+        ("broken", "broken's postinst configure failed (exit 3):\noops"),
+        ("perl-thing", "perl-thing's postinst runs /usr/bin/perl, which no pinned package provides"),
+    ):
+        template.write_text(base.replace('assume = ["libc6"]', f'assume = ["libc6"]\nconfigure = ["{configure}"]'))
+        assert _harness(tmp_path / "h", project, archive, "lock", "image:solver").returncode == 0
+        done = _harness(tmp_path / "h", project, archive, "realize", "image:solver")
+        assert done.returncode == 1 and f"template solver: {message}" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and done.stderr.count("hint:") <= 1, done.stderr
+        assert not list((tmp_path / "h" / "store").glob("*-rootfs-solver"))
+
+
+def test_configure_order_puts_dependencies_first() -> None:
+    from harness.realize.maintscripts import configure_order
+
+    assert configure_order({"app": {"lib", "libc6"}, "lib": {"base"}, "base": set(), "zz": set()}) == [
+        "base",
+        "lib",
+        "app",
+        "zz",
+    ]
+    assert configure_order({"a": {"b"}, "b": {"a"}}) == ["b", "a"]  # a cycle, broken by name
+
+
 ESCAPES = {
     "dotdot": ([(file_member("./usr/../../escaped"), b"x")], "escapes the root"),
     "absolute": ([(file_member("/etc/escaped"), b"x")], "has an absolute path"),
@@ -261,13 +502,17 @@ def test_a_real_debian_package(tmp_path: Path) -> None:
         '[debian]\narchive = "debian"\nsuite = "bookworm"\narchitecture = "amd64"\n'
         'packages = ["hello"]\nassume = ["libc6"]\n'
     )
-    env = {"HARNESS_DEBIAN_ARCHIVE_DEBIAN": url}
+    keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+    if not keyring.is_file():
+        pytest.skip("no Debian archive keyring on this machine (package debian-archive-keyring)")
+    env = {"HARNESS_DEBIAN_ARCHIVE_DEBIAN": url, "HARNESS_DEBIAN_KEYRING_DEBIAN": str(keyring)}
     locked = run_harness_process(
         "--project", str(project), "lock", "image:hello", env={**env, "HARNESS_HOME": str(tmp_path / "h0")}, timeout=300
     )
     assert locked.returncode == 0, locked.stderr
     text = (project / "locks" / "images" / "hello.lock.toml").read_text()
     assert 'name = "hello"' in text and url not in text
+    assert 'release = "InRelease verified with gpgv"' in text and re.search(r'signed-by = \["[0-9A-F]{40}', text)
     names = []
     for home in ("ha", "hb"):
         done = run_harness_process(
@@ -285,6 +530,46 @@ def test_a_real_debian_package(tmp_path: Path) -> None:
     out = subprocess.run([f"{names[0]}/usr/bin/hello"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "Hello, world!"
     assert sys.platform == "linux"
+
+
+@pytest.mark.network
+def test_a_real_debian_base_with_every_maintainer_script(tmp_path: Path) -> None:
+    """A bookworm base (base-passwd, base-files, dash, coreutils, sed, grep and their closure) locked with
+    ``configure = ["*"]``: every package's preinst/postinst runs in the sandbox, and two empty
+    homes realize the same content (issue 33, step 3, with real packages)."""
+    from harness.realize.maintscripts import unavailable_reason
+
+    url = _apt_archive()
+    keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+    if url is None or not keyring.is_file():
+        pytest.skip("no Debian archive and keyring on this machine")
+    if unavailable_reason() is not None:
+        pytest.skip(f"no sandbox here: {unavailable_reason()}")
+    project = tmp_path / "project"
+    (project / "services").mkdir(parents=True)
+    (project / "harbor" / "images").mkdir(parents=True)
+    (project / "harbor" / "images" / "base.toml").write_text(
+        '[debian]\narchive = "debian"\nsuite = "bookworm"\narchitecture = "amd64"\n'
+        'packages = ["base-passwd", "base-files", "dash", "coreutils", "sed", "grep"]\nconfigure = ["*"]\n'
+    )
+    env = {"HARNESS_DEBIAN_ARCHIVE_DEBIAN": url, "HARNESS_DEBIAN_KEYRING_DEBIAN": str(keyring)}
+    for home, command in (("h0", "lock"), ("ha", "realize"), ("hb", "realize")):
+        done = run_harness_process(
+            "--project",
+            str(project),
+            command,
+            "image:base",
+            env={**env, "HARNESS_HOME": str(tmp_path / home)},
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr
+    name = re.search(r'^store = "(.*)"$', (project / "locks/images/base.lock.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
+    assert _content_hash(tmp_path / "ha", name) == _content_hash(tmp_path / "hb", name)
+    root = tmp_path / "ha" / "store" / name
+    ran = json.loads((root / ".harness-rootfs.json").read_text())["maintainer_scripts"]["ran"]
+    assert {"base-passwd postinst configure", "base-files postinst configure"} <= set(ran), ran
+    assert (root / "etc" / "passwd").read_text().startswith("root:*:0:0:root:/root:")  # base-passwd's postinst
+    assert os.readlink(root / "etc" / "alternatives" / "awk").endswith("usr/bin/gawk")  # update-alternatives
 
 
 # ------------------------------------------------------------------------------ pure parts
@@ -358,3 +643,118 @@ def test_a_file_changed_under_realize_is_refused_naming_both_hashes(tmp_path: Pa
     assert "harbor/t.sh does not match the lock" in message and lock.files[0].sha256 in message
     assert hashlib.sha256(b"echo 0\n").hexdigest() in message
     assert not store.is_registered(lock.store)
+
+
+def _stanza(name: str, version: str, **fields: str) -> dict[str, str]:
+    sha = (name + version).encode().hex().ljust(64, "0")[:64]
+    base = {"Package": name, "Version": version, "Filename": f"pool/{name}_{version}.deb", "Size": "1", "SHA256": sha}
+    return base | {k.replace("_", "-"): v for k, v in fields.items()}
+
+
+def test_version_constraints_choose_a_version_that_satisfies_them() -> None:
+    """``>=``, ``<<``, ``=`` and an alternative whose first choice fails its constraint: each
+    package gets the newest version every constraint on it allows (issue 33, step 2)."""
+    from harness.resolve.debian import closure, satisfies
+
+    for version, constraint, expected in [
+        ("2.36-9", ">= 2.34", True),
+        ("2.33", ">= 2.34", False),
+        ("1.9", "<< 2", True),
+        ("2.0", "<< 2", False),
+        ("2~rc1", "<< 2", True),
+        ("1.2-1", "= 1.2-1", True),
+        ("1.2-2", "= 1.2-1", False),
+        ("3", ">> 2", True),
+        ("2", "<= 2", True),
+        ("anything", "", True),
+    ]:
+        assert satisfies(version, constraint) is expected, (version, constraint)
+    index = [
+        _stanza("app", "1", Depends="libx (<< 2), liby (= 1.0-1), libz (>= 3) | libw"),
+        _stanza("libx", "1.5"),
+        _stanza("libx", "2.1"),
+        _stanza("liby", "1.0-2"),
+        _stanza("liby", "1.0-1"),
+        _stanza("libz", "2"),
+        _stanza("libw", "7"),
+    ]
+    pins = closure(index, ("app",), (), "t.toml")
+    # libx: 2.1 is newer, but << 2 holds only for 1.5; liby: exactly 1.0-1; libz 2 fails >= 3,
+    # so the second alternative, libw.
+    assert [(p.name, p.version) for p in pins] == [("app", "1"), ("libw", "7"), ("libx", "1.5"), ("liby", "1.0-1")]
+    assert pins[2].filename == "pool/libx_1.5.deb"
+
+
+def test_a_constraint_met_later_chooses_the_package_again() -> None:
+    """libx is first wanted unconstrained (newest, 3), then by a package that needs ``<< 3``:
+    the walk starts again knowing it, and both dependents get libx 2."""
+    from harness.resolve.debian import closure
+
+    index = [
+        _stanza("top", "1", Depends="libx, mid"),
+        _stanza("mid", "1", Depends="libx (<< 3)"),
+        _stanza("libx", "3"),
+        _stanza("libx", "2"),
+    ]
+    pins = closure(index, ("top",), (), "t.toml")
+    assert [(p.name, p.version) for p in pins] == [("libx", "2"), ("mid", "1"), ("top", "1")]
+
+
+def test_unsatisfiable_constraints_name_package_constraint_and_versions() -> None:
+    from harness.errors import InputError
+    from harness.resolve.debian import closure
+
+    index = [_stanza("app", "1", Depends="libc6 (>= 2.34)"), _stanza("libc6", "2.31-13"), _stanza("libc6", "2.28")]
+    with pytest.raises(InputError) as failed:
+        closure(index, ("app",), (), "t.toml")
+    assert "t.toml: app Depends: libc6 (>= 2.34): the index has 2.31-13, 2.28" in str(failed.value)
+    # Assumed (the host's): not checked, not pinned.
+    assert [p.name for p in closure(index, ("app",), ("libc6",), "t.toml")] == ["app"]
+    # Two dependents whose constraints no one version meets.
+    index = [
+        _stanza("top", "1", Depends="liba, libb"),
+        _stanza("liba", "1", Depends="libx (>= 2)"),
+        _stanza("libb", "1", Depends="libx (<< 2)"),
+        _stanza("libx", "1"),
+        _stanza("libx", "2"),
+    ]
+    with pytest.raises(InputError) as failed:
+        closure(index, ("top",), (), "t.toml")
+    assert "libx" in str(failed.value) and "(>= 2)" in str(failed.value) and "(<< 2)" in str(failed.value)
+    assert "the index has 2, 1" in str(failed.value)
+    # A versioned dependency on a virtual package: only a versioned Provides meets it.
+    index = [
+        _stanza("app", "1", Depends="awk (>= 1)"),
+        _stanza("mawk", "1", Provides="awk"),
+        _stanza("gawk", "5", Provides="awk (= 5)"),
+    ]
+    assert [p.name for p in closure(index, ("app",), (), "t.toml")] == ["app", "gawk"]
+
+
+def test_release_parsing_signatures_and_expiry_pure() -> None:
+    """The pure parts of the InRelease check: the SHA256 list, gpgv's status lines (good,
+    bad, unknown key), Valid-Until."""
+    from datetime import UTC, datetime
+
+    from harness.resolve.debrelease import ReleaseError, _check_valid_until, parse_release, signed_by
+
+    fields, files = parse_release(
+        "Suite: stable\nCodename: bookworm\nMD5Sum:\n 0ed6 12 main/x\nSHA256:\n"
+        f" {'a' * 64}  1484322 main/binary-amd64/Packages.xz\n {'b' * 64} 7 main/binary-amd64/Packages\n"
+    )
+    assert fields["Codename"] == "bookworm"
+    assert files == {"main/binary-amd64/Packages.xz": ("a" * 64, 1484322), "main/binary-amd64/Packages": ("b" * 64, 7)}
+    status = (
+        "[GNUPG:] NEWSIG\n[GNUPG:] GOODSIG 6ED0E7B82643E131 Debian\n"
+        "[GNUPG:] VALIDSIG 4CB5 2026-07-11 1783765031 0 4 0 1 8 01 B8B80B5B623EAB6AD8775C45B7C5D7D6350947F8\n"
+        "[GNUPG:] NEWSIG\n[GNUPG:] ERRSIG 1234ABCD 1 8 01 1783765032 9 -\n[GNUPG:] NO_PUBKEY 1234ABCD\n"
+    )
+    good, problems = signed_by(status)
+    assert good == ("B8B80B5B623EAB6AD8775C45B7C5D7D6350947F8",)  # the primary key's fingerprint
+    assert problems == ["signed by key 1234ABCD, which is not in the keyring"]
+    assert signed_by("[GNUPG:] BADSIG 1234ABCD x\n") == ((), ["a BAD signature by key 1234ABCD"])
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    _check_valid_until("Sat, 02 Jan 2026 00:00:00 UTC", "r", now)
+    _check_valid_until(None, "r", now)
+    with pytest.raises(ReleaseError, match="expired on Wed, 31 Dec 2025"):
+        _check_valid_until("Wed, 31 Dec 2025 00:00:00 UTC", "r", now)

@@ -6,6 +6,9 @@ pool file, size, sha256), every file it takes from the project (path inside the 
 size, executable bit), its users, the store path of the harness environment it names (as the
 project's lock of that manifest pins it), and the store path the whole realizes to. The
 archive is named, never addressed: realize reads the address from ``[debian-archives]``.
+``[debian] release`` says how the index was trusted (its InRelease verified with ``gpgv``
+against the settings' keyring, ``signed-by`` the keys whose signatures held; or not verified,
+the archive being marked ``allow-unsigned``).
 
 ``document``, ``dumps``, ``store_name`` and ``parse`` are pure; ``lock_template`` reads the
 template, its files and the archive's index, and writes the lock (unchanged bytes when
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.config import DebianTrust
 from harness.errors import InputError
 from harness.manifests.template import Template, load_template
 from harness.manifests.tomlfile import display_path, read_toml
@@ -30,6 +34,9 @@ LOCK_VERSION = 1
 #: What realize does to every template's tree, part of each store hash: merged /usr (bin, sbin,
 #: lib* moved under usr/), absolute symlinks made relative, maintainer scripts not run.
 FORMAT = "rootfs/1: merged-usr, relative links, no maintainer scripts"
+#: How the maintainer scripts of a template's ``configure`` packages run: part of the store
+#: hash of a template that runs any (``harness/realize/maintscripts.py``).
+MAINTSCRIPTS = "maintscripts/1: bwrap, root at /, preinst install then postinst configure, dependency order"
 LOCKS = "images"
 _FILE_LIMIT = 20000
 
@@ -58,23 +65,38 @@ class TemplateLock:
     assumed: tuple[str, ...]
     packages: tuple[DebPin, ...]
     files: tuple[LockedFile, ...]
+    #: How the archive's index was trusted (:mod:`harness.resolve.debrelease`: ``VERIFIED`` or
+    #: ``UNVERIFIED``), and the fingerprints of the keys whose signatures held.
+    release: str | None = None
+    signed_by: tuple[str, ...] = ()
+    #: The packages whose maintainer scripts realize runs (the template's ``configure``).
+    configure: tuple[str, ...] = ()
 
 
 def lock_path(root: Path, label: str) -> Path:
     return root / "locks" / LOCKS / f"{label}.lock.toml"
 
 
-def store_name(label: str, packages: tuple[DebPin, ...], files: tuple[LockedFile, ...], users: tuple[str, ...]) -> str:
-    """The store path name a template's pins realize to (pure)."""
+def store_name(
+    label: str,
+    packages: tuple[DebPin, ...],
+    files: tuple[LockedFile, ...],
+    users: tuple[str, ...],
+    configure: tuple[str, ...] = (),
+) -> str:
+    """The store path name a template's pins realize to (pure); the scripts run are an input
+    where there are any (so a template that runs none keeps the name it always had)."""
     from harness.store.hashing import sanitize_name, store_hash, store_path_name
 
     name = sanitize_name(f"rootfs-{label}")
-    inputs = {
+    inputs: dict[str, object] = {
         "format": FORMAT,
         "packages": [{"name": p.name, "filename": p.filename, "sha256": p.sha256} for p in packages],
         "files": [{"path": f.path, "sha256": f.sha256, "executable": f.executable} for f in files],
         "users": list(users),
     }
+    if configure:
+        inputs["configure"] = {"packages": list(configure), "runner": MAINTSCRIPTS}
     return store_path_name(store_hash("rootfs", name, inputs), name)
 
 
@@ -103,7 +125,11 @@ def dumps(lock: TemplateLock) -> str:
             f"components = {q(list(lock.components))}",
             f"architecture = {q(lock.architecture)}",
             f"assumed = {q(list(lock.assumed))}",
+            f"release = {q(lock.release or '')}",
+            f"signed-by = {q(list(lock.signed_by))}",
         ]
+        if lock.configure:
+            lines.append(f"configure = {q(list(lock.configure))}")
         for p in lock.packages:
             lines += ["", "[[debian.package]]", *(f"{k} = {q(v)}" for k, v in p.as_json().items())]
     for f in lock.files:
@@ -167,6 +193,9 @@ def parse(data: dict[str, Any], where: str) -> TemplateLock:
             assumed=tuple(debian.get("assumed", [])),
             packages=packages,
             files=files,
+            release=debian.get("release"),
+            signed_by=tuple(_text(k) for k in debian.get("signed-by", [])),
+            configure=tuple(_text(k) for k in debian.get("configure", [])),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{where}: malformed template lock ({type(exc).__name__}: {exc})") from None
@@ -176,7 +205,10 @@ def parse(data: dict[str, Any], where: str) -> TemplateLock:
             raise InputError(f"{where}: file {f.path!r}: a path outside the root or the project")
     if lock.packages and not lock.archive:
         raise InputError(f"{where}: debian.archive: packages are pinned but no archive is named")
-    expected = store_name(lock.label, lock.packages, lock.files, lock.users)
+    unpinned = sorted(set(lock.configure) - {p.name for p in lock.packages})
+    if unpinned:
+        raise InputError(f"{where}: debian.configure: {', '.join(unpinned)} not pinned")
+    expected = store_name(lock.label, lock.packages, lock.files, lock.users, lock.configure)
     if lock.store != expected:
         raise InputError(f"{where}: store: {lock.store} does not match its pins ({expected}): re-lock it")
     return lock
@@ -233,27 +265,46 @@ def locked_files(template: Template, root: Path) -> tuple[LockedFile, ...]:
     return tuple(out[k] for k in sorted(out))
 
 
-def lock_template(root: Path, label: str, archive_url: str | None) -> tuple[Path, bool]:
+def lock_template(
+    root: Path, label: str, archive_url: str | None, trust: DebianTrust | None = None
+) -> tuple[Path, bool]:
     """Lock template ``label`` of the project at ``root``; (the lock's path, whether it changed).
 
-    ``archive_url`` is the address of the archive the template names (None: it names none)."""
+    ``archive_url`` is the address of the archive the template names (None: it names none);
+    ``trust`` how its InRelease is checked (``Settings.debian_trust``), required with it."""
     template = load_template(root, label)
     packages: tuple[DebPin, ...] = ()
     base = template.debian
+    release_note: str | None = None
+    signers: tuple[str, ...] = ()
+    configure: tuple[str, ...] = ()
     if base is not None:
         from harness.resolve.debian import closure, read_index
+        from harness.resolve.debrelease import UNVERIFIED, VERIFIED, fetch_release
 
-        assert archive_url is not None
+        if archive_url is None or trust is None:
+            raise InputError(f"{display_path(template.file)}: debian.archive: no address or keyring given to lock it")
+        release = fetch_release(archive_url, base.suite, trust.keyring) if trust.keyring is not None else None
+        release_note = VERIFIED if release is not None else UNVERIFIED
+        signers = release.signed_by if release is not None else ()
         stanzas: list[dict[str, str]] = []
         for component in base.components:
-            stanzas += read_index(archive_url, base.suite, component, base.architecture)
+            stanzas += read_index(archive_url, base.suite, component, base.architecture, release)
         packages = tuple(closure(stanzas, base.packages, base.assume, display_path(template.file)))
+        configure = tuple(p.name for p in packages) if base.configure == ("*",) else base.configure
+        unpinned = sorted(set(configure) - {p.name for p in packages})
+        if unpinned:
+            raise InputError(
+                f"{display_path(template.file)}: debian.configure: {', '.join(unpinned)} is not one of the "
+                "packages the template pins",
+                hint="name packages of `packages` or of their dependencies; an assumed one is the host's",
+            )
     files = locked_files(template, root)
     env_store = _environment_store(root, template)
     lock = TemplateLock(
         label=label,
         template_sha256=template_digest(template),
-        store=store_name(label, packages, files, template.users),
+        store=store_name(label, packages, files, template.users, configure),
         users=template.users,
         environment=template.environment,
         environment_store=env_store,
@@ -264,6 +315,9 @@ def lock_template(root: Path, label: str, archive_url: str | None) -> tuple[Path
         assumed=base.assume if base else (),
         packages=packages,
         files=files,
+        release=release_note,
+        signed_by=signers,
+        configure=configure,
     )
     return _write(lock_path(root, label), dumps(lock))
 
@@ -307,6 +361,22 @@ def stale_reason(root: Path, label: str) -> str | None:
     return None
 
 
+def _checkable_now(home: Path, root: Path, label: str) -> bool:
+    """Whether template ``label``'s lock was made without checking the archive's InRelease
+    (``allow-unsigned``, or before harness checked it) and the settings now name a keyring:
+    then ``harness lock`` locks it again, checked."""
+    from harness.config import load_settings
+    from harness.resolve.debrelease import VERIFIED
+
+    lock = read(root, label)
+    if lock.archive is None or lock.release == VERIFIED:
+        return False
+    try:
+        return load_settings(home, root).debian_trust(lock.archive).keyring is not None
+    except InputError:
+        return False
+
+
 @dataclass(frozen=True)
 class Locked:
     """One template's outcome of ``harness lock``."""
@@ -326,8 +396,9 @@ def lock_templates(
 
     A lock whose template and files are unchanged is kept as it is, without reading the
     archive (its pins stay, as a manifest's do), unless ``refresh`` (``--refresh``,
-    ``--upgrade``) asks to resolve again; ``offline`` refuses a lock that would need the
-    archive."""
+    ``--upgrade``) asks to resolve again, or the lock was made from an unchecked index and the
+    settings now name the archive's keyring; ``offline`` refuses a lock that would need the
+    archive (and keeps an unchecked one as it is)."""
     from harness.config import load_settings
     from harness.errors import HarnessError
     from harness.manifests.template import labels
@@ -336,7 +407,8 @@ def lock_templates(
     out = []
     for label in names:
         try:
-            if not refresh and lock_path(root, label).is_file() and stale_reason(root, label) is None:
+            current = lock_path(root, label).is_file() and stale_reason(root, label) is None
+            if current and not refresh and (offline or not _checkable_now(home, root, label)):
                 out.append(Locked(label, lock_path(root, label)))
                 continue
             if offline:
@@ -345,10 +417,12 @@ def lock_templates(
                     hint=f"run `harness lock image:{label}` with network",
                 )
             template = load_template(root, label)
-            url = None
+            url, trust = None, None
             if template.debian is not None:
-                url = load_settings(home, root).debian_archive(template.debian.archive)
-            path, changed = lock_template(root, label, url)
+                settings = load_settings(home, root)
+                url = settings.debian_archive(template.debian.archive)
+                trust = settings.debian_trust(template.debian.archive)
+            path, changed = lock_template(root, label, url, trust)
             out.append(Locked(label, path, changed))
         except HarnessError as exc:
             bad = isinstance(exc, InputError)

@@ -7,7 +7,10 @@ verifier's ``[verifier.environment] docker_image``). In a harness project the la
 * a base of Debian packages (``[debian]``: the archive by name, whose address comes from the
   settings' ``[debian-archives]``; a suite, components, an architecture, the packages wanted;
   ``harness lock`` pins them and their ``Depends`` closure from the archive's Packages index;
-  ``assume`` names dependencies the host's ``/usr`` stands in for, pinned by nobody);
+  ``assume`` names dependencies the host's ``/usr`` stands in for, pinned by nobody;
+  ``configure`` the pinned packages whose ``preinst``/``postinst`` run in a sandbox over the new
+  root at realize time (``["*"]``: every pinned package's; :mod:`harness.realize.maintscripts`);
+  the others' are not run);
 * files of the project (``[[files]]``: ``path`` inside the root, ``source`` relative to the
   template's file, a file or a folder; a verifier template bundles its ``/tests`` this way, as
   Harbor expects of a verifier image);
@@ -30,10 +33,11 @@ from harness.manifests.tomlfile import display_path, read_toml
 TEMPLATE_DIR = "harbor/images"
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+_CONFIGURE = re.compile(r"^([a-z0-9][a-z0-9+.-]+|\*)$")
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 KEYS = ("summary", "environment", "users", "debian", "files")
-DEBIAN_KEYS = ("archive", "suite", "components", "architecture", "packages", "assume")
+DEBIAN_KEYS = ("archive", "suite", "components", "architecture", "packages", "assume", "configure")
 FILE_KEYS = ("path", "source", "executable")
 
 
@@ -47,6 +51,7 @@ class DebianBase:
     architecture: str
     packages: tuple[str, ...]
     assume: tuple[str, ...] = ()
+    configure: tuple[str, ...] = ()  # packages whose maintainer scripts run (harness/realize/maintscripts.py)
 
 
 @dataclass(frozen=True)
@@ -125,7 +130,12 @@ def _debian(table: object, where: str) -> DebianBase:
     if not packages:
         raise InputError(f"{where}: debian.packages: name at least one package")
     assume = _strings(table, "assume", where, _PACKAGE, "a Debian package name", prefix="debian.")
-    return DebianBase(table["archive"], table["suite"], components, table["architecture"], packages, assume)
+    configure = _strings(table, "configure", where, _CONFIGURE, 'a Debian package name (or "*")', prefix="debian.")
+    if "*" in configure and len(configure) > 1:
+        raise InputError(f'{where}: debian.configure: "*" (every pinned package) stands alone')
+    return DebianBase(
+        table["archive"], table["suite"], components, table["architecture"], packages, assume, tuple(sorted(configure))
+    )
 
 
 def _files(entries: object, where: str, base: Path) -> tuple[TemplateFile, ...]:

@@ -14,9 +14,14 @@ one store path of kind ``rootfs``, without root and without Docker:
    ``usr/``. An absolute symlink target is made relative (it still means the same path
    inside the root, and nothing on the host). Devices and FIFOs are not made; setuid bits
    are dropped (the store keeps the executable bit only);
-3. **maintainer scripts are not run** (``preinst``, ``postinst``…): the tree is the packages'
-   files as shipped; ``/.harness-rootfs.json`` in the tree names every package, what was not
-   made, and which maintainer scripts each package carries that did not run;
+3. **maintainer scripts run only for the packages the template names** (``[debian] configure``,
+   ``["*"]`` for all): theirs ``preinst install`` then ``postinst configure``, in dependency
+   order, in a sandbox over the new root with a fixed environment
+   (:mod:`harness.realize.maintscripts`, which says why a template opts in); a machine that
+   cannot make the sandbox refuses such a template.
+   Every other package's files are as shipped; ``/.harness-rootfs.json`` in the tree names
+   every package, what was not made, which scripts ran and which each other package carries
+   that did not run;
 4. the project's files are copied in, each checked against the sha256 the lock recorded (a
    changed file is a stale lock, never a different root).
 
@@ -63,6 +68,10 @@ class Unpacked:
     skipped: list[str] = field(default_factory=list)
     relinked: int = 0
     scripts: dict[str, list[str]] = field(default_factory=dict)
+    bodies: dict[str, dict[str, bytes]] = field(default_factory=dict)  # package -> script -> its bytes
+    depends: dict[str, set[str]] = field(default_factory=dict)  # package -> what its control names
+    provides: dict[str, set[str]] = field(default_factory=dict)  # package -> the virtual names it provides
+    ran: list[str] = field(default_factory=list)  # "package script args", in the order run
 
 
 def realize_template(
@@ -72,6 +81,17 @@ def realize_template(
     existing = store.record(lock.store)
     if existing is not None:
         return existing
+    if lock.configure:
+        from harness.realize.maintscripts import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            raise RootfsError(
+                f"template {lock.label}: cannot run the maintainer scripts of {', '.join(lock.configure)} "
+                f"(its `configure`) here: {reason}",
+                hint="realize it where user namespaces can be made and pull it from a binary cache, "
+                "or drop `configure` from the template",
+            )
     debs = _fetch(store, settings, lock) if lock.packages else []
     for entry in lock.files:  # a stale lock is refused before anything is built
         _checked_source(lock, project_root, entry)
@@ -81,6 +101,8 @@ def realize_template(
         done = Unpacked()
         for pin, path in zip(lock.packages, debs, strict=True):
             unpack_deb(path, out, pin.name, done, shown=posixpath.basename(pin.filename))
+        if lock.configure:
+            _configure(lock, out, done)
         _add_files(lock, project_root, out)
         _write_manifest(lock, out, done)
         return BuildResult(obtained="built from the template's lock")
@@ -171,12 +193,81 @@ def unpack_deb(path: Path, out: Path, package: str, done: Unpacked, *, shown: st
     with path.open("rb") as handle:
         members = ar_members(handle, where)
     with _tar_member(members, "control", where) as control:
-        names = {posixpath.basename(m.name) for m in control.getmembers()}
-        done.scripts[package] = sorted(n for n in MAINTAINER_SCRIPTS if n in names)
+        bodies = {}
+        for member in control.getmembers():
+            name = posixpath.basename(member.name)
+            body = control.extractfile(member) if member.isfile() else None
+            if body is not None and (name in MAINTAINER_SCRIPTS or name == "control"):
+                bodies[name] = body.read()
+        done.scripts[package] = sorted(n for n in MAINTAINER_SCRIPTS if n in bodies)
+        done.bodies[package] = bodies
+        done.depends[package], done.provides[package] = _control_relations(bodies.get("control", b""))
     with _tar_member(members, "data", where) as data:
         entries = sorted(data.getmembers(), key=lambda m: _inside(m.name, where))
         for member in entries:
             _unpack_member(data, member, out, package, where, done)
+
+
+def _control_relations(control: bytes) -> tuple[set[str], set[str]]:
+    """Every name a control file's ``Pre-Depends`` and ``Depends`` mention, and what it ``Provides``."""
+    from harness.resolve.debian import parse_packages, parse_relations
+
+    stanzas = parse_packages(control.decode("utf-8", errors="replace"))
+    fields = stanzas[0] if stanzas else {}
+    depends = {
+        name
+        for key in ("Pre-Depends", "Depends")
+        for group in parse_relations(fields.get(key, ""))
+        for name, _ in group
+    }
+    return depends, {group[0][0] for group in parse_relations(fields.get("Provides", ""))}
+
+
+def _configure(lock: TemplateLock, out: Path, done: Unpacked) -> None:
+    """Run the maintainer scripts of the lock's ``configure`` packages over ``out``:
+    every ``preinst install``, then every ``postinst configure``, in dependency order."""
+    from harness.realize.maintscripts import ScriptError, configure_order, run_script, tidy
+
+    providers: dict[str, set[str]] = {}
+    for package, virtuals in done.provides.items():
+        for virtual in virtuals:
+            providers.setdefault(virtual, set()).add(package)
+    order = configure_order(
+        {
+            name: {real for dep in done.depends.get(name, set()) for real in providers.get(dep, set()) | {dep}}
+            for name in lock.configure
+        }
+    )
+    arch = lock.architecture or ""
+    where = f"template {lock.label}"
+    for script, args in (("preinst", ("install",)), ("postinst", ("configure", ""))):
+        for package in order:
+            body = done.bodies.get(package, {}).get(script)
+            if body is None:
+                continue
+            try:
+                run_script(out, package, script, body, args, arch, where)
+            except ScriptError as exc:
+                raise RootfsError(exc.message, hint=exc.hint) from None
+            done.ran.append(" ".join((package, script, *args)).strip())
+    done.skipped += [f"{what}, made by a maintainer script" for what in tidy(out)]
+    _relink(out, done, where)
+
+
+def _relink(out: Path, done: Unpacked, where: str) -> None:
+    """After the scripts: absolute symlinks made relative, one climbing above the root refused."""
+    for folder, dirs, files in os.walk(out):
+        for name in dirs + files:
+            path = Path(folder) / name
+            if not path.is_symlink():
+                continue
+            rel = path.relative_to(out).as_posix()
+            target = os.readlink(path)
+            fixed = _relative_target(rel, target, where, "/" + rel)
+            if fixed != target:
+                path.unlink()
+                os.symlink(fixed, path)
+                done.relinked += 1
 
 
 def _inside(name: str, where: str) -> str:
@@ -334,17 +425,27 @@ def _write_manifest(lock: TemplateLock, out: Path, done: Unpacked) -> None:
         "assumed": list(lock.assumed),
         "files": [f.path for f in lock.files],
         "users": list(lock.users),
-        "maintainer_scripts": {
-            "run": False,
-            "note": "the packages' files as shipped: no preinst/postinst ran",
-            "carried": {k: v for k, v in sorted(done.scripts.items()) if v},
-        },
+        "maintainer_scripts": _scripts_manifest(lock, done),
         "not_made": sorted(done.skipped),
         "absolute_links_made_relative": done.relinked,
     }
     path = out / MANIFEST
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.chmod(path, 0o644)
+
+
+def _scripts_manifest(lock: TemplateLock, done: Unpacked) -> dict[str, object]:
+    """What the manifest says of maintainer scripts (unchanged for a template that runs none)."""
+    carried = {k: v for k, v in sorted(done.scripts.items()) if v and k not in lock.configure}
+    if not lock.configure:
+        return {"run": False, "note": "the packages' files as shipped: no preinst/postinst ran", "carried": carried}
+    return {
+        "run": list(lock.configure),
+        "ran": done.ran,
+        "note": "preinst install, then postinst configure, of the template's `configure` packages, "
+        "in a sandbox over this root; the other packages' scripts did not run",
+        "carried": carried,
+    }
 
 
 @dataclass(frozen=True)
