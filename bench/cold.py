@@ -9,7 +9,7 @@ goes first:
 * ``uv venv --python <the same host CPython>`` + ``uv pip sync --require-hashes
   --compile-bytecode`` of the lock's hashed requirements export, with an empty ``UV_CACHE_DIR``.
 
-``--baseline DIR`` adds a third contender in every round: harness as another commit has it
+``--baseline DIR`` (repeatable) adds a contender in every round: harness as another commit has it
 (``DIR`` holds that commit's ``harness`` package, e.g. ``git archive REV harness | tar -x -C
 DIR``), run by the same Python with ``PYTHONPATH=DIR``: before and after a change, in one run.
 
@@ -76,7 +76,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="then one cold realize under cProfile")
     parser.add_argument("--first", choices=("harness", "uv"), default="harness")
-    parser.add_argument("--baseline", type=Path, default=None, help="another commit's harness package, beside")
+    parser.add_argument(
+        "--baseline", type=Path, action="append", default=[], help="another commit's harness package, beside"
+    )
     args = parser.parse_args()
     harness = harness_command()
     print(
@@ -84,8 +86,8 @@ def main() -> int:
         f"{version([uv_bin(), '--version'])}; set {args.set}: {', '.join(SETS[args.set])}; load{load()}"
     )
     samples: dict[str, list[tuple[float, float]]] = {"harness": [], "uv": []}
-    if args.baseline is not None:
-        samples["baseline"] = []
+    baselines = {f"base:{path.name}": path.resolve() for path in args.baseline}
+    samples.update({label: [] for label in baselines})
     with tempfile.TemporaryDirectory(prefix="harness-bench-cold-") as tmp:
         scratch = Path(tmp)
         project = make_project(scratch / "project", {args.set: SETS[args.set]})
@@ -93,14 +95,15 @@ def main() -> int:
         env_set = EnvSet(args.set, project, scratch, harness)
         sets = {"harness": env_set, "uv": env_set}
         order = ["harness", "uv"] if args.first == "harness" else ["uv", "harness"]
-        if args.baseline is not None:
-            old = ["env", f"PYTHONPATH={args.baseline.resolve()}", sys.executable, "-m", "harness"]
-            sets["baseline"] = EnvSet(args.set, project, scratch, old)
-            order.insert(1, "baseline")
+        for label, path in baselines.items():
+            sets[label] = EnvSet(
+                args.set, project, scratch, ["env", f"PYTHONPATH={path}", sys.executable, "-m", "harness"]
+            )
+            order.insert(1, label)
         for attempt in range(args.runs):
             base = scratch / f"round-{attempt}"
             for who in order if attempt % 2 == 0 else order[::-1]:
-                wall, cpu = measured(sets[who], who, base)
+                wall, cpu = measured(sets[who], who.replace(":", "-"), base)
                 samples[who].append((wall, cpu))
                 print(f"round {attempt + 1} {who:<8} {wall:7.2f} s wall {cpu:7.2f} s cpu   load{load()}", flush=True)
             remove_tree(base)
@@ -112,12 +115,12 @@ def main() -> int:
             f"({min(w for w, _ in samples['uv']):.2f}-{max(w for w, _ in samples['uv']):.2f}); "
             f"ratio {ours / uv:.2f} [goal <= 1.2x] {'meets' if ours / uv <= 1.2 else 'MISSES'}"
         )
-        if args.baseline is not None:
-            before = statistics.median(w for w, _ in samples["baseline"])
+        for label, path in baselines.items():
+            before = statistics.median(w for w, _ in samples[label])
             print(
-                f"baseline ({args.baseline}): median wall {before:.2f} s, cpu "
-                f"{statistics.median(c for _, c in samples['baseline']):.2f} s; ratio to uv {before / uv:.2f}; "
-                f"this tree / baseline {ours / before:.2f}"
+                f"{label} ({path}): median wall {before:.2f} s, cpu "
+                f"{statistics.median(c for _, c in samples[label]):.2f} s; ratio to uv {before / uv:.2f}; "
+                f"this tree / it {ours / before:.2f}"
             )
         print(
             f"median cpu: harness {statistics.median(c for _, c in samples['harness']):.2f} s, "

@@ -145,6 +145,9 @@ def test_pycs_compiled_ahead_from_wheels_are_the_ones_the_tree_compile_writes(tm
     )
     report = compile_tree(PYTHON, [fast / SITE], root=fast, jobs=2, ahead=ahead)
     assert ahead.error is None
+    # Each source dropped once compiled, each pyc moved in but the one of the file that differs.
+    left = [p.relative_to(tmp_path / "shadow").as_posix() for p in (tmp_path / "shadow").rglob("*.py*")]
+    assert left == [pyc_name(f"{SITE}/pkg/changed.py", TAG)]
     assert f"{SITE}/extra/mod.py" in ahead.digests and not any("tool.py" in n or "stray" in n for n in ahead.digests)
     assert sorted(ahead.moved) == sorted(
         f"{SITE}/{n}" for n in installed if n not in ("pkg/broken.py", "pkg/changed.py")

@@ -48,6 +48,7 @@ folders are not entered (as ``compileall``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import os
 import queue
@@ -310,6 +311,9 @@ def compile_ahead(
 
     def tick(name: str, ok: bool) -> bool:
         (ahead.compiled if ok else ahead.failed).add(name)
+        # Its source is done with: removed now, while uv installs, not with the shadow after.
+        with contextlib.suppress(OSError):
+            os.unlink(shadow / name)
         return not ahead.stop.is_set()
 
     def run() -> None:
