@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.lock.lockfile import read
-from harness.realize.bytecode import CompileReport, ReuseFrom, compile_ahead, compile_tree, cpu_count, pyc_name
+from harness.realize.bytecode import CompileReport, ReuseFrom, compile_tree, cpu_count, pyc_name
 from harness.realize.standin import realized_lock
 from harness.store.bytecode import BytecodeIndex, entry_key, prune
 from harness.store.gc import collect, pin
@@ -102,85 +102,6 @@ def test_bytes_do_not_depend_on_workers_order_or_location(tmp_path: Path) -> Non
         check=True,
     )
     assert probe.stdout.strip().endswith(f"json_decoder.{TAG}.pyc")
-
-
-SITE = "lib/python3.x/site-packages"
-
-
-def ahead_wheel(path: Path) -> dict[str, bytes]:
-    """A wheel of real code at ``path``; returns what an installer puts in site-packages (the
-    ``.data/purelib`` member at the root; the script, the stray pyc folder's file and the
-    RECORD-like text file are not compiled)."""
-    import zipfile
-
-    installed = {f"pkg/{rel.replace('/', '_')}": (STDLIB / rel).read_bytes() for rel in MODULES}
-    installed |= {"pkg/broken.py": BROKEN.encode(), "pkg/changed.py": b"x = 1\n", "extra/mod.py": b"y = 'extra'\n"}
-    with zipfile.ZipFile(path, "w") as wheel:
-        for name, data in installed.items():
-            member = f"pkg-1.0.data/purelib/{name}" if name.startswith("extra/") else name
-            wheel.writestr(member, data)
-        wheel.writestr("pkg-1.0.data/scripts/tool.py", "print('a script')\n")
-        wheel.writestr("pkg/__pycache__/stray.py", "z = 0\n")
-        wheel.writestr("pkg-1.0.dist-info/RECORD", "")
-    return installed
-
-
-def lay_out(root: Path, installed: dict[str, bytes]) -> Path:
-    for name, data in installed.items():
-        (root / SITE / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / SITE / name).write_bytes(data)
-    return root / SITE
-
-
-def test_pycs_compiled_ahead_from_wheels_are_the_ones_the_tree_compile_writes(tmp_path: Path) -> None:
-    installed = ahead_wheel(tmp_path / "pkg-1.0-py3-none-any.whl")
-    plain, fast = tmp_path / "plain", tmp_path / "fast"
-    expected = compile_tree(PYTHON, [lay_out(plain, installed)], root=plain, jobs=1)
-    # The installed changed.py is not the wheel's: its pyc must come from the tree's compile.
-    installed["pkg/changed.py"] = b"x = 2\n"
-    lay_out(fast, installed)
-    (tmp_path / "shadow").mkdir()
-    ahead = compile_ahead(
-        PYTHON, [tmp_path / "pkg-1.0-py3-none-any.whl"], shadow=tmp_path / "shadow", site_packages=SITE, jobs=2
-    )
-    report = compile_tree(PYTHON, [fast / SITE], root=fast, jobs=2, ahead=ahead)
-    assert ahead.error is None
-    # Each source dropped once compiled, each pyc moved in but the one of the file that differs.
-    left = [p.relative_to(tmp_path / "shadow").as_posix() for p in (tmp_path / "shadow").rglob("*.py*")]
-    assert left == [pyc_name(f"{SITE}/pkg/changed.py", TAG)]
-    assert f"{SITE}/extra/mod.py" in ahead.digests and not any("tool.py" in n or "stray" in n for n in ahead.digests)
-    assert sorted(ahead.moved) == sorted(
-        f"{SITE}/{n}" for n in installed if n not in ("pkg/broken.py", "pkg/changed.py")
-    )
-    assert (report.total, report.compiled, report.failed) == (expected.total, expected.compiled, expected.failed)
-    assert report.failed == [f"{SITE}/pkg/broken.py"]
-    first, second = pycs(plain), pycs(fast)
-    changed = pyc_name(f"{SITE}/pkg/changed.py", TAG)
-    assert first.pop(changed) != second.pop(changed)  # compiled from the installed bytes
-    assert first == second and len(first) == len(MODULES) + 1
-    run = subprocess.run(
-        [str(PYTHON), "-B", "-c", "import pkg.changed, extra.mod; print(pkg.changed.x, pkg.changed.__cached__)"],
-        cwd=fast / SITE,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert run.stdout.split()[0] == "2" and run.stdout.strip().endswith(f"changed.{TAG}.pyc")
-
-
-def test_a_cancelled_compile_ahead_leaves_the_tree_compile_whole(tmp_path: Path) -> None:
-    installed = ahead_wheel(tmp_path / "pkg-1.0-py3-none-any.whl")
-    root = tmp_path / "env"
-    lay_out(root, installed)
-    (tmp_path / "shadow").mkdir()
-    ahead = compile_ahead(
-        PYTHON, [tmp_path / "pkg-1.0-py3-none-any.whl"], shadow=tmp_path / "shadow", site_packages=SITE
-    )
-    ahead.cancel()
-    assert ahead.thread is None and ahead.stop.is_set()
-    report = compile_tree(PYTHON, [root / SITE], root=root, ahead=ahead)
-    assert report.compiled == len(installed) - 1 and report.failed == [f"{SITE}/pkg/broken.py"]
-    assert len(pycs(root)) == len(installed) - 1
 
 
 def env_builder(reuse: ReuseFrom, reports: list[CompileReport]) -> Callable[[Path], BuildResult]:

@@ -48,7 +48,6 @@ folders are not entered (as ``compileall``).
 from __future__ import annotations
 
 import collections
-import contextlib
 import importlib.util
 import os
 import queue
@@ -163,7 +162,6 @@ def compile_tree(
     jobs: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     reuse: ReuseFrom | None = None,
-    ahead: Ahead | None = None,
 ) -> CompileReport:
     """Write an unchecked-hash pyc beside every ``.py`` under ``folders`` (inside ``root``)
     with interpreter ``python`` (module doc); returns what was reused and compiled.
@@ -171,9 +169,8 @@ def compile_tree(
     ``jobs`` bounds the worker processes (default: the CPUs this process may use); the bytes
     do not depend on it. ``progress(done, total)`` is called (never from two
     threads at once) after the lookups and as files complete. ``reuse`` takes pycs from the
-    store instead of compiling them; ``ahead`` (:func:`compile_ahead`, finished) moves in the
-    pycs it compiled of files whose bytes are the ones here. Raises :class:`HarnessError`
-    when a worker fails (not when a file has a syntax error: that file is skipped).
+    store instead of compiling them. Raises :class:`HarnessError` when a worker fails (not
+    when a file has a syntax error: that file is skipped).
     """
     names = sources(root, folders)
     report = CompileReport(total=len(names))
@@ -191,10 +188,8 @@ def compile_tree(
             todo.append(name)
             if key is not None:
                 keys[name] = key
-    if ahead is not None:
-        todo = ahead.take(root, todo, report, tag)
     lock = threading.Lock()
-    done = report.reused + report.compiled + len(report.failed)
+    done = report.reused
     stopped: list[Stopped] = []
 
     def tick(name: str, ok: bool) -> bool:
@@ -225,7 +220,7 @@ def compile_tree(
         from harness.store.hashing import file_blake3
 
         failed = set(report.failed)
-        for name in [*todo, *(ahead.moved if ahead is not None else ())]:
+        for name in todo:
             if name in keys and name not in failed:
                 pyc = root / pyc_name(name, tag)
                 try:
@@ -233,161 +228,6 @@ def compile_tree(
                 except (OSError, HarnessError):
                     continue
     return report
-
-
-class Ahead:
-    """pycs compiled in the background from the ``.py`` members of wheels, into a shadow tree
-    laid out as the environment will be, while uv installs the same wheels
-    (:func:`compile_ahead`). The bytes of a pyc depend on the interpreter, the source and its
-    relative name only (module doc), so one compiled in the shadow is the one a compile in
-    the environment would write, for every file whose bytes there are the member's:
-    :meth:`take` moves those in (after checking the bytes), the rest is compiled as usual."""
-
-    def __init__(self, shadow: Path) -> None:
-        self.shadow = shadow
-        #: relative name → blake3 of the member's bytes, for each file extracted
-        self.digests: dict[str, str] = {}
-        self.compiled: set[str] = set()
-        self.failed: set[str] = set()
-        #: the names :meth:`take` moved into the tree
-        self.moved: list[str] = []
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self.thread: threading.Thread | None = None
-
-    def cancel(self) -> None:
-        """Stop compiling (each worker after its file) and wait for the workers to exit."""
-        self.stop.set()
-        self.wait()
-
-    def wait(self) -> None:
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-
-    def take(self, root: Path, names: list[str], report: CompileReport, tag: str) -> list[str]:
-        """Wait for the background compile; move in the pyc of each of ``names`` whose file
-        under ``root`` has the bytes compiled ahead (counted in ``report``, as a file that does
-        not compile is); return the names left to compile."""
-        self.wait()
-        if self.error is not None:  # a worker failed: the compile in the tree says why
-            return names
-        left: list[str] = []
-        for name in names:
-            digest = self.digests.get(name)
-            done = name in self.compiled or name in self.failed
-            if digest is None or not done or _blake3_of(os.path.join(root, name)) != digest:
-                left.append(name)
-            elif name in self.failed:
-                report.failed.append(name)
-            else:
-                target = root / pyc_name(name, tag)
-                try:
-                    target.parent.mkdir(exist_ok=True)
-                    _move(self.shadow / pyc_name(name, tag), target)
-                except OSError:
-                    left.append(name)
-                    continue
-                report.compiled += 1
-                self.moved.append(name)
-        return left
-
-
-def compile_ahead(
-    python: Path,
-    wheels: Iterable[Path],
-    *,
-    shadow: Path,
-    site_packages: str,
-    jobs: int | None = None,
-    reuse: ReuseFrom | None = None,
-) -> Ahead:
-    """Start compiling the ``.py`` members of ``wheels`` in the background (:class:`Ahead`),
-    as the files ``<site_packages>/<member>`` of a tree at ``shadow`` (an empty folder on any
-    file system): a wheel's ``.data/purelib`` and ``.data/platlib`` members count as its root's,
-    other ``.data`` members are not compiled. Members ``reuse``'s index already holds a pyc
-    for are not compiled. :meth:`Ahead.cancel` stops it."""
-    ahead = Ahead(shadow)
-
-    def tick(name: str, ok: bool) -> bool:
-        (ahead.compiled if ok else ahead.failed).add(name)
-        # Its source is done with: removed now, while uv installs, not with the shadow after.
-        with contextlib.suppress(OSError):
-            os.unlink(shadow / name)
-        return not ahead.stop.is_set()
-
-    def run() -> None:
-        try:
-            names = _extract_sources(wheels, shadow, site_packages, ahead)
-            if reuse is not None:
-                from harness.store.bytecode import entry_key
-
-                interpreter = reuse.index.interpreter
-                names = [n for n in names if reuse.index.lookup(entry_key(interpreter, n, ahead.digests[n])) is None]
-            if names and not ahead.stop.is_set():
-                _run_workers(python, shadow, names, jobs, tick)
-        except Exception as exc:  # the environment's own compile runs instead
-            ahead.error = exc
-
-    ahead.thread = threading.Thread(target=run, name="compile-ahead", daemon=True)
-    ahead.thread.start()
-    return ahead
-
-
-def _extract_sources(wheels: Iterable[Path], shadow: Path, site_packages: str, ahead: Ahead) -> list[str]:
-    """Write the ``.py`` members of ``wheels`` under ``shadow``/``site_packages`` (see
-    :func:`compile_ahead`); their relative names, spelled as :func:`sources` spells them."""
-    import zipfile
-
-    import blake3
-
-    names: list[str] = []
-    for wheel in wheels:
-        if ahead.stop.is_set():
-            break
-        with zipfile.ZipFile(wheel) as archive:
-            for info in archive.infolist():
-                parts = info.filename.split("/")
-                if not parts[-1].endswith(".py") or info.is_dir() or "\n" in info.filename:
-                    continue
-                if parts[0].endswith(".data"):
-                    if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
-                        continue
-                    parts = parts[2:]
-                if any(part in ("", ".", "..", "__pycache__") for part in parts):
-                    continue
-                name = os.path.join(site_packages, *parts)
-                data = archive.read(info)
-                target = shadow / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
-                if name not in ahead.digests:
-                    names.append(name)
-                ahead.digests[name] = blake3.blake3(data).hexdigest()
-    return names
-
-
-def _move(source: Path, target: Path) -> None:
-    """Move a pyc into the tree: renamed on one file system, else copied (a fresh file, as
-    a compile writes one: never through a hard link another tree shares)."""
-    try:
-        os.replace(source, target)
-    except OSError:
-        if os.path.lexists(target):
-            os.unlink(target)
-        import shutil
-
-        shutil.copyfile(source, target)
-
-
-def _blake3_of(path: str) -> str | None:
-    import blake3
-
-    try:
-        with open(path, "rb") as handle:
-            return blake3.blake3(handle.read()).hexdigest()
-    except OSError:
-        return None
 
 
 def cache_tag(python: Path) -> str:

@@ -47,10 +47,7 @@ the store, ``<store>/<hash>-cpython-3.11.7`` and ``<store>/<hash>-<name>-env``. 
   store fixes mtimes. Their bytes depend only on the interpreter, the source, its relative
   name and the optimization level (``harness/realize/bytecode.py``), so a pyc another
   environment on the same interpreter already holds is taken from the store's pool instead
-  of compiled again (``harness/store/bytecode.py``). For the same reason the realized wheels'
-  ``.py`` members are compiled *while uv installs them*, in a scratch tree laid out as the
-  environment's ``site-packages`` (:func:`harness.realize.bytecode.compile_ahead`); each
-  pyc is moved in once the installed file is seen to hold the member's bytes.
+  of compiled again (``harness/store/bytecode.py``).
 
 Finally every file the build itself wrote or rewrote (outside ``site-packages``, its top-level
 files, and the files of dists built from sources) is scanned for an absolute path of the
@@ -90,7 +87,7 @@ from packaging.utils import (
 )
 
 from harness.progress import QUIET, Reporter
-from harness.realize.bytecode import Ahead, CompileReport, ReuseFrom, compile_ahead
+from harness.realize.bytecode import CompileReport, ReuseFrom
 from harness.realize.bytecode import compile_tree
 from harness.realize.interpreter import replace_file_bytes
 from harness.errors import HarnessError
@@ -255,23 +252,12 @@ def build_environment(
     with tempfile.TemporaryDirectory(prefix="harness-env-") as tmp:
         scratch = _prepare_scratch(Path(tmp), inputs.builds, hashes, cache_dir)
         count = f"{len(inputs.dists)} package(s)" + (f" and {len(inputs.sources)} source(s)" if inputs.sources else "")
-        # The shadow tree beside ``out`` (the store's scratch): its pycs are moved, not copied, in.
-        shadow = Path(tempfile.mkdtemp(prefix=f".{out.name}.ahead-", dir=out.parent)) if bytecode else None
-        ahead = _compile_ahead(inputs, shadow, jobs, bytecode_from) if shadow is not None else None
-        try:
-            with progress.phase(f"installing {count} into environment {prompt} (uv)"):
-                installed = _install(out, inputs, scratch, hashes, prompt)
-            editable = _relocate(out, installed, inputs.sources, inputs.link_target)
-            report = (
-                _compile_bytecode(out, inputs.exe, installed, prompt, progress, jobs, bytecode_from, ahead)
-                if bytecode
-                else None
-            )
-        finally:
-            if ahead is not None:
-                ahead.cancel()
-            if shadow is not None:
-                shutil.rmtree(shadow, ignore_errors=True)
+        with progress.phase(f"installing {count} into environment {prompt} (uv)"):
+            installed = _install(out, inputs, scratch, hashes, prompt)
+        editable = _relocate(out, installed, inputs.sources, inputs.link_target)
+        report = (
+            _compile_bytecode(out, inputs.exe, installed, prompt, progress, jobs, bytecode_from) if bytecode else None
+        )
         needles = {out, interpreter_dir, interpreter_dir.parent, scratch.work, cache_dir, *installed.copies.values()}
         embedded = _check_paths(out, installed.site_packages, installed.from_sources, needles)
 
@@ -684,25 +670,11 @@ def _compile_bytecode(
     progress: Reporter,
     jobs: int | None,
     reuse: ReuseFrom | None,
-    ahead: Ahead | None = None,
 ) -> CompileReport:
     """Reproducible pycs of the environment's ``site-packages`` (module doc), the store's
-    pool reused where it holds them, those compiled while uv installed (``ahead``) moved in."""
+    pool reused where it holds them."""
     with progress.phase(f"compiling bytecode of environment {prompt}") as phase:
-        return compile_tree(
-            exe, [installed.site_packages], root=out, jobs=jobs, progress=phase.callback(), reuse=reuse, ahead=ahead
-        )
-
-
-def _compile_ahead(inputs: _Inputs, shadow: Path, jobs: int | None, reuse: ReuseFrom | None) -> Ahead | None:
-    """Start compiling the realized wheels' sources while uv installs them (module doc):
-    only where the interpreter's ``site-packages`` is known from its name (``python3.X``)."""
-    match = re.fullmatch(r"python(3\.\d+)", inputs.exe.name)
-    wheels = [d.path for d in inputs.dists if d.is_wheel]
-    if match is None or not wheels:
-        return None
-    site_packages = os.path.join("lib", f"python{match.group(1)}", "site-packages")
-    return compile_ahead(inputs.exe, wheels, shadow=shadow, site_packages=site_packages, jobs=jobs, reuse=reuse)
+        return compile_tree(exe, [installed.site_packages], root=out, jobs=jobs, progress=phase.callback(), reuse=reuse)
 
 
 # --------------------------------------------------------------------------- inputs
