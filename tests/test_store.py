@@ -268,3 +268,39 @@ def test_a_pooled_file_changed_behind_the_stores_back_is_not_registered_again(tm
     with pytest.raises(StoreError, match=r"lib/module.py: the file installed here was changed behind the store's back"):
         store.add(third, "environment", environment)
     assert not store.is_registered(third)
+
+
+def test_an_environment_is_shared_and_hashed_in_one_read_as_canonicalized(tmp_path: Path) -> None:
+    """Store.add reads an environment's files once, for the pool and the content hash
+    together, before canonicalizing: the hash must be the one of the registered (canonical)
+    path, a file with only a group execute bit counting as executable, as canonicalize leaves it."""
+    store = Store(tmp_path / "store")
+    big = random.Random(7).randbytes(3 << 20)  # the mmap path
+
+    def environment(out: Path) -> BuildResult:
+        (out / "bin").mkdir(parents=True)
+        (out / "lib").mkdir()
+        for name, data, mode in (
+            ("lib/a.py", b"A = 1\n", 0o644),
+            ("lib/same-as-a.py", b"A = 1\n", 0o600),
+            ("lib/big.so", big, 0o755),
+            ("bin/group-exec", b"#!/bin/sh\n", 0o650),
+            ("bin/tool", b"#!/bin/sh\necho\n", 0o700),
+        ):
+            (out / name).write_bytes(data)
+            (out / name).chmod(mode)
+        (out / "bin" / "python").symlink_to("../lib/a.py")
+        return BuildResult(obtained="test")
+
+    name = "4" * 32 + "-one-read-env"
+    record = store.add(name, "environment", environment)
+    path = store.path(name)
+    assert record.content == content_hash(path)  # the registered, canonical bytes and modes
+    assert stat.S_IMODE((path / "bin" / "group-exec").stat().st_mode) == 0o555
+    assert (path / "lib" / "a.py").stat().st_ino == (path / "lib" / "same-as-a.py").stat().st_ino
+    assert (path / "lib" / "big.so").stat().st_nlink == 2  # the path's and the pool's
+    # A second environment of the same files takes every inode from the pool.
+    again = store.add("5" * 32 + "-one-read-env", "environment", environment)
+    assert again.content == record.content
+    assert (store.path(again.name) / "lib" / "big.so").stat().st_ino == (path / "lib" / "big.so").stat().st_ino
+    assert all(f.status == "ok" for f in verify_store(store, check_contents=True))

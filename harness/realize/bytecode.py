@@ -47,6 +47,7 @@ folders are not entered (as ``compileall``).
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import os
 import queue
@@ -97,6 +98,9 @@ def main(path=None, fork=sys.version_info[:2] not in ((3, 11), (3, 13)) and hasa
         flush()
 main()
 """
+
+#: Files handed to a worker ahead of its answers (:func:`_run_workers`).
+_IN_FLIGHT = 2
 
 #: pyc header flags of an unchecked hash-based pyc (PEP 552: hash-based, do not check source).
 _UNCHECKED_HASH = (1).to_bytes(4, "little")
@@ -370,14 +374,22 @@ def _run_workers(
                 errors.append(f"{python} does not start: {exc}")
                 return
             assert proc.stdin is not None and proc.stdout is not None
+            sent: collections.deque[str] = collections.deque()
             try:
                 while not errors:
-                    try:
-                        name = work.get_nowait()
-                    except queue.Empty:
+                    # One file queued behind the one being compiled: the worker never waits
+                    # for this thread between two files.
+                    while len(sent) < _IN_FLIGHT:
+                        try:
+                            name = work.get_nowait()
+                        except queue.Empty:
+                            break
+                        proc.stdin.write(os.fsencode(name) + b"\n")
+                        sent.append(name)
+                    if not sent:
                         break
-                    proc.stdin.write(os.fsencode(name) + b"\n")
                     proc.stdin.flush()
+                    name = sent.popleft()
                     answer = proc.stdout.readline()
                     if answer not in (b"1\n", b"0\n"):
                         raise OSError(f"no answer for {name}")

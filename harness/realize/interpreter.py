@@ -606,9 +606,10 @@ def _copy_host(probe: _Probe, layout: dict[str, str], out: Path, *, check: Calla
         abi3 = source / f"libpython{minor.split('.')[0]}.so"
         if abi3.is_file() and not abi3.is_symlink():
             shutil.copy2(abi3, target / abi3.name)
-    # Point every absolute RUNPATH into the original installation at the copy instead.
+    # Point every absolute RUNPATH into the original installation at the copy instead (a
+    # module's source is never a shared object: not opened to look).
     for path in _files(out):
-        if _is_elf(path):
+        if not path.name.endswith(".py") and _is_elf(path):
             _relocate_runpath(path, original=prefix / path.relative_to(out), prefix=prefix)
 
 
@@ -789,8 +790,7 @@ def _relocate_runpath(path: Path, *, original: Path, prefix: Path) -> None:
     in place. The new string must fit in the old one's bytes (it is NUL-padded): patchelf
     could grow the string table, but an in-place shrink needs no new dependency and the
     ``$ORIGIN`` form is always shorter than an absolute install path in practice."""
-    data = bytearray(path.read_bytes())
-    dynamic = _read_dynamic(bytes(data))
+    dynamic = _read_dynamic(path.read_bytes())
     if dynamic is None or not dynamic.paths:
         if dynamic is not None and any(n.startswith("libpython") for n in dynamic.needed):
             raise HarnessError(
@@ -798,7 +798,7 @@ def _relocate_runpath(path: Path, *, original: Path, prefix: Path) -> None:
                 "path), so a copy would not load its own; cannot make a relocatable copy"
             )
         return
-    changed = False
+    patches: list[tuple[int, bytes]] = []
     for _, offset, value in dynamic.paths:
         entries = []
         for entry in value.split(":"):
@@ -818,7 +818,22 @@ def _relocate_runpath(path: Path, *, original: Path, prefix: Path) -> None:
             raise HarnessError(f"{original}: RUNPATH {value!r} is too short to rewrite to {new.decode()!r} in place")
         if any(offset < other <= offset + len(old) for other in dynamic.string_offsets):
             raise HarnessError(f"{original}: its RUNPATH string is shared with another entry; cannot rewrite it")
-        data[offset : offset + len(old)] = new + b"\0" * (len(old) - len(new))
-        changed = True
-    if changed:
-        replace_file_bytes(path, bytes(data))
+        patches.append((offset, new + b"\0" * (len(old) - len(new))))
+    if patches:
+        _patch_copy(path, patches)
+
+
+def _patch_copy(path: Path, patches: list[tuple[int, bytes]]) -> None:
+    """Write ``(offset, bytes)`` patches into ``path`` in place: a file :func:`_copy_host`
+    just copied, an inode of its own (rewriting a whole libpython cost a second copy)."""
+    mode = os.stat(path).st_mode & 0o7777
+    if not mode & 0o200:
+        os.chmod(path, mode | 0o200)
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for offset, data in patches:
+            os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
+        if not mode & 0o200:
+            os.chmod(path, mode)

@@ -202,13 +202,15 @@ _ENTRY, _NAME_TAG, _NODE = _nar_str(b"entry"), _nar_str(b"name"), _nar_str(b"nod
 
 
 class _Contents:
-    """A placeholder in the walk for a regular file's ``size`` bytes, read by the consumer."""
+    """A placeholder in the walk for a regular file's ``size`` bytes, read by the consumer;
+    ``stat`` is the file's ``lstat`` (None where the caller made the placeholder)."""
 
-    __slots__ = ("path", "size")
+    __slots__ = ("path", "size", "stat")
 
-    def __init__(self, path: bytes, size: int) -> None:
+    def __init__(self, path: bytes, size: int, st: os.stat_result | None = None) -> None:
         self.path = path
         self.size = size
+        self.stat = st
 
 
 def _kind_of(mode: int) -> str:
@@ -223,14 +225,15 @@ def _kind_of(mode: int) -> str:
     return f"an unknown file type (mode {mode:o})"
 
 
-def _walk(path: bytes, st: os.stat_result) -> Iterator[bytes | _Contents]:
-    """The NAR of the node at ``path`` (already lstat'ed), file contents as placeholders."""
+def _walk(path: bytes, st: os.stat_result, executable: int = stat.S_IXUSR) -> Iterator[bytes | _Contents]:
+    """The NAR of the node at ``path`` (already lstat'ed), file contents as placeholders.
+    ``executable``: the mode bits that make a file executable (see :func:`nar_digest`)."""
     mode = st.st_mode
     if stat.S_ISREG(mode):
         # Nix keeps only the owner's execute bit; everything else about modes is dropped.
-        yield _REGULAR + (_EXECUTABLE if mode & stat.S_IXUSR else b"") + _CONTENTS
+        yield _REGULAR + (_EXECUTABLE if mode & executable else b"") + _CONTENTS
         yield st.st_size.to_bytes(8, "little")
-        yield _Contents(path, st.st_size)
+        yield _Contents(path, st.st_size, st)
         yield _padding(st.st_size) + _CLOSE
     elif stat.S_ISLNK(mode):
         yield _SYMLINK + _nar_str(os.readlink(path)) + _CLOSE
@@ -241,7 +244,7 @@ def _walk(path: bytes, st: os.stat_result) -> Iterator[bytes | _Contents]:
         for name in names:
             child = os.path.join(path, name)
             yield _ENTRY + _OPEN + _NAME_TAG + _nar_str(name) + _NODE
-            yield from _walk(child, os.lstat(child))
+            yield from _walk(child, os.lstat(child), executable)
             yield _CLOSE
         yield _CLOSE
     else:
@@ -252,10 +255,10 @@ def _walk(path: bytes, st: os.stat_result) -> Iterator[bytes | _Contents]:
         )
 
 
-def _nar_pieces(path: str | os.PathLike[str]) -> Iterator[bytes | _Contents]:
+def _nar_pieces(path: str | os.PathLike[str], executable: int = stat.S_IXUSR) -> Iterator[bytes | _Contents]:
     root = os.fsencode(path)
     yield _MAGIC
-    yield from _walk(root, os.lstat(root))
+    yield from _walk(root, os.lstat(root), executable)
 
 
 def _open_checked(piece: _Contents) -> int:
@@ -282,8 +285,9 @@ def _read_contents(piece: _Contents) -> Iterator[bytes]:
         os.close(fd)
 
 
-def _hash_contents(hasher: Any, piece: _Contents) -> None:
-    """Feed a file's bytes to ``hasher``: mmap for large files, one read for small ones.
+def _hash_contents(hasher: Any, piece: _Contents, also: Any = None) -> None:
+    """Feed a file's bytes to ``hasher`` (and to ``also``, when given, from the same read):
+    mmap for large files, one read for small ones.
 
     A file truncated by another process while mapped would fault; the store hashes only
     paths it holds locked or has made read-only, so that is a misuse, not a case to handle.
@@ -291,6 +295,8 @@ def _hash_contents(hasher: Any, piece: _Contents) -> None:
     if piece.size < _MMAP_THRESHOLD:
         for chunk in _read_contents(piece):
             hasher.update(chunk)
+            if also is not None:
+                also.update(chunk)
         return
     fd = _open_checked(piece)
     try:
@@ -298,6 +304,8 @@ def _hash_contents(hasher: Any, piece: _Contents) -> None:
             if hasattr(view, "madvise"):
                 view.madvise(mmap.MADV_SEQUENTIAL)
             hasher.update(view)
+            if also is not None:
+                also.update(view)
     finally:
         os.close(fd)
 
@@ -351,18 +359,32 @@ class NarDigest(tuple[str, int]):
         return (self[0], self[1])
 
 
-def nar_digest(path: str | os.PathLike[str]) -> NarDigest:
-    """blake3 of ``iter_nar(path)`` and its length, hashing large files multithreaded."""
+def nar_digest(path: str | os.PathLike[str], *, files: Any = None) -> NarDigest:
+    """blake3 of ``iter_nar(path)`` and its length, hashing large files multithreaded.
+
+    ``files`` (the store's file sharing, ``Store._share_and_hash``) sees every regular file
+    from the same read: ``files.wants(path, stat)`` says whether it wants the file's own
+    blake3, which ``files.add(path, stat, hex digest)`` then receives. With ``files`` the path
+    is hashed as :func:`harness.store.store.canonicalize` will leave it, not as it is: a file
+    with *any* execute bit is executable (canonicalize makes it 0555), so the digest is the
+    one a walk after canonicalizing computes."""
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
     size = 0
+    executable = stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH if files is not None else stat.S_IXUSR
     try:
         pending: list[bytes] = []
-        for piece in _nar_pieces(path):
+        for piece in _nar_pieces(path, executable):
             if isinstance(piece, _Contents):
                 # Small structural pieces are joined so blake3 sees few, larger updates.
                 hasher.update(b"".join(pending))
                 pending.clear()
-                _hash_contents(hasher, piece)
+                if files is not None and files.wants(piece.path, piece.stat):
+                    # Threads only where they pay (as for the path's own hasher's large files).
+                    own = blake3.blake3(max_threads=blake3.blake3.AUTO if piece.size >= _MMAP_THRESHOLD else 1)
+                    _hash_contents(hasher, piece, own)
+                    files.add(piece.path, piece.stat, own.hexdigest())
+                else:
+                    _hash_contents(hasher, piece)
                 size += piece.size
             else:
                 pending.append(piece)

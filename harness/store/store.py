@@ -592,6 +592,12 @@ class Store:
 
         if not os.path.lexists(out):
             raise StoreError(f"building {name} produced nothing")
+        if kind in SHARED_KINDS and fingerprints is None:
+            # One read of every file, shared and hashed together (hashing.nar_digest's
+            # ``files``: as canonicalize leaves it, which then changes no byte).
+            digest = nar_digest(out, files=_Sharer(self, out))
+            canonicalize(out, keep_top_writable=True)
+            return digest
         if kind in SHARED_KINDS:
             self._share_files(out)
         # The top directory stays writable until it is in place: moving a directory to another
@@ -675,45 +681,19 @@ class Store:
 
         from harness.store.hashing import file_blake3
 
-        self.links_dir.mkdir(exist_ok=True)
-        # Inodes already in the pool (readdir gives them for free): files installed as hard
-        # links of uv's cache are usually among them, and need no reading at all.
-        with os.scandir(self.links_dir) as entries:
-            pooled = {entry.inode(): entry.name for entry in entries}
-        device = os.stat(self.links_dir).st_dev
+        sharer = _Sharer(self, out)
         for dirpath, _, filenames in os.walk(out):
             for filename in filenames:
                 path = os.path.join(dirpath, filename)
                 st = os.lstat(path)
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                if st.st_ino in pooled and st.st_dev == device:
-                    if st.st_mtime_ns != FIXED_MTIME_NS or st.st_mode & 0o222:
-                        _check_pooled(path, pooled[st.st_ino], out)
+                if not stat.S_ISREG(st.st_mode) or not sharer.wants(path, st):
                     continue
                 if st.st_size < 1 << 20:  # most are small: one read, no thread pool
                     with open(path, "rb") as handle:
                         digest = blake3.blake3(handle.read()).hexdigest()
                 else:
                     digest = file_blake3(path)
-                pool = self.links_dir / (digest + ("x" if st.st_mode & 0o111 else ""))
-                try:
-                    os.link(path, pool)
-                    continue  # the first file with these bytes
-                except FileExistsError:
-                    pass
-                except OSError:
-                    continue
-                try:
-                    held = os.stat(pool)
-                    if (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino):
-                        continue
-                    if _same_bytes(path, pool):
-                        _replace_with_link(pool, Path(path))
-                    else:
-                        _replace_with_link(Path(path), pool)  # a damaged pool file: ours is right
-                except OSError:
-                    continue
+                sharer.add(path, st, digest)
 
     def collect_links(self) -> int:
         """Remove pool links no store path shares any more (link count 1); returns how many."""
@@ -902,6 +882,51 @@ def _seal_top(path: Path) -> None:
         os.chmod(path, 0o555)
     if not stat.S_ISLNK(st.st_mode):
         os.utime(path, (FIXED_MTIME, FIXED_MTIME))
+
+
+class _Sharer:
+    """:meth:`Store._share_files` for one built path, file by file: :meth:`wants` says whether
+    a file must be read (it is not a pool inode already, which it checks), :meth:`add` links it
+    to the pool by its bytes' blake3. ``Store._seal_and_hash`` hands it to
+    :func:`harness.store.hashing.nar_digest`, which reads each file once for both."""
+
+    def __init__(self, store: Store, out: Path) -> None:
+        self.out = out
+        self.links_dir = store.links_dir
+        self.links_dir.mkdir(exist_ok=True)
+        # Inodes already in the pool (readdir gives them for free): files installed as hard
+        # links of uv's cache are usually among them, and need no reading at all.
+        with os.scandir(self.links_dir) as entries:
+            self.pooled = {entry.inode(): entry.name for entry in entries}
+        self.device = os.stat(self.links_dir).st_dev
+
+    def wants(self, path: str | bytes, st: os.stat_result) -> bool:
+        if st.st_ino in self.pooled and st.st_dev == self.device:
+            if st.st_mtime_ns != FIXED_MTIME_NS or st.st_mode & 0o222:
+                _check_pooled(os.fsdecode(path), self.pooled[st.st_ino], self.out)
+            return False
+        return True
+
+    def add(self, path: str | bytes, st: os.stat_result, digest: str) -> None:
+        path = os.fsdecode(path)
+        pool = self.links_dir / (digest + ("x" if st.st_mode & 0o111 else ""))
+        try:
+            os.link(path, pool)
+            return  # the first file with these bytes
+        except FileExistsError:
+            pass
+        except OSError:
+            return
+        try:
+            held = os.stat(pool)
+            if (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino):
+                return
+            if _same_bytes(path, pool):
+                _replace_with_link(pool, Path(path))
+            else:
+                _replace_with_link(Path(path), pool)  # a damaged pool file: ours is right
+        except OSError:
+            return
 
 
 def _check_pooled(path: str, pool_name: str, out: Path) -> None:
