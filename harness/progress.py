@@ -90,7 +90,7 @@ class Reporter:
 
     def _write(self, line: str) -> None:
         stream = self._stream if self._stream is not None else sys.stderr
-        print(line, file=stream, flush=True)
+        write_line(stream, line)
 
     def _live(self) -> _Live:
         return _Live.for_console(self._console)
@@ -376,3 +376,11 @@ def _make_progress(console: Any) -> Any:
 QUIET = Reporter("quiet")
 
 __all__ = ["PLAIN_INTERVAL", "QUIET", "Phase", "Reporter", "format_bytes", "reporter"]
+
+
+def write_line(stream: IO[str], line: str) -> None:
+    """Write ``line`` and its newline in one call, then flush. ``print`` writes the text and
+    its end separately, so a line another thread prints between the two (a realize warning
+    beside a progress line from a fetch worker) ended up joined to this one."""
+    stream.write(f"{line}\n")
+    stream.flush()

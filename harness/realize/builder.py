@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Literal
 from harness.config import Settings
 from harness.errors import HarnessError
 from harness.lock.objects import chosen_file, lock_objects
-from harness.progress import Reporter, Stopped, reporter
+from harness.progress import Reporter, Stopped, reporter, write_line
 from harness.store.store import INTERRUPTS, BuildResult, Staged, Store
 
 if TYPE_CHECKING:  # the lock models load pydantic: only where a lock is actually read
@@ -265,7 +265,7 @@ def _warn_about_weights_folder(ctx: Context, todo: list[Lock]) -> None:
         return
     problem = ctx.local_weights.problem()
     if problem is not None:
-        print(f"warning: {problem}", file=sys.stderr, flush=True)
+        write_line(sys.stderr, f"warning: {problem}")
 
 
 def _fetch_and_prepare(ctx: Context, todo: list[Lock], run: _Realizing, *, fail_fast: bool) -> None:
@@ -405,7 +405,7 @@ def _substitute(ctx: Context, locks: list[Lock]) -> None:
         cache_dir=ctx.cache_dir,
         jobs=ctx.jobs,
         show_progress=ctx.show_progress,
-        warn=lambda line: print(f"warning: {line}", file=sys.stderr),
+        warn=lambda line: write_line(sys.stderr, f"warning: {line}"),
     )
 
 

@@ -362,7 +362,9 @@ def _local_size(path: Path) -> int | None:
 
 
 def _warn(line: str) -> None:
-    print(f"warning: {line}", file=sys.stderr, flush=True)
+    from harness.progress import write_line
+
+    write_line(sys.stderr, f"warning: {line}")
 
 
 class _ProjectLookup:
