@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,14 +89,18 @@ class UserTable:
     users: dict[str, TaskUser] = field(default_factory=dict)
 
     @classmethod
-    def plan(cls, names: list[str | int], idmap: IdMap) -> UserTable:
+    def plan(cls, names: list[str | int], idmap: IdMap, fixed: Mapping[str, int] | None = None) -> UserTable:
         """Inside ids for ``names`` (Harbor's ``user`` values: a name or a uid). A name gets
-        :data:`FIRST_USER` upwards in the order given; a number is taken as the uid. Raises
-        ``ValueError`` for a uid the namespace cannot hold."""
+        its uid in ``fixed`` (a rootfs template's ``/etc/passwd``) where the namespace holds
+        it, else :data:`FIRST_USER` upwards in the order given; a number is taken as the uid.
+        Raises ``ValueError`` for a uid the namespace cannot hold."""
         table = cls()
         table.users["root"] = TaskUser("root", 0, 0, "/root")
         if not idmap.multi:
             return table
+        for name, uid in (fixed or {}).items():
+            if name in names and 0 < uid < idmap.count and name not in table.users:
+                table.users[name] = TaskUser(name, uid, uid, f"/home/{name}")
         next_uid = FIRST_USER if idmap.count >= FIRST_USER + len(names) else 1
         for raw in names:
             if isinstance(raw, int) or (isinstance(raw, str) and raw.isdigit()):

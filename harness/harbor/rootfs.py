@@ -80,6 +80,35 @@ def task_labels(task_dir: Path) -> list[str]:
     return [label for label in dict.fromkeys(found) if isinstance(label, str) and label]
 
 
+def dockerfile_base(environment_dir: Path, hint: Path | None) -> tuple[Path, dict[str, str], str | None] | None:
+    """For a task with an ``environment/Dockerfile``: the project whose templates it may name
+    (``hint``, else the nearest folder above the task holding ``harbor/images/``), those
+    templates by the bases they stand in for (:func:`harness.manifests.template.bases`), and the
+    label of the one its ``FROM`` names (None: none does). None without a Dockerfile or a project.
+    :class:`~harness.errors.InputError` for a template that cannot be read."""
+    from harness.harbor.dockerfile import base_image, template_for
+    from harness.harbor.image import DOCKERFILE
+    from harness.manifests.template import TEMPLATE_DIR, bases
+
+    path = environment_dir / DOCKERFILE
+    if not path.is_file():
+        return None
+    project = None
+    if hint is not None:
+        project = hint.resolve() if (hint / TEMPLATE_DIR).is_dir() else None
+    else:
+        start = environment_dir.parent.resolve()
+        project = next((c for c in (start, *start.parents) if (c / TEMPLATE_DIR).is_dir()), None)
+    if project is None:
+        return None
+    try:
+        image = base_image(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None  # refused by name when the Dockerfile is read for the plan
+    known = bases(project)
+    return project, known, template_for(image, known) if image else None
+
+
 def environment_spec(project: Path, label: str) -> EnvironmentSpec | None:
     """The environment template ``label``'s lock names, as a task's spec (None: it names none)."""
     from harness.lock.images import lock_path, read
@@ -154,6 +183,39 @@ def lay(template: Path, root: Path) -> Laid:
                 continue
         copied += _copy(source, root / entry)
     return Laid(host_binds, copied, linked)
+
+
+def add_users(root: Path, names: list[str]) -> dict[str, int]:
+    """The task users ``names`` written into the session root's ``/etc/passwd`` and
+    ``/etc/group`` where the laid template gave it its own (the links into the template's store
+    path become files of the session, the template's lines and then these); the uid of every user
+    those files name after it (the template's users, then these). Empty where the template has
+    no ``etc/passwd`` (the host's, or the sandbox's own, serves)."""
+    from harness.realize.rootfs_users import add_users as added
+
+    etc = root / "etc"
+    passwd, group = etc / "passwd", etc / "group"
+    if etc.is_symlink() or not etc.is_dir() or not os.path.lexists(passwd):
+        return {}
+    texts: list[str | None] = []
+    for path in (passwd, group):
+        try:
+            texts.append(path.read_text(encoding="utf-8"))  # a link into the template's store path
+        except OSError:
+            texts.append(None)
+    passwd_text, group_text, _ = added(texts[0], texts[1], names)
+    for path, text in ((passwd, passwd_text), (group, group_text)):
+        # Always the session's own file, never the link into the store: the sandbox binds its
+        # table over /etc/passwd before the store paths are bound, and a link there has no target yet.
+        if os.path.lexists(path):
+            path.unlink()
+        path.write_text(text, encoding="utf-8")
+        os.chmod(path, 0o644)
+    return {
+        f[0]: int(f[2])
+        for f in (line.split(":") for line in passwd_text.splitlines())
+        if len(f) > 3 and f[2].isdigit() and f[2] != "0"
+    }
 
 
 def _merge(template: Path, dest: Path, host: Path, inside: str) -> tuple[int, int]:

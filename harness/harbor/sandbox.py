@@ -289,6 +289,7 @@ class SandboxConfig:
     forward_ports: list[int] = field(default_factory=list)  # host loopback ports reachable inside
     hostname: str = "harness"
     users: list[str | int] = field(default_factory=list)  # task users (names or uids) besides root
+    fixed_ids: dict[str, int] = field(default_factory=dict)  # task user -> the uid its root's /etc/passwd gives it
     owners: dict[str, str | int] = field(default_factory=dict)  # folder of `dirs` -> the task user owning it
     idmap: IdMap | None = None  # None: what this process can have (ids.probe())
     limits: Enforcement | None = None  # joined by every command (limits.enforce())
@@ -354,7 +355,7 @@ class Sandbox:
         self.watchdog = MemoryWatchdog(watch, self.command_pids, self.kill_commands) if watch else None
         self.idmap = config.idmap or probe_ids()
         try:
-            self.users = UserTable.plan(config.users, self.idmap)
+            self.users = UserTable.plan(config.users, self.idmap, config.fixed_ids)
         except ValueError as exc:
             raise SandboxError(f"task users: {exc}") from None
 
@@ -564,7 +565,7 @@ class Sandbox:
             return known
         names: list[str | int] = [u.name for u in self.users.users.values() if u.uid != 0]
         try:
-            self.users = UserTable.plan([*names, user], self.idmap)
+            self.users = UserTable.plan([*names, user], self.idmap, self.config.fixed_ids)
         except ValueError as exc:
             raise SandboxError(f"task user {user!r}: {exc}") from None
         self._write_etc()

@@ -28,8 +28,9 @@ from harness.resolve.debian import DebPin
 
 LOCK_VERSION = 1
 #: What realize does to every template's tree, part of each store hash: merged /usr (bin, sbin,
-#: lib* moved under usr/), absolute symlinks made relative, maintainer scripts not run.
-FORMAT = "rootfs/1: merged-usr, relative links, no maintainer scripts"
+#: lib* moved under usr/), absolute symlinks made relative, maintainer scripts not run, the
+#: template's users in etc/passwd and etc/group (rootfs/2).
+FORMAT = "rootfs/2: merged-usr, relative links, no maintainer scripts, users in etc/passwd and etc/group"
 LOCKS = "images"
 _FILE_LIMIT = 20000
 
