@@ -2006,6 +2006,22 @@ def test_dockerfile_from_a_template_with_apt_get_install_scores_one(
     ), info
     assert "harness lock image:lab-bookworm" in info["exception_message"]
     assert trials["unpinned"]["verifier_result"] is None
+    # `python -m harness.harbor check` reads the same: the template FROM names, its environment,
+    # and the unpinned package.
+    for name, code, words in (
+        ("from-base", 0, ["manifest reach", "template lab-bookworm -> ", "-rootfs-lab-bookworm: realized"]),
+        ("unpinned", 1, ["a trial is refused", "line 4: apt-get install kuka-probe: template lab-bookworm's"]),
+    ):
+        check = subprocess.run(
+            [sys.executable, "-m", "harness.harbor", "check", str(tasks / name), "--home", str(home)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert check.returncode == code and all(w in check.stdout + check.stderr for w in words), (
+            name,
+            check.stdout + check.stderr,
+        )
 
 
 @needs_harbor

@@ -374,18 +374,13 @@ class HarnessEnvironment(BaseEnvironment):
         """``RUN apt-get install``: every package must be pinned by the trial's template's lock
         (the packages come from the lock, never from the network at trial time); Harbor's
         ``SandboxBuildFailedError`` naming each one that is not."""
-        from harness.harbor.dockerfile import unpinned
-        from harness.lock.images import read
+        from harness.harbor import rootfs
 
         if self._template is None or plan.template != self._template[1]:
             raise SandboxBuildFailedError(
                 f"harness: environment/{image.DOCKERFILE}: apt-get install: no rootfs template found for {plan.template}"
             )
-        try:
-            lock = await asyncio.to_thread(read, *self._template)
-        except HarnessError:
-            return  # not locked: the template's own refusal, naming the fix, comes when it is realized
-        problems = unpinned(plan, {p.name: p.version for p in lock.packages})
+        problems = await asyncio.to_thread(rootfs.unpinned_packages, self._template[0], plan)
         if problems:
             raise SandboxBuildFailedError(f"harness: environment/{image.DOCKERFILE}: " + "; ".join(problems))
 

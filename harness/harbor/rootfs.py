@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.harbor.dockerfile import ImagePlan
 from harness.harbor.spec import EnvironmentSpec
 from harness.lock.images import TemplateLock
 from harness.manifests.template import is_label, template_path
@@ -107,6 +108,38 @@ def dockerfile_base(environment_dir: Path, hint: Path | None) -> tuple[Path, dic
         return None  # refused by name when the Dockerfile is read for the plan
     known = bases(project)
     return project, known, template_for(image, known) if image else None
+
+
+def task_templates(task_dir: Path, *, dockerfile: bool = True) -> list[tuple[Path, str]]:
+    """(project, label) of each template a task names: its ``docker_image`` labels' (module
+    doc, 1), then its Dockerfile's ``FROM``'s (:func:`dockerfile_base`) unless ``dockerfile`` is
+    False; each once."""
+    out: list[tuple[Path, str]] = []
+    for label in task_labels(task_dir):
+        project = find_project(task_dir, label, None)
+        if project is not None:
+            out.append((project, label))
+    if dockerfile:
+        found = dockerfile_base(task_dir / "environment", None)
+        if found is not None and found[2] is not None and (found[0], found[2]) not in out:
+            out.append((found[0], found[2]))
+    return out
+
+
+def unpinned_packages(project: Path, plan: ImagePlan) -> list[str]:
+    """The Dockerfile's ``apt-get install`` packages that the lock of its template (``plan.template``
+    of ``project``) does not pin, each a refusal naming its line; empty when it pins them all,
+    or when the template is not locked (realizing it is refused then, naming the fix)."""
+    from harness.harbor.dockerfile import unpinned
+    from harness.lock.images import read
+
+    if not plan.packages or plan.template is None:
+        return []
+    try:
+        lock = read(project, plan.template)
+    except HarnessError:
+        return []
+    return unpinned(plan, {p.name: p.version for p in lock.packages})
 
 
 def environment_spec(project: Path, label: str) -> EnvironmentSpec | None:
