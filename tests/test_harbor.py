@@ -1674,7 +1674,13 @@ def test_template_users_in_passwd_and_group_reproducibly() -> None:
     assert again[2] == {"grader": 1001, "solver": 1003} and "messagebus:x:1002" in again[0]
     idmap = IdMap("root", 0, 0, 100000, 100000, 65536)
     table = UserTable.plan(["solver", "agent"], idmap, {"agent": 1004, "other": 1000})
-    assert (table.users["agent"].uid, table.users["solver"].uid) == (1004, 1000)
+    assert (table.users["agent"].uid, table.users["solver"].uid) == (1004, 1001)  # 1000 is other's
+    # The sandbox's own files keep the root's other users (a package's system user) and groups.
+    base = "root:x:0:0:root:/root:/bin/bash\nmessagebus:x:100:101::/nonexistent:/bin/false\nagent:x:1004:1004::/h:/bin/sh\n"
+    lines = table.passwd(base).splitlines()
+    assert lines[:2] == ["root:x:0:0:root:/root:/bin/bash", "messagebus:x:100:101::/nonexistent:/bin/false"]
+    assert "agent:x:1004:1004:agent:/home/agent:/bin/bash" in lines and len(lines) == 5, lines
+    assert table.group("root:x:0:\nmessagebus:x:101:\n").splitlines()[:2] == ["root:x:0:", "messagebus:x:101:"]
 
 
 def test_dockerfile_image_checks_requirements_host_and_copies(tmp_path: Path) -> None:

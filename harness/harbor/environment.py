@@ -296,6 +296,10 @@ class HarnessEnvironment(BaseEnvironment):
         # even where commands run as one id), and the same uids for the sandbox's own table.
         names = [u for u in config.users if isinstance(u, str) and not u.isdigit() and u != "root"]
         config.fixed_ids = await asyncio.to_thread(rootfs.add_users, self.session_dir, names)
+        if config.fixed_ids:  # the sandbox's own table keeps the root's other users (a package's)
+            config.etc_base = {
+                n: (self.session_dir / "etc" / n).read_text(encoding="utf-8") for n in ("passwd", "group")
+            }
         record = Store.in_home(self.home).record(lock.store)
         self._rootfs = {
             "label": lock.label,
