@@ -1587,16 +1587,100 @@ def test_dockerfile_plan_applies_refuses_and_ignores_each_step_by_line() -> None
     )
     lines = {s.line: s.how for s in refused.refused}
     assert sorted(lines) == list(range(2, 14)), lines
-    assert "apt-get update: system packages" in lines[2] and lines[3].startswith("an arbitrary command")
+    assert "apt-get install -y git: git: no rootfs template is the base (python:3.12 is the host's" in lines[2]
+    assert lines[3].startswith("an arbitrary command")
     assert "network" in lines[4] and "unpacks archives" in lines[5] and "--from" in lines[6]
     assert "/usr is the host's" in lines[7] and "/tests is Harbor's" in lines[8]
     assert "local path" in lines[11] and "fixed ids" in lines[12] and "multi-stage" in lines[13]
     for base in ("FROM alpine:3.20", "FROM python:3.12-alpine", "FROM ubuntu:24.04", "FROM scratch"):
         assert plan(base + "\n", {}).refused[0].action == "refused", base
+        assert len(plan(base + "\n", {}).refused) == 1, base  # the base, not also "no FROM"
     assert plan("ENV A=1\n", {}).refused[0].how == "the Dockerfile has no FROM"
     # A separate verifier's image (tests/Dockerfile) bundles its tests, as Harbor expects.
     assert not plan("FROM debian:12\nCOPY test.sh /tests/\n", {}, tests_bundled=True).refused
     assert "/tests is Harbor's" in plan("FROM debian:12\nCOPY test.sh /tests/\n", {}).refused[0].how
+
+
+def test_dockerfile_from_a_template_and_apt_get_install_of_its_pinned_packages() -> None:
+    """FROM a template's label, or a base a template provides (docker.io/library/ and :latest
+    normalized), is that template's root; apt-get install (with update, DEBIAN_FRONTEND=, -y,
+    --no-install-recommends, the lists removed) records its packages, which unpinned() checks
+    against the template's lock by name and version; a base no template provides is refused
+    naming the templates there are; apt-get install on the host's base is refused naming the
+    packages; other apt-get commands and apk are refused."""
+    from harness.harbor.dockerfile import base_image, plan, unpinned
+
+    bases = {"lab": "lab", "debian:bookworm": "lab", "solver": "solver"}
+    text = (
+        "ARG BASE=docker.io/library/debian:bookworm\nFROM $BASE\n"
+        "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\\n"
+        "    kuka-plan kuka-common=0.4.3-1 && rm -rf /var/lib/apt/lists/*\nUSER agent\n"
+    )
+    assert base_image(text) == "docker.io/library/debian:bookworm"
+    out = plan(text, {}, templates=bases)
+    assert not out.refused, out.refused
+    assert (out.template, out.base_is_template, out.packages) == (
+        "lab",
+        True,
+        [(3, "kuka-plan"), (3, "kuka-common=0.4.3-1")],
+    )
+    assert "root of rootfs template lab" in out.steps[1].how and "from template lab's lock" in out.steps[2].how
+    assert unpinned(out, {"kuka-plan": "0.4.3-1", "kuka-common": "0.4.3-1"}) == []
+    problems = unpinned(out, {"kuka-plan": "0.4.3-1", "kuka-common": "0.4.2-1"})
+    assert problems == [
+        "line 3: apt-get install kuka-common=0.4.3-1: template lab's lock pins kuka-common 0.4.2-1 "
+        "(add it to harbor/images/lab.toml's debian.packages and run `harness lock image:lab`)"
+    ]
+    assert "pins no kuka-plan" in unpinned(out, {"kuka-common": "0.4.3-1"})[0]
+    assert plan("FROM solver\nRUN apt-get install -y xy\n", {}, templates=bases).template == "solver"
+    # docker_image names one template, FROM another: refused; FROM python with a docker_image
+    # template: the packages are that template's.
+    clash = plan("FROM lab\n", {}, templates=bases, label_template="solver").refused
+    assert "task.toml's docker_image names template solver" in clash[0].how
+    on_label = plan("FROM python:3.12\nRUN apt-get install -y xy\n", {}, templates=bases, label_template="solver")
+    assert not on_label.refused and (on_label.template, on_label.base_is_template) == ("solver", False)
+    other = plan("FROM ubuntu:24.04\n", {}, templates=bases).refused[0].how
+    assert "no rootfs template provides it (the project's templates: lab, solver" in other
+    assert 'provides = ["ubuntu:24.04"]' in other
+    assert "the project has no templates" in plan("FROM ubuntu:24.04\n", {}).refused[0].how
+    for step, words in (
+        ("RUN apt-get install -y git", "git: no rootfs template is the base (debian:12 is the host's"),
+        ("RUN apt-get upgrade -y", "only install, update and clean"),
+        ("RUN apt-get install -t sid git", "-t: a release other than"),
+        ("RUN apt-get install ./local.deb", "./local.deb: not a package name"),
+        ("RUN apk add git", "apk: system packages come from a rootfs template's lock"),
+    ):
+        refused = plan(f"FROM debian:12\n{step}\n", {}).refused
+        assert len(refused) == 1 and words in refused[0].how, (step, refused)
+
+
+def test_template_users_in_passwd_and_group_reproducibly() -> None:
+    """The pure user tables: base lines for a tree without them, uids from 1000 in the order
+    named, a package's lines kept, the same names giving the same bytes; the sandbox's table
+    takes a template's uids."""
+    from harness.harbor.ids import IdMap, UserTable
+    from harness.realize.rootfs_users import add_users
+
+    passwd, group, ids = add_users(None, None, ["agent", "grader"])
+    assert passwd.splitlines() == [
+        "root:x:0:0:root:/root:/bin/bash",
+        "agent:x:1000:1000:agent:/home/agent:/bin/bash",
+        "grader:x:1001:1001:grader:/home/grader:/bin/bash",
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin",
+    ]
+    assert group.splitlines() == ["root:x:0:", "agent:x:1000:", "grader:x:1001:", "nogroup:x:65534:"]
+    assert ids == {"agent": 1000, "grader": 1001} and add_users(None, None, ["agent", "grader"])[:2] == (passwd, group)
+    again = add_users(passwd + "messagebus:x:1002:1002::/x:/bin/false\n", group, ["grader", "solver"])
+    assert again[2] == {"grader": 1001, "solver": 1003} and "messagebus:x:1002" in again[0]
+    idmap = IdMap("root", 0, 0, 100000, 100000, 65536)
+    table = UserTable.plan(["solver", "agent"], idmap, {"agent": 1004, "other": 1000})
+    assert (table.users["agent"].uid, table.users["solver"].uid) == (1004, 1001)  # 1000 is other's
+    # The sandbox's own files keep the root's other users (a package's system user) and groups.
+    base = "root:x:0:0:root:/root:/bin/bash\nmessagebus:x:100:101::/nonexistent:/bin/false\nagent:x:1004:1004::/h:/bin/sh\n"
+    lines = table.passwd(base).splitlines()
+    assert lines[:2] == ["root:x:0:0:root:/root:/bin/bash", "messagebus:x:100:101::/nonexistent:/bin/false"]
+    assert "agent:x:1004:1004:agent:/home/agent:/bin/bash" in lines and len(lines) == 5, lines
+    assert table.group("root:x:0:\nmessagebus:x:101:\n").splitlines()[:2] == ["root:x:0:", "messagebus:x:101:"]
 
 
 def test_dockerfile_image_checks_requirements_host_and_copies(tmp_path: Path) -> None:
@@ -1712,7 +1796,7 @@ def test_dockerfile_task_scores_one_and_unsupported_steps_and_compose_are_refuse
     for name, words in (
         (
             "unsupported",
-            "environment/Dockerfile: line 13: RUN apt-get install -y git: system packages are not installed",
+            "environment/Dockerfile: line 13: RUN apt-get install -y git: git: no rootfs template is the base",
         ),
         ("compose-sidecar", "environment/docker-compose.yaml: sidecar service(s) db cannot be served"),
     ):
@@ -1814,7 +1898,8 @@ def test_kuka_shaped_task_on_rootfs_templates(
     verifier = json.loads((trial["_dir"] / "harness" / records[1]).read_text())
     assert solver["rootfs"]["label"] == "kuka-solver-v043" and verifier["rootfs"]["label"] == "kuka-verifier-v043"
     assert solver["rootfs"]["packages"] == ["kuka-common=0.4.3-1", "kuka-plan=0.4.3-1"]
-    assert solver["rootfs"]["laid"]["host_binds"] == {"/usr": "/.host/usr"}
+    # /etc too: the template's users are in its etc/passwd and etc/group, merged with the host's /etc.
+    assert solver["rootfs"]["laid"]["host_binds"] == {"/usr": "/.host/usr", "/etc": "/.host/etc"}
     assert (home / "store" / solver["rootfs"]["store"]).is_dir()
     assert solver["task"]["spec"]["manifest"] == "reach" and "kuka-solver-v043" in solver["task"]["spec"]["source"]
     assert not any("docker_image" in line for line in solver["sandbox"]["ignored"])
@@ -1867,3 +1952,105 @@ def test_a_template_not_locked_or_stale_fails_its_trial_naming_the_fix(
         "lock is stale" in info["exception_message"]
         and "harness lock image:kuka-solver-v043" in info["exception_message"]
     )
+
+
+@needs_harbor
+@needs_sandbox
+def test_dockerfile_from_a_template_with_apt_get_install_scores_one(
+    tmp_path: Path, project: tuple[Path, str], home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/harbor/dockerfile-template: FROM debian:bookworm, which the KUKA project's
+    lab-bookworm template provides, RUN apt-get install of a package that template pins,
+    ENV, WORKDIR, COPY and USER: 1.0 with the oracle, every step checked by its verifier, the
+    template's user and the task's [agent] user known to getent and id inside; the same task
+    FROM the kuka-solver-v043 label directly: 1.0; and apt-get install of a package the
+    template does not pin (kuka-probe is in the archive, not in the lock): Harbor's
+    SandboxBuildFailedError naming it, before any agent runs."""
+    root, _archive = _kuka_project(tmp_path, project, monkeypatch)
+    locked = _harness(home, "lock", "image:lab-bookworm", "image:kuka-solver-v043", project=root)
+    assert locked.returncode == 0, locked.stderr
+    lab = (root / "locks" / "images" / "lab-bookworm.lock.toml").read_text()
+    assert re.findall(r'^name = "(.*)"$', lab, re.M) == ["kuka-common", "kuka-plan"] and "sha256" in lab
+    tasks = root / "tasks"
+    shutil.copytree(EXAMPLES / "dockerfile-template", tasks / "from-base")
+    label = shutil.copytree(EXAMPLES / "dockerfile-template", tasks / "from-label")
+    dockerfile = label / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace("FROM debian:bookworm", "FROM kuka-solver-v043"))
+    unpinned = shutil.copytree(EXAMPLES / "dockerfile-template", tasks / "unpinned")
+    dockerfile = unpinned / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace("kuka-plan \\", "kuka-plan kuka-probe \\"))
+    shutil.rmtree(tasks / "kuka-two-station")
+    result = _harbor(
+        "run", "-p", str(tasks), "-a", "oracle", "-e", ENV, "-n", "3", "-o", str(tmp_path / "jobs"),
+        "--job-name", "templates", home=home, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = _trials(tmp_path / "jobs" / "templates")
+    assert set(trials) == {"from-base", "from-label", "unpinned"}, trials
+    keys = ("reward", "apt", "env", "workdir", "copy", "user", "users", "answer")
+    for name, template in (("from-base", "lab-bookworm"), ("from-label", "kuka-solver-v043")):
+        trial = trials[name]
+        assert trial["exception_info"] is None, (name, trial["exception_info"])
+        stdout = (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()
+        assert _reward(trial) == dict.fromkeys(keys, 1.0), (name, stdout)
+        record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
+        assert record["rootfs"]["label"] == template and "kuka-plan=0.4.3-1" in record["rootfs"]["packages"]
+        assert record["dockerfile"]["template"] == template and record["dockerfile"]["packages"] == ["kuka-plan"]
+        assert record["dockerfile"]["host_base"].startswith(f"rootfs template {template}")
+        steps = {s["line"]: s for s in record["dockerfile"]["steps"]}
+        assert steps[3]["action"] == "accepted" and f"root of rootfs template {template}" in steps[3]["how"]
+        assert steps[4]["action"] == "applied" and f"from template {template}'s lock" in steps[4]["how"]
+        assert record["task"]["spec"]["manifest"] == "reach"
+        if record["sandbox"]["users"]["enforced"]:
+            assert "user: agent" in stdout, stdout
+            table = {u["name"]: u["uid"] for u in record["sandbox"]["users"]["table"]}
+            assert table["agent"] == 1000 and table["operator"] == 1001, table  # the root's /etc/passwd
+    info = trials["unpinned"]["exception_info"]
+    assert info is not None and info["exception_type"] == "SandboxBuildFailedError", info
+    assert (
+        "line 4: apt-get install kuka-probe: template lab-bookworm's lock pins no kuka-probe"
+        in (info["exception_message"])
+    ), info
+    assert "harness lock image:lab-bookworm" in info["exception_message"]
+    assert trials["unpinned"]["verifier_result"] is None
+    # `python -m harness.harbor check` reads the same: the template FROM names, its environment,
+    # and the unpinned package.
+    for name, code, words in (
+        ("from-base", 0, ["manifest reach", "template lab-bookworm -> ", "-rootfs-lab-bookworm: realized"]),
+        ("unpinned", 1, ["a trial is refused", "line 4: apt-get install kuka-probe: template lab-bookworm's"]),
+    ):
+        check = subprocess.run(
+            [sys.executable, "-m", "harness.harbor", "check", str(tasks / name), "--home", str(home)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert check.returncode == code and all(w in check.stdout + check.stderr for w in words), (
+            name,
+            check.stdout + check.stderr,
+        )
+
+
+@needs_harbor
+@needs_confine
+def test_dockerfile_from_a_template_without_user_namespaces(
+    tmp_path: Path, project: tuple[Path, str], home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same FROM-a-template task confined by Landlock and PRoot: apt-get's package, ENV,
+    WORKDIR and COPY as with namespaces; commands run as the one id there, yet `id agent` and
+    `getent passwd agent` answer from the root's /etc/passwd (the template's, with the task's
+    [agent] user added to the session's copy)."""
+    root, _archive = _kuka_project(tmp_path, project, monkeypatch)
+    assert _harness(home, "lock", "image:lab-bookworm", project=root).returncode == 0
+    task = shutil.copytree(EXAMPLES / "dockerfile-template", root / "tasks" / "dockerfile-template")
+    (tmp_path / "jobs").mkdir()
+    result = _harbor_job(task, tmp_path / "jobs", "confined", home, no_userns=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trial = _trials(tmp_path / "jobs" / "confined")["dockerfile-template"]
+    assert trial["exception_info"] is None, trial["exception_info"]
+    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
+    assert record["sandbox"]["backend"] == "landlock+proot" and record["sandbox"]["users"]["enforced"] is False
+    stdout = (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()
+    keys = ("reward", "apt", "env", "workdir", "copy", "user", "users", "answer")
+    assert _reward(trial) == dict.fromkeys(keys, 1.0), stdout
+    assert "agent:x:1000:1000:" in stdout and "operator:x:1001:1001:" in stdout, stdout

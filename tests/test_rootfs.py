@@ -171,6 +171,9 @@ def test_lock_pins_closure_and_two_homes_realize_the_same_root(tmp_path: Path, a
     assert (root / "tests" / "test.sh").read_text().startswith("#!/bin/bash")
     assert os.access(root / "tests" / "test.sh", os.X_OK)
     assert (root / "opt" / "solver" / "settings.txt").read_text() == "speed = 3\n"
+    # The template's users, in the root's own /etc/passwd and /etc/group (the same in both homes).
+    assert "agent:x:1000:1000:agent:/home/agent:/bin/bash\n" in (root / "etc" / "passwd").read_text()
+    assert (root / "etc" / "group").read_text() == "root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n"
     manifest = json.loads((root / ".harness-rootfs.json").read_text())
     assert manifest["maintainer_scripts"]["run"] is False
     assert manifest["maintainer_scripts"]["carried"] == {"tool": ["postinst"]}
@@ -758,3 +761,29 @@ def test_release_parsing_signatures_and_expiry_pure() -> None:
     _check_valid_until(None, "r", now)
     with pytest.raises(ReleaseError, match="expired on Wed, 31 Dec 2025"):
         _check_valid_until("Wed, 31 Dec 2025 00:00:00 UTC", "r", now)
+
+
+def test_provides_maps_docker_bases_to_templates(tmp_path: Path) -> None:
+    """``provides`` in a template: its references normalized (docker.io/library/, :latest), every
+    label and reference mapped to its template, two templates providing one base refused naming
+    both files."""
+    from harness.errors import InputError
+    from harness.manifests.template import bases, normalize_reference
+
+    assert normalize_reference("docker.io/library/debian") == "debian:latest"
+    assert normalize_reference("python:3.12-slim@sha256:00") == "python:3.12-slim"
+    images = tmp_path / "harbor" / "images"
+    images.mkdir(parents=True)
+    (tmp_path / "harbor" / "f.txt").write_text("f\n")
+    files = '\n[[files]]\npath = "/f"\nsource = "../f.txt"\n'
+    (images / "lab.toml").write_text('provides = ["library/debian:bookworm", "lab/base"]\n' + files)
+    (images / "other.toml").write_text(files)
+    assert bases(tmp_path) == {
+        "lab": "lab",
+        "other": "other",
+        "debian:bookworm": "lab",
+        "lab/base:latest": "lab",
+    }
+    (images / "other.toml").write_text('provides = ["debian:bookworm"]\n' + files)
+    with pytest.raises(InputError, match=r"provides: 'debian:bookworm' is provided by .*lab.toml too"):
+        bases(tmp_path)

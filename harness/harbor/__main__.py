@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, InputError
 
 if TYPE_CHECKING:
     from harness.harbor.spec import EnvironmentSpec
@@ -45,23 +45,20 @@ def _lock_of(task: Path) -> tuple[EnvironmentSpec, Lock | None]:
 
 
 def _template_spec(task: Path) -> EnvironmentSpec | None:
-    """The environment the task's ``docker_image`` template names (harness/harbor/rootfs.py)."""
+    """The environment the task's template names (its ``docker_image`` label's, else its
+    Dockerfile's ``FROM``'s: harness/harbor/rootfs.py)."""
     from harness.harbor import rootfs
 
-    labels = rootfs.task_labels(task)
-    project = rootfs.find_project(task, labels[0], None) if labels else None
-    return rootfs.environment_spec(project, labels[0]) if project is not None else None
+    found = rootfs.task_templates(task)
+    return rootfs.environment_spec(*found[0]) if found else None
 
 
 def _templates(task: Path, home: Path) -> tuple[bool, list[str]]:
-    """Whether every template the task's labels name is realized, and a line for each."""
+    """Whether every template the task names is realized, and a line for each."""
     from harness.harbor import rootfs
 
     ok, lines = True, list[str]()
-    for label in rootfs.task_labels(task):
-        project = rootfs.find_project(task, label, None)
-        if project is None:
-            continue
+    for project, label in rootfs.task_templates(task):
         good, line = rootfs.describe(home, project, label)
         ok, lines = ok and good, [*lines, f"{task}: {line}"]
     return ok, lines
@@ -86,11 +83,23 @@ def pin(task: Path) -> str:
 
 def _refused(task: Path) -> str | None:
     """Why a trial of ``task`` would refuse its Dockerfile or compose file (None: it would not)."""
-    from harness.harbor import image
+    from harness.harbor import image, rootfs
 
     try:
-        image.read(task / "environment", {})
-    except image.ImageRefused as exc:
+        found = rootfs.dockerfile_base(task / "environment", None)
+        labelled = rootfs.task_templates(task, dockerfile=False)
+        plan = image.read(
+            task / "environment",
+            {},
+            templates=found[1] if found else None,
+            label_template=labelled[0][1] if labelled else None,
+        )
+        projects = {label: project for project, label in rootfs.task_templates(task)}
+        if plan is not None and plan.template in projects:
+            problems = rootfs.unpinned_packages(projects[plan.template], plan)
+            if problems:
+                return f"environment/{image.DOCKERFILE}: " + "; ".join(problems)
+    except (image.ImageRefused, InputError) as exc:
         return str(exc)
     return None
 

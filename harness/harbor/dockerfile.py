@@ -7,7 +7,9 @@ part that translates is the Python: a ``FROM python:X`` base names the interpret
 Dockerfile copies from ``environment/``) name the requirements. ``COPY``, ``ENV``,
 ``WORKDIR`` and ``USER`` need no translation: each trial applies them (:func:`plan`).
 Everything else — other bases, ``apt-get``, commands — is listed, step by step, with what
-to do instead: a trial refuses those steps.
+to do instead: a trial refuses those steps. At trial time a ``FROM`` may also name a rootfs
+template (its label, or a base it ``provides``), and ``RUN apt-get install`` then names
+packages that template's lock must pin (:func:`plan`, :func:`unpinned`).
 
 Pure: the Dockerfile's text (and a reader for files it names) in, a :class:`Translation` out.
 """
@@ -296,6 +298,9 @@ class ImagePlan:
 
     base: str | None = None
     python: str | None = None  # X.Y[.Z] of a python:X base
+    template: str | None = None  # the rootfs template that is the root's base (FROM, else docker_image)
+    base_is_template: bool = False  # FROM named the template (else the host's system stands in for FROM)
+    packages: list[tuple[int, str]] = field(default_factory=list)  # RUN apt-get install: NAME or NAME=VERSION
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
     workdirs: list[str] = field(default_factory=list)
@@ -339,20 +344,25 @@ def plan(
     read: Callable[[str], str | None] = lambda _name: None,
     *,
     tests_bundled: bool = False,
+    templates: Mapping[str, str] | None = None,
+    label_template: str | None = None,
 ) -> ImagePlan:
     """What a trial does with each step of a Dockerfile's ``text`` (see :class:`ImagePlan`).
     ``base_env`` holds the sandbox's own variables (``PATH``, ``HOME``) that ``$VAR`` may name;
     ``read(path)`` the text of a build-context file (a requirements file), or None;
-    ``tests_bundled``: a separate verifier's image, which may put its tests in ``/tests``."""
+    ``tests_bundled``: a separate verifier's image, which may put its tests in ``/tests``;
+    ``templates``: the bases the project's rootfs templates stand in for, each -> its label
+    (:func:`harness.manifests.template.bases`); ``label_template``: the template the task's
+    ``docker_image`` names, if any."""
     out = ImagePlan(writable=("/tests",) if tests_bundled else ())
-    state = _State(dict(base_env))
+    state = _State(dict(base_env), templates=dict(templates or {}), label_template=label_template)
     for line, word, args in instructions(text):
         handler = _HANDLERS.get(word)
         if handler is None:
             out.note(line, f"{word} {args}", "refused", _UNSUPPORTED.get(word, "an instruction harness does not apply"))
             continue
         handler(out, state, line, args, read)
-    if out.base is None:
+    if state.froms == 0:
         out.note(0, "FROM", "refused", "the Dockerfile has no FROM")
     return out
 
@@ -361,6 +371,8 @@ def plan(
 class _State:
     variables: dict[str, str]  # ARGs and ENVs so far over the sandbox's variables
     froms: int = 0
+    templates: dict[str, str] = field(default_factory=dict)  # base -> template label
+    label_template: str | None = None
     copied: dict[str, str] = field(default_factory=dict)  # absolute destination -> context source
 
     def cwd(self, out: ImagePlan) -> str:
@@ -398,16 +410,24 @@ def _from(out: ImagePlan, state: _State, line: int, args: str, _read: object) ->
         r"^(?:docker\.io/)?(?:library/)?([a-z0-9._-]+)(?::([A-Za-z0-9._-]+))?(?:@sha256:[0-9a-f]+)?$", image
     )
     name, tag = (match.group(1), match.group(2) or "latest") if match else ("", "")
+    label = template_for(image, state.templates) if image else None
+    if label is not None:
+        _from_template(out, state, line, text, image, label, name, tag)
+        return
     if name not in BASES or re.search(r"alpine|windows|nanoserver", tag):
+        known = sorted(set(state.templates.values()))
         out.note(
             line,
             text,
             "refused",
-            f"{image or 'no image'}: only a Debian or python (Debian) base is accepted, as the host's system "
-            "stands in for it; other bases need a rootfs template (not yet)",
+            f"{image or 'no image'}: no rootfs template provides it ("
+            + (f"the project's templates: {', '.join(known)}" if known else "the project has no templates")
+            + f'; a template stands in for it with provides = ["{image or "IMAGE"}"]), and only a Debian or '
+            "python (Debian) base can have the host's system stand in",
         )
         return
     out.base = image
+    out.template = state.label_template
     if name == "python":
         version = re.match(r"^(\d+\.\d+(?:\.\d+)?)", tag)
         out.python = version.group(1) if version else None
@@ -417,6 +437,52 @@ def _from(out: ImagePlan, state: _State, line: int, args: str, _read: object) ->
         "accepted",
         f"{image}: the host's Debian system (/usr, /etc, read-only) stands in for it"
         + (f"; Python {out.python} is the environment's interpreter" if out.python else ""),
+    )
+
+
+def base_image(text: str) -> str | None:
+    """The image the first ``FROM`` of a Dockerfile's ``text`` names (``ARG`` defaults before it
+    substituted), or None (pure)."""
+    variables: dict[str, str] = {}
+    for _line, word, args in instructions(text):
+        if word == "ARG":
+            for item in args.split():
+                name, has, default = item.partition("=")
+                variables[name] = default.strip("\"'") if has else ""
+        elif word == "FROM":
+            words = [substitute(a, variables) for a in args.split() if not a.startswith("--")]
+            return words[0] if words else None
+    return None
+
+
+def template_for(image: str, templates: Mapping[str, str]) -> str | None:
+    """The label of the template that stands in for ``image`` (its label, or a reference it
+    ``provides``), or None."""
+    from harness.manifests.template import normalize_reference
+
+    return templates.get(image) or templates.get(normalize_reference(image))
+
+
+def _from_template(
+    out: ImagePlan, state: _State, line: int, text: str, image: str, label: str, name: str, tag: str
+) -> None:
+    if state.label_template and state.label_template != label:
+        out.note(
+            line,
+            text,
+            "refused",
+            f"{image} is template {label}, but task.toml's docker_image names template {state.label_template}",
+        )
+        return
+    out.base, out.template, out.base_is_template = image, label, True
+    version = re.match(r"^(\d+\.\d+(?:\.\d+)?)", tag) if name == "python" else None
+    out.python = version.group(1) if version else None
+    out.note(
+        line,
+        text,
+        "accepted",
+        f"{image}: the root of rootfs template {label} (harbor/images/{label}.toml, "
+        f"pinned by locks/images/{label}.lock.toml)",
     )
 
 
@@ -586,12 +652,22 @@ def _run_command(
             + (", ".join(wanted) + " checked against the locked environment" if wanted else "installer tooling only")
         )
         return None
-    if re.match(r"^(apt-get|apt|apk|yum|dnf|microdnf|aptitude|dpkg)\b", command):
-        return "system packages are not installed per trial: the host's /usr serves (rootfs templates: not yet)"
     try:
         words = shlex.split(command)
     except ValueError:
         return "cannot parse the command"
+    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) and len(words) > 1:
+        words = words[1:]  # DEBIAN_FRONTEND=noninteractive apt-get ...: nothing asks at trial time
+    if words and words[0] in ("apt-get", "apt"):
+        return _apt(out, line, words, hows)
+    if words and words[0] in ("apk", "yum", "dnf", "microdnf", "aptitude", "dpkg"):
+        return (
+            f"{words[0]}: system packages come from a rootfs template's lock: "
+            "only `apt-get install` of packages the trial's template pins is applied"
+        )
+    if words[:2] == ["rm", "-rf"] and all(w.rstrip("/*") == "/var/lib/apt/lists" for w in words[2:]) and words[2:]:
+        hows.append("rm -rf /var/lib/apt/lists: nothing was fetched")
+        return None
     if (
         words
         and words[0] == "mkdir"
@@ -614,6 +690,79 @@ def _run_command(
         hows.append(f"user {names[-1]} made by the sandbox (ids of its own)")
         return None
     return "an arbitrary command is not run at trial time (do it in the task, or in a rootfs template: not yet)"
+
+
+#: apt-get options that change nothing a template's lock pins.
+_APT_FLAGS = {
+    "-y",
+    "--yes",
+    "--assume-yes",
+    "-q",
+    "-qq",
+    "--quiet",
+    "--no-install-recommends",
+    "--no-install-suggests",
+    "--no-upgrade",
+    "--fix-missing",
+    "--fix-broken",
+    "-f",
+}
+_APT_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+~:-]+)?$")
+
+
+def _apt(out: ImagePlan, line: int, words: list[str], hows: list[str]) -> str | None:
+    """``apt-get update|clean|install PKG...``: an install is of packages the trial's rootfs
+    template pins (checked against its lock by :func:`unpinned`); why it is refused, or None."""
+    rest, i, sub = [], 1, None
+    while i < len(words):
+        word = words[i]
+        if word in ("-o", "--option", "-t", "--target-release"):
+            if word in ("-t", "--target-release"):
+                return f"{word}: a release other than the template's suite is not pinned"
+            i += 2
+            continue
+        if word.startswith("-"):
+            if word not in _APT_FLAGS and not word.startswith("-o"):
+                return f"{words[0]} option {word} is not applied"
+        elif sub is None:
+            sub = word
+        else:
+            rest.append(word)
+        i += 1
+    if sub in ("update", "clean", "autoclean"):
+        hows.append(f"{words[0]} {sub}: nothing is fetched at trial time (the packages come from the lock)")
+        return None
+    if sub != "install":
+        return f"{words[0]} {sub or ''}".strip() + ": only install, update and clean are applied"
+    bad = [p for p in rest if not _APT_PACKAGE.match(p)]
+    if bad or not rest:
+        return f"{', '.join(bad) or 'no package'}: not a package name (NAME or NAME=VERSION)"
+    if out.template is None:
+        return (
+            f"{', '.join(rest)}: no rootfs template is the base"
+            + (f" ({out.base} is the host's system, which no lock pins)" if out.base else "")
+            + ": FROM a template whose lock pins them (harbor/images/<label>.toml; provides = [...] for a base)"
+        )
+    out.packages += [(line, p) for p in rest]
+    hows.append(f"{words[0]} install {' '.join(rest)}: from template {out.template}'s lock (pinned by sha256)")
+    return None
+
+
+def unpinned(out: ImagePlan, pinned: Mapping[str, str]) -> list[str]:
+    """The ``apt-get install`` packages of ``out`` that ``pinned`` (the trial's template lock:
+    package -> version) does not hold, each as a refusal naming its line (pure)."""
+    problems = []
+    for line, package in out.packages:
+        name, _, version = package.partition("=")
+        have = pinned.get(name)
+        if have is None or (version and version != have):
+            problems.append(
+                f"line {line}: apt-get install {package}: template {out.template}'s lock pins "
+                + (f"{name} {have}" if have else f"no {name}")
+                + f" (add it to harbor/images/{out.template}.toml's debian.packages and run "
+                f"`harness lock image:{out.template}`)"
+            )
+    return problems
 
 
 def _resolved_copies(state: _State, out: ImagePlan) -> dict[str, str]:

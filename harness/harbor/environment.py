@@ -22,13 +22,16 @@ environment, and each separate verifier's):
 A task's ``docker_image`` label (a separate verifier's ``[verifier.environment]`` one) names a
 rootfs template of the project when ``harbor/images/<label>.toml`` exists above the task
 (:mod:`harness.harbor.rootfs`): realized on first use, it is laid as the base of the session's
-root (its ``/usr`` merged with the host's), a verifier's template bringing its ``/tests``; the
-environment it names stands in for a missing ``environment/harness.toml``; the record's
-``rootfs`` names it.
+root (its ``/usr`` and ``/etc`` merged with the host's, the task users added to its
+``/etc/passwd`` with the uids the sandbox gives them), a verifier's template bringing its
+``/tests``; the environment it names stands in for a missing ``environment/harness.toml``;
+the record's ``rootfs`` names it. A Dockerfile's ``FROM`` naming a template (its label, or a
+base it ``provides``) chooses the template the same way.
 
 A task's ``environment/Dockerfile`` is applied or refused, never dropped
 (:mod:`harness.harbor.image`): its ``ENV``, ``WORKDIR``, ``COPY``, ``USER`` (and ``ARG``,
-``RUN pip install`` checked against the lock, ``useradd``, ``mkdir``) shape the session; any
+``RUN pip install`` checked against the lock, ``RUN apt-get install`` checked against the
+template's lock, ``useradd``, ``mkdir``) shape the session; any
 other step, and a compose file, fails the trial with Harbor's ``SandboxBuildFailedError``
 naming it; the record's ``dockerfile`` lists every step and what was done with it.
 
@@ -124,6 +127,8 @@ class HarnessEnvironment(BaseEnvironment):
         self._image_given: dict[str, str] = {}  # COPY --chown: path -> the owner, or why not
         self._template: tuple[Path, str] | None = None  # (project, label): docker_image names a template
         self._rootfs: dict[str, Any] | None = None  # the template as laid, for the record
+        self._bases: dict[str, str] = {}  # the project's templates by the bases they stand in for
+        self._label_template: str | None = None  # the template docker_image names
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -164,10 +169,16 @@ class HarnessEnvironment(BaseEnvironment):
         label = self.task_env_config.docker_image or ""
         hint = Path(self.options.project).expanduser().absolute() if self.options.project else None
         project = rootfs.find_project(self.environment_dir.parent, label, hint)
-        if project is None:
+        if project is not None:
+            self._template, self._label_template = (project, label), label
+        found = rootfs.dockerfile_base(self.environment_dir, hint or project)
+        if found is not None:
+            self._bases = found[1]
+            if project is None and found[2] is not None:  # FROM <template>: that template is the root
+                self._template = (found[0], found[2])
+        if self._template is None:
             return None
-        self._template = (project, label)
-        return rootfs.environment_spec(project, label)
+        return rootfs.environment_spec(*self._template)
 
     # ------------------------------------------------------------------- paths
 
@@ -281,6 +292,14 @@ class HarnessEnvironment(BaseEnvironment):
         config.host_binds = dict(laid.host_binds)
         config.store_paths = [*config.store_paths, path]  # the template's /usr links point into it
         config.users = [*config.users, *(u for u in lock.users if u not in config.users)]
+        # The task's users beside the template's in the root's /etc/passwd (`id agent` answers
+        # even where commands run as one id), and the same uids for the sandbox's own table.
+        names = [u for u in config.users if isinstance(u, str) and not u.isdigit() and u != "root"]
+        config.fixed_ids = await asyncio.to_thread(rootfs.add_users, self.session_dir, names)
+        if config.fixed_ids:  # the sandbox's own table keeps the root's other users (a package's)
+            config.etc_base = {
+                n: (self.session_dir / "etc" / n).read_text(encoding="utf-8") for n in ("passwd", "group")
+            }
         record = Store.in_home(self.home).record(lock.store)
         self._rootfs = {
             "label": lock.label,
@@ -339,13 +358,35 @@ class HarnessEnvironment(BaseEnvironment):
     async def _plan_image(self, variables: dict[str, str]) -> ImagePlan | None:
         """:func:`harness.harbor.image.read` of this task, its refusal as Harbor's error."""
         try:
-            return await asyncio.to_thread(
-                functools.partial(image.read, tests_bundled=self.is_verifier_session),
+            plan = await asyncio.to_thread(
+                functools.partial(
+                    image.read,
+                    tests_bundled=self.is_verifier_session,
+                    templates=self._bases,
+                    label_template=self._label_template,
+                ),
                 self.environment_dir,
                 variables,
             )
         except image.ImageRefused as exc:
             raise SandboxBuildFailedError(f"harness: {exc}") from None
+        if plan is not None and plan.packages:
+            await self._check_packages(plan)
+        return plan
+
+    async def _check_packages(self, plan: ImagePlan) -> None:
+        """``RUN apt-get install``: every package must be pinned by the trial's template's lock
+        (the packages come from the lock, never from the network at trial time); Harbor's
+        ``SandboxBuildFailedError`` naming each one that is not."""
+        from harness.harbor import rootfs
+
+        if self._template is None or plan.template != self._template[1]:
+            raise SandboxBuildFailedError(
+                f"harness: environment/{image.DOCKERFILE}: apt-get install: no rootfs template found for {plan.template}"
+            )
+        problems = await asyncio.to_thread(rootfs.unpinned_packages, self._template[0], plan)
+        if problems:
+            raise SandboxBuildFailedError(f"harness: environment/{image.DOCKERFILE}: " + "; ".join(problems))
 
     async def _copy_image_files(self, plan: ImagePlan) -> list[tuple[str, str | None]]:
         """The Dockerfile's ``COPY`` steps, into the fresh session root (before it starts)."""
@@ -525,7 +566,11 @@ class HarnessEnvironment(BaseEnvironment):
             "path": f"environment/{image.DOCKERFILE}",
             "sha256": hashlib.sha256(text).hexdigest(),
             "base": plan.base,
-            "host_base": "the host's /usr and /etc (read-only) stand in for the base image",
+            "host_base": f"rootfs template {plan.template}: the record's rootfs"
+            if plan.base_is_template
+            else "the host's /usr and /etc (read-only) stand in for the base image",
+            "template": plan.template,
+            "packages": [p for _, p in plan.packages],
             "steps": [s.as_json() for s in plan.steps],
             "env": {k: ("<withheld: a credential>" if is_secret_name(k) else v) for k, v in plan.env.items()},
             "workdir": plan.workdir,

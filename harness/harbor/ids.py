@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,14 +89,19 @@ class UserTable:
     users: dict[str, TaskUser] = field(default_factory=dict)
 
     @classmethod
-    def plan(cls, names: list[str | int], idmap: IdMap) -> UserTable:
+    def plan(cls, names: list[str | int], idmap: IdMap, fixed: Mapping[str, int] | None = None) -> UserTable:
         """Inside ids for ``names`` (Harbor's ``user`` values: a name or a uid). A name gets
-        :data:`FIRST_USER` upwards in the order given; a number is taken as the uid. Raises
-        ``ValueError`` for a uid the namespace cannot hold."""
+        its uid in ``fixed`` (a rootfs template's ``/etc/passwd``) where the namespace holds
+        it, else :data:`FIRST_USER` upwards in the order given; a number is taken as the uid.
+        Raises ``ValueError`` for a uid the namespace cannot hold."""
         table = cls()
         table.users["root"] = TaskUser("root", 0, 0, "/root")
         if not idmap.multi:
             return table
+        reserved = set((fixed or {}).values())  # the root's other users keep their ids to themselves
+        for name, uid in (fixed or {}).items():
+            if name in names and 0 < uid < idmap.count and name not in table.users:
+                table.users[name] = TaskUser(name, uid, uid, f"/home/{name}")
         next_uid = FIRST_USER if idmap.count >= FIRST_USER + len(names) else 1
         for raw in names:
             if isinstance(raw, int) or (isinstance(raw, str) and raw.isdigit()):
@@ -108,7 +114,7 @@ class UserTable:
                 continue
             if raw in table.users:
                 continue
-            while any(u.uid == next_uid for u in table.users.values()):
+            while any(u.uid == next_uid for u in table.users.values()) or next_uid in reserved:
                 next_uid += 1
             table.users[raw] = TaskUser(raw, next_uid, next_uid, f"/home/{raw}")
             next_uid += 1
@@ -120,8 +126,10 @@ class UserTable:
             return None
         return self.users.get(str(user))
 
-    def passwd(self) -> str:
-        lines = ["root:x:0:0:root:/root:/bin/bash"]
+    def passwd(self, base: str = "") -> str:
+        """``/etc/passwd`` of the session: root, the lines of ``base`` (a rootfs template's
+        file) for users not in the table, the task users, nobody."""
+        lines = ["root:x:0:0:root:/root:/bin/bash", *self._others(base, "nobody")]
         lines += [
             f"{u.name}:x:{u.uid}:{u.gid}:{u.name}:{u.home}:/bin/bash"
             for u in self.users.values()
@@ -130,8 +138,13 @@ class UserTable:
         lines.append("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin")
         return "\n".join(lines) + "\n"
 
-    def group(self) -> str:
-        lines = ["root:x:0:"]
+    def _others(self, base: str, last: str) -> list[str]:
+        """The lines of ``base`` naming neither root, ``last`` nor a user of the table."""
+        skip = {"root", last, *self.users}
+        return [line for line in base.splitlines() if line.strip() and line.split(":", 1)[0] not in skip]
+
+    def group(self, base: str = "") -> str:
+        lines = ["root:x:0:", *self._others(base, "nogroup")]
         lines += [f"{u.name}:x:{u.gid}:" for u in self.users.values() if u.uid != 0 and not u.name.isdigit()]
         lines.append("nogroup:x:65534:")
         return "\n".join(lines) + "\n"

@@ -29,10 +29,19 @@ class ImageRefused(HarnessError):
     """The task's environment definition has a step a session cannot apply."""
 
 
-def read(environment_dir: Path, base_env: Mapping[str, str], *, tests_bundled: bool = False) -> ImagePlan | None:
+def read(
+    environment_dir: Path,
+    base_env: Mapping[str, str],
+    *,
+    tests_bundled: bool = False,
+    templates: Mapping[str, str] | None = None,
+    label_template: str | None = None,
+) -> ImagePlan | None:
     """The plan of ``environment_dir``'s Dockerfile (None without one); :class:`ImageRefused`
     for a compose file, or for the Dockerfile's refused steps (all of them, by line).
-    ``tests_bundled``: a separate verifier's image, which may COPY its tests into ``/tests``."""
+    ``tests_bundled``: a separate verifier's image, which may COPY its tests into ``/tests``;
+    ``templates`` and ``label_template``: the project's rootfs templates by the bases they stand
+    in for, and the one the task's ``docker_image`` names (:func:`plan`)."""
     _refuse_compose(environment_dir)
     path = environment_dir / DOCKERFILE
     if not path.is_file():
@@ -41,13 +50,20 @@ def read(environment_dir: Path, base_env: Mapping[str, str], *, tests_bundled: b
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ImageRefused(f"environment/{DOCKERFILE}: cannot be read: {exc}") from None
-    out = plan(text, base_env, lambda name: _context_text(environment_dir, name), tests_bundled=tests_bundled)
+    out = plan(
+        text,
+        base_env,
+        lambda name: _context_text(environment_dir, name),
+        tests_bundled=tests_bundled,
+        templates=templates,
+        label_template=label_template,
+    )
     if out.refused:
         raise ImageRefused(
             f"environment/{DOCKERFILE}: "
             + "; ".join(f"line {s.line}: {s.text}: {s.how}" for s in out.refused)
-            + " (harness applies FROM a Debian or python base, ARG, ENV, WORKDIR, COPY, USER, "
-            "and RUN pip/uv pip install, mkdir, useradd)"
+            + " (harness applies FROM a rootfs template or a Debian or python base, ARG, ENV, WORKDIR, COPY, "
+            "USER, and RUN apt-get install of packages the template pins, pip/uv pip install, mkdir, useradd)"
         )
     return out
 
@@ -111,7 +127,7 @@ def check(out: ImagePlan, environment: Path, os_release: Mapping[str, str]) -> l
     problems = []
     line = next((s.line for s in out.steps if s.text.startswith("FROM")), 0)
     family = {os_release.get("id", ""), *os_release.get("id_like", "").split()}
-    if "debian" not in family:
+    if "debian" not in family and not out.base_is_template:
         problems.append(
             f"line {line}: FROM {out.base}: this host is {os_release.get('pretty_name') or 'not Debian'}, "
             "which cannot stand in for a Debian base"

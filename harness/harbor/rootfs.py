@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.harbor.dockerfile import ImagePlan
 from harness.harbor.spec import EnvironmentSpec
 from harness.lock.images import TemplateLock
 from harness.manifests.template import is_label, template_path
@@ -78,6 +79,67 @@ def task_labels(task_dir: Path) -> list[str]:
         ((data.get("verifier") or {}).get("environment") or {}).get("docker_image"),
     ]
     return [label for label in dict.fromkeys(found) if isinstance(label, str) and label]
+
+
+def dockerfile_base(environment_dir: Path, hint: Path | None) -> tuple[Path, dict[str, str], str | None] | None:
+    """For a task with an ``environment/Dockerfile``: the project whose templates it may name
+    (``hint``, else the nearest folder above the task holding ``harbor/images/``), those
+    templates by the bases they stand in for (:func:`harness.manifests.template.bases`), and the
+    label of the one its ``FROM`` names (None: none does). None without a Dockerfile or a project.
+    :class:`~harness.errors.InputError` for a template that cannot be read."""
+    from harness.harbor.dockerfile import base_image, template_for
+    from harness.harbor.image import DOCKERFILE
+    from harness.manifests.template import TEMPLATE_DIR, bases
+
+    path = environment_dir / DOCKERFILE
+    if not path.is_file():
+        return None
+    project = None
+    if hint is not None:
+        project = hint.resolve() if (hint / TEMPLATE_DIR).is_dir() else None
+    else:
+        start = environment_dir.parent.resolve()
+        project = next((c for c in (start, *start.parents) if (c / TEMPLATE_DIR).is_dir()), None)
+    if project is None:
+        return None
+    try:
+        image = base_image(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None  # refused by name when the Dockerfile is read for the plan
+    known = bases(project)
+    return project, known, template_for(image, known) if image else None
+
+
+def task_templates(task_dir: Path, *, dockerfile: bool = True) -> list[tuple[Path, str]]:
+    """(project, label) of each template a task names: its ``docker_image`` labels' (module
+    doc, 1), then its Dockerfile's ``FROM``'s (:func:`dockerfile_base`) unless ``dockerfile`` is
+    False; each once."""
+    out: list[tuple[Path, str]] = []
+    for label in task_labels(task_dir):
+        project = find_project(task_dir, label, None)
+        if project is not None:
+            out.append((project, label))
+    if dockerfile:
+        found = dockerfile_base(task_dir / "environment", None)
+        if found is not None and found[2] is not None and (found[0], found[2]) not in out:
+            out.append((found[0], found[2]))
+    return out
+
+
+def unpinned_packages(project: Path, plan: ImagePlan) -> list[str]:
+    """The Dockerfile's ``apt-get install`` packages that the lock of its template (``plan.template``
+    of ``project``) does not pin, each a refusal naming its line; empty when it pins them all,
+    or when the template is not locked (realizing it is refused then, naming the fix)."""
+    from harness.harbor.dockerfile import unpinned
+    from harness.lock.images import read
+
+    if not plan.packages or plan.template is None:
+        return []
+    try:
+        lock = read(project, plan.template)
+    except HarnessError:
+        return []
+    return unpinned(plan, {p.name: p.version for p in lock.packages})
 
 
 def environment_spec(project: Path, label: str) -> EnvironmentSpec | None:
@@ -154,6 +216,39 @@ def lay(template: Path, root: Path) -> Laid:
                 continue
         copied += _copy(source, root / entry)
     return Laid(host_binds, copied, linked)
+
+
+def add_users(root: Path, names: list[str]) -> dict[str, int]:
+    """The task users ``names`` written into the session root's ``/etc/passwd`` and
+    ``/etc/group`` where the laid template gave it its own (the links into the template's store
+    path become files of the session, the template's lines and then these); the uid of every user
+    those files name after it (the template's users, then these). Empty where the template has
+    no ``etc/passwd`` (the host's, or the sandbox's own, serves)."""
+    from harness.realize.rootfs_users import add_users as added
+
+    etc = root / "etc"
+    passwd, group = etc / "passwd", etc / "group"
+    if etc.is_symlink() or not etc.is_dir() or not os.path.lexists(passwd):
+        return {}
+    texts: list[str | None] = []
+    for path in (passwd, group):
+        try:
+            texts.append(path.read_text(encoding="utf-8"))  # a link into the template's store path
+        except OSError:
+            texts.append(None)
+    passwd_text, group_text, _ = added(texts[0], texts[1], names)
+    for path, text in ((passwd, passwd_text), (group, group_text)):
+        # Always the session's own file, never the link into the store: the sandbox binds its
+        # table over /etc/passwd before the store paths are bound, and a link there has no target yet.
+        if os.path.lexists(path):
+            path.unlink()
+        path.write_text(text, encoding="utf-8")
+        os.chmod(path, 0o644)
+    return {
+        f[0]: int(f[2])
+        for f in (line.split(":") for line in passwd_text.splitlines())
+        if len(f) > 3 and f[2].isdigit() and f[2] != "0"
+    }
 
 
 def _merge(template: Path, dest: Path, host: Path, inside: str) -> tuple[int, int]:

@@ -289,6 +289,8 @@ class SandboxConfig:
     forward_ports: list[int] = field(default_factory=list)  # host loopback ports reachable inside
     hostname: str = "harness"
     users: list[str | int] = field(default_factory=list)  # task users (names or uids) besides root
+    fixed_ids: dict[str, int] = field(default_factory=dict)  # user -> the uid its root's /etc/passwd gives it
+    etc_base: dict[str, str] = field(default_factory=dict)  # "passwd"/"group": the root's own (a template's)
     owners: dict[str, str | int] = field(default_factory=dict)  # folder of `dirs` -> the task user owning it
     idmap: IdMap | None = None  # None: what this process can have (ids.probe())
     limits: Enforcement | None = None  # joined by every command (limits.enforce())
@@ -354,7 +356,7 @@ class Sandbox:
         self.watchdog = MemoryWatchdog(watch, self.command_pids, self.kill_commands) if watch else None
         self.idmap = config.idmap or probe_ids()
         try:
-            self.users = UserTable.plan(config.users, self.idmap)
+            self.users = UserTable.plan(config.users, self.idmap, config.fixed_ids)
         except ValueError as exc:
             raise SandboxError(f"task users: {exc}") from None
 
@@ -551,8 +553,9 @@ class Sandbox:
     def _write_etc(self) -> None:
         # Written in place: the bind mounts inside see the new contents.
         self.etc_dir.mkdir(parents=True, exist_ok=True)
-        (self.etc_dir / "passwd").write_text(self.users.passwd(), encoding="utf-8")
-        (self.etc_dir / "group").write_text(self.users.group(), encoding="utf-8")
+        base = self.config.etc_base
+        (self.etc_dir / "passwd").write_text(self.users.passwd(base.get("passwd", "")), encoding="utf-8")
+        (self.etc_dir / "group").write_text(self.users.group(base.get("group", "")), encoding="utf-8")
 
     async def ensure_user(self, user: str | int) -> TaskUser | None:
         """The task user ``user`` (a name or uid), added to the session (ids, ``/etc/passwd``,
@@ -564,7 +567,7 @@ class Sandbox:
             return known
         names: list[str | int] = [u.name for u in self.users.users.values() if u.uid != 0]
         try:
-            self.users = UserTable.plan([*names, user], self.idmap)
+            self.users = UserTable.plan([*names, user], self.idmap, self.config.fixed_ids)
         except ValueError as exc:
             raise SandboxError(f"task user {user!r}: {exc}") from None
         self._write_etc()

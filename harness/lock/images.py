@@ -32,8 +32,9 @@ from harness.resolve.debian import DebPin
 
 LOCK_VERSION = 1
 #: What realize does to every template's tree, part of each store hash: merged /usr (bin, sbin,
-#: lib* moved under usr/), absolute symlinks made relative, maintainer scripts not run.
-FORMAT = "rootfs/1: merged-usr, relative links, no maintainer scripts"
+#: lib* moved under usr/), absolute symlinks made relative, maintainer scripts not run, the
+#: template's users in etc/passwd and etc/group (rootfs/2).
+FORMAT = "rootfs/2: merged-usr, relative links, no maintainer scripts, users in etc/passwd and etc/group"
 #: How the maintainer scripts of a template's ``configure`` packages run: part of the store
 #: hash of a template that runs any (``harness/realize/maintscripts.py``).
 MAINTSCRIPTS = "maintscripts/1: bwrap, root at /, preinst install then postinst configure, dependency order"

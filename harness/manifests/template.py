@@ -14,8 +14,13 @@ verifier's ``[verifier.environment] docker_image``). In a harness project the la
 * files of the project (``[[files]]``: ``path`` inside the root, ``source`` relative to the
   template's file, a file or a folder; a verifier template bundles its ``/tests`` this way, as
   Harbor expects of a verifier image);
-* the task users it knows (``users``) and the harness environment its sessions run in
-  (``environment``: a manifest of the project, used when the task names none itself).
+* the task users it knows (``users``: written into the root's ``/etc/passwd`` and
+  ``/etc/group``, uids from 1000 in the order given) and the harness environment its
+  sessions run in (``environment``: a manifest of the project, used when the task names none
+  itself);
+* the Docker bases it stands in for (``provides``, e.g. ``["debian:bookworm"]``): a task's
+  ``environment/Dockerfile`` whose ``FROM`` names one of them (or the label itself) gets this
+  template as its root (:mod:`harness.harbor.dockerfile`).
 
 Pure but for reading the file: text in, a :class:`Template` out; errors name file and key.
 """
@@ -36,7 +41,9 @@ _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 _CONFIGURE = re.compile(r"^([a-z0-9][a-z0-9+.-]+|\*)$")
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-KEYS = ("summary", "environment", "users", "debian", "files")
+#: A Docker image reference a template may stand in for: name[:tag], no digest, no registry port.
+_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,199}(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?$")
+KEYS = ("summary", "environment", "users", "provides", "debian", "files")
 DEBIAN_KEYS = ("archive", "suite", "components", "architecture", "packages", "assume", "configure")
 FILE_KEYS = ("path", "source", "executable")
 
@@ -72,6 +79,7 @@ class Template:
     users: tuple[str, ...] = ()
     debian: DebianBase | None = None
     files: tuple[TemplateFile, ...] = ()
+    provides: tuple[str, ...] = ()
 
 
 def is_label(text: str) -> bool:
@@ -110,11 +118,49 @@ def parse_template(data: dict[str, Any], label: str, path: Path) -> Template:
     summary = _string(data, "summary", where, required=False) or ""
     environment = _string(data, "environment", where, required=False)
     users = _strings(data, "users", where, _USER, "a user name")
+    provides = tuple(
+        normalize_reference(r)
+        for r in _strings(data, "provides", where, _REFERENCE, "a Docker image like debian:bookworm")
+    )
     debian = _debian(data.get("debian"), where) if "debian" in data else None
     files = _files(data.get("files", []), where, path.parent)
     if debian is None and not files:
         raise InputError(f"{where}: the template has neither [debian] packages nor [[files]]")
-    return Template(label, path, summary, environment, users, debian, files)
+    return Template(label, path, summary, environment, users, debian, files, provides)
+
+
+def normalize_reference(image: str) -> str:
+    """A Docker image reference as templates match it: ``docker.io/`` and ``library/`` dropped,
+    ``:latest`` when it names no tag (pure)."""
+    text = image.strip().split("@", 1)[0]
+    for prefix in ("docker.io/", "index.docker.io/", "library/"):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    if ":" in text.rsplit("/", 1)[-1]:
+        name, tag = text.rsplit(":", 1)
+    else:
+        name, tag = text, "latest"
+    return f"{name}:{tag}"
+
+
+def bases(root: Path) -> dict[str, str]:
+    """Every base the templates of the project at ``root`` stand in for -> its label: each label
+    itself, and each reference a template ``provides`` (normalized). Two templates providing one
+    reference are an :class:`InputError` naming both files."""
+    out: dict[str, str] = {}
+    for label in labels(root):
+        out[label] = label
+    for label in labels(root):
+        for reference in load_template(root, label).provides:
+            other = out.get(reference)
+            if other is not None and other != label:
+                raise InputError(
+                    f"{display_path(template_path(root, label))}: provides: {reference!r} is provided by "
+                    f"{display_path(template_path(root, other))} too",
+                    hint="one template per base: remove it from one of them",
+                )
+            out[reference] = label
+    return out
 
 
 def _debian(table: object, where: str) -> DebianBase:

@@ -23,7 +23,8 @@ one store path of kind ``rootfs``, without root and without Docker:
    every package, what was not made, which scripts ran and which each other package carries
    that did not run;
 4. the project's files are copied in, each checked against the sha256 the lock recorded (a
-   changed file is a stale lock, never a different root).
+   changed file is a stale lock, never a different root); the template's users are written
+   into ``etc/passwd`` and ``etc/group`` (:mod:`harness.realize.rootfs_users`).
 
 The content depends on the lock alone: two empty homes register the same store path with the
 same content hash (the store's canonical serialization keeps no times or owners).
@@ -48,6 +49,7 @@ from harness.config import Settings
 from harness.errors import HarnessError
 from harness.lock.images import FORMAT, LockedFile, TemplateLock
 from harness.progress import QUIET, Reporter
+from harness.realize.rootfs_users import write_users
 from harness.store.store import BuildResult, Record, Store
 
 #: Top-level folders that merged /usr keeps under usr/.
@@ -104,6 +106,7 @@ def realize_template(
         if lock.configure:
             _configure(lock, out, done)
         _add_files(lock, project_root, out)
+        write_users(out, lock.users)  # /etc/passwd and /etc/group name the template's users
         _write_manifest(lock, out, done)
         return BuildResult(obtained="built from the template's lock")
 
@@ -116,6 +119,7 @@ def realize_template(
 
 def _fetch(store: Store, settings: Settings, lock: TemplateLock) -> list[Path]:
     from harness.download import download
+    from harness.store.store import lock_file
 
     assert lock.archive is not None
     address = settings.debian_archive(lock.archive)
@@ -124,13 +128,14 @@ def _fetch(store: Store, settings: Settings, lock: TemplateLock) -> list[Path]:
     paths = []
     for pin in lock.packages:
         dest = folder / f"{pin.sha256}.deb"
-        download(
-            f"{address}/{pin.filename}",
-            dest,
-            sha256=pin.sha256,
-            size=pin.size,
-            label=f"{posixpath.basename(pin.filename)} (template {lock.label})",
-        )
+        with lock_file(folder / f"{pin.sha256}.lock"):  # two sessions realizing templates that share a .deb
+            download(
+                f"{address}/{pin.filename}",
+                dest,
+                sha256=pin.sha256,
+                size=pin.size,
+                label=f"{posixpath.basename(pin.filename)} (template {lock.label})",
+            )
         paths.append(dest)
     return paths
 

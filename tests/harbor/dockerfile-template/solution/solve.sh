@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+kuka-plan "$PLAN_INPUT" > plan.txt
