@@ -146,6 +146,7 @@ def test_a_slurm_run_scores_as_the_local_run_and_every_shard_is_proven(setup: Se
 
     result = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "slurm", "--shards", "3")
     assert result.returncode == 0, result.stderr + setup.slurm.logs()
+    assert "accounting storage is disabled" not in result.stderr and "sacct error" not in result.stderr
     job = _array_job(result.stderr)
     run_dir = _run_dir(result.stderr)
     outcome = json.loads((run_dir / "result.json").read_text())
@@ -156,7 +157,9 @@ def test_a_slurm_run_scores_as_the_local_run_and_every_shard_is_proven(setup: Se
     single = json.loads((_run_dir(local.stderr) / "benchmark.json").read_text())
     assert merged["episodes"] == single["episodes"] == 20 and merged["successes"] == single["successes"], merged
     assert sorted(merged["episode_results"], key=lambda e: e["episode"]) == single["episode_results"]
-    assert all(setup.slurm.job(f"{job}_{i}")["JobState"] == "COMPLETED" for i in range(3))
+    # The head has each result once the task wrote it; Slurm completes the task a moment later.
+    done = lambda: all(setup.slurm.job(f"{job}_{i}")["JobState"] == "COMPLETED" for i in range(3))  # noqa: E731
+    _wait_for("the array's tasks COMPLETED in Slurm", done, 60)
 
     audit = _harness(setup, "audit", run_dir.name)
     assert audit.returncode == 0, audit.stdout
@@ -194,6 +197,26 @@ def test_the_slurm_options_reach_the_real_sbatch(setup: Setup) -> None:
         assert held["MinMemoryNode"] == "1G", held
     config = json.loads((_run_dir(result.stderr) / "config.json").read_text())
     assert config["cluster"]["slurm"] == {"partition": "lab", "time": "0:45:00", "mem": "1G"}
+    assert setup.slurm.job(f"{job}_0")["Requeue"] == "0", "Slurm must not run a lost shard again itself"
+
+
+def test_task_states_come_from_squeue_where_slurm_keeps_no_accounting(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This cluster has no accounting database, so submitit's ``sacct`` fails; the head's
+    watcher reads the states of an array's tasks from ``squeue`` instead (a task that ended
+    without a result would otherwise keep the head waiting forever)."""
+    from harness.runs.slurmstates import SlurmStates
+
+    monkeypatch.setenv("SLURM_CONF", str(setup.slurm.conf))
+    sacct = subprocess.run(["sacct", "-j", "1"], capture_output=True, text=True, timeout=60)
+    assert sacct.returncode != 0 and "accounting storage is disabled" in sacct.stdout + sacct.stderr
+    out = setup.slurm.command("sbatch", "--parsable", "--array=0-1", "--output=/dev/null", "--wrap", "exit 3")
+    job = out.strip().split(";")[0]
+    watcher = SlurmStates()
+    _wait_for("both tasks to end", lambda: watcher.is_done(f"{job}_0", "force") and watcher.is_done(f"{job}_1"), 60)
+    assert watcher.get_state(f"{job}_0", "cache") == watcher.get_state(f"{job}_1", "cache") == "FAILED"
+    assert watcher.get_state("999999_0", "force") == "UNKNOWN"
 
 
 def test_scancel_of_a_running_shard_is_recorded_as_a_cancel_and_resume_runs_it(setup: Setup) -> None:
@@ -202,6 +225,7 @@ def test_scancel_of_a_running_shard_is_recorded_as_a_cancel_and_resume_runs_it(s
     audit names the cancel; ``run --resume`` submits that shard alone and the run is whole."""
     head, gates = _gated(setup, "scancel")
     run_dir = Path((gates / "started-1-2").read_text()).parent.parent
+    _wait_for("shard 0's record", lambda: (run_dir / "shards" / "0" / "shard.json").is_file())
     job = next(ln for ln in setup.slurm.command("squeue", "--noheader", "--format=%i").split() if ln.endswith("_1"))
     setup.slurm.command("scancel", job)
     _, err = head.communicate(timeout=180)
@@ -209,7 +233,7 @@ def test_scancel_of_a_running_shard_is_recorded_as_a_cancel_and_resume_runs_it(s
     shards = json.loads((run_dir / "result.json").read_text())["shards"]
     assert [s["status"] for s in shards] == ["ok", "cancelled"], shards
     assert "its task got SIGTERM (Slurm's scancel" in shards[1]["reason"], shards[1]["reason"]
-    assert setup.slurm.job(job)["JobState"] == "CANCELLED"
+    _wait_for("the task CANCELLED in Slurm", lambda: setup.slurm.job(job)["JobState"] == "CANCELLED", 60)
     audit = _harness(setup, "audit", run_dir.name)
     assert audit.returncode == 1, audit.stdout
     assert [ln.split(" ", 1)[0] for ln in audit.stdout.splitlines() if " shard " in ln] == ["ok", "cancelled"]
@@ -221,3 +245,30 @@ def test_scancel_of_a_running_shard_is_recorded_as_a_cancel_and_resume_runs_it(s
     outcome = json.loads((run_dir / "result.json").read_text())
     assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"] and outcome["exit_status"] == 0
     assert _harness(setup, "audit", run_dir.name).returncode == 0
+
+
+def test_a_shard_whose_node_fails_is_lost_and_submitted_again_with_retries(setup: Setup) -> None:
+    """The node of a running shard set down (as Slurm does to a node that stopped answering):
+    Slurm ends the task with ``NODE_FAIL`` and, the array being submitted ``--no-requeue``, does
+    not run it again itself; the shard is recorded lost and the head submits it again
+    (``--retries 1``), in an array of its own, once the node is back: every shard ok, two
+    attempts of shard 1 each naming its Slurm task."""
+    head, gates = _gated(setup, "node-fail", "--retries", "1")
+    run_dir = Path((gates / "started-1-2").read_text()).parent.parent
+    _wait_for("shard 0's record", lambda: (run_dir / "shards" / "0" / "shard.json").is_file())
+    job = next(ln for ln in setup.slurm.command("squeue", "--noheader", "--format=%i").split() if ln.endswith("_1"))
+    setup.slurm.command("scontrol", "update", "nodename=localhost", "state=down", "reason=harness-test")
+    try:
+        _wait_for("the task's node failure", lambda: setup.slurm.job(job)["JobState"] == "NODE_FAIL", 60)
+    finally:
+        # The node answers, so Slurm returns it to service itself (ReturnToService=2); else:
+        setup.slurm.command("scontrol", "update", "nodename=localhost", "state=resume", check=False)
+    (gates / "open").write_text("")
+    _, err = head.communicate(timeout=180)
+    assert head.returncode == 0, err + setup.slurm.logs()
+    assert "shard 1/2: its node was lost (NODE_FAIL)" in err and "; submitted again" in err, err
+    outcome = json.loads((_run_dir(err) / "result.json").read_text())
+    assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"], outcome["shards"]
+    attempts = outcome["shards"][1]["attempts"]
+    assert [a["status"] for a in attempts] == ["lost", "ok"] and attempts[0]["job_id"] == job, attempts
+    assert attempts[1]["job_id"].split("_")[0] != job.split("_")[0], "submitted again as an array of its own"
