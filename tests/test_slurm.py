@@ -198,6 +198,12 @@ def test_the_slurm_options_reach_the_real_sbatch(setup: Setup) -> None:
     config = json.loads((_run_dir(result.stderr) / "config.json").read_text())
     assert config["cluster"]["slurm"] == {"partition": "lab", "time": "0:45:00", "mem": "1G"}
     assert setup.slurm.job(f"{job}_0")["Requeue"] == "0", "Slurm must not run a lost shard again itself"
+    # A partition the cluster does not have: sbatch refuses the array, the head says which
+    # options it asked for (exit 2, no internal error).
+    refused = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "slurm", "--slurm", "partition=nope")
+    assert refused.returncode == 2, refused.stderr
+    assert "error: Slurm refused the array job (partition=nope): " in refused.stderr, refused.stderr
+    assert "Invalid partition name" in refused.stderr and "internal error" not in refused.stderr
 
 
 def test_task_states_come_from_squeue_where_slurm_keeps_no_accounting(

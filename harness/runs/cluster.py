@@ -1008,7 +1008,7 @@ class SubmititEngine:
         todo = list(jobs)
         watcher = None if self.local else _slurm_states()
         while todo:
-            submitted = executor.map_array(self.task, todo)
+            submitted = self._submit(executor, todo)
             if watcher is not None:  # sacct, or squeue where Slurm keeps no accounting
                 for handle in submitted:
                     handle.watcher = watcher
@@ -1041,6 +1041,22 @@ class SubmititEngine:
                     handle.cancel(check=False)
                 raise _Interrupted(list(results.values())) from None
         return [results[i] for i in sorted(results)]
+
+    def _submit(self, executor: AutoExecutor, jobs: list[ShardJob]) -> list[Any]:
+        """The array's task handles; sbatch refusing the array (a partition, account, QOS or
+        GPU request the cluster does not have) is an error naming what was asked."""
+        from submitit.core.utils import FailedJobError
+
+        try:
+            return list(executor.map_array(self.task, jobs))
+        except FailedJobError as exc:
+            said = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            asked = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items())) or "no [slurm] options"
+            raise InputError(
+                f"Slurm refused the array job ({asked}): {said[-1] if said else exc}",
+                hint="check --slurm KEY=VALUE and the deploy's [slurm] against what `sinfo` and "
+                "`sacctmgr show assoc user=$USER` list, then run again",
+            ) from None
 
     def _ended(self, job: ShardJob, handle: Any) -> dict[str, Any]:
         """The task's result, or the engine's verdict on a task that returned none; on Slurm, a
