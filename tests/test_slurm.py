@@ -160,6 +160,7 @@ def test_a_slurm_run_scores_as_the_local_run_and_every_shard_is_proven(setup: Se
     # The head has each result once the task wrote it; Slurm completes the task a moment later.
     done = lambda: all(setup.slurm.job(f"{job}_{i}")["JobState"] == "COMPLETED" for i in range(3))  # noqa: E731
     _wait_for("the array's tasks COMPLETED in Slurm", done, 60)
+    assert setup.slurm.job(f"{job}_0")["JobName"] == f"harness-{run_dir.name}"
 
     audit = _harness(setup, "audit", run_dir.name)
     assert audit.returncode == 0, audit.stdout

@@ -977,14 +977,17 @@ class SubmititEngine:
 
     def executor(self, folder: Path, *, cpus: float, gpus: int, count: int) -> AutoExecutor:
         """submitit's executor for an array of ``count`` shards, its parameters set (submitit
-        renders them into the sbatch script of each submission)."""
+        renders them into the sbatch script of each submission). The job is named
+        ``harness-<run id>`` (``folder`` is the run's ``engine/``): ``squeue`` shows whose run
+        it is, and ``scancel --name`` cancels it."""
         import submitit
 
         from harness.runs.slurm import submitit_parameters
 
         executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if self.local else "slurm")
         executor.update_parameters(
-            **submitit_parameters(self.options, cpus=cpus, gpus=gpus, local=self.local, count=count)
+            name=f"harness-{folder.parent.name}",
+            **submitit_parameters(self.options, cpus=cpus, gpus=gpus, local=self.local, count=count),
         )
         return executor
 
