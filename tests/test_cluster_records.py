@@ -461,6 +461,27 @@ def test_a_shard_whose_task_got_sigterm_is_cancelled_not_a_command_that_exited_1
     assert after_termination(ok, [12.0]) == ok, "a shard that ended ok stays ok"
 
 
+def test_a_cancel_whose_task_slurm_ended_for_its_node_is_lost_and_retried() -> None:
+    """A node set down or gone silent sends the task the SIGTERM of scancel: the state Slurm
+    ends the task with (NODE_FAIL, TIMEOUT) decides, a CANCELLED stays a cancel (pure)."""
+    from harness.runs.cluster import after_termination, lost_instead
+
+    failed = {"index": 1, "status": "failed", "exit_status": 143, "reason": "the shard's command exited with 143"}
+    cancelled = after_termination(failed, [12.0])
+    assert lost_instead(cancelled, "CANCELLED by 0") == cancelled
+    assert lost_instead(cancelled, "") == cancelled
+    lost = lost_instead(cancelled, "NODE_FAIL")
+    assert lost["status"] == "lost" and lost["retry"] is True, lost
+    assert (
+        lost["reason"].startswith("its node was lost (NODE_FAIL): its task got SIGTERM")
+        and "--resume" not in lost["reason"]
+    )
+    timed_out = lost_instead(cancelled, "TIMEOUT")
+    assert timed_out["status"] == "failed" and "time limit" in timed_out["reason"] and not timed_out["retry"]
+    ok = {"index": 0, "status": "ok"}
+    assert lost_instead(ok, "NODE_FAIL") == ok
+
+
 def test_cli_resume_refuses_other_options_and_a_run_that_is_no_cluster_run(harness_cli: Any, tmp_path: Path) -> None:
     home = tmp_path / "home"
     result = harness_cli("run", "--resume", "r1", "--agent", "kinematics-only", "--shards", "2")

@@ -93,6 +93,8 @@ def test_the_sbatch_script_holds_every_option(tmp_path: Path, monkeypatch: pytes
         "#SBATCH --mem=64G",
         "#SBATCH --gpus-per-node=2",
         "#SBATCH --cpus-per-task=1",
+        "#SBATCH --no-requeue",  # the head, not Slurm, submits a lost shard again (--retries)
+        f"#SBATCH --job-name=harness-{tmp_path.name}",  # the run's id: the folder above engine/
     ):
         assert line in lines, f"{line!r} not in the sbatch script:\n{script}"
     assert "#SBATCH --partition=cpu" not in lines

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 
     from harness.config import Settings
     from harness.runs.run import RunOutcome
+    from harness.runs.slurmstates import SlurmStates
     from harness.runtime.plan import Plan
     from harness.manifests.project import ProjectState
     from harness.runtime.session import Prepared
@@ -1000,14 +1001,17 @@ class SubmititEngine:
 
     def executor(self, folder: Path, *, cpus: float, gpus: int, count: int) -> AutoExecutor:
         """submitit's executor for an array of ``count`` shards, its parameters set (submitit
-        renders them into the sbatch script of each submission)."""
+        renders them into the sbatch script of each submission). The job is named
+        ``harness-<run id>`` (``folder`` is the run's ``engine/``): ``squeue`` shows whose run
+        it is, and ``scancel --name`` cancels it."""
         import submitit
 
         from harness.runs.slurm import submitit_parameters
 
         executor = submitit.AutoExecutor(folder=folder / "%j", cluster="local" if self.local else "slurm")
         executor.update_parameters(
-            **submitit_parameters(self.options, cpus=cpus, gpus=gpus, local=self.local, count=count)
+            name=f"harness-{folder.parent.name}",
+            **submitit_parameters(self.options, cpus=cpus, gpus=gpus, local=self.local, count=count),
         )
         return executor
 
@@ -1029,8 +1033,12 @@ class SubmititEngine:
         results: dict[int, dict[str, Any]] = {}
         attempts: dict[int, list[dict[str, Any]]] = {job.index: [] for job in jobs}
         todo = list(jobs)
+        watcher = None if self.local else _slurm_states()
         while todo:
-            submitted = executor.map_array(self.task, todo)
+            submitted = self._submit(executor, todo)
+            if watcher is not None:  # sacct, or squeue where Slurm keeps no accounting
+                for handle in submitted:
+                    handle.watcher = watcher
             if submitted:
                 echo(f"submitted array job {submitted[0].job_id.split('_')[0]} ({len(todo)} tasks)")
             handles = {job.index: (job, handle) for job, handle in zip(todo, submitted, strict=True)}
@@ -1061,12 +1069,27 @@ class SubmititEngine:
                 raise _Interrupted(list(results.values())) from None
         return [results[i] for i in sorted(results)]
 
-    @staticmethod
-    def _ended(job: ShardJob, handle: Any) -> dict[str, Any]:
-        """The task's result, or the engine's verdict on a task that returned none."""
+    def _submit(self, executor: AutoExecutor, jobs: list[ShardJob]) -> list[Any]:
+        """The array's task handles; sbatch refusing the array (a partition, account, QOS or
+        GPU request the cluster does not have) is an error naming what was asked."""
+        from submitit.core.utils import FailedJobError
+
+        try:
+            return list(executor.map_array(self.task, jobs))
+        except FailedJobError as exc:
+            said = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            asked = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items())) or "no [slurm] options"
+            raise InputError(
+                f"Slurm refused the array job ({asked}): {said[-1] if said else exc}",
+                hint="check --slurm KEY=VALUE and the deploy's [slurm] against what `sinfo` and "
+                "`sacctmgr show assoc user=$USER` list, then run again",
+            ) from None
+
+    def _ended(self, job: ShardJob, handle: Any) -> dict[str, Any]:
+        """The task's result, or the engine's verdict on a task that returned none; on Slurm, a
+        task that recorded a cancel is judged again from the state Slurm ended it with."""
         try:
             result: dict[str, Any] = handle.result()
-            return result
         except Exception as exc:  # the engine's failure (a task that died), with its reason
             message = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
             status, reason, retry = engine_ending(str(handle.state), message)
@@ -1077,6 +1100,35 @@ class SubmititEngine:
                 "reason": f"task {handle.job_id}: {reason}",
                 "retry": retry,
             }
+        if result.get("status") == "cancelled" and not self.local:
+            result = lost_instead(result, _final_state(handle))
+        return result
+
+
+def _slurm_states() -> SlurmStates:
+    from harness.runs.slurmstates import SlurmStates
+
+    return SlurmStates()
+
+
+#: How long the head waits for Slurm's final state of a task that wrote its result.
+FINAL_STATE_S = 30.0
+
+
+def _final_state(handle: Any) -> str:
+    """Slurm's state of a task once it ended (``COMPLETING`` while its processes exit), or the
+    last one seen after :data:`FINAL_STATE_S`."""
+    deadline = time.monotonic() + FINAL_STATE_S
+    while True:
+        state = str(handle.watcher.get_state(handle.job_id, mode="force"))
+        if (state.split() or ["UNKNOWN"])[0] not in (
+            "RUNNING",
+            "COMPLETING",
+            "PENDING",
+            "UNKNOWN",
+        ) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
 
 
 #: Slurm job states (``sacct``) of a node that went away under its task: the shard is lost
@@ -1150,7 +1202,8 @@ def _terminations() -> Iterator[list[float]]:
 
 def after_termination(result: dict[str, Any], terminated: list[float]) -> dict[str, Any]:
     """A shard's result once its task got SIGTERM (``terminated``: when): a shard that did not
-    end ``ok`` was stopped by it, and is ``cancelled`` saying so. Pure."""
+    end ``ok`` was stopped by it, and is ``cancelled`` saying so (the head then asks Slurm
+    whether its node was lost instead: :func:`lost_instead`). Pure."""
     if not terminated or result.get("status") == "ok":
         return result
     before = f" ({result['reason']})" if result.get("reason") else ""
@@ -1163,6 +1216,19 @@ def after_termination(result: dict[str, Any], terminated: list[float]) -> dict[s
             + "; --resume runs it again"
         ),
     }
+
+
+def lost_instead(result: dict[str, Any], state: str) -> dict[str, Any]:
+    """A task's ``cancelled`` result (it got SIGTERM) judged again from the state Slurm gave
+    the task once it ended: a node lost (``NODE_FAIL``: set down or stopped answering) or a
+    time limit sends the same SIGTERM as ``scancel``, and makes the shard ``lost``, submitted
+    again (``retry``), or ``failed`` naming it. Pure."""
+    word = (state.split() or [""])[0].upper()
+    if result.get("status") != "cancelled" or word not in (*_LOST_STATES, "TIMEOUT"):
+        return result
+    status, reason, retry = engine_ending(state, "")
+    stopped = str(result.get("reason", "")).split("; --resume", 1)[0]
+    return {**result, "status": status, "reason": f"{reason}: {stopped}", "retry": retry}
 
 
 def submitit_environment() -> str | None:

@@ -72,6 +72,10 @@ def submitit_parameters(
     if local:
         return params
     params["slurm_array_parallelism"] = count
+    # Slurm does not requeue a task on its own (its default for a node's failure): the head
+    # submits a lost shard again, counted by --retries, and a requeued task would run its shard
+    # a second time after the head recorded it.
+    params["slurm_additional_parameters"] = {"no_requeue": True}
     for key in ("partition", "account", "qos", "mem"):
         if options.get(key):
             params[f"slurm_{key}"] = str(options[key])

@@ -1,0 +1,281 @@
+"""``harness run --cluster slurm`` through a real Slurm: slurmctld and slurmd on loopback.
+
+The one-node cluster (tests/slurmcluster.py) runs as root, as slurmd must; its jobs run as
+root, in the head's own home (one node: the head's filesystem is the node's). The runs use the
+repository's example, the kinematics-only agent on the reach benchmark (realizing kinematics
+reads numpy from the package registry, which CI reaches). Skipped, saying why, without root,
+without submitit (``pip install -e '.[slurm]'``) or without Slurm's Debian packages
+(``apt-get install slurmctld slurmd slurm-client munge``, as .ci/run does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
+
+from tests.conftest import REPO
+from tests.slurmcluster import SlurmCluster, missing, start_slurm
+
+pytestmark = [pytest.mark.network, pytest.mark.root]
+
+# Shard 0 runs its episodes at once; the others note that they started and wait until the test
+# opens the gate, so the test can act on a shard that surely runs.
+GATE = r"""
+import os, runpy, sys, time
+from pathlib import Path
+gates = Path(sys.argv[1])
+shard = os.environ["HARNESS_SHARD"].replace("/", "-")
+(gates / f"started-{shard}").write_text(os.environ.get("HARNESS_RUN_DIR", ""))
+while not shard.startswith("0-") and not (gates / "open").exists():
+    time.sleep(0.1)
+sys.argv = [sys.argv[2], "--episodes", "20", "--seed", "0"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@dataclass
+class Setup:
+    slurm: SlurmCluster
+    home: Path
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("slurm")
+    home = root / "home"
+    home.mkdir()
+    # The head's store is realized while Slurm starts.
+    realize = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "--project",
+            str(REPO),
+            "--home",
+            str(home),
+            "realize",
+            "kinematics",
+            "reach",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        slurm = start_slurm(root)
+    except BaseException:
+        realize.kill()
+        raise
+    try:
+        out, _ = realize.communicate(timeout=600)
+        assert realize.returncode == 0, out.decode()
+        yield Setup(slurm, home, root)
+    finally:
+        slurm.stop()
+
+
+def _harness(setup: Setup, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "--project", str(REPO), *args],
+        env=setup.slurm.env({**os.environ, "HARNESS_HOME": str(setup.home)}),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def _run_dir(stderr: str) -> Path:
+    line = [ln for ln in stderr.splitlines() if "; record " in ln][-1]
+    return Path(line.rsplit("; record ", 1)[1].strip())
+
+
+def _array_job(stderr: str) -> str:
+    line = next(ln for ln in stderr.splitlines() if ln.startswith("submitted array job "))
+    return line.split()[3]
+
+
+def _wait_for(what: str, check: Callable[[], bool], timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _gated(setup: Setup, name: str, *args: str) -> tuple[subprocess.Popen[str], Path]:
+    """A ``run --cluster slurm`` of two shards whose shard 1 waits at a gate; (head, gates)."""
+    gates = setup.root / name
+    gates.mkdir()
+    (gates / "gate.py").write_text(GATE)
+    shard_cmd = [sys.executable, str(gates / "gate.py"), str(gates), str(REPO / "benchmarks" / "reach" / "episodes.py")]
+    head = subprocess.Popen(
+        [sys.executable, "-m", "harness", "--project", str(REPO), "run", "--agent", "kinematics-only"]
+        + ["--cluster", "slurm", "--shards", "2", *args, "--", *shard_cmd],
+        env=setup.slurm.env({**os.environ, "HARNESS_HOME": str(setup.home)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for("shard 1 at its gate", lambda: (gates / "started-1-2").exists() or head.poll() is not None)
+    assert head.poll() is None, head.communicate()
+    return head, gates
+
+
+def test_a_slurm_run_scores_as_the_local_run_and_every_shard_is_proven(setup: Setup) -> None:
+    """Three shards as one array job on the real scheduler: the same score and episodes as the
+    same run on this machine alone, each shard run by its Slurm array task, the audit ok."""
+    local = _harness(setup, "run", "--agent", "kinematics-only")
+    assert local.returncode == 0, local.stderr
+    alone = json.loads((_run_dir(local.stderr) / "result.json").read_text())
+
+    result = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "slurm", "--shards", "3")
+    assert result.returncode == 0, result.stderr + setup.slurm.logs()
+    assert "accounting storage is disabled" not in result.stderr and "sacct error" not in result.stderr
+    job = _array_job(result.stderr)
+    run_dir = _run_dir(result.stderr)
+    outcome = json.loads((run_dir / "result.json").read_text())
+    assert outcome["score"] == alone["score"] == 1.0, outcome
+    assert [s["status"] for s in outcome["shards"]] == ["ok"] * 3, outcome["shards"]
+    assert [s["node_id"] for s in outcome["shards"]] == [f"slurm {job}_{i}" for i in range(3)], outcome["shards"]
+    merged = json.loads((run_dir / "benchmark.json").read_text())
+    single = json.loads((_run_dir(local.stderr) / "benchmark.json").read_text())
+    assert merged["episodes"] == single["episodes"] == 20 and merged["successes"] == single["successes"], merged
+    assert sorted(merged["episode_results"], key=lambda e: e["episode"]) == single["episode_results"]
+    # The head has each result once the task wrote it; Slurm completes the task a moment later.
+    done = lambda: all(setup.slurm.job(f"{job}_{i}")["JobState"] == "COMPLETED" for i in range(3))  # noqa: E731
+    _wait_for("the array's tasks COMPLETED in Slurm", done, 60)
+    assert setup.slurm.job(f"{job}_0")["JobName"] == f"harness-{run_dir.name}"
+
+    audit = _harness(setup, "audit", run_dir.name)
+    assert audit.returncode == 0, audit.stdout
+    proven = [ln for ln in audit.stdout.splitlines() if ln.startswith("ok") and " shard " in ln]
+    assert len(proven) == 3 and all("same 8 store paths" in ln for ln in proven), audit.stdout
+
+
+def test_the_slurm_options_reach_the_real_sbatch(setup: Setup) -> None:
+    """The deploy's ``[slurm]`` and ``--slurm`` over it are what Slurm holds of the array job
+    (``scontrol show job``): partition, time limit, memory."""
+    deploy = setup.root / "slurm-deploy.toml"
+    deploy.write_text('[slurm]\npartition = "debug"\ntime = "0:45:00"\nmem = "512M"\n')
+    result = _harness(
+        setup,
+        "--deploy",
+        str(deploy),
+        "run",
+        "--agent",
+        "kinematics-only",
+        "--cluster",
+        "slurm",
+        "--shards",
+        "2",
+        "--slurm",
+        "partition=lab",
+        "--slurm",
+        "mem=1G",
+    )
+    assert result.returncode == 0, result.stderr + setup.slurm.logs()
+    job = _array_job(result.stderr)
+    for task in (0, 1):
+        held = setup.slurm.job(f"{job}_{task}")
+        assert held["Partition"] == "lab", held
+        assert held["TimeLimit"] == "00:45:00", held
+        assert held["MinMemoryNode"] == "1G", held
+    config = json.loads((_run_dir(result.stderr) / "config.json").read_text())
+    assert config["cluster"]["slurm"] == {"partition": "lab", "time": "0:45:00", "mem": "1G"}
+    assert setup.slurm.job(f"{job}_0")["Requeue"] == "0", "Slurm must not run a lost shard again itself"
+    # A partition the cluster does not have: sbatch refuses the array, the head says which
+    # options it asked for (exit 2, no internal error).
+    refused = _harness(setup, "run", "--agent", "kinematics-only", "--cluster", "slurm", "--slurm", "partition=nope")
+    assert refused.returncode == 2, refused.stderr
+    assert "error: Slurm refused the array job (partition=nope): " in refused.stderr, refused.stderr
+    assert "Invalid partition name" in refused.stderr and "internal error" not in refused.stderr
+
+
+def test_task_states_come_from_squeue_where_slurm_keeps_no_accounting(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This cluster has no accounting database, so submitit's ``sacct`` fails; the head's
+    watcher reads the states of an array's tasks from ``squeue`` instead (a task that ended
+    without a result would otherwise keep the head waiting forever)."""
+    from harness.runs.slurmstates import SlurmStates
+
+    monkeypatch.setenv("SLURM_CONF", str(setup.slurm.conf))
+    sacct = subprocess.run(["sacct", "-j", "1"], capture_output=True, text=True, timeout=60)
+    assert sacct.returncode != 0 and "accounting storage is disabled" in sacct.stdout + sacct.stderr
+    out = setup.slurm.command("sbatch", "--parsable", "--array=0-1", "--output=/dev/null", "--wrap", "exit 3")
+    job = out.strip().split(";")[0]
+    watcher = SlurmStates()
+    _wait_for("both tasks to end", lambda: watcher.is_done(f"{job}_0", "force") and watcher.is_done(f"{job}_1"), 60)
+    assert watcher.get_state(f"{job}_0", "cache") == watcher.get_state(f"{job}_1", "cache") == "FAILED"
+    assert watcher.get_state("999999_0", "force") == "UNKNOWN"
+
+
+def test_scancel_of_a_running_shard_is_recorded_as_a_cancel_and_resume_runs_it(setup: Setup) -> None:
+    """``scancel`` of the array task of a running shard: the shard is recorded ``cancelled``
+    naming the SIGTERM (not 'exited with 143'), the other shard is ok, the run exits 1 and the
+    audit names the cancel; ``run --resume`` submits that shard alone and the run is whole."""
+    head, gates = _gated(setup, "scancel")
+    run_dir = Path((gates / "started-1-2").read_text()).parent.parent
+    _wait_for("shard 0's record", lambda: (run_dir / "shards" / "0" / "shard.json").is_file())
+    job = next(ln for ln in setup.slurm.command("squeue", "--noheader", "--format=%i").split() if ln.endswith("_1"))
+    setup.slurm.command("scancel", job)
+    _, err = head.communicate(timeout=180)
+    assert head.returncode == 1, err
+    shards = json.loads((run_dir / "result.json").read_text())["shards"]
+    assert [s["status"] for s in shards] == ["ok", "cancelled"], shards
+    assert "its task got SIGTERM (Slurm's scancel" in shards[1]["reason"], shards[1]["reason"]
+    _wait_for("the task CANCELLED in Slurm", lambda: setup.slurm.job(job)["JobState"] == "CANCELLED", 60)
+    audit = _harness(setup, "audit", run_dir.name)
+    assert audit.returncode == 1, audit.stdout
+    assert [ln.split(" ", 1)[0] for ln in audit.stdout.splitlines() if " shard " in ln] == ["ok", "cancelled"]
+
+    (gates / "open").write_text("")
+    resumed = _harness(setup, "run", "--resume", run_dir.name)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming 1 of 2 shards on slurm (1)" in resumed.stderr, resumed.stderr
+    outcome = json.loads((run_dir / "result.json").read_text())
+    assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"] and outcome["exit_status"] == 0
+    assert _harness(setup, "audit", run_dir.name).returncode == 0
+
+
+def test_a_shard_whose_node_fails_is_lost_and_submitted_again_with_retries(setup: Setup) -> None:
+    """The node of a running shard set down (as Slurm does to a node that stopped answering):
+    Slurm ends the task with ``NODE_FAIL`` and, the array being submitted ``--no-requeue``, does
+    not run it again itself; the shard is recorded lost and the head submits it again
+    (``--retries 1``), in an array of its own, once the node is back: every shard ok, two
+    attempts of shard 1 each naming its Slurm task."""
+    head, gates = _gated(setup, "node-fail", "--retries", "1")
+    run_dir = Path((gates / "started-1-2").read_text()).parent.parent
+    _wait_for("shard 0's record", lambda: (run_dir / "shards" / "0" / "shard.json").is_file())
+    job = next(ln for ln in setup.slurm.command("squeue", "--noheader", "--format=%i").split() if ln.endswith("_1"))
+    setup.slurm.command("scontrol", "update", "nodename=localhost", "state=down", "reason=harness-test")
+    try:
+        _wait_for("the task's node failure", lambda: setup.slurm.job(job)["JobState"] == "NODE_FAIL", 60)
+    finally:
+        # The node answers, so Slurm returns it to service itself (ReturnToService=2); else:
+        setup.slurm.command("scontrol", "update", "nodename=localhost", "state=resume", check=False)
+    (gates / "open").write_text("")
+    _, err = head.communicate(timeout=180)
+    assert head.returncode == 0, err + setup.slurm.logs()
+    assert "shard 1/2: its node was lost (NODE_FAIL)" in err and "; submitted again" in err, err
+    outcome = json.loads((_run_dir(err) / "result.json").read_text())
+    assert [s["status"] for s in outcome["shards"]] == ["ok", "ok"], outcome["shards"]
+    attempts = outcome["shards"][1]["attempts"]
+    assert [a["status"] for a in attempts] == ["lost", "ok"] and attempts[0]["job_id"] == job, attempts
+    assert attempts[1]["job_id"].split("_")[0] != job.split("_")[0], "submitted again as an array of its own"
