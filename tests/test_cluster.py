@@ -27,6 +27,7 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' to run the cluster tests")
 
 from harness.runs.shard import ShardJob
+from harness.runtime.broker import find_brokers
 from harness.store.store import remove_tree
 from tests.conftest import REPO
 from tests.raycluster import Cluster, sign_into_lab_cache, start_cluster
@@ -263,6 +264,12 @@ def test_a_tampered_node_environment_is_refused_and_fails_the_audit_and_diff(set
     shards = json.loads((run_dir / "result.json").read_text())["shards"]
     refused = [s for s in shards if s["home"] == str(second)]
     assert refused and all(s["status"] == "failed" for s in refused), shards
+    # Its shards parked the node's broker ahead of the check (its start-up overlaps the
+    # proof): refused, they ended it having started nothing, and no broker is left there.
+    node = second / "runs" / run_dir.name / "node"
+    assert "start kinematics" not in (node / "logs" / "broker.log").read_text()
+    assert not list((second / "runs" / run_dir.name).rglob("kinematics.log"))
+    assert find_brokers(node) == [] and not list(node.glob("parked.*"))
     code, lines = _audit_lines(setup, run_dir)
     assert code == 1
     named = [ln for ln in lines if ln.startswith("modified  shard ")]
