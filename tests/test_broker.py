@@ -1411,6 +1411,7 @@ def test_another_callers_spawn_starts_its_broker_beside_a_parked_one_which_then_
     assert parked is not None
     try:
         _parked_waiting(parked, 0.3)
+        assert park(tmp_path) is None  # one parked per folder: a second would only be ended
         other = spawn(plan, specs, tmp_path, options={"tick": 0.05})
         assert other["broker"]["spawned"] and other["broker"]["pid"] != parked.proc.pid
         joined = spawn(plan, specs, tmp_path, parked=parked)

@@ -173,6 +173,8 @@ def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> Non
         record = run4 / "shards" / str(shard["index"])
         assert json.loads((record / "benchmark.json").read_text())["shard"] == f"{shard['index']}/4"
         assert (record / "logs" / "command.log").is_file()
+        # No GPU here: none given by Ray, none used by the node's CPU-only service, none idle.
+        assert shard["gpus"] == {"given": [], "used": [], "idle": []}, shard
     # The second node realized from the cache into its own store.
     second_store = setup.cluster.second.home / "store"
     assert any(p.name.endswith("-kinematics-env") for p in second_store.iterdir())

@@ -40,8 +40,9 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError
 
@@ -175,6 +176,22 @@ def join_node_broker(
         f"cannot start or join the node's broker in {state_dir}" + (f": {last.message}" if last else ""),
         hint=f"its log: {state_dir / 'logs' / 'broker.log'}",
     )
+
+
+def gpu_use(given: list[str] | None, launches: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Which of the GPUs a shard's engine gave it the node's broker runs services on.
+
+    ``given``: the devices the shard's ``CUDA_VISIBLE_DEVICES`` names (its engine's
+    assignment; None where the engine set none); ``launches``: the broker's ``GET /plan``,
+    each service's recorded environment with the device it runs on. A later shard on a node
+    uses the services the first one placed, on the first one's devices: the rest of what it
+    was given stay ``idle``, and the record says so. Pure."""
+    used: set[str] = set()
+    for launch in launches.values():
+        devices = str((launch.get("environment") or {}).get("CUDA_VISIBLE_DEVICES") or "")
+        used.update(d.strip() for d in devices.split(",") if d.strip())
+    mine = list(given or [])
+    return {"given": mine, "used": sorted(used), "idle": [d for d in mine if d not in used]}
 
 
 def stop_if_unjoined(shared: SharedBroker) -> bool:

@@ -203,6 +203,7 @@ def run_shard(
                 node_broker=shared,
             )
         result.update(_verdict(job, folder, outcome.exit_status, outcome.score))
+        result["gpus"] = _gpus_of(folder)
     except HarnessError as exc:
         from harness.runs.groups import TargetRefused
         from harness.runs.run import ClosureMismatch
@@ -223,6 +224,18 @@ def run_shard(
     result["output"] = lines
     result["files"] = _collect(folder)
     return result
+
+
+def _gpus_of(folder: Path) -> dict[str, Any] | None:
+    """The GPUs the shard's engine gave it and those the node's broker used, as its run
+    recorded them (:func:`harness.runs.nodebroker.gpu_use`); None without a node broker."""
+    from harness.runs.record import read_json
+
+    try:
+        gpus = read_json(folder / "config.json").get("broker", {}).get("gpus")
+    except HarnessError:
+        return None
+    return gpus if isinstance(gpus, dict) else None
 
 
 def _shard_environment(job: ShardJob) -> dict[str, str]:

@@ -1905,8 +1905,9 @@ def spawn(
                         hint="harness down",
                     )
                 ahead = parked if parked is not None and parked.python == python else None
-                parked = None  # handed its plan below, or ended in the finally
                 proc = _start_detached(plan, specs, state_dir, wanted, python, options, log, ahead)
+                if ahead is not None:
+                    parked = None  # handed its plan: the broker now (else ended in the finally)
                 _wait_serving(proc, state_dir, log, timeout)
     except Timeout:
         raise HarnessError(

@@ -92,10 +92,11 @@ class Parked:
 def park(state_dir: Path, python: str = sys.executable) -> Parked | None:
     """Start the broker process of ``state_dir`` ahead of its plan (see the module's
     docstring); None when a broker's ``broker.json`` is there already (it serves, or
-    ``spawn`` will find out that it does not). The caller :meth:`~Parked.discard`\\ s it
-    if it never hands it to ``spawn``."""
+    ``spawn`` will find out that it does not), or another caller has one parked there (it
+    will start the broker: a second would only be ended). The caller
+    :meth:`~Parked.discard`\\ s it if it never hands it to ``spawn``."""
     state_dir = supervisor.make_state_dir(Path(state_dir))
-    if (state_dir / _STATE_FILE).exists():
+    if (state_dir / _STATE_FILE).exists() or any(state_dir.glob(f"{PARKED_PREFIX}*")):
         return None
     token = secrets.token_hex(8)
     env = broker_env()
