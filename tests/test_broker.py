@@ -36,6 +36,7 @@ from harness.runtime.broker import (
     Broker,
     broker_address,
     down,
+    find_brokers,
     plan_from_json,
     read_state,
     spawn,
@@ -50,6 +51,7 @@ from harness.runtime.launch import (
     specs_to_json,
 )
 from harness.runtime.placement import plan as place
+from harness.runtime.parking import Parked, park
 from harness.runtime.plan import Plan, ServicePlacement
 from tests.ports import free_port
 
@@ -1345,3 +1347,78 @@ def test_a_node_broker_ends_itself_once_no_run_is_joined(tmp_path: Path) -> None
         assert refused.value.status == 503
     finally:
         broker.shutdown()
+
+
+# ------------------------------------------------------------------ a broker parked ahead
+
+
+def _parked_waiting(parked: Parked, seconds: float = 1.0) -> None:
+    """Give the parked process time to import and reach its wait; it must still be there,
+    serving nothing: no port of its own, no broker.json, no service."""
+    time.sleep(seconds)
+    assert parked.proc.poll() is None, (parked.state_dir / "logs" / "broker.log").read_text()
+    assert [c for c in psutil.Process(parked.proc.pid).net_connections() if c.status == psutil.CONN_LISTEN] == []
+    assert read_state(parked.state_dir) is None and not list((parked.state_dir / "pids").glob("*.json"))
+    assert parked.marker.is_file()
+
+
+def test_a_parked_broker_starts_nothing_until_spawn_hands_it_the_plan(tmp_path: Path) -> None:
+    """A cluster shard parks its node's broker before it has checked its closure: the process
+    serves nothing until ``spawn`` hands it the plan, then is the broker (its pid), and the
+    services get exactly their environment, a secret the parked process lacks included."""
+    resident = fake(f"{tmp_path.name}-res", tmp_path)
+    resident = type(resident)(**{**resident.__dict__, "env": {**resident.env, "OPENAI_API_KEY": "sk-parked-secret"}})
+    plan = Plan((placement(resident, mode="resident"),))
+    parked = park(tmp_path)
+    assert parked is not None
+    try:
+        _parked_waiting(parked)
+        assert fake_processes({resident.name}) == {}
+        current = spawn(plan, {resident.name: resident}, tmp_path, options={"tick": 0.05}, parked=parked)
+        assert current["broker"]["spawned"] and current["broker"]["pid"] == parked.proc.pid
+        assert [s["state"] for s in current["services"]] == ["ready"]
+        assert not parked.marker.exists()
+        pid = {row["name"]: row["pid"] for row in status(tmp_path)["services"]}[resident.name]
+        environ = psutil.Process(pid).environ()
+        assert environ.pop("HARNESS_BROKER") and environ.pop("HARNESS_BROKER_TOKEN")
+        assert environ == dict(resident.env)
+        assert "OPENAI_API_KEY" not in psutil.Process(parked.proc.pid).environ()
+        assert park(tmp_path) is None  # a broker serves: nothing is parked beside it
+    finally:
+        down(tmp_path, grace=(0.5, 0.5))
+    assert fake_processes({resident.name}) == {} and parked.proc.wait(10) == 0
+
+
+def test_a_discarded_parked_broker_ends_having_started_nothing(tmp_path: Path) -> None:
+    """A shard refused before it joins (a tampered node) discards what it parked."""
+    parked = park(tmp_path)
+    assert parked is not None
+    _parked_waiting(parked, 0.3)
+    parked.discard()
+    assert parked.proc.returncode == 0
+    assert not parked.marker.exists() and read_state(tmp_path) is None
+    assert find_brokers(tmp_path) == [] and not list((tmp_path / "pids").glob("*.json"))
+    assert "serving" not in (tmp_path / "logs" / "broker.log").read_text()
+
+
+def test_another_callers_spawn_starts_its_broker_beside_a_parked_one_which_then_joins_it(tmp_path: Path) -> None:
+    """Two shards of a run reach a node at once: the second's ``spawn`` does not take the
+    first's parked process for a stray broker, and the first, finding a broker serving,
+    joins it and ends its parked process: one broker, one service start."""
+    resident = fake(f"{tmp_path.name}-res", tmp_path)
+    plan, specs = Plan((placement(resident, mode="resident"),)), {resident.name: resident}
+    parked = park(tmp_path)
+    assert parked is not None
+    try:
+        _parked_waiting(parked, 0.3)
+        assert park(tmp_path) is None  # one parked per folder: a second would only be ended
+        other = spawn(plan, specs, tmp_path, options={"tick": 0.05})
+        assert other["broker"]["spawned"] and other["broker"]["pid"] != parked.proc.pid
+        joined = spawn(plan, specs, tmp_path, parked=parked)
+        assert not joined["broker"]["spawned"] and joined["broker"]["pid"] == other["broker"]["pid"]
+        assert parked.proc.returncode == 0 and not parked.marker.exists()
+        assert [len(p) for p in fake_processes({resident.name}).values()] == [1]
+        # A process that was parked and never handed a plan, its marker gone, is a stray again.
+        assert [p.pid for p in find_brokers(tmp_path)] == [other["broker"]["pid"]]
+    finally:
+        down(tmp_path, grace=(0.5, 0.5))

@@ -27,6 +27,7 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' to run the cluster tests")
 
 from harness.runs.shard import ShardJob
+from harness.runtime.broker import find_brokers
 from harness.store.store import remove_tree
 from tests.conftest import REPO
 from tests.raycluster import Cluster, sign_into_lab_cache, start_cluster
@@ -172,6 +173,8 @@ def test_four_shards_on_two_nodes_equal_one_shard_and_audit(setup: Setup) -> Non
         record = run4 / "shards" / str(shard["index"])
         assert json.loads((record / "benchmark.json").read_text())["shard"] == f"{shard['index']}/4"
         assert (record / "logs" / "command.log").is_file()
+        # No GPU here: none given by Ray, none used by the node's CPU-only service, none idle.
+        assert shard["gpus"] == {"given": [], "used": [], "idle": []}, shard
     # The second node realized from the cache into its own store.
     second_store = setup.cluster.second.home / "store"
     assert any(p.name.endswith("-kinematics-env") for p in second_store.iterdir())
@@ -263,6 +266,12 @@ def test_a_tampered_node_environment_is_refused_and_fails_the_audit_and_diff(set
     shards = json.loads((run_dir / "result.json").read_text())["shards"]
     refused = [s for s in shards if s["home"] == str(second)]
     assert refused and all(s["status"] == "failed" for s in refused), shards
+    # Its shards parked the node's broker ahead of the check (its start-up overlaps the
+    # proof): refused, they ended it having started nothing, and no broker is left there.
+    node = second / "runs" / run_dir.name / "node"
+    assert "start kinematics" not in (node / "logs" / "broker.log").read_text()
+    assert not list((second / "runs" / run_dir.name).rglob("kinematics.log"))
+    assert find_brokers(node) == [] and not list(node.glob("parked.*"))
     code, lines = _audit_lines(setup, run_dir)
     assert code == 1
     named = [ln for ln in lines if ln.startswith("modified  shard ")]

@@ -494,3 +494,36 @@ def test_cli_resume_refuses_other_options_and_a_run_that_is_no_cluster_run(harne
     result = harness_cli("--home", str(home), "run", "--resume", local.name)
     assert result.code == 2 and "has no [cluster]: only a cluster run" in result.err, result.err
     assert "Traceback" not in result.err
+
+
+def test_a_later_shard_records_the_gpus_its_engine_gave_it_that_stay_idle() -> None:
+    """Two shards of a run on one 4-GPU node: Ray gave the first GPUs 0 and 1, the second 2
+    and 3. The first placed the run's service on its GPU 1 (physical 1) and started the
+    node's broker; the second uses that service, so its own GPUs stay idle, and its record
+    says which it was given and which the broker used."""
+    from harness.runs.nodebroker import gpu_use
+    from harness.runtime.broker import launch_identity
+    from harness.runtime.inventory import restrict, visible_devices
+    from harness.runtime.launch import LaunchSpec, clean_environment
+    from harness.runtime.plan import Gpu
+
+    physical = tuple(Gpu(i, f"gpu{i}", 80.0, 80.0) for i in range(4))
+    first = {"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/usr/bin"}
+    second = {"CUDA_VISIBLE_DEVICES": "2,3", "PATH": "/usr/bin"}
+    assert [g.name for g in restrict(physical, visible_devices(first) or [], {})] == ["gpu0", "gpu1"]
+    spec = LaunchSpec(
+        name="vla",
+        argv=("/store/env/bin/python", "-m", "serve"),
+        env=clean_environment(first, 1),  # the first shard's plan: its GPU 1
+        cwd=Path("/store/code"),
+        port=8100,
+        url="http://127.0.0.1:8100",
+        health_url=None,
+        load_seconds=1.0,
+        log_path=Path("/tmp/vla.log"),
+    )
+    cpu_only = LaunchSpec(**{**spec.__dict__, "name": "kinematics", "env": clean_environment(first, None)})
+    launches = {s.name: launch_identity(s) for s in (spec, cpu_only)}
+    assert gpu_use(visible_devices(first), launches) == {"given": ["0", "1"], "used": ["1"], "idle": ["0"]}
+    assert gpu_use(visible_devices(second), launches) == {"given": ["2", "3"], "used": ["1"], "idle": ["2", "3"]}
+    assert gpu_use(None, {"kinematics": launches["kinematics"]}) == {"given": [], "used": [], "idle": []}

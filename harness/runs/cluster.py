@@ -580,6 +580,8 @@ def record_shard(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) 
         "attempts": result.get("attempts") or ([node] if node else []),
         "started": result.get("started"),
         "ended": result.get("ended"),
+        # the GPUs its engine gave it, those the node's broker ran services on, the rest idle
+        "gpus": result.get("gpus"),
     }
     if summary["status"] == "ok" and (wrong or shard_digest is None):
         summary.update(

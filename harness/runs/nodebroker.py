@@ -7,6 +7,13 @@ run on that node — the first included — then joins it as a run joins ``harne
 broker (``POST /runs``: a token of its own whose leases are watched for scoped resets, and
 ``/runs/end`` when it ends). Services start once per node and swap as on one machine.
 
+The first shard parks the broker's process as it begins (:func:`park_broker`,
+:mod:`harness.runtime.parking`): Python and the broker's imports, most of its start, run
+beside the shard's proof of its targets and its preparation. A parked process starts
+nothing and opens no port until :func:`join_node_broker` hands it the plan, which the shard
+reaches only after the node's closure matched the head's and its launch check passed; a
+shard refused before that ends it (:func:`unpark_broker`).
+
 The services' ports are chosen once per node and run (``ports.json`` beside the broker,
 under a file lock), so every shard there launches the very same specs and the broker's
 launch check (:meth:`harness.runtime.broker.SharedBroker.check_serves`) holds.
@@ -33,13 +40,15 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError
 
 if TYPE_CHECKING:
     from harness.runtime.broker import SharedBroker
+    from harness.runtime.parking import Parked
     from harness.runtime.session import Prepared
 
 #: How long a node's broker outlives its last joined shard, waiting for the run's next one.
@@ -49,6 +58,11 @@ LINGER_S = 30.0
 _JOIN_TRIES = 5
 
 PORTS_FILE = "ports.json"
+
+#: The broker process each node state folder's first shard started ahead (:func:`park_broker`),
+#: until :func:`join_node_broker` hands it its plan or :func:`unpark_broker` ends it. A Ray
+#: worker runs many tasks in one process: each shard takes or ends its own.
+_parked: dict[Path, Parked] = {}
 
 
 def node_state_dir(home: Path, run_id: str) -> Path:
@@ -91,6 +105,29 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+def park_broker(state_dir: Path) -> bool:
+    """Start this node's broker process for the run ahead of its plan, when none serves
+    ``state_dir`` yet (:func:`harness.runtime.parking.park`): its start-up overlaps the
+    shard's proof and preparation. It starts nothing until :func:`join_node_broker` hands it
+    the plan, after the closure was checked. Whether one was parked."""
+    from harness.runtime.parking import park
+
+    unpark_broker(state_dir)
+    parked = park(state_dir)
+    if parked is not None:
+        _parked[state_dir] = parked
+    return parked is not None
+
+
+def unpark_broker(state_dir: Path) -> bool:
+    """End the broker process parked for ``state_dir`` if :func:`join_node_broker` did not
+    take it (a refused shard): it exits having started nothing. Whether there was one."""
+    parked = _parked.pop(state_dir, None)
+    if parked is not None:
+        parked.discard()
+    return parked is not None
+
+
 def join_node_broker(
     state_dir: Path, prepared: Prepared, run: str, pid: int, timeout: float | None = None
 ) -> tuple[SharedBroker, dict[str, str]]:
@@ -112,7 +149,15 @@ def join_node_broker(
     last: HarnessError | None = None
     for attempt in range(_JOIN_TRIES):
         try:
-            status = spawn(prepared.plan, prepared.specs, state_dir, names=names, timeout=timeout, options=options)
+            status = spawn(
+                prepared.plan,
+                prepared.specs,
+                state_dir,
+                names=names,
+                timeout=timeout,
+                options=options,
+                parked=_parked.pop(state_dir, None),
+            )
         except HarnessError as exc:  # one ending itself as we came: its state goes, try again
             last = exc
             time.sleep(0.5 * (attempt + 1))
@@ -131,6 +176,22 @@ def join_node_broker(
         f"cannot start or join the node's broker in {state_dir}" + (f": {last.message}" if last else ""),
         hint=f"its log: {state_dir / 'logs' / 'broker.log'}",
     )
+
+
+def gpu_use(given: list[str] | None, launches: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Which of the GPUs a shard's engine gave it the node's broker runs services on.
+
+    ``given``: the devices the shard's ``CUDA_VISIBLE_DEVICES`` names (its engine's
+    assignment; None where the engine set none); ``launches``: the broker's ``GET /plan``,
+    each service's recorded environment with the device it runs on. A later shard on a node
+    uses the services the first one placed, on the first one's devices: the rest of what it
+    was given stay ``idle``, and the record says so. Pure."""
+    used: set[str] = set()
+    for launch in launches.values():
+        devices = str((launch.get("environment") or {}).get("CUDA_VISIBLE_DEVICES") or "")
+        used.update(d.strip() for d in devices.split(",") if d.strip())
+    mine = list(given or [])
+    return {"given": mine, "used": sorted(used), "idle": [d for d in mine if d not in used]}
 
 
 def stop_if_unjoined(shared: SharedBroker) -> bool:

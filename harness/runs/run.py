@@ -327,7 +327,7 @@ def _start_and_run(
     )
     address, broker_env = broker.start(prepared, run_dir)
     if broker.node is not None and broker.shared is not None:  # which incarnation served the shard
-        config["broker"].update(url=broker.shared.url, pid=broker.shared.pid)
+        config["broker"].update(url=broker.shared.url, pid=broker.shared.pid, gpus=_node_gpus(broker.shared, echo))
     env = _command_env(broker_env, prepared, run_dir)
     if shard is not None:
         env["HARNESS_SHARD"] = f"{shard[0]}/{shard[1]}"
@@ -335,6 +335,21 @@ def _start_and_run(
     write_json(run_dir / "config.json", config)
     echo(f"broker {address}; running: {' '.join(what.argv)}")
     return _run_command(what.argv, env, what.cwd, run_dir / "logs" / "command.log", echo)
+
+
+def _node_gpus(shared: SharedBroker, echo: Echo) -> dict[str, list[str]]:
+    """The GPUs a cluster shard's engine gave it, and which of them the node's broker runs
+    services on (:func:`harness.runs.nodebroker.gpu_use`); says so when some stay idle."""
+    from harness.runs.nodebroker import gpu_use
+    from harness.runtime.inventory import visible_devices
+
+    use = gpu_use(visible_devices(os.environ), shared.launches)
+    if use["idle"]:
+        echo(
+            f"note: GPU {', '.join(use['idle'])} given to this shard by its engine stay idle: the node's "
+            f"broker serves the run's services on {', '.join(use['used']) or 'no GPU'} (placed by its first shard)"
+        )
+    return use
 
 
 @dataclass

@@ -146,7 +146,7 @@ def run_shard(
     ``node`` names the node as the engine knows it (Ray's node id, a Slurm host); the
     host name and ``HARNESS_HOME`` are added here.
     """
-    from harness.runs.nodebroker import node_ports, node_state_dir
+    from harness.runs.nodebroker import node_ports, node_state_dir, park_broker, unpark_broker
 
     home = node_home()
     facts = {
@@ -170,14 +170,16 @@ def run_shard(
     echo, output = _shard_echo(
         lines, send, folder, f"--- shard {job.index}/{job.count} on {facts['hostname']} ({home})"
     )
+    # One broker per node for the run's shards there, on ports chosen once per node.
+    shared = node_state_dir(home, job.run_id) if job.local_services else None
     try:
-        from harness.runs.run import run
-
-        state = NodeState(home, Path(job.deploy_path) if job.deploy_path else None, Path(job.project_root))
-        # One broker per node for the run's shards there, on ports chosen once per node.
-        shared = node_state_dir(home, job.run_id) if job.local_services else None
-        ports = node_ports(shared, job.local_services) if shared is not None else {}
         with _environment(env), _sigint_unblocked():
+            if shared is not None:  # the first shard here: its start-up overlaps what follows,
+                park_broker(shared)  # and it starts nothing before the closure is checked
+            ports = node_ports(shared, job.local_services) if shared is not None else {}
+            from harness.runs.run import run
+
+            state = NodeState(home, Path(job.deploy_path) if job.deploy_path else None, Path(job.project_root))
             job, targets = proven_against(job, f"node {facts['hostname']} ({home})", echo)
             if targets:
                 result.update(targets={n: t.as_json() for n, t in targets.items()}, group=group_label(targets))
@@ -201,6 +203,7 @@ def run_shard(
                 node_broker=shared,
             )
         result.update(_verdict(job, folder, outcome.exit_status, outcome.score))
+        result["gpus"] = _gpus_of(folder)
     except HarnessError as exc:
         from harness.runs.groups import TargetRefused
         from harness.runs.run import ClosureMismatch
@@ -212,12 +215,27 @@ def run_shard(
         )
     except KeyboardInterrupt:
         result.update(status="cancelled", exit_status=130, reason="interrupted before the command started")
+    finally:
+        if shared is not None:  # refused before it joined: the parked broker ends, having started nothing
+            unpark_broker(shared)
     if output is not None:
         output.close()
     result["ended"] = time.time()
     result["output"] = lines
     result["files"] = _collect(folder)
     return result
+
+
+def _gpus_of(folder: Path) -> dict[str, Any] | None:
+    """The GPUs the shard's engine gave it and those the node's broker used, as its run
+    recorded them (:func:`harness.runs.nodebroker.gpu_use`); None without a node broker."""
+    from harness.runs.record import read_json
+
+    try:
+        gpus = read_json(folder / "config.json").get("broker", {}).get("gpus")
+    except HarnessError:
+        return None
+    return gpus if isinstance(gpus, dict) else None
 
 
 def _shard_environment(job: ShardJob) -> dict[str, str]:
@@ -333,10 +351,6 @@ def take_head_standins(job: ShardJob, home: Path, echo: Callable[[str], None]) -
     built on it under the head's names, and pulls them too. The lock's own interpreter,
     once registered here, still wins (``harness/realize/standin.py``). Returns the lock
     interpreters whose stand-in is now the head's."""
-    from harness.cache.substitute import substitute
-    from harness.store.standins import remember_standin, standin_for
-    from harness.store.store import Store
-
     wanted = head_standins(job.expected_closure)
     urls = [
         url
@@ -345,6 +359,9 @@ def take_head_standins(job: ShardJob, home: Path, echo: Callable[[str], None]) -
     ]
     if not wanted or not urls:
         return []
+    from harness.store.standins import remember_standin, standin_for
+    from harness.store.store import Store
+
     store = Store.in_home(home)
     todo = {}
     for own, host in wanted.items():
@@ -354,6 +371,10 @@ def take_head_standins(job: ShardJob, home: Path, echo: Callable[[str], None]) -
         todo[own] = host
     if not todo:
         return []
+    # The cache's code (its signatures, archives, backends) loads only when there is something
+    # to pull: on a node that has the head's stand-ins already, the lookup above is all.
+    from harness.cache.substitute import substitute
+
     substitute(
         store,
         sorted(set(todo.values())),

@@ -131,6 +131,7 @@ from filelock import FileLock, Timeout
 from harness.errors import HarnessError
 from harness.runtime import metrics, supervisor, watchdog, webui
 from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta, recorded_environment
+from harness.runtime.parking import Parked, broker_env, waiting_parked
 from harness.runtime.recordkey import record_key
 from harness.runtime.plan import Gpu, Plan, RemoteSimulator, ServicePlacement, SimWorker
 from harness.runtime.scheduling import (
@@ -1868,6 +1869,7 @@ def spawn(
     python: str = sys.executable,
     timeout: float | None = None,
     options: Mapping[str, Any] | None = None,
+    parked: Parked | None = None,
 ) -> dict[str, Any]:
     """Bring services up in the broker of ``state_dir``, starting it if none runs (``harness up``).
     ``broker.spawned`` in the answer says whether this call started the broker.
@@ -1880,6 +1882,10 @@ def spawn(
     resident services (or ``names``). Returns its ``/status`` once they are up or failed:
     ``broker.up_errors`` names each failure of this call. ``timeout`` defaults to the sum
     of the services' ``load_seconds`` plus 30 s.
+
+    ``parked`` (:func:`harness.runtime.parking.park`): a broker process of ``state_dir`` started ahead, its Python up
+    and its modules imported; it becomes the broker if one must start, and is ended (having
+    started nothing) if not.
     """
     state_dir = supervisor.make_state_dir(Path(state_dir))
     if timeout is None:
@@ -1890,19 +1896,26 @@ def spawn(
         with FileLock(str(state_dir / LOCK_FILE), timeout=60, mode=0o600):
             shared = SharedBroker.find(state_dir)
             if shared is None:
-                strays = find_brokers(state_dir)
+                # A parked process (ours or another caller's) has started nothing: not a stray.
+                strays = [p for p in find_brokers(state_dir) if not _parked_waiting(p, state_dir)]
                 if strays:
                     raise HarnessError(
                         f"broker processes run for {state_dir} without its broker.json: "
                         + ", ".join(f"pid {p.pid}" for p in strays),
                         hint="harness down",
                     )
-                proc = _start_detached(plan, specs, state_dir, wanted, python, options, log)
+                ahead = parked if parked is not None and parked.python == python else None
+                proc = _start_detached(plan, specs, state_dir, wanted, python, options, log, ahead)
+                if ahead is not None:
+                    parked = None  # handed its plan: the broker now (else ended in the finally)
                 _wait_serving(proc, state_dir, log, timeout)
     except Timeout:
         raise HarnessError(
             f"another harness up holds {state_dir / LOCK_FILE} for over 60 s", hint="wait for it, or harness down"
         ) from None
+    finally:
+        if parked is not None:  # a broker served already, or this call failed first
+            parked.discard()
     if shared is not None:
         added = shared.add_missing(plan, specs, wanted)
         shared.check_serves(specs, wanted)
@@ -1922,7 +1935,7 @@ def spawn(
             if current is not None and current["broker"]["up"] == "ready":
                 current["broker"]["spawned"] = True
                 return dict(current)
-        time.sleep(0.05)
+        time.sleep(0.02)  # a service is up within 0.1-0.2 s: a coarser look adds to every start
     raise HarnessError(f"the broker did not bring its services up within {timeout:g} s; log: {log}")
 
 
@@ -1934,11 +1947,10 @@ def _start_detached(
     python: str,
     options: Mapping[str, Any] | None,
     log: Path,
+    parked: Parked | None = None,
 ) -> subprocess.Popen[bytes]:
-    # The broker imports harness: run it from the interpreter and import path we run on.
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # A parked broker already runs with the environment it was started with.
+    env = parked.env if parked is not None else broker_env()
     # The broker inherits ``env``: each service's environment is written relative to it, so
     # the file names the caller's secrets without holding them (DESIGN invariant 12).
     described, handed = {}, {}
@@ -1950,6 +1962,8 @@ def _start_detached(
             handed[name] = private
     config = {"plan": plan.as_json(), "specs": described, "names": names, "options": dict(options or {})}
     supervisor._write_json_atomically(state_dir / CONFIG_FILE, config)
+    if parked is not None:
+        return parked.launch(handed)
     if handed:
         env[HANDED_SECRETS] = json.dumps(handed)
     with supervisor.open_private_log(log) as out:
@@ -1962,6 +1976,13 @@ def _start_detached(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def _parked_waiting(process: psutil.Process, state_dir: Path) -> bool:
+    try:
+        return waiting_parked(process.cmdline(), state_dir)
+    except psutil.Error:
+        return False
 
 
 def _serving_state(proc: subprocess.Popen[bytes], state_dir: Path, log: Path) -> dict[str, Any] | None:
@@ -1990,13 +2011,37 @@ def _wait_serving(proc: subprocess.Popen[bytes], state_dir: Path, log: Path, tim
     raise HarnessError(f"the broker did not start serving within {timeout:g} s; log: {log}")
 
 
+def _await_plan() -> dict[str, dict[str, str]] | None:
+    """A parked broker's wait (:mod:`harness.runtime.parking`): the secrets :meth:`Parked.launch` hands over
+    once ``broker-config.json`` is written, or None when its stdin closes unhanded."""
+    line = sys.stdin.buffer.readline()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # what it starts reads nothing of the pipe
+    os.close(devnull)
+    try:
+        told = json.loads(line) if line.strip() else None
+    except ValueError:
+        return None
+    if not isinstance(told, dict) or told.get("serve") is not True:
+        return None
+    return dict(told.get("secrets") or {})
+
+
 def _main(argv: list[str] | None = None) -> int:
     """Entry of a detached broker: ``python -m harness.runtime.broker STATE_DIR``."""
     parser = argparse.ArgumentParser(prog="python -m harness.runtime.broker")
     parser.add_argument("state_dir", type=Path)
+    parser.add_argument(
+        "--parked", metavar="TOKEN", help="started ahead (harness.runtime.parking): wait on stdin to be handed a plan"
+    )
     args = parser.parse_args(argv)
-    config = json.loads((args.state_dir / CONFIG_FILE).read_text())
     handed = json.loads(os.environ.pop(HANDED_SECRETS, "") or "{}")
+    if args.parked:
+        told = _await_plan()
+        if told is None:
+            return 0  # discarded: nothing was started
+        handed = told
+    config = json.loads((args.state_dir / CONFIG_FILE).read_text())
     base = dict(os.environ)  # what spawn() gave us: the services' environments are told against it
     specs = {
         name: LaunchSpec.from_json({**data, "env": env_from_delta(data["env"], base, handed.get(name, {}))})
