@@ -527,3 +527,19 @@ def test_a_later_shard_records_the_gpus_its_engine_gave_it_that_stay_idle() -> N
     assert gpu_use(visible_devices(first), launches) == {"given": ["0", "1"], "used": ["1"], "idle": ["0"]}
     assert gpu_use(visible_devices(second), launches) == {"given": ["2", "3"], "used": ["1"], "idle": ["2", "3"]}
     assert gpu_use(None, {"kinematics": launches["kinematics"]}) == {"given": [], "used": [], "idle": []}
+
+
+def test_a_nodes_ports_are_chosen_once_and_kept_private(tmp_path: Path) -> None:
+    """The first shard on a node chooses the services' ports; every later one reads the same
+    ones (a service it adds gets a new port, the others keep theirs); the file is the
+    owner's only, as the rest of the node's state folder."""
+    from harness.runs.nodebroker import PORTS_FILE, node_ports, node_state_dir
+
+    state = node_state_dir(tmp_path / "home", "run-1")
+    first = node_ports(state, ("kinematics", "sam3"))
+    assert sorted(first) == ["kinematics", "sam3"] and first["kinematics"] != first["sam3"]
+    assert node_ports(state, ("sam3", "kinematics")) == first
+    more = node_ports(state, ("kinematics", "molmo"))
+    assert more["kinematics"] == first["kinematics"] and more["molmo"] not in first.values()
+    assert (state / PORTS_FILE).stat().st_mode & 0o777 == 0o600
+    assert json.loads((state / PORTS_FILE).read_text()) == {**first, **more}

@@ -75,7 +75,7 @@ def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
     (free ones now) and kept in ``ports.json``, read by every later one."""
     from filelock import FileLock
 
-    from harness.runtime.supervisor import make_state_dir
+    from harness.runtime.supervisor import make_state_dir, write_private
 
     make_state_dir(state_dir)
     with FileLock(str(state_dir / "ports.lock"), timeout=60, mode=0o600):
@@ -85,9 +85,7 @@ def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
         if missing:
             chosen = free_ports(len(missing))
             known.update(zip(missing, chosen, strict=False))
-            temp = path.with_name(f".{PORTS_FILE}.tmp")
-            temp.write_text(json.dumps(known, sort_keys=True))
-            temp.replace(path)
+            write_private(path, json.dumps(known, sort_keys=True))  # 0600, as the rest of the folder
     return {n: int(known[n]) for n in names}
 
 
