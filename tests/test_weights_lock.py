@@ -374,7 +374,7 @@ def test_fetch_rejects_corrupted_download(hub_server: HubServer, tmp_path: Path)
     dest = tmp_path / "store" / "model.safetensors"
 
     # The server sending wrong bytes (a corrupting proxy) is refused, naming expected/actual.
-    bad = WEIGHTS[:-1] + b"!"
+    bad = WEIGHTS[:-1] + bytes([WEIGHTS[-1] ^ 1])  # always differs (a fixed byte equals a random one 1 time in 256)
     hub_server.tamper("hf", "org/model", "model.safetensors", bad)
     with pytest.raises(HarnessError) as info:
         fetch(ws, big, dest, hub_server, tmp_path)
