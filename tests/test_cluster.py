@@ -565,12 +565,26 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait_for(what: str, check: Callable[[], bool], timeout: float = 300) -> None:
+def _wait_for(
+    what: str, check: Callable[[], bool], timeout: float = 300, context: Callable[[], str] | None = None
+) -> None:
+    """Wait until ``check()``; on timeout fail naming ``what``, with ``context()`` (logs) appended."""
     deadline = time.time() + timeout
     while not check():
         if time.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}" + (f"\n{context()}" if context else ""))
         time.sleep(0.2)
+
+
+def _run_state(head_log: Path, run_dir: Path | None = None) -> str:
+    """The head's log and the run folder's files with the shards' live logs: what a timeout shows."""
+    parts = [f"--- {head_log}:\n{head_log.read_text(errors='replace')[-6000:]}"]
+    if run_dir is not None and run_dir.is_dir():
+        files = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
+        parts.append(f"--- files of {run_dir}: {files[:200]}")
+        for live in sorted((run_dir / "live").glob("*.log")):
+            parts.append(f"--- {live}:\n{live.read_text(errors='replace')[-3000:]}")
+    return "\n".join(parts)
 
 
 def test_a_killed_head_leaves_a_run_that_resume_completes(setup: Setup, tmp_path: Path) -> None:
@@ -595,10 +609,18 @@ def test_a_killed_head_leaves_a_run_that_resume_completes(setup: Setup, tmp_path
         )
     tasks: list[int] = []
     try:
-        _wait_for("shard 1 at its gate", lambda: any(gates.glob("started-1-2-*")) or head.poll() is not None)
+        _wait_for(
+            "shard 1 at its gate",
+            lambda: any(gates.glob("started-1-2-*")) or head.poll() is not None,
+            context=lambda: _run_state(tmp_path / "head.log"),
+        )
         assert head.poll() is None, (tmp_path / "head.log").read_text()
         run_dir = Path(next(gates.glob("started-1-2-*")).read_text()).parent.parent
-        _wait_for("shard 0's record", lambda: (run_dir / "shards" / "0" / "shard.json").is_file())
+        _wait_for(
+            "shard 0's record",
+            lambda: (run_dir / "shards" / "0" / "shard.json").is_file(),
+            context=lambda: _run_state(tmp_path / "head.log", run_dir),
+        )
         tasks = [int(p.name) for p in (run_dir / "engine").iterdir() if p.name.isdigit()]
         head.kill()
         head.wait()
