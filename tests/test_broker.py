@@ -1289,6 +1289,29 @@ def test_metrics_and_events_of_a_real_broker(make_broker, tmp_path: Path) -> Non
     assert code == 400 and "since" in body["error"]
 
 
+def test_status_waits_for_the_brokers_start_when_asked(make_broker, tmp_path: Path) -> None:
+    """``GET /status?ready=S`` (what spawn waits with) answers as the broker's start ends,
+    with the service up; at once once it is; a bad S is refused."""
+    spec = fake(f"{tmp_path.name}-rdy", tmp_path, load=0.4)
+    broker, _ = make_broker([placement(spec, mode="resident")], [spec])
+    auth = {"Authorization": f"Bearer {broker.token}"}
+    assert broker.status()["broker"]["up"] == "idle"
+    starter = threading.Thread(target=lambda: time.sleep(0.3) or broker.start())
+    began = time.monotonic()
+    starter.start()
+    code, body = raw_request(broker.address, "GET", "/status?ready=60", headers=auth)
+    waited = time.monotonic() - began
+    starter.join(30)
+    assert code == 200 and body["broker"]["up"] == "ready", body
+    assert service_status(broker, spec.name)["state"] == "ready"
+    assert 0.3 <= waited < 30  # it waited for the start (0.3 s before it, 0.4 s of load), not the 60 s
+    code, body = raw_request(broker.address, "GET", "/status", headers=auth)
+    assert code == 200 and body["broker"]["up"] == "ready"
+    for bad in ("x", "-1", "3601", "1e3"):
+        code, body = raw_request(broker.address, "GET", f"/status?ready={bad}", headers=auth)
+        assert code == 400 and "ready" in body["error"], (bad, body)
+
+
 def test_the_broker_log_records_every_decision_with_its_reason(tmp_path: Path) -> None:
     resident = fake(f"{tmp_path.name}-res", tmp_path)
     lazy = fake(f"{tmp_path.name}-lazy", tmp_path)

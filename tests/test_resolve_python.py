@@ -41,7 +41,7 @@ from harness.resolve.python import (
     resolve_packages,
     wheel_fits,
 )
-from harness.resolve.uvtool import UvError, run_uv, uv_env, uv_version
+from harness.resolve.uvtool import UvError, run_uv, uv_bin, uv_env, uv_version
 from tests import localindex
 from tests.localindex import LocalIndex, write_source_tree
 
@@ -73,6 +73,32 @@ def on_disk(index: LocalIndex, filename: str) -> DistFile:
 
 def test_uv_version_is_the_pinned_one() -> None:
     assert uv_version() == "0.13.9"
+
+
+def test_uv_version_kept_in_a_cache_folder_is_asked_of_uv_once_per_binary(tmp_path: Path) -> None:
+    """A run records uv's version from the home's cache (no uv process on its way), for the
+    very binary that answered: another binary (its path, inode, size or time) asks uv again."""
+    uv_version.cache_clear()
+    try:
+        assert uv_version(tmp_path) == "0.13.9"
+        kept = json.loads((tmp_path / "uv-version.json").read_text())
+        assert kept["version"] == "0.13.9" and kept["binary"][0] == uv_bin()
+        # What the file says is the answer while its binary is the same: shown by a version uv never gave.
+        (tmp_path / "uv-version.json").write_text(json.dumps({**kept, "version": "9.9.9"}))
+        uv_version.cache_clear()
+        assert uv_version(tmp_path) == "9.9.9"
+        # Another binary (here: another modification time) is asked again, and kept.
+        (tmp_path / "uv-version.json").write_text(json.dumps({"binary": [*kept["binary"][:3], 1], "version": "9.9.9"}))
+        uv_version.cache_clear()
+        assert uv_version(tmp_path) == "0.13.9"
+        assert json.loads((tmp_path / "uv-version.json").read_text()) == kept
+        # A cache folder that cannot be written costs only time.
+        blocked = tmp_path / "file"
+        blocked.write_text("")
+        uv_version.cache_clear()
+        assert uv_version(blocked / "cache") == "0.13.9"
+    finally:
+        uv_version.cache_clear()
 
 
 def test_uv_env_strips_what_changes_results() -> None:

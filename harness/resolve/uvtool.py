@@ -44,6 +44,7 @@ output files are copied back into the caller's folder). Anything else runs as us
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
 import subprocess
@@ -129,14 +130,47 @@ def uv_bin() -> str:
     return os.fsdecode(path)
 
 
-@lru_cache(maxsize=1)
-def uv_version() -> str:
-    """uv's version, e.g. ``"0.13.9"`` (what locks and run records name)."""
+@lru_cache(maxsize=2)
+def uv_version(cache_dir: Path | None = None) -> str:
+    """uv's version, e.g. ``"0.13.9"`` (what locks and run records name).
+
+    With ``cache_dir``, the answer is kept there (``uv-version.json``) for this uv binary,
+    keyed by its path, inode, size and modification time like the downloads list
+    (:func:`downloads_list_file`): a run records it without starting uv (a subprocess on the
+    way of every run and cluster shard, before its first service starts)."""
+    binary = uv_bin()
+    key: list[object] = []
+    if cache_dir is not None:
+        try:
+            st = os.stat(binary)
+            key = [binary, st.st_ino, st.st_size, st.st_mtime_ns]
+            known = json.loads((cache_dir / "uv-version.json").read_text(encoding="utf-8"))
+            if isinstance(known, dict) and known.get("binary") == key and isinstance(known.get("version"), str):
+                return str(known["version"])
+        except (OSError, ValueError):
+            pass
     out = run_uv(["--version"]).stdout
     match = re.search(r"\buv (\S+)", out)
     if not match:
         raise HarnessError(f"cannot read uv's version from {out.strip()!r}")
+    if cache_dir is not None and key:
+        _keep(cache_dir / "uv-version.json", json.dumps({"binary": key, "version": match.group(1)}))
     return match.group(1)
+
+
+def _keep(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole (through a file of this process's own, then renamed),
+    or not at all: a cache that cannot be written costs only time."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp.write_text(text, encoding="utf-8")
+        os.replace(temp, path)
+    except OSError:
+        try:
+            temp.unlink()
+        except OSError:
+            pass  # never made (no folder to make it in), or gone
 
 
 #: ``uv python list`` of every interpreter uv knows or finds (downloads and installations) for

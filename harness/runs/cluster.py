@@ -964,13 +964,18 @@ def _ray_shard(job: ShardJob, ledger: Any) -> dict[str, Any]:
         "node_id": ray.get_runtime_context().get_node_id(),
         "started": time.time(),
     }
-    ray.get(ledger.started.remote(job.index, facts))
+    # The head learns of the attempt as the shard begins; the shard does not wait for the actor's
+    # answer to go on (a round trip to the head's node, the worker's first call on that actor),
+    # only before it ends: the head reads the attempts of every task that ended.
+    noted = ledger.started.remote(job.index, facts)
 
     def send(lines: list[str]) -> None:  # in order: one caller's calls on an actor run in order
         ledger.output.remote(job.index, lines)
 
-    result = run_shard(job, {"node_id": facts["node_id"], "engine": "ray"}, send)
-    return result
+    try:
+        return run_shard(job, {"node_id": facts["node_id"], "engine": "ray"}, send)
+    finally:
+        ray.get(noted)
 
 
 class SubmititEngine:

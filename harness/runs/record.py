@@ -274,8 +274,11 @@ def host_facts() -> dict[str, Any]:
     except Exception:  # an inventory problem never stops a record being written
         facts["gpus"] = []
     try:
-        import pynvml
+        from harness.lock.variants import load_nvml
 
+        pynvml = load_nvml()
+        if pynvml is None:  # no NVIDIA library here (or no pynvml): no driver to name
+            return facts
         pynvml.nvmlInit()
         try:
             driver = pynvml.nvmlSystemGetDriverVersion()
@@ -287,10 +290,12 @@ def host_facts() -> dict[str, Any]:
     return facts
 
 
-def tool_versions() -> dict[str, str]:
+def tool_versions(cache_dir: Path | None = None) -> dict[str, str]:
+    """harness's and uv's versions; uv's kept in ``cache_dir`` when given (the home's
+    ``cache``: :func:`harness.resolve.uvtool.uv_version`)."""
     from harness.resolve.uvtool import uv_version
 
-    return {"harness": __version__, "uv": uv_version()}
+    return {"harness": __version__, "uv": uv_version(cache_dir)}
 
 
 def run_config(
@@ -323,7 +328,7 @@ def run_config(
         "benchmark": prepared.benchmark,
         "plan": prepared.plan.as_json(),
         "host": host_facts(),
-        "versions": tool_versions(),
+        "versions": tool_versions(prepared.home / "cache"),
         "impurities": list(prepared.impurities),
     }
 

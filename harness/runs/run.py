@@ -120,7 +120,7 @@ def run(
     broker = _RunBroker(_shared_broker(state.home, prepared, shard, echo), node=node_broker)
     what = _what_to_run(prepared, store, command, run_dir)
     run_roots = _root_closure(store, prepared, what, run_id)
-    config = _record_start(
+    config, closure = _record_start(
         run_dir, run_id, started, command, prepared, store, what, broker, agent, sets, shard, simulator
     )
     _let_sigint_interrupt()
@@ -128,7 +128,7 @@ def run(
     exit_status = 1  # if the launch check refuses, the run failed before anything started
     try:
         if expected_closure is not None:
-            _check_expected(expected_closure, read_json(run_dir / "lock.json"), echo)
+            _check_expected(expected_closure, closure, echo)  # what lock.json now says
         exit_status = _start_and_run(prepared, store, what, broker, run_dir, config, shard, echo)
     except KeyboardInterrupt:
         exit_status = 130
@@ -258,11 +258,11 @@ def _record_start(
     sets: tuple[str, ...],
     shard: tuple[int, int] | None,
     simulator: dict[str, Any] | None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Write the record's ``config.json`` (what was asked, planned and launched, and the
     simulator elsewhere, :mod:`harness.runs.simulator`) and
     ``lock.json`` (the closure) before anything starts; return the config, whose command
-    launch is filled in once the broker's address is known."""
+    launch is filled in once the broker's address is known, and the closure as written."""
     project = prepared.project
     lock_files = {name: project.locks_dir / f"{name}.lock.toml" for name in prepared.locks}
     closure = closure_of(store, prepared.locks, lock_files, project.root, [], code=what.code)
@@ -295,8 +295,9 @@ def _record_start(
     if simulator is not None:
         config["simulator"] = simulator
     write_json(run_dir / "config.json", config)
-    write_json(run_dir / "lock.json", closure.as_json())
-    return config
+    written = closure.as_json()
+    write_json(run_dir / "lock.json", written)
+    return config, written
 
 
 def _let_sigint_interrupt() -> None:

@@ -14,6 +14,8 @@ HTTP on loopback (JSON bodies; errors are ``{"error": msg, "code": code}``)::
                       (with "log_tail") · 504 timeout
     POST /release  {"lease": id}          -> 200 {"released": id} · 404 unknown_lease
     GET  /status                          -> {"broker": {...}, "services": [{...}, ...]}
+    GET  /status?ready=S                  -> the same once the broker's start is over (``up``:
+                   ``ready``), or after S seconds (at most 3600), whichever comes first
     GET  /health                          -> {"status": "ok"}  (the one endpoint without the token)
     GET  /metrics                         -> Prometheus text (format 0.0.4): per service its state,
                    starts, restarts, crashes, swaps, idle stops, load time, lease wait and hold
@@ -281,6 +283,7 @@ class Broker:
         self._house: threading.Thread | None = None
         self._started_at = time.time()
         self._up_state = "idle"  # idle → starting → ready (Broker.start), for `harness up`
+        self._up_changed = threading.Condition()  # told when it becomes ready (GET /status?ready=S)
         self._up_errors: dict[str, str] = {}
         #: The secret every request but ``/health`` must carry; written to ``broker.token``.
         self.token = secrets.token_urlsafe(32)
@@ -627,8 +630,15 @@ class Broker:
         for name in wanted:
             if results.get(name) is None:
                 self._up_errors.pop(name, None)
-        self._up_state = "ready"
+        with self._up_changed:
+            self._up_state = "ready"
+            self._up_changed.notify_all()
         return {n: results.get(n) for n in wanted}
+
+    def wait_ready(self, seconds: float) -> None:
+        """Return once its start is over (``up`` is ``ready``: :meth:`start`) or after ``seconds``."""
+        with self._up_changed:
+            self._up_changed.wait_for(lambda: self._up_state == "ready", timeout=seconds)
 
     def served(self) -> set[str]:
         """The names of every service of its plan."""
@@ -1036,6 +1046,18 @@ UI_STOP_SECONDS = 10.0
 EVENTS_KEEPALIVE = 15.0
 
 
+def _ready_wait(query: str) -> float:
+    """The seconds ``GET /status?ready=S`` waits at most for the broker's start to be over
+    (0: none asked)."""
+    values = urllib.parse.parse_qs(query).get("ready")
+    if not values:
+        return 0.0
+    raw = values[-1].strip()
+    if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6})?", raw) or float(raw) > 3600:
+        raise BrokerError(400, "bad_request", f"ready must be seconds from 0 to 3600, not {raw[:40]!r}")
+    return float(raw)
+
+
 def _since(query: str, last_event_id: str | None) -> int:
     """The event number an ``/events`` reader has seen: ``?since=N``, else the
     ``Last-Event-ID`` header a reconnecting EventSource sends, else 0 (everything kept)."""
@@ -1188,6 +1210,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._check_access()
             path, _, query = self.path.partition("?")
             if path == "/status":
+                ready = _ready_wait(query)
+                if ready:
+                    broker.wait_ready(ready)
                 self._reply(200, broker.status())
             elif path == "/plan":
                 self._reply(200, {"plan": broker.plan.as_json(), "launch": broker.launches()})
@@ -1512,15 +1537,18 @@ def find_brokers(state_dir: Path) -> list[psutil.Process]:
     wanted = str(Path(state_dir).resolve())
     found = []
     me = os.getpid()
-    for process in psutil.process_iter(["cmdline", "uids", "status"]):
+    # Each process's command line only (one read of the process table's entry); its owner and
+    # state are asked of the few that run a broker. All three of every process cost a
+    # hundredth of a second or more on a busy machine, on the way to every broker's start.
+    for process in psutil.process_iter(["cmdline"]):
         try:
             cmd = process.info["cmdline"] or []
-            if process.pid == me or process.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if "harness.runtime.broker" not in cmd or process.info["uids"].real != os.getuid():
+            if process.pid == me or "harness.runtime.broker" not in cmd:
                 continue
             at = cmd.index("harness.runtime.broker")
-            if at + 1 < len(cmd) and str(Path(cmd[at + 1]).resolve()) == wanted and cmd[at - 1] == "-m":
+            if not (at + 1 < len(cmd) and cmd[at - 1] == "-m" and str(Path(cmd[at + 1]).resolve()) == wanted):
+                continue
+            if process.uids().real == os.getuid() and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
         except (psutil.Error, ValueError, IndexError, AttributeError, OSError):
             continue
@@ -1923,19 +1951,29 @@ def spawn(
         joined["broker"]["spawned"] = False
         joined["broker"]["added"] = added
         return joined
-    deadline = time.monotonic() + timeout
+    return _await_started(proc, state_dir, log, time.monotonic() + timeout, timeout)
+
+
+def _await_started(
+    proc: subprocess.Popen[bytes], state_dir: Path, log: Path, deadline: float, timeout: float
+) -> dict[str, Any]:
+    """The ``/status`` of the broker :func:`spawn` started as ``proc`` once its services are up
+    or failed: one ``GET /status?ready=S``, which the broker answers as its start ends, in
+    place of a look every few hundredths of a second (each cost the broker a request while
+    its services started beside it, and came up to one interval after they were up)."""
     token = read_token(state_dir)
     while time.monotonic() < deadline:
         state = _serving_state(proc, state_dir, log)
         if state is not None:
+            left = max(0.0, deadline - time.monotonic())
             try:
-                current = _http_json("GET", f"{state['url']}/status", timeout=5.0, token=token)
+                current = _http_json("GET", f"{state['url']}/status?ready={left:.3f}", timeout=left + 5.0, token=token)
             except (OSError, ValueError):
-                current = None
+                current = None  # ending, or its answer was cut: look again while it lives
             if current is not None and current["broker"]["up"] == "ready":
                 current["broker"]["spawned"] = True
                 return dict(current)
-        time.sleep(0.02)  # a service is up within 0.1-0.2 s: a coarser look adds to every start
+        time.sleep(0.02)
     raise HarnessError(f"the broker did not bring its services up within {timeout:g} s; log: {log}")
 
 
@@ -2006,9 +2044,21 @@ def _wait_serving(proc: subprocess.Popen[bytes], state_dir: Path, log: Path, tim
     while time.monotonic() < deadline:
         if _serving_state(proc, state_dir, log) is not None:
             return
-        time.sleep(0.02)
+        time.sleep(0.005)  # a look is one small file read; the broker serves within hundredths
     proc.terminate()
     raise HarnessError(f"the broker did not start serving within {timeout:g} s; log: {log}")
+
+
+def _import_start_path() -> None:
+    """What a broker imports only as it starts its first service (the launch check of its
+    closure and the store it reads, the GPU inventory, the codec of a URL's host name),
+    imported by a parked one while it waits: not after it is handed its plan, when every
+    hundredth of a second is on its caller's way to a started service."""
+    import encodings.idna  # noqa: F401
+    import harness.runtime.inventory
+    import harness.store.hashing
+    import harness.store.launchcheck
+    import harness.store.store  # noqa: F401
 
 
 def _await_plan() -> dict[str, dict[str, str]] | None:
@@ -2037,6 +2087,7 @@ def _main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handed = json.loads(os.environ.pop(HANDED_SECRETS, "") or "{}")
     if args.parked:
+        _import_start_path()
         told = _await_plan()
         if told is None:
             return 0  # discarded: nothing was started

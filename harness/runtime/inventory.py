@@ -80,9 +80,10 @@ def detect_gpus(env: Mapping[str, str] | None = None) -> tuple[Gpu, ...]:
     devices = visible_devices(os.environ if env is None else env)
     if devices == []:
         return ()
-    try:
-        import pynvml
-    except ImportError:
+    from harness.lock.variants import load_nvml
+
+    pynvml = load_nvml()
+    if pynvml is None:
         return ()
     try:
         pynvml.nvmlInit()
@@ -123,9 +124,10 @@ def gpu_memory_by_pid() -> dict[int, int] | None:
     (compute and graphics contexts); None when NVML cannot answer (no driver, no GPU, any
     error). Never raises. A process whose usage the driver hides (no permission to see it,
     as in some containers) counts 0."""
-    try:
-        import pynvml
-    except ImportError:
+    from harness.lock.variants import load_nvml
+
+    pynvml = load_nvml()
+    if pynvml is None:
         return None
     try:
         pynvml.nvmlInit()
