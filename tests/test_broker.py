@@ -51,7 +51,7 @@ from harness.runtime.launch import (
     specs_to_json,
 )
 from harness.runtime.placement import plan as place
-from harness.runtime.parking import Parked, park
+from harness.runtime.parking import PARKED_PREFIX, Parked, park, stale_markers
 from harness.runtime.plan import Plan, ServicePlacement
 from tests.ports import free_port
 
@@ -1399,6 +1399,57 @@ def test_a_discarded_parked_broker_ends_having_started_nothing(tmp_path: Path) -
     assert not parked.marker.exists() and read_state(tmp_path) is None
     assert find_brokers(tmp_path) == [] and not list((tmp_path / "pids").glob("*.json"))
     assert "serving" not in (tmp_path / "logs" / "broker.log").read_text()
+
+
+def test_a_stale_parked_marker_is_not_trusted_and_is_removed(tmp_path: Path) -> None:
+    """A ``parked.<token>`` marker whose process is gone (the parked broker killed with
+    SIGKILL), names another process under a reused pid, or was left by a caller killed
+    before it started the process: the next ``park`` removes it and parks its own, rather
+    than believe another shard will start the broker. A parked process whose caller dies
+    (SIGKILL: its stdin closes) removes its own marker as it exits."""
+    killed = park(tmp_path)
+    assert killed is not None
+    _parked_waiting(killed, 0.3)
+    killed.proc.kill()
+    killed.proc.wait(10)
+    assert killed.marker.is_file() and stale_markers(tmp_path) == [killed.marker]
+    me = psutil.Process()
+    other = tmp_path / f"{PARKED_PREFIX}0123abcd"  # a live process, but not a parked broker
+    other.write_text(json.dumps({"process": {"pid": me.pid, "create_time": me.create_time()}}))
+    reused = tmp_path / f"{PARKED_PREFIX}4567cdef"  # our pid, another start time: a reused pid
+    reused.write_text(json.dumps({"process": {"pid": me.pid, "create_time": me.create_time() - 100}}))
+    orphan = tmp_path / f"{PARKED_PREFIX}89abcdef"  # its caller died before starting the process
+    orphan.write_text(json.dumps({"caller": {"pid": killed.proc.pid, "create_time": 1.0}}))
+    assert sorted(stale_markers(tmp_path)) == sorted([killed.marker, other, reused, orphan])
+    fresh = park(tmp_path)
+    assert fresh is not None, "a stale marker must not stop the next shard from parking"
+    try:
+        assert sorted(tmp_path.glob(f"{PARKED_PREFIX}*")) == [fresh.marker] and stale_markers(tmp_path) == []
+    finally:
+        fresh.discard()
+    caller = subprocess.Popen(
+        [sys.executable, "-c", PARK_AND_WAIT, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    assert caller.stdout is not None
+    pid = int(caller.stdout.readline())
+    caller.kill()
+    caller.wait(10)
+    deadline = time.time() + 30
+    while psutil.pid_exists(pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(pid), "a parked process whose caller died ends"
+    assert not list(tmp_path.glob(f"{PARKED_PREFIX}*"))
+
+
+#: Park a broker, say its pid, wait to be killed.
+PARK_AND_WAIT = """
+import sys, time
+from pathlib import Path
+from harness.runtime.parking import park
+parked = park(Path(sys.argv[1]))
+print(parked.proc.pid, flush=True)
+time.sleep(120)
+"""
 
 
 def test_another_callers_spawn_starts_its_broker_beside_a_parked_one_which_then_joins_it(tmp_path: Path) -> None:

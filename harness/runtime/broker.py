@@ -131,7 +131,7 @@ from filelock import FileLock, Timeout
 from harness.errors import HarnessError
 from harness.runtime import metrics, supervisor, watchdog, webui
 from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta, recorded_environment
-from harness.runtime.parking import Parked, broker_env, waiting_parked
+from harness.runtime.parking import PARKED_PREFIX, Parked, broker_env, waiting_parked
 from harness.runtime.recordkey import record_key
 from harness.runtime.plan import Gpu, Plan, RemoteSimulator, ServicePlacement, SimWorker
 from harness.runtime.scheduling import (
@@ -2038,8 +2038,10 @@ def _main(argv: list[str] | None = None) -> int:
     handed = json.loads(os.environ.pop(HANDED_SECRETS, "") or "{}")
     if args.parked:
         told = _await_plan()
-        if told is None:
-            return 0  # discarded: nothing was started
+        if told is None:  # discarded (or its caller died): nothing was started
+            if args.parked.isalnum():
+                (args.state_dir / f"{PARKED_PREFIX}{args.parked}").unlink(missing_ok=True)
+            return 0
         handed = told
     config = json.loads((args.state_dir / CONFIG_FILE).read_text())
     base = dict(os.environ)  # what spawn() gave us: the services' environments are told against it
