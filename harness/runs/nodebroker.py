@@ -72,7 +72,12 @@ def node_state_dir(home: Path, run_id: str) -> Path:
 
 def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
     """The ports of the run's local ``names`` on this node: chosen by the first shard here
-    (free ones now) and kept in ``ports.json``, read by every later one."""
+    (free ones now) and kept in ``ports.json``, read by every later one.
+
+    A recorded port is kept only while it is free, or held by this run's own broker on the
+    node or a service it started (:func:`held_by_run`): ``--resume`` of a run days later
+    finds ports that other processes may hold by then. Another's port is chosen again and
+    the file rewritten, under its lock, so every shard of the run here reads the new one."""
     from filelock import FileLock
 
     from harness.runtime.supervisor import make_state_dir, write_private
@@ -81,23 +86,79 @@ def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
     with FileLock(str(state_dir / "ports.lock"), timeout=60, mode=0o600):
         path = state_dir / PORTS_FILE
         known: dict[str, int] = json.loads(path.read_text()) if path.is_file() else {}
-        missing = [n for n in names if n not in known]
+        taken = [n for n in names if n in known and not port_free(int(known[n]))]
+        if taken:
+            ours = held_by_run(state_dir)
+            taken = [n for n in taken if not listeners(int(known[n])) & ours]
+        missing = [n for n in names if n not in known or n in taken]
         if missing:
-            chosen = free_ports(len(missing))
+            chosen = free_ports(len(missing), avoid={int(p) for n, p in known.items() if n not in missing})
             known.update(zip(missing, chosen, strict=False))
             write_private(path, json.dumps(known, sort_keys=True))  # 0600, as the rest of the folder
     return {n: int(known[n]) for n in names}
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on loopback now (the kernel picks them)."""
-    sockets = []
+def port_free(port: int) -> bool:
+    """Whether a server could bind ``port`` on loopback now (as the broker and the services
+    bind theirs: with ``SO_REUSEADDR``, so a port a closed server left in TIME_WAIT is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def listeners(port: int) -> set[int]:
+    """The pids of this user's processes listening on TCP ``port`` (another user's are not
+    shown: they are never the run's)."""
+    import psutil
+
     try:
-        for _ in range(count):
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.Error:
+        return set()
+    return {
+        c.pid for c in connections if c.pid is not None and c.status == psutil.CONN_LISTEN and c.laddr[1:2] == (port,)
+    }
+
+
+def held_by_run(state_dir: Path) -> set[int]:
+    """The pids of the run's own processes on this node: its live broker serving
+    ``state_dir`` and what it started, and the services its pid files name (alive). Empty
+    when none runs."""
+    import psutil
+
+    from harness.runtime.broker import read_state
+    from harness.runtime.supervisor import read_pidfiles
+
+    roots: set[int] = {r.pid for r in read_pidfiles(state_dir) if r.alive}
+    state = read_state(state_dir)
+    if state is not None:
+        roots.add(int(state["pid"]))
+    pids = set(roots)
+    for pid in roots:
+        try:
+            pids.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            continue
+    return pids
+
+
+def free_ports(count: int, avoid: set[int] | None = None) -> list[int]:
+    """``count`` distinct TCP ports free on loopback now (the kernel picks them), none of
+    ``avoid``."""
+    sockets: list[socket.socket] = []
+    chosen: list[int] = []
+    try:
+        while len(chosen) < count:  # each kept bound while the others are chosen: all distinct
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind(("127.0.0.1", 0))
             sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
+            if sock.getsockname()[1] not in (avoid or set()):
+                chosen.append(sock.getsockname()[1])
+        return chosen
     finally:
         for sock in sockets:
             sock.close()
