@@ -733,11 +733,14 @@ class Broker:
 
     # --------------------------------------------------------------------- joined runs
 
-    def register_run(self, run: str, pid: int | None = None) -> str:
+    def register_run(self, run: str, pid: int | None = None, token: str | None = None) -> str:
         """A run joins (``POST /runs``): a token for its command, whose leases are watched for
-        resets of scoped services until :meth:`end_run` (or until process ``pid`` exits)."""
+        resets of scoped services until :meth:`end_run` (or until process ``pid`` exits).
+        ``token``: the one the run's command already holds, from a broker of the same state
+        folder that is gone (a cluster node's broker started again, harness/runs/nodebroker.py),
+        so the command goes on with it; else a new one."""
         create_time = self._client_create_time(pid) if pid is not None else None
-        token = secrets.token_urlsafe(32)
+        token = token or secrets.token_urlsafe(32)
         with self._events_cond:
             first_seq = self._events.last_seq
         with self._lock:
@@ -1249,7 +1252,10 @@ class _Handler(BaseHTTPRequestHandler):
                     raise BrokerError(400, "bad_request", 'runs needs {"run": id}')
                 if pid is not None and not _positive_int(pid):
                     raise BrokerError(400, "bad_request", f'"pid" must be a positive integer, not {pid!r}')
-                self._reply(200, {"token": broker.register_run(name, pid)})
+                kept = data.get("token")  # only the owner's token gets here: a run's is refused above
+                if kept is not None and not (isinstance(kept, str) and re.fullmatch(r"[A-Za-z0-9_-]{32,200}", kept)):
+                    raise BrokerError(400, "bad_request", '"token" must be 32 to 200 URL-safe characters')
+                self._reply(200, {"token": broker.register_run(name, pid, kept)})
             elif self.path == "/runs/end":
                 name = data.get("run")
                 if not isinstance(name, str) or not 0 < len(name) <= 200:
@@ -1783,12 +1789,16 @@ class SharedBroker:
                 hint="harness down, then harness up (or run) again with this project",
             )
 
-    def join_run(self, run: str, pid: int) -> dict[str, str]:
+    def join_run(self, run: str, pid: int, token: str | None = None) -> dict[str, str]:
         """Register run ``run`` (process ``pid``) with this broker: what its command needs to
         reach it, with a token of the run's own whose leases the broker watches for resets of
-        scoped services (:meth:`end_run` hands them back)."""
+        scoped services (:meth:`end_run` hands them back); ``token``: the one its command holds
+        from a broker of this folder that is gone, kept."""
         try:
-            answer = self.request("POST", "/runs", {"run": run, "pid": pid})
+            body: dict[str, Any] = {"run": run, "pid": pid}
+            if token is not None:
+                body["token"] = token
+            answer = self.request("POST", "/runs", body)
         except HarnessError as exc:
             raise HarnessError(
                 f"{exc.message}: this broker cannot record the run's scoped resets",

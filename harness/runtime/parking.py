@@ -110,7 +110,7 @@ def park(state_dir: Path, python: str = sys.executable) -> Parked | None:
     env = broker_env()
     marker = state_dir / f"{PARKED_PREFIX}{token}"
     # Its caller first (the process is not started yet), then the process itself.
-    supervisor.write_private(marker, json.dumps({"caller": _identity(os.getpid())}) + "\n")
+    supervisor.write_private(marker, json.dumps({"caller": process_identity(os.getpid())}) + "\n")
     with supervisor.open_private_log(state_dir / "logs" / "broker.log") as out:
         proc = subprocess.Popen(
             [python, "-m", "harness.runtime.broker", str(state_dir), "--parked", token],
@@ -121,19 +121,20 @@ def park(state_dir: Path, python: str = sys.executable) -> Parked | None:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    supervisor.write_private(marker, json.dumps({"process": _identity(proc.pid)}) + "\n")
+    supervisor.write_private(marker, json.dumps({"process": process_identity(proc.pid)}) + "\n")
     return Parked(proc, state_dir, env, python, token)
 
 
-def _identity(pid: int) -> dict[str, float]:
-    """A process named so that a later reader can tell it from another given the same pid."""
+def process_identity(pid: int) -> dict[str, float]:
+    """Process ``pid`` named so that a later reader can tell it from another given the same
+    pid (:func:`names_live_process`): its pid and start time."""
     try:
         return {"pid": pid, "create_time": psutil.Process(pid).create_time()}
     except psutil.Error:
         return {"pid": pid, "create_time": 0.0}
 
 
-def _names_live_process(entry: object, token: str | None) -> bool:
+def names_live_process(entry: object, token: str | None = None) -> bool:
     """Whether ``entry`` (a marker's ``process`` or ``caller``) is a live process with that
     start time and, given ``token``, the broker process parked under it."""
     if not isinstance(entry, dict):
@@ -162,9 +163,9 @@ def stale_markers(state_dir: Path, *, remove: bool = False) -> list[Path]:
         except (OSError, ValueError):
             data = None
         if isinstance(data, dict) and "process" in data:
-            live = _names_live_process(data["process"], token)
+            live = names_live_process(data["process"], token)
         else:  # the caller was starting it: stale once that caller is gone
-            live = isinstance(data, dict) and _names_live_process(data.get("caller"), None)
+            live = isinstance(data, dict) and names_live_process(data.get("caller"), None)
         if not live:
             stale.append(marker)
     if remove:
