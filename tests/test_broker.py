@@ -1349,6 +1349,41 @@ def test_a_node_broker_ends_itself_once_no_run_is_joined(tmp_path: Path) -> None
         broker.shutdown()
 
 
+def test_a_run_joins_a_new_broker_of_its_folder_with_the_token_its_command_holds(tmp_path: Path) -> None:
+    """A cluster node's broker that went away is started again on the same port, and each
+    shard joins it again with the token its command already holds (``POST /runs`` with
+    ``token``): the command's address and token answer again. A malformed token is refused."""
+    from harness.runtime.broker import SharedBroker
+
+    state, port = tmp_path / "state", free_port()
+    first = Broker(Plan(services=()), {}, state, port=port)
+    try:
+        first.serve_in_thread()
+        shared = SharedBroker.find(state)
+        assert shared is not None
+        token = shared.join_run("shard 1", os.getpid())["HARNESS_BROKER_TOKEN"]
+    finally:
+        first.shutdown()
+    with pytest.raises(BrokerError):  # the broker is gone: the command's calls fail meanwhile
+        Client(address=shared.url, token=token).acquire("kinematics")
+    second = Broker(Plan(services=()), {}, state, port=port)
+    try:
+        second.serve_in_thread()
+        again = SharedBroker.find(state)
+        assert again is not None and again.url == shared.url and again.token != shared.token
+        assert again.join_run("shard 1", os.getpid(), token) == {
+            "HARNESS_BROKER": shared.url,
+            "HARNESS_BROKER_TOKEN": token,
+        }
+        with pytest.raises(BrokerError) as unknown:  # authorized: the service is unknown, not the caller
+            Client(address=shared.url, token=token).acquire("kinematics")
+        assert unknown.value.status == 404
+        with pytest.raises(HarnessError, match='"token" must be 32 to 200 URL-safe characters'):
+            again.request("POST", "/runs", {"run": "shard 2", "token": "short"})
+    finally:
+        second.shutdown()
+
+
 # ------------------------------------------------------------------ a broker parked ahead
 
 
