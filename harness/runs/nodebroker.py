@@ -16,7 +16,10 @@ shard refused before that ends it (:func:`unpark_broker`).
 
 The services' ports are chosen once per node and run (``ports.json`` beside the broker,
 under a file lock), so every shard there launches the very same specs and the broker's
-launch check (:meth:`harness.runtime.broker.SharedBroker.check_serves`) holds.
+launch check (:meth:`harness.runtime.broker.SharedBroker.check_serves`) holds; the broker's
+own port is kept there too (:data:`BROKER_PORT`), so every broker of the run on the node
+serves at one address. A recorded port is used again only while it is free or held by the
+run's own broker or services (:func:`node_ports`): ``--resume`` may find it taken.
 
 Placement is the node's own: the broker is planned by the shard that starts it, from this
 node's GPU inventory restricted to the devices the engine assigned to that shard
@@ -33,6 +36,18 @@ run's that joined ``harness up``'s broker is. A cancelled shard that leaves no o
 joined stops the broker at once (:func:`stop_if_unjoined`). On Ray the broker ends with the
 run's job at the latest: Ray kills the processes its workers started when the job ends, and
 the broker's watchdog (:mod:`harness.runtime.watchdog`) then stops its services.
+
+When it goes away under joined shards: the broker is a process of the engine's task of the
+shard that started it (``started-by.json`` names that shard). On Slurm a ``scancel`` of that
+task ends it — process tracking ends every process of a task, and on a real cluster it is a
+cgroup, which no detaching escapes — while the node's other shards are joined. So each
+joined shard watches the broker's process while its command runs (:class:`BrokerWatch`);
+once it is gone, the first to take the node's lock starts a new broker for the run (same
+port, same services from the same store paths on the same ports) and every one joins it
+again with the token its command holds: the command's address and token answer again. The
+shard's record lists each such restart and why (:func:`broker_gone_cause`: "the node's
+broker, started by shard N, was cancelled with it"); a command whose call failed meanwhile
+fails naming it.
 """
 
 from __future__ import annotations
