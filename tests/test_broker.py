@@ -26,7 +26,7 @@ from typing import Any, Self
 import psutil
 import pytest
 
-from harness.client import BrokerError, Client, Lease, ServiceFailed, ServiceOff
+from harness.client import BrokerError, Client, Lease, NotAuthorized, ServiceFailed, ServiceOff
 from harness.errors import HarnessError
 from harness.manifests.deploy import Deploy
 from harness.manifests.loading import load_model, validate_data
@@ -1381,6 +1381,54 @@ def test_a_run_joins_a_new_broker_of_its_folder_with_the_token_its_command_holds
         with pytest.raises(HarnessError, match='"token" must be 32 to 200 URL-safe characters'):
             again.request("POST", "/runs", {"run": "shard 2", "token": "short"})
     finally:
+        second.shutdown()
+
+
+def test_the_client_waits_for_a_broker_started_again_at_its_address(tmp_path: Path) -> None:
+    """``reconnect`` (``$HARNESS_BROKER_WAIT``, set for a cluster shard's command): a lease
+    whose broker went away is released without an error, and an acquire while no broker
+    answers waits for the one started again at the same address, which serves it (a fresh
+    service process). Without it, the acquire fails at once."""
+    from harness.runtime.broker import SharedBroker
+
+    spec = fake(f"{tmp_path.name}-again", tmp_path, load=0)
+    plan, state, port = Plan((placement(spec, mode="resident"),)), tmp_path / "state", free_port()
+    first = Broker(plan, {spec.name: spec}, state, port=port, tick=0.05, grace=(1.0, 1.0))
+    first.serve_in_thread()
+    first.start()
+    shared = SharedBroker.find(state)
+    assert shared is not None
+    token = shared.join_run("shard 1", os.getpid())["HARNESS_BROKER_TOKEN"]
+    client = Client(shared.url, token=token, reconnect=30)
+    lease = client.acquire(spec.name)
+    first.shutdown()
+    client.release(lease)  # gone with its broker: not an error
+    with pytest.raises(BrokerError):
+        Client(shared.url, token=token).acquire(spec.name)
+    second = Broker(plan, {spec.name: spec}, state, port=port, tick=0.05, grace=(1.0, 1.0))
+
+    def start_again() -> None:
+        time.sleep(1.0)
+        second.serve_in_thread()
+        time.sleep(0.8)  # serving, the run not joined again yet: its token is refused meanwhile
+        again = SharedBroker.find(state)
+        assert again is not None
+        again.join_run("shard 1", os.getpid(), token)
+
+    later = threading.Thread(target=start_again)
+    try:
+        later.start()
+        waited = time.monotonic()
+        with client.use(spec.name) as fresh:
+            assert fresh.fresh and fresh.url == lease.url and time.monotonic() - waited >= 1.7
+        later.join()
+        stranger = Client(shared.url, token="x" * 43, reconnect=30)  # never granted: refused at once
+        waited = time.monotonic()
+        with pytest.raises(NotAuthorized):
+            stranger.acquire(spec.name)
+        assert time.monotonic() - waited < 5
+    finally:
+        later.join()
         second.shutdown()
 
 

@@ -83,6 +83,9 @@ WATCH_S = 0.5
 #: Tries to join again once the broker went away: its services may hold their ports for a
 #: while (a task's processes get SIGTERM, then SIGKILL after Slurm's KillWait).
 _REJOIN_TRIES = 20
+#: How long the harness client in a shard's command waits for the node's broker started
+#: again (``HARNESS_BROKER_WAIT``) before an acquire fails: the rejoin's tries and a load.
+COMMAND_WAIT_S = 120.0
 #: How long a shard whose node's broker went away waits for the shard that started it to
 #: end too before it says whether the broker went with it (Slurm's default KillWait).
 STARTER_WAIT_S = 30.0

@@ -383,7 +383,7 @@ class _RunBroker:
         if self.node is not None:
             from harness.runs.nodebroker import join_node_broker
 
-            from harness.runs.nodebroker import BrokerWatch
+            from harness.runs.nodebroker import COMMAND_WAIT_S, BrokerWatch
 
             self.shared, env = join_node_broker(self.node, prepared, _joined_name(run_dir), os.getpid())
             self.joined = run_dir
@@ -392,7 +392,8 @@ class _RunBroker:
             self.watch = BrokerWatch(
                 self.node, prepared, _joined_name(run_dir), os.getpid(), self.shared, env["HARNESS_BROKER_TOKEN"]
             )
-            return self.shared.url, env
+            # harness.client's acquires wait that long for it rather than fail meanwhile
+            return self.shared.url, {**env, "HARNESS_BROKER_WAIT": f"{COMMAND_WAIT_S:g}"}
         if self.shared is not None:
             specs = prepared.specs
             residents = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in specs]
