@@ -131,7 +131,7 @@ from filelock import FileLock, Timeout
 from harness.errors import HarnessError
 from harness.runtime import metrics, supervisor, watchdog, webui
 from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta, recorded_environment
-from harness.runtime.parking import PARKED_PREFIX, Parked, broker_env, waiting_parked
+from harness.runtime.parking import PARKED_PREFIX, Parked, broker_env, start_broker_process, waiting_parked
 from harness.runtime.recordkey import record_key
 from harness.runtime.plan import Gpu, Plan, RemoteSimulator, ServicePlacement, SimWorker
 from harness.runtime.scheduling import (
@@ -1976,16 +1976,7 @@ def _start_detached(
         return parked.launch(handed)
     if handed:
         env[HANDED_SECRETS] = json.dumps(handed)
-    with supervisor.open_private_log(log) as out:
-        return subprocess.Popen(
-            [python, "-m", "harness.runtime.broker", str(state_dir)],
-            cwd=state_dir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    return start_broker_process(python, state_dir, env, log, subprocess.DEVNULL)
 
 
 def _parked_waiting(process: psutil.Process, state_dir: Path) -> bool:

@@ -111,18 +111,30 @@ def park(state_dir: Path, python: str = sys.executable) -> Parked | None:
     marker = state_dir / f"{PARKED_PREFIX}{token}"
     # Its caller first (the process is not started yet), then the process itself.
     supervisor.write_private(marker, json.dumps({"caller": process_identity(os.getpid())}) + "\n")
-    with supervisor.open_private_log(state_dir / "logs" / "broker.log") as out:
-        proc = subprocess.Popen(
-            [python, "-m", "harness.runtime.broker", str(state_dir), "--parked", token],
+    proc = start_broker_process(
+        python, state_dir, env, state_dir / "logs" / "broker.log", subprocess.PIPE, "--parked", token
+    )
+    supervisor.write_private(marker, json.dumps({"process": process_identity(proc.pid)}) + "\n")
+    return Parked(proc, state_dir, env, python, token)
+
+
+def start_broker_process(
+    python: str, state_dir: Path, env: Mapping[str, str], log: Path, stdin: int, *extra: str
+) -> subprocess.Popen[bytes]:
+    """``python -m harness.runtime.broker STATE_DIR [EXTRA…]`` in a session of its own (it
+    outlives its caller), in ``state_dir``, its output appended to ``log``: the one way a
+    detached broker starts, parked (``--parked TOKEN``, ``stdin`` a pipe) or at once
+    (:func:`harness.runtime.broker.spawn`, ``stdin`` ``DEVNULL``)."""
+    with supervisor.open_private_log(log) as out:
+        return subprocess.Popen(
+            [python, "-m", "harness.runtime.broker", str(state_dir), *extra],
             cwd=state_dir,
-            env=env,
-            stdin=subprocess.PIPE,
+            env=dict(env),
+            stdin=stdin,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    supervisor.write_private(marker, json.dumps({"process": process_identity(proc.pid)}) + "\n")
-    return Parked(proc, state_dir, env, python, token)
 
 
 def process_identity(pid: int) -> dict[str, float]:
