@@ -23,6 +23,7 @@ import pytest
 
 pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
 
+from tests.clusters import start_while_realizing
 from tests.conftest import REPO
 from tests.slurmcluster import SlurmCluster, missing, start_slurm
 
@@ -71,31 +72,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     root = tmp_path_factory.mktemp("slurm")
     home = root / "home"
     home.mkdir()
-    # The head's store is realized while Slurm starts.
-    realize = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "--project",
-            str(REPO),
-            "--home",
-            str(home),
-            "realize",
-            "kinematics",
-            "reach",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    slurm = start_while_realizing(REPO, home, lambda: start_slurm(root), SlurmCluster.stop)
     try:
-        slurm = start_slurm(root)
-    except BaseException:
-        realize.kill()
-        raise
-    try:
-        out, _ = realize.communicate(timeout=600)
-        assert realize.returncode == 0, out.decode()
         yield Setup(slurm, home, root)
     finally:
         slurm.stop()
