@@ -381,9 +381,7 @@ class _RunBroker:
         # meet the broker's refusal.
         hint = f"the command was not started; the run's record: {run_dir}"
         if self.node is not None:
-            from harness.runs.nodebroker import join_node_broker
-
-            from harness.runs.nodebroker import COMMAND_WAIT_S, BrokerWatch
+            from harness.runs.nodebroker import COMMAND_WAIT_S, BrokerWatch, join_node_broker
 
             self.shared, env = join_node_broker(self.node, prepared, _joined_name(run_dir), os.getpid())
             self.joined = run_dir
