@@ -32,6 +32,14 @@ Token (the broker answers only its owner): the ``token`` argument, else
 ``harness`` sets ``HARNESS_BROKER`` and ``HARNESS_BROKER_TOKEN`` for every service and
 agent it starts.
 
+A broker started again at the same address (a cluster node's, when the task of the shard that
+started it was cancelled: ``harness/runs/nodebroker.py``): with ``reconnect`` seconds
+(default ``$HARNESS_BROKER_WAIT``, which a cluster shard sets for its command), an acquire
+that finds no broker answering (or one refusing the token it was granted leases with: the
+new broker, before the run joined it again) tries again for that long rather than fail
+(nothing was granted: trying again is safe), and the release of a lease that went with its broker is
+not an error.
+
 Errors: :class:`BrokerError` with ``status`` (HTTP), ``code`` and ``log_tail``; subclasses
 :class:`ServiceOff` (409: the plan turned the service off), :class:`ServiceFailed` (503: it
 failed to start or keeps crashing; ``log_tail`` says why), :class:`NotAuthorized` (401/403:
@@ -45,6 +53,7 @@ import http.client
 import json
 import os
 import threading
+import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -116,6 +125,15 @@ class Lease:
     client: dict[str, str] = field(default_factory=dict, hash=False)
 
 
+def _env_seconds(name: str) -> float | None:
+    """A number of seconds from the environment variable ``name``; None when unset or not one."""
+    try:
+        value = float(os.environ.get(name) or "")
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
 def _find_token(token: str | None, state_dir: str | os.PathLike[str] | None) -> str | None:
     if token:
         return token
@@ -167,8 +185,11 @@ class Client:
         state_dir: str | os.PathLike[str] | None = None,
         timeout: float | None = None,
         token: str | None = None,
+        reconnect: float | None = None,
     ) -> None:
         self.address = _find_address(address, state_dir)
+        self.reconnect = reconnect if reconnect is not None else _env_seconds("HARNESS_BROKER_WAIT")
+        self._answered = False  # an acquire was granted with this token
         self._token = _find_token(token, state_dir)
         parts = urllib.parse.urlsplit(self.address)
         if parts.scheme != "http" or not parts.hostname:
@@ -248,7 +269,20 @@ class Client:
         wait = self.timeout if timeout is None else timeout
         if wait is not None:
             body["timeout"] = wait
-        data = self._request("POST", "/acquire", body)
+        deadline = time.monotonic() + (self.reconnect or 0.0)
+        while True:
+            try:
+                data = self._request("POST", "/acquire", body)
+                break
+            except (BrokerUnavailable, NotAuthorized) as exc:
+                # None answers (or it is closing): another may come. One refusing a token that
+                # was good here: a broker started again that the run has not joined again yet.
+                waiting = isinstance(exc, BrokerUnavailable) or self._answered
+                if not waiting or time.monotonic() >= deadline:
+                    raise
+                self.close()  # a kept-alive connection would reach the closing one again
+                time.sleep(0.25)
+        self._answered = True
         return Lease(
             id=data["lease"],
             service=data["service"],
@@ -261,8 +295,14 @@ class Client:
         )
 
     def release(self, lease: Lease | str) -> None:
-        """End a lease (a :class:`Lease` or its id)."""
-        self._request("POST", "/release", {"lease": lease.id if isinstance(lease, Lease) else lease})
+        """End a lease (a :class:`Lease` or its id). With ``reconnect``, a lease whose broker
+        went away (none answers, or the one there now never granted it) is gone with it."""
+        try:
+            self._request("POST", "/release", {"lease": lease.id if isinstance(lease, Lease) else lease})
+        except BrokerError as exc:
+            gone = isinstance(exc, BrokerUnavailable) or exc.code == "unknown_lease"
+            if not (self.reconnect and gone):
+                raise
 
     @contextmanager
     def use(self, service: str, *, timeout: float | None = None) -> Iterator[Lease]:

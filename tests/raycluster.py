@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from tests.clusters import end_processes
 from tests.ports import free_port
 
 RAY = Path(sys.executable).with_name("ray")
@@ -53,19 +54,7 @@ class Node:
 
     def stop(self) -> None:
         """SIGTERM the tree, then SIGKILL what is left."""
-        procs = self.descendants()
-        for proc in procs:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=15)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=15)
+        end_processes(self.descendants())
 
 
 @dataclass

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from tests.clusters import end_processes
 from tests.ports import free_port
 
 #: The programs the cluster needs, and the Debian packages that ship them.
@@ -113,27 +113,11 @@ class SlurmCluster:
         deadline = time.time() + 5  # the jobs end on their own; what lingers (a node broker) is ended
         while time.time() < deadline and self._job_processes():
             time.sleep(0.5)
-        _end(self._job_processes())
-        _end([psutil.Process(p.pid) for p in reversed(self.procs) if p.poll() is None])
+        end_processes(self._job_processes())
+        end_processes([psutil.Process(p.pid) for p in reversed(self.procs) if p.poll() is None])
         for proc in self.procs:
             proc.wait(timeout=30)
         shutil.rmtree(self.run, ignore_errors=True)
-
-
-def _end(procs: list[psutil.Process]) -> None:
-    """SIGTERM each, then SIGKILL what is left after 15 s."""
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=15)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=15)
 
 
 def slurm_conf(folder: Path, run: Path, *, cpus: int, memory_mb: int) -> str:

@@ -26,7 +26,7 @@ from typing import Any, Self
 import psutil
 import pytest
 
-from harness.client import BrokerError, Client, Lease, ServiceFailed, ServiceOff
+from harness.client import BrokerError, Client, Lease, NotAuthorized, ServiceFailed, ServiceOff
 from harness.errors import HarnessError
 from harness.manifests.deploy import Deploy
 from harness.manifests.loading import load_model, validate_data
@@ -51,7 +51,7 @@ from harness.runtime.launch import (
     specs_to_json,
 )
 from harness.runtime.placement import plan as place
-from harness.runtime.parking import Parked, park
+from harness.runtime.parking import PARKED_PREFIX, Parked, park, stale_markers
 from harness.runtime.plan import Plan, ServicePlacement
 from tests.ports import free_port
 
@@ -1372,6 +1372,89 @@ def test_a_node_broker_ends_itself_once_no_run_is_joined(tmp_path: Path) -> None
         broker.shutdown()
 
 
+def test_a_run_joins_a_new_broker_of_its_folder_with_the_token_its_command_holds(tmp_path: Path) -> None:
+    """A cluster node's broker that went away is started again on the same port, and each
+    shard joins it again with the token its command already holds (``POST /runs`` with
+    ``token``): the command's address and token answer again. A malformed token is refused."""
+    from harness.runtime.broker import SharedBroker
+
+    state, port = tmp_path / "state", free_port()
+    first = Broker(Plan(services=()), {}, state, port=port)
+    try:
+        first.serve_in_thread()
+        shared = SharedBroker.find(state)
+        assert shared is not None
+        token = shared.join_run("shard 1", os.getpid())["HARNESS_BROKER_TOKEN"]
+    finally:
+        first.shutdown()
+    with pytest.raises(BrokerError):  # the broker is gone: the command's calls fail meanwhile
+        Client(address=shared.url, token=token).acquire("kinematics")
+    second = Broker(Plan(services=()), {}, state, port=port)
+    try:
+        second.serve_in_thread()
+        again = SharedBroker.find(state)
+        assert again is not None and again.url == shared.url and again.token != shared.token
+        assert again.join_run("shard 1", os.getpid(), token) == {
+            "HARNESS_BROKER": shared.url,
+            "HARNESS_BROKER_TOKEN": token,
+        }
+        with pytest.raises(BrokerError) as unknown:  # authorized: the service is unknown, not the caller
+            Client(address=shared.url, token=token).acquire("kinematics")
+        assert unknown.value.status == 404
+        with pytest.raises(HarnessError, match='"token" must be 32 to 200 URL-safe characters'):
+            again.request("POST", "/runs", {"run": "shard 2", "token": "short"})
+    finally:
+        second.shutdown()
+
+
+def test_the_client_waits_for_a_broker_started_again_at_its_address(tmp_path: Path) -> None:
+    """``reconnect`` (``$HARNESS_BROKER_WAIT``, set for a cluster shard's command): a lease
+    whose broker went away is released without an error, and an acquire while no broker
+    answers waits for the one started again at the same address, which serves it (a fresh
+    service process). Without it, the acquire fails at once."""
+    from harness.runtime.broker import SharedBroker
+
+    spec = fake(f"{tmp_path.name}-again", tmp_path, load=0)
+    plan, state, port = Plan((placement(spec, mode="resident"),)), tmp_path / "state", free_port()
+    first = Broker(plan, {spec.name: spec}, state, port=port, tick=0.05, grace=(1.0, 1.0))
+    first.serve_in_thread()
+    first.start()
+    shared = SharedBroker.find(state)
+    assert shared is not None
+    token = shared.join_run("shard 1", os.getpid())["HARNESS_BROKER_TOKEN"]
+    client = Client(shared.url, token=token, reconnect=30)
+    lease = client.acquire(spec.name)
+    first.shutdown()
+    client.release(lease)  # gone with its broker: not an error
+    with pytest.raises(BrokerError):
+        Client(shared.url, token=token).acquire(spec.name)
+    second = Broker(plan, {spec.name: spec}, state, port=port, tick=0.05, grace=(1.0, 1.0))
+
+    def start_again() -> None:
+        time.sleep(1.0)
+        second.serve_in_thread()
+        time.sleep(0.8)  # serving, the run not joined again yet: its token is refused meanwhile
+        again = SharedBroker.find(state)
+        assert again is not None
+        again.join_run("shard 1", os.getpid(), token)
+
+    later = threading.Thread(target=start_again)
+    try:
+        later.start()
+        waited = time.monotonic()
+        with client.use(spec.name) as fresh:
+            assert fresh.fresh and fresh.url == lease.url and time.monotonic() - waited >= 1.7
+        later.join()
+        stranger = Client(shared.url, token="x" * 43, reconnect=30)  # never granted: refused at once
+        waited = time.monotonic()
+        with pytest.raises(NotAuthorized):
+            stranger.acquire(spec.name)
+        assert time.monotonic() - waited < 5
+    finally:
+        later.join()
+        second.shutdown()
+
+
 # ------------------------------------------------------------------ a broker parked ahead
 
 
@@ -1422,6 +1505,57 @@ def test_a_discarded_parked_broker_ends_having_started_nothing(tmp_path: Path) -
     assert not parked.marker.exists() and read_state(tmp_path) is None
     assert find_brokers(tmp_path) == [] and not list((tmp_path / "pids").glob("*.json"))
     assert "serving" not in (tmp_path / "logs" / "broker.log").read_text()
+
+
+def test_a_stale_parked_marker_is_not_trusted_and_is_removed(tmp_path: Path) -> None:
+    """A ``parked.<token>`` marker whose process is gone (the parked broker killed with
+    SIGKILL), names another process under a reused pid, or was left by a caller killed
+    before it started the process: the next ``park`` removes it and parks its own, rather
+    than believe another shard will start the broker. A parked process whose caller dies
+    (SIGKILL: its stdin closes) removes its own marker as it exits."""
+    killed = park(tmp_path)
+    assert killed is not None
+    _parked_waiting(killed, 0.3)
+    killed.proc.kill()
+    killed.proc.wait(10)
+    assert killed.marker.is_file() and stale_markers(tmp_path) == [killed.marker]
+    me = psutil.Process()
+    other = tmp_path / f"{PARKED_PREFIX}0123abcd"  # a live process, but not a parked broker
+    other.write_text(json.dumps({"process": {"pid": me.pid, "create_time": me.create_time()}}))
+    reused = tmp_path / f"{PARKED_PREFIX}4567cdef"  # our pid, another start time: a reused pid
+    reused.write_text(json.dumps({"process": {"pid": me.pid, "create_time": me.create_time() - 100}}))
+    orphan = tmp_path / f"{PARKED_PREFIX}89abcdef"  # its caller died before starting the process
+    orphan.write_text(json.dumps({"caller": {"pid": killed.proc.pid, "create_time": 1.0}}))
+    assert sorted(stale_markers(tmp_path)) == sorted([killed.marker, other, reused, orphan])
+    fresh = park(tmp_path)
+    assert fresh is not None, "a stale marker must not stop the next shard from parking"
+    try:
+        assert sorted(tmp_path.glob(f"{PARKED_PREFIX}*")) == [fresh.marker] and stale_markers(tmp_path) == []
+    finally:
+        fresh.discard()
+    caller = subprocess.Popen(
+        [sys.executable, "-c", PARK_AND_WAIT, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    assert caller.stdout is not None
+    pid = int(caller.stdout.readline())
+    caller.kill()
+    caller.wait(10)
+    deadline = time.time() + 30
+    while psutil.pid_exists(pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(pid), "a parked process whose caller died ends"
+    assert not list(tmp_path.glob(f"{PARKED_PREFIX}*"))
+
+
+#: Park a broker, say its pid, wait to be killed.
+PARK_AND_WAIT = """
+import sys, time
+from pathlib import Path
+from harness.runtime.parking import park
+parked = park(Path(sys.argv[1]))
+print(parked.proc.pid, flush=True)
+time.sleep(120)
+"""
 
 
 def test_another_callers_spawn_starts_its_broker_beside_a_parked_one_which_then_joins_it(tmp_path: Path) -> None:

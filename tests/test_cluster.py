@@ -29,6 +29,7 @@ pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'
 from harness.runs.shard import ShardJob
 from harness.runtime.broker import find_brokers
 from harness.store.store import remove_tree
+from tests.clusters import start_while_realizing
 from tests.conftest import REPO
 from tests.raycluster import Cluster, sign_into_lab_cache, start_cluster
 
@@ -88,31 +89,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     head_home = root / "home-head"
     head_home.mkdir()
     _, cache = sign_into_lab_cache(root, head_home)
-    # The head's store is realized while the cluster starts (both take a while on busy cores).
-    realize = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "--project",
-            str(REPO),
-            "--home",
-            str(head_home),
-            "realize",
-            "kinematics",
-            "reach",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    cluster = start_while_realizing(REPO, head_home, lambda: start_cluster(root), Cluster.stop)
     try:
-        cluster = start_cluster(root)
-    except BaseException:
-        realize.kill()
-        raise
-    try:
-        out, _ = realize.communicate(timeout=600)
-        assert realize.returncode == 0, out.decode()
         gates = root / "gates"
         gates.mkdir()
         (gates / "gate.py").write_text(GATE)

@@ -543,3 +543,32 @@ def test_a_nodes_ports_are_chosen_once_and_kept_private(tmp_path: Path) -> None:
     assert more["kinematics"] == first["kinematics"] and more["molmo"] not in first.values()
     assert (state / PORTS_FILE).stat().st_mode & 0o777 == 0o600
     assert json.loads((state / PORTS_FILE).read_text()) == {**first, **more}
+
+
+def test_resume_chooses_again_a_recorded_port_another_process_holds_now(tmp_path: Path) -> None:
+    """``--resume`` of a run finds its node's ``ports.json`` from the earlier run: a port that
+    another process holds by now (a socket the test listens on) is chosen again and the file
+    rewritten; one that is free, or held by the run's own live broker on the node, is kept."""
+    import socket
+
+    from harness.runs.nodebroker import PORTS_FILE, node_ports, node_state_dir
+    from harness.runtime.broker import Broker
+    from harness.runtime.plan import Plan
+
+    state = node_state_dir(tmp_path / "home", "run-1")
+    first = node_ports(state, ("kinematics", "sam3", "molmo"))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", first["kinematics"]))
+        squatter.listen()
+        again = node_ports(state, ("kinematics", "sam3", "molmo"))
+        assert again["kinematics"] != first["kinematics"], "a port another process holds is not reused"
+        assert again["kinematics"] not in (first["sam3"], first["molmo"])
+        assert {n: again[n] for n in ("sam3", "molmo")} == {n: first[n] for n in ("sam3", "molmo")}
+        assert json.loads((state / PORTS_FILE).read_text()) == again
+    # The run's own broker on the node holds one of its ports: that one is the run's, kept.
+    broker = Broker(Plan(services=()), {}, state, port=again["sam3"])
+    try:
+        broker.serve_in_thread()
+        assert node_ports(state, ("kinematics", "sam3", "molmo")) == again
+    finally:
+        broker.shutdown()

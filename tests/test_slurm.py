@@ -23,6 +23,7 @@ import pytest
 
 pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
 
+from tests.clusters import start_while_realizing
 from tests.conftest import REPO
 from tests.slurmcluster import SlurmCluster, missing, start_slurm
 
@@ -37,6 +38,19 @@ gates = Path(sys.argv[1])
 shard = os.environ["HARNESS_SHARD"].replace("/", "-")
 (gates / f"started-{shard}").write_text(os.environ.get("HARNESS_RUN_DIR", ""))
 while not shard.startswith("0-") and not (gates / "open").exists():
+    time.sleep(0.1)
+sys.argv = [sys.argv[2], "--episodes", "20", "--seed", "0"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+# Every shard notes that it started, then waits until the test opens its own gate (or all).
+GATE_EACH = r"""
+import os, runpy, sys, time
+from pathlib import Path
+gates = Path(sys.argv[1])
+shard = os.environ["HARNESS_SHARD"].replace("/", "-")
+(gates / f"started-{shard}").write_text(os.environ.get("HARNESS_RUN_DIR", ""))
+while not (gates / f"open-{shard}").exists() and not (gates / "open").exists():
     time.sleep(0.1)
 sys.argv = [sys.argv[2], "--episodes", "20", "--seed", "0"]
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -58,31 +72,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     root = tmp_path_factory.mktemp("slurm")
     home = root / "home"
     home.mkdir()
-    # The head's store is realized while Slurm starts.
-    realize = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "--project",
-            str(REPO),
-            "--home",
-            str(home),
-            "realize",
-            "kinematics",
-            "reach",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    slurm = start_while_realizing(REPO, home, lambda: start_slurm(root), SlurmCluster.stop)
     try:
-        slurm = start_slurm(root)
-    except BaseException:
-        realize.kill()
-        raise
-    try:
-        out, _ = realize.communicate(timeout=600)
-        assert realize.returncode == 0, out.decode()
         yield Setup(slurm, home, root)
     finally:
         slurm.stop()
@@ -118,11 +109,14 @@ def _wait_for(what: str, check: Callable[[], bool], timeout: float = 180) -> Non
         time.sleep(0.2)
 
 
-def _gated(setup: Setup, name: str, *args: str) -> tuple[subprocess.Popen[str], Path]:
-    """A ``run --cluster slurm`` of two shards whose shard 1 waits at a gate; (head, gates)."""
+def _gated(
+    setup: Setup, name: str, *args: str, gate: str = GATE, waiting: tuple[str, ...] = ("1-2",)
+) -> tuple[subprocess.Popen[str], Path]:
+    """A ``run --cluster slurm`` of two shards whose shard 1 (or each of ``waiting``) waits at
+    a gate; (head, gates)."""
     gates = setup.root / name
     gates.mkdir()
-    (gates / "gate.py").write_text(GATE)
+    (gates / "gate.py").write_text(gate)
     shard_cmd = [sys.executable, str(gates / "gate.py"), str(gates), str(REPO / "benchmarks" / "reach" / "episodes.py")]
     head = subprocess.Popen(
         [sys.executable, "-m", "harness", "--project", str(REPO), "run", "--agent", "kinematics-only"]
@@ -132,7 +126,8 @@ def _gated(setup: Setup, name: str, *args: str) -> tuple[subprocess.Popen[str], 
         stderr=subprocess.PIPE,
         text=True,
     )
-    _wait_for("shard 1 at its gate", lambda: (gates / "started-1-2").exists() or head.poll() is not None)
+    at_gates = lambda: all((gates / f"started-{w}").exists() for w in waiting)  # noqa: E731
+    _wait_for("the shards at their gates", lambda: at_gates() or head.poll() is not None)
     assert head.poll() is None, head.communicate()
     return head, gates
 
@@ -279,3 +274,43 @@ def test_a_shard_whose_node_fails_is_lost_and_submitted_again_with_retries(setup
     attempts = outcome["shards"][1]["attempts"]
     assert [a["status"] for a in attempts] == ["lost", "ok"] and attempts[0]["job_id"] == job, attempts
     assert attempts[1]["job_id"].split("_")[0] != job.split("_")[0], "submitted again as an array of its own"
+
+
+def test_scancel_of_the_shard_that_started_the_nodes_broker_leaves_the_joined_shard_ok(setup: Setup) -> None:
+    """Two shards on the one node share its broker, started by one of them as its task's
+    child: ``scancel`` of that task ends the broker with it (Slurm ends every process of a
+    task). The other shard, joined and waiting at its gate, notices, starts a new broker on
+    the same URL and ports and rejoins with its command's token; opened, its episodes run and
+    it is ok, its record naming what happened. The cancelled shard is recorded cancelled."""
+    head, gates = _gated(setup, "broker-cancel", gate=GATE_EACH, waiting=("0-2", "1-2"))
+    run_dir = Path((gates / "started-1-2").read_text()).parent.parent
+    node = run_dir / "node"
+    starter = json.loads((node / "started-by.json").read_text())
+    index = int(starter["run"].split()[1])
+    other = 1 - index
+    url = json.loads((node / "broker.json").read_text())["url"]
+    job = next(
+        ln for ln in setup.slurm.command("squeue", "--noheader", "--format=%i").split() if ln.endswith(f"_{index}")
+    )
+    setup.slurm.command("scancel", job)
+
+    def restarted() -> bool:
+        now = json.loads((node / "started-by.json").read_text())
+        state = node / "broker.json"
+        return now["run"] == f"shard {other}" and state.is_file() and json.loads(state.read_text())["url"] == url
+
+    _wait_for("the other shard's new broker", restarted, 120)
+    (gates / f"open-{other}-2").write_text("")
+    _, err = head.communicate(timeout=240)
+    assert head.returncode == 1, err + setup.slurm.logs()
+    shards = json.loads((run_dir / "result.json").read_text())["shards"]
+    assert shards[index]["status"] == "cancelled", shards[index]
+    assert shards[other]["status"] == "ok" and shards[other]["score"] == 1.0, shards[other]
+    restarts = shards[other]["broker_restarts"]
+    assert [(r["gone_pid"], r["started_by"], r["restarted_by"]) for r in restarts] == [
+        (starter["broker_pid"], f"shard {index}", f"shard {other}")
+    ], restarts
+    assert f"started by shard {index}, was cancelled with it" in restarts[0]["reason"], restarts
+    recorded = json.loads((run_dir / "shards" / str(other) / "config.json").read_text())["broker"]
+    assert recorded["restarts"] == restarts and recorded["url"] == url
+    assert json.loads((run_dir / "shards" / str(other) / "shard.json").read_text())["broker_restarts"] == restarts

@@ -583,6 +583,8 @@ def record_shard(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) 
         # the GPUs its engine gave it, those the node's broker ran services on, the rest idle
         "gpus": result.get("gpus"),
     }
+    if result.get("broker_restarts"):  # its node's broker went away while it ran (harness/runs/nodebroker.py)
+        summary["broker_restarts"] = result["broker_restarts"]
     if summary["status"] == "ok" and (wrong or shard_digest is None):
         summary.update(
             status="failed",

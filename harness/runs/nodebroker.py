@@ -16,7 +16,10 @@ shard refused before that ends it (:func:`unpark_broker`).
 
 The services' ports are chosen once per node and run (``ports.json`` beside the broker,
 under a file lock), so every shard there launches the very same specs and the broker's
-launch check (:meth:`harness.runtime.broker.SharedBroker.check_serves`) holds.
+launch check (:meth:`harness.runtime.broker.SharedBroker.check_serves`) holds; the broker's
+own port is kept there too (:data:`BROKER_PORT`), so every broker of the run on the node
+serves at one address. A recorded port is used again only while it is free or held by the
+run's own broker or services (:func:`node_ports`): ``--resume`` may find it taken.
 
 Placement is the node's own: the broker is planned by the shard that starts it, from this
 node's GPU inventory restricted to the devices the engine assigned to that shard
@@ -33,6 +36,18 @@ run's that joined ``harness up``'s broker is. A cancelled shard that leaves no o
 joined stops the broker at once (:func:`stop_if_unjoined`). On Ray the broker ends with the
 run's job at the latest: Ray kills the processes its workers started when the job ends, and
 the broker's watchdog (:mod:`harness.runtime.watchdog`) then stops its services.
+
+When it goes away under joined shards: the broker is a process of the engine's task of the
+shard that started it (``started-by.json`` names that shard). On Slurm a ``scancel`` of that
+task ends it — process tracking ends every process of a task, and on a real cluster it is a
+cgroup, which no detaching escapes — while the node's other shards are joined. So each
+joined shard watches the broker's process while its command runs (:class:`BrokerWatch`);
+once it is gone, the first to take the node's lock starts a new broker for the run (same
+port, same services from the same store paths on the same ports) and every one joins it
+again with the token its command holds: the command's address and token answer again. The
+shard's record lists each such restart and why (:func:`broker_gone_cause`: "the node's
+broker, started by shard N, was cancelled with it"); a command whose call failed meanwhile
+fails naming it.
 """
 
 from __future__ import annotations
@@ -58,6 +73,22 @@ LINGER_S = 30.0
 _JOIN_TRIES = 5
 
 PORTS_FILE = "ports.json"
+#: The node's broker's own port in ``ports.json``: no service's name (those start with a
+#: letter or digit), so every broker of the run on the node serves at the same URL.
+BROKER_PORT = "(broker)"
+#: Which shard started the node's broker (:func:`join_node_broker`), beside ``ports.json``.
+STARTER_FILE = "started-by.json"
+#: How often a joined shard looks whether its node's broker still runs (:class:`BrokerWatch`).
+WATCH_S = 0.5
+#: Tries to join again once the broker went away: its services may hold their ports for a
+#: while (a task's processes get SIGTERM, then SIGKILL after Slurm's KillWait).
+_REJOIN_TRIES = 20
+#: How long the harness client in a shard's command waits for the node's broker started
+#: again (``HARNESS_BROKER_WAIT``) before an acquire fails: the rejoin's tries and a load.
+COMMAND_WAIT_S = 120.0
+#: How long a shard whose node's broker went away waits for the shard that started it to
+#: end too before it says whether the broker went with it (Slurm's default KillWait).
+STARTER_WAIT_S = 30.0
 
 #: The broker process each node state folder's first shard started ahead (:func:`park_broker`),
 #: until :func:`join_node_broker` hands it its plan or :func:`unpark_broker` ends it. A Ray
@@ -72,7 +103,12 @@ def node_state_dir(home: Path, run_id: str) -> Path:
 
 def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
     """The ports of the run's local ``names`` on this node: chosen by the first shard here
-    (free ones now) and kept in ``ports.json``, read by every later one."""
+    (free ones now) and kept in ``ports.json``, read by every later one.
+
+    A recorded port is kept only while it is free, or held by this run's own broker on the
+    node or a service it started (:func:`held_by_run`): ``--resume`` of a run days later
+    finds ports that other processes may hold by then. Another's port is chosen again and
+    the file rewritten, under its lock, so every shard of the run here reads the new one."""
     from filelock import FileLock
 
     from harness.runtime.supervisor import make_state_dir, write_private
@@ -81,23 +117,79 @@ def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
     with FileLock(str(state_dir / "ports.lock"), timeout=60, mode=0o600):
         path = state_dir / PORTS_FILE
         known: dict[str, int] = json.loads(path.read_text()) if path.is_file() else {}
-        missing = [n for n in names if n not in known]
+        taken = [n for n in names if n in known and not port_free(int(known[n]))]
+        if taken:
+            ours = held_by_run(state_dir)
+            taken = [n for n in taken if not listeners(int(known[n])) & ours]
+        missing = [n for n in names if n not in known or n in taken]
         if missing:
-            chosen = free_ports(len(missing))
+            chosen = free_ports(len(missing), avoid={int(p) for n, p in known.items() if n not in missing})
             known.update(zip(missing, chosen, strict=False))
             write_private(path, json.dumps(known, sort_keys=True))  # 0600, as the rest of the folder
     return {n: int(known[n]) for n in names}
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on loopback now (the kernel picks them)."""
-    sockets = []
+def port_free(port: int) -> bool:
+    """Whether a server could bind ``port`` on loopback now (as the broker and the services
+    bind theirs: with ``SO_REUSEADDR``, so a port a closed server left in TIME_WAIT is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def listeners(port: int) -> set[int]:
+    """The pids of this user's processes listening on TCP ``port`` (another user's are not
+    shown: they are never the run's)."""
+    import psutil
+
     try:
-        for _ in range(count):
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.Error:
+        return set()
+    return {
+        c.pid for c in connections if c.pid is not None and c.status == psutil.CONN_LISTEN and c.laddr[1:2] == (port,)
+    }
+
+
+def held_by_run(state_dir: Path) -> set[int]:
+    """The pids of the run's own processes on this node: its live broker serving
+    ``state_dir`` and what it started, and the services its pid files name (alive). Empty
+    when none runs."""
+    import psutil
+
+    from harness.runtime.broker import read_state
+    from harness.runtime.supervisor import read_pidfiles
+
+    roots: set[int] = {r.pid for r in read_pidfiles(state_dir) if r.alive}
+    state = read_state(state_dir)
+    if state is not None:
+        roots.add(int(state["pid"]))
+    pids = set(roots)
+    for pid in roots:
+        try:
+            pids.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            continue
+    return pids
+
+
+def free_ports(count: int, avoid: set[int] | None = None) -> list[int]:
+    """``count`` distinct TCP ports free on loopback now (the kernel picks them), none of
+    ``avoid``."""
+    sockets: list[socket.socket] = []
+    chosen: list[int] = []
+    try:
+        while len(chosen) < count:  # each kept bound while the others are chosen: all distinct
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind(("127.0.0.1", 0))
             sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
+            if sock.getsockname()[1] not in (avoid or set()):
+                chosen.append(sock.getsockname()[1])
+        return chosen
     finally:
         for sock in sockets:
             sock.close()
@@ -127,12 +219,22 @@ def unpark_broker(state_dir: Path) -> bool:
 
 
 def join_node_broker(
-    state_dir: Path, prepared: Prepared, run: str, pid: int, timeout: float | None = None
+    state_dir: Path,
+    prepared: Prepared,
+    run: str,
+    pid: int,
+    timeout: float | None = None,
+    *,
+    token: str | None = None,
+    tries: int = _JOIN_TRIES,
 ) -> tuple[SharedBroker, dict[str, str]]:
     """Join this node's broker for the run as ``run`` (process ``pid``), starting it if none
     serves ``state_dir`` (or the one there is ending itself), with the plan's resident
-    services up. Returns the broker and what the shard's command needs to reach it (a token
-    of the shard's own). Raises :class:`HarnessError` naming what did not come up."""
+    services up, on the broker's port of ``ports.json`` (the same URL for every broker of the
+    run here). Returns the broker and what the shard's command needs to reach it (a token of
+    the shard's own: ``token``, the one its command holds, when it joins again). The shard
+    that starts it is named in ``started-by.json``. Raises :class:`HarnessError` naming what
+    did not come up."""
     from harness.runtime.broker import SharedBroker, spawn, start_failure
     from harness.runtime.session import broker_options
 
@@ -145,7 +247,9 @@ def join_node_broker(
     }
     names = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in prepared.specs]
     last: HarnessError | None = None
-    for attempt in range(_JOIN_TRIES):
+    for attempt in range(tries):
+        if SharedBroker.find(state_dir) is None:  # one may start: on the run's broker port here
+            options["port"] = node_ports(state_dir, (BROKER_PORT,))[BROKER_PORT]
         try:
             status = spawn(
                 prepared.plan,
@@ -158,22 +262,142 @@ def join_node_broker(
             )
         except HarnessError as exc:  # one ending itself as we came: its state goes, try again
             last = exc
-            time.sleep(0.5 * (attempt + 1))
+            time.sleep(min(0.5 * (attempt + 1), 3.0))
             continue
         if status["broker"].get("up_errors"):  # a service that did not come up: no retry
             raise start_failure(status["broker"]["up_errors"], hint=f"the node's broker: {state_dir}")
         try:
             shared = SharedBroker.find(state_dir)
             if shared is not None:
+                if status["broker"].get("spawned"):
+                    _note_starter(state_dir, run, pid, shared.pid)
                 shared.check_serves(prepared.specs, list(prepared.specs))
-                return shared, shared.join_run(run, pid)
+                return shared, shared.join_run(run, pid, token)
         except HarnessError as exc:
             last = exc
-        time.sleep(0.5 * (attempt + 1))
+        time.sleep(min(0.5 * (attempt + 1), 3.0))
     raise HarnessError(
         f"cannot start or join the node's broker in {state_dir}" + (f": {last.message}" if last else ""),
         hint=f"its log: {state_dir / 'logs' / 'broker.log'}",
     )
+
+
+def _note_starter(state_dir: Path, run: str, pid: int, broker_pid: int) -> None:
+    """Name the shard that started the node's broker (``started-by.json``): a broker that
+    goes away with that shard's task is told by it (:class:`BrokerWatch`)."""
+    from harness.runtime.parking import process_identity
+    from harness.runtime.supervisor import write_private
+
+    write_private(
+        state_dir / STARTER_FILE,
+        json.dumps({"run": run, "pid": pid, "process": process_identity(pid), "broker_pid": broker_pid}),
+    )
+
+
+class BrokerWatch:
+    """A joined shard's watch on its node's broker, while the shard's command runs.
+
+    On Slurm, the broker is a process of the task of the shard that started it: a
+    ``scancel`` of that task ends it (a cgroup holds every process of a task; no detaching
+    escapes it), and with it the services the node's other shards use. The watch looks at
+    the broker's process every :data:`WATCH_S` seconds; once it is gone, the shard joins
+    again (:func:`join_node_broker`): the first surviving shard there starts a new broker
+    under the node's lock, on the same broker port and with the services on the same
+    ``ports.json`` ports, from the same store paths; the others join it. Each keeps the
+    token its command holds, so the command's ``HARNESS_BROKER`` and token still answer.
+    :attr:`restarts` says what happened, for the shard's record."""
+
+    def __init__(
+        self, state_dir: Path, prepared: Prepared, run: str, pid: int, shared: SharedBroker, token: str
+    ) -> None:
+        import threading
+
+        from harness.runtime.parking import process_identity
+
+        self.state_dir, self.prepared, self.run, self.pid = state_dir, prepared, run, pid
+        self.shared, self.token = shared, token
+        self.restarts: list[dict[str, Any]] = []
+        self._broker = process_identity(shared.pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="node-broker-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> SharedBroker:
+        """Stop watching (the shard's command ended); the broker the shard is joined to now."""
+        self._stop.set()
+        self._thread.join(timeout=120)
+        return self.shared
+
+    def _loop(self) -> None:
+        from harness.runtime.parking import names_live_process
+
+        while not self._stop.wait(WATCH_S):
+            if not names_live_process(self._broker):
+                self.restarts.append(self._rejoin())
+
+    def _rejoin(self) -> dict[str, Any]:
+        """Join the node's broker again, started anew here or by another surviving shard;
+        what happened, as the record keeps it."""
+        from harness.runtime.parking import process_identity
+
+        gone = int(self._broker["pid"])
+        starter = _read_json(self.state_dir / STARTER_FILE)
+        event: dict[str, Any] = {"at": time.time(), "gone_pid": gone, "started_by": starter.get("run")}
+        try:
+            self.shared, _ = join_node_broker(
+                self.state_dir, self.prepared, self.run, self.pid, token=self.token, tries=_REJOIN_TRIES
+            )
+        except HarnessError as exc:
+            self._stop.set()  # nothing more to watch: the command's calls fail, the record says why
+            event["error"] = exc.message
+        else:
+            self._broker = process_identity(self.shared.pid)
+            event.update(new_pid=self.shared.pid, restarted_by=_read_json(self.state_dir / STARTER_FILE).get("run"))
+        # A cancelled task's processes get SIGTERM at once and SIGKILL after Slurm's KillWait:
+        # the shard that started the broker may outlive it by that long (submitit's runner
+        # ignores SIGTERM). Asked once the services are back, so the wait costs no episode.
+        if starter.get("run") != self.run:
+            _wait_gone(starter.get("process"), STARTER_WAIT_S)
+        event["cause"] = cause = broker_gone_cause(gone, starter, self.run)
+        if "error" in event:
+            event["reason"] = f"{cause}; no new one could be started: {event['error']}"
+        else:
+            by = "this shard" if event["restarted_by"] == self.run else event["restarted_by"] or "another shard"
+            event["reason"] = f"{cause}; {by} started a new one (pid {event['new_pid']}) on the same ports"
+        return event
+
+
+def _wait_gone(identity: object, seconds: float) -> None:
+    """Wait at most ``seconds`` for the process ``identity`` names to end."""
+    from harness.runtime.parking import names_live_process
+
+    deadline = time.monotonic() + seconds
+    while names_live_process(identity) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def broker_gone_cause(pid: int, starter: Mapping[str, Any], run: str) -> str:
+    """Why the node's broker (process ``pid``) is gone, as far as its ``started-by.json``
+    (``starter``) tells: ended with the task of the shard that started it, or died itself.
+    Pure but for asking whether the starter's process lives."""
+    from harness.runtime.parking import names_live_process
+
+    who = starter.get("run") if starter.get("broker_pid") == pid else None
+    if who is None:
+        return f"the node's broker (pid {pid}) is gone"
+    if who == run:
+        return f"the node's broker (pid {pid}), started by this shard, is gone"
+    if not names_live_process(starter.get("process")):
+        return f"the node's broker (pid {pid}), started by {who}, was cancelled with it"
+    return f"the node's broker (pid {pid}), started by {who}, is gone while {who} still runs"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def gpu_use(given: list[str] | None, launches: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:

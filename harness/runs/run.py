@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from harness.runs.record import (
 
 if TYPE_CHECKING:  # the models and the broker load only when a run starts
     from harness.runs.closures import Difference
+    from harness.runs.nodebroker import BrokerWatch
     from harness.manifests.model import BenchmarkManifest
     from harness.runs.resets import RecordingBroker
     from harness.runtime.broker import SharedBroker
@@ -136,6 +137,9 @@ def run(
     finally:
         foreign = broker.foreign(prepared.specs)
         unknown = broker.stop(interrupted=exit_status == 130)
+        if broker.restarts:  # the node's broker went away while the shard ran: the record says so
+            config["broker"]["restarts"] = broker.restarts
+            write_json(run_dir / "config.json", config)
         score = _record_result(run_dir, run_id, started, exit_status, [*prepared.impurities, *unknown], foreign)
         run_roots.close()  # the record's lock.json roots it now (the last N runs are kept)
     return RunOutcome(run_id, run_dir, exit_status, score)
@@ -363,6 +367,10 @@ class _RunBroker:
     joined: Path | None = None  # the run's folder, once it joined the shared broker
     #: the state folder of the broker a cluster run's shards share on this node
     node: Path | None = None
+    #: the shard's watch on that broker while its command runs, joining a new one should it go
+    watch: BrokerWatch | None = None
+    #: what the watch saw: each time the node's broker went away, and the one joined instead
+    restarts: list[dict[str, Any]] = field(default_factory=list)
 
     def start(self, prepared: Prepared, run_dir: Path) -> tuple[str, dict[str, str]]:
         """Start the resident services (before the command starts); the broker's address
@@ -374,11 +382,17 @@ class _RunBroker:
         # meet the broker's refusal.
         hint = f"the command was not started; the run's record: {run_dir}"
         if self.node is not None:
-            from harness.runs.nodebroker import join_node_broker
+            from harness.runs.nodebroker import COMMAND_WAIT_S, BrokerWatch, join_node_broker
 
             self.shared, env = join_node_broker(self.node, prepared, _joined_name(run_dir), os.getpid())
             self.joined = run_dir
-            return self.shared.url, env
+            # Should the broker go (on Slurm, with the task of the shard that started it), the
+            # shard joins a new one on the same URL, keeping its command's token.
+            self.watch = BrokerWatch(
+                self.node, prepared, _joined_name(run_dir), os.getpid(), self.shared, env["HARNESS_BROKER_TOKEN"]
+            )
+            # harness.client's acquires wait that long for it rather than fail meanwhile
+            return self.shared.url, {**env, "HARNESS_BROKER_WAIT": f"{COMMAND_WAIT_S:g}"}
         if self.shared is not None:
             specs = prepared.specs
             residents = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in specs]
@@ -436,6 +450,9 @@ class _RunBroker:
                 write_events(self.own.state_dir.parent / EVENTS_FILE, self.own.events_since(0))
             except OSError:
                 pass  # the record matters more than its timeline
+        if self.watch is not None:
+            self.shared = self.watch.stop()
+            self.restarts = list(self.watch.restarts)
         if self.shared is None or self.joined is None:
             return []
         from harness.runs.resets import RESETS_FILE, write_resets

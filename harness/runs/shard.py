@@ -204,6 +204,7 @@ def run_shard(
             )
         result.update(_verdict(job, folder, outcome.exit_status, outcome.score))
         result["gpus"] = _gpus_of(folder)
+        _note_broker_restarts(result, folder)
     except HarnessError as exc:
         from harness.runs.groups import TargetRefused
         from harness.runs.run import ClosureMismatch
@@ -236,6 +237,24 @@ def _gpus_of(folder: Path) -> dict[str, Any] | None:
     except HarnessError:
         return None
     return gpus if isinstance(gpus, dict) else None
+
+
+def _note_broker_restarts(result: dict[str, Any], folder: Path) -> None:
+    """The times the node's broker went away while the shard ran and the one it joined
+    instead (:class:`harness.runs.nodebroker.BrokerWatch`), as its run recorded them; a shard
+    that failed then names that as the cause."""
+    from harness.runs.record import read_json
+
+    try:
+        restarts = read_json(folder / "config.json").get("broker", {}).get("restarts")
+    except HarnessError:
+        return
+    if not isinstance(restarts, list) or not restarts:
+        return
+    result["broker_restarts"] = restarts
+    if result.get("status") == "failed":
+        told = "; ".join(str(r.get("reason")) for r in restarts if isinstance(r, dict))
+        result["reason"] = f"{result.get('reason')}, after {told}"
 
 
 def _shard_environment(job: ShardJob) -> dict[str, str]:

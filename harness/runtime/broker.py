@@ -133,7 +133,7 @@ from filelock import FileLock, Timeout
 from harness.errors import HarnessError
 from harness.runtime import metrics, supervisor, watchdog, webui
 from harness.runtime.launch import LaunchSpec, env_as_delta, env_from_delta, recorded_environment
-from harness.runtime.parking import Parked, broker_env, waiting_parked
+from harness.runtime.parking import PARKED_PREFIX, Parked, broker_env, start_broker_process, waiting_parked
 from harness.runtime.recordkey import record_key
 from harness.runtime.plan import Gpu, Plan, RemoteSimulator, ServicePlacement, SimWorker
 from harness.runtime.scheduling import (
@@ -743,11 +743,14 @@ class Broker:
 
     # --------------------------------------------------------------------- joined runs
 
-    def register_run(self, run: str, pid: int | None = None) -> str:
+    def register_run(self, run: str, pid: int | None = None, token: str | None = None) -> str:
         """A run joins (``POST /runs``): a token for its command, whose leases are watched for
-        resets of scoped services until :meth:`end_run` (or until process ``pid`` exits)."""
+        resets of scoped services until :meth:`end_run` (or until process ``pid`` exits).
+        ``token``: the one the run's command already holds, from a broker of the same state
+        folder that is gone (a cluster node's broker started again, harness/runs/nodebroker.py),
+        so the command goes on with it; else a new one."""
         create_time = self._client_create_time(pid) if pid is not None else None
-        token = secrets.token_urlsafe(32)
+        token = token or secrets.token_urlsafe(32)
         with self._events_cond:
             first_seq = self._events.last_seq
         with self._lock:
@@ -1274,7 +1277,10 @@ class _Handler(BaseHTTPRequestHandler):
                     raise BrokerError(400, "bad_request", 'runs needs {"run": id}')
                 if pid is not None and not _positive_int(pid):
                     raise BrokerError(400, "bad_request", f'"pid" must be a positive integer, not {pid!r}')
-                self._reply(200, {"token": broker.register_run(name, pid)})
+                kept = data.get("token")  # only the owner's token gets here: a run's is refused above
+                if kept is not None and not (isinstance(kept, str) and re.fullmatch(r"[A-Za-z0-9_-]{32,200}", kept)):
+                    raise BrokerError(400, "bad_request", '"token" must be 32 to 200 URL-safe characters')
+                self._reply(200, {"token": broker.register_run(name, pid, kept)})
             elif self.path == "/runs/end":
                 name = data.get("run")
                 if not isinstance(name, str) or not 0 < len(name) <= 200:
@@ -1811,12 +1817,16 @@ class SharedBroker:
                 hint="harness down, then harness up (or run) again with this project",
             )
 
-    def join_run(self, run: str, pid: int) -> dict[str, str]:
+    def join_run(self, run: str, pid: int, token: str | None = None) -> dict[str, str]:
         """Register run ``run`` (process ``pid``) with this broker: what its command needs to
         reach it, with a token of the run's own whose leases the broker watches for resets of
-        scoped services (:meth:`end_run` hands them back)."""
+        scoped services (:meth:`end_run` hands them back); ``token``: the one its command holds
+        from a broker of this folder that is gone, kept."""
         try:
-            answer = self.request("POST", "/runs", {"run": run, "pid": pid})
+            body: dict[str, Any] = {"run": run, "pid": pid}
+            if token is not None:
+                body["token"] = token
+            answer = self.request("POST", "/runs", body)
         except HarnessError as exc:
             raise HarnessError(
                 f"{exc.message}: this broker cannot record the run's scoped resets",
@@ -2004,16 +2014,7 @@ def _start_detached(
         return parked.launch(handed)
     if handed:
         env[HANDED_SECRETS] = json.dumps(handed)
-    with supervisor.open_private_log(log) as out:
-        return subprocess.Popen(
-            [python, "-m", "harness.runtime.broker", str(state_dir)],
-            cwd=state_dir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    return start_broker_process(python, state_dir, env, log, subprocess.DEVNULL)
 
 
 def _parked_waiting(process: psutil.Process, state_dir: Path) -> bool:
@@ -2089,8 +2090,10 @@ def _main(argv: list[str] | None = None) -> int:
     if args.parked:
         _import_start_path()
         told = _await_plan()
-        if told is None:
-            return 0  # discarded: nothing was started
+        if told is None:  # discarded (or its caller died): nothing was started
+            if args.parked.isalnum():
+                (args.state_dir / f"{PARKED_PREFIX}{args.parked}").unlink(missing_ok=True)
+            return 0
         handed = told
     config = json.loads((args.state_dir / CONFIG_FILE).read_text())
     base = dict(os.environ)  # what spawn() gave us: the services' environments are told against it

@@ -11,7 +11,11 @@ dying) ends it, having started nothing.
 
 While it waits, ``parked.<TOKEN>`` in the state folder says so: ``spawn`` of another caller
 does not take it for a stray broker (:func:`waiting_parked`); ``harness down`` and
-``status`` still see and stop it like any broker process of the folder.
+``status`` still see and stop it like any broker process of the folder. The marker names the
+parked process by its pid and start time; one whose process is gone, or whose pid another
+process now has (a shard killed with SIGKILL before it handed its plan or ended it, or the
+parked process killed itself), is stale: :func:`park` removes it rather than trust it
+(:func:`stale_markers`), and a parked process ended unhanded removes its own.
 
 Light on purpose (the supervisor's helpers, no broker): the caller parks before it imports
 anything else.
@@ -27,6 +31,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from harness.runtime import supervisor
 
@@ -93,25 +99,91 @@ def park(state_dir: Path, python: str = sys.executable) -> Parked | None:
     """Start the broker process of ``state_dir`` ahead of its plan (see the module's
     docstring); None when a broker's ``broker.json`` is there already (it serves, or
     ``spawn`` will find out that it does not), or another caller has one parked there (it
-    will start the broker: a second would only be ended). The caller
-    :meth:`~Parked.discard`\\ s it if it never hands it to ``spawn``."""
+    will start the broker: a second would only be ended). A stale marker (its process gone)
+    is removed first, not trusted. The caller :meth:`~Parked.discard`\\ s it if it never
+    hands it to ``spawn``."""
     state_dir = supervisor.make_state_dir(Path(state_dir))
+    stale_markers(state_dir, remove=True)
     if (state_dir / _STATE_FILE).exists() or any(state_dir.glob(f"{PARKED_PREFIX}*")):
         return None
     token = secrets.token_hex(8)
     env = broker_env()
-    supervisor.write_private(state_dir / f"{PARKED_PREFIX}{token}", f"{os.getpid()}\n")
-    with supervisor.open_private_log(state_dir / "logs" / "broker.log") as out:
-        proc = subprocess.Popen(
-            [python, "-m", "harness.runtime.broker", str(state_dir), "--parked", token],
+    marker = state_dir / f"{PARKED_PREFIX}{token}"
+    # Its caller first (the process is not started yet), then the process itself.
+    supervisor.write_private(marker, json.dumps({"caller": process_identity(os.getpid())}) + "\n")
+    proc = start_broker_process(
+        python, state_dir, env, state_dir / "logs" / "broker.log", subprocess.PIPE, "--parked", token
+    )
+    supervisor.write_private(marker, json.dumps({"process": process_identity(proc.pid)}) + "\n")
+    return Parked(proc, state_dir, env, python, token)
+
+
+def start_broker_process(
+    python: str, state_dir: Path, env: Mapping[str, str], log: Path, stdin: int, *extra: str
+) -> subprocess.Popen[bytes]:
+    """``python -m harness.runtime.broker STATE_DIR [EXTRA…]`` in a session of its own (it
+    outlives its caller), in ``state_dir``, its output appended to ``log``: the one way a
+    detached broker starts, parked (``--parked TOKEN``, ``stdin`` a pipe) or at once
+    (:func:`harness.runtime.broker.spawn`, ``stdin`` ``DEVNULL``)."""
+    with supervisor.open_private_log(log) as out:
+        return subprocess.Popen(
+            [python, "-m", "harness.runtime.broker", str(state_dir), *extra],
             cwd=state_dir,
-            env=env,
-            stdin=subprocess.PIPE,
+            env=dict(env),
+            stdin=stdin,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    return Parked(proc, state_dir, env, python, token)
+
+
+def process_identity(pid: int) -> dict[str, float]:
+    """Process ``pid`` named so that a later reader can tell it from another given the same
+    pid (:func:`names_live_process`): its pid and start time."""
+    try:
+        return {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+    except psutil.Error:
+        return {"pid": pid, "create_time": 0.0}
+
+
+def names_live_process(entry: object, token: str | None = None) -> bool:
+    """Whether ``entry`` (a marker's ``process`` or ``caller``) is a live process with that
+    start time and, given ``token``, the broker process parked under it."""
+    if not isinstance(entry, dict):
+        return False
+    try:
+        process = psutil.Process(int(entry["pid"]))
+        if abs(process.create_time() - float(entry["create_time"])) > 0.05:
+            return False  # the pid is another process's now
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return token is None or token in process.cmdline()
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+
+
+def stale_markers(state_dir: Path, *, remove: bool = False) -> list[Path]:
+    """The ``parked.<token>`` markers of ``state_dir`` whose parked process is gone (or whose
+    pid another process has now): a shard or its parked broker killed with SIGKILL leaves
+    one. A marker being written (its caller alive, the process not started yet) is not
+    stale. ``remove``: delete them (nothing waits on them)."""
+    stale = []
+    for marker in Path(state_dir).glob(f"{PARKED_PREFIX}*"):
+        token = marker.name[len(PARKED_PREFIX) :]
+        try:
+            data = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict) and "process" in data:
+            live = names_live_process(data["process"], token)
+        else:  # the caller was starting it: stale once that caller is gone
+            live = isinstance(data, dict) and names_live_process(data.get("caller"), None)
+        if not live:
+            stale.append(marker)
+    if remove:
+        for marker in stale:
+            marker.unlink(missing_ok=True)
+    return stale
 
 
 def waiting_parked(cmdline: list[str], state_dir: Path) -> bool:
