@@ -41,6 +41,7 @@ import http.client
 import os
 import re
 import tempfile
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -622,6 +623,7 @@ def _open_stream(source: _Source, offset: int, label: str) -> tuple[BinaryIO, in
 
 
 _opener: urllib.request.OpenerDirector | None = None
+_opener_lock = threading.Lock()
 
 
 def open_url(request: urllib.request.Request | str, *, timeout: float) -> Any:
@@ -634,16 +636,16 @@ def open_url(request: urllib.request.Request | str, *, timeout: float) -> Any:
     started with them), with the ALPN and post-handshake settings ``http.client`` gives its
     own; an ``SSLContext`` is safe to share between threads."""
     global _opener
-    opener = _opener
-    if opener is None:
-        import ssl
+    with _opener_lock:  # realize's fetch threads all start at once: one context, not one each
+        if _opener is None:
+            import ssl
 
-        context = ssl.create_default_context()
-        context.set_alpn_protocols(["http/1.1"])
-        if context.post_handshake_auth is not None:
-            context.post_handshake_auth = True
-        # Two threads racing here each build one; either serves, nothing is shared wrongly.
-        opener = _opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+            context = ssl.create_default_context()
+            context.set_alpn_protocols(["http/1.1"])
+            if context.post_handshake_auth is not None:
+                context.post_handshake_auth = True
+            _opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+        opener = _opener
     return opener.open(request, timeout=timeout)
 
 
