@@ -96,8 +96,13 @@ def main() -> int:
         sets = {"harness": env_set, "uv": env_set}
         order = ["harness", "uv"] if args.first == "harness" else ["uv", "harness"]
         for label, path in baselines.items():
+            # PYTHONSAFEPATH: ``-m`` would otherwise put the working directory first on sys.path,
+            # and run from a checkout that is this tree's harness, not the baseline's.
             sets[label] = EnvSet(
-                args.set, project, scratch, ["env", f"PYTHONPATH={path}", sys.executable, "-m", "harness"]
+                args.set,
+                project,
+                scratch,
+                ["env", f"PYTHONPATH={path}", "PYTHONSAFEPATH=1", sys.executable, "-m", "harness"],
             )
             order.insert(1, label)
         for attempt in range(args.runs):

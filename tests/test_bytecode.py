@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.lock.lockfile import read
-from harness.realize.bytecode import CompileReport, ReuseFrom, compile_tree, cpu_count, pyc_name
+from harness.realize.bytecode import CompileReport, ReuseFrom, compile_tree, cpu_count, fresh_entries, pyc_name
 from harness.realize.standin import realized_lock
 from harness.store.bytecode import BytecodeIndex, entry_key, prune
 from harness.store.gc import collect, pin
@@ -127,9 +127,15 @@ def test_reuse_takes_verified_pycs_from_the_pool_and_gc_keeps_the_index_consiste
     reuse = ReuseFrom(store.root, interpreter)
     reports: list[CompileReport] = []
     first = "1" * 32 + "-first-env"
-    store.add(first, "environment", env_builder(reuse, reports))
+    digests: dict[str, str] = {}
+    store.add(first, "environment", env_builder(reuse, reports), digests=digests)
     assert reports[0].reused == 0 and len(reports[0].fresh) == len(MODULES) + 1
-    assert reuse.index.record(first, reports[0].fresh) == len(MODULES) + 1
+    # Each fresh pyc's digest is the one the seal read it for: its bytes' blake3, as registered.
+    entries = fresh_entries(reports[0], digests)
+    assert sorted(pyc for _, pyc in entries) == sorted(
+        file_blake3(store.root / first / name) for _, name in reports[0].fresh
+    )
+    assert reuse.index.record(first, entries) == len(MODULES) + 1
 
     second = "2" * 32 + "-second-env"
     store.add(second, "environment", env_builder(reuse, reports))

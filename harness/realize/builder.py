@@ -1303,7 +1303,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
     store's bytecode index, so the next environment on this interpreter takes them from the
     pool (``harness/store/bytecode.py``)."""
     from harness.lock.objects import built_wheel_path
-    from harness.realize.bytecode import ReuseFrom
+    from harness.realize.bytecode import ReuseFrom, fresh_entries
     from harness.realize.environment import EnvironmentBuild, build_environment, wheel_embedded_paths
 
     store = ctx.store
@@ -1367,8 +1367,17 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
         embedded = (*result.embedded_paths, *(f"{wheel} (built from its sdist)" for wheel in unreproducible))
         return BuildResult(obtained=f"uv {lock.uv}" + _not_reproducible(embedded))
 
-    store.add(lock.environment.store, "environment", build, references=tuple(references), progress=ctx.progress)
-    # Registered: its pycs are in the pool now (the environment kind's files are shared).
+    digests: dict[str, str] = {}
+    store.add(
+        lock.environment.store,
+        "environment",
+        build,
+        references=tuple(references),
+        progress=ctx.progress,
+        digests=digests,
+    )
+    # Registered: its pycs are in the pool now (the environment kind's files are shared),
+    # under the digests the seal read them for.
     for result in built:
         if result.bytecode is not None and result.bytecode.fresh:
-            reuse.index.record(lock.environment.store, result.bytecode.fresh)
+            reuse.index.record(lock.environment.store, fresh_entries(result.bytecode, digests))

@@ -54,7 +54,7 @@ import queue
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,8 +108,9 @@ _UNCHECKED_HASH = (1).to_bytes(4, "little")
 
 @dataclass
 class CompileReport:
-    """What :func:`compile_tree` did. ``fresh`` holds ``(index key, pyc blake3)`` of each pyc
-    compiled here (empty without an index); ``failed`` the relative names that did not compile."""
+    """What :func:`compile_tree` did. ``fresh`` holds ``(index key, pyc name relative to the
+    root)`` of each pyc compiled here (empty without an index), for :func:`fresh_entries` once
+    the tree is sealed; ``failed`` the relative names that did not compile."""
 
     total: int = 0
     reused: int = 0
@@ -133,19 +134,21 @@ def sources(root: Path, folders: Iterable[Path]) -> list[str]:
     found: list[str] = []
 
     def walk(relative: str) -> None:
+        # scandir's entry types come with the listing: no stat per file but for symlinks.
         try:
-            names = sorted(os.listdir(os.path.join(root, relative)))
+            with os.scandir(os.path.join(root, relative)) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
         except OSError:
             return
-        for name in names:
+        for entry in entries:
+            name = entry.name
             if name == "__pycache__":
                 continue
             full = os.path.join(relative, name)
-            absolute = os.path.join(root, full)
-            if os.path.isdir(absolute):
-                if not os.path.islink(absolute):
+            if entry.is_dir():
+                if not entry.is_symlink():
                     walk(full)
-            elif name.endswith(".py") and "\n" not in name and os.path.isfile(absolute):
+            elif name.endswith(".py") and "\n" not in name and entry.is_file():
                 found.append(full)
 
     for folder in folders:
@@ -217,17 +220,17 @@ def compile_tree(
         raise stopped[0]
     report.failed.sort()
     if keys:
-        from harness.store.hashing import file_blake3
-
         failed = set(report.failed)
-        for name in todo:
-            if name in keys and name not in failed:
-                pyc = root / pyc_name(name, tag)
-                try:
-                    report.fresh.append((keys[name], file_blake3(pyc)))
-                except (OSError, HarnessError):
-                    continue
+        report.fresh = [(keys[name], pyc_name(name, tag)) for name in todo if name in keys and name not in failed]
     return report
+
+
+def fresh_entries(report: CompileReport, digests: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(index key, pyc blake3)`` of each pyc ``report`` compiled, its digest taken from
+    ``digests`` (relative name -> blake3: what the store's seal read for the pool,
+    ``Store.add(digests=…)``), so no pyc is read again to be recorded; one the seal did not
+    list is left out (the index is a hint: that file is compiled again next time)."""
+    return [(key, digests[name]) for key, name in report.fresh if name in digests]
 
 
 def cache_tag(python: Path) -> str:

@@ -21,7 +21,8 @@ the directory; nothing inside it names the directory). Two ways to get one:
   - ``bin/python3.X`` (the real executable; ``python3`` and ``python`` as relative symlinks);
   - the standard library ``<platlibdir>/python3.X`` with ``lib-dynload``, but without the
     contents of ``site-packages`` (the folder stays, empty: environments bring their own),
-    without ``test/`` (CPython's own test suite, 120 MB, never imported by services) and
+    without ``test/`` (CPython's own test suite, 120 MB, never imported by services) or the
+    test suites some packages carry (``ctypes/test``, ``idlelib/idle_test``…), and
     without ``config-3.X-*`` (``libpython3.X.a`` and the Makefile serve static embedding,
     not building extensions);
   - ``libpython3.X.so*`` when the build is shared (``Py_ENABLE_SHARED``);
@@ -571,6 +572,22 @@ def _host_layout(probe: _Probe, minor: str) -> dict[str, str]:
     return layout
 
 
+#: The test suites some standard library packages carry inside themselves (3.8 to 3.13), left
+#: out of a host copy as ``test/`` is: never imported by a service, and a quarter of the
+#: files a copy would compile (``ctypes/test``, ``idlelib/idle_test``, ...: 236 of 969 in 3.11).
+_PACKAGE_TESTS = frozenset(
+    {
+        ("ctypes", "test"),
+        ("distutils", "tests"),
+        ("idlelib", "idle_test"),
+        ("lib2to3", "tests"),
+        ("sqlite3", "test"),
+        ("tkinter", "test"),
+        ("unittest", "test"),
+    }
+)
+
+
 def _copy_host(probe: _Probe, layout: dict[str, str], out: Path, *, check: Callable[[], None] = lambda: None) -> None:
     """Copy the installation ``probe`` found into ``out``; ``check`` is called for every
     folder (an interrupted realize stops there: :meth:`harness.progress.Phase.check`)."""
@@ -586,8 +603,11 @@ def _copy_host(probe: _Probe, layout: dict[str, str], out: Path, *, check: Calla
     def ignore(folder: str, names: list[str]) -> set[str]:
         check()
         skip = {n for n in names if n == "__pycache__"}
-        if Path(folder) == stdlib:
+        where = Path(folder)
+        if where == stdlib:
             skip |= {n for n in names if n in ("test", "site-packages", "dist-packages") or n.startswith("config-")}
+        elif where.parent == stdlib:
+            skip |= {n for n in names if (where.name, n) in _PACKAGE_TESTS}
         return skip
 
     shutil.copytree(stdlib, out / layout["stdlib"], ignore=ignore, symlinks=False)

@@ -27,14 +27,14 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from html.parser import HTMLParser
 from pathlib import Path, PurePosixPath
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import SplitResult, unquote, urljoin, urlsplit
 
 from packaging.utils import canonicalize_name
 
-from harness.download import TIMEOUT_S, redact, split_credentials
+from harness.download import TIMEOUT_S, open_url, redact, split_credentials
 from harness.config import Settings
 from harness.errors import HarnessError
 from harness.resolve.uvtool import run_uv
@@ -47,7 +47,7 @@ _lock = threading.Lock()
 #: (UV_DEFAULT_INDEX, UV_INDEX_URL) as seen when asked -> what uv said its default index is.
 _default_urls: dict[tuple[str | None, str | None], str] = {}
 #: (index URL, normalized project) -> file name -> URL; None for a project the index lacks.
-_pages: dict[tuple[str, str], dict[str, str] | None] = {}
+_pages: dict[tuple[str, str], _Page | None] = {}
 _page_locks: dict[tuple[str, str], threading.Lock] = {}
 
 
@@ -132,10 +132,11 @@ def read_linked_file(index_url: str, project: str, file_name: str, *, index_name
     not link it or the index has no such project. At most ``limit`` bytes; HarnessError
     naming the index when it cannot be read or is larger."""
     shown = repr(index_name)
-    files = _project_files(index_url, project, shown) or {}
-    url = next((u for n, u in files.items() if n.lower() == file_name.lower()), None)
-    if url is None:
+    files = _project_files(index_url, project, shown)
+    name = next((n for n in files or () if n.lower() == file_name.lower()), None)
+    if files is None or name is None:
         return None
+    url = files[name]
     bare, auth = split_credentials(url)
     if bare.startswith("file://"):
         path = Path(urllib.request.url2pathname(urlsplit(bare).path))
@@ -149,7 +150,7 @@ def read_linked_file(index_url: str, project: str, file_name: str, *, index_name
         for key, value in auth.items():
             request.add_unredirected_header(key, value)
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            with open_url(request, timeout=TIMEOUT_S) as response:
                 data = response.read(limit + 1)
         except urllib.error.HTTPError as exc:
             exc.close()
@@ -174,7 +175,7 @@ def clear_cache() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _project_files(index_url: str, project: str, shown: str) -> dict[str, str] | None:
+def _project_files(index_url: str, project: str, shown: str) -> _Page | None:
     """File name -> URL for ``project`` on the index (cached); None when it has no such project."""
     key = (index_url.rstrip("/"), canonicalize_name(project))
     with _lock:
@@ -191,7 +192,7 @@ def _project_files(index_url: str, project: str, shown: str) -> dict[str, str] |
         return files
 
 
-def _read_project_page(index_url: str, project: str, shown: str) -> dict[str, str] | None:
+def _read_project_page(index_url: str, project: str, shown: str) -> _Page | None:
     bare, auth = split_credentials(index_url)
     if bare.startswith("file://"):
         return _read_file_page(bare, project, shown)
@@ -200,7 +201,7 @@ def _read_project_page(index_url: str, project: str, shown: str) -> dict[str, st
     for key, value in auth.items():
         request.add_unredirected_header(key, value)  # credentials never follow a redirect elsewhere
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+        with open_url(request, timeout=TIMEOUT_S) as response:
             final_url = response.geturl()
             content_type = response.headers.get_content_type()
             body = response.read()
@@ -217,17 +218,17 @@ def _read_project_page(index_url: str, project: str, shown: str) -> dict[str, st
         links = _json_links(body, shown, page_url)
     else:
         links = _html_links(body.decode("utf-8", errors="replace"))
-    return _absolute(links, final_url, index_url)
+    return _Page(links, final_url, index_url)
 
 
-def _read_file_page(bare: str, project: str, shown: str) -> dict[str, str] | None:
+def _read_file_page(bare: str, project: str, shown: str) -> _Page | None:
     root = Path(urllib.request.url2pathname(urlsplit(bare).path))
     page = root / project / "index.html"
     if not page.is_file():
         if not root.is_dir():
             raise HarnessError(f"index {shown}: {root} is not a folder")
         return None
-    return _absolute(_html_links(page.read_text(errors="replace")), page.as_uri(), bare)
+    return _Page(_html_links(page.read_text(errors="replace")), page.as_uri(), bare)
 
 
 def _json_links(body: bytes, shown: str, page_url: str) -> list[tuple[str, str]]:
@@ -280,23 +281,44 @@ def _html_links(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def _absolute(links: list[tuple[str, str]], page_url: str, index_url: str) -> dict[str, str]:
-    """Resolve links against the page, drop fragments, and carry index credentials to its host."""
-    index = urlsplit(index_url)
-    files: dict[str, str] = {}
-    for name, href in links:
-        url = urljoin(page_url, href).split("#", 1)[0]
-        target = urlsplit(url)
-        if (
-            index.username is not None
-            and target.hostname == index.hostname
-            and target.port == index.port
-            and target.username is None
-        ):
-            # Same host as a credentialed index: the file needs the same credentials.
-            url = url.replace(f"{target.scheme}://", f"{target.scheme}://{index.netloc.rsplit('@', 1)[0]}@", 1)
-        files.setdefault(name, url)
-    return files
+class _Page(Mapping[str, str]):
+    """A project page's files, name -> absolute URL, each URL resolved when it is asked for:
+    a page lists thousands of files (every release's wheels) and a lock asks for one or two,
+    and resolving a link (``urljoin``, ``urlsplit``) costs more than reading it."""
+
+    def __init__(self, links: list[tuple[str, str]], page_url: str, index_url: str) -> None:
+        self._hrefs: dict[str, str] = {}
+        for name, href in links:
+            self._hrefs.setdefault(name, href)  # the first link of a name counts
+        self._page_url = page_url
+        self._index = urlsplit(index_url)
+
+    def __getitem__(self, name: str) -> str:
+        return _absolute(self._hrefs[name], self._page_url, self._index)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._hrefs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._hrefs)
+
+    def __len__(self) -> int:
+        return len(self._hrefs)
+
+
+def _absolute(href: str, page_url: str, index: SplitResult) -> str:
+    """Resolve a link against the page, drop its fragment, and carry index credentials to its host."""
+    url = urljoin(page_url, href).split("#", 1)[0]
+    target = urlsplit(url)
+    if (
+        index.username is not None
+        and target.hostname == index.hostname
+        and target.port == index.port
+        and target.username is None
+    ):
+        # Same host as a credentialed index: the file needs the same credentials.
+        url = url.replace(f"{target.scheme}://", f"{target.scheme}://{index.netloc.rsplit('@', 1)[0]}@", 1)
+    return url
 
 
 __all__ = ["clear_cache", "default_index_url", "find_file_urls", "index_address", "read_linked_file"]

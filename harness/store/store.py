@@ -428,6 +428,7 @@ class Store:
         references: tuple[str, ...] = (),
         expected_content: str | None = None,
         progress: Reporter = QUIET,
+        digests: dict[str, str] | None = None,
     ) -> Record:
         """Build ``name`` with ``build(out)`` unless registered; return its record.
 
@@ -436,7 +437,10 @@ class Store:
         object's content hash, else nothing is registered and StoreError names both.
         A failing builder leaves the store exactly as before. ``progress`` shows what
         follows the build (sharing files, hashing, registering) as one phase; the builder
-        shows its own.
+        shows its own. ``digests``, when given, receives the blake3 (hex) of each file of a
+        shared kind that the seal read to pool it, by its path relative to ``out`` (POSIX
+        spelling): files that were pool inodes already are not read and not listed. The
+        bytecode index takes a fresh pyc's digest from here rather than reading it again.
         """
         if kind not in KINDS:
             raise ValueError(f"unknown store object kind {kind!r}")
@@ -464,7 +468,7 @@ class Store:
                 out = scratch / "out"
                 result = build(out) or BuildResult()
                 with progress.phase(f"hashing and registering {kind} {_display_name(name)}") as phase:
-                    digest = self._seal_and_hash(out, kind, name)
+                    digest = self._seal_and_hash(out, kind, name, digests=digests)
                     phase.summary = format_bytes(digest.nar_size)
                     if claimed is not None:
                         if expected_content is not None and digest.hash != expected_content:
@@ -580,7 +584,13 @@ class Store:
         return now
 
     def _seal_and_hash(
-        self, out: Path, kind: str, name: str, *, fingerprints: list[tuple[int, dict[str, Entry]]] | None = None
+        self,
+        out: Path,
+        kind: str,
+        name: str,
+        *,
+        fingerprints: list[tuple[int, dict[str, Entry]]] | None = None,
+        digests: dict[str, str] | None = None,
     ) -> NarDigest:
         """Share, canonicalize and hash a built object (the part of a build after the builder).
 
@@ -595,7 +605,7 @@ class Store:
         if kind in SHARED_KINDS and fingerprints is None:
             # One read of every file, shared and hashed together (hashing.nar_digest's
             # ``files``: as canonicalize leaves it, which then changes no byte).
-            digest = nar_digest(out, files=_Sharer(self, out))
+            digest = nar_digest(out, files=_Sharer(self, out, digests))
             canonicalize(out, keep_top_writable=True)
             return digest
         if kind in SHARED_KINDS:
@@ -890,8 +900,10 @@ class _Sharer:
     to the pool by its bytes' blake3. ``Store._seal_and_hash`` hands it to
     :func:`harness.store.hashing.nar_digest`, which reads each file once for both."""
 
-    def __init__(self, store: Store, out: Path) -> None:
+    def __init__(self, store: Store, out: Path, digests: dict[str, str] | None = None) -> None:
         self.out = out
+        self.digests = digests
+        self._prefix = len(os.fsencode(out)) + 1
         self.links_dir = store.links_dir
         self.links_dir.mkdir(exist_ok=True)
         # Inodes already in the pool (readdir gives them for free): files installed as hard
@@ -908,7 +920,10 @@ class _Sharer:
         return True
 
     def add(self, path: str | bytes, st: os.stat_result, digest: str) -> None:
-        path = os.fsdecode(path)
+        raw = os.fsencode(path)
+        if self.digests is not None:
+            self.digests[os.fsdecode(raw[self._prefix :])] = digest
+        path = os.fsdecode(raw)
         pool = self.links_dir / (digest + ("x" if st.st_mode & 0o111 else ""))
         try:
             os.link(path, pool)
