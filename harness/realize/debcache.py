@@ -1,0 +1,121 @@
+"""The ``.deb`` files of rootfs templates, downloaded into ``$HARNESS_HOME/cache/debs/``.
+
+In a home a lab shares (``harness store init --group``) the folder is the group's: one member's
+download serves the others. It is not sticky, so another member can plant anything under the
+name a download will take, or change a file a member downloaded (group-writable) after the
+check. Nothing planted there is trusted or fails anyone's realize:
+
+* before a download, what stands under its names (``<sha256>.deb``, ``.deb.part``, ``.lock``)
+  and is not what harness would write there is removed: a symlink, a fifo, a folder; a partial
+  file of another member's (this user might not be able to append to it). A regular ``.deb`` of
+  another member's is checked like any download (kept when its size and sha256 are the lock's,
+  replaced otherwise; a huge one is judged by its size without being read);
+* where the shared folder cannot be used (another member made it a link, or closed it) or a
+  planted name cannot be removed, the user's own ``cache/debs-<uid>/`` (0700) takes the
+  download;
+* a ``.deb`` is read once, whole, into memory when a template is built, and its bytes are
+  checked against the lock's sha256 again (:func:`read_checked`): a file another member
+  changed after the download was checked is refused by name, never unpacked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+#: The folder of a home that holds the ``.deb`` downloads.
+FOLDER = Path("cache") / "debs"
+
+
+def shared_folder(home: Path) -> Path:
+    return home / FOLDER
+
+
+def own_folder(home: Path) -> Path:
+    """This user's own folder of downloads, for when the shared one cannot be used."""
+    return home / "cache" / f"debs-{os.geteuid()}"
+
+
+def downloaded(home: Path, sha256: str) -> bool:
+    """Whether a ``.deb`` of ``sha256`` is downloaded in ``home`` (its bytes are checked when
+    it is used)."""
+    return any((folder / f"{sha256}.deb").is_file() for folder in (shared_folder(home), own_folder(home)))
+
+
+def folder_for(home: Path, sha256: str) -> Path:
+    """The folder whose ``<sha256>.deb`` this user downloads into (module doc)."""
+    shared = shared_folder(home)
+    try:
+        shared.mkdir(parents=True, exist_ok=True)
+        usable = stat.S_ISDIR(os.lstat(shared).st_mode) and os.access(shared, os.W_OK | os.X_OK)
+    except OSError:
+        usable = False
+    if usable and _clear(shared, sha256):
+        return shared
+    own = own_folder(home)
+    try:
+        own.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(own)
+    except OSError as exc:
+        raise HarnessError(f"{own}: cannot make the folder of .deb downloads: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        from harness.store.entries import owner_of
+
+        raise HarnessError(
+            f"{own}: not this user's folder of .deb downloads (made by {owner_of(own)})",
+            hint="remove it (its owner or the home's owner can), then realize again",
+        )
+    _clear(own, sha256)
+    return own
+
+
+def _clear(folder: Path, sha256: str) -> bool:
+    """Remove what stands under the download's names and is not what harness writes there;
+    False when something planted cannot be removed."""
+    for name in (f"{sha256}.lock", f"{sha256}.deb", f"{sha256}.deb.part"):
+        path = folder / name
+        try:
+            st = os.lstat(path)
+            if _usable(path, st, own=name.endswith(".part")):
+                continue
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    return True
+
+
+def _usable(path: Path, st: os.stat_result, *, own: bool) -> bool:
+    """A regular file this user can read (and, where ``own``, one of this user's)."""
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    if own:
+        return st.st_uid == os.geteuid()
+    return os.access(path, os.R_OK)
+
+
+def read_checked(path: Path, *, sha256: str, size: int, where: str) -> bytes:
+    """The bytes of the downloaded ``path``, read once (never through a link) and checked
+    against the lock's ``sha256`` and ``size``: HarnessError naming ``where`` otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HarnessError(f"{where}: cannot read the download {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(size + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != size or digest != sha256:
+        from harness.store.entries import owner_of
+
+        raise HarnessError(
+            f"{where}: the download {path} changed after it was checked (now of {owner_of(path)}, "
+            f"{len(data)}{'+' if len(data) > size else ''} bytes, sha256 {digest}; the lock says "
+            f"{size} bytes, sha256 {sha256}); nothing was built from it",
+            hint="realize again: it is downloaded again; in a shared home, ask who changed it",
+        )
+    return data
