@@ -979,3 +979,46 @@ def test_another_members_up_to_date_stamp_decides_nothing(lab: tuple[User, User]
 
         as_user(b, replace)
         assert as_user(a, lambda: stamp(remember=False)[1]) is None
+
+
+def test_settings_another_member_writes_into_the_shared_home_are_not_used(lab: tuple[User, User], home: Path) -> None:
+    """The shared home's folder is group-writable, so b can write its config.toml, naming a
+    binary cache and a signing key of b's (whose signed environments a would then run) and an
+    archive that needs no signature. a, the home's owner, does not take it (a warning names the
+    file and b, once); b takes what b wrote; once a writes the file, both take a's."""
+    import base64
+
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    key = "b-1:" + base64.b64encode(b"\1" * 32).decode()
+    theirs = f'[cache]\nsubstituters = ["file:///srv/b-cache"]\ntrusted-keys = ["{key}"]\n'
+    theirs += "\n[debian-archives.testdeb]\nallow-unsigned = true\n"
+
+    def settings() -> list[Any]:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            first = harness.config.load_settings(home)
+            again = harness.config.load_settings(home)
+        assert first == again
+        try:
+            unsigned: object = first.debian_trust("testdeb").keyring is None
+        except HarnessError as exc:
+            unsigned = exc.message
+        return [first.substituters, first.trusted_keys, unsigned, err.getvalue()]
+
+    as_user(b, lambda: (home / "config.toml").write_text(theirs))
+    substituters, keys, unsigned, err = as_user(a, settings)
+    assert (substituters, keys) == ((), ()) and "names no keyring" in unsigned, (substituters, keys, unsigned)
+    assert f"warning: {home / 'config.toml'}: written by harness-lab-b" in err and err.count("warning") == 1, err
+    substituters, keys, unsigned, err = as_user(b, settings)
+    assert (substituters, keys, unsigned, err) == (("file:///srv/b-cache",), (key,), True, "")
+
+    def write_own() -> None:
+        (home / "config.toml").unlink()  # the home's folder is not sticky
+        (home / "config.toml").write_text('[cache]\nsubstituters = ["file:///srv/lab-cache"]\n')
+        os.chmod(home / "config.toml", 0o644)
+
+    as_user(a, write_own)
+    for member in (a, b):
+        substituters, keys, unsigned, err = as_user(member, settings)
+        assert (substituters, err) == (("file:///srv/lab-cache",), ""), (member.name, substituters, err)
