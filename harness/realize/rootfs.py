@@ -220,9 +220,10 @@ def unpack_deb(deb: IO[bytes], out: Path, package: str, done: Unpacked, *, shown
 
 def _control_relations(control: bytes) -> tuple[set[str], set[str]]:
     """Every name a control file's ``Pre-Depends`` and ``Depends`` mention, and what it ``Provides``."""
-    from harness.resolve.debian import parse_packages, parse_relations
+    from harness.resolve.deb822 import parse_stanzas
+    from harness.resolve.debian import parse_relations
 
-    stanzas = parse_packages(control.decode("utf-8", errors="replace"))
+    stanzas = parse_stanzas(control.decode("utf-8", errors="replace"))
     fields = stanzas[0] if stanzas else {}
     depends = {
         name
