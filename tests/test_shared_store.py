@@ -56,6 +56,10 @@ import harness.realize.debcache
 import harness.realize.install
 import harness.realize.rootfs
 import harness.realize.standin
+import harness.resolve.pins
+import harness.resolve.indexpages
+import harness.resolve.python
+import harness.resolve.sdists
 import harness.store.roots
 import packaging.utils  # noqa: F401  (chosen_file, in the children)
 from harness.cli import main
@@ -1022,3 +1026,77 @@ def test_settings_another_member_writes_into_the_shared_home_are_not_used(lab: t
     for member in (a, b):
         substituters, keys, unsigned, err = as_user(member, settings)
         assert (substituters, err) == (("file:///srv/lab-cache",), ""), (member.name, substituters, err)
+
+
+def _sdist(name: str) -> bytes:
+    """A small sdist (.tar.gz) of project ``name``: a pyproject and a module."""
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for member, text in (
+            ("pyproject.toml", f'[build-system]\nrequires = ["setuptools"]\n[project]\nname = "{name}"\n'),
+            (f"{name}.py", "print('built')\n"),
+        ):
+            data = text.encode()
+            info = tarfile.TarInfo(f"{name}-1.0/{member}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_an_sdist_another_member_changes_after_it_was_checked_is_not_built(lab: tuple[User, User], home: Path) -> None:
+    """Locking reads what an sdist needs to build by unpacking it and asking its backend, from
+    the home's download cache (group-writable). b overwrites a's checked sdist in place between
+    the check and the unpacking: a's lock reads the bytes once and checks them again, refused
+    naming the sdist and both hashes; b's backend never runs as a."""
+    a, b = lab
+    data = _sdist("toy")
+    sdist = harness.resolve.pins.DistFile("toy-1.0.tar.gz", hashlib.sha256(data).hexdigest(), len(data))
+    package = harness.resolve.pins.Package("toy", "1.0", "pypi", sdist=sdist)
+    as_user(a, lambda: init_and_add(home))
+    download = home / "cache" / "downloads" / sdist.sha256
+    fetched, changed = home.parent / "fetched", home.parent / "changed"
+
+    def member_a() -> str:
+        harness.store.shared.apply_group_umask(home)
+        download.write_bytes(data)  # as a download leaves it: checked, group-writable
+        original = harness.resolve.sdists.fetch_sdist
+
+        def fetch_then_wait(*args: Any, **kwargs: Any) -> Path:
+            path = original(*args, **kwargs)
+            fetched.touch()
+            deadline = time.monotonic() + 60
+            while not changed.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return path
+
+        harness.resolve.sdists.fetch_sdist = fetch_then_wait  # type: ignore[assignment]
+        options = harness.resolve.sdists.SdistOptions(
+            indexes=(),
+            settings=harness.config.load_settings(home),
+            cache_dir=home / "cache",
+            scratch=Path(tempfile.mkdtemp(prefix="a-lock-")),
+        )
+        try:
+            return str(harness.resolve.sdists.sdist_build_requirements([package], options))
+        except HarnessError as exc:
+            return f"{exc.message} {exc.hint}"
+
+    finish = start_as_user(a, member_a)
+    try:
+        deadline = time.monotonic() + 60
+        while not fetched.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        evil = _sdist("evil")[: len(data)].ljust(len(data), b"\0")
+
+        def overwrite() -> None:
+            with open(download, "r+b") as handle:
+                handle.write(evil)
+
+        as_user(b, overwrite)
+    finally:
+        changed.touch()
+        refused = finish()
+    assert "toy 1.0 (sdist toy-1.0.tar.gz)" in refused and "changed after it was checked" in refused, refused
+    assert sdist.sha256 in refused and str(download) in refused

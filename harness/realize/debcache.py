@@ -14,13 +14,12 @@ check. Nothing planted there is trusted or fails anyone's realize:
   planted name cannot be removed, the user's own ``cache/debs-<uid>/`` (0700) takes the
   download;
 * a ``.deb`` is read once, whole, into memory when a template is built, and its bytes are
-  checked against the lock's sha256 again (:func:`read_checked`): a file another member
+  checked against the lock's sha256 again (:func:`harness.download.read_checked`): a file another member
   changed after the download was checked is refused by name, never unpacked.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from pathlib import Path
@@ -97,25 +96,3 @@ def _usable(path: Path, st: os.stat_result, *, own: bool) -> bool:
     if own:
         return st.st_uid == os.geteuid()
     return os.access(path, os.R_OK)
-
-
-def read_checked(path: Path, *, sha256: str, size: int, where: str) -> bytes:
-    """The bytes of the downloaded ``path``, read once (never through a link) and checked
-    against the lock's ``sha256`` and ``size``: HarnessError naming ``where`` otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise HarnessError(f"{where}: cannot read the download {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(size + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-    digest = hashlib.sha256(data).hexdigest()
-    if len(data) != size or digest != sha256:
-        from harness.store.entries import owner_of
-
-        raise HarnessError(
-            f"{where}: the download {path} changed after it was checked (now of {owner_of(path)}, "
-            f"{len(data)}{'+' if len(data) > size else ''} bytes, sha256 {digest}; the lock says "
-            f"{size} bytes, sha256 {sha256}); nothing was built from it",
-            hint="realize again: it is downloaded again; in a shared home, ask who changed it",
-        )
-    return data

@@ -48,10 +48,10 @@ from pathlib import Path
 from typing import IO
 
 from harness.config import Settings
+from harness.download import read_checked
 from harness.errors import HarnessError
 from harness.lock.images import FORMAT, LockedFile, TemplateLock
 from harness.progress import QUIET, Reporter
-from harness.realize.debcache import read_checked
 from harness.realize.rootfs_users import write_users
 from harness.store.store import BuildResult, Record, Store
 
