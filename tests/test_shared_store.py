@@ -870,6 +870,45 @@ def test_what_a_member_plants_among_the_deb_downloads_is_never_unpacked_or_follo
     assert (own / f"{pin.sha256}.deb").is_file() and os.stat(own).st_mode & 0o777 == 0o700
 
 
+def _race(
+    lab: tuple[User, User],
+    after: tuple[Any, str],
+    a_action: Callable[[], Any],
+    b_action: Callable[[], None],
+    folder: Path,
+) -> Any:
+    """Run ``a_action`` as member a, paused in a's process right after the function ``after``
+    (module, name) returns while ``b_action`` runs as member b; a's result."""
+    a, b = lab
+    paused, go = folder / "paused", folder / "go"
+
+    def wait_for(marker: Path) -> None:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def member_a() -> Any:
+        module, name = after
+        original = getattr(module, name)
+
+        def then_pause(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            paused.touch()
+            wait_for(go)
+            return out
+
+        setattr(module, name, then_pause)
+        return a_action()
+
+    finish = start_as_user(a, member_a)
+    try:
+        wait_for(paused)
+        as_user(b, b_action)
+    finally:
+        go.touch()
+    return finish()
+
+
 def test_a_deb_another_member_changes_after_the_download_was_checked_is_refused(
     lab: tuple[User, User], home: Path, template: Template
 ) -> None:
@@ -879,42 +918,21 @@ def test_a_deb_another_member_changes_after_the_download_was_checked_is_refused(
     a, b = lab
     [pin] = template.lock.packages
     as_user(a, lambda: init_and_add(home))
-    fetched, changed = home.parent / "fetched", home.parent / "changed"
     deb = home / "cache" / "debs" / f"{pin.sha256}.deb"
 
     def member_a() -> str:
-        original = harness.realize.rootfs._fetch
-
-        def fetch_then_wait(*args: Any) -> list[Path]:
-            paths = original(*args)
-            fetched.touch()
-            deadline = time.monotonic() + 60
-            while not changed.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            return paths
-
-        harness.realize.rootfs._fetch = fetch_then_wait  # type: ignore[assignment]
         try:
             _realize_template(home, template.project)
         except HarnessError as exc:
             return f"{exc.message} {exc.hint}"
         return "built"
 
-    finish = start_as_user(a, member_a)
-    try:
-        deadline = time.monotonic() + 60
-        while not fetched.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+    def overwrite() -> None:
+        with open(deb, "r+b") as handle:  # group-writable: a's file, changed in place
+            handle.seek(100)
+            handle.write(b"b was here")
 
-        def overwrite() -> None:
-            with open(deb, "r+b") as handle:  # group-writable: a's file, changed in place
-                handle.seek(100)
-                handle.write(b"b was here")
-
-        as_user(b, overwrite)
-    finally:
-        changed.touch()
-        refused = finish()
+    refused = _race(lab, (harness.realize.rootfs, "_fetch"), member_a, overwrite, home.parent)
     assert "changed after it was checked" in refused and str(deb) in refused, refused
     assert pin.sha256 in refused and "nothing was built from it" in refused
     assert as_user(a, lambda: Store.in_home(home).record(template.lock.store)) is None
@@ -1056,22 +1074,10 @@ def test_an_sdist_another_member_changes_after_it_was_checked_is_not_built(lab: 
     package = harness.resolve.pins.Package("toy", "1.0", "pypi", sdist=sdist)
     as_user(a, lambda: init_and_add(home))
     download = home / "cache" / "downloads" / sdist.sha256
-    fetched, changed = home.parent / "fetched", home.parent / "changed"
 
     def member_a() -> str:
         harness.store.shared.apply_group_umask(home)
         download.write_bytes(data)  # as a download leaves it: checked, group-writable
-        original = harness.resolve.sdists.fetch_sdist
-
-        def fetch_then_wait(*args: Any, **kwargs: Any) -> Path:
-            path = original(*args, **kwargs)
-            fetched.touch()
-            deadline = time.monotonic() + 60
-            while not changed.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            return path
-
-        harness.resolve.sdists.fetch_sdist = fetch_then_wait  # type: ignore[assignment]
         options = harness.resolve.sdists.SdistOptions(
             indexes=(),
             settings=harness.config.load_settings(home),
@@ -1083,20 +1089,10 @@ def test_an_sdist_another_member_changes_after_it_was_checked_is_not_built(lab: 
         except HarnessError as exc:
             return f"{exc.message} {exc.hint}"
 
-    finish = start_as_user(a, member_a)
-    try:
-        deadline = time.monotonic() + 60
-        while not fetched.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        evil = _sdist("evil")[: len(data)].ljust(len(data), b"\0")
+    def overwrite() -> None:
+        with open(download, "r+b") as handle:
+            handle.write(_sdist("evil")[: len(data)].ljust(len(data), b"\0"))
 
-        def overwrite() -> None:
-            with open(download, "r+b") as handle:
-                handle.write(evil)
-
-        as_user(b, overwrite)
-    finally:
-        changed.touch()
-        refused = finish()
+    refused = _race(lab, (harness.resolve.sdists, "fetch_sdist"), member_a, overwrite, home.parent)
     assert "toy 1.0 (sdist toy-1.0.tar.gz)" in refused and "changed after it was checked" in refused, refused
     assert sdist.sha256 in refused and str(download) in refused
