@@ -1572,6 +1572,9 @@ def test_dockerfile_plan_applies_refuses_and_ignores_each_step_by_line() -> None
     assert actions[1] == "accepted" and "host's Debian system" in out.steps[0].how
     assert {actions[n] for n in (12, 13, 14)} == {"ignored"} and actions[11] == "applied"
     assert out.python == "3.12"
+    # An exec form that is JSON but no list of strings, or nested past the parser: refused by line.
+    odd = plan("FROM python:3.12\nRUN [1, 2]\nRUN " + "[" * 100_000 + "\n", {})
+    assert [(s.line, s.action) for s in odd.steps[1:]] == [(2, "refused"), (3, "refused")]
     chowned = plan("FROM debian:12\nARG U=agent\nCOPY --chown=${U}:staff --link a /a\nCOPY --chown=root b /b\n", {})
     assert [(c.dest, c.owner) for c in chowned.copies] == [("/a", "agent"), ("/b", None)]
     assert (
