@@ -16,6 +16,7 @@ import io
 import json
 import os
 import pickle
+import posixpath
 import pwd
 import shutil
 import stat
@@ -1096,3 +1097,45 @@ def test_an_sdist_another_member_changes_after_it_was_checked_is_not_built(lab: 
     refused = _race(lab, (harness.resolve.sdists, "fetch_sdist"), member_a, overwrite, home.parent)
     assert "toy 1.0 (sdist toy-1.0.tar.gz)" in refused and "changed after it was checked" in refused, refused
     assert sdist.sha256 in refused and str(download) in refused
+
+
+def test_a_member_downloading_a_deb_keeps_it_and_the_other_waits_and_uses_it(
+    lab: tuple[User, User], home: Path, template: Template
+) -> None:
+    """b is downloading the template's .deb (holding its lock, half of it in the partial file)
+    when a realizes the template: a waits for the lock, leaves b's partial file alone, and then
+    uses b's finished download (checked, not downloaded again); both end with it."""
+    a, b = lab
+    [pin] = template.lock.packages
+    data = (template.archive.pool / posixpath.basename(pin.filename)).read_bytes()
+    as_user(a, lambda: init_and_add(home))
+    debs = home / "cache" / "debs"
+    held, go = home.parent / "held", home.parent / "go"
+
+    def member_b() -> str:
+        harness.store.shared.apply_group_umask(home)
+        debs.mkdir(parents=True)
+        with harness.store.store.lock_file(debs / f"{pin.sha256}.lock"):
+            part = debs / f"{pin.sha256}.deb.part"
+            part.write_bytes(data[: len(data) // 2])
+            held.touch()
+            deadline = time.monotonic() + 60
+            while not go.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with open(part, "ab") as handle:
+                handle.write(data[len(data) // 2 :])
+            os.replace(part, debs / f"{pin.sha256}.deb")
+        return "downloaded"
+
+    finish_b = start_as_user(b, member_b)
+    deadline = time.monotonic() + 60
+    while not held.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fetched = len([r for r in template.archive.requests if r.endswith(".deb")])
+    finish_a = start_as_user(a, lambda: _realize_template(home, template.project))
+    time.sleep(1)  # a is waiting for b's lock by now
+    go.touch()
+    assert finish_b() == "downloaded"
+    assert finish_a() == template.content
+    assert len([r for r in template.archive.requests if r.endswith(".deb")]) == fetched, "not downloaded again"
+    assert os.stat(debs / f"{pin.sha256}.deb").st_uid == b.uid

@@ -5,8 +5,8 @@ download serves the others. It is not sticky, so another member can plant anythi
 name a download will take, or change a file a member downloaded (group-writable) after the
 check. Nothing planted there is trusted or fails anyone's realize:
 
-* before a download, what stands under its names (``<sha256>.deb``, ``.deb.part``, ``.lock``)
-  and is not what harness would write there is removed: a symlink, a fifo, a folder; a partial
+* before a download, what stands under its names (``<sha256>.lock``, then, holding that lock,
+  ``<sha256>.deb`` and ``.deb.part``) and is not what harness would write there is removed: a symlink, a fifo, a folder; a partial
   file of another member's (this user might not be able to append to it). A regular ``.deb`` of
   another member's is checked like any download (kept when its size and sha256 are the lock's,
   replaced otherwise; a huge one is judged by its size without being read);
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.errors import HarnessError
@@ -45,16 +46,38 @@ def downloaded(home: Path, sha256: str) -> bool:
     return any((folder / f"{sha256}.deb").is_file() for folder in (shared_folder(home), own_folder(home)))
 
 
-def folder_for(home: Path, sha256: str) -> Path:
-    """The folder whose ``<sha256>.deb`` this user downloads into (module doc)."""
+def fetch(home: Path, sha256: str, download: Callable[[Path], None]) -> Path:
+    """``<sha256>.deb`` in this user's folder of downloads (module doc), put there by
+    ``download(dest)`` under the file's lock; what another member planted under its names is
+    cleared first (its partial file only under the lock: a member downloading it now holds it)."""
+    from harness.store.store import lock_file
+
     shared = shared_folder(home)
+    for candidate in [*([shared] if _writable(shared) else []), None]:  # None: this user's own
+        folder = candidate if candidate is not None else _own(home)
+        if not _clear(folder, (f"{sha256}.lock",)):
+            continue
+        with lock_file(folder / f"{sha256}.lock"):  # two sessions realizing templates that share a .deb
+            if not _clear(folder, (f"{sha256}.deb", f"{sha256}.deb.part")):
+                continue
+            dest = folder / f"{sha256}.deb"
+            download(dest)
+            return dest
+    own = _own(home)
+    raise HarnessError(f"{own}: cannot clear the names of the download {sha256}.deb there")
+
+
+def _writable(folder: Path) -> bool:
+    """Whether the shared ``folder`` (made now if missing) is a folder, not a link, this user
+    can write in."""
     try:
-        shared.mkdir(parents=True, exist_ok=True)
-        usable = stat.S_ISDIR(os.lstat(shared).st_mode) and os.access(shared, os.W_OK | os.X_OK)
+        folder.mkdir(parents=True, exist_ok=True)
+        return stat.S_ISDIR(os.lstat(folder).st_mode) and os.access(folder, os.W_OK | os.X_OK)
     except OSError:
-        usable = False
-    if usable and _clear(shared, sha256):
-        return shared
+        return False
+
+
+def _own(home: Path) -> Path:
     own = own_folder(home)
     try:
         own.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -68,14 +91,13 @@ def folder_for(home: Path, sha256: str) -> Path:
             f"{own}: not this user's folder of .deb downloads (made by {owner_of(own)})",
             hint="remove it (its owner or the home's owner can), then realize again",
         )
-    _clear(own, sha256)
     return own
 
 
-def _clear(folder: Path, sha256: str) -> bool:
-    """Remove what stands under the download's names and is not what harness writes there;
+def _clear(folder: Path, names: tuple[str, ...]) -> bool:
+    """Remove what stands under ``names`` in ``folder`` and is not what harness writes there;
     False when something planted cannot be removed."""
-    for name in (f"{sha256}.lock", f"{sha256}.deb", f"{sha256}.deb.part"):
+    for name in names:
         path = folder / name
         try:
             st = os.lstat(path)

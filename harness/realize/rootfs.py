@@ -51,6 +51,7 @@ from harness.config import Settings
 from harness.download import read_checked
 from harness.errors import HarnessError
 from harness.lock.images import FORMAT, LockedFile, TemplateLock
+from harness.resolve.debian import DebPin
 from harness.progress import QUIET, Reporter
 from harness.realize.rootfs_users import write_users
 from harness.store.store import BuildResult, Record, Store
@@ -125,24 +126,18 @@ def realize_template(
 
 def _fetch(store: Store, settings: Settings, lock: TemplateLock) -> list[Path]:
     from harness.download import download
-    from harness.realize.debcache import folder_for
-    from harness.store.store import lock_file
+    from harness.realize.debcache import fetch
 
     assert lock.archive is not None
     address = settings.debian_archive(lock.archive)
     paths = []
     for pin in lock.packages:
-        folder = folder_for(store.root.parent, pin.sha256)  # what another member planted is gone
-        dest = folder / f"{pin.sha256}.deb"
-        with lock_file(folder / f"{pin.sha256}.lock"):  # two sessions realizing templates that share a .deb
-            download(
-                f"{address}/{pin.filename}",
-                dest,
-                sha256=pin.sha256,
-                size=pin.size,
-                label=f"{posixpath.basename(pin.filename)} (template {lock.label})",
-            )
-        paths.append(dest)
+        label = f"{posixpath.basename(pin.filename)} (template {lock.label})"
+
+        def into(dest: Path, pin: DebPin = pin, label: str = label) -> None:
+            download(f"{address}/{pin.filename}", dest, sha256=pin.sha256, size=pin.size, label=label)
+
+        paths.append(fetch(store.root.parent, pin.sha256, into))  # what another member planted is gone
     return paths
 
 
