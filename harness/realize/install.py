@@ -257,7 +257,7 @@ class _Stamp:
             return None
         from harness.store.entries import read_own
 
-        raw = read_own(self.file)  # a link, a fifo, a huge file or another member's: no stamp
+        raw = read_own(self.file, limit=16 << 20)  # a link, a fifo, a huge file or another member's: no stamp
         try:
             data = json.loads(raw) if raw is not None else None
         except ValueError:
