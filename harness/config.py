@@ -7,7 +7,8 @@ later ones winning:
 1. the project's ``harness.toml`` (``[indexes]``, ``[hubs]``, and ``[lock]``: the default
    target ``platform`` and ``[lock.python]`` pins of version requests) — committed, so its
    addresses are only those that are not package registries (a lab's own index, say);
-2. the user's ``$HARNESS_HOME/config.toml`` (same tables);
+2. the user's ``$HARNESS_HOME/config.toml`` (same tables; in a home a group shares, only when
+   the home's owner, root or this user wrote it: :func:`_takes_home_settings`);
 3. the environment: ``HARNESS_INDEX_<NAME>`` (name upper-cased, ``-`` and ``.`` as ``_``),
    ``HF_ENDPOINT`` for Hugging Face, ``HARNESS_MODELSCOPE_ENDPOINT`` for ModelScope.
 
@@ -450,9 +451,46 @@ def _settings_files(home: Path, project_root: Path | None) -> list[Path]:
     layers = []
     if project_root is not None and (project_root / "harness.toml").is_file():
         layers.append(project_root / "harness.toml")
-    if (home / "config.toml").is_file():
+    if (home / "config.toml").is_file() and _takes_home_settings(home / "config.toml"):
         layers.append(home / "config.toml")
     return layers
+
+
+_PASSED_BY: set[Path] = set()  # warned once per process
+
+
+def _takes_home_settings(path: Path) -> bool:
+    """Whether this user takes the home's ``config.toml``. In a home a group shares (its store
+    folder is setgid: ``harness/store/shared.py``) the folder is group-writable, so another
+    member could write the file, naming caches and keys, archives, keyrings or interpreter
+    lists of theirs: it is taken only when it (and what a link in its place points at) is
+    this user's, root's or the home's owner's (the store folder's). Elsewhere: always."""
+    import stat
+
+    try:
+        store = os.stat(path.parent / "store")
+        owners = {os.lstat(path).st_uid, os.stat(path).st_uid}
+    except OSError:
+        return True  # not a shared home, or the reader names what is wrong
+    if not store.st_mode & stat.S_ISGID or owners <= {0, os.geteuid(), store.st_uid}:
+        return True
+    if path not in _PASSED_BY:
+        import pwd
+        import sys
+
+        _PASSED_BY.add(path)
+        names = []
+        for uid in sorted(owners - {0, os.geteuid(), store.st_uid}):
+            try:
+                names.append(pwd.getpwuid(uid).pw_name)
+            except KeyError:
+                names.append(str(uid))
+        sys.stderr.write(
+            f"warning: {path}: written by {', '.join(names)}, not by you or the home's owner; its settings "
+            "are not used (in a shared home only the owner's config.toml is; yours: the environment's HARNESS_* "
+            "variables, or the project's harness.toml)\n"
+        )
+    return False
 
 
 class _LockTable(NamedTuple):

@@ -40,6 +40,7 @@ import hashlib
 import http.client
 import os
 import re
+import stat
 import tempfile
 import threading
 import urllib.error
@@ -674,6 +675,30 @@ def _urlopen(source: _Source, offset: int, label: str) -> Any:
         raise HarnessError(f"{label}: cannot reach {where}: {exc!r}") from None
 
 
+def read_checked(path: Path, *, sha256: str, size: int, where: str) -> bytes:
+    """The bytes of the downloaded ``path``, read once (never through a link, at most
+    ``size`` + 1 of them) and checked against the lock's ``sha256`` and ``size``:
+    HarnessError naming ``where`` otherwise. For a download in a folder a group shares, which
+    another member can change after :func:`download` checked it: what is used is what was read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HarnessError(f"{where}: cannot read the download {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(size + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != size or digest != sha256:
+        from harness.store.entries import owner_of
+
+        raise HarnessError(
+            f"{where}: the download {path} changed after it was checked (now of {owner_of(path)}, "
+            f"{len(data)}{'+' if len(data) > size else ''} bytes, sha256 {digest}; the lock says "
+            f"{size} bytes, sha256 {sha256}); nothing was built from it",
+            hint="run it again: the file is downloaded again; in a shared home, ask who changed it",
+        )
+    return data
+
+
 __all__ = [
     "ATTEMPTS",
     "CHUNK",
@@ -682,6 +707,7 @@ __all__ = [
     "download",
     "measure",
     "open_url",
+    "read_checked",
     "redact",
     "split_credentials",
 ]

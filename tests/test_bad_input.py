@@ -7,6 +7,7 @@ read-only homes and special weights paths follow (issue 12).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import socket
@@ -139,6 +140,58 @@ def test_bad_rootfs_template_lock(tmp_path: Path, harness_cli, edit: tuple[str, 
     assert result.code == 2, (result.out, result.err)
     assert "locks/images/solver.lock.toml" in result.err and expect in result.err, result.err
     assert "Traceback" not in result.err and not list((tmp_path / "home" / "store").glob("*-rootfs-*"))
+
+
+@pytest.mark.parametrize(
+    ("pin", "expect"),
+    [
+        ({"sha256": "../../../../victim"}, "debian.package 'tool': sha256: not 64 hexadecimal digits"),
+        ({"filename": "../../etc/passwd.deb"}, "debian.package 'tool': filename: not a path in the archive's pool"),
+        ({"filename": "pool/t/tool.deb?x=/"}, "debian.package 'tool': filename: not a path in the archive's pool"),
+    ],
+    ids=["sha256-climbs", "filename-climbs", "filename-query"],
+)
+def test_a_template_lock_naming_files_outside_its_folders_is_refused(
+    tmp_path: Path, harness_cli, pin: dict[str, str], expect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A template lock whose package pins name a download outside cache/debs (its sha256 is a
+    file name there) or an address outside the archive's pool, with the store name made to
+    match (it is computed from the pins): refused naming file and key, nothing written."""
+    from harness.lock.images import LOCK_VERSION, TemplateLock, dumps, lock_path, store_name
+    from harness.resolve.debian import DebPin
+
+    project = _project(tmp_path)
+    (project / "harbor" / "images").mkdir(parents=True)
+    template = project / "harbor" / "images" / "solver.toml"
+    template.write_text('[debian]\narchive = "a"\nsuite = "bookworm"\narchitecture = "amd64"\npackages = ["tool"]\n')
+    fields = {"filename": "pool/t/tool_1_amd64.deb", "sha256": "0" * 64, **pin}
+    packages = (DebPin("tool", "1", "amd64", fields["filename"], 10, fields["sha256"]),)
+    lock = TemplateLock(
+        label="solver",
+        template_sha256=hashlib.sha256(template.read_bytes()).hexdigest(),  # not stale
+        store=store_name("solver", packages, (), ()),
+        users=(),
+        environment=None,
+        environment_store=None,
+        archive="a",
+        suite="bookworm",
+        components=("main",),
+        architecture="amd64",
+        assumed=(),
+        packages=packages,
+        files=(),
+    )
+    path = lock_path(project, "solver")
+    path.parent.mkdir(parents=True)
+    path.write_text(dumps(lock))
+    assert f"lock-version = {LOCK_VERSION}" in path.read_text()
+    home = tmp_path / "home"
+    monkeypatch.setenv("HARNESS_DEBIAN_ARCHIVE_A", "http://127.0.0.1:9")  # nothing answers
+    result = harness_cli("--home", str(home), "--project", str(project), "realize", "image:solver")
+    assert result.code == 2, (result.out, result.err)
+    assert "locks/images/solver.lock.toml" in result.err and expect in result.err, result.err
+    assert "Traceback" not in result.err and not list(tmp_path.glob("victim*"))
+    assert not (home / "cache" / "debs").exists()
 
 
 def test_an_external_services_client_may_use_only_its_url(tmp_path: Path, harness_cli) -> None:

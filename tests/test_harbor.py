@@ -52,6 +52,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import psutil
@@ -144,7 +145,10 @@ def _task(name: str, dest: Path, project: Path, pin: str, *, folder: str | None 
     return task
 
 
-def _harbor(*args: str, home: Path, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def _harbor(
+    *args: str, home: Path, cwd: Path, timeout: float = 240, prefix: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``harbor ARGS`` with ``home`` as the harness home (``prefix``: a command it runs under)."""
     env = {
         **os.environ,
         "HARNESS_HOME": str(home),
@@ -152,7 +156,32 @@ def _harbor(*args: str, home: Path, cwd: Path, timeout: float = 240) -> subproce
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "COLUMNS": "200",
     }
-    return subprocess.run([str(_HARBOR_BIN), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    argv = [*prefix, str(_HARBOR_BIN), *args]
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _harbor_job(
+    tasks: Path, jobs: Path, name: str, home: Path, *extra: str, no_userns: bool = False, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``harbor run`` of the task (or folder of tasks) ``tasks`` with the oracle agent, its job
+    ``name`` under ``jobs`` (``extra``: more options); ``no_userns``: on a machine without
+    user namespaces (simulated for this command's own processes only)."""
+    argv = ["run", "-p", str(tasks), "-a", "oracle", "-e", ENV, *extra, "-o", str(jobs), "--job-name", name]
+    return _harbor(*argv, home=home, cwd=cwd or jobs.parent, timeout=300, prefix=_NO_USERNS if no_userns else ())
+
+
+def _confined_trial(task: Path, tmp_path: Path, home: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The oracle's trial of ``task`` where no user namespace can be made (job ``confined``):
+    its result, checked to have raised nothing; its record, checked to say Landlock and PRoot
+    confined it; and what its verifier printed ("" where it printed nothing)."""
+    result = _harbor_job(task, tmp_path / "jobs", "confined", home, no_userns=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [trial] = _trials(tmp_path / "jobs" / "confined").values()
+    assert trial["exception_info"] is None, trial["exception_info"]
+    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
+    assert record["sandbox"]["backend"] == "landlock+proot", record["sandbox"]
+    printed = trial["_dir"] / "verifier" / "test-stdout.txt"
+    return trial, record, printed.read_text() if printed.is_file() else ""
 
 
 def _trials(job: Path) -> dict[str, dict[str, Any]]:
@@ -559,24 +588,7 @@ def test_example_task_scores_one_with_record_and_digest(tmp_path: Path, project:
     else:  # this machine lacks CPython 3.11.7 offline: the same task on the test project's lock
         task, cwd, pin = EXAMPLES / "reach-python", tmp_path, project[1]
         extra = ["--ek", f"project={project[0]}", "--ek", "manifest=reach", "--ek", f"environment={pin}"]
-    result = _harbor(
-        "run",
-        "-p",
-        str(task),
-        "-a",
-        "oracle",
-        "-e",
-        ENV,
-        "-o",
-        str(tmp_path / "jobs"),
-        "--job-name",
-        "example",
-        "--ek",
-        "offline=true",
-        *extra,
-        home=home,
-        cwd=cwd,
-    )
+    result = _harbor_job(task, tmp_path / "jobs", "example", home, "--ek", "offline=true", *extra, cwd=cwd)
     assert result.returncode == 0, result.stdout + result.stderr
     job = tmp_path / "jobs" / "example"
     trial = _trials(job)["reach-python"]
@@ -608,21 +620,7 @@ def test_example_task_scores_one_with_record_and_digest(tmp_path: Path, project:
 def test_separate_verifier_and_job_regrade(tmp_path: Path, project: tuple[Path, str], home: Path) -> None:
     root, pin = project
     task = _task("reach-separate", tmp_path / "tasks", root, pin)
-    result = _harbor(
-        "run",
-        "-p",
-        str(task),
-        "-a",
-        "oracle",
-        "-e",
-        ENV,
-        "-o",
-        str(tmp_path / "jobs"),
-        "--job-name",
-        "sep",
-        home=home,
-        cwd=tmp_path,
-    )
+    result = _harbor_job(task, tmp_path / "jobs", "sep", home)
     assert result.returncode == 0, result.stdout + result.stderr
     trial = _trials(tmp_path / "jobs" / "sep")["reach-separate"]
     assert trial["exception_info"] is None, trial["exception_info"]
@@ -686,23 +684,7 @@ def test_bad_environments_fail_their_trial_only_and_resume_refuses_drift(
     (slow / "solution" / "solve.sh").write_text(f"#!/bin/bash\nsleep {marker} & sleep {marker}\n")
     config = (slow / "task.toml").read_text().replace("[agent]\ntimeout_sec = 120.0", "[agent]\ntimeout_sec = 2.0")
     (slow / "task.toml").write_text(config)
-    result = _harbor(
-        "run",
-        "-p",
-        str(tasks),
-        "-a",
-        "oracle",
-        "-e",
-        ENV,
-        "-n",
-        "4",
-        "-o",
-        str(tmp_path / "jobs"),
-        "--job-name",
-        "mixed",
-        home=home,
-        cwd=tmp_path,
-    )
+    result = _harbor_job(tasks, tmp_path / "jobs", "mixed", home, "-n", "4")
     assert result.returncode == 0, result.stdout + result.stderr
     trials = _trials(tmp_path / "jobs" / "mixed")
     assert set(trials) == {"good", "missing", "drifted", "slow"}
@@ -950,21 +932,7 @@ def test_task_users_limits_and_host_in_a_job_with_network(
 
     root, pin = project
     task = _task("reach-users", tmp_path / "tasks", root, pin)
-    result = _harbor(
-        "run",
-        "-p",
-        str(task),
-        "-a",
-        "oracle",
-        "-e",
-        ENV,
-        "-o",
-        str(tmp_path / "jobs"),
-        "--job-name",
-        "users",
-        home=home,
-        cwd=tmp_path,
-    )
+    result = _harbor_job(task, tmp_path / "jobs", "users", home)
     assert result.returncode == 0, result.stdout + result.stderr
     trial = _trials(tmp_path / "jobs" / "users")["reach-users"]
     assert trial["exception_info"] is None, trial["exception_info"]
@@ -1136,41 +1104,8 @@ def test_harbor_job_without_user_namespaces(tmp_path: Path, project: tuple[Path,
     PRoot, scores 1.0, and its record and log say so."""
     root, pin = project
     task = _task("reach-python", tmp_path / "tasks", root, pin)
-    env = {
-        **os.environ,
-        "HARNESS_HOME": str(home),
-        "UV_PYTHON_DOWNLOADS": "never",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "COLUMNS": "200",
-    }
-    result = subprocess.run(
-        [
-            *_NO_USERNS,
-            str(_HARBOR_BIN),
-            "run",
-            "-p",
-            str(task),
-            "-a",
-            "oracle",
-            "-e",
-            ENV,
-            "-o",
-            str(tmp_path / "jobs"),
-            "--job-name",
-            "confined",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    trial = _trials(tmp_path / "jobs" / "confined")["reach-python"]
-    assert trial["exception_info"] is None, trial["exception_info"]
+    trial, record, _ = _confined_trial(task, tmp_path, home)
     assert _reward(trial) == {"reward": 1.0}
-    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
-    assert record["sandbox"]["backend"] == "landlock+proot"
     assert record["sandbox"]["confinement"]["pid_namespace"] is False
     assert record["sandbox"]["users"]["enforced"] is False
     assert "confined with Landlock and PRoot instead" in (trial["_dir"] / "trial.log").read_text()
@@ -1233,27 +1168,6 @@ def test_one_id_namespace_runs_task_users_as_root_and_keeps_no_capabilities(
 
 
 # ------------------------------------------------- verifiers no agent can reach (issue 33)
-
-
-def _harbor_job(task: Path, jobs: Path, name: str, home: Path, *, no_userns: bool) -> subprocess.CompletedProcess[str]:
-    """``harbor run`` of ``task`` with the oracle agent; ``no_userns``: on a machine without
-    user namespaces (simulated for this command's own processes only)."""
-    env = {
-        **os.environ,
-        "HARNESS_HOME": str(home),
-        "UV_PYTHON_DOWNLOADS": "never",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "COLUMNS": "200",
-    }
-    argv = [str(_HARBOR_BIN), "run", "-p", str(task), "-a", "oracle", "-e", ENV, "-o", str(jobs), "--job-name", name]
-    return subprocess.run(
-        [*(_NO_USERNS if no_userns else []), *argv],
-        cwd=jobs.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 @needs_harbor
@@ -1572,6 +1486,9 @@ def test_dockerfile_plan_applies_refuses_and_ignores_each_step_by_line() -> None
     assert actions[1] == "accepted" and "host's Debian system" in out.steps[0].how
     assert {actions[n] for n in (12, 13, 14)} == {"ignored"} and actions[11] == "applied"
     assert out.python == "3.12"
+    # An exec form that is JSON but no list of strings, or nested past the parser: refused by line.
+    odd = plan("FROM python:3.12\nRUN [1, 2]\nRUN " + "[" * 100_000 + "\n", {})
+    assert [(s.line, s.action) for s in odd.steps[1:]] == [(2, "refused"), (3, "refused")]
     chowned = plan("FROM debian:12\nARG U=agent\nCOPY --chown=${U}:staff --link a /a\nCOPY --chown=root b /b\n", {})
     assert [(c.dest, c.owner) for c in chowned.copies] == [("/a", "agent"), ("/b", None)]
     assert (
@@ -1767,10 +1684,7 @@ def test_dockerfile_task_scores_one_and_unsupported_steps_and_compose_are_refuse
     its sidecar."""
     root, pin = project
     tasks = _dockerfile_tasks(tmp_path / "tasks", root, pin)
-    result = _harbor(
-        "run", "-p", str(tasks), "-a", "oracle", "-e", ENV, "-n", "3", "-o", str(tmp_path / "jobs"),
-        "--job-name", "dockerfiles", home=home, cwd=tmp_path,
-    )  # fmt: skip
+    result = _harbor_job(tasks, tmp_path / "jobs", "dockerfiles", home, "-n", "3")
     assert result.returncode == 0, result.stdout + result.stderr
     trials = _trials(tmp_path / "jobs" / "dockerfiles")
     assert set(trials) == {"dockerfile-steps", "unsupported", "compose-sidecar"}, trials
@@ -1815,14 +1729,8 @@ def test_dockerfile_task_without_user_namespaces(tmp_path: Path, project: tuple[
     namespace maps (where its USER check accepts root)."""
     root, pin = project
     task = _dockerfile_tasks(tmp_path / "tasks", root, pin) / "dockerfile-steps"
-    (tmp_path / "jobs").mkdir()
-    result = _harbor_job(task, tmp_path / "jobs", "confined", home, no_userns=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-    trial = _trials(tmp_path / "jobs" / "confined")["dockerfile-steps"]
-    assert trial["exception_info"] is None, trial["exception_info"]
-    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
-    assert record["sandbox"]["backend"] == "landlock+proot" and record["sandbox"]["users"]["enforced"] is False
-    stdout = (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()
+    trial, record, stdout = _confined_trial(task, tmp_path, home)
+    assert record["sandbox"]["users"]["enforced"] is False
     assert _reward(trial) == dict.fromkeys(("reward", "env", "workdir", "copy", "chown", "user", "answer"), 1.0), stdout
     assert "user: root one id: True cwd: /srv/work" in stdout, stdout
     assert record["dockerfile"]["user"] == "solver" and record["dockerfile"]["copied"] == [
@@ -1987,10 +1895,7 @@ def test_dockerfile_from_a_template_with_apt_get_install_scores_one(
     dockerfile = unpinned / "environment" / "Dockerfile"
     dockerfile.write_text(dockerfile.read_text().replace("kuka-plan \\", "kuka-plan kuka-probe \\"))
     shutil.rmtree(tasks / "kuka-two-station")
-    result = _harbor(
-        "run", "-p", str(tasks), "-a", "oracle", "-e", ENV, "-n", "3", "-o", str(tmp_path / "jobs"),
-        "--job-name", "templates", home=home, cwd=tmp_path,
-    )  # fmt: skip
+    result = _harbor_job(tasks, tmp_path / "jobs", "templates", home, "-n", "3")
     assert result.returncode == 0, result.stdout + result.stderr
     trials = _trials(tmp_path / "jobs" / "templates")
     assert set(trials) == {"from-base", "from-label", "unpinned"}, trials
@@ -2050,14 +1955,8 @@ def test_dockerfile_from_a_template_without_user_namespaces(
     root, _archive = _kuka_project(tmp_path, project, monkeypatch)
     assert _harness(home, "lock", "image:lab-bookworm", project=root).returncode == 0
     task = shutil.copytree(EXAMPLES / "dockerfile-template", root / "tasks" / "dockerfile-template")
-    (tmp_path / "jobs").mkdir()
-    result = _harbor_job(task, tmp_path / "jobs", "confined", home, no_userns=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-    trial = _trials(tmp_path / "jobs" / "confined")["dockerfile-template"]
-    assert trial["exception_info"] is None, trial["exception_info"]
-    record = json.loads((trial["_dir"] / "harness" / "env.json").read_text())
-    assert record["sandbox"]["backend"] == "landlock+proot" and record["sandbox"]["users"]["enforced"] is False
-    stdout = (trial["_dir"] / "verifier" / "test-stdout.txt").read_text()
+    trial, record, stdout = _confined_trial(task, tmp_path, home)
+    assert record["sandbox"]["users"]["enforced"] is False
     keys = ("reward", "apt", "env", "workdir", "copy", "user", "users", "answer")
     assert _reward(trial) == dict.fromkeys(keys, 1.0), stdout
     assert "agent:x:1000:1000:" in stdout and "operator:x:1001:1001:" in stdout, stdout

@@ -491,84 +491,68 @@ def _apt_archive() -> str | None:
     return None
 
 
-@pytest.mark.network
-def test_a_real_debian_package(tmp_path: Path) -> None:
-    """``hello`` from the machine's Debian archive (bookworm): locked with its closure less libc6,
-    realized in two empty homes to the same content; the binary runs against the host's libc."""
+@pytest.fixture
+def debian() -> dict[str, str]:
+    """The settings of archive ``debian``: this machine's Debian archive (from its apt sources)
+    and Debian's keyring; skips where there are none."""
     url = _apt_archive()
+    keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
     if url is None or not Path("/etc/debian_version").exists():
         pytest.skip("no Debian archive in this machine's apt sources")
-    project = tmp_path / "project"
-    (project / "services").mkdir(parents=True)
-    (project / "harbor" / "images").mkdir(parents=True)
-    (project / "harbor" / "images" / "hello.toml").write_text(
-        '[debian]\narchive = "debian"\nsuite = "bookworm"\narchitecture = "amd64"\n'
-        'packages = ["hello"]\nassume = ["libc6"]\n'
-    )
-    keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
     if not keyring.is_file():
         pytest.skip("no Debian archive keyring on this machine (package debian-archive-keyring)")
-    env = {"HARNESS_DEBIAN_ARCHIVE_DEBIAN": url, "HARNESS_DEBIAN_KEYRING_DEBIAN": str(keyring)}
-    locked = run_harness_process(
-        "--project", str(project), "lock", "image:hello", env={**env, "HARNESS_HOME": str(tmp_path / "h0")}, timeout=300
-    )
-    assert locked.returncode == 0, locked.stderr
-    text = (project / "locks" / "images" / "hello.lock.toml").read_text()
-    assert 'name = "hello"' in text and url not in text
-    assert 'release = "InRelease verified with gpgv"' in text and re.search(r'signed-by = \["[0-9A-F]{40}', text)
-    names = []
-    for home in ("ha", "hb"):
-        done = run_harness_process(
-            "--project",
-            str(project),
-            "realize",
-            "image:hello",
-            env={**env, "HARNESS_HOME": str(tmp_path / home)},
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stderr
-        names.append(done.stdout.split("-> ")[1].strip())
-    name = Path(names[0]).name
-    assert _content_hash(tmp_path / "ha", name) == _content_hash(tmp_path / "hb", name)
-    out = subprocess.run([f"{names[0]}/usr/bin/hello"], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "Hello, world!"
-    assert sys.platform == "linux"
+    return {"HARNESS_DEBIAN_ARCHIVE_DEBIAN": url, "HARNESS_DEBIAN_KEYRING_DEBIAN": str(keyring)}
 
 
-@pytest.mark.network
-def test_a_real_debian_base_with_every_maintainer_script(tmp_path: Path) -> None:
-    """A bookworm base (base-passwd, base-files, dash, coreutils, sed, grep and their closure) locked with
-    ``configure = ["*"]``: every package's preinst/postinst runs in the sandbox, and two empty
-    homes realize the same content (issue 33, step 3, with real packages)."""
-    from harness.realize.maintscripts import unavailable_reason
-
-    url = _apt_archive()
-    keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
-    if url is None or not keyring.is_file():
-        pytest.skip("no Debian archive and keyring on this machine")
-    if unavailable_reason() is not None:
-        pytest.skip(f"no sandbox here: {unavailable_reason()}")
+def _realized_twice(tmp_path: Path, env: dict[str, str], label: str, debian: str) -> tuple[Path, str]:
+    """A project whose template ``label`` has the ``[debian]`` table ``debian`` (bookworm, amd64,
+    archive ``debian``), locked in one home and realized in two empty others (``ha``, ``hb``)
+    to the same content: the root in ``ha`` and its lock's text."""
     project = tmp_path / "project"
     (project / "services").mkdir(parents=True)
     (project / "harbor" / "images").mkdir(parents=True)
-    (project / "harbor" / "images" / "base.toml").write_text(
-        '[debian]\narchive = "debian"\nsuite = "bookworm"\narchitecture = "amd64"\n'
-        'packages = ["base-passwd", "base-files", "dash", "coreutils", "sed", "grep"]\nconfigure = ["*"]\n'
+    (project / "harbor" / "images" / f"{label}.toml").write_text(
+        f'[debian]\narchive = "debian"\nsuite = "bookworm"\narchitecture = "amd64"\n{debian}'
     )
-    env = {"HARNESS_DEBIAN_ARCHIVE_DEBIAN": url, "HARNESS_DEBIAN_KEYRING_DEBIAN": str(keyring)}
     for home, command in (("h0", "lock"), ("ha", "realize"), ("hb", "realize")):
         done = run_harness_process(
             "--project",
             str(project),
             command,
-            "image:base",
+            f"image:{label}",
             env={**env, "HARNESS_HOME": str(tmp_path / home)},
             timeout=600,
         )
         assert done.returncode == 0, done.stderr
-    name = re.search(r'^store = "(.*)"$', (project / "locks/images/base.lock.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
+    text = (project / "locks" / "images" / f"{label}.lock.toml").read_text()
+    name = re.search(r'^store = "(.*)"$', text, re.M).group(1)  # type: ignore[union-attr]
     assert _content_hash(tmp_path / "ha", name) == _content_hash(tmp_path / "hb", name)
-    root = tmp_path / "ha" / "store" / name
+    return tmp_path / "ha" / "store" / name, text
+
+
+@pytest.mark.network
+def test_a_real_debian_package(tmp_path: Path, debian: dict[str, str]) -> None:
+    """``hello`` from the machine's Debian archive (bookworm): locked with its closure less libc6,
+    realized in two empty homes to the same content; the binary runs against the host's libc."""
+    root, text = _realized_twice(tmp_path, debian, "hello", 'packages = ["hello"]\nassume = ["libc6"]\n')
+    assert 'name = "hello"' in text and debian["HARNESS_DEBIAN_ARCHIVE_DEBIAN"] not in text
+    assert 'release = "InRelease verified with gpgv"' in text and re.search(r'signed-by = \["[0-9A-F]{40}', text)
+    out = subprocess.run([f"{root}/usr/bin/hello"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "Hello, world!"
+    assert sys.platform == "linux"
+
+
+@pytest.mark.network
+def test_a_real_debian_base_with_every_maintainer_script(tmp_path: Path, debian: dict[str, str]) -> None:
+    """A bookworm base (base-passwd, base-files, dash, coreutils, sed, grep and their closure) locked with
+    ``configure = ["*"]``: every package's preinst/postinst runs in the sandbox, and two empty
+    homes realize the same content (issue 33, step 3, with real packages)."""
+    from harness.realize.maintscripts import unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.skip(f"no sandbox here: {unavailable_reason()}")
+    packages = 'packages = ["base-passwd", "base-files", "dash", "coreutils", "sed", "grep"]\nconfigure = ["*"]\n'
+    root, _ = _realized_twice(tmp_path, debian, "base", packages)
     ran = json.loads((root / ".harness-rootfs.json").read_text())["maintainer_scripts"]["ran"]
     assert {"base-passwd postinst configure", "base-files postinst configure"} <= set(ran), ran
     assert (root / "etc" / "passwd").read_text().startswith("root:*:0:0:root:/root:")  # base-passwd's postinst

@@ -16,11 +16,13 @@ import io
 import json
 import os
 import pickle
+import posixpath
 import pwd
 import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,19 @@ import harness.store.launchcheck
 import harness.store.shared
 import harness.store.trust
 import harness.store.verify
+import harness.config
+import harness.download
+import harness.lock.images
+import harness.manifests.project
+import harness.realize.debcache
+import harness.realize.install
+import harness.realize.rootfs
+import harness.realize.standin
+import harness.resolve.pins
+import harness.resolve.indexpages
+import harness.resolve.python
+import harness.resolve.sdists
+import harness.store.roots
 import packaging.utils  # noqa: F401  (chosen_file, in the children)
 from harness.cli import main
 from harness.errors import HarnessError
@@ -106,9 +121,9 @@ def home() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def as_user(user: User, action: Callable[[], Any]) -> Any:
-    """Run ``action()`` in a child that is ``user`` (umask 077); return its result, or raise
-    AssertionError naming the exception it raised."""
+def start_as_user(user: User, action: Callable[[], Any]) -> Callable[[], Any]:
+    """Start ``action()`` in a child that is ``user`` (umask 077); return the function that
+    waits for its result, or raises AssertionError naming the exception it raised."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -125,13 +140,23 @@ def as_user(user: User, action: Callable[[], Any]) -> Any:
             pickle.dump(outcome, sink)
         os._exit(0)
     os.close(write_end)
-    with os.fdopen(read_end, "rb") as source:
-        data = source.read()
-    os.waitpid(pid, 0)
-    kind, value = pickle.loads(data)
-    if kind == "raised":
-        raise AssertionError(f"{user.name}: {value[0]}: {value[1]}")
-    return value
+
+    def finish() -> Any:
+        with os.fdopen(read_end, "rb") as source:
+            data = source.read()
+        os.waitpid(pid, 0)
+        kind, value = pickle.loads(data)
+        if kind == "raised":
+            raise AssertionError(f"{user.name}: {value[0]}: {value[1]}")
+        return value
+
+    return finish
+
+
+def as_user(user: User, action: Callable[[], Any]) -> Any:
+    """Run ``action()`` in a child that is ``user`` (umask 077); return its result, or raise
+    AssertionError naming the exception it raised."""
+    return start_as_user(user, action)()
 
 
 def cli(home: Path, *args: str) -> tuple[int, str, str]:
@@ -696,3 +721,421 @@ def test_another_members_download_notes_make_no_one_skip_a_download(lab: tuple[U
     assert as_user(a, lambda: unreachable.remembered(cache, key, minutes=60)) is None
     # b's own note still counts for b, and only for b.
     assert as_user(b, lambda: unreachable.remembered(cache, key, minutes=60) is not None) is True
+
+
+# --- rootfs templates, their .deb downloads and the no-op stamps (the last wave's pieces) ---------
+
+TEMPLATE = """\
+summary = "a root the members share"
+
+[debian]
+archive = "testdeb"
+suite = "bookworm"
+architecture = "amd64"
+packages = ["tool"]
+"""
+
+
+@dataclass(frozen=True)
+class Template:
+    project: Path  # readable by both members
+    lock: Any  # harness.lock.images.TemplateLock
+    archive: Any  # tests.debarchive.DebArchive
+    content: str  # the content hash of the template's root, realized by root in a private home
+
+
+@pytest.fixture
+def template(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Template]:
+    """A template of one package from an (unsigned) archive on loopback, locked and realized by
+    root in a private home: the content every member must end up with."""
+    from tests.conftest import run_harness_process
+    from tests.debarchive import DebArchive
+
+    archive = DebArchive(tmp_path / "archive")
+    archive.add("tool", "1.0-1", {"usr/bin/tool": "#!/bin/sh\necho tool\n" + "#" * 4000}, executable=("usr/bin/tool",))
+    archive.publish()
+    monkeypatch.setenv("HARNESS_DEBIAN_ARCHIVE_TESTDEB", archive.serve())  # the members' children inherit it
+    monkeypatch.setenv("HARNESS_DEBIAN_UNSIGNED_TESTDEB", "1")
+    project = home.parent / "project"
+    (project / "harbor" / "images").mkdir(parents=True)
+    (project / "services").mkdir()
+    (project / "harbor" / "images" / "solver.toml").write_text(TEMPLATE)
+    private = tmp_path / "root-home"
+    for args in (("lock", "image:solver"), ("realize", "image:solver")):
+        done = run_harness_process("--project", str(project), "--home", str(private), *args)
+        assert done.returncode == 0, done.stderr
+    lock = harness.lock.images.read(project, "solver")
+    content = Store.in_home(private).record(lock.store).content  # type: ignore[union-attr]
+    try:
+        yield Template(project, lock, archive, content)
+    finally:
+        archive.close()
+
+
+def _realize_template(home: Path, project: Path) -> str:
+    """As a member: realize the template (in-process, the CLI's umask); its content hash."""
+    harness.store.shared.apply_group_umask(home)
+    harness.realize.rootfs.realize_templates(home, project, ["solver"])
+    record = Store.in_home(home).record(harness.lock.images.read(project, "solver").store)
+    assert record is not None
+    return record.content
+
+
+def test_a_template_root_another_member_registered_is_never_used(
+    lab: tuple[User, User], home: Path, template: Template
+) -> None:
+    """b registers the store path a's template lock names, with b's bytes: a's realize builds
+    its own, finds other bytes and refuses naming b; nothing of b's is used. Once b removes
+    it, a's realize registers the lock's root, the content root realized elsewhere."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    name = template.lock.store
+
+    def plant() -> None:
+        harness.store.shared.apply_group_umask(home)
+
+        def payload(out: Path) -> BuildResult:
+            (out / "usr" / "bin").mkdir(parents=True)
+            (out / "usr" / "bin" / "tool").write_text("#!/bin/sh\necho b was here\n")
+            return BuildResult(obtained="b")
+
+        Store.in_home(home).add(name, "rootfs", payload)
+
+    as_user(b, plant)
+
+    def member_a() -> dict[str, Any]:
+        seen: dict[str, Any] = {"record": Store.in_home(home).record(name)}
+        try:
+            _realize_template(home, template.project)
+        except HarnessError as exc:
+            seen["refused"] = f"{exc.message} {exc.hint}"
+        seen["cli"] = cli(home, "--project", str(template.project), "realize", "image:solver")
+        return seen
+
+    seen = as_user(a, member_a)
+    assert seen["record"] is None, "b's root is not registered for a"
+    assert "registered by harness-lab-b, is not what this user builds for it" in seen["refused"], seen
+    code, out, err = seen["cli"]
+    assert code != 0 and "harness-lab-b" in err and "Traceback" not in err and "internal error" not in err, err
+    as_user(b, lambda: Store.in_home(home).delete(name))
+    assert as_user(a, lambda: _realize_template(home, template.project)) == template.content
+    assert os.stat(home / "store" / name).st_uid == a.uid
+
+
+def test_what_a_member_plants_among_the_deb_downloads_is_never_unpacked_or_followed(
+    lab: tuple[User, User], home: Path, template: Template
+) -> None:
+    """b plants, under the names a's download of the template's .deb takes in the group's
+    cache/debs: a .deb of the right size and other bytes, a symlink as its partial file
+    (pointing at a file of a's), a fifo as its lock file. a's realize downloads the real
+    .deb and builds the root realized elsewhere; nothing is written through the link and
+    nothing hangs on the fifo. Then b makes the folder a link to one of b's: a's next
+    realize (with the download gone) uses a folder of a's own."""
+    a, b = lab
+    [pin] = template.lock.packages
+    as_user(a, lambda: init_and_add(home))
+    debs = home / "cache" / "debs"
+    victim = home.parent / "victim.txt"
+    victim.write_text("a's file\n")
+    os.chown(victim, a.uid, a.gid)
+    victim.chmod(0o600)
+
+    def plant() -> None:
+        harness.store.shared.apply_group_umask(home)
+        debs.mkdir(parents=True)
+        (debs / f"{pin.sha256}.deb").write_bytes(b"!" * pin.size)  # the size the lock says, b's bytes
+        (debs / f"{pin.sha256}.deb.part").symlink_to(victim)
+        os.mkfifo(debs / f"{pin.sha256}.lock")
+
+    as_user(b, plant)
+    fetched = len([r for r in template.archive.requests if r.endswith(".deb")])
+    assert as_user(a, lambda: _realize_template(home, template.project)) == template.content
+    assert len([r for r in template.archive.requests if r.endswith(".deb")]) == fetched + 1, "downloaded anew"
+    assert victim.read_text() == "a's file\n", "nothing was written through the planted link"
+    assert hashlib.sha256((debs / f"{pin.sha256}.deb").read_bytes()).hexdigest() == pin.sha256
+    assert stat.S_ISREG(os.lstat(debs / f"{pin.sha256}.lock").st_mode)
+
+    # b replaces the shared folder with a link to a folder of b's: a passes it by.
+    theirs = home.parent / "b-debs"
+
+    def relink() -> None:
+        theirs.mkdir()
+        shutil.rmtree(debs)
+        debs.symlink_to(theirs)
+
+    as_user(b, relink)
+    as_user(a, lambda: Store.in_home(home).delete(template.lock.store))
+    assert as_user(a, lambda: _realize_template(home, template.project)) == template.content
+    assert list(theirs.iterdir()) == [], "nothing of a's went into b's folder"
+    own = home / "cache" / f"debs-{a.uid}"
+    assert (own / f"{pin.sha256}.deb").is_file() and os.stat(own).st_mode & 0o777 == 0o700
+
+
+def _race(
+    lab: tuple[User, User],
+    after: tuple[Any, str],
+    a_action: Callable[[], Any],
+    b_action: Callable[[], None],
+    folder: Path,
+) -> Any:
+    """Run ``a_action`` as member a, paused in a's process right after the function ``after``
+    (module, name) returns while ``b_action`` runs as member b; a's result."""
+    a, b = lab
+    paused, go = folder / "paused", folder / "go"
+
+    def wait_for(marker: Path) -> None:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def member_a() -> Any:
+        module, name = after
+        original = getattr(module, name)
+
+        def then_pause(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            paused.touch()
+            wait_for(go)
+            return out
+
+        setattr(module, name, then_pause)
+        return a_action()
+
+    finish = start_as_user(a, member_a)
+    try:
+        wait_for(paused)
+        as_user(b, b_action)
+    finally:
+        go.touch()
+    return finish()
+
+
+def test_a_deb_another_member_changes_after_the_download_was_checked_is_refused(
+    lab: tuple[User, User], home: Path, template: Template
+) -> None:
+    """The downloads of a shared home are group-writable: b overwrites a's checked .deb in
+    place between a's download and a's unpacking. a's build reads the bytes once and checks
+    them again: refused naming the file and both hashes, nothing registered."""
+    a, b = lab
+    [pin] = template.lock.packages
+    as_user(a, lambda: init_and_add(home))
+    deb = home / "cache" / "debs" / f"{pin.sha256}.deb"
+
+    def member_a() -> str:
+        try:
+            _realize_template(home, template.project)
+        except HarnessError as exc:
+            return f"{exc.message} {exc.hint}"
+        return "built"
+
+    def overwrite() -> None:
+        with open(deb, "r+b") as handle:  # group-writable: a's file, changed in place
+            handle.seek(100)
+            handle.write(b"b was here")
+
+    refused = _race(lab, (harness.realize.rootfs, "_fetch"), member_a, overwrite, home.parent)
+    assert "changed after it was checked" in refused and str(deb) in refused, refused
+    assert pin.sha256 in refused and "nothing was built from it" in refused
+    assert as_user(a, lambda: Store.in_home(home).record(template.lock.store)) is None
+
+
+def _kinematics_project(root: Path) -> harness.manifests.project.Project:
+    """The repository's kinematics manifest and lock in a project both members read."""
+    from tests.conftest import REPO
+
+    for folder in ("services", "locks"):
+        (root / folder).mkdir(parents=True)
+    shutil.copy(REPO / "services" / "kinematics.toml", root / "services")
+    shutil.copy(REPO / "locks" / "kinematics.lock.toml", root / "locks")
+    shutil.copytree(REPO / "services" / "assets" / "arm7", root / "services" / "assets" / "arm7")
+    time.sleep(2.1)  # weights changed within two seconds get no stamp (harness/realize/install.py)
+    return harness.manifests.project.Project(root)
+
+
+def test_another_members_up_to_date_stamp_decides_nothing(lab: tuple[User, User], home: Path) -> None:
+    """The no-op realize's stamps (cache/up-to-date, group-writable) are each user's own: b
+    realizing the same project with a variant forced leaves a's stamp alone; b replacing a's
+    stamp with one that names P1 as the lock's environment (every path in it registered for
+    a) does not make a's realize report "up to date" with b's choice; nor does a link or a
+    fifo in its place hang or fail it."""
+    a, b = lab
+    project = _kinematics_project(home.parent / "kproject")
+    as_user(a, lambda: init_and_add(home))
+    names = ["kinematics"]
+
+    def stamp(*, remember: bool) -> list[Any]:
+        from harness.realize.builder import Report
+
+        harness.store.shared.apply_group_umask(home)
+        made = harness.realize.install._Stamp(home, project, names)
+        if remember:
+            lock = harness.lock.lockfile.read(project.locks_dir / "kinematics.lock.toml")
+            made.remember([Report("kinematics", lock.environment.store)])
+        return [made.file.name, made.reports()]
+
+    [a_file, reports] = as_user(a, lambda: stamp(remember=True))
+    stamps = home / "cache" / "up-to-date"
+    assert reports is None and (stamps / a_file).is_file(), "a's stamp; the lock is not realized"
+    before = (stamps / a_file).read_bytes()
+
+    def b_forces_a_variant() -> list[Any]:
+        os.environ["HARNESS_VARIANT"] = "cu126"
+        return stamp(remember=True)
+
+    [b_file, _] = as_user(b, b_forces_a_variant)
+    assert b_file != a_file and (stamps / a_file).read_bytes() == before
+
+    def forge() -> None:
+        data = json.loads((stamps / a_file).read_text())
+        data["locks"] = [dict(data["locks"][0], environment=P1, python=P1, objects=[P1])]
+        forged = stamps / "forged"
+        forged.write_text(json.dumps(data))
+        os.replace(forged, stamps / a_file)  # the folder is the group's: b can replace a's file
+
+    as_user(b, forge)
+    assert as_user(a, lambda: stamp(remember=False)[1]) is None, "b's stamp is not a's"
+    for plant in (lambda p: p.symlink_to("/dev/zero"), os.mkfifo):
+
+        def replace(plant: Callable[[Path], Any] = plant) -> None:
+            (stamps / a_file).unlink()
+            plant(stamps / a_file)
+
+        as_user(b, replace)
+        assert as_user(a, lambda: stamp(remember=False)[1]) is None
+
+
+def test_settings_another_member_writes_into_the_shared_home_are_not_used(lab: tuple[User, User], home: Path) -> None:
+    """The shared home's folder is group-writable, so b can write its config.toml, naming a
+    binary cache and a signing key of b's (whose signed environments a would then run) and an
+    archive that needs no signature. a, the home's owner, does not take it (a warning names the
+    file and b, once); b takes what b wrote; once a writes the file, both take a's."""
+    import base64
+
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    key = "b-1:" + base64.b64encode(b"\1" * 32).decode()
+    theirs = f'[cache]\nsubstituters = ["file:///srv/b-cache"]\ntrusted-keys = ["{key}"]\n'
+    theirs += "\n[debian-archives.testdeb]\nallow-unsigned = true\n"
+
+    def settings() -> list[Any]:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            first = harness.config.load_settings(home)
+            again = harness.config.load_settings(home)
+        assert first == again
+        try:
+            unsigned: object = first.debian_trust("testdeb").keyring is None
+        except HarnessError as exc:
+            unsigned = exc.message
+        return [first.substituters, first.trusted_keys, unsigned, err.getvalue()]
+
+    as_user(b, lambda: (home / "config.toml").write_text(theirs))
+    substituters, keys, unsigned, err = as_user(a, settings)
+    assert (substituters, keys) == ((), ()) and "names no keyring" in unsigned, (substituters, keys, unsigned)
+    assert f"warning: {home / 'config.toml'}: written by harness-lab-b" in err and err.count("warning") == 1, err
+    substituters, keys, unsigned, err = as_user(b, settings)
+    assert (substituters, keys, unsigned, err) == (("file:///srv/b-cache",), (key,), True, "")
+
+    def write_own() -> None:
+        (home / "config.toml").unlink()  # the home's folder is not sticky
+        (home / "config.toml").write_text('[cache]\nsubstituters = ["file:///srv/lab-cache"]\n')
+        os.chmod(home / "config.toml", 0o644)
+
+    as_user(a, write_own)
+    for member in (a, b):
+        substituters, keys, unsigned, err = as_user(member, settings)
+        assert (substituters, err) == (("file:///srv/lab-cache",), ""), (member.name, substituters, err)
+
+
+def _sdist(name: str) -> bytes:
+    """A small sdist (.tar.gz) of project ``name``: a pyproject and a module."""
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for member, text in (
+            ("pyproject.toml", f'[build-system]\nrequires = ["setuptools"]\n[project]\nname = "{name}"\n'),
+            (f"{name}.py", "print('built')\n"),
+        ):
+            data = text.encode()
+            info = tarfile.TarInfo(f"{name}-1.0/{member}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_an_sdist_another_member_changes_after_it_was_checked_is_not_built(lab: tuple[User, User], home: Path) -> None:
+    """Locking reads what an sdist needs to build by unpacking it and asking its backend, from
+    the home's download cache (group-writable). b overwrites a's checked sdist in place between
+    the check and the unpacking: a's lock reads the bytes once and checks them again, refused
+    naming the sdist and both hashes; b's backend never runs as a."""
+    a, b = lab
+    data = _sdist("toy")
+    sdist = harness.resolve.pins.DistFile("toy-1.0.tar.gz", hashlib.sha256(data).hexdigest(), len(data))
+    package = harness.resolve.pins.Package("toy", "1.0", "pypi", sdist=sdist)
+    as_user(a, lambda: init_and_add(home))
+    download = home / "cache" / "downloads" / sdist.sha256
+
+    def member_a() -> str:
+        harness.store.shared.apply_group_umask(home)
+        download.write_bytes(data)  # as a download leaves it: checked, group-writable
+        options = harness.resolve.sdists.SdistOptions(
+            indexes=(),
+            settings=harness.config.load_settings(home),
+            cache_dir=home / "cache",
+            scratch=Path(tempfile.mkdtemp(prefix="a-lock-")),
+        )
+        try:
+            return str(harness.resolve.sdists.sdist_build_requirements([package], options))
+        except HarnessError as exc:
+            return f"{exc.message} {exc.hint}"
+
+    def overwrite() -> None:
+        with open(download, "r+b") as handle:
+            handle.write(_sdist("evil")[: len(data)].ljust(len(data), b"\0"))
+
+    refused = _race(lab, (harness.resolve.sdists, "fetch_sdist"), member_a, overwrite, home.parent)
+    assert "toy 1.0 (sdist toy-1.0.tar.gz)" in refused and "changed after it was checked" in refused, refused
+    assert sdist.sha256 in refused and str(download) in refused
+
+
+def test_a_member_downloading_a_deb_keeps_it_and_the_other_waits_and_uses_it(
+    lab: tuple[User, User], home: Path, template: Template
+) -> None:
+    """b is downloading the template's .deb (holding its lock, half of it in the partial file)
+    when a realizes the template: a waits for the lock, leaves b's partial file alone, and then
+    uses b's finished download (checked, not downloaded again); both end with it."""
+    a, b = lab
+    [pin] = template.lock.packages
+    data = (template.archive.pool / posixpath.basename(pin.filename)).read_bytes()
+    as_user(a, lambda: init_and_add(home))
+    debs = home / "cache" / "debs"
+    held, go = home.parent / "held", home.parent / "go"
+
+    def member_b() -> str:
+        harness.store.shared.apply_group_umask(home)
+        debs.mkdir(parents=True)
+        with harness.store.store.lock_file(debs / f"{pin.sha256}.lock"):
+            part = debs / f"{pin.sha256}.deb.part"
+            part.write_bytes(data[: len(data) // 2])
+            held.touch()
+            deadline = time.monotonic() + 60
+            while not go.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with open(part, "ab") as handle:
+                handle.write(data[len(data) // 2 :])
+            os.replace(part, debs / f"{pin.sha256}.deb")
+        return "downloaded"
+
+    finish_b = start_as_user(b, member_b)
+    deadline = time.monotonic() + 60
+    while not held.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fetched = len([r for r in template.archive.requests if r.endswith(".deb")])
+    finish_a = start_as_user(a, lambda: _realize_template(home, template.project))
+    time.sleep(1)  # a is waiting for b's lock by now
+    go.touch()
+    assert finish_b() == "downloaded"
+    assert finish_a() == template.content
+    assert len([r for r in template.archive.requests if r.endswith(".deb")]) == fetched, "not downloaded again"
+    assert os.stat(debs / f"{pin.sha256}.deb").st_uid == b.uid

@@ -95,6 +95,7 @@ def test_the_metadata_file_is_parsed_and_its_label_chosen() -> None:
         (b'{"variants": {"CU128": {}}}', "variants.CU128: not a variant label"),
         (b'{"variants": {"cu128": {"nvidia": {"cuda_version_lower_bound": "12.8"}}}}', "cuda_version_lower_bound"),
         (b'{"default-priorities": {"namespace": "nvidia"}, "variants": {}}', "default-priorities.namespace"),
+        (b"[" * 200_000, "not JSON"),  # under the size limit, nested past the parser's depth
     ):
         with pytest.raises(HarnessError, match=key) as caught:
             parse_variants_json(bad, "x-1.0-variants.json")

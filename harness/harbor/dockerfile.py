@@ -93,12 +93,15 @@ def instructions(text: str) -> list[tuple[int, str, str]]:
 def _commands(run: str) -> list[str]:
     """The simple commands of a RUN line, split on ``&&``, ``;`` and ``||`` outside quotes."""
     if run.startswith("["):  # exec form
-        try:
-            import json
+        import json
 
-            return [" ".join(shlex.quote(a) for a in json.loads(run))]
-        except ValueError:
+        try:
+            words = json.loads(run)
+        except (ValueError, RecursionError):  # not JSON (or nested past the parser): shell form
             return [run]
+        if isinstance(words, list) and all(isinstance(w, str) for w in words):
+            return [" ".join(shlex.quote(w) for w in words)]
+        return [run]  # JSON, but not the exec form's list of strings: left to the step's own checks
     parts, current, quote = [], "", ""
     i = 0
     while i < len(run):

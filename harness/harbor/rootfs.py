@@ -176,6 +176,7 @@ def ensure(home: Path, project: Path, label: str, *, realize: bool, offline: boo
     """The realized store path of template ``label`` (built now unless ``realize`` is False)."""
     from harness.config import load_settings
     from harness.lock.images import read, stale_reason
+    from harness.realize.debcache import downloaded
     from harness.realize.rootfs import realize_template
     from harness.store.store import Store
 
@@ -191,7 +192,7 @@ def ensure(home: Path, project: Path, label: str, *, realize: bool, offline: boo
                 hint=f"run `harness realize image:{label}`, or drop --ek realize=false",
             )
         if offline and lock.packages:
-            missing = [p for p in lock.packages if not (home / "cache" / "debs" / f"{p.sha256}.deb").is_file()]
+            missing = [p for p in lock.packages if not downloaded(home, p.sha256)]
             if missing:
                 raise HarnessError(f"template {label}: offline, and {len(missing)} package(s) are not downloaded")
         realize_template(store, load_settings(home, project), lock, project)

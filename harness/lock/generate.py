@@ -53,6 +53,7 @@ from harness.resolve.pins import DistFile, GitSource, Interpreter, Package, Weig
 
 if TYPE_CHECKING:
     from harness.resolve.interpreter import PythonListing
+    from harness.resolve.sdists import SdistOptions
 
 Manifest = ServiceManifest | BenchmarkManifest
 
@@ -763,17 +764,25 @@ def _with_sdist_builds(
     return out
 
 
-def _sdist_needs(run: _Locking, environment: Environment, packages: list[Package], scratch: Path) -> list[str]:
-    from harness.resolve.sdists import sdist_build_requirements
+def _sdist_options(
+    run: _Locking, environment: Environment, scratch: Path, on_static: Callable[[list[str]], None] | None = None
+) -> SdistOptions:
+    from harness.resolve.sdists import SdistOptions
 
-    return sdist_build_requirements(
-        packages,
-        indexes=list(environment.indexes),
+    return SdistOptions(
+        indexes=tuple(environment.indexes),
         settings=run.settings,
         cache_dir=run.cache_dir,
         scratch=scratch,
         offline=run.options.offline,
+        on_static=on_static,
     )
+
+
+def _sdist_needs(run: _Locking, environment: Environment, packages: list[Package], scratch: Path) -> list[str]:
+    from harness.resolve.sdists import sdist_build_requirements
+
+    return sdist_build_requirements(packages, _sdist_options(run, environment, scratch))
 
 
 def _with_environment_builds(
@@ -907,19 +916,7 @@ def _needs_resolving_ahead(
                 )
 
         needs = tuple(
-            sorted(
-                set(
-                    sdist_build_requirements(
-                        [package],
-                        indexes=list(environment.indexes),
-                        settings=run.settings,
-                        cache_dir=run.cache_dir,
-                        scratch=scratch,
-                        offline=run.options.offline,
-                        on_static=on_static,
-                    )
-                )
-            )
+            sorted(set(sdist_build_requirements([package], _sdist_options(run, environment, scratch, on_static))))
         )
         if needs in ahead:
             sets[needs] = ahead[needs].result()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,6 +205,15 @@ def parse(data: dict[str, Any], where: str) -> TemplateLock:
         parts = f.path.split("/")
         if not f.path.startswith("/") or ".." in parts or ".." in f.source.split("/") or f.source.startswith("/"):
             raise InputError(f"{where}: file {f.path!r}: a path outside the root or the project")
+        if not _SHA256.fullmatch(f.sha256):
+            raise InputError(f"{where}: file {f.path!r}: sha256: not 64 hexadecimal digits: {f.sha256!r}")
+    for p in lock.packages:  # names of files realize makes (cache/debs/<sha256>.deb) and asks for
+        if not _SHA256.fullmatch(p.sha256):
+            raise InputError(f"{where}: debian.package {p.name!r}: sha256: not 64 hexadecimal digits: {p.sha256!r}")
+        if not _POOL_PATH.fullmatch(p.filename) or ".." in p.filename.split("/"):
+            raise InputError(
+                f"{where}: debian.package {p.name!r}: filename: not a path in the archive's pool: {p.filename!r}"
+            )
     if lock.packages and not lock.archive:
         raise InputError(f"{where}: debian.archive: packages are pinned but no archive is named")
     unpinned = sorted(set(lock.configure) - {p.name for p in lock.packages})
@@ -213,6 +223,11 @@ def parse(data: dict[str, Any], where: str) -> TemplateLock:
     if lock.store != expected:
         raise InputError(f"{where}: store: {lock.store} does not match its pins ({expected}): re-lock it")
     return lock
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: A file of an archive, relative to its root (``pool/main/t/tool/tool_1.0-1_amd64.deb``).
+_POOL_PATH = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~%-]*(/[A-Za-z0-9._+~%-]+)*\.deb")
 
 
 def _text(value: object) -> str:

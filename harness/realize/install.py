@@ -8,7 +8,8 @@ not), a missing one is locked first when ``lock_missing`` is set.
 (pydantic), their digests compared with the locks', ``path`` weights re-hashed and every
 store path checked: most of a second, mostly imports. After a realize that found or left
 everything in place, a small stamp (``$HARNESS_HOME/cache/up-to-date/<key>.json``) records a
-fingerprint of every input of that decision: the bytes of every manifest of the project and
+fingerprint of every input of that decision (each user's own stamp: in a shared home, one
+that another member wrote, or a link, is never read): the bytes of every manifest of the project and
 of the locks realized, the stat (device, inode, size, mtime, ctime) of every file under
 their ``path`` weights, and the stat of harness's own code and of pydantic (which define
 what a manifest means). The next realize of the same names in the same project that finds
@@ -240,7 +241,9 @@ class _Stamp:
         self.deploy_path = deploy_path
         self.names = sorted(set(names))
         self._racy = False
-        key = hashlib.sha256(json.dumps([str(project.root), self.names]).encode()).hexdigest()[:32]
+        # Each user's own: in a home a lab shares, another member's stamp (forged, or made with
+        # another variant forced) decides nothing for this user.
+        key = hashlib.sha256(json.dumps([str(project.root), self.names, os.geteuid()]).encode()).hexdigest()[:32]
         self.file = home / "cache" / "up-to-date" / f"{key}.json"
         try:
             self.fingerprint: str | None = self._fingerprint()
@@ -252,9 +255,12 @@ class _Stamp:
         """The reports of a realize with nothing to do, or None when that is not certain."""
         if self.fingerprint is None:
             return None
+        from harness.store.entries import read_own
+
+        raw = read_own(self.file, limit=16 << 20)  # a link, a fifo, a huge file or another member's: no stamp
         try:
-            data = json.loads(self.file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = json.loads(raw) if raw is not None else None
+        except ValueError:
             return None
         if not isinstance(data, dict) or data.get("fingerprint") != self.fingerprint:
             return None
@@ -316,12 +322,12 @@ class _Stamp:
             "locks": entries,
             "sources": self._sources(),
         }
+        from harness.store.entries import BadEntry, write_entry
+
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            temp = self.file.with_name(f".{self.file.name}.{os.getpid()}")
-            temp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
-            os.replace(temp, self.file)
-        except OSError:
+            write_entry(self.file, json.dumps(data, sort_keys=True).encode())  # never through a planted link
+        except (OSError, BadEntry):
             pass  # no stamp: the next no-op takes the full path
 
     def _sources(self) -> str:

@@ -5,7 +5,9 @@ one store path of kind ``rootfs``, without root and without Docker:
 
 1. every ``.deb`` is downloaded from the archive the settings name (``[debian-archives]``),
    by the size and sha256 the lock pinned (``harness/download.py``: a mismatch names the
-   file, the expected and the actual sha256), into ``$HARNESS_HOME/cache/debs/``;
+   file, the expected and the actual sha256), into ``$HARNESS_HOME/cache/debs/``
+   (:mod:`harness.realize.debcache`: what another member of a shared home plants there is
+   removed or passed by, and each file's bytes are checked again as they are read);
 2. each is read with a pure-Python ``ar`` and ``tar`` reader (no ``dpkg``): its ``data.tar``
    is unpacked in name order, members checked first — an absolute path, a ``..``, a member
    written through a symlink, a symlink whose target climbs above the root, or a file two
@@ -46,8 +48,10 @@ from pathlib import Path
 from typing import IO
 
 from harness.config import Settings
+from harness.download import read_checked
 from harness.errors import HarnessError
 from harness.lock.images import FORMAT, LockedFile, TemplateLock
+from harness.resolve.debian import DebPin
 from harness.progress import QUIET, Reporter
 from harness.realize.rootfs_users import write_users
 from harness.store.store import BuildResult, Record, Store
@@ -102,7 +106,10 @@ def realize_template(
         out.mkdir()
         done = Unpacked()
         for pin, path in zip(lock.packages, debs, strict=True):
-            unpack_deb(path, out, pin.name, done, shown=posixpath.basename(pin.filename))
+            shown = posixpath.basename(pin.filename)
+            # Read once and checked again: another member may have changed the download since.
+            data = read_checked(path, sha256=pin.sha256, size=pin.size, where=f"template {lock.label}: {shown}")
+            unpack_deb(io.BytesIO(data), out, pin.name, done, shown=shown)
         if lock.configure:
             _configure(lock, out, done)
         _add_files(lock, project_root, out)
@@ -119,24 +126,18 @@ def realize_template(
 
 def _fetch(store: Store, settings: Settings, lock: TemplateLock) -> list[Path]:
     from harness.download import download
-    from harness.store.store import lock_file
+    from harness.realize.debcache import fetch
 
     assert lock.archive is not None
     address = settings.debian_archive(lock.archive)
-    folder = store.root.parent / "cache" / "debs"
-    folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for pin in lock.packages:
-        dest = folder / f"{pin.sha256}.deb"
-        with lock_file(folder / f"{pin.sha256}.lock"):  # two sessions realizing templates that share a .deb
-            download(
-                f"{address}/{pin.filename}",
-                dest,
-                sha256=pin.sha256,
-                size=pin.size,
-                label=f"{posixpath.basename(pin.filename)} (template {lock.label})",
-            )
-        paths.append(dest)
+        label = f"{posixpath.basename(pin.filename)} (template {lock.label})"
+
+        def into(dest: Path, pin: DebPin = pin, label: str = label) -> None:
+            download(f"{address}/{pin.filename}", dest, sha256=pin.sha256, size=pin.size, label=label)
+
+        paths.append(fetch(store.root.parent, pin.sha256, into))  # what another member planted is gone
     return paths
 
 
@@ -191,12 +192,11 @@ def _tar_member(members: dict[str, bytes], prefix: str, where: str) -> tarfile.T
     raise RootfsError(f"{where}: no {prefix}.tar member")
 
 
-def unpack_deb(path: Path, out: Path, package: str, done: Unpacked, *, shown: str | None = None) -> None:
-    """Unpack ``path``'s ``data.tar`` into ``out`` (checked: module doc, step 2); ``shown``
-    names the file in errors (its name in the archive's pool)."""
-    where = f"{shown or path.name} ({package})"
-    with path.open("rb") as handle:
-        members = ar_members(handle, where)
+def unpack_deb(deb: IO[bytes], out: Path, package: str, done: Unpacked, *, shown: str) -> None:
+    """Unpack the ``.deb`` ``deb``'s ``data.tar`` into ``out`` (checked: module doc, step 2);
+    ``shown`` names the file in errors (its name in the archive's pool)."""
+    where = f"{shown} ({package})"
+    members = ar_members(deb, where)
     with _tar_member(members, "control", where) as control:
         bodies = {}
         for member in control.getmembers():
@@ -215,9 +215,10 @@ def unpack_deb(path: Path, out: Path, package: str, done: Unpacked, *, shown: st
 
 def _control_relations(control: bytes) -> tuple[set[str], set[str]]:
     """Every name a control file's ``Pre-Depends`` and ``Depends`` mention, and what it ``Provides``."""
-    from harness.resolve.debian import parse_packages, parse_relations
+    from harness.resolve.deb822 import parse_stanzas
+    from harness.resolve.debian import parse_relations
 
-    stanzas = parse_packages(control.decode("utf-8", errors="replace"))
+    stanzas = parse_stanzas(control.decode("utf-8", errors="replace"))
     fields = stanzas[0] if stanzas else {}
     depends = {
         name
@@ -469,6 +470,7 @@ def realize_templates(
     from harness.config import load_settings
     from harness.errors import InputError
     from harness.lock.images import LOCKS, read, stale_reason
+    from harness.realize.debcache import downloaded
 
     if labels is None:
         folder = project_root / "locks" / LOCKS
@@ -485,7 +487,7 @@ def realize_templates(
             out.append(Realized(label, lock.store, False))
             continue
         if offline:
-            missing = [p.filename for p in lock.packages if not (home / "cache" / "debs" / f"{p.sha256}.deb").is_file()]
+            missing = [p.filename for p in lock.packages if not downloaded(home, p.sha256)]
             if missing:
                 raise RootfsError(
                     f"template {label}: --offline, and {len(missing)} package(s) are not downloaded: "

@@ -22,7 +22,8 @@ Release lists, before it is read (:mod:`harness.resolve.debrelease`; an archive 
 mark ``allow-unsigned`` is read unchecked, and its locks say so). Every ``.deb`` realize
 fetches is checked against the sha256 pinned here.
 
-``parse_packages``, ``closure``, ``satisfies`` and ``compare_versions`` are pure.
+``closure``, ``satisfies`` and ``compare_versions`` are pure; the index is read with the one
+deb822 reader (:mod:`harness.resolve.deb822`) that ``Release`` files and ``control`` files use too.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError, InputError
+from harness.resolve.deb822 import parse_stanzas
 
 if TYPE_CHECKING:
     from harness.resolve.debrelease import Release
@@ -65,28 +67,6 @@ class DebPin:
             "size": self.size,
             "sha256": self.sha256,
         }
-
-
-def parse_packages(text: str) -> list[dict[str, str]]:
-    """The stanzas of a Packages index, each a field -> value mapping (continuation lines joined)."""
-    stanzas: list[dict[str, str]] = []
-    current: dict[str, str] = {}
-    last = ""
-    for line in text.splitlines():
-        if not line.strip():
-            if current:
-                stanzas.append(current)
-            current, last = {}, ""
-        elif line[0] in " \t":
-            if last:
-                current[last] += "\n" + line.strip()
-        elif ":" in line:
-            key, _, value = line.partition(":")
-            last = key.strip()
-            current[last] = value.strip()
-    if current:
-        stanzas.append(current)
-    return stanzas
 
 
 def parse_relations(text: str) -> list[list[tuple[str, str]]]:
@@ -380,5 +360,5 @@ def read_index(
                 data = gzip.decompress(data)
         except (lzma.LZMAError, OSError, EOFError) as exc:
             raise HarnessError(f"{folder}/{name}: not a valid compressed index: {exc}") from None
-        return parse_packages(data.decode("utf-8", errors="replace"))
+        return parse_stanzas(data.decode("utf-8", errors="replace"))
     raise HarnessError(f"no Packages index under {folder} ({'; '.join(problems)})")

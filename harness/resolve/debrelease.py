@@ -33,6 +33,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 from harness.errors import HarnessError, InputError
+from harness.resolve.deb822 import parse_stanzas
 
 _MAX_RELEASE = 64 * 1024 * 1024
 VERIFIED = "InRelease verified with gpgv"
@@ -55,18 +56,8 @@ class Release:
 
 def parse_release(text: str) -> tuple[dict[str, str], dict[str, tuple[str, int]]]:
     """A Release file's fields and its ``SHA256`` list (path -> (sha256, size)) (pure)."""
-    fields: dict[str, str] = {}
-    last = ""
-    for line in text.splitlines():
-        if not line.strip():
-            break  # one stanza
-        if line[0] in " \t":
-            if last:
-                fields[last] += "\n" + line.strip()
-        elif ":" in line:
-            key, _, value = line.partition(":")
-            last = key.strip()
-            fields[last] = value.strip()
+    stanzas = parse_stanzas(text)
+    fields = stanzas[0] if stanzas else {}  # one stanza
     files: dict[str, tuple[str, int]] = {}
     for line in fields.get("SHA256", "").splitlines():
         parts = line.split()

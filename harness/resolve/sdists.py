@@ -12,7 +12,8 @@ legacy backend asks for ``wheel``), exactly as for git sources
 
 To read them the sdist is fetched (from the index the resolution named, checked against the
 size and sha256 it published, into the download cache realize reads, so realize does not
-fetch it again) and unpacked into a scratch folder; the backend's answer is cached per sdist
+fetch it again), read once, checked again and copied into a scratch folder (another member of a
+shared home could change the download after its check), and unpacked there; the backend's answer is cached per sdist
 hash. Nothing here decides the pins: the caller resolves these requirements with the git
 sources' build requirements into the lock's build packages.
 """
@@ -25,6 +26,7 @@ import tarfile
 import threading
 import zipfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -35,39 +37,32 @@ if TYPE_CHECKING:
     from harness.resolve.pins import DistFile, Package
 
 
-def sdist_build_requirements(
-    packages: Sequence[Package],
-    *,
-    indexes: Sequence[str],
-    settings: Settings,
-    cache_dir: Path,
-    scratch: Path,
-    offline: bool = False,
-    on_static: Callable[[list[str]], None] | None = None,
-) -> list[str]:
+@dataclass(frozen=True)
+class SdistOptions:
+    """How the sdists of one environment are read: its ``indexes`` (for a backend's throw-away
+    environment), the ``settings``, the download and answer cache ``cache_dir``, a ``scratch``
+    folder to unpack in, ``offline``, and ``on_static``, handed each sdist's static
+    requirements as soon as they are read, before its backend is asked for the dynamic ones
+    (the caller may start resolving them)."""
+
+    indexes: tuple[str, ...]
+    settings: Settings
+    cache_dir: Path
+    scratch: Path
+    offline: bool = False
+    on_static: Callable[[list[str]], None] | None = None
+
+
+def sdist_build_requirements(packages: Sequence[Package], options: SdistOptions) -> list[str]:
     """The build requirements (static and dynamic) of every package of ``packages`` that
     installs from its sdist (no wheel fits the target), sorted and without repeats; [] when
-    none does. ``indexes`` are the environment's (for the backend's throw-away environment).
-    ``on_static`` is handed each sdist's static requirements as soon as they are read, before
-    its backend is asked for the dynamic ones (the caller may start resolving them).
-    A fetch, unpack or backend failure is a :class:`HarnessError` naming the package."""
+    none does. A fetch, unpack or backend failure is a :class:`HarnessError` naming the package."""
     found: set[str] = set()
     for package in packages:
         if package.wheels or package.sdist is None:
             continue
         try:
-            found.update(
-                _one_sdist(
-                    package,
-                    package.sdist,
-                    indexes,
-                    settings=settings,
-                    cache_dir=cache_dir,
-                    scratch=scratch,
-                    offline=offline,
-                    on_static=on_static,
-                )
-            )
+            found.update(_one_sdist(package, package.sdist, options))
         except HarnessError as exc:
             raise HarnessError(
                 f"{package.name} {package.version} (sdist {package.sdist.file}): {exc.message}", hint=exc.hint
@@ -75,34 +70,14 @@ def sdist_build_requirements(
     return sorted(found)
 
 
-def _one_sdist(
-    package: Package,
-    sdist: DistFile,
-    indexes: Sequence[str],
-    *,
-    settings: Settings,
-    cache_dir: Path,
-    scratch: Path,
-    offline: bool,
-    on_static: Callable[[list[str]], None] | None = None,
-) -> list[str]:
+def _one_sdist(package: Package, sdist: DistFile, options: SdistOptions) -> list[str]:
     key = hashlib.sha256(json.dumps(["harness-sdist-build-requires-v1", sdist.sha256]).encode()).hexdigest()[:40]
     # One thread per sdist at a time: the platforms of a lock, resolved side by side, often
     # install the same sdist; the second waits and reads the first's answer from the cache.
     with _SDIST_LOCKS_LOCK:
         one_at_a_time = _SDIST_LOCKS.setdefault(key, threading.Lock())
     with one_at_a_time:
-        return _sdist_answer(
-            package,
-            sdist,
-            key,
-            indexes,
-            settings=settings,
-            cache_dir=cache_dir,
-            scratch=scratch,
-            offline=offline,
-            on_static=on_static,
-        )
+        return _sdist_answer(package, sdist, key, options)
 
 
 #: A lock per sdist (by its answer's cache key) for :func:`_one_sdist`.
@@ -110,44 +85,51 @@ _SDIST_LOCKS: dict[str, threading.Lock] = {}
 _SDIST_LOCKS_LOCK = threading.Lock()
 
 
-def _sdist_answer(
-    package: Package,
-    sdist: DistFile,
-    key: str,
-    indexes: Sequence[str],
-    *,
-    settings: Settings,
-    cache_dir: Path,
-    scratch: Path,
-    offline: bool,
-    on_static: Callable[[list[str]], None] | None = None,
-) -> list[str]:
+def _sdist_answer(package: Package, sdist: DistFile, key: str, options: SdistOptions) -> list[str]:
     from harness.resolve.python import build_requirements, dynamic_build_requirements
 
+    cache_dir = options.cache_dir
     static_cache = cache_dir / "build-requires" / f"{key}-static.json"
     static = _cached(static_cache)
     # dynamic_build_requirements caches its answer under the same key: with both cached, the
     # sdist is neither fetched nor unpacked.
-    root = scratch
+    root = options.scratch
     if static is None or not (cache_dir / "build-requires" / f"{key}.json").is_file():
-        archive = fetch_sdist(package, sdist, settings=settings, cache_dir=cache_dir, offline=offline)
-        root = unpack_sdist(archive, scratch / f"sdist-{sdist.sha256[:16]}")
+        archive = _private_copy(
+            fetch_sdist(package, sdist, settings=options.settings, cache_dir=cache_dir, offline=options.offline),
+            sdist,
+            options.scratch,
+        )
+        root = unpack_sdist(archive, options.scratch / f"sdist-{sdist.sha256[:16]}")
         if static is None:
             static = build_requirements(root)
             _remember(static_cache, static)
-    if on_static is not None:
-        on_static(list(static))
+    if options.on_static is not None:
+        options.on_static(list(static))
     dynamic = dynamic_build_requirements(
         root,
         static,
         editable=False,
         key=key,
-        indexes=list(indexes),
-        settings=settings,
+        indexes=list(options.indexes),
+        settings=options.settings,
         cache_dir=cache_dir,
-        offline=offline,
+        offline=options.offline,
     )
     return [*static, *dynamic]
+
+
+def _private_copy(download: Path, sdist: DistFile, scratch: Path) -> Path:
+    """The checked bytes of ``download`` copied into ``scratch``, read once: the download cache
+    of a home a group shares is group-writable, and bytes another member put there after the
+    check would run their build backend here."""
+    from harness.download import read_checked
+
+    data = read_checked(download, sha256=sdist.sha256, size=sdist.size, where=f"sdist {sdist.file}")
+    copy = scratch / f"{sdist.sha256[:16]}-{PurePosixPath(sdist.file).name}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    copy.write_bytes(data)
+    return copy
 
 
 def _cached(path: Path) -> list[str] | None:

@@ -76,7 +76,7 @@ def parse_variants_json(data: bytes, where: str) -> VariantsFile:
         raise HarnessError(f"{where}: {len(data)} bytes, more than the {MAX_BYTES} a variants.json may have")
     try:
         document = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # an index's file nested deeper than the parser goes
         raise HarnessError(f"{where}: not JSON ({exc})") from None
     if not isinstance(document, dict):
         raise HarnessError(f"{where}: expected a JSON object")
