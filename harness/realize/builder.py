@@ -235,6 +235,7 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
     _drop_what_failed(ctx, locks, run)
     _drop_downloads(ctx, locks)
     _root_realized(ctx, locks, run.failures)
+    _drop_package_files(ctx, locks, run.failures)
     return _reports_unless_failed(run)
 
 
@@ -372,11 +373,53 @@ def _root_realized(ctx: Context, locks: list[Lock], failures: dict[str, HarnessE
     from harness.realize.standin import realized_lock
     from harness.store.gc import register_project
 
+    # With `[gc] keep-wheel-files = false` the package files are not the project's to keep
+    # (:func:`_drop_package_files`): only the runtime closure is recorded.
+    objects = all_objects if ctx.settings.gc_keep_wheel_files else lock_objects
     realized: dict[str, Iterable[str]] = {
-        lock.name: all_objects(realized_lock(ctx.store, lock)) for lock in locks if lock.name not in failures
+        lock.name: objects(realized_lock(ctx.store, lock)) for lock in locks if lock.name not in failures
     }
     if realized or not locks:
         register_project(ctx.store, ctx.project_root, realized)
+
+
+def _drop_package_files(ctx: Context, locks: list[Lock], failures: dict[str, HarnessError]) -> None:
+    """With ``[gc] keep-wheel-files = false``: delete the package files (wheels, sdists, built
+    wheels) of each lock whose environment is registered and passes the launch check, once no
+    other root keeps them (:func:`harness.store.gc.discard_unused`, under the gc lock: another
+    process's realize or project that still needs one keeps it). A lock of this realize whose
+    environment is not there (it failed) keeps its own. A later environment that installs one
+    fetches it again (binary caches first); an offline realize is refused naming it."""
+    if ctx.settings.gc_keep_wheel_files:
+        return
+    from harness.realize.standin import realized_lock
+    from harness.store.gc import discard_unused
+    from harness.store.launchcheck import check_closure
+    from harness.store.roots import process_roots
+
+    store = ctx.store
+    names: set[str] = set()
+    keep: set[str] = set()
+    for lock in locks:
+        realized = realized_lock(store, lock)
+        inputs = {name for name in build_inputs(realized) if store.is_registered(name)}
+        if lock.name in failures or not store.is_registered(realized.environment.store):
+            keep |= inputs
+            continue
+        if not inputs:
+            continue
+        try:
+            check_closure(store.root, [realized.environment.store])
+        except HarnessError as exc:
+            write_line(sys.stderr, f"warning: keeping the package files of {lock.name}: {exc}")
+            keep |= inputs
+            continue
+        names |= inputs
+    if names - keep:
+        try:
+            discard_unused(store, names - keep, own_roots=process_roots(store).path)
+        except (HarnessError, OSError) as exc:  # the environments are realized: only say so
+            write_line(sys.stderr, f"warning: could not drop the package files ({exc}); `harness store gc` does")
 
 
 def _reports_unless_failed(run: _Realizing) -> list[Report]:

@@ -288,6 +288,7 @@ def _gc_options(state: State) -> dict[str, Any]:
         "keep_runs": settings.gc_keep_runs,
         "grace_days": settings.gc_missing_project_days,
         "checkout_code": checkout_code_paths,
+        "keep_wheel_files": settings.gc_keep_wheel_files,
     }
 
 
