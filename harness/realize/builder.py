@@ -680,15 +680,17 @@ def _take_download(ctx: Context, sha256: str, dest: Path) -> None:
             shutil.copyfile(source, dest)
 
 
-def _drop_downloads(ctx: Context, locks: list[Lock]) -> None:
-    """Remove downloads whose objects are registered: the store holds their bytes now."""
+def _drop_downloads(ctx: Context, locks: list[Lock], *, weights: bool = True) -> None:
+    """Remove downloads whose objects are registered: the store holds their bytes now.
+    ``weights=False``: the package files' only (a weight file of one lock's set may be a file
+    of another lock's set, registered later in the same realize from the same download)."""
     for lock in locks:
         done: list[tuple[str, bool]] = []
         for package in [*lock.packages, *lock.build_packages]:
             file = chosen_file(package, lock)
             done.append((file.sha256, ctx.store.is_registered(file.store)))
-        for weights in lock.weights:
-            done += [(f.sha256, ctx.store.is_registered(weights.store)) for f in weights.files]
+        for weight_set in lock.weights if weights else []:
+            done += [(f.sha256, ctx.store.is_registered(weight_set.store)) for f in weight_set.files]
         for sha256, registered in done:
             if registered and ctx.download_path(sha256).exists():
                 with ctx.download_lock(sha256):
@@ -931,8 +933,9 @@ def _add_package_files(ctx: Context, realized: Lock) -> None:
     # Drop the downloads the store now holds *before* the environment is built: unlinking a
     # download (a second name of a store file) changes the file's ctime, which uv's cache
     # keys local wheels on, so dropping it later made the next environment's uv unpack every
-    # wheel again (a second copy in uv's cache, and the time it takes).
-    _drop_downloads(ctx, [realized])
+    # wheel again (a second copy in uv's cache, and the time it takes). Only the package
+    # files': the weight sets were registered just before, and another lock may share a file.
+    _drop_downloads(ctx, [realized], weights=False)
 
 
 def _register_files(ctx: Context, realized: Lock, adding: list[tuple[str, LockedFile]]) -> None:
