@@ -714,3 +714,39 @@ def test_a_harbor_realize_on_first_use_takes_weights_from_the_deploy_folder(
     result = harbor_resolve(home, str(deploy))
     assert result.returncode == 0, result.stderr
     assert snapshot(home) == snapshot(realized)
+
+
+def test_without_wheel_files_a_failed_lock_keeps_what_it_shares_with_one_realized(
+    up: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[gc] keep-wheel-files = false`, two locks realized together: the one realized gives up
+    its package files, but not the wheel it shares with the one that failed, whose retry after
+    the fix then downloads nothing and drops the files in turn."""
+    from harness.lock.document import Lock
+    from harness.lock.objects import build_inputs, chosen_file
+    from tests.upstreams import service
+
+    toolchain = _needs_toolchain(up, tmp_path)
+    project = _locked(
+        tmp_path / "project",
+        {"good": service(["alpha==1.0", "delta==1.0"]), "broken": service(["delta==1.0", "needstool==1.0"])},
+    )
+    good, broken = (read(project / "locks" / f"{n}.lock.toml") for n in ("good", "broken"))
+    home = tmp_path / "home"
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "0")
+    _realize_failing(project, home)
+    store = Store.in_home(home)
+    assert store.is_registered(realized_lock(store, good).environment.store)
+
+    def file_of(lock: Lock, name: str) -> str:
+        return chosen_file(next(p for p in lock.packages if p.name == name), lock).store
+
+    assert not store.is_registered(file_of(good, "alpha")), "only the realized lock used it: dropped"
+    assert store.is_registered(file_of(broken, "delta")), "the failed lock needs it: kept"
+    toolchain.write_text("")
+    before = _downloads(home)
+    realize(project, home, "--offline", "broken")
+    assert store.is_registered(realized_lock(store, broken).environment.store)
+    assert not [n for n in build_inputs(realized_lock(store, broken)) if store.is_registered(n)]
+    assert _downloads(home) <= before
+    assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
