@@ -42,6 +42,7 @@ gets a pin for it.
 from __future__ import annotations
 
 import argparse
+import functools
 import datetime
 import json
 import os
@@ -255,13 +256,22 @@ def report_failure(out: Outcome, what: str, result: Step) -> None:
 
 
 def run_harness(
-    seed: SeedSet, base: Path, env: dict[str, str], out: Outcome, *, lock_only: bool, timeout: float
+    seed: SeedSet,
+    base: Path,
+    env: dict[str, str],
+    out: Outcome,
+    *,
+    lock_only: bool,
+    timeout: float,
+    keep_wheel_files: bool = True,
 ) -> None:
     harness = harness_command()
     project, home = base / "project", base / "home"
     pins = {"3.10": python_version_of(env, "3.10")} if seed.python == "3.10" else {}
     make_project(project, seed, pins)
     henv = {**env, "HARNESS_HOME": str(home), "UV_CACHE_DIR": str(base / "uv-cache-ignored")}
+    if not keep_wheel_files:  # `[gc] keep-wheel-files = false`: realize drops them (issue 30, step 3)
+        henv["HARNESS_GC_KEEP_WHEEL_FILES"] = "0"
     cmd = [*harness, "--project", str(project), "--home", str(home)]
     print(f"  harness lock {seed.name} …", flush=True)
     lock = step([*cmd, "lock", seed.name], base / "logs" / "harness-lock.log", env=henv, cwd=base, timeout=timeout)
@@ -303,6 +313,7 @@ def run_harness(
     # paths of their own (uv keeps no wheel file, only its unpacked copy, linked into the venv).
     out.figures["harness env bytes"] = du(environment)
     out.figures["harness wheel files bytes"] = du(*(home / "store").glob("*.whl"))
+    out.figures["harness interpreter bytes"] = du(*(home / "store").glob("*-cpython-*"))
     fetched = re.findall(r"^fetching \d+ file\(s\): ([\d.]+ [KMG]iB), done", realize_log(base), re.M)
     if fetched:
         out.notes.append(f"realize fetched {fetched[-1]}")
@@ -449,7 +460,8 @@ def print_outcome(out: Outcome) -> None:
             f"  disk: home {gib(f['harness home bytes'])} (store {gib(f['harness store bytes'])}, "
             f"cache {gib(f['harness cache bytes'])}"
             + (
-                f"; environment {gib(f['harness env bytes'])}, wheel files {gib(f['harness wheel files bytes'])}"
+                f"; environment {gib(f['harness env bytes'])}, wheel files {gib(f['harness wheel files bytes'])}, "
+                f"interpreter {gib(f.get('harness interpreter bytes', 0))}"
                 if "harness env bytes" in f
                 else ""
             )
@@ -478,6 +490,11 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=2400, help="seconds any one command may take")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--first", choices=("harness", "uv"), default="harness", help="who goes first in the first set")
+    parser.add_argument(
+        "--drop-wheel-files",
+        action="store_true",
+        help="realize with `[gc] keep-wheel-files = false`: the package files go once the environment is registered",
+    )
     args = parser.parse_args()
     names = [n for n in args.sets.split(",") if n]
     lock_only = {n for n in args.lock_only.split(",") if n}
@@ -512,7 +529,8 @@ def main() -> int:
                 f"\n== {out.name}: {len(seed.requirements)} requirements, Python {seed.python}; {out.order} first; load {load()}",
                 flush=True,
             )
-            sides = [("harness", run_harness), ("uv", run_uv)]
+            harness_side = functools.partial(run_harness, keep_wheel_files=not args.drop_wheel_files)
+            sides = [("harness", harness_side), ("uv", run_uv)]
             for who, side in sides if harness_first else sides[::-1]:
                 (base / who).mkdir()
                 side(seed, base / who, env, out, lock_only=name in lock_only, timeout=args.timeout)

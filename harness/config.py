@@ -365,6 +365,25 @@ class Settings:
             "missing-project-days = 30",
         ),
     )
+    #: ``[gc] keep-wheel-files``: false drops the package files (wheels, sdists, built wheels)
+    #: an environment was installed from once it is registered and verified.
+    gc_keep_wheel_files: bool = field(
+        default=True,
+        metadata=_doc(
+            "gc",
+            "keep-wheel-files",
+            "boolean",
+            "Whether the store keeps each package file an environment was installed from (the "
+            "`.whl`, sdist and built-wheel store paths) once the environment is registered. "
+            "`false`: `realize` drops them right after it registered and verified the environment, "
+            "and `store gc` collects them, which saves their size on disk (the environment needs none "
+            "of them to run, verify, push or be audited); a later environment that installs one fetches "
+            "it again (binary caches first), and an offline one is refused naming it.",
+            "keep-wheel-files = false",
+            default="`true`",
+            env="`HARNESS_GC_KEEP_WHEEL_FILES` (`0`/`1`)",
+        ),
+    )
 
     def index_url(self, name: str) -> str | None:
         """The address of index ``name``; None for ``pypi`` left at uv's default.
@@ -740,13 +759,20 @@ def _env_python(configured: dict[str, Any]) -> dict[str, Any]:
 
 
 def _env_gc() -> dict[str, Any]:
-    """``[gc]`` keyword arguments from the environment (``HARNESS_GC_KEEP_RUNS``)."""
+    """``[gc]`` keyword arguments from the environment (``HARNESS_GC_KEEP_RUNS``,
+    ``HARNESS_GC_KEEP_WHEEL_FILES``)."""
+    out: dict[str, Any] = {}
+    keep_files = os.environ.get("HARNESS_GC_KEEP_WHEEL_FILES")
+    if keep_files:
+        if keep_files not in ("0", "1"):
+            raise InputError(f"HARNESS_GC_KEEP_WHEEL_FILES={keep_files!r}: expected 0 or 1")
+        out["gc_keep_wheel_files"] = keep_files == "1"
     if not os.environ.get("HARNESS_GC_KEEP_RUNS"):
-        return {}
+        return out
     value = os.environ["HARNESS_GC_KEEP_RUNS"]
     if not value.isdigit():
         raise InputError(f"HARNESS_GC_KEEP_RUNS={value!r}: expected a whole number of runs")
-    return {"gc_keep_runs": int(value)}
+    return {**out, "gc_keep_runs": int(value)}
 
 
 def _checked_table(data: dict[str, Any], path: Path, name: str, known: dict[str, str]) -> dict[str, Any]:
@@ -852,9 +878,17 @@ def _cache_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
 
 def _gc_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """``[gc]`` of one settings file, as Settings keyword arguments."""
-    known = {"keep-runs": "gc_keep_runs", "missing-project-days": "gc_missing_project_days"}
+    known = {
+        "keep-runs": "gc_keep_runs",
+        "missing-project-days": "gc_missing_project_days",
+        "keep-wheel-files": "gc_keep_wheel_files",
+    }
     table = _checked_table(data, path, "gc", known)
     out: dict[str, Any] = {}
+    if "keep-wheel-files" in table:
+        if not isinstance(table["keep-wheel-files"], bool):
+            raise InputError(f"{path}: gc.keep-wheel-files: expected true or false")
+        out["gc_keep_wheel_files"] = table["keep-wheel-files"]
     keep = table.get("keep-runs")
     if keep is not None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:

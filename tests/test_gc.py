@@ -478,15 +478,24 @@ def test_gc_settings_and_their_bad_values(tmp_path: Path, monkeypatch: pytest.Mo
     from harness.errors import InputError
 
     monkeypatch.delenv("HARNESS_GC_KEEP_RUNS", raising=False)
-    assert load_settings(tmp_path).gc_keep_runs == 10
-    (tmp_path / "config.toml").write_text("[gc]\nkeep-runs = 3\nmissing-project-days = 0\n")
+    monkeypatch.delenv("HARNESS_GC_KEEP_WHEEL_FILES", raising=False)
+    assert load_settings(tmp_path).gc_keep_runs == 10 and load_settings(tmp_path).gc_keep_wheel_files is True
+    (tmp_path / "config.toml").write_text("[gc]\nkeep-runs = 3\nmissing-project-days = 0\nkeep-wheel-files = false\n")
     settings = load_settings(tmp_path)
     assert settings.gc_keep_runs == 3 and settings.gc_missing_project_days == 0
+    assert settings.gc_keep_wheel_files is False
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "1")
+    assert load_settings(tmp_path).gc_keep_wheel_files is True
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "no")
+    with pytest.raises(InputError, match="HARNESS_GC_KEEP_WHEEL_FILES"):
+        load_settings(tmp_path)
+    monkeypatch.delenv("HARNESS_GC_KEEP_WHEEL_FILES")
     monkeypatch.setenv("HARNESS_GC_KEEP_RUNS", "5")
     assert load_settings(tmp_path).gc_keep_runs == 5
     for text, key in (
         ('keep-runs = "ten"', "gc.keep-runs"),
         ("missing-project-days = -1", "gc.missing-project-days"),
+        ('keep-wheel-files = "no"', "gc.keep-wheel-files: expected true or false"),
         ("keep = 1", "gc.keep: unknown key"),
     ):
         (tmp_path / "config.toml").write_text(f"[gc]\n{text}\n")
@@ -544,3 +553,80 @@ def test_discard_unused_deletes_only_what_no_one_else_took_up(tmp_path: Path) ->
         keeper,
         *(names[k] for k in ("held", "pinned", "recorded", "run", "referenced")),
     }
+
+
+# ------------------------------------------------------------- keep-wheel-files = false
+
+
+def test_without_wheel_files_the_environment_runs_and_audits_and_a_second_one_fetches(
+    project: Path, tmp_path: Path
+) -> None:
+    """Issue 30 step 3: with `[gc] keep-wheel-files = false` realize drops the package files
+    once the environment is registered and verified; the run and its audit need none of them,
+    an offline realize of it has nothing to do, and a second environment that installs one of
+    them is refused offline naming it and fetches it again online."""
+    from harness.lock.objects import build_inputs
+    from tests.conftest import run_harness_process
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text("[gc]\nkeep-wheel-files = false\n")
+    result, run_dir = _run(project, home)
+    assert result.returncode == 0, result.stdout + result.stderr
+    store = Store.in_home(home)
+    lock = realized_lock(store, read(project / "locks" / "svc.lock.toml"))
+    files = build_inputs(lock)
+    assert files and store.is_registered(lock.environment.store)
+    assert not [name for name in files if store.is_registered(name)], "the package files were dropped"
+    assert not [p.name for p in store.root.iterdir() if p.name.endswith(".whl")]
+    assert harness(project, home, "audit", run_dir.name).returncode == 0
+    assert harness(project, home, "store", "verify").returncode == 0
+    again = harness(project, home, "realize", "--offline")
+    assert again.returncode == 0, again.stderr
+    # A second environment installing the same alpha wheel, and beta.
+    second = _project_like(project, tmp_path / "second", 'alpha==1.0", "beta==1.0')
+    assert harness(second, home, "lock").returncode == 0
+    offline = harness(second, home, "realize", "--offline")
+    assert offline.returncode != 0
+    assert "offline" in offline.stderr and "wheel alpha-1.0-" in offline.stderr, offline.stderr
+    online = harness(second, home, "realize")
+    assert online.returncode == 0, online.stderr
+    other = realized_lock(store, read(second / "locks" / "svc.lock.toml"))
+    assert store.is_registered(other.environment.store)
+    assert not [name for name in build_inputs(other) if store.is_registered(name)]
+    ran = run_harness_process("--project", str(second), "--home", str(home), "store", "path", "svc")
+    env_python = Path(ran.stdout.strip().splitlines()[-1]) / "bin" / "python"
+    assert subprocess.run([str(env_python), "-c", "import alpha, beta"]).returncode == 0
+
+
+def test_gc_collects_wheel_files_only_when_asked(project: Path, tmp_path: Path) -> None:
+    """By default a project's locks keep their package files (a second environment builds
+    offline from them); `HARNESS_GC_KEEP_WHEEL_FILES=0` (`[gc] keep-wheel-files`) lets gc
+    collect those of an environment that is registered, and nothing it runs from."""
+    from harness.lock.objects import build_inputs, lock_objects
+    from tests.conftest import run_harness_process
+
+    home = tmp_path / "home"
+    assert harness(project, home, "realize").returncode == 0
+    store = Store.in_home(home)
+    lock = realized_lock(store, read(project / "locks" / "svc.lock.toml"))
+    files = [name for name in build_inputs(lock) if store.is_registered(name)]
+    assert files
+    kept = harness(project, home, "store", "gc")
+    assert kept.returncode == 0 and all(store.is_registered(name) for name in files), kept.stdout
+    drop = {"HARNESS_GC_KEEP_WHEEL_FILES": "0"}
+    dry = run_harness_process("--project", str(project), "--home", str(home), "store", "gc", "--dry-run", env=drop)
+    assert all(f"would delete {name}" in dry.stdout for name in files), dry.stdout
+    done = run_harness_process("--project", str(project), "--home", str(home), "store", "gc", env=drop)
+    assert done.returncode == 0, done.stderr
+    assert not [name for name in files if store.is_registered(name)]
+    assert all(store.is_registered(name) for name in lock_objects(lock))
+    assert harness(project, home, "realize", "--offline").returncode == 0
+
+
+def _project_like(project: Path, root: Path, requirement: str) -> Path:
+    """A copy of ``project`` whose service asks for ``requirement`` instead (not locked yet)."""
+    shutil.copytree(project, root, ignore=shutil.ignore_patterns("locks"))
+    manifest = root / "services" / "svc.toml"
+    manifest.write_text(manifest.read_text().replace('"alpha==1.0"', f'"{requirement}"'))
+    return root

@@ -90,6 +90,55 @@ def test_realize_again_does_nothing(project: Path, realized: Path) -> None:
     assert snapshot(realized) == before
 
 
+def test_build_inputs_are_needed_only_where_the_environment_must_be_built(project: Path) -> None:
+    """Pure: the runtime closure names no package file; the build inputs are asked for only
+    while the environment is not registered, and a registered built wheel's sdist not even then."""
+    from harness.lock.objects import all_objects, build_inputs, built_wheels, chosen_file, lock_objects
+    from harness.lock.objects import needed_build_inputs
+
+    lock = read(project / "locks" / "svc.lock.toml")
+    runtime, inputs = lock_objects(lock), build_inputs(lock)
+    files = {chosen_file(p, lock).store for p in [*lock.packages, *lock.build_packages]}
+    assert files <= set(inputs) and not files & set(runtime)
+    assert lock.environment.store in runtime and lock.python.store in runtime
+    assert set(all_objects(lock)) == {*runtime, *inputs}
+    assert needed_build_inputs(lock, lambda name: False) == inputs
+    assert needed_build_inputs(lock, lambda name: name == lock.environment.store) == []
+    built = built_wheels(lock)
+    assert built, "the svc lock builds epsilon's wheel from its sdist"
+    package, wheel = built[0]
+    sdist = chosen_file(package, lock).store
+    assert sdist in needed_build_inputs(lock, lambda name: False)
+    needed = needed_build_inputs(lock, lambda name: name == wheel)
+    assert sdist not in needed and wheel in needed
+
+
+def test_a_realized_environment_needs_none_of_its_wheel_files(project: Path, tmp_path: Path) -> None:
+    """Issue 30 step 3: the wheel files are build inputs, not part of the environment's runtime
+    closure. With every one of them gone from the store (and no download left), an offline
+    realize has nothing to do, the store verifies and the environment runs."""
+    from harness.lock.objects import build_inputs, lock_objects
+
+    home = tmp_path / "home"
+    realize(project, home)
+    store = Store.in_home(home)
+    lock = realized_lock(store, read(project / "locks" / "svc.lock.toml"))
+    wheels = [name for name in build_inputs(lock) if store.is_registered(name)]
+    assert wheels and not set(wheels) & set(lock_objects(lock))
+    for name in wheels:
+        store.delete(name)
+    shutil.rmtree(home / "cache" / "downloads", ignore_errors=True)
+    result = realize(project, home, "--offline", "--json")
+    assert json.loads(result.stdout)[0]["built"] == [], result.stdout
+    assert not [name for name in wheels if store.is_registered(name)], "nothing was fetched"
+    assert {f.status for f in verify_store(store, check_contents=True)} == {"ok"}
+    verified = run_harness_process("--project", str(project), "--home", str(home), "store", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    env_python = store.root / lock.environment.store / "bin" / "python"
+    ran = subprocess.run([str(env_python), "-c", "import alpha, gamma, toolkit"], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+
+
 def test_two_homes_same_hashes_and_a_copied_env_runs(project: Path, realized: Path, tmp_path: Path) -> None:
     other = tmp_path / "somewhere" / "else"
     realize(project, other)
@@ -487,7 +536,8 @@ def test_a_failed_realize_keeps_what_was_there_and_what_another_process_holds(up
 def test_what_a_failed_lock_shares_with_one_realized_beside_it_stays(up: Upstreams, tmp_path: Path) -> None:
     """Two locks realized together into an empty store: the one that fails gives up only what
     the other (realized) does not use: the shared wheel and interpreter stay."""
-    from harness.realize.builder import chosen_file, lock_objects
+    from harness.lock.objects import all_objects
+    from harness.realize.builder import chosen_file
     from tests.upstreams import service
 
     _needs_toolchain(up, tmp_path)
@@ -499,7 +549,7 @@ def test_what_a_failed_lock_shares_with_one_realized_beside_it_stays(up: Upstrea
     home = tmp_path / "home"
     _realize_failing(project, home)
     store = Store.in_home(home)
-    assert sorted(r.name for r in store.records()) == sorted(lock_objects(realized_lock(store, good)))
+    assert sorted(r.name for r in store.records()) == sorted(all_objects(realized_lock(store, good)))
     needstool = chosen_file(next(p for p in broken.packages if p.name == "needstool"), broken)
     assert not store.is_registered(needstool.store) and needstool.sha256 in _downloads(home)
     assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
@@ -664,3 +714,39 @@ def test_a_harbor_realize_on_first_use_takes_weights_from_the_deploy_folder(
     result = harbor_resolve(home, str(deploy))
     assert result.returncode == 0, result.stderr
     assert snapshot(home) == snapshot(realized)
+
+
+def test_without_wheel_files_a_failed_lock_keeps_what_it_shares_with_one_realized(
+    up: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[gc] keep-wheel-files = false`, two locks realized together: the one realized gives up
+    its package files, but not the wheel it shares with the one that failed, whose retry after
+    the fix then downloads nothing and drops the files in turn."""
+    from harness.lock.document import Lock
+    from harness.lock.objects import build_inputs, chosen_file
+    from tests.upstreams import service
+
+    toolchain = _needs_toolchain(up, tmp_path)
+    project = _locked(
+        tmp_path / "project",
+        {"good": service(["alpha==1.0", "delta==1.0"]), "broken": service(["delta==1.0", "needstool==1.0"])},
+    )
+    good, broken = (read(project / "locks" / f"{n}.lock.toml") for n in ("good", "broken"))
+    home = tmp_path / "home"
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "0")
+    _realize_failing(project, home)
+    store = Store.in_home(home)
+    assert store.is_registered(realized_lock(store, good).environment.store)
+
+    def file_of(lock: Lock, name: str) -> str:
+        return chosen_file(next(p for p in lock.packages if p.name == name), lock).store
+
+    assert not store.is_registered(file_of(good, "alpha")), "only the realized lock used it: dropped"
+    assert store.is_registered(file_of(broken, "delta")), "the failed lock needs it: kept"
+    toolchain.write_text("")
+    before = _downloads(home)
+    realize(project, home, "--offline", "broken")
+    assert store.is_registered(realized_lock(store, broken).environment.store)
+    assert not [n for n in build_inputs(realized_lock(store, broken)) if store.is_registered(n)]
+    assert _downloads(home) <= before
+    assert all(f.status == "ok" for f in verify_store(store, check_contents=True))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.realize.builder import lock_objects
+from harness.lock.objects import all_objects, lock_objects
 from harness.cli import main
 from harness.lock.lockfile import read
 from harness.realize.standin import realized_lock
@@ -113,7 +113,7 @@ def add_object(store: Store, name: str, references: tuple[str, ...] = ()) -> str
 
 def test_ls_table_and_json(run, project: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     lock = svc_lock(project, home)
-    wanted = set(lock_objects(lock))
+    wanted = set(all_objects(lock))
     result = run("store", "ls", "--json")
     assert result.code == 0, result.err
     listed = json.loads(result.out)
@@ -347,7 +347,7 @@ def gc_lines(out: str, verb: str) -> list[str]:
 
 def test_gc_collects_only_unreachable_paths(run, project: Path, home: Path) -> None:  # type: ignore[no-untyped-def]
     store = Store.in_home(home)
-    lock_paths = set(lock_objects(svc_lock(project, home)))
+    lock_paths = set(all_objects(svc_lock(project, home)))
     junk = add_object(store, "0" * 32 + "-junk")
     pinned = add_object(store, "1" * 32 + "-pinned")
     run_leaf = add_object(store, "2" * 32 + "-run-leaf")

@@ -141,7 +141,13 @@ def test_every_target_has_its_own_store_paths_and_digest(locked: Path) -> None:
         single = for_platform(lock, t.platform, t.variant)
         assert list(t.paths) == lock_objects(single) and t.environment == single.environment.store
         assert t.digest == paths_digest(lock_objects(single)) and t.interpreter == t.own_interpreter
-    shared = set.intersection(*(set(t.paths) for t in targets))
+    from harness.lock.objects import build_inputs
+
+    # The targets' paths are their runtime closures: the interpreter is the one they share;
+    # the wheel every variant installs is one path among what they are built from.
+    assert set.intersection(*(set(t.paths) for t in targets)) == {targets[0].own_interpreter}
+    singles = [for_platform(lock, t.platform, t.variant) for t in targets]
+    shared = set.intersection(*(set(build_inputs(single)) for single in singles))
     assert any("tshared" in p for p in shared), "what the variants share is one path"
     # Built on a host copy standing in: another interpreter, so another environment path.
     host = "b" * 32 + "-cpython-3.11.7-host"

@@ -1,5 +1,7 @@
-"""Which store paths a lock's environment is made of: the one file of each locked package
-a target installs, the sources, weights and views, the interpreter and the environment. Pure.
+"""Which store paths a lock's environment is made of: its runtime closure (the sources,
+weights and views, the interpreter and the environment: :func:`lock_objects`) and the build
+inputs it is installed from (the one file of each locked package a target installs, the
+wheels built from sdists: :func:`build_inputs`). Pure.
 
 Below both realize (which builds these paths) and the binary caches (which substitute them
 and check what they pull against the lock's hashes, :mod:`harness.cache.substitute`).
@@ -8,6 +10,7 @@ and check what they pull against the lock's hashes, :mod:`harness.cache.substitu
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from harness.errors import HarnessError
@@ -98,14 +101,55 @@ def built_wheels(lock: Lock) -> list[tuple[LockedPackage, str]]:
 
 
 def lock_objects(lock: Lock) -> list[str]:
-    """Every store path the lock's environment needs, in build order."""
+    """The runtime closure of the lock's environment, in build order: the sources, weights
+    and views, the interpreter and the environment. What a launch, a run record, a push and
+    the roots of a process using the environment need. The files the environment was
+    installed from are not in it (:func:`build_inputs`): the environment's record references
+    none of them, so a realized environment runs, verifies and is audited without them."""
     from harness.lock.storepaths import view_paths
 
-    names = [chosen_file(p, lock).store for p in [*lock.packages, *lock.build_packages]]
-    names += [s.store for s in lock.sources]
+    names = [s.store for s in lock.sources]
     names += [w.store for w in lock.weights]
     names += view_paths(lock)
     names += [lock.python.store]
-    names += [name for _, name in built_wheels(lock)]
     names += [lock.environment.store]
     return list(dict.fromkeys(names))
+
+
+def build_inputs(lock: Lock) -> list[str]:
+    """The store paths the lock's environment is built from and only built from: the one
+    file of each package (and build package) a target installs, and the wheels built from
+    sdists. A realize that must build the environment needs them (:func:`needed_build_inputs`);
+    a realized environment does not. Pure."""
+    names = [chosen_file(p, lock).store for p in [*lock.packages, *lock.build_packages]]
+    names += [name for _, name in built_wheels(lock)]
+    return list(dict.fromkeys(names))
+
+
+def needed_build_inputs(lock: Lock, registered: Callable[[str], bool], also: Collection[str] = ()) -> list[str]:
+    """The build inputs (:func:`build_inputs`) a realize needs given what is ``registered``:
+    none when the environment is; else every package's file and built wheel, but the sdist a
+    registered built wheel was made from. ``also``: build inputs wanted all the same (a repair
+    registers again what it deleted), with what building them takes. Pure but for asking
+    ``registered``."""
+    wanted = set(also)
+    built = built_wheels(lock)
+    names: list[str] = []
+    if not registered(lock.environment.store):
+        done = {chosen_file(p, lock).store for p, name in built if registered(name)}
+        names = [chosen_file(p, lock).store for p in [*lock.packages, *lock.build_packages]]
+        names = [name for name in names if name not in done]
+        names += [name for _, name in built]
+    for package, name in built:
+        if name in wanted and not registered(name):
+            names += [chosen_file(package, lock).store, name]
+            for needed in build_set(package.build_requires, lock):
+                names.append(chosen_file(needed, lock).store)
+                names += [n for n in [built_wheel_path(needed, lock)] if n is not None]
+    names += [name for name in build_inputs(lock) if name in wanted]
+    return list(dict.fromkeys(names))
+
+
+def all_objects(lock: Lock) -> list[str]:
+    """The runtime closure and every build input: what a realize of ``lock`` may use. Pure."""
+    return list(dict.fromkeys([*build_inputs(lock), *lock_objects(lock)]))

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Literal
 
 from harness.config import Settings
 from harness.errors import HarnessError
-from harness.lock.objects import chosen_file, lock_objects
+from harness.lock.objects import all_objects, build_inputs, chosen_file, lock_objects, needed_build_inputs
 from harness.progress import Reporter, Stopped, reporter, write_line
 from harness.store.store import INTERRUPTS, BuildResult, Staged, Store
 
@@ -142,6 +142,9 @@ class Context:
     #: out: the next lock on the same interpreter goes straight to the host copy instead of
     #: waiting through uv's download retries again.
     unavailable: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: Build inputs (package files, built wheels) to register even where no environment
+    #: needs them: what ``store verify --repair`` deleted (``harness/realize/repair.py``).
+    rebuild: frozenset[str] = frozenset()
 
     @cached_property
     def progress(self) -> Reporter:
@@ -173,10 +176,20 @@ class Context:
 
 def missing(store: Store, lock: Lock) -> list[str]:
     """The store paths of ``lock`` as this store realizes it (a host interpreter may stand
-    in: ``harness/realize/standin.py``) that are not registered."""
+    in: ``harness/realize/standin.py``) that are not registered: its runtime closure, and the
+    build inputs only where the environment must be built (``lock/objects.py``), so a
+    realized environment needs none of its wheel files."""
     from harness.realize.standin import realized_lock
 
-    return [name for name in lock_objects(realized_lock(store, lock)) if not store.is_registered(name)]
+    realized = realized_lock(store, lock)
+    names = [*lock_objects(realized), *needed_build_inputs(realized, store.is_registered)]
+    return [name for name in dict.fromkeys(names) if not store.is_registered(name)]
+
+
+def _needed(ctx: Context, realized: Lock) -> set[str]:
+    """The build inputs a realize of ``realized`` (the lock as realized here) registers: those
+    its environment's build needs, and those ``ctx.rebuild`` names (a repair)."""
+    return set(needed_build_inputs(realized, ctx.store.is_registered, ctx.rebuild))
 
 
 def _wants_work(store: Store, lock: Lock) -> bool:
@@ -222,6 +235,7 @@ def realize_locks(ctx: Context, locks: list[Lock], *, fail_fast: bool = False) -
     _drop_what_failed(ctx, locks, run)
     _drop_downloads(ctx, locks)
     _root_realized(ctx, locks, run.failures)
+    _drop_package_files(ctx, locks, run.failures)
     return _reports_unless_failed(run)
 
 
@@ -235,7 +249,7 @@ def _root_inputs(ctx: Context, locks: list[Lock]) -> None:
 
     hold(
         ctx.store,
-        [name for lock in locks for name in {*lock_objects(lock), *lock_objects(realized_lock(ctx.store, lock))}],
+        [name for lock in locks for name in {*all_objects(lock), *all_objects(realized_lock(ctx.store, lock))}],
     )
 
 
@@ -250,10 +264,19 @@ def _check_members_paths(ctx: Context, locks: list[Lock]) -> None:
 def _locks_to_build(ctx: Context, locks: list[Lock]) -> list[Lock]:
     """The locks of ``locks`` a realize has work for (:func:`_wants_work`) once the binary
     caches have given what they hold (:func:`_substitute`)."""
-    todo = [lock for lock in locks if _wants_work(ctx.store, lock)]
+
+    def wants_work(lock: Lock) -> bool:
+        if _wants_work(ctx.store, lock):
+            return True
+        from harness.realize.standin import realized_lock
+
+        needed = _needed(ctx, realized_lock(ctx.store, lock)) if ctx.rebuild else set()
+        return any(not ctx.store.is_registered(name) for name in needed)
+
+    todo = [lock for lock in locks if wants_work(lock)]
     if todo and ctx.substituters:
         _substitute(ctx, todo)
-        todo = [lock for lock in locks if _wants_work(ctx.store, lock)]
+        todo = [lock for lock in locks if wants_work(lock)]
     return todo
 
 
@@ -350,11 +373,53 @@ def _root_realized(ctx: Context, locks: list[Lock], failures: dict[str, HarnessE
     from harness.realize.standin import realized_lock
     from harness.store.gc import register_project
 
+    # With `[gc] keep-wheel-files = false` the package files are not the project's to keep
+    # (:func:`_drop_package_files`): only the runtime closure is recorded.
+    objects = all_objects if ctx.settings.gc_keep_wheel_files else lock_objects
     realized: dict[str, Iterable[str]] = {
-        lock.name: lock_objects(realized_lock(ctx.store, lock)) for lock in locks if lock.name not in failures
+        lock.name: objects(realized_lock(ctx.store, lock)) for lock in locks if lock.name not in failures
     }
     if realized or not locks:
         register_project(ctx.store, ctx.project_root, realized)
+
+
+def _drop_package_files(ctx: Context, locks: list[Lock], failures: dict[str, HarnessError]) -> None:
+    """With ``[gc] keep-wheel-files = false``: delete the package files (wheels, sdists, built
+    wheels) of each lock whose environment is registered and passes the launch check, once no
+    other root keeps them (:func:`harness.store.gc.discard_unused`, under the gc lock: another
+    process's realize or project that still needs one keeps it). A lock of this realize whose
+    environment is not there (it failed) keeps its own. A later environment that installs one
+    fetches it again (binary caches first); an offline realize is refused naming it."""
+    if ctx.settings.gc_keep_wheel_files:
+        return
+    from harness.realize.standin import realized_lock
+    from harness.store.gc import discard_unused
+    from harness.store.launchcheck import check_closure
+    from harness.store.roots import process_roots
+
+    store = ctx.store
+    names: set[str] = set()
+    keep: set[str] = set()
+    for lock in locks:
+        realized = realized_lock(store, lock)
+        inputs = {name for name in build_inputs(realized) if store.is_registered(name)}
+        if lock.name in failures or not store.is_registered(realized.environment.store):
+            keep |= inputs
+            continue
+        if not inputs:
+            continue
+        try:
+            check_closure(store.root, [realized.environment.store])
+        except HarnessError as exc:
+            write_line(sys.stderr, f"warning: keeping the package files of {lock.name}: {exc}")
+            keep |= inputs
+            continue
+        names |= inputs
+    if names - keep:
+        try:
+            discard_unused(store, names - keep, own_roots=process_roots(store).path)
+        except (HarnessError, OSError) as exc:  # the environments are realized: only say so
+            write_line(sys.stderr, f"warning: could not drop the package files ({exc}); `harness store gc` does")
 
 
 def _reports_unless_failed(run: _Realizing) -> list[Report]:
@@ -374,9 +439,7 @@ def _substitute(ctx: Context, locks: list[Lock]) -> None:
     checked against the locks' hashes, built paths need a trusted signature; anything
     refused is reported on stderr and built locally instead.
     """
-    import sys
-
-    from harness.cache.substitute import expected_from_locks, substitute
+    from harness.realize.standin import realized_lock
 
     usable = [
         url
@@ -385,16 +448,29 @@ def _substitute(ctx: Context, locks: list[Lock]) -> None:
     ]
     # The lock's own paths first (a cache may hold the uv-managed interpreter and the
     # environment built on it, which replace a host copy standing in), then whatever the
-    # paths realized here still lack.
+    # paths realized here still lack: the runtime closure first, and only then the build
+    # inputs of an environment the caches did not have (they are not needed beside it).
     names = [
         name
         for lock in locks
         for name in lock_objects(lock)
         if not ctx.store.is_registered(name) and (name != lock.python.store or lock.python.source == "uv-managed")
     ]
-    names += [name for lock in locks for name in missing(ctx.store, lock)]
-    names = list(dict.fromkeys(names))
-    if not usable or not names:
+    names += [name for lock in locks for name in lock_objects(realized_lock(ctx.store, lock))]
+    if not usable:
+        return
+    _substitute_names(ctx, usable, locks, [name for name in names if not ctx.store.is_registered(name)])
+    _substitute_names(ctx, usable, locks, [name for lock in locks for name in missing(ctx.store, lock)])
+
+
+def _substitute_names(ctx: Context, usable: list[str], locks: list[Lock], names: list[str]) -> None:
+    """Pull ``names`` (those not registered) from the ``usable`` caches (:func:`_substitute`)."""
+    import sys
+
+    from harness.cache.substitute import expected_from_locks, substitute
+
+    names = list(dict.fromkeys(name for name in names if not ctx.store.is_registered(name)))
+    if not names:
         return
     substitute(
         ctx.store,
@@ -414,7 +490,8 @@ def _complete(ctx: Context, lock: Lock) -> Report:
     from harness.realize.standin import realized_lock
 
     realized = realized_lock(ctx.store, lock)
-    report = Report(lock.name, realized.environment.store, present=sorted(lock_objects(realized)))
+    present = [name for name in all_objects(realized) if ctx.store.is_registered(name)]
+    report = Report(lock.name, realized.environment.store, present=sorted(present))
     report.impure += interpreter_notes(ctx.store, lock, realized)
     report.impure += built_wheel_notes(ctx.store, realized)
     return report
@@ -448,11 +525,18 @@ def interpreter_notes(store: Store, lock: Lock, realized: Lock) -> list[str]:
 
 
 def _files_to_fetch(ctx: Context, locks: list[Lock]) -> dict[str, _Wanted]:
-    """sha256 → (what, job data) for every file that is neither stored nor downloaded."""
+    """sha256 → (what, job data) for every file that is neither stored nor downloaded: the
+    weight files, and the package files only where the environment (as realized here) must be
+    built (:func:`harness.lock.objects.needed_build_inputs`)."""
+    from harness.realize.standin import realized_lock
+
     wanted: dict[str, _Wanted] = {}
     for lock in locks:
+        needed = _needed(ctx, realized_lock(ctx.store, lock))
         for package in [*lock.packages, *lock.build_packages]:
             file = chosen_file(package, lock)
+            if file.store not in needed:
+                continue
             if not ctx.store.is_registered(file.store) and not ctx.download_path(file.sha256).is_file():
                 wanted.setdefault(file.sha256, ("file", (package.index, package.name, file)))
         for weights in lock.weights:
@@ -596,15 +680,17 @@ def _take_download(ctx: Context, sha256: str, dest: Path) -> None:
             shutil.copyfile(source, dest)
 
 
-def _drop_downloads(ctx: Context, locks: list[Lock]) -> None:
-    """Remove downloads whose objects are registered: the store holds their bytes now."""
+def _drop_downloads(ctx: Context, locks: list[Lock], *, weights: bool = True) -> None:
+    """Remove downloads whose objects are registered: the store holds their bytes now.
+    ``weights=False``: the package files' only (a weight file of one lock's set may be a file
+    of another lock's set, registered later in the same realize from the same download)."""
     for lock in locks:
         done: list[tuple[str, bool]] = []
         for package in [*lock.packages, *lock.build_packages]:
             file = chosen_file(package, lock)
             done.append((file.sha256, ctx.store.is_registered(file.store)))
-        for weights in lock.weights:
-            done += [(f.sha256, ctx.store.is_registered(weights.store)) for f in weights.files]
+        for weight_set in lock.weights if weights else []:
+            done += [(f.sha256, ctx.store.is_registered(weight_set.store)) for f in weight_set.files]
         for sha256, registered in done:
             if registered and ctx.download_path(sha256).exists():
                 with ctx.download_lock(sha256):
@@ -709,7 +795,7 @@ def _discard_given_up(ctx: Context, failed: list[Lock], succeeded: list[Lock], n
     from harness.store.roots import process_roots
     from harness.store.standins import forget_standin
 
-    names -= {name for lock in succeeded for name in lock_objects(realized_lock(ctx.store, lock))}
+    names -= {name for lock in succeeded for name in all_objects(realized_lock(ctx.store, lock))}
     if not names:
         return
     files: dict[str, list[tuple[str, int, str]]] = {}  # store name -> (sha256, size, file in it)
@@ -774,51 +860,26 @@ def _register(ctx: Context, lock: Lock, prepared: _Prepared | None = None, left:
     if interpreter is not None and interpreter.error is not None:
         raise interpreter.error
     report = Report(lock.name, lock.environment.store)
-    candidates = {*lock_objects(lock), *lock_objects(realized_lock(store, lock))}
+    candidates = {*all_objects(lock), *all_objects(realized_lock(store, lock))}
     present = {name for name in candidates if store.is_registered(name)}
     try:
         return _register_paths(ctx, lock, prepared, report, present)
     except Exception:
         if left is not None:
             # Computed again: a host copy built here has a name of its own (its content's).
-            names = candidates | set(lock_objects(realized_lock(store, lock)))
+            names = candidates | set(all_objects(realized_lock(store, lock)))
             left.update(name for name in names - present if store.is_registered(name))
         raise
 
 
 def _register_paths(ctx: Context, lock: Lock, prepared: _Prepared, report: Report, present: set[str]) -> Report:
-    """The body of :func:`_register`; ``present``: the lock's paths registered before it."""
+    """The body of :func:`_register`; ``present``: the lock's paths registered before it.
+
+    The package files are registered once the interpreter is known: which of them are
+    needed follows from whether the environment on it is registered
+    (:func:`harness.lock.objects.needed_build_inputs`)."""
     store = ctx.store
     report.present = sorted(present)
-    wanted_once: dict[str, tuple[str, LockedFile]] = {}
-    for package in [*lock.packages, *lock.build_packages]:
-        file = chosen_file(package, lock)
-        wanted_once.setdefault(file.store, (package.index, file))
-
-    def add_file(index: str, file: LockedFile) -> None:
-        # A folder holding the file under its own name: installers read a wheel's tags and
-        # version from its file name, which the store path's hash prefix would hide.
-        def build(out: Path) -> BuildResult:
-            out.mkdir()
-            _take_download(ctx, file.sha256, out / file.file)
-            return BuildResult(obtained=f"index {index}")
-
-        store.add(file.store, "file", build)
-
-    adding = [item for name, item in wanted_once.items() if not store.is_registered(name)]
-    if adding:
-        with (
-            ctx.progress.phase(f"registering {len(adding)} package file(s)", total=len(adding)) as phase,
-            ThreadPoolExecutor(max_workers=max(1, ctx.jobs)) as pool,
-        ):
-            for _ in pool.map(lambda item: add_file(*item), adding):
-                phase.advance()
-    # Drop the downloads the store now holds *before* the environment is built: unlinking a
-    # download (a second name of a store file) changes the file's ctime, which uv's cache
-    # keys local wheels on, so dropping it later made the next environment's uv unpack every
-    # wheel again (a second copy in uv's cache, and the time it takes).
-    _drop_downloads(ctx, [lock])
-
     for source in lock.sources:
         staged = prepared.sources.pop(source.store, None)
         if isinstance(staged, Staged):
@@ -844,12 +905,63 @@ def _register_paths(ctx: Context, lock: Lock, prepared: _Prepared, report: Repor
     realized = lock if python_store == lock.python.store else with_interpreter(lock, python_store)
     report.environment = realized.environment.store
     report.impure += interpreter_notes(store, lock, realized)
+    _add_package_files(ctx, realized)
     _add_built_wheels(ctx, realized)
     report.impure += built_wheel_notes(store, realized)
     _add_environment(ctx, realized)
-    report.built = sorted(set(lock_objects(realized)) - present)
-    report.present = sorted(set(lock_objects(realized)) & present)
+    used = {*lock_objects(realized), *(n for n in build_inputs(realized) if store.is_registered(n))}
+    report.built = sorted(used - present)
+    report.present = sorted(used & present)
     return report
+
+
+def _add_package_files(ctx: Context, realized: Lock) -> None:
+    """Register the package files the environment of ``realized`` (the lock on the interpreter
+    just registered) must be built from and the store lacks, each from its checked download.
+    One the fetch phase did not foresee (the lock's own interpreter came where a host copy's
+    environment was realized) is fetched now; offline, the realize fails naming it."""
+    store = ctx.store
+    needed = _needed(ctx, realized)
+    wanted_once: dict[str, tuple[str, LockedFile]] = {}
+    for package in [*realized.packages, *realized.build_packages]:
+        file = chosen_file(package, realized)
+        if file.store in needed:
+            wanted_once.setdefault(file.store, (package.index, file))
+    adding = [item for name, item in wanted_once.items() if not store.is_registered(name)]
+    if adding:
+        _register_files(ctx, realized, adding)
+    # Drop the downloads the store now holds *before* the environment is built: unlinking a
+    # download (a second name of a store file) changes the file's ctime, which uv's cache
+    # keys local wheels on, so dropping it later made the next environment's uv unpack every
+    # wheel again (a second copy in uv's cache, and the time it takes). Only the package
+    # files': the weight sets were registered just before, and another lock may share a file.
+    _drop_downloads(ctx, [realized], weights=False)
+
+
+def _register_files(ctx: Context, realized: Lock, adding: list[tuple[str, LockedFile]]) -> None:
+    """Register each (index, file) of ``adding`` from its download, fetched first where gone."""
+    store = ctx.store
+    if any(not ctx.download_path(file.sha256).is_file() for _, file in adding):
+        if ctx.offline:
+            _check_offline(ctx, [realized])
+        _fetch(ctx, [realized])
+
+    def add_file(index: str, file: LockedFile) -> None:
+        # A folder holding the file under its own name: installers read a wheel's tags and
+        # version from its file name, which the store path's hash prefix would hide.
+        def build(out: Path) -> BuildResult:
+            out.mkdir()
+            _take_download(ctx, file.sha256, out / file.file)
+            return BuildResult(obtained=f"index {index}")
+
+        store.add(file.store, "file", build)
+
+    with (
+        ctx.progress.phase(f"registering {len(adding)} package file(s)", total=len(adding)) as phase,
+        ThreadPoolExecutor(max_workers=max(1, ctx.jobs)) as pool,
+    ):
+        for _ in pool.map(lambda item: add_file(*item), adding):
+            phase.advance()
 
 
 def _source_builder(
@@ -1204,7 +1316,8 @@ def _add_built_wheels(ctx: Context, lock: Lock) -> None:
     from harness.lock.objects import built_wheels
 
     store = ctx.store
-    todo = [(package, name) for package, name in built_wheels(lock) if not store.is_registered(name)]
+    needed = _needed(ctx, lock)  # none once the environment is there (but a repair's)
+    todo = [(package, name) for package, name in built_wheels(lock) if name in needed and not store.is_registered(name)]
     if not todo:
         return
     with ctx.progress.phase(f"building {len(todo)} wheel(s) from sdists for {lock.name}", total=len(todo)) as phase:
@@ -1307,6 +1420,8 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
     from harness.realize.environment import EnvironmentBuild, build_environment, wheel_embedded_paths
 
     store = ctx.store
+    if store.is_registered(lock.environment.store):
+        return  # its package files may be gone (lock/objects.py:needed_build_inputs): none is needed
     built_hashes: dict[str, str] = {}
     unreproducible: list[str] = []
 

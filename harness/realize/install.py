@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # the models load pydantic: the no-op path loads none of them
     from harness.realize.fetch import LocalWeights
 
 #: Bump when what the stamp records or means changes.
-_STAMP_VERSION = 3  # 3: a wheel built from an sdist is a store path of its own
+_STAMP_VERSION = 4  # 3: a wheel built from an sdist is a store path of its own; 4: objects: the runtime closure
 #: The variables that say where a lock's interpreter may come from (see _Stamp._sources).
 _SOURCE_VARIABLES = (
     "HARNESS_SUBSTITUTERS",
@@ -283,7 +283,7 @@ class _Stamp:
             report = Report(entry["name"], entry["environment"], present=sorted(objects))
             report.impure = list(entry.get("notes", []))
             reports.append(report)
-        register_project(store, self.project.root, {e["name"]: e["objects"] for e in data["locks"]})
+        register_project(store, self.project.root, {e["name"]: e.get("recorded", e["objects"]) for e in data["locks"]})
         return reports
 
     def remember(self, reports: list[Report]) -> None:
@@ -291,7 +291,7 @@ class _Stamp:
         if self.fingerprint is None or self._racy:
             return
         from harness.lock.lockfile import lock_path, read
-        from harness.lock.objects import lock_objects
+        from harness.lock.objects import all_objects, lock_objects
         from harness.realize.standin import realized_lock
         from harness.store.store import Store
 
@@ -310,6 +310,9 @@ class _Stamp:
                     "environment": report.environment,
                     "python": lock.python.store,
                     "objects": lock_objects(lock),
+                    # What the project's root records: the files the environment was built
+                    # from too, where the store keeps them (`[gc] keep-wheel-files`).
+                    "recorded": [name for name in all_objects(lock) if store.is_registered(name)],
                     "notes": list(report.impure),
                     "standin": lock is not own,
                 }

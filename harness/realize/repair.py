@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.lock.objects import lock_objects
+from harness.lock.objects import all_objects
 from harness.store.store import SHARED_KINDS, StoreError, remove_tree
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def repair_paths(store: Store, project: Project, home: Path, deploy_path: Path |
     from harness.store.statfile import changed_entries
 
     locks = [read(p) for p in sorted(project.locks_dir.glob("*.lock.toml"))]
-    affected = [lock for lock in locks if set(names) & {*lock_objects(lock), *lock_objects(realized_lock(store, lock))}]
+    affected = [lock for lock in locks if set(names) & {*all_objects(lock), *all_objects(realized_lock(store, lock))}]
     local_weights = None
     if deploy_path is not None:  # read before anything is deleted: a bad deploy deletes nothing
         local_weights = deploy_local_weights(project.load_deploy(deploy_path), deploy_path)
@@ -79,6 +79,7 @@ def repair_paths(store: Store, project: Project, home: Path, deploy_path: Path |
             cache_dir=home / "cache",
             local_weights=local_weights,
             uv_cache_dir=uv_cache,
+            rebuild=frozenset(names),
         )
         realize_locks(ctx, affected)
     finally:

@@ -238,6 +238,35 @@ def standin_paths(store: Store, lock: Any) -> set[str]:
     return lock_store_paths(with_interpreter(lock, host))
 
 
+def _realized_here(store: Store, lock: Any) -> Any:
+    """``lock`` as this store realizes it: on the host copy standing in, where one does
+    (:func:`standin_paths`; ``harness/realize/standin.py:realized_lock``)."""
+    from harness.lock.storepaths import with_interpreter
+    from harness.store.standins import standin_for
+
+    host = standin_for(store, lock.python.store)
+    own = store.record(lock.python.store)
+    if host is None or (lock.python.source == "uv-managed" and own is not None and not own.impure):
+        return lock
+    return with_interpreter(lock, host)
+
+
+def lock_roots(store: Store, lock: Any, *, keep_wheel_files: bool = True) -> set[str]:
+    """The store paths a project's ``lock`` keeps alive: every path it names and the host copy
+    standing in with the environment on it (:func:`standin_paths`). With ``keep_wheel_files``
+    false (``[gc] keep-wheel-files``) its package files (every wheel and sdist it lists) only
+    while the environment as realized here is not registered: then a realize needs them."""
+    paths = lock_store_paths(lock) | standin_paths(store, lock)
+    if keep_wheel_files:
+        return paths
+    from harness.lock.objects import needed_build_inputs
+
+    files = {
+        w.store for p in [*lock.packages, *lock.build_packages] for w in [*p.wheels, *([p.sdist] if p.sdist else [])]
+    }
+    return (paths - files) | set(needed_build_inputs(_realized_here(store, lock), store.is_registered))
+
+
 #: Project folder -> the code store paths its checkout would launch, by manifest name. The
 #: realize stage knows how (``harness.realize.project_code.checkout_code_paths``); gc is below
 #: it, so the caller hands it in.
@@ -266,6 +295,7 @@ def _project_root(
     write: bool,
     checkout_code: CheckoutCode | None,
     recorded: bool = False,
+    keep_wheel_files: bool = True,
 ) -> None:
     from harness.errors import HarnessError
     from harness.lock.lockfile import read
@@ -286,7 +316,7 @@ def _project_root(
                 lock_name = lock_file.name[: -len(".lock.toml")]
                 try:
                     lock = read(lock_file)
-                    paths = lock_store_paths(lock) | standin_paths(store, lock)
+                    paths = lock_roots(store, lock, keep_wheel_files=keep_wheel_files)
                 except HarnessError:
                     paths = set(recorded_locks.get(lock_name, ()))  # unreadable now: keep what it named
                 for path in sorted(paths):
@@ -362,6 +392,7 @@ def gather_roots(
     checkout_code: CheckoutCode | None = None,
     recorded: bool = False,
     skip_holder: Path | None = None,
+    keep_wheel_files: bool = True,
 ) -> Roots:
     """Every root and the store paths it names directly.
 
@@ -370,7 +401,8 @@ def gather_roots(
     present project's checkout would launch (without it: the code it last registered).
     ``recorded`` takes each project's paths from what it recorded when it last realized
     rather than from its current locks (:func:`discard_unused`); ``skip_holder`` leaves out
-    the temporary roots in that file (the caller's own).
+    the temporary roots in that file (the caller's own). ``keep_wheel_files`` false: a
+    project's locks keep their package files only while a realize needs them (:func:`lock_roots`).
     """
     from harness.store.roots import live_holders
 
@@ -393,6 +425,7 @@ def gather_roots(
                 write=write,
                 checkout_code=checkout_code,
                 recorded=recorded,
+                keep_wheel_files=keep_wheel_files,
             )
     folder = store.roots_dir / "pins"
     for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
@@ -474,6 +507,7 @@ def collect(
     grace_days: float = DEFAULT_MISSING_PROJECT_DAYS,
     now: float | None = None,
     checkout_code: CheckoutCode | None = None,
+    keep_wheel_files: bool = True,
 ) -> GcResult:
     """Delete every registered path no root reaches (module docstring); returns them sorted,
     each with the reason it goes. ``dry_run`` deletes and writes nothing."""
@@ -489,6 +523,7 @@ def collect(
             now=now,
             write=not dry_run,
             checkout_code=checkout_code,
+            keep_wheel_files=keep_wheel_files,
         )
         live = closure_of(store, [n for root in found.roots for n in root.names])
         # A record whose path was deleted behind the store's back is dead weight too.

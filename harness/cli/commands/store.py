@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from harness.cache.backends import Backend
     from harness.cache.signing import SecretKey
     from harness.cache.transfer import PushResult
+    from harness.lock.document import Lock
     from harness.manifests.project import Project
     from harness.store.store import Store
 
@@ -287,6 +288,7 @@ def _gc_options(state: State) -> dict[str, Any]:
         "keep_runs": settings.gc_keep_runs,
         "grace_days": settings.gc_missing_project_days,
         "checkout_code": checkout_code_paths,
+        "keep_wheel_files": settings.gc_keep_wheel_files,
     }
 
 
@@ -419,10 +421,16 @@ def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
     """Store path names from arguments: a store path (or its name) stands for itself, a
     manifest name for the paths its lock realizes; no arguments: every lock of the project."""
     from harness.errors import HarnessError
-    from harness.realize.builder import lock_objects
+    from harness.lock.objects import build_inputs, lock_objects
     from harness.realize.standin import realized_lock
 
     store = _store(state)
+
+    def _lock_paths(lock: Lock) -> list[str]:
+        # The runtime closure, and the files it was built from where this store holds them
+        # (a pushed cache then also serves another environment's build; a pull needs none).
+        return [*lock_objects(lock), *(n for n in build_inputs(lock) if store.is_registered(n))]
+
     # What this store realized each lock to (a host interpreter may stand in, under its own name).
     locks = {name: realized_lock(store, lock) for name, lock in _project_locks(state, names).items()}
     if not names:
@@ -430,14 +438,14 @@ def _cache_names(state: State, names: tuple[str, ...]) -> list[str]:
             raise HarnessError(
                 "no names given and no locks in a project here", hint="name manifests or store paths, or use --all"
             )
-        return [n for lock in locks.values() for n in lock_objects(lock)]
+        return [n for lock in locks.values() for n in _lock_paths(lock)]
     out: list[str] = []
     for name in names:
         base = name.rstrip("/").rsplit("/", 1)[-1]
         if _is_store_name(base):
             out.append(base)
         elif name in locks:
-            out.extend(lock_objects(locks[name]))
+            out.extend(_lock_paths(locks[name]))
         else:
             raise HarnessError(
                 f"{name!r} is neither a store path nor a locked manifest",
