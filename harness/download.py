@@ -699,11 +699,42 @@ def read_checked(path: Path, *, sha256: str, size: int, where: str) -> bytes:
     return data
 
 
+def copy_checked(source: Path, dest: Path, *, sha256: str, size: int, where: str) -> None:
+    """Copy the downloaded ``source`` to the new file ``dest`` (never through a link, at most
+    ``size`` + 1 bytes), hashing what is written: HarnessError naming ``where``, the expected
+    and the actual sha256 and size otherwise, and ``dest`` removed. The streaming form of
+    :func:`read_checked`, for files too large to hold in memory (wheels, weights) taken from
+    a folder others can write: what is kept is what was checked."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise HarnessError(f"{where}: cannot read the download {source}: {exc.strerror or exc}") from None
+    digest = hashlib.sha256()
+    got = 0
+    with os.fdopen(fd, "rb") as handle, open(dest, "xb") as out:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            while got <= size and (chunk := handle.read(min(CHUNK, size + 1 - got))):
+                digest.update(chunk)
+                out.write(chunk)
+                got += len(chunk)
+    if got != size or digest.hexdigest() != sha256:
+        from harness.store.entries import owner_of
+
+        dest.unlink(missing_ok=True)
+        raise HarnessError(
+            f"{where}: the download {source} changed after it was checked (now of {owner_of(source)}, "
+            f"{got}{'+' if got > size else ''} bytes, sha256 {digest.hexdigest()}; the lock says "
+            f"{size} bytes, sha256 {sha256}); nothing was registered from it",
+            hint="run it again: the file is downloaded again; in a shared home, ask who changed it",
+        )
+
+
 __all__ = [
     "ATTEMPTS",
     "CHUNK",
     "Progress",
     "SourceLike",
+    "copy_checked",
     "download",
     "measure",
     "open_url",

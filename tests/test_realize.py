@@ -750,3 +750,41 @@ def test_without_wheel_files_a_failed_lock_keeps_what_it_shares_with_one_realize
     assert not [n for n in build_inputs(realized_lock(store, broken)) if store.is_registered(n)]
     assert _downloads(home) <= before
     assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
+
+
+def test_a_download_others_can_write_is_copied_and_checked_again_not_linked(tmp_path: Path) -> None:
+    """In a shared home ``cache/downloads`` is group-writable: a member may change a file's
+    bytes after the fetch checked them. Taking a download there into a store build copies it
+    and checks the copy against the lock (a mismatch names file, expected and actual, and
+    leaves nothing); in a folder only this user writes, it is hard-linked as before."""
+    import hashlib
+
+    from harness.config import Settings
+    from harness.errors import HarnessError
+    from harness.realize.builder import Context, _take_download
+
+    good = b"wheel bytes " * 1000
+    sha = hashlib.sha256(good).hexdigest()
+    ctx = Context(
+        store=Store(tmp_path / "store"), project_root=tmp_path, settings=Settings(), cache_dir=tmp_path / "cache"
+    )
+    ctx.downloads.mkdir(parents=True)
+    ctx.downloads.chmod(0o755)
+    ctx.download_path(sha).write_bytes(good)
+
+    _take_download(ctx, sha, len(good), tmp_path / "private" / "a.whl")
+    assert os.path.samefile(tmp_path / "private" / "a.whl", ctx.download_path(sha)), "a private download is linked"
+
+    ctx.downloads.chmod(0o2775)  # as `store init --group` leaves it
+    _take_download(ctx, sha, len(good), tmp_path / "shared" / "a.whl")
+    taken = tmp_path / "shared" / "a.whl"
+    assert taken.read_bytes() == good and not os.path.samefile(taken, ctx.download_path(sha)), "copied, not linked"
+
+    changed = good[:-1] + bytes([good[-1] ^ 1])  # what another member wrote after the check
+    ctx.download_path(sha).write_bytes(changed)
+    dest = tmp_path / "tampered" / "a.whl"
+    with pytest.raises(HarnessError) as info:
+        _take_download(ctx, sha, len(good), dest)
+    message = str(info.value)
+    assert "a.whl" in message and sha in message and hashlib.sha256(changed).hexdigest() in message
+    assert not dest.exists(), "nothing of the changed bytes is kept"

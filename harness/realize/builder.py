@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 import os
 import shutil
+import stat
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -661,12 +662,18 @@ def _weight_job(ctx: Context, weights: LockedWeights, item: LockedWeightFile) ->
 # -- phase 2: register -----------------------------------------------------------------
 
 
-def _take_download(ctx: Context, sha256: str, dest: Path) -> None:
-    """Link a verified download into a build folder (a hard link: no second copy on disk).
+def _take_download(ctx: Context, sha256: str, size: int, dest: Path) -> None:
+    """Put a verified download into a build folder: a hard link (no second copy on disk)
+    where only this user can write the downloads folder; a copy checked again against
+    ``sha256`` and ``size`` where others can (a shared home's ``cache/downloads`` is
+    group-writable: another member could change the file's bytes after :func:`_fetch`
+    checked them, and a hard link would carry them into this store path).
 
     The download itself stays until :func:`_drop_downloads` removes what the store now
     holds, so several objects (or several realizes) sharing one file all find it.
     """
+    from harness.download import copy_checked
+
     source = ctx.download_path(sha256)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with ctx.download_lock(sha256):
@@ -674,10 +681,22 @@ def _take_download(ctx: Context, sha256: str, dest: Path) -> None:
             raise HarnessError(
                 f"download of {dest.name} (sha256 {sha256}) vanished before registration", hint="run the realize again"
             )
+        if _others_may_write(ctx.downloads):
+            copy_checked(source, dest, sha256=sha256, size=size, where=f"realize of {dest.name}")
+            return
         try:
             os.link(source, dest)
         except OSError:
             shutil.copyfile(source, dest)
+
+
+def _others_may_write(folder: Path) -> bool:
+    """Whether users other than this one can add, rename or change files in ``folder``."""
+    try:
+        st = folder.stat()
+    except OSError:
+        return True
+    return st.st_uid != os.geteuid() or bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 def _drop_downloads(ctx: Context, locks: list[Lock], *, weights: bool = True) -> None:
@@ -951,7 +970,7 @@ def _register_files(ctx: Context, realized: Lock, adding: list[tuple[str, Locked
         # version from its file name, which the store path's hash prefix would hide.
         def build(out: Path) -> BuildResult:
             out.mkdir()
-            _take_download(ctx, file.sha256, out / file.file)
+            _take_download(ctx, file.sha256, file.size, out / file.file)
             return BuildResult(obtained=f"index {index}")
 
         store.add(file.store, "file", build)
@@ -1021,7 +1040,7 @@ def _add_weights(ctx: Context, weights: LockedWeights) -> None:
     def build(out: Path) -> BuildResult:
         out.mkdir()
         for item in weights.files:
-            _take_download(ctx, item.sha256, out / item.path)
+            _take_download(ctx, item.sha256, item.size, out / item.path)
         return BuildResult(
             obtained=f"{weights.provider} {weights.repo}" + (f"@{weights.revision}" if weights.revision else "")
         )
