@@ -174,8 +174,12 @@ def test_a_wheel_built_from_an_sdist_is_a_store_path_built_once_and_carried_by_a
     assert wheel.name.endswith("-sdonly-1.0-wheel"), wheel.name
     assert [p.name for p in (store.root / wheel.name).iterdir()] == ["sdonly-1.0-py3-none-any.whl"]
     assert "build of sdonly-1.0.tar.gz" in wheel.obtained, wheel.obtained
+    # The project's locks keep the wheel they built alive: `store gc` leaves it for svc2.
+    collected = harness("--project", str(project), "store", "gc", home=home)
+    assert collected.returncode == 0, collected.stderr
+    assert store.is_registered(wheel.name), collected.stdout + collected.stderr
 
-    result = harness("--project", str(project), "realize", "svc2", home=home)
+    result = harness("--project", str(project), "realize", "svc2", "--offline", home=home)
     assert result.returncode == 0, result.stderr
     assert [r for r in store.records() if r.kind == "built-wheel"] == [wheel], "built once per store"
     for name in ("svc", "svc2"):

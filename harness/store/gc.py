@@ -210,12 +210,15 @@ class Roots:
 
 
 def lock_store_paths(lock: Any) -> set[str]:
-    """Every store path a lock names."""
+    """Every store path a lock names, the wheels its sdists build included."""
+    from harness.lock.objects import built_wheels
+
     names = {lock.python.store, lock.environment.store}
     for package in [*lock.packages, *lock.build_packages]:
         names |= {w.store for w in package.wheels}
         if package.sdist is not None:
             names.add(package.sdist.store)
+    names |= {name for _, name in built_wheels(lock)}
     names |= {s.store for s in lock.sources}
     names |= {w.store for w in lock.weights}
     from harness.lock.storepaths import view_paths
@@ -259,11 +262,11 @@ def lock_roots(store: Store, lock: Any, *, keep_wheel_files: bool = True) -> set
     paths = lock_store_paths(lock) | standin_paths(store, lock)
     if keep_wheel_files:
         return paths
-    from harness.lock.objects import needed_build_inputs
+    from harness.lock.objects import built_wheels, needed_build_inputs
 
     files = {
         w.store for p in [*lock.packages, *lock.build_packages] for w in [*p.wheels, *([p.sdist] if p.sdist else [])]
-    }
+    } | {name for _, name in built_wheels(lock)}
     return (paths - files) | set(needed_build_inputs(_realized_here(store, lock), store.is_registered))
 
 
