@@ -8,6 +8,7 @@ depend on it. Without root (or without ``useradd``) every test here skips, sayin
 
 from __future__ import annotations
 
+import _strptime  # noqa: F401  (time.strptime, in the children: `runs prune`)
 import colorsys  # noqa: F401  (rich, for `store ls` tables in the children)
 import contextlib
 import hashlib
@@ -61,6 +62,9 @@ import harness.resolve.pins
 import harness.resolve.indexpages
 import harness.resolve.python
 import harness.resolve.sdists
+import harness.runs.prune
+import harness.runs.record
+import harness.cli.commands.runs
 import harness.store.roots
 import packaging.utils  # noqa: F401  (chosen_file, in the children)
 from harness.cli import main
@@ -1139,3 +1143,108 @@ def test_a_member_downloading_a_deb_keeps_it_and_the_other_waits_and_uses_it(
     assert finish_a() == template.content
     assert len([r for r in template.archive.requests if r.endswith(".deb")]) == fetched, "not downloaded again"
     assert os.stat(debs / f"{pin.sha256}.deb").st_uid == b.uid
+
+
+def _a_run(home: Path) -> str:
+    """As a member: a finished run record of theirs in the shared home (the CLI's umask)."""
+    harness.store.shared.apply_group_umask(home)
+    run_id = harness.runs.record.new_run_id(time.time() - 3 * 86400)
+    folder = harness.runs.record.runs_dir(home) / run_id
+    harness.runs.record.write_json(folder / "config.json", {"command": "run"})
+    harness.runs.record.write_json(folder / "result.json", {"exit_status": 0})
+    return run_id
+
+
+def test_no_member_can_move_the_layout_or_another_members_runs(lab: tuple[User, User], home: Path) -> None:
+    """The home, cache/ and runs/ are sticky: b can neither rename nor delete cache/, runs/,
+    store/ nor a's run record (nor prune it: passed by as another member's), and a's commands
+    work as before. `store init --group` again turns an older shared home's modes into these."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    for folder in (home, home / "cache", home / "runs"):
+        assert os.stat(folder).st_mode & stat.S_ISVTX, folder
+    assert not os.stat(home / "cache" / "downloads").st_mode & stat.S_ISVTX  # members replace partial files there
+    run_id = as_user(a, lambda: _a_run(home))
+
+    def member_b() -> dict[str, Any]:
+        harness.store.shared.apply_group_umask(home)
+        refused: dict[str, str] = {}
+        for what, attempt in {
+            "rename cache": lambda: os.rename(home / "cache", home / "cache.old"),
+            "rename runs": lambda: os.rename(home / "runs", home / "runs.old"),
+            "rename store": lambda: os.rename(home / "store", home / "store.old"),
+            "rename downloads": lambda: os.rename(home / "cache" / "downloads", home / "cache" / "d"),
+            "rename a's run": lambda: os.rename(home / "runs" / run_id, home / "runs" / "mine"),
+            "delete a's run": lambda: os.rmdir(home / "runs" / run_id),
+        }.items():
+            try:
+                attempt()
+                refused[what] = ""
+            except PermissionError as exc:
+                refused[what] = str(exc)
+        own = _a_run(home)  # b's own records still go in
+        return {"refused": refused, "prune": cli(home, "runs", "prune", "--older-than", "1"), "own": own}
+
+    seen = as_user(b, member_b)
+    assert all(seen["refused"].values()), seen["refused"]
+    code, out, err = seen["prune"]
+    assert code == 0 and "Traceback" not in err, err
+    assert f"removed run {seen['own']}" in out and "1 another member's (a shared home)" in out, out
+    assert (home / "runs" / run_id / "result.json").is_file() and not (home / "runs" / seen["own"]).exists()
+
+    def member_a() -> dict[str, Any]:
+        harness.store.shared.apply_group_umask(home)
+        return {"ls": cli(home, "store", "ls"), "runs": cli(home, "runs", "--json"), "add": _add_another(home)}
+
+    seen = as_user(a, member_a)
+    assert seen["ls"][0] == 0 and P1 in seen["ls"][1], seen["ls"]
+    assert seen["runs"][0] == 0 and run_id in seen["runs"][1], seen["runs"]
+    assert seen["add"] is True
+
+    # A home shared by an older harness (its folders 2775): init again makes them sticky.
+    for folder in (home, home / "cache", home / "runs"):
+        os.chmod(folder, 0o2775)
+    code, _, err = as_user(a, lambda: cli(home, "store", "init", "--group", GROUP))
+    assert code == 0, err
+    for folder in (home, home / "cache", home / "runs"):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o3775, folder
+
+
+def _add_another(home: Path) -> bool:
+    name = "1" * 32 + "-added-after"
+    Store.in_home(home).add(name, "weights", build_tree)
+    return Store.in_home(home).is_registered(name)
+
+
+def test_a_folder_another_member_made_under_a_members_deb_folder_name_costs_nothing(
+    lab: tuple[User, User], home: Path, template: Template
+) -> None:
+    """b makes cache/debs a link to a folder of b's and makes cache/debs-<a's uid> first (a
+    folder of b's, open to all): a cannot remove either (cache/ is sticky), and a's realize
+    still builds the template, downloading into a fresh folder of a's own (0700), which a's
+    next realize finds again (no second download)."""
+    a, b = lab
+    [pin] = template.lock.packages
+    as_user(a, lambda: init_and_add(home))
+    cache = home / "cache"
+    theirs = home.parent / "b-debs"
+
+    def squat() -> None:
+        theirs.mkdir()
+        (cache / "debs").symlink_to(theirs)
+        (cache / f"debs-{a.uid}").mkdir()
+        (cache / f"debs-{a.uid}").chmod(0o777)
+
+    as_user(b, squat)
+    fetched = len([r for r in template.archive.requests if r.endswith(".deb")])
+    assert as_user(a, lambda: _realize_template(home, template.project)) == template.content
+    assert len([r for r in template.archive.requests if r.endswith(".deb")]) == fetched + 1
+    assert list(theirs.iterdir()) == [] and list((cache / f"debs-{a.uid}").iterdir()) == []
+    [own] = cache.glob(f"debs-{a.uid}-*")
+    assert os.stat(own).st_uid == a.uid and os.stat(own).st_mode & 0o777 == 0o700
+    assert hashlib.sha256((own / f"{pin.sha256}.deb").read_bytes()).hexdigest() == pin.sha256
+
+    as_user(a, lambda: Store.in_home(home).delete(template.lock.store))
+    assert as_user(a, lambda: _realize_template(home, template.project)) == template.content
+    assert len([r for r in template.archive.requests if r.endswith(".deb")]) == fetched + 1, "found again"
+    assert list(cache.glob(f"debs-{a.uid}-*")) == [own]

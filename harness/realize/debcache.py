@@ -12,7 +12,10 @@ check. Nothing planted there is trusted or fails anyone's realize:
   replaced otherwise; a huge one is judged by its size without being read);
 * where the shared folder cannot be used (another member made it a link, or closed it) or a
   planted name cannot be removed, the user's own ``cache/debs-<uid>/`` (0700) takes the
-  download;
+  download; where another member made that name first (``cache/`` is sticky in a shared
+  home: this user cannot remove it), a fresh folder of this user's own,
+  ``cache/debs-<uid>-<random>/`` (0700, made by ``mkdtemp``: no name another could take
+  first), does, and later realizes find it again (:func:`own_folders`);
 * a ``.deb`` is read once, whole, into memory when a template is built, and its bytes are
   checked against the lock's sha256 again (:func:`harness.download.read_checked`): a file another member
   changed after the download was checked is refused by name, never unpacked.
@@ -20,6 +23,7 @@ check. Nothing planted there is trusted or fails anyone's realize:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Callable
@@ -36,14 +40,24 @@ def shared_folder(home: Path) -> Path:
 
 
 def own_folder(home: Path) -> Path:
-    """This user's own folder of downloads, for when the shared one cannot be used."""
+    """This user's own folder of downloads, for when the shared one cannot be used (by this
+    name unless another member made it first: :func:`own_folders`)."""
     return home / "cache" / f"debs-{os.geteuid()}"
+
+
+def own_folders(home: Path) -> list[Path]:
+    """This user's own folders of downloads that exist: ``debs-<uid>`` and the fresh
+    ``debs-<uid>-*`` made when another member held that name; folders of this user only,
+    never a link, whoever made the name."""
+    first = own_folder(home)
+    names = [first, *sorted(first.parent.glob(f"{first.name}-*"))] if first.parent.is_dir() else []
+    return [folder for folder in names if _is_own(folder)]
 
 
 def downloaded(home: Path, sha256: str) -> bool:
     """Whether a ``.deb`` of ``sha256`` is downloaded in ``home`` (its bytes are checked when
     it is used)."""
-    return any((folder / f"{sha256}.deb").is_file() for folder in (shared_folder(home), own_folder(home)))
+    return any((folder / f"{sha256}.deb").is_file() for folder in (shared_folder(home), *own_folders(home)))
 
 
 def fetch(home: Path, sha256: str, download: Callable[[Path], None]) -> Path:
@@ -78,20 +92,32 @@ def _writable(folder: Path) -> bool:
 
 
 def _own(home: Path) -> Path:
+    """This user's own folder of downloads: one it already has, else ``debs-<uid>`` made now,
+    else (another member made that name) a fresh one no other member can have named first."""
+    import tempfile
+
+    existing = own_folders(home)
+    if existing:
+        return existing[0]
     own = own_folder(home)
     try:
-        own.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.lstat(own)
+        own.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # a folder, a link, a file: _is_own tells
+            own.mkdir(mode=0o700)
+        if _is_own(own):
+            return own
+        return Path(tempfile.mkdtemp(prefix=f"{own.name}-", dir=own.parent))  # 0700, a name of its own
     except OSError as exc:
         raise HarnessError(f"{own}: cannot make the folder of .deb downloads: {exc.strerror or exc}") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        from harness.store.entries import owner_of
 
-        raise HarnessError(
-            f"{own}: not this user's folder of .deb downloads (made by {owner_of(own)})",
-            hint="remove it (its owner or the home's owner can), then realize again",
-        )
-    return own
+
+def _is_own(folder: Path) -> bool:
+    """Whether ``folder`` is a folder (not a link) of this user's."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def _clear(folder: Path, names: tuple[str, ...]) -> bool:

@@ -13,6 +13,8 @@ Whatever the options, a record never goes when it is
   ``harness run <id>`` (:mod:`harness.store.roots`; ``harness run`` takes them before it
   writes ``config.json`` and drops them after ``result.json``), told by the holder's
   ``flock``, which the kernel drops however the process ends;
+* **another member's**, in a home a lab shares: ``runs/`` is sticky there
+  (:mod:`harness.store.shared`), so only a record's owner (or root) can move it;
 * **without ``result.json``** unless ``older_than`` is given, the run is that old, and no live
   process holds it: such a record is a run still starting (before its roots are taken) or
   one killed with SIGKILL, and an age is the only safe way to tell the two apart.
@@ -31,7 +33,9 @@ import calendar
 import os
 import secrets
 import shutil
+import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,6 +128,7 @@ def plan_prune(home: Path, *, keep: int | None, older_than: float | None, now: f
     now = time.time() if now is None else now
     cutoff = now - older_than * 86400 if older_than is not None else None
     live = live_runs(home)
+    others = _others_records(home)
     plan = PrunePlan()
     for index, run in enumerate(run_folders(home)):
         started = _started(run)
@@ -138,6 +143,8 @@ def plan_prune(home: Path, *, keep: int | None, older_than: float | None, now: f
             verdict = "pinned"
         elif run.name in live:
             verdict = "in progress"
+        elif others(run):
+            verdict = "another member's"
         elif older_than is None and not (run / "result.json").is_file():
             # Still starting, or killed: only an age given explicitly lets it go.
             verdict = "no result"
@@ -145,6 +152,26 @@ def plan_prune(home: Path, *, keep: int | None, older_than: float | None, now: f
             verdict = "remove"
         plan.records.append(Candidate(run.name, run, started, verdict))
     return plan
+
+
+def _others_records(home: Path) -> Callable[[Path], bool]:
+    """Whether a record is one this user cannot move: another user's in a sticky ``runs/``
+    (a shared home's) where this user is not root; none elsewhere."""
+    me = os.geteuid()
+    try:
+        sticky = bool(os.stat(runs_dir(home)).st_mode & stat.S_ISVTX)
+    except OSError:
+        sticky = False
+    if not sticky or me == 0:
+        return lambda _run: False
+
+    def theirs(run: Path) -> bool:
+        try:
+            return os.lstat(run).st_uid != me
+        except OSError:
+            return False
+
+    return theirs
 
 
 def tree_bytes(path: Path) -> int:
@@ -199,6 +226,8 @@ def remove_runs(home: Path, candidates: list[Candidate]) -> list[Removed]:
             os.rename(candidate.path, target)
         except FileNotFoundError:
             continue  # removed by another prune since the plan
+        except PermissionError:
+            continue  # another member's, in a shared home's sticky runs/ (plan_prune passes them by)
         if (target / "pinned").is_file():  # pinned between the plan and the rename
             os.rename(target, candidate.path)
             continue

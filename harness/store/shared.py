@@ -16,7 +16,10 @@ that it holds on any local filesystem and on NFS:
   (or the owner of the folder, or root) can rename or delete it, and registered paths are
   read-only, so no member can modify, rename or delete a path another registered. The
   store refuses such a removal up front with a message naming the owner
-  (:meth:`Store.check_removable <harness.store.store.Store.check_removable>`).
+  (:meth:`Store.check_removable <harness.store.store.Store.check_removable>`);
+* the home itself, ``cache`` and ``runs`` are sticky as well (:data:`LAYOUT`): no member can
+  rename or delete the layout's folders or another member's cache folders and run records
+  (``runs prune`` passes other members' records by).
 
 What another member *creates* there (a symlink, a fifo, garbage under a name harness will use)
 is opened without being followed and reported as that entry (``harness/store/entries.py``), and
@@ -38,8 +41,14 @@ from pathlib import Path
 from harness.errors import HarnessError, InputError
 
 #: Folders of a home, relative to it, that ``init`` creates; the sticky ones are marked.
+#: The home itself, ``cache`` and ``runs`` are sticky too: every member creates entries there
+#: (a run record, a cache folder), and no member may rename or delete the folders of the
+#: layout or another member's entries (``mv cache cache.old`` would break every member's
+#: commands). ``cache/downloads`` is not: a member must replace another's partial or wrong
+#: download there (``harness/download.py``), and what it holds is checked against the lock
+#: again as it is taken (``builder.py:_take_download``); the folder itself cannot be moved.
 LAYOUT: tuple[tuple[str, bool], ...] = (
-    ("", False),
+    ("", True),
     ("store", True),
     ("store/.meta", True),
     ("store/.tmp", True),
@@ -52,9 +61,9 @@ LAYOUT: tuple[tuple[str, bool], ...] = (
     ("store/.roots/projects", True),
     ("store/.roots/pins", True),
     ("store/.roots/runs", True),
-    ("cache", False),
+    ("cache", True),
     ("cache/downloads", False),
-    ("runs", False),
+    ("runs", True),
 )
 
 

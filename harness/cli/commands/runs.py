@@ -186,6 +186,7 @@ def prune(state: State, keep: int | None, older_than: float | None, dry_run: boo
             ("pinned", "pinned"),
             ("in progress", "in progress"),
             ("no result", "without result.json"),
+            ("another member's", "another member's (a shared home)"),
         )
         if plan.kept(verdict)
     ]
