@@ -788,3 +788,4 @@ def test_a_download_others_can_write_is_copied_and_checked_again_not_linked(tmp_
     message = str(info.value)
     assert "a.whl" in message and sha in message and hashlib.sha256(changed).hexdigest() in message
     assert not dest.exists(), "nothing of the changed bytes is kept"
+    assert not ctx.download_path(sha).exists(), "the changed download is gone: the next realize fetches it again"

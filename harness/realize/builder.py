@@ -45,6 +45,7 @@ is not listed; should its bytes not match, the realize fails naming it).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 import os
 import shutil
@@ -682,7 +683,14 @@ def _take_download(ctx: Context, sha256: str, size: int, dest: Path) -> None:
                 f"download of {dest.name} (sha256 {sha256}) vanished before registration", hint="run the realize again"
             )
         if _others_may_write(ctx.downloads):
-            copy_checked(source, dest, sha256=sha256, size=size, where=f"realize of {dest.name}")
+            try:
+                copy_checked(source, dest, sha256=sha256, size=size, where=f"realize of {dest.name}")
+            except HarnessError:
+                # Not kept for the next realize to trip over (it would skip the download):
+                # the folder is not sticky, so this member can remove another's file.
+                with contextlib.suppress(OSError):
+                    source.unlink()
+                raise
             return
         try:
             os.link(source, dest)
