@@ -106,9 +106,14 @@ def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
     (free ones now) and kept in ``ports.json``, read by every later one.
 
     A recorded port is kept only while it is free, or held by this run's own broker on the
-    node or a service it started (:func:`held_by_run`): ``--resume`` of a run days later
-    finds ports that other processes may hold by then. Another's port is chosen again and
-    the file rewritten, under its lock, so every shard of the run here reads the new one."""
+    node or a service it started: ``--resume`` of a run days later finds ports that other
+    processes may hold by then. Another's port is chosen again and the file rewritten, under
+    its lock, so every shard of the run here reads the new one. Every shard after the node's
+    first finds the ports held: while ``broker.json`` names a live broker (its pid with the
+    start time it recorded), its port and those of the services it serves are trusted as its
+    own (:func:`served_by_live_broker`, two small reads); only a port held otherwise is looked
+    up among the node's TCP listeners (:func:`held_by_run`), which costs a scan of every
+    process's open files."""
     from filelock import FileLock
 
     from harness.runtime.supervisor import make_state_dir, write_private
@@ -118,7 +123,10 @@ def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
         path = state_dir / PORTS_FILE
         known: dict[str, int] = json.loads(path.read_text()) if path.is_file() else {}
         taken = [n for n in names if n in known and not port_free(int(known[n]))]
-        if taken:
+        if taken:  # the common case, a later shard: held by the run's live broker, trusted as is
+            served = served_by_live_broker(state_dir, known)
+            taken = [n for n in taken if int(known[n]) not in served]
+        if taken:  # else who holds it: the connections are listed (costly where many processes run)
             ours = held_by_run(state_dir)
             taken = [n for n in taken if not listeners(int(known[n])) & ours]
         missing = [n for n in names if n not in known or n in taken]
@@ -127,6 +135,27 @@ def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
             known.update(zip(missing, chosen, strict=False))
             write_private(path, json.dumps(known, sort_keys=True))  # 0600, as the rest of the folder
     return {n: int(known[n]) for n in names}
+
+
+def served_by_live_broker(state_dir: Path, known: Mapping[str, int]) -> set[int]:
+    """The ports the run's broker on this node serves, as its ``broker.json`` says, while
+    its process lives (its pid with the start time it recorded: a pid the kernel gave
+    another process since is not it): its own port and the ``known`` port of each service
+    it serves. Empty when none runs."""
+    from urllib.parse import urlsplit
+
+    from harness.runtime.parking import names_live_process
+
+    state = _read_json(state_dir / "broker.json")
+    if not names_live_process(state):
+        return set()
+    try:
+        ports = {int(urlsplit(str(state.get("url"))).port or 0)}
+    except ValueError:
+        ports = set()
+    services = state.get("services")
+    ports.update(int(known[n]) for n in (services if isinstance(services, list) else []) if n in known)
+    return ports - {0}
 
 
 def port_free(port: int) -> bool:
