@@ -662,3 +662,34 @@ def test_a_later_shard_trusts_its_live_brokers_ports_without_listing_connections
 
         for pid in squatters:
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_shards_resets_lost_with_its_nodes_broker_are_named_by_the_runs_audit(tmp_path: Path) -> None:
+    """A shard joined across a restart of its node's broker records the resets that went with
+    the old broker as an impurity of its own (``result.json``, :func:`lost_resets`); the head
+    combines it into the run's result, and the audit names it (``--strict`` fails on it)."""
+    from harness.runs.cluster import record_cluster_run, record_shard
+    from harness.runs.nodebroker import lost_resets
+
+    restart = {
+        "at": 1764921600.0,
+        "gone_pid": 4242,
+        "reason": "the node's broker (pid 4242), started by shard 0, was cancelled with it; "
+        "shard 1 started a new one (pid 4300) on the same ports",
+    }
+    [line] = lost_resets([restart], ["simate"])
+    assert line.startswith(
+        "scoped resets of simate unknown until 2025-12-05 08:00:00 UTC: the node's broker (pid 4242)"
+    )
+    run, closure = _record(tmp_path)
+    config = _head_config(1, closure_digest(closure))
+    for index in range(3):
+        for path in sorted((run / "shards" / str(index)).rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+    files = {"lock.json": json.dumps(closure), "result.json": json.dumps({"impurities": [line]})}
+    node = {"hostname": "gpu-a", "home": "/h/a", "platform": "linux-x86_64"}
+    record_shard(run, config, {"index": 0, "status": "ok", "node": node, "files": files, "broker_restarts": [restart]})
+    outcome = record_cluster_run(run, config, interrupted=False)
+    assert outcome["impurities"] == [line] and outcome["shards"][0]["broker_restarts"] == [restart]
+    report = audit_run(run, tmp_path / "store", None)
+    assert list(report.impurities) == [line], "harness audit prints it: impure    <line>"

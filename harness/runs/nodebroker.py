@@ -47,7 +47,9 @@ port, same services from the same store paths on the same ports) and every one j
 again with the token its command holds: the command's address and token answer again. The
 shard's record lists each such restart and why (:func:`broker_gone_cause`: "the node's
 broker, started by shard N, was cancelled with it"); a command whose call failed meanwhile
-fails naming it.
+fails naming it. Where the run has scoped services, the shard also records an impurity
+(:func:`lost_resets`): the resets the old broker saw went with it, so ``harness audit``
+names the restart and ``--strict`` fails.
 """
 
 from __future__ import annotations
@@ -394,6 +396,26 @@ class BrokerWatch:
             by = "this shard" if event["restarted_by"] == self.run else event["restarted_by"] or "another shard"
             event["reason"] = f"{cause}; {by} started a new one (pid {event['new_pid']}) on the same ports"
         return event
+
+
+def lost_resets(restarts: list[dict[str, Any]], scoped: list[str]) -> list[str]:
+    """The impurities of a shard that stayed joined while its node's broker went away
+    (``restarts``: :attr:`BrokerWatch.restarts`), given the run's ``scoped`` services: the
+    resets the old broker had seen in the shard's leases went with it (a broker keeps them
+    in memory until the shard ends), and the services it ran started again, a scoped one
+    with its memory empty, which the new broker, knowing no earlier lease, cannot call a
+    reset. Nothing is lost where the run has no scoped service. Pure."""
+    if not scoped:
+        return []
+    lines = []
+    for restart in restarts:
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(restart.get("at") or 0)))
+        lines.append(
+            f"scoped resets of {', '.join(sorted(scoped))} unknown until {at}: {restart.get('reason')}; "
+            "the resets the old broker saw in this shard's leases went with it, and a scoped service "
+            "started again there with its memory empty"
+        )
+    return lines
 
 
 def _wait_gone(identity: object, seconds: float) -> None:
