@@ -16,10 +16,16 @@ realized) and a node home, then, for each checkout given (``--tree``, default th
   service). It prints the shard's wall time, its process's CPU time (its own: the broker's
   and the service's are other processes) and the load.
 
+``--later`` measures a later shard instead: each round first replays the job under a new run
+id (not measured: it starts the node's broker), then again under the same id while that
+broker lingers (measured: it finds ``ports.json``'s ports held by the run's live broker and
+joins it, as every shard after a node's first does); the broker is then stopped by its pid
+(``harness.runtime.broker.down``).
+
 ``--profile`` prints one replay's cProfile of each checkout, ``--importtime`` the modules the
 shard imported, slowest first. Every process it starts ends by itself or by its pid.
 
-    python bench/shardreplay.py [--tree OTHER_CHECKOUT] [--rounds 8] [--profile] [--importtime]
+    python bench/shardreplay.py [--tree OTHER_CHECKOUT] [--rounds 8] [--later] [--profile] [--importtime]
 """
 
 from __future__ import annotations
@@ -170,8 +176,8 @@ def _capture(tree: Path, head: Path, node: Path, job_file: Path) -> None:
         raise SystemExit(f"capture with {tree} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
-def _replay(tree: Path, node: Path, job_file: Path, mode: str = "time") -> dict[str, object]:
-    run_id = f"replay-{uuid.uuid4().hex[:12]}"
+def _replay(tree: Path, node: Path, job_file: Path, mode: str = "time", run_id: str | None = None) -> dict[str, object]:
+    run_id = run_id or f"replay-{uuid.uuid4().hex[:12]}"
     command = [sys.executable, *(["-X", "importtime"] if mode == "importtime" else [])]
     done = subprocess.run(
         [*command, __file__, "--child", str(job_file), run_id, "--mode", mode],
@@ -186,7 +192,25 @@ def _replay(tree: Path, node: Path, job_file: Path, mode: str = "time") -> dict[
     if answer["status"] != "ok":
         raise SystemExit(f"replay with {tree}: {answer['status']}: {answer['reason']}")
     answer["stderr"] = done.stderr
+    answer["run_id"] = run_id
     return answer
+
+
+def _later(tree: Path, node: Path, job_file: Path, mode: str = "time") -> dict[str, object]:
+    """A later shard of a run on the node: the first one replayed (its broker started, not
+    measured), then the measured one under the same run id while that broker lingers; the
+    broker is stopped after."""
+    first = _replay(tree, node, job_file)
+    try:
+        return _replay(tree, node, job_file, mode, run_id=str(first["run_id"]))
+    finally:
+        state = node / "runs" / str(first["run_id"]) / "node"
+        subprocess.run(
+            [sys.executable, "-c", f"from harness.runtime.broker import down; down({str(state)!r})"],
+            env=_env(tree, node),
+            capture_output=True,
+            timeout=120,
+        )
 
 
 def _importtime(stderr: str, began_after: str = "harness.runs.cluster") -> str:
@@ -212,6 +236,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--importtime", action="store_true")
+    parser.add_argument("--later", action="store_true", help="measure a later shard of a run on the node")
     parser.add_argument("--scratch", type=Path)
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="time", help=argparse.SUPPRESS)
@@ -231,9 +256,10 @@ def main() -> None:
         for n, tree in enumerate(trees):
             jobs[tree] = root / f"job-{n}.json"
             _capture(tree, head, node, jobs[tree])
+        replay = _later if args.later else _replay
         if args.profile or args.importtime:
             for tree in trees:
-                answer = _replay(tree, node, jobs[tree], "profile" if args.profile else "importtime")
+                answer = replay(tree, node, jobs[tree], "profile" if args.profile else "importtime")
                 print(f"== {tree}: {answer['wall']:.3f} s wall, {answer['cpu']:.3f} s CPU")
                 text = str(answer["stderr"])
                 print(text if args.profile else _importtime(text))
@@ -243,7 +269,7 @@ def main() -> None:
             order = trees if r % 2 == 0 else trees[::-1]
             for tree in order:
                 load = os.getloadavg()[0]
-                answer = _replay(tree, node, jobs[tree])
+                answer = replay(tree, node, jobs[tree])
                 for key, value in (("wall", answer["wall"]), ("cpu", answer["cpu"]), ("load", load)):
                     samples[tree][key].append(float(value))  # type: ignore[arg-type]
                 print(f"round {r + 1} {tree}: {answer['wall']:.3f} s wall, {answer['cpu']:.3f} s CPU, load {load:.1f}")

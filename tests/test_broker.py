@@ -1579,3 +1579,48 @@ def test_another_callers_spawn_starts_its_broker_beside_a_parked_one_which_then_
         assert [p.pid for p in find_brokers(tmp_path)] == [other["broker"]["pid"]]
     finally:
         down(tmp_path, grace=(0.5, 0.5))
+
+
+def test_a_node_broker_killed_under_a_joined_shard_starts_again_and_the_shard_records_its_lost_resets(
+    tmp_path: Path,
+) -> None:
+    """A cluster shard joined to its node's broker (:mod:`harness.runs.nodebroker`) whose
+    broker process is killed (on Slurm: cancelled with the task that started it): the shard's
+    watch starts a new broker on the same URL, its command's token answers there, and the
+    shard's record names the restart as an impurity: the scoped resets the old broker saw in
+    its leases went with it, and the scoped service started again with its memory empty."""
+    from types import SimpleNamespace
+
+    from harness.runs.nodebroker import lost_resets
+    from harness.runs.run import _RunBroker
+
+    runs = tmp_path / "home" / "runs" / "run-1"
+    state, run_dir = runs / "node", runs / "shards" / "0"
+    run_dir.mkdir(parents=True)
+    policy = fake(f"{tmp_path.name}-pol", state)
+    prepared = SimpleNamespace(
+        deploy=None, plan=Plan((placement(policy, mode="resident", scoped=True),)), specs={policy.name: policy}
+    )
+    broker = _RunBroker(None, node=state)
+    url, env = broker.start(prepared, run_dir)  # type: ignore[arg-type]
+    impurities: list[str] = []
+    try:
+        first = read_state(state)
+        assert first is not None and first["url"] == url
+        os.kill(int(first["pid"]), signal.SIGKILL)
+        assert broker.watch is not None
+        wait_until(lambda: broker.watch.restarts, timeout=90, what="the watch's restart")  # type: ignore[union-attr]
+        client = Client(url, client_id="agent", token=env["HARNESS_BROKER_TOKEN"])
+        with client.use(policy.name, timeout=60) as lease:
+            assert lease.url == policy.url  # the command's address and token answer again, same port
+    finally:
+        impurities = broker.stop()
+        down(state, grace=(0.5, 0.5))
+    [restart] = broker.restarts
+    assert restart["gone_pid"] == first["pid"] and restart["new_pid"] != first["pid"], restart
+    assert "started by this shard, is gone" in restart["reason"], restart
+    assert impurities == lost_resets(broker.restarts, [policy.name]) and len(impurities) == 1, impurities
+    assert f"scoped resets of {policy.name} unknown until " in impurities[0], impurities
+    assert f"the node's broker (pid {first['pid']})" in impurities[0], impurities
+    # A run without a scoped service loses nothing when its node's broker starts again.
+    assert lost_resets(broker.restarts, []) == []

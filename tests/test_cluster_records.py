@@ -572,3 +572,124 @@ def test_resume_chooses_again_a_recorded_port_another_process_holds_now(tmp_path
         assert node_ports(state, ("kinematics", "sam3", "molmo")) == again
     finally:
         broker.shutdown()
+
+
+def _squat(port: int) -> int:
+    """Another process, not a child of this one (the broker the test serves in its own
+    process counts its children as the run's), listening on ``port``: its pid, which the
+    caller ends."""
+    import subprocess
+
+    code = (
+        "import socket, sys, time\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
+        "print('listening', flush=True); time.sleep(120)\n"
+    )
+    shell = subprocess.Popen(
+        ["sh", "-c", '"$0" -c "$1" "$2" & echo "pid $!"', sys.executable, code, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert shell.stdout is not None
+    lines = [shell.stdout.readline().strip(), shell.stdout.readline().strip()]
+    shell.wait()
+    assert "listening" in lines, lines
+    return int(next(ln for ln in lines if ln.startswith("pid "))[4:])
+
+
+def test_a_later_shard_trusts_its_live_brokers_ports_without_listing_connections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every shard after a node's first finds ``ports.json``'s ports held: by the run's live
+    broker (its ``broker.json`` pid with its start time) and the services it serves. Those
+    are kept without listing the node's TCP connections (a scan of every process's files);
+    a held port the broker does not serve is looked up, and another process's chosen again;
+    a ``broker.json`` whose process is gone vouches for nothing."""
+    import subprocess
+
+    import psutil
+
+    from harness.runs.nodebroker import BROKER_PORT, node_ports, node_state_dir
+    from harness.runtime.broker import STATE_FILE, Broker
+    from harness.runtime.launch import LaunchSpec
+    from harness.runtime.parking import process_identity
+    from harness.runtime.plan import Plan, ServicePlacement
+
+    state = node_state_dir(tmp_path / "home", "run-1")
+    names = (BROKER_PORT, "kinematics", "sam3")
+    first = node_ports(state, names)
+    listed: list[int] = []
+    real = psutil.net_connections
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        listed.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(psutil, "net_connections", counted)
+    url = f"http://127.0.0.1:{first['sam3']}"
+    sam3 = ServicePlacement("sam3", "on_demand", None, first["sam3"], url)
+    spec = LaunchSpec(
+        "sam3", (sys.executable, "-c", "pass"), {}, tmp_path, first["sam3"], url, None, 1.0, tmp_path / "s.log"
+    )
+    broker = Broker(Plan(services=(sam3,)), {"sam3": spec}, state, port=first[BROKER_PORT])
+    squatters = []
+    try:
+        broker.serve_in_thread()
+        squatters.append(_squat(first["sam3"]))  # stands for the broker's service on its port
+        assert node_ports(state, (BROKER_PORT, "sam3")) == {n: first[n] for n in (BROKER_PORT, "sam3")}
+        assert listed == [], "the live broker's own ports are trusted: no connections listed"
+        squatters.append(_squat(first["kinematics"]))  # not the broker's: another process's
+        again = node_ports(state, names)
+        assert listed, "a held port the broker does not serve is looked up"
+        assert again["kinematics"] != first["kinematics"]
+        assert {n: again[n] for n in (BROKER_PORT, "sam3")} == {n: first[n] for n in (BROKER_PORT, "sam3")}
+    finally:
+        broker.shutdown()
+    # A broker.json left by a broker that is gone (its pid with another start time, or none).
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    identity = process_identity(dead.pid)
+    dead.wait()
+    (state / STATE_FILE).write_text(
+        json.dumps({**identity, "url": f"http://127.0.0.1:{first[BROKER_PORT]}", "services": ["sam3"]})
+    )
+    try:
+        after = node_ports(state, names)
+        assert after["sam3"] != first["sam3"], "a gone broker's claim on a port another process holds is not trusted"
+        assert after["kinematics"] == again["kinematics"]
+    finally:
+        import os
+        import signal
+
+        for pid in squatters:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_shards_resets_lost_with_its_nodes_broker_are_named_by_the_runs_audit(tmp_path: Path) -> None:
+    """A shard joined across a restart of its node's broker records the resets that went with
+    the old broker as an impurity of its own (``result.json``, :func:`lost_resets`); the head
+    combines it into the run's result, and the audit names it (``--strict`` fails on it)."""
+    from harness.runs.cluster import record_cluster_run, record_shard
+    from harness.runs.nodebroker import lost_resets
+
+    restart = {
+        "at": 1764921600.0,
+        "gone_pid": 4242,
+        "reason": "the node's broker (pid 4242), started by shard 0, was cancelled with it; "
+        "shard 1 started a new one (pid 4300) on the same ports",
+    }
+    [line] = lost_resets([restart], ["simate"])
+    assert line.startswith(
+        "scoped resets of simate unknown until 2025-12-05 08:00:00 UTC: the node's broker (pid 4242)"
+    )
+    run, closure = _record(tmp_path)
+    config = _head_config(1, closure_digest(closure))
+    for index in range(3):
+        for path in sorted((run / "shards" / str(index)).rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+    files = {"lock.json": json.dumps(closure), "result.json": json.dumps({"impurities": [line]})}
+    node = {"hostname": "gpu-a", "home": "/h/a", "platform": "linux-x86_64"}
+    record_shard(run, config, {"index": 0, "status": "ok", "node": node, "files": files, "broker_restarts": [restart]})
+    outcome = record_cluster_run(run, config, interrupted=False)
+    assert outcome["impurities"] == [line] and outcome["shards"][0]["broker_restarts"] == [restart]
+    report = audit_run(run, tmp_path / "store", None)
+    assert list(report.impurities) == [line], "harness audit prints it: impure    <line>"

@@ -314,3 +314,6 @@ def test_scancel_of_the_shard_that_started_the_nodes_broker_leaves_the_joined_sh
     recorded = json.loads((run_dir / "shards" / str(other) / "config.json").read_text())["broker"]
     assert recorded["restarts"] == restarts and recorded["url"] == url
     assert json.loads((run_dir / "shards" / str(other) / "shard.json").read_text())["broker_restarts"] == restarts
+    # kinematics-only has no scoped service: the restart lost no reset, and no impurity says so.
+    impurities = json.loads((run_dir / "result.json").read_text())["impurities"]
+    assert not [i for i in impurities if i.startswith("scoped resets of ")], impurities

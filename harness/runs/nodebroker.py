@@ -47,7 +47,9 @@ port, same services from the same store paths on the same ports) and every one j
 again with the token its command holds: the command's address and token answer again. The
 shard's record lists each such restart and why (:func:`broker_gone_cause`: "the node's
 broker, started by shard N, was cancelled with it"); a command whose call failed meanwhile
-fails naming it.
+fails naming it. Where the run has scoped services, the shard also records an impurity
+(:func:`lost_resets`): the resets the old broker saw went with it, so ``harness audit``
+names the restart and ``--strict`` fails.
 """
 
 from __future__ import annotations
@@ -106,9 +108,14 @@ def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
     (free ones now) and kept in ``ports.json``, read by every later one.
 
     A recorded port is kept only while it is free, or held by this run's own broker on the
-    node or a service it started (:func:`held_by_run`): ``--resume`` of a run days later
-    finds ports that other processes may hold by then. Another's port is chosen again and
-    the file rewritten, under its lock, so every shard of the run here reads the new one."""
+    node or a service it started: ``--resume`` of a run days later finds ports that other
+    processes may hold by then. Another's port is chosen again and the file rewritten, under
+    its lock, so every shard of the run here reads the new one. Every shard after the node's
+    first finds the ports held: while ``broker.json`` names a live broker (its pid with the
+    start time it recorded), its port and those of the services it serves are trusted as its
+    own (:func:`served_by_live_broker`, two small reads); only a port held otherwise is looked
+    up among the node's TCP listeners (:func:`held_by_run`), which costs a scan of every
+    process's open files."""
     from filelock import FileLock
 
     from harness.runtime.supervisor import make_state_dir, write_private
@@ -118,7 +125,10 @@ def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
         path = state_dir / PORTS_FILE
         known: dict[str, int] = json.loads(path.read_text()) if path.is_file() else {}
         taken = [n for n in names if n in known and not port_free(int(known[n]))]
-        if taken:
+        if taken:  # the common case, a later shard: held by the run's live broker, trusted as is
+            served = served_by_live_broker(state_dir, known)
+            taken = [n for n in taken if int(known[n]) not in served]
+        if taken:  # else who holds it: the connections are listed (costly where many processes run)
             ours = held_by_run(state_dir)
             taken = [n for n in taken if not listeners(int(known[n])) & ours]
         missing = [n for n in names if n not in known or n in taken]
@@ -127,6 +137,27 @@ def node_ports(state_dir: Path, names: tuple[str, ...]) -> dict[str, int]:
             known.update(zip(missing, chosen, strict=False))
             write_private(path, json.dumps(known, sort_keys=True))  # 0600, as the rest of the folder
     return {n: int(known[n]) for n in names}
+
+
+def served_by_live_broker(state_dir: Path, known: Mapping[str, int]) -> set[int]:
+    """The ports the run's broker on this node serves, as its ``broker.json`` says, while
+    its process lives (its pid with the start time it recorded: a pid the kernel gave
+    another process since is not it): its own port and the ``known`` port of each service
+    it serves. Empty when none runs."""
+    from urllib.parse import urlsplit
+
+    from harness.runtime.parking import names_live_process
+
+    state = _read_json(state_dir / "broker.json")
+    if not names_live_process(state):
+        return set()
+    try:
+        ports = {int(urlsplit(str(state.get("url"))).port or 0)}
+    except ValueError:
+        ports = set()
+    services = state.get("services")
+    ports.update(int(known[n]) for n in (services if isinstance(services, list) else []) if n in known)
+    return ports - {0}
 
 
 def port_free(port: int) -> bool:
@@ -365,6 +396,26 @@ class BrokerWatch:
             by = "this shard" if event["restarted_by"] == self.run else event["restarted_by"] or "another shard"
             event["reason"] = f"{cause}; {by} started a new one (pid {event['new_pid']}) on the same ports"
         return event
+
+
+def lost_resets(restarts: list[dict[str, Any]], scoped: list[str]) -> list[str]:
+    """The impurities of a shard that stayed joined while its node's broker went away
+    (``restarts``: :attr:`BrokerWatch.restarts`), given the run's ``scoped`` services: the
+    resets the old broker had seen in the shard's leases went with it (a broker keeps them
+    in memory until the shard ends), and the services it ran started again, a scoped one
+    with its memory empty, which the new broker, knowing no earlier lease, cannot call a
+    reset. Nothing is lost where the run has no scoped service. Pure."""
+    if not scoped:
+        return []
+    lines = []
+    for restart in restarts:
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(restart.get("at") or 0)))
+        lines.append(
+            f"scoped resets of {', '.join(sorted(scoped))} unknown until {at}: {restart.get('reason')}; "
+            "the resets the old broker saw in this shard's leases went with it, and a scoped service "
+            "started again there with its memory empty"
+        )
+    return lines
 
 
 def _wait_gone(identity: object, seconds: float) -> None:

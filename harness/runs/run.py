@@ -441,7 +441,8 @@ class _RunBroker:
         a run that joined ``harness up``'s broker writes the resets it saw there. A node's
         broker stays for the run's next shard there, unless the run was interrupted and no
         shard is joined any more (:mod:`harness.runs.nodebroker`). Returns the impurities
-        to record: resets that could not be read back."""
+        to record: resets that could not be read back, or went with a node's broker that
+        went away while the shard was joined (:func:`harness.runs.nodebroker.lost_resets`)."""
         from harness.runs.report import EVENTS_FILE, write_events
 
         if self.own is not None:
@@ -450,17 +451,22 @@ class _RunBroker:
                 write_events(self.own.state_dir.parent / EVENTS_FILE, self.own.events_since(0))
             except OSError:
                 pass  # the record matters more than its timeline
+        lost: list[str] = []
         if self.watch is not None:
             self.shared = self.watch.stop()
             self.restarts = list(self.watch.restarts)
+            if self.restarts:  # the resets the node's old broker saw went with it
+                from harness.runs.nodebroker import lost_resets
+
+                lost = lost_resets(self.restarts, [p.name for p in self.watch.prepared.plan.services if p.scoped])
         if self.shared is None or self.joined is None:
-            return []
+            return lost
         from harness.runs.resets import RESETS_FILE, write_resets
 
         try:
             resets, events = self.shared.end_run(_joined_name(self.joined))
         except HarnessError as exc:
-            return [f"the scoped resets of this run are unknown: {exc.message}"]
+            return [*lost, f"the scoped resets of this run are unknown: {exc.message}"]
         finally:
             if self.node is not None and interrupted:
                 from harness.runs.nodebroker import stop_if_unjoined
@@ -471,7 +477,7 @@ class _RunBroker:
             write_events(self.joined / EVENTS_FILE, events)
         except OSError:
             pass  # the record matters more than its timeline
-        return []
+        return lost
 
 
 def _joined_name(run_dir: Path) -> str:
