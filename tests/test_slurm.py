@@ -36,7 +36,9 @@ import os, runpy, sys, time
 from pathlib import Path
 gates = Path(sys.argv[1])
 shard = os.environ["HARNESS_SHARD"].replace("/", "-")
-(gates / f"started-{shard}").write_text(os.environ.get("HARNESS_RUN_DIR", ""))
+# Written whole, then renamed: a reader never sees the marker empty (it holds the run dir).
+(gates / f".part-{os.getpid()}").write_text(os.environ.get("HARNESS_RUN_DIR", ""))
+os.replace(gates / f".part-{os.getpid()}", gates / f"started-{shard}")
 while not shard.startswith("0-") and not (gates / "open").exists():
     time.sleep(0.1)
 sys.argv = [sys.argv[2], "--episodes", "20", "--seed", "0"]
@@ -49,7 +51,9 @@ import os, runpy, sys, time
 from pathlib import Path
 gates = Path(sys.argv[1])
 shard = os.environ["HARNESS_SHARD"].replace("/", "-")
-(gates / f"started-{shard}").write_text(os.environ.get("HARNESS_RUN_DIR", ""))
+# Written whole, then renamed: a reader never sees the marker empty (it holds the run dir).
+(gates / f".part-{os.getpid()}").write_text(os.environ.get("HARNESS_RUN_DIR", ""))
+os.replace(gates / f".part-{os.getpid()}", gates / f"started-{shard}")
 while not (gates / f"open-{shard}").exists() and not (gates / "open").exists():
     time.sleep(0.1)
 sys.argv = [sys.argv[2], "--episodes", "20", "--seed", "0"]
