@@ -196,6 +196,19 @@ def init_and_add(home: Path) -> list[Any]:
     return [code, out]
 
 
+def _refusals(attempts: dict[str, Callable[[], object]]) -> dict[str, str]:
+    """Try each attempt of another member: what the system refused (its PermissionError), or
+    "" for one that went through."""
+    refused: dict[str, str] = {}
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+            refused[what] = ""
+        except PermissionError as exc:
+            refused[what] = str(exc)
+    return refused
+
+
 def test_init_makes_a_group_home_with_a_sticky_store(lab: tuple[User, User], home: Path) -> None:
     a, _ = lab
     as_user(a, lambda: init_and_add(home))
@@ -228,19 +241,18 @@ def test_another_member_reuses_a_path_but_cannot_change_or_remove_it(lab: tuple[
             store.delete(P1)
         except StoreError as exc:
             refused["delete"] = exc.message
-        for what, attempt in {
-            "rename": lambda: os.rename(store.root / P1, store.root / "stolen"),
-            "rmtree": lambda: shutil.rmtree(store.root / P1),
-            "write": lambda: (store.root / P1 / "data.txt").write_text("changed"),
-            "add a file": lambda: (store.root / P1 / "new").write_text("x"),
-            "unregister": lambda: store.record_path(P1).unlink(),
-            "chmod": lambda: os.chmod(store.root / P1, 0o755),
-        }.items():
-            try:
-                attempt()
-                refused[what] = ""
-            except PermissionError as exc:
-                refused[what] = str(exc)
+        refused.update(
+            _refusals(
+                {
+                    "rename": lambda: os.rename(store.root / P1, store.root / "stolen"),
+                    "rmtree": lambda: shutil.rmtree(store.root / P1),
+                    "write": lambda: (store.root / P1 / "data.txt").write_text("changed"),
+                    "add a file": lambda: (store.root / P1 / "new").write_text("x"),
+                    "unregister": lambda: store.record_path(P1).unlink(),
+                    "chmod": lambda: os.chmod(store.root / P1, 0o755),
+                }
+            )
+        )
         code, _, _ = cli(home, "store", "verify", "--repair")
         return {
             "content": record.content,
@@ -1168,20 +1180,16 @@ def test_no_member_can_move_the_layout_or_another_members_runs(lab: tuple[User, 
 
     def member_b() -> dict[str, Any]:
         harness.store.shared.apply_group_umask(home)
-        refused: dict[str, str] = {}
-        for what, attempt in {
-            "rename cache": lambda: os.rename(home / "cache", home / "cache.old"),
-            "rename runs": lambda: os.rename(home / "runs", home / "runs.old"),
-            "rename store": lambda: os.rename(home / "store", home / "store.old"),
-            "rename downloads": lambda: os.rename(home / "cache" / "downloads", home / "cache" / "d"),
-            "rename a's run": lambda: os.rename(home / "runs" / run_id, home / "runs" / "mine"),
-            "delete a's run": lambda: os.rmdir(home / "runs" / run_id),
-        }.items():
-            try:
-                attempt()
-                refused[what] = ""
-            except PermissionError as exc:
-                refused[what] = str(exc)
+        refused = _refusals(
+            {
+                "rename cache": lambda: os.rename(home / "cache", home / "cache.old"),
+                "rename runs": lambda: os.rename(home / "runs", home / "runs.old"),
+                "rename store": lambda: os.rename(home / "store", home / "store.old"),
+                "rename downloads": lambda: os.rename(home / "cache" / "downloads", home / "cache" / "d"),
+                "rename a's run": lambda: os.rename(home / "runs" / run_id, home / "runs" / "mine"),
+                "delete a's run": lambda: os.rmdir(home / "runs" / run_id),
+            }
+        )
         own = _a_run(home)  # b's own records still go in
         return {"refused": refused, "prune": cli(home, "runs", "prune", "--older-than", "1"), "own": own}
 
