@@ -991,7 +991,10 @@ class SubmititEngine:
     ended without a result is judged from its state (:func:`engine_ending`): cancelled
     (``scancel``) is recorded ``cancelled``; a node lost (``NODE_FAIL``, ``PREEMPTED``, ...)
     is ``lost`` and its shard submitted again, in a new array of the lost members, up to
-    ``retries`` times."""
+    ``retries`` times. A task that keeps its node's broker for other shards after its own
+    shard is over (:func:`harness.runs.shard.keep_node_broker`) hands its result over first
+    (:func:`hand_over`, ``engine/handed-over/<I>.json``): it is recorded as it comes, and again
+    with what the wait adds once the task ends."""
 
     def __init__(self, *, local: bool, task: Callable[[ShardJob], dict[str, Any]] | None = None) -> None:
         try:

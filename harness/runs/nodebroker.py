@@ -37,6 +37,18 @@ joined stops the broker at once (:func:`stop_if_unjoined`). On Ray the broker en
 run's job at the latest: Ray kills the processes its workers started when the job ends, and
 the broker's watchdog (:mod:`harness.runtime.watchdog`) then stops its services.
 
+On Slurm the broker cannot outlive the task of the shard that started it — process tracking
+(a cgroup in production) ends every process of a task as the task ends, a normal end too —
+and must not: its GPUs are that task's allocation. So that shard, its run over and its
+result handed to the head (:func:`harness.runs.cluster.hand_over`: the head records it at
+once), keeps its task while other shards of the run are joined to the broker
+(:func:`hold_node_broker`, asking ``/status`` every :data:`WATCH_S`; the pure part is
+:func:`still_joined`); shards that arrive meanwhile join and keep it too. SIGTERM (``scancel``,
+the time limit) ends the wait at once; the joined shards then start the broker again as
+below. Not on Ray, whose workers outlive their tasks (a worker's children end when the
+worker exits: at the job's end, or a surplus idle worker, which the restart below covers),
+where a waiting task would only hold the slot the run's next shard needs.
+
 When it goes away under joined shards: the broker is a process of the engine's task of the
 shard that started it (``started-by.json`` names that shard). On Slurm a ``scancel`` of that
 task ends it — process tracking ends every process of a task, and on a real cluster it is a
@@ -47,7 +59,10 @@ port, same services from the same store paths on the same ports) and every one j
 again with the token its command holds: the command's address and token answer again. The
 shard's record lists each such restart and why (:func:`broker_gone_cause`: "the node's
 broker, started by shard N, was cancelled with it"); a command whose call failed meanwhile
-fails naming it. Where the run has scoped services, the shard also records an impurity
+fails naming it; a starter that ended leaves ``ended.json`` (:data:`ENDED_FILE`), so a shard
+that joined as it decided to end names it "ended with the task of shard N, which had
+finished", and one cut by a signal while it waited "cancelled with it (SIGTERM while it kept
+the broker …)". Where the run has scoped services, the shard also records an impurity
 (:func:`lost_resets`): the resets the old broker saw went with it, so ``harness audit``
 names the restart and ``--strict`` fails.
 """
@@ -337,7 +352,8 @@ class BrokerWatch:
 
     On Slurm, the broker is a process of the task of the shard that started it: a
     ``scancel`` of that task ends it (a cgroup holds every process of a task; no detaching
-    escapes it), and with it the services the node's other shards use. The watch looks at
+    escapes it), and with it the services the node's other shards use (a task that ends
+    normally waits for them first: :func:`hold_node_broker`). The watch looks at
     the broker's process every :data:`WATCH_S` seconds; once it is gone, the shard joins
     again (:func:`join_node_broker`): the first surviving shard there starts a new broker
     under the node's lock, on the same broker port and with the services on the same
