@@ -503,15 +503,15 @@ def hold_node_broker(
     the wait, ``held_broker_stopped``; empty when it waited for none."""
     from harness.runtime.broker import SharedBroker
 
-    starter = _read_json(state_dir / STARTER_FILE)
-    if starter.get("run") != me or starter.get("pid") != pid:
-        return {}  # not the starter of the node's broker (or another broker was started since)
-    shared = SharedBroker.find(state_dir)
-    if shared is None or shared.pid != starter.get("broker_pid"):
-        return {}
     began, held = time.monotonic(), set()
-    with _signals_end_wait() as stopped:
-        others = _joined_others(shared, me)
+    with _signals_end_wait() as stopped:  # from the first moment: a scancel now is not lost
+        starter = _read_json(state_dir / STARTER_FILE)
+        if starter.get("run") != me or starter.get("pid") != pid:
+            return {}  # not the starter of the node's broker (or another broker was started since)
+        shared = SharedBroker.find(state_dir)
+        if shared is None or shared.pid != starter.get("broker_pid"):
+            return {}
+        others = [] if stopped else _joined_others(shared, me)
         if others and before is not None:
             before()
         while others and not stopped:
