@@ -1624,3 +1624,82 @@ def test_a_node_broker_killed_under_a_joined_shard_starts_again_and_the_shard_re
     assert f"the node's broker (pid {first['pid']})" in impurities[0], impurities
     # A run without a scoped service loses nothing when its node's broker starts again.
     assert lost_resets(broker.restarts, []) == []
+
+
+def test_the_shard_that_started_its_nodes_broker_keeps_it_while_another_shard_is_joined(tmp_path: Path) -> None:
+    """On Slurm, the task of the shard that started its node's broker must not end while other
+    shards use that broker (a cgroup Slurm ends every process of a task with it). Its run
+    over, :func:`hold_node_broker` hands the result over first, then waits while the broker's
+    ``/status`` lists another joined shard, and ends once none is; SIGTERM (``scancel``)
+    during the wait ends it at once. Each end leaves ``ended.json``, from which a shard that
+    saw the broker go names the cause: a task that had finished, or one cancelled."""
+    from types import SimpleNamespace
+
+    from harness.runs.nodebroker import ENDED_FILE, broker_gone_cause, hold_node_broker
+    from harness.runs.run import _RunBroker
+    from harness.runtime.parking import process_identity
+
+    runs = tmp_path / "home" / "runs" / "run-1"
+    state, run_dir = runs / "node", runs / "shards" / "0"
+    run_dir.mkdir(parents=True)
+    service = fake(f"{tmp_path.name}-svc", state)
+    prepared = SimpleNamespace(
+        deploy=None, plan=Plan((placement(service, mode="resident"),)), specs={service.name: service}
+    )
+    starter = _RunBroker(None, node=state)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # shard 1's process
+    handed: list[float] = []
+    try:
+        starter.start(prepared, run_dir)  # shard 0 starts the node's broker and joins it
+        shared = starter.shared
+        assert shared is not None
+        shared.join_run("shard 1", other.pid)
+        starter.stop()  # shard 0's run is over (its /runs/end); shard 1 is still joined
+        began = time.time()
+        threading.Timer(1.0, lambda: shared.end_run("shard 1")).start()
+        held = hold_node_broker(state, "shard 0", os.getpid(), before=lambda: handed.append(time.time()), poll=0.1)
+        assert held["held_broker_for"] == ["shard 1"] and 0.9 <= held["held_broker_s"] < 5, held
+        assert "held_broker_stopped" not in held and time.time() - began >= 1.0
+        assert len(handed) == 1 and handed[0] - began < 0.5, "the result is handed over before the wait"
+        ended = json.loads((state / ENDED_FILE).read_text())
+        assert ended["run"] == "shard 0" and ended["pid"] == os.getpid() and ended["finished"] is True, ended
+
+        # A shard is joined again; scancel's SIGTERM ends the wait at once, and says so.
+        shared.join_run("shard 1", other.pid)
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+        began = time.time()
+        held = hold_node_broker(state, "shard 0", os.getpid(), poll=0.1)
+        assert time.time() - began < 3 and held["held_broker_stopped"] == "SIGTERM", held
+        assert held["held_broker_for"] == ["shard 1"], held
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the handler before is restored"
+        cut = json.loads((state / ENDED_FILE).read_text())
+        assert cut["finished"] is False and cut["signal"] == "SIGTERM", cut
+        # Not the starter (another shard, or another process under its name): nothing to keep.
+        assert hold_node_broker(state, "shard 1", other.pid) == {}
+        assert hold_node_broker(state, "shard 0", other.pid) == {}
+    finally:
+        down(state, grace=(0.5, 0.5))
+        other.kill()
+        other.wait()
+    # The cause a shard joined to that broker records once it is gone (its starter is gone too).
+    began_by = {"run": "shard 0", "pid": 999_999, "process": process_identity(999_999), "broker_pid": 42}
+    finished = {**ended, "pid": 999_999, "broker_pid": 42}
+    assert broker_gone_cause(42, began_by, "shard 1", finished) == (
+        "the node's broker (pid 42), started by shard 0, ended with the task of shard 0, which had finished"
+    )
+    assert broker_gone_cause(42, began_by, "shard 1", {**cut, "pid": 999_999, "broker_pid": 42}) == (
+        "the node's broker (pid 42), started by shard 0, was cancelled with it "
+        "(SIGTERM while it kept the broker for other shards)"
+    )
+    # An earlier broker's marker, or none: cancelled with it, as before.
+    assert broker_gone_cause(42, began_by, "shard 1", {**finished, "broker_pid": 41}).endswith("was cancelled with it")
+    assert broker_gone_cause(42, began_by, "shard 1").endswith("was cancelled with it")
+
+
+def test_still_joined_names_the_other_shards_once_each() -> None:
+    from harness.runs.nodebroker import still_joined
+
+    runs = [{"run": "shard 2", "pid": 1}, {"run": "shard 0", "pid": 2}, {"run": "shard 2", "pid": 3}, {"pid": 4}, "x"]
+    assert still_joined(runs, "shard 0") == ["shard 2"]
+    assert still_joined([{"run": "shard 0"}], "shard 0") == []
+    assert still_joined(None, "shard 0") == []

@@ -734,6 +734,62 @@ def test_a_lost_slurm_task_is_submitted_again_up_to_the_retries(
     assert [r["status"] for r in lost] == ["ok", "lost"] and "its node was lost (NODE_FAIL)" in lost[1]["reason"]
 
 
+def _hands_over(job: ShardJob) -> dict[str, object]:
+    """An array task whose shard is over and that keeps its node's broker a while after
+    (as :func:`harness.runs.shard.keep_node_broker` does on Slurm): it hands its result over,
+    waits until the head has recorded it (the test's ``recorded-<I>`` marker), then returns
+    with what the wait adds (shard 0) or dies without a result (shard 1: its node lost)."""
+    from harness.runs.cluster import hand_over
+
+    result: dict[str, object] = {"index": job.index, "shard": f"{job.index}/{job.count}", "status": "ok", "node": {}}
+    hand_over(job, result)
+    marker, deadline = Path(job.project_root) / f"recorded-{job.index}", time.time() + 60
+    while not marker.exists():
+        if time.time() > deadline:
+            return {**result, "status": "failed", "reason": "the head did not record the result handed over"}
+        time.sleep(0.1)
+    if job.index == 1:
+        os._exit(1)
+    return {**result, "held_broker_for": ["shard 1"], "held_broker_s": 1.5}
+
+
+def test_a_slurm_task_that_keeps_its_nodes_broker_has_its_result_recorded_before_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's side of a shard that keeps its node's broker for others on Slurm
+    (submitit's local executor): the result it hands over is recorded while its task still
+    runs; once the task ends its result is recorded again with what the wait added, and a
+    task that died during the wait (read as a lost node) keeps the result it had handed over,
+    noting how the wait ended, rather than being lost and submitted again."""
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
+    import harness.runs.cluster as cluster
+
+    judge = cluster.engine_ending
+    monkeypatch.setattr(cluster, "engine_ending", lambda state, message: judge("NODE_FAIL", message))
+    monkeypatch.chdir(REPO)  # the tasks import this module
+    jobs = [ShardJob("r", i, 2, str(tmp_path), None, (), None, (), (), None, None, False) for i in range(2)]
+    (tmp_path / "engine" / "handed-over").mkdir(parents=True)
+    (tmp_path / "engine" / "handed-over" / "0.json").write_text('{"index": 0, "status": "stale"}')
+    recorded: list[dict[str, object]] = []
+
+    def on_result(result: dict[str, object]) -> None:
+        recorded.append(result)
+        (tmp_path / f"recorded-{result['index']}").write_text("")
+
+    engine = cluster.SubmititEngine(local=True, task=_hands_over)
+    results = engine.run(
+        jobs, cpus=1.0, gpus=0, retries=1, folder=tmp_path / "engine", echo=lambda _: None, on_result=on_result
+    )
+    assert [r["status"] for r in results] == ["ok", "ok"], results
+    assert results[0]["held_broker_for"] == ["shard 1"] and results[0]["held_broker_s"] == 1.5, results[0]
+    assert "stale" not in [r["status"] for r in recorded], "an earlier attempt's hand-over is not taken"
+    firsts = {int(str(r["index"])): r for r in reversed(recorded)}  # each index's first record
+    assert all("held_broker_for" not in r and len(r["attempts"]) == 1 for r in firsts.values()), recorded
+    assert len(recorded) == 4, recorded  # each shard: handed over, then ended
+    assert len(results[1]["attempts"]) == 1, "not submitted again: its shard was over"
+    assert "its node was lost (NODE_FAIL)" in results[1]["held_broker_stopped"], results[1]
+
+
 @pytest.mark.last
 def test_second_node_killed_mid_run_is_retried_on_the_head(setup: Setup) -> None:
     """Runs last (marked so): it kills the second node while one of its shards waits at the gate."""

@@ -57,7 +57,11 @@ os.replace(gates / f".part-{os.getpid()}", gates / f"started-{shard}")
 while not (gates / f"open-{shard}").exists() and not (gates / "open").exists():
     time.sleep(0.1)
 sys.argv = [sys.argv[2], "--episodes", "20", "--seed", "0"]
-runpy.run_path(sys.argv[0], run_name="__main__")
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:  # when its episodes were over, for the test to compare
+    (gates / f".part-{os.getpid()}").write_text(repr(time.time()))
+    os.replace(gates / f".part-{os.getpid()}", gates / f"ended-{shard}")
 """
 
 
@@ -321,3 +325,101 @@ def test_scancel_of_the_shard_that_started_the_nodes_broker_leaves_the_joined_sh
     # kinematics-only has no scoped service: the restart lost no reset, and no impurity says so.
     impurities = json.loads((run_dir / "result.json").read_text())["impurities"]
     assert not [i for i in impurities if i.startswith("scoped resets of ")], impurities
+
+
+def test_the_shard_that_started_the_nodes_broker_keeps_its_task_until_the_joined_shard_is_done(setup: Setup) -> None:
+    """Two shards on the one node share its broker. On a Slurm whose process tracking is a
+    cgroup, the broker ends with the task of the shard that started it, a normal end too; so
+    that shard, its episodes over, hands its result to the head at once (``shard.json`` ok
+    while its task still runs) and keeps its task until the other shard's command is over.
+    This cluster tracks processes by parentage (no cgroups), where a finished task's broker
+    lives on: the test ends it itself as the starter's task leaves ``squeue``, as a cgroup
+    would. The joined shard then sees no restart, and the service started once on the node."""
+    import signal
+    import threading
+
+    head, gates = _gated(setup, "broker-kept", gate=GATE_EACH, waiting=("0-2", "1-2"))
+    run_dir = Path((gates / "started-1-2").read_text()).parent.parent
+    node = run_dir / "node"
+    starter = json.loads((node / "started-by.json").read_text())
+    index = int(starter["run"].split()[1])
+    other = 1 - index
+    task = next(
+        ln for ln in setup.slurm.command("squeue", "--noheader", "--format=%i").split() if ln.endswith(f"_{index}")
+    )
+    killed: list[int] = []
+
+    def end_with_the_task() -> None:  # what proctrack/cgroup does as the starter's task ends
+        while task in setup.slurm.command("squeue", "--noheader", "--format=%i", check=False).split():
+            time.sleep(0.2)
+        if (node / "broker.json").is_file() and json.loads((node / "broker.json").read_text())["pid"] == starter[
+            "broker_pid"
+        ]:
+            try:
+                os.kill(starter["broker_pid"], signal.SIGKILL)
+                killed.append(starter["broker_pid"])
+            except ProcessLookupError:
+                pass
+
+    cgroup = threading.Thread(target=end_with_the_task, daemon=True)
+    cgroup.start()
+    (gates / f"open-{index}-2").write_text("")
+    record = run_dir / "shards" / str(index) / "shard.json"
+    _wait_for("the starter's record", lambda: record.is_file(), 120)
+    time.sleep(3)  # its task keeps the node's broker for the other shard, at its gate
+    early = json.loads(record.read_text())
+    assert early["status"] == "ok" and "held_broker_for" not in early, early
+    assert cgroup.is_alive(), "the starter's task ended while the other shard was joined to its broker"
+    (gates / f"open-{other}-2").write_text("")
+    _, err = head.communicate(timeout=240)
+    assert head.returncode == 0, err + setup.slurm.logs()
+    cgroup.join(timeout=60)
+    shards = json.loads((run_dir / "result.json").read_text())["shards"]
+    assert [s["status"] for s in shards] == ["ok", "ok"], shards
+    held = shards[index]
+    assert held["held_broker_for"] == [f"shard {other}"] and "held_broker_stopped" not in held, held
+    # Its task ended only once the other shard's episodes were over.
+    assert held["ended"] + held["held_broker_s"] >= float((gates / f"ended-{other}-2").read_text()), held
+    assert "broker_restarts" not in shards[other], shards[other]
+    assert json.loads((node / "started-by.json").read_text())["broker_pid"] == starter["broker_pid"]
+    starts = [ln for ln in (node / "logs" / "broker.log").read_text().splitlines() if " start kinematics" in ln]
+    assert len(starts) == 1, starts
+    ended = json.loads((node / "ended.json").read_text())
+    assert ended["run"] == f"shard {index}" and ended["finished"] is True, ended
+
+
+def test_scancel_of_the_shard_keeping_the_nodes_broker_ends_it_at_once(setup: Setup) -> None:
+    """The shard that started the node's broker, its episodes over, keeps its task for the
+    other shard: ``scancel`` of that task ends its wait at once (well within Slurm's
+    KillWait). Its record stays ok, saying the signal cut the wait; the broker goes with the
+    task and the joined shard starts it again, naming why, and is ok too."""
+    head, gates = _gated(setup, "broker-kept-cancel", gate=GATE_EACH, waiting=("0-2", "1-2"))
+    run_dir = Path((gates / "started-1-2").read_text()).parent.parent
+    node = run_dir / "node"
+    starter = json.loads((node / "started-by.json").read_text())
+    index = int(starter["run"].split()[1])
+    other = 1 - index
+    task = next(
+        ln for ln in setup.slurm.command("squeue", "--noheader", "--format=%i").split() if ln.endswith(f"_{index}")
+    )
+    (gates / f"open-{index}-2").write_text("")
+    _wait_for("the starter's record", lambda: (run_dir / "shards" / str(index) / "shard.json").is_file(), 120)
+    cancelled = time.time()
+    setup.slurm.command("scancel", task)
+    queued = lambda: task in setup.slurm.command("squeue", "--noheader", "--format=%i").split()  # noqa: E731
+    _wait_for("the starter's task to end", lambda: not queued(), 30)
+    assert time.time() - cancelled < 8, "its wait ended with the SIGTERM, not with Slurm's SIGKILL"
+    _wait_for(
+        "the other shard's new broker",
+        lambda: json.loads((node / "started-by.json").read_text())["run"] == f"shard {other}",
+        120,
+    )
+    (gates / f"open-{other}-2").write_text("")
+    _, err = head.communicate(timeout=240)
+    assert head.returncode == 0, err + setup.slurm.logs()
+    shards = json.loads((run_dir / "result.json").read_text())["shards"]
+    assert [s["status"] for s in shards] == ["ok", "ok"], shards
+    assert shards[index]["held_broker_for"] == [f"shard {other}"], shards[index]
+    assert shards[index]["held_broker_stopped"] == "SIGTERM", shards[index]
+    [restart] = shards[other]["broker_restarts"]
+    assert f"started by shard {index}, was cancelled with it (SIGTERM while it kept" in restart["reason"], restart

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from harness.errors import HarnessError, InputError
 from harness.runs.closures import closure_digest, expected_closure
 from harness.runs.record import read_json, write_json
-from harness.runs.shard import ShardJob, run_shard
+from harness.runs.shard import ShardJob, keep_node_broker, run_shard
 
 if TYPE_CHECKING:
     from submitit import AutoExecutor
@@ -585,6 +585,10 @@ def record_shard(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) 
     }
     if result.get("broker_restarts"):  # its node's broker went away while it ran (harness/runs/nodebroker.py)
         summary["broker_restarts"] = result["broker_restarts"]
+    # Slurm: its task stayed after its run, for the shards joined to the node broker it started
+    for key in ("held_broker_for", "held_broker_s", "held_broker_stopped"):
+        if result.get(key) is not None:
+            summary[key] = result[key]
     if summary["status"] == "ok" and (wrong or shard_digest is None):
         summary.update(
             status="failed",
@@ -987,7 +991,10 @@ class SubmititEngine:
     ended without a result is judged from its state (:func:`engine_ending`): cancelled
     (``scancel``) is recorded ``cancelled``; a node lost (``NODE_FAIL``, ``PREEMPTED``, ...)
     is ``lost`` and its shard submitted again, in a new array of the lost members, up to
-    ``retries`` times."""
+    ``retries`` times. A task that keeps its node's broker for other shards after its own
+    shard is over (:func:`harness.runs.shard.keep_node_broker`) hands its result over first
+    (:func:`hand_over`, ``engine/handed-over/<I>.json``): it is recorded as it comes, and again
+    with what the wait adds once the task ends."""
 
     def __init__(self, *, local: bool, task: Callable[[ShardJob], dict[str, Any]] | None = None) -> None:
         try:
@@ -1038,12 +1045,24 @@ class SubmititEngine:
         from harness.runs.livelog import live_log
 
         executor = self.executor(folder, cpus=cpus, gpus=gpus, count=len(jobs))
-        jobs = [dataclasses.replace(job, live_log=str(live_log(folder.parent, job.index))) for job in jobs]
+        jobs = [
+            dataclasses.replace(
+                job,
+                live_log=str(live_log(folder.parent, job.index)),
+                handover=str(handed_over_path(folder, job.index)),
+            )
+            for job in jobs
+        ]
         results: dict[int, dict[str, Any]] = {}
         attempts: dict[int, list[dict[str, Any]]] = {job.index: [] for job in jobs}
+        #: results handed over by tasks that then kept their node's broker for other shards
+        handed: dict[int, dict[str, Any]] = {}
         todo = list(jobs)
         watcher = None if self.local else _slurm_states()
         while todo:
+            for job in todo:  # an earlier attempt's (or session's) hand-over is not this one's
+                Path(str(job.handover)).unlink(missing_ok=True)
+                handed.pop(job.index, None)
             submitted = self._submit(executor, todo)
             if watcher is not None:  # sacct, or squeue where Slurm keeps no accounting
                 for handle in submitted:
@@ -1056,9 +1075,10 @@ class SubmititEngine:
                 while handles:
                     for index, (job, handle) in list(handles.items()):
                         if not handle.done():
+                            self._take_handed_over(job, handle, attempts[index], handed, on_result)
                             continue
                         del handles[index]
-                        result = self._ended(job, handle)
+                        result = self._ended(job, handle, handed.get(index))
                         attempts[index].append(
                             {"job_id": handle.job_id, **(result.get("node") or {}), "status": result["status"]}
                         )
@@ -1094,14 +1114,36 @@ class SubmititEngine:
                 "`sacctmgr show assoc user=$USER` list, then run again",
             ) from None
 
-    def _ended(self, job: ShardJob, handle: Any) -> dict[str, Any]:
+    @staticmethod
+    def _take_handed_over(
+        job: ShardJob,
+        handle: Any,
+        attempts: list[dict[str, Any]],
+        handed: dict[int, dict[str, Any]],
+        on_result: OnResult,
+    ) -> None:
+        """Record the result a running task handed over (:func:`hand_over`) once, as it comes:
+        its shard is over, its task keeps the node's broker for other shards a while."""
+        if job.index in handed:
+            return
+        early = read_handed_over(job.handover)
+        if early is None:
+            return
+        handed[job.index] = early
+        attempt = {"job_id": handle.job_id, **(early.get("node") or {}), "status": early.get("status")}
+        on_result({**early, "attempts": [*attempts, attempt]})
+
+    def _ended(self, job: ShardJob, handle: Any, early: dict[str, Any] | None = None) -> dict[str, Any]:
         """The task's result, or the engine's verdict on a task that returned none; on Slurm, a
-        task that recorded a cancel is judged again from the state Slurm ended it with."""
+        task that recorded a cancel is judged again from the state Slurm ended it with. A task
+        that had handed its result over (``early``) keeps it however its wait then ended."""
         try:
             result: dict[str, Any] = handle.result()
         except Exception as exc:  # the engine's failure (a task that died), with its reason
             message = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
             status, reason, retry = engine_ending(str(handle.state), message)
+            if early is not None:  # its shard was over: only its wait for the others was cut
+                return {**early, "held_broker_stopped": f"task {handle.job_id}: {reason}"}
             return {
                 "index": job.index,
                 "shard": f"{job.index}/{job.count}",
@@ -1175,7 +1217,50 @@ def _submitit_shard(job: ShardJob) -> dict[str, Any]:
     send = file_sender(Path(job.live_log)) if job.live_log else None
     with _terminations() as terminated:
         result = run_shard(job, {"node_id": env or socket.gethostname(), "engine": "submitit"}, send)
-    return after_termination(result, terminated)
+    result = after_termination(result, terminated)
+    if terminated or not on_slurm():
+        return result  # cancelled: its task ends now, the broker with it
+    # The shard that started its node's broker keeps its task while other shards use that
+    # broker (a cgroup Slurm ends every process of a task as it ends), its result handed over
+    # first: the head records it now, not when the wait is over.
+    return keep_node_broker(job, result, lambda: hand_over(job, result))
+
+
+def on_slurm() -> bool:
+    """Whether this process is a task of a real Slurm job (not submitit's local executor)."""
+    return bool(os.environ.get("SLURM_JOB_ID")) and not os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+
+
+#: Where, in the run's ``engine/`` folder, a shard that keeps its task for other shards hands
+#: its result over before it waits (:func:`hand_over`).
+HANDED_OVER = "handed-over"
+
+
+def handed_over_path(folder: Path, index: int) -> Path:
+    """The file shard ``index`` hands its result over in, under the engine's ``folder``."""
+    return folder / HANDED_OVER / f"{index}.json"
+
+
+def hand_over(job: ShardJob, result: dict[str, Any]) -> None:
+    """Hand ``result`` to the head before the task ends (written whole, then renamed), where
+    the head polls for it beside the task's own (:meth:`SubmititEngine.run`)."""
+    if job.handover:
+        import json
+
+        write_text_atomic(Path(job.handover), json.dumps(result, default=str))
+
+
+def read_handed_over(path: str | None) -> dict[str, Any] | None:
+    """The result a shard handed over early (:func:`hand_over`), or None."""
+    import json
+
+    if not path:
+        return None
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return result if isinstance(result, dict) else None
 
 
 @contextmanager

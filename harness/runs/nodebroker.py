@@ -37,6 +37,18 @@ joined stops the broker at once (:func:`stop_if_unjoined`). On Ray the broker en
 run's job at the latest: Ray kills the processes its workers started when the job ends, and
 the broker's watchdog (:mod:`harness.runtime.watchdog`) then stops its services.
 
+On Slurm the broker cannot outlive the task of the shard that started it — process tracking
+(a cgroup in production) ends every process of a task as the task ends, a normal end too —
+and must not: its GPUs are that task's allocation. So that shard, its run over and its
+result handed to the head (:func:`harness.runs.cluster.hand_over`: the head records it at
+once), keeps its task while other shards of the run are joined to the broker
+(:func:`hold_node_broker`, asking ``/status`` every :data:`WATCH_S`; the pure part is
+:func:`still_joined`); shards that arrive meanwhile join and keep it too. SIGTERM (``scancel``,
+the time limit) ends the wait at once; the joined shards then start the broker again as
+below. Not on Ray, whose workers outlive their tasks (a worker's children end when the
+worker exits: at the job's end, or a surplus idle worker, which the restart below covers),
+where a waiting task would only hold the slot the run's next shard needs.
+
 When it goes away under joined shards: the broker is a process of the engine's task of the
 shard that started it (``started-by.json`` names that shard). On Slurm a ``scancel`` of that
 task ends it — process tracking ends every process of a task, and on a real cluster it is a
@@ -47,7 +59,10 @@ port, same services from the same store paths on the same ports) and every one j
 again with the token its command holds: the command's address and token answer again. The
 shard's record lists each such restart and why (:func:`broker_gone_cause`: "the node's
 broker, started by shard N, was cancelled with it"); a command whose call failed meanwhile
-fails naming it. Where the run has scoped services, the shard also records an impurity
+fails naming it; a starter that ended leaves ``ended.json`` (:data:`ENDED_FILE`), so a shard
+that joined as it decided to end names it "ended with the task of shard N, which had
+finished", and one cut by a signal while it waited "cancelled with it (SIGTERM while it kept
+the broker …)". Where the run has scoped services, the shard also records an impurity
 (:func:`lost_resets`): the resets the old broker saw went with it, so ``harness audit``
 names the restart and ``--strict`` fails.
 """
@@ -57,7 +72,8 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +81,8 @@ from harness.errors import HarnessError
 
 if TYPE_CHECKING:
     from harness.runtime.broker import SharedBroker
+    from types import FrameType
+
     from harness.runtime.parking import Parked
     from harness.runtime.session import Prepared
 
@@ -91,6 +109,10 @@ COMMAND_WAIT_S = 120.0
 #: How long a shard whose node's broker went away waits for the shard that started it to
 #: end too before it says whether the broker went with it (Slurm's default KillWait).
 STARTER_WAIT_S = 30.0
+#: What the shard that started the node's broker leaves in the node's state folder as its
+#: task ends, on Slurm (:func:`hold_node_broker`): a broker gone after it is named as having
+#: ended with a task that had finished, not as cancelled (:func:`broker_gone_cause`).
+ENDED_FILE = "ended.json"
 
 #: The broker process each node state folder's first shard started ahead (:func:`park_broker`),
 #: until :func:`join_node_broker` hands it its plan or :func:`unpark_broker` ends it. A Ray
@@ -330,7 +352,8 @@ class BrokerWatch:
 
     On Slurm, the broker is a process of the task of the shard that started it: a
     ``scancel`` of that task ends it (a cgroup holds every process of a task; no detaching
-    escapes it), and with it the services the node's other shards use. The watch looks at
+    escapes it), and with it the services the node's other shards use (a task that ends
+    normally waits for them first: :func:`hold_node_broker`). The watch looks at
     the broker's process every :data:`WATCH_S` seconds; once it is gone, the shard joins
     again (:func:`join_node_broker`): the first surviving shard there starts a new broker
     under the node's lock, on the same broker port and with the services on the same
@@ -389,7 +412,8 @@ class BrokerWatch:
         # ignores SIGTERM). Asked once the services are back, so the wait costs no episode.
         if starter.get("run") != self.run:
             _wait_gone(starter.get("process"), STARTER_WAIT_S)
-        event["cause"] = cause = broker_gone_cause(gone, starter, self.run)
+        ended = _read_json(self.state_dir / ENDED_FILE)
+        event["cause"] = cause = broker_gone_cause(gone, starter, self.run, ended)
         if "error" in event:
             event["reason"] = f"{cause}; no new one could be started: {event['error']}"
         else:
@@ -427,9 +451,11 @@ def _wait_gone(identity: object, seconds: float) -> None:
         time.sleep(0.2)
 
 
-def broker_gone_cause(pid: int, starter: Mapping[str, Any], run: str) -> str:
+def broker_gone_cause(pid: int, starter: Mapping[str, Any], run: str, ended: Mapping[str, Any] | None = None) -> str:
     """Why the node's broker (process ``pid``) is gone, as far as its ``started-by.json``
-    (``starter``) tells: ended with the task of the shard that started it, or died itself.
+    (``starter``) and the starter's ``ended.json`` (``ended``, :func:`hold_node_broker`) tell:
+    ended with the task of the shard that started it — which had finished (its marker says
+    so), or was cancelled (none, or one saying a signal cut its wait) — or died itself.
     Pure but for asking whether the starter's process lives."""
     from harness.runtime.parking import names_live_process
 
@@ -438,9 +464,119 @@ def broker_gone_cause(pid: int, starter: Mapping[str, Any], run: str) -> str:
         return f"the node's broker (pid {pid}) is gone"
     if who == run:
         return f"the node's broker (pid {pid}), started by this shard, is gone"
-    if not names_live_process(starter.get("process")):
-        return f"the node's broker (pid {pid}), started by {who}, was cancelled with it"
-    return f"the node's broker (pid {pid}), started by {who}, is gone while {who} still runs"
+    if names_live_process(starter.get("process")):
+        return f"the node's broker (pid {pid}), started by {who}, is gone while {who} still runs"
+    ended = ended or {}
+    if ended.get("run") == who and ended.get("broker_pid") == pid and ended.get("pid") == starter.get("pid"):
+        if ended.get("finished"):
+            return f"the node's broker (pid {pid}), started by {who}, ended with the task of {who}, which had finished"
+        return (
+            f"the node's broker (pid {pid}), started by {who}, was cancelled with it "
+            f"({ended.get('signal') or 'a signal'} while it kept the broker for other shards)"
+        )
+    return f"the node's broker (pid {pid}), started by {who}, was cancelled with it"
+
+
+def still_joined(runs: object, me: str) -> list[str]:
+    """The runs (shards) joined to the node's broker other than ``me``, from its ``GET
+    /status``'s ``broker.runs``; sorted, each once. Pure."""
+    if not isinstance(runs, list):
+        return []
+    return sorted({str(r["run"]) for r in runs if isinstance(r, dict) and r.get("run") and r.get("run") != me})
+
+
+def hold_node_broker(
+    state_dir: Path, me: str, pid: int, *, before: Callable[[], None] | None = None, poll: float = WATCH_S
+) -> dict[str, Any]:
+    """On Slurm, the end of the task of the shard ``me`` (process ``pid``) whose own run is over
+    and recorded: while it is the shard that started the node's live broker
+    (``started-by.json``) and other shards of the run are joined to that broker, wait —
+    asking the broker's ``/status`` every ``poll`` seconds — until none is: its task's end
+    ends the broker on a Slurm whose process tracking is a cgroup, and with it the services
+    they use. ``before`` is called once, when there is something to wait for (the shard hands
+    its result to the head first: nothing of it is delayed). SIGTERM or SIGINT (``scancel``,
+    the job's time limit) ends the wait at once; the joined shards then start the broker
+    again (:class:`BrokerWatch`). The starter leaves ``ended.json`` in ``state_dir`` as it
+    ends (whether or not it waited), so a shard that joined in the moment it decided to end
+    names the cause (:func:`broker_gone_cause`). Returns what the shard's record keeps:
+    ``held_broker_for`` (the shards it waited for), ``held_broker_s`` and, when a signal cut
+    the wait, ``held_broker_stopped``; empty when it waited for none."""
+    from harness.runtime.broker import SharedBroker
+
+    began, held = time.monotonic(), set()
+    with _signals_end_wait() as stopped:  # from the first moment: a scancel now is not lost
+        starter = _read_json(state_dir / STARTER_FILE)
+        if starter.get("run") != me or starter.get("pid") != pid:
+            return {}  # not the starter of the node's broker (or another broker was started since)
+        shared = SharedBroker.find(state_dir)
+        if shared is None or shared.pid != starter.get("broker_pid"):
+            return {}
+        others = [] if stopped else _joined_others(shared, me)
+        if others and before is not None:
+            before()
+        while others and not stopped:
+            held.update(others)
+            time.sleep(poll)  # a signal's handler runs meanwhile; the loop then sees it
+            others = _joined_others(shared, me)
+    _note_ended(state_dir, me, pid, shared.pid, stopped)
+    if not held:
+        return {}
+    kept: dict[str, Any] = {"held_broker_for": sorted(held), "held_broker_s": round(time.monotonic() - began, 3)}
+    if stopped:
+        kept["held_broker_stopped"] = stopped[0]
+    return kept
+
+
+def _joined_others(shared: SharedBroker, me: str) -> list[str]:
+    """The shards joined to ``shared`` other than ``me``; none when it no longer answers."""
+    try:
+        return still_joined(shared.request("GET", "/status").get("broker", {}).get("runs"), me)
+    except HarnessError:
+        return []
+
+
+@contextmanager
+def _signals_end_wait() -> Iterator[list[str]]:
+    """SIGTERM and SIGINT noted (their names, in the list yielded) rather than acted on for the
+    block, and SIGUSR2 (submitit's warning ahead of the time limit, whose handler would turn
+    the shard's result into an error) ignored; the handlers before are restored after.
+    Outside the main thread nothing can be noted: the block runs with the handlers as they are."""
+    import signal
+
+    seen: list[str] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        seen.append(signal.Signals(signum).name)
+
+    wanted: dict[signal.Signals, Callable[[int, FrameType | None], None] | signal.Handlers] = {
+        signal.SIGTERM: note,
+        signal.SIGINT: note,
+        signal.SIGUSR2: signal.SIG_IGN,
+    }
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        for signum, handler in wanted.items():
+            previous[signum] = signal.signal(signum, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield seen
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _note_ended(state_dir: Path, me: str, pid: int, broker_pid: int, stopped: list[str]) -> None:
+    """The starter's ``ended.json``: its task ends now, finished or cut by ``stopped``'s signal."""
+    from harness.runtime.supervisor import write_private
+
+    marker = {"run": me, "pid": pid, "broker_pid": broker_pid, "at": time.time(), "finished": not stopped}
+    if stopped:
+        marker["signal"] = stopped[0]
+    try:
+        write_private(state_dir / ENDED_FILE, json.dumps(marker, sort_keys=True))
+    except OSError:
+        pass  # only a later restart's cause is less precise
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -69,6 +69,9 @@ class ShardJob:
     #: where the shard appends its output as it comes (the head's run folder, on a filesystem
     #: both see: Slurm's), when the engine has no channel of its own (:mod:`harness.runs.livelog`)
     live_log: str | None = None
+    #: where the shard hands its result to the head before its task waits for the other shards
+    #: joined to the node broker it started (Slurm: :func:`keep_node_broker`), on that filesystem
+    handover: str | None = None
     #: every target of each of the run's locks with its store paths
     #: (:func:`harness.runs.groups.expected_targets`): the node is proven against its own
     targets: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -225,6 +228,23 @@ def run_shard(
     result["output"] = lines
     result["files"] = _collect(folder)
     return result
+
+
+def keep_node_broker(job: ShardJob, result: dict[str, Any], hand_over: Callable[[], None]) -> dict[str, Any]:
+    """On Slurm, once the shard's run is over and recorded: while it started its node's broker
+    and other shards of the run are joined to it, its task stays (its end would end the
+    broker on a cgroup Slurm: :func:`harness.runs.nodebroker.hold_node_broker`), having first
+    handed ``result`` to the head (``hand_over``). The result with what the record keeps of
+    the wait (``held_broker_for``, ``held_broker_s``)."""
+    if not job.local_services:
+        return result  # no node broker
+    from harness.runs.nodebroker import hold_node_broker, node_state_dir
+
+    # The name the shard joined the broker under (harness/runs/run.py:_joined_name).
+    held = hold_node_broker(
+        node_state_dir(node_home(), job.run_id), f"shard {job.index}", os.getpid(), before=hand_over
+    )
+    return {**result, **held}
 
 
 def _gpus_of(folder: Path) -> dict[str, Any] | None:
