@@ -231,7 +231,7 @@ def bench_platforms(runs: int, harness: list[str], names: list[str]) -> None:
                 f"{two / one:8.2f}   ({spread})"
             )
     print(
-        f"two platforms / uv lock <= 1.2: {'meets' if all(verdicts) else 'MISSES'} in {sum(verdicts)}/{len(verdicts)}"
+        f"two platforms / uv lock <= 1.2: {'meets' if all(verdicts) else 'MISSES'} (met in {sum(verdicts)} of {len(verdicts)})"
     )
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
