@@ -1655,21 +1655,30 @@ def test_the_shard_that_started_its_nodes_broker_keeps_it_while_another_shard_is
         assert shared is not None
         shared.join_run("shard 1", other.pid)
         starter.stop()  # shard 0's run is over (its /runs/end); shard 1 is still joined
-        began = time.time()
-        threading.Timer(1.0, lambda: shared.end_run("shard 1")).start()
-        held = hold_node_broker(state, "shard 0", os.getpid(), before=lambda: handed.append(time.time()), poll=0.1)
-        assert held["held_broker_for"] == ["shard 1"] and 0.9 <= held["held_broker_s"] < 5, held
-        assert "held_broker_stopped" not in held and time.time() - began >= 1.0
-        assert len(handed) == 1 and handed[0] - began < 0.5, "the result is handed over before the wait"
+        left: list[float] = []
+
+        def hand_over() -> None:  # the result goes to the head first; shard 1 ends a second later
+            handed.append(time.time())
+
+            def end() -> None:
+                left.append(time.time())
+                shared.end_run("shard 1")
+
+            threading.Timer(1.0, end).start()
+
+        held = hold_node_broker(state, "shard 0", os.getpid(), before=hand_over, poll=0.1)
+        assert held["held_broker_for"] == ["shard 1"] and held["held_broker_s"] >= 1.0, held
+        assert "held_broker_stopped" not in held and time.time() >= left[0]
+        assert len(handed) == 1 and handed[0] < left[0], "the result is handed over before the wait"
         ended = json.loads((state / ENDED_FILE).read_text())
         assert ended["run"] == "shard 0" and ended["pid"] == os.getpid() and ended["finished"] is True, ended
 
         # A shard is joined again; scancel's SIGTERM ends the wait at once, and says so.
         shared.join_run("shard 1", other.pid)
-        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
-        began = time.time()
-        held = hold_node_broker(state, "shard 0", os.getpid(), poll=0.1)
-        assert time.time() - began < 3 and held["held_broker_stopped"] == "SIGTERM", held
+        # Sent once the wait's handlers are in place (``before`` runs inside them).
+        sigterm = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        held = hold_node_broker(state, "shard 0", os.getpid(), before=sigterm.start, poll=0.1)
+        assert held["held_broker_stopped"] == "SIGTERM", held  # else shard 1 would hold it for ever
         assert held["held_broker_for"] == ["shard 1"], held
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the handler before is restored"
         cut = json.loads((state / ENDED_FILE).read_text())

@@ -404,11 +404,11 @@ def test_scancel_of_the_shard_keeping_the_nodes_broker_ends_it_at_once(setup: Se
     )
     (gates / f"open-{index}-2").write_text("")
     _wait_for("the starter's record", lambda: (run_dir / "shards" / str(index) / "shard.json").is_file(), 120)
-    cancelled = time.time()
     setup.slurm.command("scancel", task)
     queued = lambda: task in setup.slurm.command("squeue", "--noheader", "--format=%i").split()  # noqa: E731
-    _wait_for("the starter's task to end", lambda: not queued(), 30)
-    assert time.time() - cancelled < 8, "its wait ended with the SIGTERM, not with Slurm's SIGKILL"
+    _wait_for("the starter's task to end", lambda: not queued(), 60)
+    # Ended by its own handler, not by Slurm's SIGKILL after KillWait: only a task that returned
+    # says which signal cut its wait (a killed one is recorded as the engine saw it end).
     _wait_for(
         "the other shard's new broker",
         lambda: json.loads((node / "started-by.json").read_text())["run"] == f"shard {other}",
