@@ -62,6 +62,7 @@ import harness.resolve.pins
 import harness.resolve.indexpages
 import harness.resolve.python
 import harness.resolve.sdists
+import harness.runs.livelog
 import harness.runs.prune
 import harness.runs.record
 import harness.cli.commands.runs
@@ -1216,6 +1217,67 @@ def test_no_member_can_move_the_layout_or_another_members_runs(lab: tuple[User, 
     assert code == 0, err
     for folder in (home, home / "cache", home / "runs"):
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o3775, folder
+
+
+def _a_recorded_run(home: Path) -> str:
+    """As a member: a run record made as `harness run` and a cluster head make theirs (its
+    folder, the configuration, the command's log, a shard's live log and record, the result),
+    under the CLI's umask in a shared home, which gives the group write access."""
+    harness.store.shared.apply_group_umask(home)
+    run_id = harness.runs.record.new_run_id()
+    folder = harness.runs.record.runs_dir(home) / run_id
+    with harness.runs.record.new_record_dir(folder):
+        harness.runs.record.write_json(folder / "config.json", {"command": "run"})
+    with harness.runs.record.open_record_file(folder / "logs" / "command.log") as log:
+        log.write(b"episode 1: ok\n")
+    harness.runs.livelog.append_lines(folder / "live" / "0.log", ["shard 0: ok"])
+    harness.runs.record.write_json(folder / "shards" / "0" / "shard.json", {"status": "ok"})
+    harness.runs.record.write_json(folder / "result.json", {"exit_status": 0})
+    return run_id
+
+
+def test_no_member_can_change_another_members_run_record(lab: tuple[User, User], home: Path) -> None:
+    """A run record's folders and files are writable by their member only, in a shared home
+    too: b can neither delete, replace nor add a file of a's record (its result, its logs, a
+    shard's record), nor write into one, though the home's umask gives the group write access
+    to what the store and caches need; b still reads a's logs. a's record stays as a wrote it."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    run_id = as_user(a, lambda: _a_recorded_run(home))
+    folder = home / "runs" / run_id
+
+    def member_b() -> dict[str, Any]:
+        harness.store.shared.apply_group_umask(home)
+        forged = home / "runs" / f"forged-{os.getpid()}.json"  # b's own file, to put in a's place
+        forged.write_text('{"exit_status": 0, "score": 1.0}')
+
+        def append(path: Path) -> None:
+            with open(path, "ab") as sink:
+                sink.write(b"forged\n")
+
+        refused = _refusals(
+            {
+                "delete the result": lambda: os.unlink(folder / "result.json"),
+                "replace the result": lambda: os.rename(forged, folder / "result.json"),
+                "add a file": lambda: (folder / "extra.json").write_text("{}"),
+                "delete the log": lambda: os.unlink(folder / "logs" / "command.log"),
+                "write into the log": lambda: append(folder / "logs" / "command.log"),
+                "write into the live log": lambda: append(folder / "live" / "0.log"),
+                "add to the live logs": lambda: (folder / "live" / "1.log").write_text("forged\n"),
+                "replace a shard's record": lambda: os.unlink(folder / "shards" / "0" / "shard.json"),
+                "add a shard": lambda: (folder / "shards" / "1").mkdir(),
+            }
+        )
+        forged.unlink(missing_ok=True)  # in a's record, had the rename gone through
+        return {"refused": refused, "log": (folder / "logs" / "command.log").read_text()}
+
+    seen = as_user(b, member_b)
+    assert all(seen["refused"].values()), seen["refused"]
+    assert seen["log"] == "episode 1: ok\n"
+    assert json.loads((folder / "result.json").read_text()) == {"exit_status": 0}
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "live", "logs", "result.json", "shards"]
+    assert (folder / "live" / "0.log").read_text() == "shard 0: ok\n"
+    assert [p.name for p in (folder / "shards").iterdir()] == ["0"]
 
 
 def _add_another(home: Path) -> bool:

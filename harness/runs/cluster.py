@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from harness.errors import HarnessError, InputError
 from harness.runs.closures import closure_digest, expected_closure
-from harness.runs.record import read_json, write_json
+from harness.runs.record import make_record_dir, read_json, write_json
 from harness.runs.shard import ShardJob, keep_node_broker, run_shard
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def run_on_cluster(
     """
     from harness.config import load_settings
     from harness.runs.detach import detached_run_id
-    from harness.runs.record import new_run_id, runs_dir
+    from harness.runs.record import new_record_dir, new_run_id, runs_dir
     from harness.runs.run import RunOutcome
     from harness.runs.simulator import simulator_entry, simulator_impurity
 
@@ -197,7 +197,8 @@ def run_on_cluster(
     run_dir = runs_dir(state.home) / run_id
     # ``gpus``: one node's GPUs (the node kind), which the head plans for; each node still
     # plans its own shard from its own inventory, and proves the same closure.
-    prepared, store, head = prepare_head(state, ask, run_dir, gpus=gpus, show_progress=show_progress)
+    with new_record_dir(run_dir):  # writable by this user only, before anything goes in
+        prepared, store, head = prepare_head(state, ask, run_dir, gpus=gpus, show_progress=show_progress)
     note_node_kind(prepared.plan, gpus, echo)
     simulator = simulator_entry(prepared.plan.simulator)  # elsewhere: its address and identity
     if simulator is not None:
@@ -625,7 +626,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     """``text`` into ``path`` whole or not at all (a temporary file renamed over it)."""
     import tempfile
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_record_dir(path.parent)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -41,9 +41,10 @@ def append_lines(path: Path, lines: list[str]) -> None:
     """Append ``lines`` to ``path`` (made with its folder if missing), each ending in a newline."""
     if not lines:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as sink:
-        sink.write("".join(f"{line}\n" for line in lines))
+    from harness.runs.record import open_record_file
+
+    with open_record_file(path, append=True) as sink:  # its folder too: writable by this user only
+        sink.write("".join(f"{line}\n" for line in lines).encode("utf-8"))
 
 
 def file_sender(path: Path) -> Send:

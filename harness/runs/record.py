@@ -18,12 +18,15 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from harness import __version__
 from harness.errors import HarnessError
@@ -58,9 +61,55 @@ def new_run_id(now: float | None = None) -> str:
     return f"{stamp}-{int(now * 1000) % 1000:03d}-{secrets.token_hex(2)}"
 
 
+def make_record_dir(path: Path) -> Path:
+    """Create the folder ``path`` of a run record, and its missing parents, writable by this
+    user only (``0755`` less the umask): in a shared home the CLI's umask gives the group
+    write access to what it creates, which the store and the caches need, but a member with
+    write access to another's run folder could delete or replace the files of their record
+    (``result.json``, the logs an audit reads) or plant some there. Folders that exist are
+    left as they are (``runs/`` itself stays the shared home's sticky one). Returns ``path``."""
+    missing: list[Path] = []
+    folder = path
+    while not folder.is_dir():
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o755)  # never group-writable, not even for a moment
+        except FileExistsError:
+            pass
+    return path
+
+
+@contextmanager
+def new_record_dir(path: Path) -> Iterator[Path]:
+    """The run record's folder ``path``, made (:func:`make_record_dir`) for the block that
+    prepares the run: a folder made here goes again if the block fails (a bad manifest
+    leaves no run behind)."""
+    made = not path.exists()
+    make_record_dir(path)
+    try:
+        yield path
+    except BaseException:
+        if made:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def open_record_file(path: Path, *, append: bool = False) -> BinaryIO:
+    """Open a run record's file for writing (or appending), created ``0644`` less the umask:
+    readable by the group of a shared home, writable by this user only (its folder as
+    :func:`make_record_dir` makes one). Never through a link another user planted."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    make_record_dir(path.parent)
+    fd = os.open(path, flags, 0o644)
+    return os.fdopen(fd, "ab") if append else os.fdopen(fd, "wb")
+
+
 def write_json(path: Path, data: object) -> None:
-    """Atomic, stable JSON (sorted keys) so records diff cleanly."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Atomic, stable JSON (sorted keys) so records diff cleanly; its folder is made as
+    :func:`make_record_dir` makes one."""
+    make_record_dir(path.parent)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

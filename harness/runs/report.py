@@ -410,9 +410,11 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 def write_events(path: Path, events: Iterable[Mapping[str, Any]]) -> None:
     """Write the broker's events of a run (atomically; readable by the record's owner)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from harness.runs.record import open_record_file
+
     temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in events), encoding="utf-8")
+    with open_record_file(temp) as sink:  # writable by this user only, in a shared home too
+        sink.write("".join(json.dumps(e, sort_keys=True) + "\n" for e in events).encode("utf-8"))
     temp.replace(path)
 
 
@@ -459,8 +461,10 @@ def write_report(
     """Render the report of ``run_dir`` to ``out`` (default ``<run>/report.html``); its path."""
     target = out if out is not None else run_dir / REPORT_FILE
     page = render(gather(run_dir, store_root, audit=audit, diff_with=diff_with))
-    target.parent.mkdir(parents=True, exist_ok=True)
+    from harness.runs.record import open_record_file
+
     temp = target.with_name(f".{target.name}.tmp")
-    temp.write_text(page, encoding="utf-8")
+    with open_record_file(temp) as sink:  # writable by this user only, in a shared home too
+        sink.write(page.encode("utf-8"))
     temp.replace(target)
     return target

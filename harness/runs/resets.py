@@ -59,9 +59,10 @@ def write_resets(path: Path, resets: list[dict[str, Any]]) -> None:
     """Append ``resets`` to ``path`` (one JSON line each), as :class:`ResetLog` does."""
     if not resets:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write("".join(json.dumps(reset, sort_keys=True) + "\n" for reset in resets))
+    from harness.runs.record import open_record_file
+
+    with open_record_file(path, append=True) as handle:  # a run record's: writable by this user only
+        handle.write("".join(json.dumps(reset, sort_keys=True) + "\n" for reset in resets).encode("utf-8"))
 
 
 def read_resets(path: Path) -> list[dict[str, Any]]:

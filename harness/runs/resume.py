@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError, InputError
 from harness.runs.cluster import ClusterAsk, Echo, Target
-from harness.runs.record import read_json, write_json
+from harness.runs.record import make_record_dir, read_json, write_json
 
 if TYPE_CHECKING:
     from harness.manifests.project import ProjectState
@@ -146,8 +146,7 @@ def supersede(run_dir: Path, index: int) -> Path | None:
     folder = run_dir / "shards" / str(index)
     if not folder.exists():
         return None
-    aside = run_dir / "superseded"
-    aside.mkdir(exist_ok=True)
+    aside = make_record_dir(run_dir / "superseded")
     number = 1
     while (aside / f"{index}.{number}").exists():
         number += 1

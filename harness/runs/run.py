@@ -23,7 +23,10 @@ from harness.errors import HarnessError
 from harness.runs.record import (
     closure_of,
     command_launch,
+    make_record_dir,
+    new_record_dir,
     new_run_id,
+    open_record_file,
     read_json,
     run_config,
     runs_dir,
@@ -103,18 +106,19 @@ def run(
     started = time.time()
     run_id = run_id or new_run_id(started)
     run_dir = run_dir or runs_dir(state.home) / run_id
-    prepared = prepare(
-        state,
-        agent=agent,
-        sets=sets,
-        services=services,
-        benchmark=benchmark,
-        gpus=gpus,
-        offline=offline,
-        state_dir=run_dir / "services",
-        ports=ports,
-        show_progress=show_progress,
-    )
+    with new_record_dir(run_dir):  # writable by this user only, before anything goes in
+        prepared = prepare(
+            state,
+            agent=agent,
+            sets=sets,
+            services=services,
+            benchmark=benchmark,
+            gpus=gpus,
+            offline=offline,
+            state_dir=run_dir / "services",
+            ports=ports,
+            show_progress=show_progress,
+        )
     simulator = _remote_simulator(prepared, echo)
     _announce(run_id, prepared, echo)
     store = Store.in_home(state.home)
@@ -125,7 +129,7 @@ def run(
         run_dir, run_id, started, command, prepared, store, what, broker, agent, sets, shard, simulator
     )
     _let_sigint_interrupt()
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    make_record_dir(run_dir / "logs")
     exit_status = 1  # if the launch check refuses, the run failed before anything started
     try:
         if expected_closure is not None:
@@ -549,9 +553,8 @@ def _worker_cwd(
     """
     if manifest is not None and manifest.workdir == "run":
         folder = work_dir(run_dir)
-        # exist_ok: a retried cluster shard runs again in its record's folder on that node.
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+        # A retried cluster shard runs again in its record's folder on that node.
+        return make_record_dir(folder)
     return store.root / worker_code if worker_code is not None else project_root
 
 
@@ -624,7 +627,7 @@ def _run_command(argv: list[str], env: dict[str, str], cwd: Path, log: Path, ech
     """
     import threading
 
-    with open(log, "wb") as sink:
+    with open_record_file(log) as sink:
         try:
             proc = subprocess.Popen(
                 argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
