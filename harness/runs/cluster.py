@@ -197,24 +197,26 @@ def run_on_cluster(
     run_dir = runs_dir(state.home) / run_id
     # ``gpus``: one node's GPUs (the node kind), which the head plans for; each node still
     # plans its own shard from its own inventory, and proves the same closure.
-    with new_record_dir(run_dir):  # writable by this user only, before anything goes in
+    # Writable by this user only, before anything goes in; gone again if the run is refused
+    # before its record starts (a bad manifest, a cache the closure cannot be pushed to).
+    with new_record_dir(run_dir):
         prepared, store, head = prepare_head(state, ask, run_dir, gpus=gpus, show_progress=show_progress)
-    note_node_kind(prepared.plan, gpus, echo)
-    simulator = simulator_entry(prepared.plan.simulator)  # elsewhere: its address and identity
-    if simulator is not None:
-        prepared.impurities = sorted({*prepared.impurities, simulator_impurity(simulator)})
-    settings = head_settings(load_settings(state.home, prepared.project.root))
-    _announce(run_id, shards, target, prepared, echo)
-    pushed = push_closure(store, [e["path"] for e in head.closure["store_paths"]], settings, state.home, echo)
-    config = _cluster_config(run_id, started, prepared, ask, target, shards, retries, pushed, head.digest)
-    config["cluster"]["node_gpus"] = gpus  # what --resume plans the head for again
-    use_slurm_options(engine, config, prepared, slurm)
-    config["cluster"].update(group_config(head))
-    config["cluster"]["cache_gaps"] = note_cache_gaps(head.targets, pushed, echo)
-    if simulator is not None:
-        config["simulator"] = simulator
-    write_json(run_dir / "config.json", config)
-    write_json(run_dir / "lock.json", head.closure)
+        note_node_kind(prepared.plan, gpus, echo)
+        simulator = simulator_entry(prepared.plan.simulator)  # elsewhere: its address and identity
+        if simulator is not None:
+            prepared.impurities = sorted({*prepared.impurities, simulator_impurity(simulator)})
+        settings = head_settings(load_settings(state.home, prepared.project.root))
+        _announce(run_id, shards, target, prepared, echo)
+        pushed = push_closure(store, [e["path"] for e in head.closure["store_paths"]], settings, state.home, echo)
+        config = _cluster_config(run_id, started, prepared, ask, target, shards, retries, pushed, head.digest)
+        config["cluster"]["node_gpus"] = gpus  # what --resume plans the head for again
+        use_slurm_options(engine, config, prepared, slurm)
+        config["cluster"].update(group_config(head))
+        config["cluster"]["cache_gaps"] = note_cache_gaps(head.targets, pushed, echo)
+        if simulator is not None:
+            config["simulator"] = simulator
+        write_json(run_dir / "config.json", config)
+        write_json(run_dir / "lock.json", head.closure)
     jobs = shard_jobs(run_id, shards, prepared, ask, settings, pushed, head)
     outcome = run_shards(engine, jobs, config, run_dir, store, head, run_id, echo)
     report_shards(outcome, echo)

@@ -106,7 +106,9 @@ def run(
     started = time.time()
     run_id = run_id or new_run_id(started)
     run_dir = run_dir or runs_dir(state.home) / run_id
-    with new_record_dir(run_dir):  # writable by this user only, before anything goes in
+    # Writable by this user only, before anything goes in; gone again if the run is refused
+    # before its record starts (a bad manifest, a simulator that does not answer).
+    with new_record_dir(run_dir):
         prepared = prepare(
             state,
             agent=agent,
@@ -119,15 +121,15 @@ def run(
             ports=ports,
             show_progress=show_progress,
         )
-    simulator = _remote_simulator(prepared, echo)
-    _announce(run_id, prepared, echo)
-    store = Store.in_home(state.home)
-    broker = _RunBroker(_shared_broker(state.home, prepared, shard, echo), node=node_broker)
-    what = _what_to_run(prepared, store, command, run_dir)
-    run_roots = _root_closure(store, prepared, what, run_id)
-    config, closure = _record_start(
-        run_dir, run_id, started, command, prepared, store, what, broker, agent, sets, shard, simulator
-    )
+        simulator = _remote_simulator(prepared, echo)
+        _announce(run_id, prepared, echo)
+        store = Store.in_home(state.home)
+        broker = _RunBroker(_shared_broker(state.home, prepared, shard, echo), node=node_broker)
+        what = _what_to_run(prepared, store, command, run_dir)
+        run_roots = _root_closure(store, prepared, what, run_id)
+        config, closure = _record_start(
+            run_dir, run_id, started, command, prepared, store, what, broker, agent, sets, shard, simulator
+        )
     _let_sigint_interrupt()
     make_record_dir(run_dir / "logs")
     exit_status = 1  # if the launch check refuses, the run failed before anything started
