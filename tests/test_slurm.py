@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -339,14 +340,8 @@ def test_the_shard_that_started_the_nodes_broker_keeps_its_task_until_the_joined
     import threading
 
     head, gates = _gated(setup, "broker-kept", gate=GATE_EACH, waiting=("0-2", "1-2"))
-    run_dir = Path((gates / "started-1-2").read_text()).parent.parent
-    node = run_dir / "node"
-    starter = json.loads((node / "started-by.json").read_text())
-    index = int(starter["run"].split()[1])
+    run_dir, node, starter, index, task = _broker_starter(setup, gates)
     other = 1 - index
-    task = next(
-        ln for ln in setup.slurm.command("squeue", "--noheader", "--format=%i").split() if ln.endswith(f"_{index}")
-    )
     killed: list[int] = []
 
     def end_with_the_task() -> None:  # what proctrack/cgroup does as the starter's task ends
@@ -394,14 +389,8 @@ def test_scancel_of_the_shard_keeping_the_nodes_broker_ends_it_at_once(setup: Se
     KillWait). Its record stays ok, saying the signal cut the wait; the broker goes with the
     task and the joined shard starts it again, naming why, and is ok too."""
     head, gates = _gated(setup, "broker-kept-cancel", gate=GATE_EACH, waiting=("0-2", "1-2"))
-    run_dir = Path((gates / "started-1-2").read_text()).parent.parent
-    node = run_dir / "node"
-    starter = json.loads((node / "started-by.json").read_text())
-    index = int(starter["run"].split()[1])
+    run_dir, node, starter, index, task = _broker_starter(setup, gates)
     other = 1 - index
-    task = next(
-        ln for ln in setup.slurm.command("squeue", "--noheader", "--format=%i").split() if ln.endswith(f"_{index}")
-    )
     (gates / f"open-{index}-2").write_text("")
     _wait_for("the starter's record", lambda: (run_dir / "shards" / str(index) / "shard.json").is_file(), 120)
     setup.slurm.command("scancel", task)
@@ -423,3 +412,17 @@ def test_scancel_of_the_shard_keeping_the_nodes_broker_ends_it_at_once(setup: Se
     assert shards[index]["held_broker_stopped"] == "SIGTERM", shards[index]
     [restart] = shards[other]["broker_restarts"]
     assert f"started by shard {index}, was cancelled with it (SIGTERM while it kept" in restart["reason"], restart
+
+
+def _broker_starter(setup: Setup, gates: Path) -> tuple[Path, Path, dict[str, Any], int, str]:
+    """Of a two-shard run whose shards both wait at their gates: its run folder, its node's
+    state folder, that node's ``started-by.json``, the index of the shard that started the
+    broker and that shard's Slurm task id."""
+    run_dir = Path((gates / "started-1-2").read_text()).parent.parent
+    node = run_dir / "node"
+    starter = json.loads((node / "started-by.json").read_text())
+    index = int(starter["run"].split()[1])
+    task = next(
+        ln for ln in setup.slurm.command("squeue", "--noheader", "--format=%i").split() if ln.endswith(f"_{index}")
+    )
+    return run_dir, node, starter, index, task
