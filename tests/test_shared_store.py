@@ -1280,6 +1280,119 @@ def test_no_member_can_change_another_members_run_record(lab: tuple[User, User],
     assert [p.name for p in (folder / "shards").iterdir()] == ["0"]
 
 
+def test_a_run_folder_another_member_made_first_is_refused_not_written_into(lab: tuple[User, User], home: Path) -> None:
+    """b guesses a's next run id and makes that folder first, open to all: a's run refuses
+    it, naming b's uid, and writes nothing into it (the record would be b's to change)."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    folder = home / "runs" / "20261205-120000-000-abcd"
+
+    def squat() -> None:
+        folder.mkdir()
+        folder.chmod(0o777)
+
+    as_user(b, squat)
+
+    def member_a() -> str:
+        harness.store.shared.apply_group_umask(home)
+        try:
+            with harness.runs.record.new_record_dir(folder):
+                harness.runs.record.write_json(folder / "config.json", {"command": "run"})
+        except HarnessError as exc:
+            return str(exc)
+        return "used"
+
+    said = as_user(a, member_a)
+    assert "of another user" in said and f"uid {b.uid}" in said, said
+    assert list(folder.iterdir()) == [] and os.stat(folder).st_uid == b.uid
+
+
+def test_no_member_can_plant_what_a_cluster_head_reads_back(
+    lab: tuple[User, User], home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster run on Slurm (submitit's local executor here) in a shared home: submitit's
+    job folders, the pickles it submits and each task's result, which a's head unpickles,
+    and the results tasks hand over early are not the group's to write, though the CLI's
+    umask there gives the group write access. b can neither plant nor replace a result
+    (their code, unpickled as a) nor add a job or a hand-over."""
+    pytest.importorskip("submitit", reason="submitit is not installed: pip install -e '.[slurm]'")
+    import site
+    import sys
+
+    import harness.runs.cluster as cluster
+    from harness.runs.shard import ShardJob
+    from tests.conftest import REPO
+
+    if not os.access("/usr/bin/python3", os.X_OK) or sys.version_info[:2] != (3, 11):
+        pytest.skip("needs /usr/bin/python3 of this interpreter's minor version for a's tasks")
+    # The tasks run as a, who may not reach this interpreter (CI's is in root's home): they
+    # (and submitit's process that watches them) run on the distribution's, with this venv's
+    # packages and the checkout on its path.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([*site.getsitepackages(), str(REPO)]))
+    as_user(a := lab[0], lambda: init_and_add(home))
+    b = lab[1]
+    run_dir = home / "runs" / "20261205-120000-000-beef"
+
+    def task(job: ShardJob) -> dict[str, object]:  # pickled by value: the task needs no test module
+        from harness.runs.cluster import hand_over
+
+        result: dict[str, object] = {"index": job.index, "shard": f"{job.index}/{job.count}", "status": "ok"}
+        hand_over(job, result)
+        return result
+
+    def member_a() -> list[object]:
+        sys.executable = "/usr/bin/python3"  # in a's child only
+        harness.store.shared.apply_group_umask(home)  # what the CLI does in a shared home
+        with harness.runs.record.new_record_dir(run_dir):
+            pass
+        jobs = [ShardJob(run_dir.name, 0, 1, str(home.parent), None, (), None, (), (), None, None, False)]
+        engine = cluster.SubmititEngine(local=True, task=task)
+        kwargs = dict(cpus=1.0, gpus=0, retries=0, echo=lambda _: None, on_result=lambda _: None)
+        return [r["status"] for r in engine.run(jobs, folder=run_dir / "engine", **kwargs)]
+
+    assert as_user(a, member_a) == ["ok"]
+    engine = run_dir / "engine"
+    [job] = [p for p in engine.iterdir() if p.name.isdigit()]  # the task's (its job id)
+    [result] = job.glob("*_result.pkl")
+    [submitted] = job.glob("*_submitted.pkl")
+    handed = engine / cluster.HANDED_OVER
+    assert (handed / "0.json").is_file()
+    before = result.read_bytes()
+
+    def member_b() -> dict[str, str]:
+        harness.store.shared.apply_group_umask(home)
+
+        def forged(name: str) -> Path:  # b's own file, to put in a's place
+            path = home / "runs" / f"forged-{os.getpid()}-{name}"
+            path.write_bytes(pickle.dumps(("success", {"status": "ok", "score": 1.0})))
+            return path
+
+        def append(path: Path) -> None:
+            with open(path, "ab") as sink:
+                sink.write(b"forged")
+
+        refused = _refusals(
+            {
+                "add a job": lambda: (engine / "999").mkdir(),
+                "add to submitit's own folder": lambda: (engine / "%j" / "999").mkdir(),
+                "add a file to a job": lambda: (job / "999_0_result.pkl").write_bytes(b""),
+                "replace a task's result": lambda: os.rename(forged("result"), result),
+                "write into a task's result": lambda: append(result),
+                "write into the submitted task": lambda: append(submitted),
+                "hand a result over": lambda: (handed / "1.json").write_text('{"status": "ok"}'),
+                "replace a hand-over": lambda: os.rename(forged("handed"), handed / "0.json"),
+            }
+        )
+        for path in (home / "runs").glob(f"forged-{os.getpid()}-*"):
+            path.unlink()
+        return refused
+
+    refused = as_user(b, member_b)
+    assert all(refused.values()), refused
+    assert result.read_bytes() == before
+    assert sorted(p.name for p in handed.iterdir()) == ["0.json"]
+
+
 def _add_another(home: Path) -> bool:
     name = "1" * 32 + "-added-after"
     Store.in_home(home).add(name, "weights", build_tree)

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from harness.errors import HarnessError, InputError
 from harness.runs.closures import closure_digest, expected_closure
 from harness.runs.record import make_record_dir, read_json, write_json
-from harness.runs.shard import ShardJob, keep_node_broker, run_shard
+from harness.runs.shard import ShardJob, keep_node_broker, node_home, run_shard
 
 if TYPE_CHECKING:
     from submitit import AutoExecutor
@@ -1045,6 +1045,27 @@ class SubmititEngine:
         echo: Echo,
         on_result: OnResult,
     ) -> list[dict[str, Any]]:
+        from harness.runs.record import private_umask
+
+        # submitit makes its job folders and pickles (each task's result, which this head
+        # unpickles) with the process's umask, and a task inherits the umask of its submission:
+        # in a shared home that umask lets the group write, so another member could plant a
+        # result (their code, run as this user) or a hand-over. Nothing here is the group's.
+        make_record_dir(handed_over_path(folder, 0).parent)
+        with private_umask():
+            return self._run(jobs, cpus=cpus, gpus=gpus, retries=retries, folder=folder, echo=echo, on_result=on_result)
+
+    def _run(
+        self,
+        jobs: list[ShardJob],
+        *,
+        cpus: float,
+        gpus: int,
+        retries: int,
+        folder: Path,
+        echo: Echo,
+        on_result: OnResult,
+    ) -> list[dict[str, Any]]:
         from harness.runs.livelog import live_log
 
         executor = self.executor(folder, cpus=cpus, gpus=gpus, count=len(jobs))
@@ -1216,9 +1237,13 @@ def _submitit_shard(job: ShardJob) -> dict[str, Any]:
 
     env = submitit_environment()
     from harness.runs.livelog import file_sender
+    from harness.store.shared import group_umask
 
     send = file_sender(Path(job.live_log)) if job.live_log else None
-    with _terminations() as terminated:
+    # The task has its submission's umask (no group write: SubmititEngine.run); the shard's
+    # store and caches on a node whose home is shared need the group's, the result submitit
+    # writes after the shard does not.
+    with _terminations() as terminated, group_umask(node_home()):
         result = run_shard(job, {"node_id": env or socket.gethostname(), "engine": "submitit"}, send)
     result = after_termination(result, terminated)
     if terminated or not on_slurm():

@@ -50,12 +50,15 @@ def detach_head(home: Path, argv: list[str], *, timeout: float | None = None) ->
     """Start the head of a cluster run as its own session (see the module docstring) and wait
     until it has recorded the run. Raises :class:`HarnessError` with the end of its log when
     it ends before that."""
-    from harness.runs.record import make_record_dir, new_run_id, open_record_file, runs_dir
+    from harness.runs.record import make_record_dir, new_run_id, open_record_file, refuse_foreign_dir, runs_dir
 
     run_id = new_run_id()
     run_dir = runs_dir(home) / run_id
     make_record_dir(run_dir.parent)
-    run_dir.mkdir(mode=0o755)  # a new id: writable by this user only, as a run record is
+    try:
+        run_dir.mkdir(mode=0o755)  # a new id: writable by this user only, as a run record is
+    except FileExistsError:
+        refuse_foreign_dir(run_dir)  # another member made it first, to write into the record
     log = run_dir / HEAD_LOG
     env = {**os.environ, RUN_ID_VARIABLE: run_id}
     with open_record_file(log) as out:

@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -82,18 +83,53 @@ def make_record_dir(path: Path) -> Path:
 
 
 @contextmanager
+def private_umask() -> Iterator[None]:
+    """For the block, create nothing the group or others may write (the umask gains
+    ``022``; the one before is restored after): what a library writes into a run record for
+    harness (submitit's job folders and pickles, which the head unpickles) is then as safe
+    from another member of a shared home as :func:`make_record_dir`'s folders."""
+    current = os.umask(0o022)
+    os.umask(current | 0o022)
+    try:
+        yield
+    finally:
+        os.umask(current)
+
+
+@contextmanager
 def new_record_dir(path: Path) -> Iterator[Path]:
     """The run record's folder ``path``, made (:func:`make_record_dir`) for the block that
     prepares the run: a folder made here goes again if the block fails (a bad manifest
-    leaves no run behind)."""
-    made = not path.exists()
-    make_record_dir(path)
+    leaves no run behind). A folder of that name that this user did not make (another
+    member of a shared home who guessed the run's id and made it first, to write into the
+    record) is refused, not used."""
+    make_record_dir(path.parent)
+    try:
+        path.mkdir(mode=0o755)
+        made = True
+    except FileExistsError:
+        made = False
+        refuse_foreign_dir(path)
     try:
         yield path
     except BaseException:
         if made:
             shutil.rmtree(path, ignore_errors=True)
         raise
+
+
+def refuse_foreign_dir(path: Path) -> None:
+    """Raise :class:`HarnessError` unless ``path`` is a folder (not a link to one) of this
+    user's own."""
+    info = os.lstat(path)
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+        return
+    what = "a link" if stat.S_ISLNK(info.st_mode) else "a folder" if stat.S_ISDIR(info.st_mode) else "a file"
+    raise HarnessError(
+        f"{path}: {what} of another user (uid {info.st_uid}) is already there, so this run's record cannot go there",
+        hint="a member of this shared home made it first; run again (a new run gets a new id) "
+        "and tell the home's owner",
+    )
 
 
 def open_record_file(path: Path, *, append: bool = False) -> BinaryIO:

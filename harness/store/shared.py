@@ -36,6 +36,8 @@ from __future__ import annotations
 import grp
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness.errors import HarnessError, InputError
@@ -81,6 +83,21 @@ def apply_group_umask(home: Path) -> None:
     if is_shared(home):
         current = os.umask(0)
         os.umask(current & ~0o070)
+
+
+@contextmanager
+def group_umask(home: Path) -> Iterator[None]:
+    """:func:`apply_group_umask` for the block, the umask before restored after it: for a
+    process that is not the CLI (a cluster shard's task on its node) and that writes
+    something of its own after the block (submitit's result file, which no other member may
+    change)."""
+    current = os.umask(0)
+    os.umask(current)
+    try:
+        apply_group_umask(home)
+        yield
+    finally:
+        os.umask(current)
 
 
 def init_shared(home: Path, group: str) -> list[Path]:
