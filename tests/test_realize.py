@@ -204,6 +204,41 @@ def test_wheel_hash_mismatch_names_file_and_leaves_store(project: Path, up: Upst
     assert store_state(home) == EMPTY
 
 
+def test_streamed_wheels_make_the_same_paths_in_an_empty_home(
+    project: Path, realized: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `[gc] keep-wheel-files = false` uv downloads the wheels into the environment
+    itself (issue 30): an empty home then holds no wheel, and every path it holds, the
+    environment first, has the name and the content hash a home that realized from wheel
+    files has."""
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "0")
+    other = tmp_path / "streamed"
+    realize(project, other)
+    lock = realized_lock(Store.in_home(other), read(project / "locks" / "svc.lock.toml"))
+    streamed, from_files = snapshot(other), snapshot(realized)
+    assert lock.environment.store in streamed
+    assert {name: from_files.get(name) for name in streamed} == streamed
+    assert not [name for name in streamed if name.endswith(".whl")]
+    assert _downloads(other) == set()
+
+
+def test_a_streamed_wheel_whose_bytes_differ_names_it_and_leaves_store(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wheel uv downloads into the environment (`[gc] keep-wheel-files = false`) whose
+    bytes do not match the lock: the realize fails naming the file, the expected and the
+    actual sha256, and the store is as it was (empty)."""
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "0")
+    lock = read(project / "locks" / "svc.lock.toml")
+    gamma = next(p for p in lock.packages if p.name == "gamma").wheels[0]
+    bad = _tampered(project, tmp_path, lambda t: t.replace(gamma.sha256, "0" * 64))
+    home = tmp_path / "home"
+    result = realize(bad, home, check=False)
+    assert result.returncode != 0
+    assert gamma.file in result.stderr and "0" * 64 in result.stderr and gamma.sha256 in result.stderr, result.stderr
+    assert store_state(home) == EMPTY
+
+
 def test_source_tree_mismatch_names_source_and_leaves_store(project: Path, tmp_path: Path) -> None:
     """A git source whose files do not hash to the lock's tree fails the realize before any
     path is registered: the wheels downloaded for it and the interpreter built beside them too."""
@@ -716,13 +751,15 @@ def test_a_harbor_realize_on_first_use_takes_weights_from_the_deploy_folder(
     assert snapshot(home) == snapshot(realized)
 
 
-def test_without_wheel_files_a_failed_lock_keeps_what_it_shares_with_one_realized(
+def test_without_wheel_files_wheels_stream_into_environments_and_a_failed_lock_retries_without_downloads(
     up: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`[gc] keep-wheel-files = false`, two locks realized together: the one realized gives up
-    its package files, but not the wheel it shares with the one that failed, whose retry after
-    the fix then downloads nothing and drops the files in turn."""
-    from harness.lock.document import Lock
+    """`[gc] keep-wheel-files = false`, two locks realized together, one of which fails (its
+    sdist's build): the store never holds a wheel (uv downloads each into the environment
+    that installs it, checking it as it streams: issue 30); harness downloads only the sdist.
+    Offline, the failed lock is refused naming the wheel no store path holds; online, its
+    retry after the fix downloads nothing more through harness and leaves no package file."""
+    from harness.lock.document import Lock, LockedFile
     from harness.lock.objects import build_inputs, chosen_file
     from tests.upstreams import service
 
@@ -738,14 +775,17 @@ def test_without_wheel_files_a_failed_lock_keeps_what_it_shares_with_one_realize
     store = Store.in_home(home)
     assert store.is_registered(realized_lock(store, good).environment.store)
 
-    def file_of(lock: Lock, name: str) -> str:
-        return chosen_file(next(p for p in lock.packages if p.name == name), lock).store
+    def file_of(lock: Lock, name: str) -> LockedFile:
+        return chosen_file(next(p for p in lock.packages if p.name == name), lock)
 
-    assert not store.is_registered(file_of(good, "alpha")), "only the realized lock used it: dropped"
-    assert store.is_registered(file_of(broken, "delta")), "the failed lock needs it: kept"
-    toolchain.write_text("")
+    wheels = [file_of(good, "alpha"), file_of(good, "delta")]
+    assert not [f.file for f in wheels if store.is_registered(f.store)], "streamed: never a store path"
     before = _downloads(home)
-    realize(project, home, "--offline", "broken")
+    assert before == {file_of(broken, "needstool").sha256}, "harness downloaded the sdist alone"
+    offline = run_harness_process("--project", str(project), "--home", str(home), "realize", "--offline", "broken")
+    assert offline.returncode != 0 and f"wheel {file_of(broken, 'delta').file}" in offline.stderr, offline.stderr
+    toolchain.write_text("")
+    realize(project, home, "broken")
     assert store.is_registered(realized_lock(store, broken).environment.store)
     assert not [n for n in build_inputs(realized_lock(store, broken)) if store.is_registered(n)]
     assert _downloads(home) <= before

@@ -76,6 +76,7 @@ if TYPE_CHECKING:  # the lock models load pydantic: only where a lock is actuall
         LockedWeightFile,
         LockedWeights,
     )
+    from harness.realize.environment import RemoteWheel
     from harness.realize.fetch import FetchJob, LocalWeights
 
     #: A file the fetch phase is to download, by what it is: a package file (its index, its
@@ -534,7 +535,8 @@ def _files_to_fetch(ctx: Context, locks: list[Lock]) -> dict[str, _Wanted]:
 
     wanted: dict[str, _Wanted] = {}
     for lock in locks:
-        needed = _needed(ctx, realized_lock(ctx.store, lock))
+        realized = realized_lock(ctx.store, lock)
+        needed = _needed(ctx, realized).difference(_streamed(ctx, realized))
         for package in [*lock.packages, *lock.build_packages]:
             file = chosen_file(package, lock)
             if file.store not in needed:
@@ -548,6 +550,35 @@ def _files_to_fetch(ctx: Context, locks: list[Lock]) -> dict[str, _Wanted]:
                 if not ctx.download_path(item.sha256).is_file():
                     wanted.setdefault(item.sha256, ("weight", (weights, item)))
     return wanted
+
+
+def _streamed(ctx: Context, realized: Lock) -> dict[str, tuple[str, str, LockedFile]]:
+    """The wheels uv downloads straight into the environment of ``realized`` (the lock as
+    realized here), by store name: (index, project, file). With ``[gc] keep-wheel-files =
+    false`` and online, the store is not to keep a wheel once its environment is built, so it
+    never holds one it lacks: the environment's sync downloads it instead, checking its
+    sha256 as it streams and unpacking it meanwhile, where a fetch would write it whole and
+    only then let uv unpack it (issue 30). Only a wheel of a package (not a build package's
+    file, nor one the environment's own source builds take: those must be files) from an
+    index whose address carries no credentials, neither registered nor downloaded already
+    (a binary cache, another lock, or a repair may have it). Empty otherwise."""
+    if ctx.settings.gc_keep_wheel_files or ctx.offline or ctx.rebuild:
+        return {}
+    from harness.download import split_credentials
+
+    files = {chosen_file(p, realized).store for p in [*realized.build_packages, *_sources_build_set(realized)]}
+    streamed: dict[str, tuple[str, str, LockedFile]] = {}
+    for package in realized.packages:
+        file = chosen_file(package, realized)
+        if not file.file.endswith(".whl") or file.store in files or ctx.store.is_registered(file.store):
+            continue
+        if ctx.download_path(file.sha256).is_file():
+            continue
+        address = ctx.settings.index_url(package.index)
+        if address is not None and (not address.startswith(("http://", "https://")) or split_credentials(address)[1]):
+            continue
+        streamed[file.store] = (package.index, package.name, file)
+    return streamed
 
 
 def _check_offline(ctx: Context, locks: list[Lock]) -> None:
@@ -948,7 +979,7 @@ def _add_package_files(ctx: Context, realized: Lock) -> None:
     One the fetch phase did not foresee (the lock's own interpreter came where a host copy's
     environment was realized) is fetched now; offline, the realize fails naming it."""
     store = ctx.store
-    needed = _needed(ctx, realized)
+    needed = _needed(ctx, realized).difference(_streamed(ctx, realized))
     wanted_once: dict[str, tuple[str, LockedFile]] = {}
     for package in [*realized.packages, *realized.build_packages]:
         file = chosen_file(package, realized)
@@ -1438,6 +1469,17 @@ def _sources_build_set(lock: Lock) -> list[LockedPackage]:
     return list(lock.build_packages)
 
 
+def _remote_wheels(ctx: Context, streamed: list[tuple[str, str, LockedFile]]) -> list[RemoteWheel]:
+    """The address on its index of each wheel of ``streamed`` (:func:`_streamed`), for the
+    environment's sync to download (one index page per project, read in parallel)."""
+    from harness.realize.environment import RemoteWheel
+
+    if not streamed:
+        return []
+    urls = _file_urls(ctx, streamed)
+    return [RemoteWheel(file.file, urls[file.file], file.sha256) for _, _, file in streamed]
+
+
 def _add_environment(ctx: Context, lock: Lock) -> None:
     """Build and register the lock's environment; then record the pycs compiled for it in the
     store's bytecode index, so the next environment on this interpreter takes them from the
@@ -1463,7 +1505,9 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             unreproducible.append(path.name)
         return path
 
-    wheels = [file_in_store(p) for p in lock.packages]
+    streamed = _streamed(ctx, lock)
+    remote = _remote_wheels(ctx, list(streamed.values()))
+    wheels = [file_in_store(p) for p in lock.packages if chosen_file(p, lock).store not in streamed]
     build_wheels = [file_in_store(p) for p in _sources_build_set(lock)]
     from harness.lock.storepaths import source_folders
 
@@ -1497,6 +1541,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             sources=sources,
             build_wheels=build_wheels,
             cache_dir=ctx.uv_cache_dir or ctx.cache_dir,
+            remote_wheels=remote,
             interpreter_store_name=lock.python.store,
             hashes=hashes,
             prompt=lock.name,

@@ -11,7 +11,10 @@ source trees, realized build-requirement wheels), every file hash-checked:
    names in compilers' debug information); then ``uv pip sync --offline --no-index
    --no-build`` of a PEP 751 document whose entries point at the realized wheels and those
    built ones (``path = …``) with their sha256 (the lock's, when ``hashes`` is given), so uv
-   refuses a file whose bytes differ;
+   refuses a file whose bytes differ. Wheels no store path holds (``remote_wheels``: with
+   ``[gc] keep-wheel-files = false`` the store keeps none) are entries of their index URL
+   (``url = …``) instead, and that sync alone is not ``--offline``: uv downloads them,
+   unpacking each as it streams in and refusing bytes that do not match the sha256;
 3. the source trees with ``uv pip install --offline --no-index --no-deps`` (their
    dependencies are locked packages, already installed): ``regular`` ones built into the
    environment, ``editable`` ones installed editable, ``path`` ones not built at all: a
@@ -90,6 +93,7 @@ from harness.progress import QUIET, Reporter
 from harness.realize.bytecode import CompileReport, ReuseFrom
 from harness.realize.bytecode import compile_tree
 from harness.realize.interpreter import replace_file_bytes
+from harness.download import redact
 from harness.errors import HarnessError
 from harness.resolve.uvtool import run_uv
 from harness.store.hashing import STORE_HASH_CHARS, NIX_BASE32_ALPHABET, file_sha256
@@ -121,15 +125,28 @@ class EnvironmentBuild:
     bytecode: CompileReport | None = None
 
 
+class RemoteWheel(NamedTuple):
+    """A wheel uv downloads into the environment itself (no store path holds it): its file
+    name, its address on its index, and the sha256 uv checks its bytes against as they
+    stream in."""
+
+    filename: str
+    url: str
+    sha256: str
+
+
 @dataclass(frozen=True)
 class _Dist:
-    """A realized distribution file: where it is and the name it must be known by."""
+    """A realized distribution file: where it is and the name it must be known by; or, with
+    ``url``, a wheel uv downloads itself (``path`` is then its bare file name)."""
 
     path: Path
     filename: str
     name: str
     version: str
     is_wheel: bool
+    url: str | None = None
+    sha256: str | None = None
 
 
 class _Source(NamedTuple):
@@ -197,6 +214,7 @@ def build_environment(
     sources: Sequence[tuple[Path, str, str | None] | tuple[Path, str, str | None, bool]] = (),
     build_wheels: Sequence[Path] = (),
     cache_dir: Path,
+    remote_wheels: Sequence[RemoteWheel] = (),
     interpreter_store_name: str | None = None,
     hashes: Mapping[str, str] | None = None,
     prompt: str = "env",
@@ -224,6 +242,11 @@ def build_environment(
     * ``build_wheels`` are the realized wheels of the locked build requirements, the only
       things a build may use.
     * ``cache_dir`` is uv's cache (on the store's filesystem, so installs hardlink).
+    * ``remote_wheels`` are wheels of locked packages that no store path holds: the sync
+      downloads them (the only uv call that is not ``--offline``), each checked against its
+      sha256 as it streams in, unpacking one while the others still download. The
+      environment holds the same bytes as one built from the files (uv writes no installer
+      metadata that could tell them apart).
     * ``prompt`` is the activation prompt (written into the environment, so it is fixed).
     * ``bytecode`` writes reproducible pycs for the environment's own files, compiled over up
       to ``jobs`` workers (default: the CPUs) except those ``bytecode_from`` (the store's
@@ -234,7 +257,8 @@ def build_environment(
     * ``against_environment`` names packages (normalized) whose sdist is built against the
       environment itself (``--no-build-isolation``), once everything else is installed.
 
-    Nothing is fetched: every uv call is ``--offline`` and ``--no-index``. Raises
+    Nothing else is fetched: every uv call is ``--no-index``, and ``--offline`` but for the
+    sync of ``remote_wheels``. Raises
     :class:`HarnessError` (naming uv's explanation or the offending files) on any failure;
     ``out`` is then left for the caller to delete.
     """
@@ -247,12 +271,14 @@ def build_environment(
         sources=sources,
         build_wheels=build_wheels,
         link_name=interpreter_store_name or interpreter_dir.name,
+        remote_wheels=remote_wheels,
     )
     inputs = dataclasses.replace(inputs, against=frozenset(canonicalize_name(n) for n in against_environment))
     with tempfile.TemporaryDirectory(prefix="harness-env-") as tmp:
         scratch = _prepare_scratch(Path(tmp), inputs.builds, hashes, cache_dir)
         count = f"{len(inputs.dists)} package(s)" + (f" and {len(inputs.sources)} source(s)" if inputs.sources else "")
-        with progress.phase(f"installing {count} into environment {prompt} (uv)"):
+        streamed = f", downloading {len(remote_wheels)} of them" if remote_wheels else ""
+        with progress.phase(f"installing {count} into environment {prompt} (uv{streamed})"):
             installed = _install(out, inputs, scratch, hashes, prompt)
         editable = _relocate(out, installed, inputs.sources, inputs.link_target)
         report = (
@@ -400,6 +426,7 @@ def _checked_inputs(
     sources: Sequence[tuple[Path, str, str | None] | tuple[Path, str, str | None, bool]],
     build_wheels: Sequence[Path],
     link_name: str,
+    remote_wheels: Sequence[RemoteWheel] = (),
 ) -> _Inputs:
     """Check everything :func:`build_environment` was given before anything is built: ``out``
     empty, the interpreter there, every file a wheel or sdist by name (build requirements
@@ -409,7 +436,7 @@ def _checked_inputs(
     exe = interpreter_dir / interpreter_exe
     if not exe.is_file():
         raise HarnessError(f"{exe}: no interpreter there")
-    dists = [_dist(path) for path in wheels]
+    dists = [_dist(path) for path in wheels] + [_remote_dist(wheel) for wheel in remote_wheels]
     builds = [_dist(path) for path in build_wheels]
     for dist in builds:
         if not dist.is_wheel:
@@ -597,18 +624,55 @@ def _sync_packages(python: Path, dists: Sequence[_Dist], scratch: _Scratch, hash
     ``--no-build`` when all are wheels)."""
     pylock = scratch.work / "pylock.toml"
     pylock.write_text(_pylock(dists, hashes))
-    scratch.uv(
-        [
-            "pip",
-            "sync",
-            pylock,
-            "--python",
-            python,
-            "--preview-features",
-            "pylock",
-            *scratch.build_flags,
-            *(["--no-build"] if all(d.is_wheel for d in dists) else []),
-        ]
+    from harness.resolve.uvtool import UvError
+
+    flags = scratch.build_flags
+    remote = [d for d in dists if d.url is not None]
+    if remote:  # wheels uv downloads itself, checked as they stream
+        flags = tuple(flag for flag in flags if flag != "--offline")
+    try:
+        scratch.uv(
+            [
+                "pip",
+                "sync",
+                pylock,
+                "--python",
+                python,
+                "--preview-features",
+                "pylock",
+                *flags,
+                *(["--no-build"] if all(d.is_wheel for d in dists) else []),
+            ]
+        )
+    except UvError as exc:
+        mismatch = hash_mismatch(exc.stderr, remote)
+        if mismatch is not None:
+            raise mismatch from None
+        raise
+
+
+_MISMATCH = re.compile(
+    r"Hash mismatch for `(?P<name>[^=`]+)==(?P<version>[^`]+)`.*?Expected:\s*(?P<expected>\S+).*?Computed:\s*(?P<actual>\S+)",
+    re.DOTALL,
+)
+
+
+def hash_mismatch(stderr: str, remote: Sequence[_Dist]) -> HarnessError | None:
+    """The error naming the wheel uv refused as it streamed in (its file, its address, the
+    sha256 expected and the one its bytes have) when uv's ``stderr`` says so, else None. Pure."""
+    found = _MISMATCH.search(stderr)
+    if found is None:
+        return None
+    name, version = canonicalize_name(found["name"]), found["version"]
+    dist = next((d for d in remote if canonicalize_name(d.name) == name and d.version == version), None)
+    if dist is None:
+        return None
+    expected, actual = (value.removeprefix("sha256:") for value in (found["expected"], found["actual"]))
+    return HarnessError(
+        f"{dist.filename}: sha256 mismatch as it downloaded from {redact(str(dist.url))}: "
+        f"expected {expected}, got {actual}",
+        hint="the index serves other bytes than the lock names: nothing was registered; "
+        "re-lock if the file changed on purpose",
     )
 
 
@@ -719,7 +783,18 @@ def _dist(path: Path) -> _Dist:
     raise HarnessError(f"{path}: not a wheel or sdist file name")
 
 
+def _remote_dist(wheel: RemoteWheel) -> _Dist:
+    """Name a wheel uv downloads itself (:class:`RemoteWheel`)."""
+    try:
+        name, version, _, _ = parse_wheel_filename(wheel.filename)
+    except InvalidWheelFilename:
+        raise HarnessError(f"{wheel.url}: {wheel.filename} is not a wheel file name") from None
+    return _Dist(Path(wheel.filename), wheel.filename, name, str(version), True, url=wheel.url, sha256=wheel.sha256)
+
+
 def _sha256(dist: _Dist, hashes: Mapping[str, str] | None) -> str:
+    if dist.sha256 is not None:
+        return dist.sha256
     if hashes is None:
         return file_sha256(dist.path)
     try:
@@ -746,7 +821,10 @@ def _pylock(dists: Iterable[_Dist], hashes: Mapping[str, str] | None) -> str:
         for dist in sorted(members, key=lambda d: d.filename):
             entry = tomlkit.inline_table()
             entry["name"] = dist.filename
-            entry["path"] = os.fspath(dist.path.absolute())
+            if dist.url is not None:
+                entry["url"] = dist.url
+            else:
+                entry["path"] = os.fspath(dist.path.absolute())
             entry["hashes"] = {"sha256": _sha256(dist, hashes)}
             if dist.is_wheel:
                 wheels.append(entry)
