@@ -61,7 +61,7 @@ import struct
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,6 +321,34 @@ def _minor(version: str) -> str:
 # --------------------------------------------------------------------------- uv-managed
 
 
+#: What uv says of a download that could not even connect: the host's name does not resolve
+#: (a machine without network, or one whose resolver knows no outside names) or nothing
+#: answers there. Retrying that within seconds changes nothing.
+_CANNOT_CONNECT = re.compile(r"dns error|error resolving DNS|failed to lookup address|client error \(Connect\)")
+
+
+def _install_python(
+    args: Sequence[str | os.PathLike[str]], *, cache_dir: Path, env: Mapping[str, str], stop: Callable[[], None]
+) -> None:
+    """``uv python install``: first with no HTTP retries, then, should that fail for another
+    reason than a connection that could not be made, again with uv's own. uv retries a
+    download that cannot connect with a growing pause, 5 to 11 s that every empty home of an
+    offline machine waited before its host copy stood in, and that the environment's build
+    then waited for (its store path depends on the interpreter); a name that does not resolve
+    does not resolve a second later. ``UV_HTTP_RETRIES`` set by the user or the settings is
+    obeyed as it is."""
+    if "UV_HTTP_RETRIES" in os.environ or "UV_HTTP_RETRIES" in env:
+        run_uv(args, cache_dir=cache_dir, env_extra=env, python_downloads="manual", timeout=1800, stop=stop)
+        return
+    try:
+        quick = {**env, "UV_HTTP_RETRIES": "0"}
+        run_uv(args, cache_dir=cache_dir, env_extra=quick, python_downloads="manual", timeout=1800, stop=stop)
+    except UvError as exc:
+        if "--offline" in args or _CANNOT_CONNECT.search(exc.stderr):
+            raise
+        run_uv(args, cache_dir=cache_dir, env_extra=env, python_downloads="manual", timeout=1800, stop=stop)
+
+
 def _build_uv_managed(
     python: LockedInterpreter,
     out: Path,
@@ -344,7 +372,7 @@ def _build_uv_managed(
     env = {"UV_PYTHON_CACHE_DIR": os.fspath(archives), **(uv_env or {})}
     with progress.phase(f"installing CPython {python.version} (uv python install)") as phase:
         phase.failure = "unavailable"  # the caller may fall back to a host copy (DownloadUnavailable)
-        run_uv(args, cache_dir=cache_dir, env_extra=env, python_downloads="manual", timeout=1800, stop=phase.check)
+        _install_python(args, cache_dir=cache_dir, env=env, stop=phase.check)
     installs = [
         p
         for p in scratch.iterdir()
