@@ -145,6 +145,9 @@ class Context:
     #: out: the next lock on the same interpreter goes straight to the host copy instead of
     #: waiting through uv's download retries again.
     unavailable: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: File name → address of the wheels uv is to download into an environment
+    #: (:func:`_streamed`), looked up while the interpreter is prepared (:func:`_look_up_streamed`).
+    file_urls: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
     #: Build inputs (package files, built wheels) to register even where no environment
     #: needs them: what ``store verify --repair`` deleted (``harness/realize/repair.py``).
     rebuild: frozenset[str] = frozenset()
@@ -301,9 +304,10 @@ def _fetch_and_prepare(ctx: Context, todo: list[Lock], run: _Realizing, *, fail_
     whole fetch fails, the builds stop at their next phase (all of it is dropped)."""
     ctx.store.clean()  # leftovers matter only to a build (Store.add clears its own path's anyway)
     prepared = run.prepared
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         staging = [pool.submit(_prepare_interpreters, ctx, todo, prepared)]
         staging.append(pool.submit(_prepare_sources, ctx, todo, prepared))
+        staging.append(pool.submit(_look_up_streamed, ctx, todo))
         try:
             _fetch_for_locks(ctx, todo, run.failures, fail_fast=fail_fast)
             for future in staging:
@@ -1469,15 +1473,29 @@ def _sources_build_set(lock: Lock) -> list[LockedPackage]:
     return list(lock.build_packages)
 
 
+def _look_up_streamed(ctx: Context, locks: list[Lock]) -> None:
+    """Phase 1, beside the interpreter: the addresses of the wheels uv is to download into the
+    environments of ``locks`` (:func:`_streamed`), into ``ctx.file_urls``, so the environment's
+    build does not wait on index pages. A lookup that fails is left for that build, which
+    fails its own lock naming it."""
+    from harness.realize.standin import realized_lock
+
+    wanted = {item[2].file: item for lock in locks for item in _streamed(ctx, realized_lock(ctx.store, lock)).values()}
+    if wanted:
+        with contextlib.suppress(HarnessError):
+            ctx.file_urls.update(_file_urls(ctx, list(wanted.values())))
+
+
 def _remote_wheels(ctx: Context, streamed: list[tuple[str, str, LockedFile]]) -> list[RemoteWheel]:
     """The address on its index of each wheel of ``streamed`` (:func:`_streamed`), for the
-    environment's sync to download (one index page per project, read in parallel)."""
+    environment's sync to download: those phase 1 looked up, and the others now (one index
+    page per project, read in parallel)."""
     from harness.realize.environment import RemoteWheel
 
-    if not streamed:
-        return []
-    urls = _file_urls(ctx, streamed)
-    return [RemoteWheel(file.file, urls[file.file], file.sha256) for _, _, file in streamed]
+    missing = [item for item in streamed if item[2].file not in ctx.file_urls]
+    if missing:
+        ctx.file_urls.update(_file_urls(ctx, missing))
+    return [RemoteWheel(file.file, ctx.file_urls[file.file], file.sha256) for _, _, file in streamed]
 
 
 def _add_environment(ctx: Context, lock: Lock) -> None:
