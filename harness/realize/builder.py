@@ -54,6 +54,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+import functools
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -627,17 +628,33 @@ def _fetch(ctx: Context, locks: list[Lock]) -> None:
     wanted = _files_to_fetch(ctx, locks)
     if not wanted:
         return
+    from harness.resolve.indexpages import index_address
+
     ctx.downloads.mkdir(parents=True, exist_ok=True)
     jobs: list[FetchJob] = []
-    file_urls = _file_urls(ctx, [item[1] for item in wanted.values() if item[0] == "file"])
+    addresses: dict[str, str] = {}
     for _sha, item in sorted(wanted.items()):
         if item[0] == "file":
-            _, _, file = item[1]
-            jobs.append(_file_job(ctx, file, file_urls[file.file]))
+            index, project, file = item[1]
+            if index not in addresses:
+                addresses[index] = index_address(index, ctx.settings, ctx.cache_dir)
+            jobs.append(_file_job(ctx, file, functools.partial(_file_url, addresses[index], project, file.file)))
         else:
             weights, weight_file = item[1]
             jobs.append(_weight_job(ctx, weights, weight_file))
+    # Largest first: the longest download starts at once rather than last, and each job reads
+    # its project's index page as it starts (once per page), so the downloads do not wait for
+    # every page to be read first.
+    jobs.sort(key=lambda job: -job.size)
     fetch_all(jobs, max_workers=ctx.jobs, progress=ctx.progress)
+
+
+def _file_url(address: str, project: str, file: str) -> str:
+    """The address of ``file`` of ``project`` on the index at ``address`` (its page read once
+    per process: :func:`harness.resolve.indexpages.find_file_urls`)."""
+    from harness.resolve.indexpages import find_file_urls
+
+    return find_file_urls(address, project, [file])[file]
 
 
 def _file_urls(ctx: Context, wanted: list[tuple[str, str, LockedFile]]) -> dict[str, str]:
@@ -661,7 +678,7 @@ def _file_urls(ctx: Context, wanted: list[tuple[str, str, LockedFile]]) -> dict[
     return urls
 
 
-def _file_job(ctx: Context, file: LockedFile, url: str) -> FetchJob:
+def _file_job(ctx: Context, file: LockedFile, url: Callable[[], str]) -> FetchJob:
     from harness.download import download
     from harness.realize.fetch import FetchJob
 
@@ -669,7 +686,7 @@ def _file_job(ctx: Context, file: LockedFile, url: str) -> FetchJob:
         with ctx.download_lock(file.sha256):
             if ctx.download_path(file.sha256).is_file() or ctx.store.is_registered(file.store):
                 return  # another realize fetched it while this one waited
-            download(url, ctx.download_path(file.sha256), sha256=file.sha256, size=file.size, progress=progress)
+            download(url(), ctx.download_path(file.sha256), sha256=file.sha256, size=file.size, progress=progress)
 
     return FetchJob(label=file.file, size=file.size, run=run)
 
