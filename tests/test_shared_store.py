@@ -969,6 +969,57 @@ def _kinematics_project(root: Path) -> harness.manifests.project.Project:
     return harness.manifests.project.Project(root)
 
 
+def test_uvs_cache_is_each_members_own_in_a_shared_home(lab: tuple[User, User], home: Path) -> None:
+    """uv's cache holds the unpacked wheels an environment's files are hard links of: in a
+    shared home it would be the group's to change, and a file b changed there would be
+    installed into a's next environment. uv is given a's own folder instead (`cache/uv-<uid>`,
+    0700; a fresh one where b made that name first): a real `uv pip install` through
+    `run_uv` unpacks there, not into the group's `cache/`, and b can neither read nor change
+    it."""
+    from harness.resolve.uvtool import run_uv
+    from tests.localindex import wheel_bytes
+
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("needs /usr/bin/python3, an interpreter both members can run, to install into")
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    as_user(b, lambda: (home / "cache" / f"uv-{a.uid}").mkdir(mode=0o777))  # b takes a's name first
+    wheel = home.parent / "alpha-1.0-py3-none-any.whl"
+    wheel.write_bytes(wheel_bytes("alpha", "1.0"))
+    wheel.chmod(0o644)
+
+    def member_a() -> dict[str, Any]:
+        harness.store.shared.apply_group_umask(home)
+        target = home.parent / f"target-{os.getpid()}"
+        run_uv(
+            ["pip", "install", "--target", target, "--offline", "--no-index", "--python", "/usr/bin/python3", wheel],
+            cache_dir=home / "cache",
+        )
+        own = harness.store.shared.uv_cache(home / "cache")
+        unpacked = sorted(str(p.relative_to(own)) for p in own.glob("archive-v0/*/alpha/__init__.py"))
+        return {"own": str(own), "mode": os.stat(own).st_mode & 0o777, "unpacked": unpacked}
+
+    seen = as_user(a, member_a)
+    own = Path(seen["own"])
+    assert own.parent == home / "cache" and own.name.startswith(f"uv-{a.uid}-"), own
+    assert seen["mode"] == 0o700 and len(seen["unpacked"]) == 1, seen
+    assert not (home / "cache" / "archive-v0").exists() and list((home / "cache" / f"uv-{a.uid}").iterdir()) == []
+    planted = own / seen["unpacked"][0]
+
+    def member_b() -> dict[str, str]:
+        harness.store.shared.apply_group_umask(home)
+        return _refusals(
+            {
+                "read a's cache": lambda: list(own.iterdir()),
+                "change an unpacked file": lambda: planted.write_text("import os  # b's\n"),
+            }
+        )
+
+    refused = as_user(b, member_b)
+    assert all(refused.values()), refused
+    assert as_user(a, lambda: str(harness.store.shared.uv_cache(home / "cache"))) == str(own), "found again"
+
+
 def test_another_members_up_to_date_stamp_decides_nothing(lab: tuple[User, User], home: Path) -> None:
     """The no-op realize's stamps (cache/up-to-date, group-writable) are each user's own: b
     realizing the same project with a variant forced leaves a's stamp alone; b replacing a's

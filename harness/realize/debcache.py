@@ -23,7 +23,6 @@ check. Nothing planted there is trusted or fails anyone's realize:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from collections.abc import Callable
@@ -39,19 +38,12 @@ def shared_folder(home: Path) -> Path:
     return home / FOLDER
 
 
-def own_folder(home: Path) -> Path:
-    """This user's own folder of downloads, for when the shared one cannot be used (by this
-    name unless another member made it first: :func:`own_folders`)."""
-    return home / "cache" / f"debs-{os.geteuid()}"
-
-
 def own_folders(home: Path) -> list[Path]:
     """This user's own folders of downloads that exist: ``debs-<uid>`` and the fresh
-    ``debs-<uid>-*`` made when another member held that name; folders of this user only,
-    never a link, whoever made the name."""
-    first = own_folder(home)
-    names = [first, *sorted(first.parent.glob(f"{first.name}-*"))] if first.parent.is_dir() else []
-    return [folder for folder in names if _is_own(folder)]
+    ``debs-<uid>-*`` made when another member held that name (:func:`own_cache_folders`)."""
+    from harness.store.shared import own_cache_folders
+
+    return own_cache_folders(home, "debs")
 
 
 def downloaded(home: Path, sha256: str) -> bool:
@@ -92,32 +84,11 @@ def _writable(folder: Path) -> bool:
 
 
 def _own(home: Path) -> Path:
-    """This user's own folder of downloads: one it already has, else ``debs-<uid>`` made now,
-    else (another member made that name) a fresh one no other member can have named first."""
-    import tempfile
+    """This user's own folder of downloads (:func:`own_cache_folder`): ``debs-<uid>``, or a
+    fresh one where another member made that name first."""
+    from harness.store.shared import own_cache_folder
 
-    existing = own_folders(home)
-    if existing:
-        return existing[0]
-    own = own_folder(home)
-    try:
-        own.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):  # a folder, a link, a file: _is_own tells
-            own.mkdir(mode=0o700)
-        if _is_own(own):
-            return own
-        return Path(tempfile.mkdtemp(prefix=f"{own.name}-", dir=own.parent))  # 0700, a name of its own
-    except OSError as exc:
-        raise HarnessError(f"{own}: cannot make the folder of .deb downloads: {exc.strerror or exc}") from None
-
-
-def _is_own(folder: Path) -> bool:
-    """Whether ``folder`` is a folder (not a link) of this user's."""
-    try:
-        st = os.lstat(folder)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+    return own_cache_folder(home, "debs")
 
 
 def _clear(folder: Path, names: tuple[str, ...]) -> bool:

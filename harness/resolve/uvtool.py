@@ -324,8 +324,12 @@ def _text(data: bytes | str | None) -> str:
 
 
 def _command(args: Sequence[str | os.PathLike[str]], cache_dir: Path | None) -> list[str]:
+    """uv's command line: ``cache_dir`` is a home's cache folder (in a shared home, uv is
+    given this member's own: :func:`harness.store.shared.uv_cache`) or another folder."""
+    from harness.store.shared import uv_cache
+
     command = [uv_bin(), "--no-config"]
-    command += ["--cache-dir", os.fspath(cache_dir)] if cache_dir is not None else ["--no-cache"]
+    command += ["--cache-dir", os.fspath(uv_cache(cache_dir))] if cache_dir is not None else ["--no-cache"]
     return command + [os.fspath(arg) for arg in args]
 
 

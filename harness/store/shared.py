@@ -100,6 +100,60 @@ def group_umask(home: Path) -> Iterator[None]:
         os.umask(current)
 
 
+def own_cache_folders(home: Path, name: str) -> list[Path]:
+    """This user's own folders ``cache/<name>-<uid>`` and ``cache/<name>-<uid>-*`` (made when
+    another member held the first name) that exist: folders of this user, never a link,
+    whoever made the name."""
+    first = home / "cache" / f"{name}-{os.geteuid()}"
+    names = [first, *sorted(first.parent.glob(f"{first.name}-*"))] if first.parent.is_dir() else []
+    return [folder for folder in names if _is_own(folder)]
+
+
+def own_cache_folder(home: Path, name: str) -> Path:
+    """This user's own folder of ``name`` in the home's ``cache/``: one it already has
+    (:func:`own_cache_folders`), else ``<name>-<uid>`` made now (``0700``), else (another member
+    made that name first: a folder open to all, a link) a fresh one no other member can have
+    named first. Raises :class:`HarnessError` when none can be made."""
+    import contextlib
+    import tempfile
+
+    existing = own_cache_folders(home, name)
+    if existing:
+        return existing[0]
+    own = home / "cache" / f"{name}-{os.geteuid()}"
+    try:
+        own.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # a folder, a link, a file: _is_own tells
+            own.mkdir(mode=0o700)
+        if _is_own(own):
+            return own
+        return Path(tempfile.mkdtemp(prefix=f"{own.name}-", dir=own.parent))  # 0700, a name of its own
+    except OSError as exc:
+        raise HarnessError(f"{own}: cannot make this user's {name} folder: {exc.strerror or exc}") from None
+
+
+def _is_own(folder: Path) -> bool:
+    """Whether ``folder`` is a folder (not a link) of this user's."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def uv_cache(cache_dir: Path) -> Path:
+    """Where uv keeps its cache for a home whose cache folder is ``cache_dir``: that folder,
+    or, in a shared home, this member's own ``cache/uv-<uid>`` (:func:`own_cache_folder`).
+    uv's cache holds the unpacked wheels an environment's files are hard links of, and the
+    index pages a lock resolves from, all writable by the group in a shared home: another
+    member could change a file there and have it installed into this member's next
+    environment, or point a cached page at a wheel of theirs. Store paths, which are checked,
+    are still shared; uv's cache is each member's own."""
+    if cache_dir.name == "cache" and is_shared(cache_dir.parent):
+        return own_cache_folder(cache_dir.parent, "uv")
+    return cache_dir
+
+
 def init_shared(home: Path, group: str) -> list[Path]:
     """Make ``home`` (new, or one the caller owns) a home every member of ``group`` shares.
 
