@@ -157,11 +157,16 @@ def cpu_of_children() -> float:
 
 def step(argv: list[str], log: Path, *, env: dict[str, str], cwd: Path, timeout: float) -> Step:
     """Run ``argv`` with its output in ``log``; time it; never raise on its failure. What
-    the step before wrote (gigabytes of environment and cache) is flushed to disk first,
-    outside the timing: otherwise whoever runs second pays the first one's writeback and
-    memory reclaim (uv measured 27 s first and 49 s second, at 83 s of CPU instead of 44)."""
+    the step before wrote (gigabytes of environment and cache) is flushed to disk first and,
+    where this runs as root, the page cache dropped, outside the timing: otherwise whoever
+    runs second pays the first one's writeback and memory reclaim (uv measured 27 s first and
+    49 s second, at 83 s of CPU instead of 44; a sync alone did not even it out)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    except OSError:
+        pass  # not root: the flush alone
     before, start = cpu_of_children(), time.perf_counter()
     with log.open("w") as out:
         out.write("$ " + " ".join(map(str, argv)) + "\n")
