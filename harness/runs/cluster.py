@@ -1045,6 +1045,7 @@ class SubmititEngine:
         echo: Echo,
         on_result: OnResult,
     ) -> list[dict[str, Any]]:
+        from harness.runs.livelog import live_log
         from harness.runs.record import private_umask
 
         # submitit makes its job folders and pickles (each task's result, which this head
@@ -1053,74 +1054,59 @@ class SubmititEngine:
         # result (their code, run as this user) or a hand-over. Nothing here is the group's.
         make_record_dir(handed_over_path(folder, 0).parent)
         with private_umask():
-            return self._run(jobs, cpus=cpus, gpus=gpus, retries=retries, folder=folder, echo=echo, on_result=on_result)
-
-    def _run(
-        self,
-        jobs: list[ShardJob],
-        *,
-        cpus: float,
-        gpus: int,
-        retries: int,
-        folder: Path,
-        echo: Echo,
-        on_result: OnResult,
-    ) -> list[dict[str, Any]]:
-        from harness.runs.livelog import live_log
-
-        executor = self.executor(folder, cpus=cpus, gpus=gpus, count=len(jobs))
-        jobs = [
-            dataclasses.replace(
-                job,
-                live_log=str(live_log(folder.parent, job.index)),
-                handover=str(handed_over_path(folder, job.index)),
-            )
-            for job in jobs
-        ]
-        results: dict[int, dict[str, Any]] = {}
-        attempts: dict[int, list[dict[str, Any]]] = {job.index: [] for job in jobs}
-        #: results handed over by tasks that then kept their node's broker for other shards
-        handed: dict[int, dict[str, Any]] = {}
-        todo = list(jobs)
-        watcher = None if self.local else _slurm_states()
-        while todo:
-            for job in todo:  # an earlier attempt's (or session's) hand-over is not this one's
-                Path(str(job.handover)).unlink(missing_ok=True)
-                handed.pop(job.index, None)
-            submitted = self._submit(executor, todo)
-            if watcher is not None:  # sacct, or squeue where Slurm keeps no accounting
-                for handle in submitted:
-                    handle.watcher = watcher
-            if submitted:
-                echo(f"submitted array job {submitted[0].job_id.split('_')[0]} ({len(todo)} tasks)")
-            handles = {job.index: (job, handle) for job, handle in zip(todo, submitted, strict=True)}
-            todo = []
-            try:
-                while handles:
-                    for index, (job, handle) in list(handles.items()):
-                        if not handle.done():
-                            self._take_handed_over(job, handle, attempts[index], handed, on_result)
-                            continue
-                        del handles[index]
-                        result = self._ended(job, handle, handed.get(index))
-                        attempts[index].append(
-                            {"job_id": handle.job_id, **(result.get("node") or {}), "status": result["status"]}
-                        )
-                        if result.pop("retry", False) and len(attempts[index]) <= retries:
-                            echo(f"shard {result['shard']}: {result['reason']}; submitted again")
-                            todo.append(job)
-                            continue
-                        result["attempts"] = attempts[index]
-                        results[index] = result
-                        on_result(result)
-                    if handles:
-                        time.sleep(0.5)
-            except KeyboardInterrupt:
-                echo(f"interrupted: cancelling {len(handles)} tasks")
-                for _, handle in handles.values():
-                    handle.cancel(check=False)
-                raise _Interrupted(list(results.values())) from None
-        return [results[i] for i in sorted(results)]
+            executor = self.executor(folder, cpus=cpus, gpus=gpus, count=len(jobs))
+            jobs = [
+                dataclasses.replace(
+                    job,
+                    live_log=str(live_log(folder.parent, job.index)),
+                    handover=str(handed_over_path(folder, job.index)),
+                )
+                for job in jobs
+            ]
+            results: dict[int, dict[str, Any]] = {}
+            attempts: dict[int, list[dict[str, Any]]] = {job.index: [] for job in jobs}
+            #: results handed over by tasks that then kept their node's broker for other shards
+            handed: dict[int, dict[str, Any]] = {}
+            todo = list(jobs)
+            watcher = None if self.local else _slurm_states()
+            while todo:
+                for job in todo:  # an earlier attempt's (or session's) hand-over is not this one's
+                    Path(str(job.handover)).unlink(missing_ok=True)
+                    handed.pop(job.index, None)
+                submitted = self._submit(executor, todo)
+                if watcher is not None:  # sacct, or squeue where Slurm keeps no accounting
+                    for handle in submitted:
+                        handle.watcher = watcher
+                if submitted:
+                    echo(f"submitted array job {submitted[0].job_id.split('_')[0]} ({len(todo)} tasks)")
+                handles = {job.index: (job, handle) for job, handle in zip(todo, submitted, strict=True)}
+                todo = []
+                try:
+                    while handles:
+                        for index, (job, handle) in list(handles.items()):
+                            if not handle.done():
+                                self._take_handed_over(job, handle, attempts[index], handed, on_result)
+                                continue
+                            del handles[index]
+                            result = self._ended(job, handle, handed.get(index))
+                            attempts[index].append(
+                                {"job_id": handle.job_id, **(result.get("node") or {}), "status": result["status"]}
+                            )
+                            if result.pop("retry", False) and len(attempts[index]) <= retries:
+                                echo(f"shard {result['shard']}: {result['reason']}; submitted again")
+                                todo.append(job)
+                                continue
+                            result["attempts"] = attempts[index]
+                            results[index] = result
+                            on_result(result)
+                        if handles:
+                            time.sleep(0.5)
+                except KeyboardInterrupt:
+                    echo(f"interrupted: cancelling {len(handles)} tasks")
+                    for _, handle in handles.values():
+                        handle.cancel(check=False)
+                    raise _Interrupted(list(results.values())) from None
+            return [results[i] for i in sorted(results)]
 
     def _submit(self, executor: AutoExecutor, jobs: list[ShardJob]) -> list[Any]:
         """The array's task handles; sbatch refusing the array (a partition, account, QOS or
