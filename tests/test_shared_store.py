@@ -65,6 +65,7 @@ import harness.resolve.sdists
 import harness.runs.livelog
 import harness.runs.prune
 import harness.runs.record
+import harness.runs.run
 import harness.cli.commands.runs
 import harness.store.roots
 import packaging.utils  # noqa: F401  (chosen_file, in the children)
@@ -1283,6 +1284,10 @@ def _a_recorded_run(home: Path) -> str:
         log.write(b"episode 1: ok\n")
     harness.runs.livelog.append_lines(folder / "live" / "0.log", ["shard 0: ok"])
     harness.runs.record.write_json(folder / "shards" / "0" / "shard.json", {"status": "ok"})
+    # The command, as `harness run` starts it, writes a file of its own into the record.
+    script = 'echo "{\\"score\\": 0.5}" > "$HARNESS_RUN_DIR/score.json"'
+    env = {"PATH": "/usr/bin:/bin", "HARNESS_RUN_DIR": str(folder)}
+    assert harness.runs.run._run_command(["sh", "-c", script], env, folder, folder / "logs" / "scoring.log", print) == 0
     harness.runs.record.write_json(folder / "result.json", {"exit_status": 0})
     return run_id
 
@@ -1317,6 +1322,7 @@ def test_no_member_can_change_another_members_run_record(lab: tuple[User, User],
                 "add to the live logs": lambda: (folder / "live" / "1.log").write_text("forged\n"),
                 "replace a shard's record": lambda: os.unlink(folder / "shards" / "0" / "shard.json"),
                 "add a shard": lambda: (folder / "shards" / "1").mkdir(),
+                "write into what the command wrote": lambda: append(folder / "score.json"),
             }
         )
         forged.unlink(missing_ok=True)  # in a's record, had the rename gone through
@@ -1326,7 +1332,15 @@ def test_no_member_can_change_another_members_run_record(lab: tuple[User, User],
     assert all(seen["refused"].values()), seen["refused"]
     assert seen["log"] == "episode 1: ok\n"
     assert json.loads((folder / "result.json").read_text()) == {"exit_status": 0}
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "live", "logs", "result.json", "shards"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json",
+        "live",
+        "logs",
+        "result.json",
+        "score.json",
+        "shards",
+    ]
+    assert json.loads((folder / "score.json").read_text()) == {"score": 0.5}
     assert (folder / "live" / "0.log").read_text() == "shard 0: ok\n"
     assert [p.name for p in (folder / "shards").iterdir()] == ["0"]
 

@@ -88,7 +88,7 @@ def private_umask() -> Iterator[None]:
     ``022``; the one before is restored after): what a library writes into a run record for
     harness (submitit's job folders and pickles, which the head unpickles) is then as safe
     from another member of a shared home as :func:`make_record_dir`'s folders."""
-    current = os.umask(0o022)
+    current = os.umask(0o077)  # never less strict than before, not even for a moment
     os.umask(current | 0o022)
     try:
         yield

@@ -27,6 +27,7 @@ from harness.runs.record import (
     new_record_dir,
     new_run_id,
     open_record_file,
+    private_umask,
     read_json,
     run_config,
     runs_dir,
@@ -631,9 +632,12 @@ def _run_command(argv: list[str], env: dict[str, str], cwd: Path, log: Path, ech
 
     with open_record_file(log) as sink:
         try:
-            proc = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            # What the command writes into the record (``HARNESS_RUN_DIR``: its result, the
+            # benchmark's files) is not the group's to change in a shared home either.
+            with private_umask():
+                proc = subprocess.Popen(
+                    argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+                )
         except OSError as exc:
             sink.write(f"cannot start {argv[0]}: {exc}\n".encode())
             echo(f"cannot start {argv[0]}: {exc.strerror or exc}")
