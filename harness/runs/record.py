@@ -121,9 +121,11 @@ def new_record_dir(path: Path) -> Iterator[Path]:
 def refuse_foreign_dir(path: Path) -> None:
     """Raise :class:`HarnessError` unless ``path`` is a folder (not a link to one) of this
     user's own."""
-    info = os.lstat(path)
-    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+    from harness.store.shared import is_own_folder
+
+    if is_own_folder(path):
         return
+    info = os.lstat(path)
     what = "a link" if stat.S_ISLNK(info.st_mode) else "a folder" if stat.S_ISDIR(info.st_mode) else "a file"
     raise HarnessError(
         f"{path}: {what} of another user (uid {info.st_uid}) is already there, so this run's record cannot go there",

@@ -91,7 +91,7 @@ def group_umask(home: Path) -> Iterator[None]:
     process that is not the CLI (a cluster shard's task on its node) and that writes
     something of its own after the block (submitit's result file, which no other member may
     change)."""
-    current = os.umask(0)
+    current = os.umask(0o077)  # read without passing through a laxer umask
     os.umask(current)
     try:
         apply_group_umask(home)
@@ -106,7 +106,7 @@ def own_cache_folders(home: Path, name: str) -> list[Path]:
     whoever made the name."""
     first = home / "cache" / f"{name}-{os.geteuid()}"
     names = [first, *sorted(first.parent.glob(f"{first.name}-*"))] if first.parent.is_dir() else []
-    return [folder for folder in names if _is_own(folder)]
+    return [folder for folder in names if is_own_folder(folder)]
 
 
 def own_cache_folder(home: Path, name: str) -> Path:
@@ -123,16 +123,16 @@ def own_cache_folder(home: Path, name: str) -> Path:
     own = home / "cache" / f"{name}-{os.geteuid()}"
     try:
         own.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):  # a folder, a link, a file: _is_own tells
+        with contextlib.suppress(FileExistsError):  # a folder, a link, a file: is_own_folder tells
             own.mkdir(mode=0o700)
-        if _is_own(own):
+        if is_own_folder(own):
             return own
         return Path(tempfile.mkdtemp(prefix=f"{own.name}-", dir=own.parent))  # 0700, a name of its own
     except OSError as exc:
         raise HarnessError(f"{own}: cannot make this user's {name} folder: {exc.strerror or exc}") from None
 
 
-def _is_own(folder: Path) -> bool:
+def is_own_folder(folder: Path) -> bool:
     """Whether ``folder`` is a folder (not a link) of this user's."""
     try:
         st = os.lstat(folder)
