@@ -149,6 +149,9 @@ class Context:
     #: File name → address of the wheels uv is to download into an environment
     #: (:func:`_streamed`), looked up while the interpreter is prepared (:func:`_look_up_streamed`).
     file_urls: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: The thread of that look-up, which phase 1 starts and does not wait for: only an
+    #: environment's sync needs the addresses (:func:`_remote_wheels` joins it).
+    lookups: list[threading.Thread] = field(default_factory=list, init=False, repr=False, compare=False)
     #: Build inputs (package files, built wheels) to register even where no environment
     #: needs them: what ``store verify --repair`` deleted (``harness/realize/repair.py``).
     rebuild: frozenset[str] = frozenset()
@@ -305,10 +308,10 @@ def _fetch_and_prepare(ctx: Context, todo: list[Lock], run: _Realizing, *, fail_
     whole fetch fails, the builds stop at their next phase (all of it is dropped)."""
     ctx.store.clean()  # leftovers matter only to a build (Store.add clears its own path's anyway)
     prepared = run.prepared
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    _look_up_streamed(ctx, todo)
+    with ThreadPoolExecutor(max_workers=2) as pool:
         staging = [pool.submit(_prepare_interpreters, ctx, todo, prepared)]
         staging.append(pool.submit(_prepare_sources, ctx, todo, prepared))
-        staging.append(pool.submit(_look_up_streamed, ctx, todo))
         try:
             _fetch_for_locks(ctx, todo, run.failures, fail_fast=fail_fast)
             for future in staging:
@@ -1491,24 +1494,37 @@ def _sources_build_set(lock: Lock) -> list[LockedPackage]:
 
 
 def _look_up_streamed(ctx: Context, locks: list[Lock]) -> None:
-    """Phase 1, beside the interpreter: the addresses of the wheels uv is to download into the
-    environments of ``locks`` (:func:`_streamed`), into ``ctx.file_urls``, so the environment's
-    build does not wait on index pages. A lookup that fails is left for that build, which
-    fails its own lock naming it."""
+    """Start looking up, in a thread of its own, the addresses of the wheels uv is to download
+    into the environments of ``locks`` (:func:`_streamed`), into ``ctx.file_urls``: the
+    interpreters, the sources, the fetch and the sdists' builds go on meanwhile, and only an
+    environment's sync waits for it (:func:`_remote_wheels`; a realize of 45 streamed wheels
+    waited 5 s on these pages in phase 1). A lookup that fails is left for that build, which
+    fails its own lock naming it. The thread is a daemon: an interrupt does not wait for it."""
     from harness.realize.standin import realized_lock
 
     wanted = {item[2].file: item for lock in locks for item in _streamed(ctx, realized_lock(ctx.store, lock)).values()}
-    if wanted:
-        with contextlib.suppress(HarnessError):
+    if not wanted:
+        return
+
+    def look_up() -> None:
+        # Any failure is the build's to report (it looks the address up again), not a
+        # traceback from a thread.
+        with contextlib.suppress(Exception):
             ctx.file_urls.update(_file_urls(ctx, list(wanted.values())))
+
+    thread = threading.Thread(target=look_up, name="harness-streamed-urls", daemon=True)
+    thread.start()
+    ctx.lookups.append(thread)
 
 
 def _remote_wheels(ctx: Context, streamed: list[tuple[str, str, LockedFile]]) -> list[RemoteWheel]:
     """The address on its index of each wheel of ``streamed`` (:func:`_streamed`), for the
-    environment's sync to download: those phase 1 looked up, and the others now (one index
-    page per project, read in parallel)."""
+    environment's sync to download: those phase 1 started to look up (waited for here), and
+    the others now (one index page per project, read in parallel)."""
     from harness.realize.environment import RemoteWheel
 
+    for thread in ctx.lookups:
+        thread.join()
     missing = [item for item in streamed if item[2].file not in ctx.file_urls]
     if missing:
         ctx.file_urls.update(_file_urls(ctx, missing))
