@@ -627,6 +627,35 @@ _opener: urllib.request.OpenerDirector | None = None
 _opener_lock = threading.Lock()
 
 
+def _looked_up_once(connection: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
+    """``connection`` opening its socket on the host's addresses as this process last looked
+    them up (:mod:`harness.hostnames`), not a lookup of its own."""
+
+    class Connection(connection):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            from harness.hostnames import connect
+
+            super().__init__(*args, **kwargs)
+            self._create_connection = connect
+
+    Connection.__name__ = Connection.__qualname__ = connection.__name__
+    return Connection
+
+
+_HTTPConnection = _looked_up_once(http.client.HTTPConnection)
+_HTTPSConnection = _looked_up_once(http.client.HTTPSConnection)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPConnection, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPSConnection, req, context=self._context)  # type: ignore[attr-defined]
+
+
 def open_url(request: urllib.request.Request | str, *, timeout: float) -> Any:
     """``urllib.request.urlopen`` through one TLS context for the whole process.
 
@@ -635,7 +664,8 @@ def open_url(request: urllib.request.Request | str, *, timeout: float) -> Any:
     that reads six index pages and six wheels. The context is the one urllib would make
     (``ssl.create_default_context``: ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` as this process
     started with them), with the ALPN and post-handshake settings ``http.client`` gives its
-    own; an ``SSLContext`` is safe to share between threads."""
+    own; an ``SSLContext`` is safe to share between threads. Each host is looked up once for
+    all the threads that connect to it at once (:mod:`harness.hostnames`)."""
     global _opener
     with _opener_lock:  # realize's fetch threads all start at once: one context, not one each
         if _opener is None:
@@ -645,7 +675,7 @@ def open_url(request: urllib.request.Request | str, *, timeout: float) -> Any:
             context.set_alpn_protocols(["http/1.1"])
             if context.post_handshake_auth is not None:
                 context.post_handshake_auth = True
-            _opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+            _opener = urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(context=context))
         opener = _opener
     return opener.open(request, timeout=timeout)
 

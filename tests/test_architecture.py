@@ -22,7 +22,8 @@ ALLOWED: dict[str, set[str]] = {
     "manifests": _BASE,
     "config": _BASE | {"manifests"},
     "store": _BASE,
-    "download": _BASE | {"store"},
+    "hostnames": set(),  # each host looked up once per process (a leaf): download's connections
+    "download": _BASE | {"store", "hostnames"},
     "resolve": _BASE | {"manifests", "config", "store", "download"},
     "lock": _BASE | {"manifests", "config", "store", "download", "resolve"},
     "realize": _BASE | {"manifests", "config", "store", "download", "resolve", "lock"},

@@ -254,3 +254,86 @@ def test_cancelled_by_progress_keeps_the_part(server: Server, splices: list[int]
     download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA))
     assert (tmp_path / "w.bin").read_bytes() == DATA
     assert server.ranges[-1] == f"bytes={len(held)}-"
+
+
+def _counting_lookups(monkeypatch: pytest.MonkeyPatch, *, fail: bool = False) -> list[str]:
+    """Every ``getaddrinfo`` of a name (not of a numeric address), each taking 0.2 s so that
+    threads asking at once overlap; ``fail``: each ends in the resolver's error."""
+    import socket
+
+    from harness import hostnames
+
+    hostnames.forget()
+    asked: list[str] = []
+    real = socket.getaddrinfo
+
+    def slow(host: str, *args: Any, **kwargs: Any) -> Any:
+        if not host[:1].isdigit():
+            asked.append(host)
+            threading.Event().wait(0.2)
+            if fail:
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    return asked
+
+
+def test_downloads_at_once_look_their_host_up_once(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight files of one host downloaded at once (as realize's fetch threads start) ask the
+    resolver for the host once, not once each: a resolver losing part of a burst of lookups
+    cost 5 s per lost one (harness/hostnames.py)."""
+    asked = _counting_lookups(monkeypatch)
+    files = {f"f{i}.bin": hashlib.sha256(b"%d" % i).digest() * 1000 for i in range(8)}
+    server.files.update(files)
+    start = threading.Barrier(len(files))
+    errors: list[BaseException] = []
+
+    def fetch(name: str) -> None:
+        start.wait()
+        try:
+            data = files[name]
+            download(f"http://localhost:{server.port}/{name}", tmp_path / name, sha256=sha(data), size=len(data))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fetch, args=(name,)) for name in files]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert {name: (tmp_path / name).read_bytes() for name in files} == files
+    assert asked == ["localhost"]
+
+
+def test_a_failed_lookup_fails_the_threads_that_waited_for_it_and_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    from harness import hostnames
+
+    asked = _counting_lookups(monkeypatch, fail=True)
+    start = threading.Barrier(4)
+    raised: list[BaseException] = []
+
+    def look_up() -> None:
+        start.wait()
+        try:
+            hostnames.addresses("index.invalid", 443)
+        except OSError as exc:
+            raised.append(exc)
+
+    threads = [threading.Thread(target=look_up) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(raised) == 4 and all(isinstance(exc, socket.gaierror) for exc in raised)
+    assert asked == ["index.invalid"]
+    with pytest.raises(socket.gaierror):
+        hostnames.addresses("index.invalid", 443)  # a later attempt asks again
+    assert asked == ["index.invalid", "index.invalid"]
