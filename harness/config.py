@@ -381,7 +381,9 @@ class Settings:
             "lacks is then not fetched into the store at all: the environment's `uv pip sync` downloads "
             "it, checking its sha256 as it streams and unpacking it meanwhile, which makes a cold "
             "realize faster (the environment's bytes are the same). A later environment that installs "
-            "one fetches it again (binary caches first), and an offline one is refused naming it.",
+            "one gets it the same way, from uv's cache where uv has it; offline, only from uv's cache "
+            "(harness notes each streamed wheel's address beside it), and a wheel the cache no longer "
+            "holds is refused, naming it.",
             "keep-wheel-files = false",
             default="`true`",
             env="`HARNESS_GC_KEEP_WHEEL_FILES` (`0`/`1`)",

@@ -746,8 +746,9 @@ def test_without_wheel_files_wheels_stream_into_environments_and_a_failed_lock_r
     """`[gc] keep-wheel-files = false`, two locks realized together, one of which fails (its
     sdist's build): the store never holds a wheel (uv downloads each into the environment
     that installs it, checking it as it streams: issue 30); harness downloads only the sdist.
-    Offline, the failed lock is refused naming the wheel no store path holds; online, its
-    retry after the fix downloads nothing more through harness and leaves no package file."""
+    The failed lock's retry after the fix, offline, takes the wheel it shares with the other
+    from uv's cache (its address noted beside it), downloads nothing and leaves no package
+    file."""
     from harness.lock.document import Lock, LockedFile
     from harness.lock.objects import build_inputs, chosen_file
     from tests.upstreams import service
@@ -771,14 +772,54 @@ def test_without_wheel_files_wheels_stream_into_environments_and_a_failed_lock_r
     assert not [f.file for f in wheels if store.is_registered(f.store)], "streamed: never a store path"
     before = _downloads(home)
     assert before == {file_of(broken, "needstool").sha256}, "harness downloaded the sdist alone"
-    offline = run_harness_process("--project", str(project), "--home", str(home), "realize", "--offline", "broken")
-    assert offline.returncode != 0 and f"wheel {file_of(broken, 'delta').file}" in offline.stderr, offline.stderr
     toolchain.write_text("")
-    realize(project, home, "broken")
+    realize(project, home, "--offline", "broken")
     assert store.is_registered(realized_lock(store, broken).environment.store)
     assert not [n for n in build_inputs(realized_lock(store, broken)) if store.is_registered(n)]
     assert _downloads(home) <= before
     assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
+
+
+def test_offline_streamed_wheels_come_from_uvs_cache_and_one_it_lost_is_named(
+    up: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[gc] keep-wheel-files = false`: an environment realized offline takes a wheel uv
+    streamed into an earlier one from uv's cache (offline, the index page that gave its
+    address cannot be read: the address is noted beside the cache), and it is the same
+    environment an online realize builds. When uv's cache has lost it, the offline realize
+    is refused naming the file, and the store is as it was."""
+    from harness.lock.objects import chosen_file
+    from harness.realize.wheelurls import remembered
+    from tests.upstreams import service
+
+    project = _locked(
+        tmp_path / "project",
+        {name: service(["alpha==1.0"]) for name in ("first", "again", "third")},
+    )
+    first, again, third = (read(project / "locks" / f"{n}.lock.toml") for n in ("first", "again", "third"))
+    alpha = chosen_file(next(p for p in first.packages if p.name == "alpha"), first)
+    home = tmp_path / "home"
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "0")
+    realize(project, home, "first")
+    store = Store.in_home(home)
+    assert not store.is_registered(alpha.store) and not _downloads(home), "streamed: neither stored nor downloaded"
+    assert alpha.sha256 in remembered(home / "cache")
+
+    realize(project, home, "--offline", "again")
+    env = realized_lock(store, again).environment.store
+    assert store.is_registered(env) and not store.is_registered(alpha.store) and not _downloads(home)
+    online_home = tmp_path / "online"
+    realize(project, online_home, "again")
+    assert snapshot(online_home)[env] == snapshot(home)[env], "offline from uv's cache: the same environment"
+
+    for bucket in (home / "cache").glob("*-v[0-9]*"):  # uv's cache loses its wheels, keeps the note
+        shutil.rmtree(bucket)
+    before = snapshot(home)
+    refused = realize(project, home, "--offline", "third", check=False)
+    assert refused.returncode != 0
+    assert alpha.file in refused.stderr and "uv's cache" in refused.stderr, refused.stderr
+    assert snapshot(home) == before, "a refused realize leaves the store as it was"
+    assert not store.is_registered(realized_lock(store, third).environment.store)
 
 
 def test_a_download_others_can_write_is_copied_and_checked_again_not_linked(tmp_path: Path) -> None:

@@ -157,6 +157,21 @@ class Context:
     rebuild: frozenset[str] = frozenset()
 
     @cached_property
+    def uv_cache(self) -> Path:
+        """uv's cache folder for environment builds (in a shared home, this member's own)."""
+        from harness.store.shared import uv_cache
+
+        return uv_cache(self.uv_cache_dir or self.cache_dir)
+
+    @cached_property
+    def wheel_urls(self) -> dict[str, str]:
+        """sha256 → address of the wheels uv streamed into this home's environments, as
+        noted beside its cache (``harness/realize/wheelurls.py``): read once per realize."""
+        from harness.realize.wheelurls import remembered
+
+        return remembered(self.uv_cache)
+
+    @cached_property
     def progress(self) -> Reporter:
         """Where realize shows its phases (stderr: live, plain lines or, without
         ``show_progress``, nothing; ``harness.progress``)."""
@@ -569,8 +584,10 @@ def _streamed(ctx: Context, realized: Lock) -> dict[str, tuple[str, str, LockedF
     only then let uv unpack it (issue 30). Only a wheel of a package (not a build package's
     file, nor one the environment's own source builds take: those must be files) from an
     index whose address carries no credentials, neither registered nor downloaded already
-    (a binary cache, another lock, or a repair may have it). Empty otherwise."""
-    if ctx.settings.gc_keep_wheel_files or ctx.offline or ctx.rebuild:
+    (a binary cache, another lock, or a repair may have it). Offline, only those whose
+    address is noted beside uv's cache (:attr:`Context.wheel_urls`): uv streamed them into
+    an earlier environment and installs them from its cache. Empty otherwise."""
+    if ctx.settings.gc_keep_wheel_files or ctx.rebuild:
         return {}
     from harness.download import split_credentials
 
@@ -581,6 +598,8 @@ def _streamed(ctx: Context, realized: Lock) -> dict[str, tuple[str, str, LockedF
         if not file.file.endswith(".whl") or file.store in files or ctx.store.is_registered(file.store):
             continue
         if ctx.download_path(file.sha256).is_file():
+            continue
+        if ctx.offline and file.sha256 not in ctx.wheel_urls:
             continue
         address = ctx.settings.index_url(package.index)
         if address is not None and (not address.startswith(("http://", "https://")) or split_credentials(address)[1]):
@@ -1503,8 +1522,8 @@ def _look_up_streamed(ctx: Context, locks: list[Lock]) -> None:
     from harness.realize.standin import realized_lock
 
     wanted = {item[2].file: item for lock in locks for item in _streamed(ctx, realized_lock(ctx.store, lock)).values()}
-    if not wanted:
-        return
+    if not wanted or ctx.offline:
+        return  # offline, the addresses are the noted ones (_remote_wheels)
 
     def look_up() -> None:
         # Any failure is the build's to report (it looks the address up again), not a
@@ -1523,12 +1542,20 @@ def _remote_wheels(ctx: Context, streamed: list[tuple[str, str, LockedFile]]) ->
     the others now (one index page per project, read in parallel)."""
     from harness.realize.environment import RemoteWheel
 
+    from harness.realize.wheelurls import remember
+
+    if ctx.offline:
+        return [RemoteWheel(file.file, ctx.wheel_urls[file.sha256], file.sha256) for _, _, file in streamed]
     for thread in ctx.lookups:
         thread.join()
     missing = [item for item in streamed if item[2].file not in ctx.file_urls]
     if missing:
         ctx.file_urls.update(_file_urls(ctx, missing))
-    return [RemoteWheel(file.file, ctx.file_urls[file.file], file.sha256) for _, _, file in streamed]
+    remote = [RemoteWheel(file.file, ctx.file_urls[file.file], file.sha256) for _, _, file in streamed]
+    # Noted before the sync: uv's cache keeps what it streams even when a later step fails,
+    # and an offline retry asks it for these addresses.
+    remember(ctx.uv_cache, {wheel.sha256: wheel.url for wheel in remote})
+    return remote
 
 
 def _add_environment(ctx: Context, lock: Lock) -> None:
@@ -1593,6 +1620,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             build_wheels=build_wheels,
             cache_dir=ctx.uv_cache_dir or ctx.cache_dir,
             remote_wheels=remote,
+            offline=ctx.offline,
             interpreter_store_name=lock.python.store,
             hashes=hashes,
             prompt=lock.name,

@@ -14,7 +14,8 @@ source trees, realized build-requirement wheels), every file hash-checked:
    refuses a file whose bytes differ. Wheels no store path holds (``remote_wheels``: with
    ``[gc] keep-wheel-files = false`` the store keeps none) are entries of their index URL
    (``url = …``) instead, and that sync alone is not ``--offline``: uv downloads them,
-   unpacking each as it streams in and refusing bytes that do not match the sha256;
+   unpacking each as it streams in and refusing bytes that do not match the sha256 (or,
+   offline, takes them from its cache, which keeps a streamed wheel under its address);
 3. the source trees with ``uv pip install --offline --no-index --no-deps`` (their
    dependencies are locked packages, already installed): ``regular`` ones built into the
    environment, ``editable`` ones installed editable, ``path`` ones not built at all: a
@@ -188,6 +189,8 @@ class _Scratch:
     work: Path
     cache_dir: Path
     build_flags: tuple[str | os.PathLike[str], ...]
+    #: Whether the sync may download the wheels it names by address (else uv's cache alone).
+    online: bool = True
 
     def uv(self, args: Sequence[str | os.PathLike[str]], *, cached: bool = True) -> None:
         """Run uv in the scratch folder, with uv's cache unless ``cached`` is false."""
@@ -215,6 +218,7 @@ def build_environment(
     build_wheels: Sequence[Path] = (),
     cache_dir: Path,
     remote_wheels: Sequence[RemoteWheel] = (),
+    offline: bool = False,
     interpreter_store_name: str | None = None,
     hashes: Mapping[str, str] | None = None,
     prompt: str = "env",
@@ -246,7 +250,9 @@ def build_environment(
       downloads them (the only uv call that is not ``--offline``), each checked against its
       sha256 as it streams in, unpacking one while the others still download. The
       environment holds the same bytes as one built from the files (uv writes no installer
-      metadata that could tell them apart).
+      metadata that could tell them apart). ``offline``: uv takes them from its cache alone
+      (it streamed them into an earlier environment under the same addresses); one it no
+      longer holds is a :class:`HarnessError` naming it (:func:`not_cached`).
     * ``prompt`` is the activation prompt (written into the environment, so it is fixed).
     * ``bytecode`` writes reproducible pycs for the environment's own files, compiled over up
       to ``jobs`` workers (default: the CPUs) except those ``bytecode_from`` (the store's
@@ -275,9 +281,12 @@ def build_environment(
     )
     inputs = dataclasses.replace(inputs, against=frozenset(canonicalize_name(n) for n in against_environment))
     with tempfile.TemporaryDirectory(prefix="harness-env-") as tmp:
-        scratch = _prepare_scratch(Path(tmp), inputs.builds, hashes, cache_dir)
+        scratch = dataclasses.replace(_prepare_scratch(Path(tmp), inputs.builds, hashes, cache_dir), online=not offline)
         count = f"{len(inputs.dists)} package(s)" + (f" and {len(inputs.sources)} source(s)" if inputs.sources else "")
-        streamed = f", downloading {len(remote_wheels)} of them" if remote_wheels else ""
+        how = "taking" if offline else "downloading"
+        streamed = (
+            f", {how} {len(remote_wheels)} of them" + (" from uv's cache" if offline else "") if remote_wheels else ""
+        )
         with progress.phase(f"installing {count} into environment {prompt} (uv{streamed})"):
             installed = _install(out, inputs, scratch, hashes, prompt)
         editable = _relocate(out, installed, inputs.sources, inputs.link_target)
@@ -628,7 +637,7 @@ def _sync_packages(python: Path, dists: Sequence[_Dist], scratch: _Scratch, hash
 
     flags = scratch.build_flags
     remote = [d for d in dists if d.url is not None]
-    if remote:  # wheels uv downloads itself, checked as they stream
+    if remote and scratch.online:  # wheels uv downloads itself, checked as they stream
         flags = tuple(flag for flag in flags if flag != "--offline")
     try:
         scratch.uv(
@@ -645,7 +654,7 @@ def _sync_packages(python: Path, dists: Sequence[_Dist], scratch: _Scratch, hash
             ]
         )
     except UvError as exc:
-        mismatch = hash_mismatch(exc.stderr, remote)
+        mismatch = hash_mismatch(exc.stderr, remote) or not_cached(exc.stderr, remote)
         if mismatch is not None:
             raise mismatch from None
         raise
@@ -673,6 +682,25 @@ def hash_mismatch(stderr: str, remote: Sequence[_Dist]) -> HarnessError | None:
         f"expected {expected}, got {actual}",
         hint="the index serves other bytes than the lock names: nothing was registered; "
         "re-lock if the file changed on purpose",
+    )
+
+
+_NOT_CACHED = "Network connectivity is disabled, but the requested data wasn't found in the cache"
+
+
+def not_cached(stderr: str, remote: Sequence[_Dist]) -> HarnessError | None:
+    """The error naming the wheels an offline sync wanted from uv's cache and did not find
+    there (uv names each by its address), when uv's ``stderr`` says so, else None. Pure."""
+    if _NOT_CACHED not in stderr:
+        return None
+    missing = sorted(d.filename for d in remote if d.url is not None and d.url in stderr)
+    if not missing:
+        return None
+    return HarnessError(
+        f"offline, and neither the store nor uv's cache holds {', '.join(missing)}: "
+        "with `[gc] keep-wheel-files = false` the store keeps no wheel file, and uv's cache "
+        "no longer has the one it streamed",
+        hint="run `harness realize` once with network, or pull from a cache",
     )
 
 
