@@ -1021,6 +1021,50 @@ def test_uvs_cache_is_each_members_own_in_a_shared_home(lab: tuple[User, User], 
     assert as_user(a, lambda: str(harness.store.shared.uv_cache(home / "cache"))) == str(own), "found again"
 
 
+def test_another_members_answers_of_uv_are_passed_by(lab: tuple[User, User], home: Path) -> None:
+    """harness keeps two of uv's answers per uv binary in the home: its version, which every
+    run record names, and its interpreter downloads, which locks pin from. In the group's
+    `cache/` b could write the version a's run records say a ran with. Each member keeps them
+    in its own uv folder: b's planted version is passed by, and a's own answer is read next
+    time (no uv started)."""
+    from harness.resolve import uvtool
+
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    real = uvtool.uv_version.__wrapped__(None)  # asked of uv itself
+    binary = uvtool.uv_bin()
+    st = os.stat(binary)
+    key = [binary, st.st_ino, st.st_size, st.st_mtime_ns]
+
+    def member_b() -> None:
+        harness.store.shared.apply_group_umask(home)
+        for folder in (home / "cache", home / "cache" / f"uv-{a.uid}"):  # the group's, and a's name taken first
+            folder.mkdir(mode=0o777, exist_ok=True)
+            (folder / "uv-version.json").write_text(json.dumps({"binary": key, "version": "6.6.6"}))
+            (folder / "uv-version.json").chmod(0o666)
+
+    as_user(b, member_b)
+
+    def member_a() -> dict[str, Any]:
+        harness.store.shared.apply_group_umask(home)
+        uvtool.uv_version.cache_clear()
+        first = uvtool.uv_version(home / "cache")
+        asked: list[object] = []
+        real_run = uvtool.run_uv
+        uvtool.run_uv = lambda *args, **kwargs: asked.append(args) or real_run(*args, **kwargs)  # type: ignore[assignment]
+        uvtool.uv_version.cache_clear()
+        second = uvtool.uv_version(home / "cache")
+        own = harness.store.shared.uv_cache(home / "cache")
+        listing = uvtool.downloads_list_file(home / "cache", "linux-x86_64-gnu")
+        return {"first": first, "second": second, "asked": len(asked), "own": str(own), "listing": str(listing)}
+
+    seen = as_user(a, member_a)
+    assert (seen["first"], seen["second"], seen["asked"]) == (real, real, 0), seen
+    own = Path(seen["own"])
+    assert own.name.startswith(f"uv-{a.uid}-") and Path(seen["listing"]).is_relative_to(own), seen
+    assert json.loads((own / "uv-version.json").read_text())["version"] == real
+
+
 def test_another_members_up_to_date_stamp_decides_nothing(lab: tuple[User, User], home: Path) -> None:
     """The no-op realize's stamps (cache/up-to-date, group-writable) are each user's own: b
     realizing the same project with a variant forced leaves a's stamp alone; b replacing a's

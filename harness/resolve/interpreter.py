@@ -328,6 +328,10 @@ def python_list_key(target: Target) -> str:
     return f"{target.os}-{_PYTHON_LIST_ARCH[target.arch]}-{target.libc}"
 
 
+#: The most a kept downloads list may hold (one platform's is ≈ 60 KB; every platform's 1 MB).
+_LIST_LIMIT = 8 << 20
+
+
 def list_downloads(cache_dir: Path | None, target: Target) -> list[PythonListing]:
     """Every CPython build uv can download for ``target``'s platform, any version (no
     installed interpreter is looked for: 0.02–0.05 s). The answer is built into the uv binary,
@@ -339,10 +343,14 @@ def list_downloads(cache_dir: Path | None, target: Target) -> list[PythonListing
     key = python_list_key(target)
     kept = downloads_list_file(cache_dir, key) if cache_dir is not None else None
     if kept is not None:
-        try:
-            return parse_python_list(kept.read_text(encoding="utf-8"))
-        except (OSError, HarnessError):
-            pass
+        from harness.store.entries import read_own
+
+        held = read_own(kept, limit=_LIST_LIMIT)  # this user's own file, never through a link
+        if held is not None:
+            try:
+                return parse_python_list(held.decode("utf-8", errors="replace"))
+            except HarnessError:
+                pass
     with tempfile.TemporaryDirectory(prefix="harness-python-list-") as neutral:  # no project around
         proc = run_uv(
             downloads_list_args(key), cache_dir=cache_dir, python_downloads="automatic", cwd=Path(neutral), timeout=120

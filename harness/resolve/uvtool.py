@@ -137,25 +137,41 @@ def uv_version(cache_dir: Path | None = None) -> str:
     With ``cache_dir``, the answer is kept there (``uv-version.json``) for this uv binary,
     keyed by its path, inode, size and modification time like the downloads list
     (:func:`downloads_list_file`): a run records it without starting uv (a subprocess on the
-    way of every run and cluster shard, before its first service starts)."""
+    way of every run and cluster shard, before its first service starts). In a home a group
+    shares it is kept in the member's own folder (:func:`_own_answers`): another member's file
+    would name the uv version this member's run records say they ran with."""
     binary = uv_bin()
     key: list[object] = []
+    kept: Path | None = None
     if cache_dir is not None:
+        from harness.store.entries import read_own
+
         try:
             st = os.stat(binary)
             key = [binary, st.st_ino, st.st_size, st.st_mtime_ns]
-            known = json.loads((cache_dir / "uv-version.json").read_text(encoding="utf-8"))
+            kept = _own_answers(cache_dir) / "uv-version.json"
+            known = json.loads(read_own(kept) or b"null")
             if isinstance(known, dict) and known.get("binary") == key and isinstance(known.get("version"), str):
                 return str(known["version"])
-        except (OSError, ValueError):
+        except (OSError, ValueError, HarnessError):
             pass
     out = run_uv(["--version"]).stdout
     match = re.search(r"\buv (\S+)", out)
     if not match:
         raise HarnessError(f"cannot read uv's version from {out.strip()!r}")
-    if cache_dir is not None and key:
-        _keep(cache_dir / "uv-version.json", json.dumps({"binary": key, "version": match.group(1)}))
+    if kept is not None and key:
+        _keep(kept, json.dumps({"binary": key, "version": match.group(1)}))
     return match.group(1)
+
+
+def _own_answers(cache_dir: Path) -> Path:
+    """Where uv's answers that harness keeps (its version, its interpreter downloads) go for a
+    home whose cache folder is ``cache_dir``: that folder, or in a home a group shares, the
+    member's own uv folder (:func:`harness.store.shared.uv_cache`), which no other member can
+    write."""
+    from harness.store.shared import uv_cache
+
+    return uv_cache(cache_dir)
 
 
 def _keep(path: Path, text: str) -> None:
@@ -199,7 +215,7 @@ def downloads_list_file(cache_dir: Path, key: str) -> Path:
     import blake3
 
     digest = blake3.blake3(identity.encode()).hexdigest()[:32]
-    return cache_dir / "python-downloads" / f"{digest}-{key}.json"
+    return _own_answers(cache_dir) / "python-downloads" / f"{digest}-{key}.json"
 
 
 def uv_env(
