@@ -780,6 +780,73 @@ def test_without_wheel_files_wheels_stream_into_environments_and_a_failed_lock_r
     assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
 
 
+def test_ctrl_c_while_the_streamed_wheels_index_hangs_ends_realize_within_a_second(
+    up: Upstreams, tmp_path: Path
+) -> None:
+    """With `[gc] keep-wheel-files = false` the wheels' addresses are read from the index in
+    threads of their own beside phase 1, and the environment's build waits for them. An index
+    whose pages hang must not hold a Ctrl-C up to the read's timeout (60 s): realize ends
+    within a second (asserted loosely), exit 130, no traceback, and the store verifies."""
+    import signal
+    import sys
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.upstreams import service
+
+    project = _locked(tmp_path / "project", {"plain": service(["alpha==1.0", "delta==1.0"])})
+    released = threading.Event()
+
+    class Hanging(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            released.wait(30)
+            self.send_error(404)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hanging)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    home = tmp_path / "home"
+    env = {
+        **os.environ,
+        "UV_PYTHON_DOWNLOADS": "never",
+        "HARNESS_GC_KEEP_WHEEL_FILES": "0",
+        "HARNESS_INDEX_PYPI": f"http://127.0.0.1:{server.server_address[1]}/simple",
+    }
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "harness", "--project", str(project), "--home", str(home), "realize"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert process.stderr is not None
+        seen, sent = [], None
+        for line in process.stderr:
+            seen.append(line)
+            if line.startswith("realizing plain"):  # phase 2: the build waits for the hanging pages
+                time.sleep(0.5)
+                os.killpg(process.pid, signal.SIGINT)
+                sent = time.monotonic()
+                break
+        _, rest = process.communicate(timeout=60)
+        took = time.monotonic() - (sent or 0)
+    finally:
+        released.set()
+        server.shutdown()
+        server.server_close()
+    err = "".join(seen) + rest
+    assert sent is not None, err
+    assert process.returncode == 130 and "Traceback" not in err, err
+    assert took < 3, f"{took:.2f} s after SIGINT\n{err}"
+    assert run_harness_process("--project", str(project), "--home", str(home), "store", "verify").returncode == 0
+
+
 def test_offline_streamed_wheels_come_from_uvs_cache_and_one_it_lost_is_named(
     up: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 import functools
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from harness.config import Settings
 from harness.errors import HarnessError
@@ -79,6 +79,9 @@ if TYPE_CHECKING:  # the lock models load pydantic: only where a lock is actuall
     )
     from harness.realize.environment import RemoteWheel
     from harness.realize.fetch import FetchJob, LocalWeights
+
+    _T = TypeVar("_T")
+    _R = TypeVar("_R")
 
     #: A file the fetch phase is to download, by what it is: a package file (its index, its
     #: project, the file) or a weight file (its weight set, the file).
@@ -680,7 +683,9 @@ def _file_url(address: str, project: str, file: str) -> str:
 
 
 def _file_urls(ctx: Context, wanted: list[tuple[str, str, LockedFile]]) -> dict[str, str]:
-    """Each wanted file's URL, one index page per (index, project)."""
+    """Each wanted file's URL, one index page per (index, project), read by daemon threads,
+    which an interrupt does not wait for (a thread pool's are joined when the process exits:
+    a page that hangs held a Ctrl-C up to the read's timeout, 60 s)."""
     from harness.resolve.indexpages import find_file_urls, index_address
 
     by_project: dict[tuple[str, str], list[str]] = {}
@@ -694,10 +699,38 @@ def _file_urls(ctx: Context, wanted: list[tuple[str, str, LockedFile]]) -> dict[
 
     # One page per project, read in parallel: each is a round trip to the index.
     urls: dict[str, str] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(ctx.jobs, len(by_project)))) as pool:
-        for found in pool.map(look_up, sorted(by_project.items())):
-            urls.update(found)
+    for found in _in_daemon_threads(look_up, sorted(by_project.items()), max(1, min(ctx.jobs, len(by_project)))):
+        urls.update(found)
     return urls
+
+
+def _in_daemon_threads(function: Callable[[_T], _R], items: list[_T], workers: int) -> list[_R]:
+    """``[function(item) for item in items]`` over up to ``workers`` daemon threads; the first
+    error any raised is raised once all are done."""
+    results: dict[int, _R] = {}
+    errors: list[BaseException] = []
+    todo = list(enumerate(items))
+    taking = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with taking:
+                if not todo:
+                    return
+                index, item = todo.pop()
+            try:
+                results[index] = function(item)
+            except BaseException as exc:  # raised by the caller, in its own thread
+                errors.append(exc)
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(min(workers, len(items)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return [results[index] for index in range(len(items))]
 
 
 def _file_job(ctx: Context, file: LockedFile, url: Callable[[], str]) -> FetchJob:
