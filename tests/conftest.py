@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,46 @@ def run_harness_process(
         text=True,
         timeout=timeout,
     )
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """What :func:`ctrl_c_at` saw: the exit status, everything printed on stderr, and the
+    seconds from the SIGINT to the exit (None: the line never came, no SIGINT was sent)."""
+
+    returncode: int
+    stderr: str
+    took: float | None
+
+
+def ctrl_c_at(
+    args: list[str], at: Callable[[str], bool], *, env: dict[str, str], pause: float = 0.0, timeout: float = 120
+) -> Interrupted:
+    """Run ``python -m harness ARGS`` in a session of its own and send its process group a
+    SIGINT (a terminal's Ctrl-C) ``pause`` seconds after the first stderr line ``at`` accepts;
+    wait for it to end."""
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert process.stderr is not None
+    seen, sent = [], None
+    for line in process.stderr:
+        seen.append(line)
+        if at(line):
+            time.sleep(pause)
+            os.killpg(process.pid, signal.SIGINT)
+            sent = time.monotonic()
+            break
+    _, rest = process.communicate(timeout=timeout)
+    took = None if sent is None else time.monotonic() - sent
+    return Interrupted(process.returncode, "".join(seen) + rest, took)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from harness import progress as progress_module
 from harness.progress import Stopped, reporter
-from tests.conftest import run_harness_process
+from tests.conftest import ctrl_c_at, run_harness_process
 from tests.upstreams import Upstreams
 
 # -- the reporter ---------------------------------------------------------------------------
@@ -135,35 +135,18 @@ def test_ctrl_c_in_each_phase_of_realize_ends_it_within_a_second(svc: Path, tmp_
     loosely for a loaded machine) with exit 130, no traceback, a store that verifies, and the
     next realize finishes the work, fetching nothing it had already fetched."""
     import os
-    import signal
-    import sys
-    import time
 
     home = tmp_path / "home"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "harness", "--project", str(svc), "--home", str(home), "realize"],
+    done = ctrl_c_at(
+        ["--project", str(svc), "--home", str(home), "realize"],
+        lambda line: line.startswith(phase) and line.rstrip().endswith("..."),
         env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
     )
-    assert process.stderr is not None
-    seen = []
-    sent = None
-    for line in process.stderr:
-        seen.append(line)
-        if line.startswith(phase) and line.rstrip().endswith("..."):
-            os.killpg(process.pid, signal.SIGINT)
-            sent = time.monotonic()
-            break
-    _, rest = process.communicate(timeout=120)
-    took = time.monotonic() - (sent or 0)
-    err = "".join(seen) + rest
-    assert sent is not None, f"{phase!r} never started:\n{err}"
-    assert process.returncode == 130, err
+    err = done.stderr
+    assert done.took is not None, f"{phase!r} never started:\n{err}"
+    assert done.returncode == 130, err
     assert "Traceback" not in err and "aborted" in err
-    assert took < 3, f"{phase}: {took:.2f} s after SIGINT\n{err}"
+    assert done.took < 3, f"{phase}: {done.took:.2f} s after SIGINT\n{err}"
     if phase == "copying CPython":  # stopped, not run to its end (the issue's 12 s)
         assert not re.search(r"standard library: \d+ files, done", err), err
     verify = _harness(svc, home, "store", "verify")
@@ -183,10 +166,7 @@ def test_ctrl_c_while_uv_downloads_the_interpreter_is_not_remembered_as_unreacha
     (harness/realize/unreachable.py), so the next realize asks uv again instead of standing
     a host copy in for an hour."""
     import os
-    import signal
     import socket
-    import sys
-    import time
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
@@ -195,31 +175,17 @@ def test_ctrl_c_while_uv_downloads_the_interpreter_is_not_remembered_as_unreacha
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if k not in ("UV_PYTHON_DOWNLOADS", "HARNESS_PYTHON_DOWNLOADS_JSON_URL")}
     try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "harness", "--project", str(svc), "--home", str(home), "realize"],
+        done = ctrl_c_at(
+            ["--project", str(svc), "--home", str(home), "realize"],
+            lambda line: "(uv python install) ..." in line,
             env={**env, "UV_PYTHON_INSTALL_MIRROR": mirror, "UV_PYTHON_DOWNLOADS": "automatic"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
+            pause=0.5,  # uv is connecting, then waiting on the silent mirror
         )
-        assert process.stderr is not None
-        seen, sent = [], None
-        for line in process.stderr:
-            seen.append(line)
-            if "(uv python install) ..." in line:
-                time.sleep(0.5)  # uv is connecting, then waiting on the silent mirror
-                os.killpg(process.pid, signal.SIGINT)
-                sent = time.monotonic()
-                break
-        _, rest = process.communicate(timeout=120)
-        took = time.monotonic() - (sent or 0)
     finally:
         silent.close()
-    err = "".join(seen) + rest
-    assert sent is not None, err
-    assert process.returncode == 130 and "Traceback" not in err, err
-    assert took < 3, f"{took:.2f} s after SIGINT\n{err}"
+    assert done.took is not None, done.stderr
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+    assert done.took < 3, f"{done.took:.2f} s after SIGINT\n{done.stderr}"
     assert list((home / "cache").glob("python-unreachable/*.json")) == [], "an interrupt is no failed download"
     assert _harness(svc, home, "store", "verify").returncode == 0
 

@@ -24,7 +24,7 @@ from harness.lock.lockfile import read
 from harness.realize.standin import realized_lock
 from harness.store.store import Store, remove_tree
 from harness.store.verify import verify_store
-from tests.conftest import run_harness_process
+from tests.conftest import ctrl_c_at, run_harness_process
 from tests.upstreams import LOCAL_FILES, Upstreams
 
 
@@ -787,10 +787,7 @@ def test_ctrl_c_while_the_streamed_wheels_index_hangs_ends_realize_within_a_seco
     threads of their own beside phase 1, and the environment's build waits for them. An index
     whose pages hang must not hold a Ctrl-C up to the read's timeout (60 s): realize ends
     within a second (asserted loosely), exit 130, no traceback, and the store verifies."""
-    import signal
-    import sys
     import threading
-    import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from tests.upstreams import service
@@ -817,33 +814,20 @@ def test_ctrl_c_while_the_streamed_wheels_index_hangs_ends_realize_within_a_seco
         "HARNESS_INDEX_PYPI": f"http://127.0.0.1:{server.server_address[1]}/simple",
     }
     try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "harness", "--project", str(project), "--home", str(home), "realize"],
+        done = ctrl_c_at(
+            ["--project", str(project), "--home", str(home), "realize"],
+            lambda line: line.startswith("realizing plain"),  # phase 2: the build waits for the pages
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
+            pause=0.5,
+            timeout=60,
         )
-        assert process.stderr is not None
-        seen, sent = [], None
-        for line in process.stderr:
-            seen.append(line)
-            if line.startswith("realizing plain"):  # phase 2: the build waits for the hanging pages
-                time.sleep(0.5)
-                os.killpg(process.pid, signal.SIGINT)
-                sent = time.monotonic()
-                break
-        _, rest = process.communicate(timeout=60)
-        took = time.monotonic() - (sent or 0)
     finally:
         released.set()
         server.shutdown()
         server.server_close()
-    err = "".join(seen) + rest
-    assert sent is not None, err
-    assert process.returncode == 130 and "Traceback" not in err, err
-    assert took < 3, f"{took:.2f} s after SIGINT\n{err}"
+    assert done.took is not None, done.stderr
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+    assert done.took < 3, f"{done.took:.2f} s after SIGINT\n{done.stderr}"
     assert run_harness_process("--project", str(project), "--home", str(home), "store", "verify").returncode == 0
 
 
