@@ -1192,16 +1192,17 @@ def test_an_sdist_another_member_changes_after_it_was_checked_is_not_built(lab: 
     def member_a() -> str:
         harness.store.shared.apply_group_umask(home)
         download.write_bytes(data)  # as a download leaves it: checked, group-writable
-        options = harness.resolve.sdists.SdistOptions(
-            indexes=(),
-            settings=harness.config.load_settings(home),
-            cache_dir=home / "cache",
-            scratch=Path(tempfile.mkdtemp(prefix="a-lock-")),
-        )
-        try:
-            return str(harness.resolve.sdists.sdist_build_requirements([package], options))
-        except HarnessError as exc:
-            return f"{exc.message} {exc.hint}"
+        with tempfile.TemporaryDirectory(prefix="a-lock-") as scratch:
+            options = harness.resolve.sdists.SdistOptions(
+                indexes=(),
+                settings=harness.config.load_settings(home),
+                cache_dir=home / "cache",
+                scratch=Path(scratch),
+            )
+            try:
+                return str(harness.resolve.sdists.sdist_build_requirements([package], options))
+            except HarnessError as exc:
+                return f"{exc.message} {exc.hint}"
 
     def overwrite() -> None:
         with open(download, "r+b") as handle:
