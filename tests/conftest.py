@@ -23,6 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 # (tests/test_python_downloads.py); the fallback's reason is still checked there.
 os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
 
+# A cluster node's broker waits 30 s for the run's next shard before it ends itself; the
+# cluster tests wait for it to end. The tests' shards arrive together, so 10 s is plenty.
+os.environ.setdefault("HARNESS_NODE_LINGER", "10")
+
 # A suite started in the background of a non-interactive shell (`.ci/run &`, a cron job)
 # inherits SIGINT ignored, and an ignored signal stays ignored across exec: every child a
 # test interrupts (Ctrl-C in realize, `logs -f`, `status --watch`) would ignore it too. A

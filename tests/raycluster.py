@@ -53,8 +53,10 @@ class Node:
         psutil.wait_procs(procs, timeout=30)
 
     def stop(self) -> None:
-        """SIGTERM the tree, then SIGKILL what is left."""
-        end_processes(self.descendants())
+        """SIGTERM the tree, then SIGKILL what is left after 3 s: the shards' services end at
+        once, while Ray's head (``ray start --block``, its GCS and monitor) takes its time to
+        shut down gracefully, past 15 s, with nothing of it kept afterwards."""
+        end_processes(self.descendants(), grace=3.0)
 
 
 @dataclass

@@ -516,14 +516,14 @@ def test_slurm_array_through_submitit_local(setup: Setup) -> None:
         assert json.loads((run_dir / "shards" / str(index) / "config.json").read_text())["plan"]["gpus"] == []
     # Both tasks ran on this machine: they shared its broker, which ended itself once neither
     # was joined any more (nothing kills it here, unlike Ray at the end of its job).
-    from harness.runs.nodebroker import LINGER_S
+    from harness.runs.nodebroker import linger_seconds
 
     brokers = {json.loads((run_dir / "shards" / str(i) / "config.json").read_text())["broker"]["pid"] for i in (0, 1)}
     assert len(brokers) == 1, brokers
     pid = brokers.pop()
-    _wait_for("the node's broker to end itself", lambda: not _alive(pid), LINGER_S + 60)
+    _wait_for("the node's broker to end itself", lambda: not _alive(pid), linger_seconds() + 60)
     log = (setup.cluster.head.home / "runs" / run_dir.name / "node" / "logs" / "broker.log").read_text()
-    assert f"no run joined for {LINGER_S:g} s: shutting down" in log and "broker: stopped" in log, log
+    assert f"no run joined for {linger_seconds():g} s: shutting down" in log and "broker: stopped" in log, log
     # Each task appended its output to the run's folder as it went (a filesystem both see).
     for index in (0, 1):
         live = (run_dir / "live" / f"{index}.log").read_text()

@@ -693,3 +693,22 @@ def test_a_shards_resets_lost_with_its_nodes_broker_are_named_by_the_runs_audit(
     assert outcome["impurities"] == [line] and outcome["shards"][0]["broker_restarts"] == [restart]
     report = audit_run(run, tmp_path / "store", None)
     assert list(report.impurities) == [line], "harness audit prints it: impure    <line>"
+
+
+def test_a_nodes_broker_lingers_as_its_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HARNESS_NODE_LINGER`` on a node sets how long its broker waits for the run's next
+    shard; unset or empty is the default, and a value that is not seconds above zero is an
+    error naming the variable (the shard fails with it) rather than a broker that never ends."""
+    from harness.errors import InputError
+    from harness.runs.nodebroker import LINGER_S, linger_seconds
+
+    monkeypatch.delenv("HARNESS_NODE_LINGER", raising=False)
+    assert linger_seconds() == LINGER_S
+    monkeypatch.setenv("HARNESS_NODE_LINGER", " ")
+    assert linger_seconds() == LINGER_S
+    monkeypatch.setenv("HARNESS_NODE_LINGER", "2.5")
+    assert linger_seconds() == 2.5
+    for bad in ("0", "-1", "nan", "inf", "ten"):
+        monkeypatch.setenv("HARNESS_NODE_LINGER", bad)
+        with pytest.raises(InputError, match="HARNESS_NODE_LINGER"):
+            linger_seconds()

@@ -1114,7 +1114,7 @@ class SubmititEngine:
         from submitit.core.utils import FailedJobError
 
         try:
-            return list(executor.map_array(self.task, jobs))
+            handles = list(executor.map_array(self.task, jobs))
         except FailedJobError as exc:
             said = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
             asked = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items())) or "no [slurm] options"
@@ -1123,6 +1123,14 @@ class SubmititEngine:
                 hint="check --slurm KEY=VALUE and the deploy's [slurm] against what `sinfo` and "
                 "`sacctmgr show assoc user=$USER` list, then run again",
             ) from None
+        if self.local:
+            # submitit waits up to 15 s for the result file of a task that ended without one,
+            # in case a shared filesystem shows it late. A local task writes it on this
+            # machine before it exits, so one that died (killed, os._exit) would make the
+            # head wait that long for nothing before it records or resubmits the shard.
+            for handle in handles:
+                handle._results_timeout_s = 0
+        return handles
 
     @staticmethod
     def _take_handed_over(

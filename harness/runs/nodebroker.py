@@ -25,7 +25,7 @@ Placement is the node's own: the broker is planned by the shard that starts it, 
 node's GPU inventory restricted to the devices the engine assigned to that shard
 (``CUDA_VISIBLE_DEVICES`` from Ray or Slurm, narrowed, never overwritten).
 
-When it stops: the broker shuts itself down :data:`LINGER_S` seconds after its last joined
+When it stops: the broker shuts itself down :func:`linger_seconds` after its last joined
 shard ended or died (:attr:`harness.runtime.broker.Broker.exit_unjoined`). Not at once when
 the node's last running shard ends: with more shards than slots, the engine starts the
 run's next shard on the node within a second or two of the previous one's end, and it
@@ -70,6 +70,7 @@ names the restart and ``--strict`` fails.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -77,7 +78,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, InputError
 
 if TYPE_CHECKING:
     from harness.runtime.broker import SharedBroker
@@ -86,7 +87,8 @@ if TYPE_CHECKING:
     from harness.runtime.parking import Parked
     from harness.runtime.session import Prepared
 
-#: How long a node's broker outlives its last joined shard, waiting for the run's next one.
+#: How long a node's broker outlives its last joined shard, waiting for the run's next one
+#: (``HARNESS_NODE_LINGER`` on the node sets another).
 LINGER_S = 30.0
 
 #: Tries to join a node's broker that is shutting itself down as the shard arrives.
@@ -295,7 +297,7 @@ def join_node_broker(
     # processes its workers started (this broker among them) when the run's job ends.
     options: dict[str, float | bool] = {
         **broker_options(prepared.deploy),
-        "exit_unjoined": LINGER_S,
+        "exit_unjoined": linger_seconds(),
         "die_with_owner": True,
     }
     names = [p.name for p in prepared.plan.services if p.mode == "resident" and p.name in prepared.specs]
@@ -601,6 +603,25 @@ def gpu_use(given: list[str] | None, launches: Mapping[str, Mapping[str, Any]]) 
         used.update(d.strip() for d in devices.split(",") if d.strip())
     mine = list(given or [])
     return {"given": mine, "used": sorted(used), "idle": [d for d in mine if d not in used]}
+
+
+def linger_seconds() -> float:
+    """How long this node's broker outlives its last joined shard: ``HARNESS_NODE_LINGER``
+    (seconds, above zero) where the node's environment sets it, else :data:`LINGER_S`.
+    Raises :class:`InputError` naming the variable for a value that is not such a number."""
+    text = os.environ.get("HARNESS_NODE_LINGER", "").strip()
+    if not text:
+        return LINGER_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise InputError(
+            f"HARNESS_NODE_LINGER={text!r} is not a number of seconds above zero",
+            hint=f"unset it for the default ({LINGER_S:g} s), or give one such as 10",
+        )
+    return value
 
 
 def stop_if_unjoined(shared: SharedBroker) -> bool:
