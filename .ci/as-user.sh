@@ -13,6 +13,10 @@
 #   5. tests/test_harbor.py in a Python 3.12 venv of the user's (HARNESS_CI_USER_HARBOR=0: not).
 # Tests that need root (a tmpfs mount, `unshare -n`, creating users) are marked `root` and skip
 # there, saying so; .ci/run runs them as root.
+#
+# `--prepare` does, as root, what changes the machine (users, groups, their copies of the
+# checkout and of root's interpreters); `--run` then runs the steps as the users and changes
+# nothing outside their homes, so .ci/run runs it beside its own tests. No argument: both.
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 user="${HARNESS_CI_USER:-harness-ci}"
@@ -27,28 +31,57 @@ tests/test_remote_simulator.py tests/test_variants.py tests/test_logs.py tests/t
 tests/test_guide_commands.py tests/test_device_check.py tests/test_webui.py tests/test_report.py tests/test_livelog.py \
 tests/test_rootfs.py tests/test_variant_groups.py tests/test_wheel_variants.py"
 if [ "${1:-}" = --list-tests ]; then echo $user_tests; exit 0; fi
+steps="${1:-all}"
+case "$steps" in --prepare|--run|all) ;; *) echo "ci: .ci/as-user.sh [--prepare|--run|--list-tests]" >&2; exit 2 ;; esac
+# Each step's start, with the time since this script began.
+phase() { printf 'ci: as-user [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 [ "$(id -u)" = 0 ] || { echo "ci: .ci/as-user.sh needs root (it creates the user)" >&2; exit 2; }
-id -u "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user"
-# Harbor's task users need a subordinate id range (newuidmap); Debian's useradd usually adds one.
-grep -q "^$user:" /etc/subuid 2>/dev/null || usermod --add-subuids 200000-265535 --add-subgids 200000-265535 "$user"
-home="$(getent passwd "$user" | cut -d: -f6)"
-work="$home/harness"
-
-# 1. The user's own checkout: a fresh copy, owned by the user.
-rm -rf "$work" "$home/harness-home"
-install -d -o "$user" -g "$(id -g "$user")" "$work"
-git -C "$src" ls-files -z --cached --others --exclude-standard \
-  | tar -C "$src" --null -T - --ignore-failed-read -cf - 2>/dev/null \
-  | runuser -u "$user" -- tar -C "$work" -xf -
-
-# The interpreters the committed locks pin: where only root can run them (root's pyenv),
-# the user gets a copy in ~/.pyenv/versions, as a researcher would have.
+lab="${user}-lab"; user2="${user}-2"
 python_bin="${PYTHON:-python3}"
-versions="$("$python_bin" -c 'import pathlib, tomllib
+
+# 1. As root: the users, their group and their copies. The second member ($user2, group
+#    $lab with $user) checks a lab's shared store in step 3.
+prepare() {
+  id -u "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user"
+  # Harbor's task users need a subordinate id range (newuidmap); Debian's useradd usually adds one.
+  grep -q "^$user:" /etc/subuid 2>/dev/null || usermod --add-subuids 200000-265535 --add-subgids 200000-265535 "$user"
+  getent group "$lab" >/dev/null || groupadd "$lab"
+  id -u "$user2" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user2"
+  usermod -aG "$lab" "$user"; usermod -aG "$lab" "$user2"
+  local home work home2
+  home="$(getent passwd "$user" | cut -d: -f6)"; work="$home/harness"
+  home2="$(getent passwd "$user2" | cut -d: -f6)"
+  chmod o+x "$home"  # the second member reaches the shared home (and the first's harness) in it
+  # The user's own checkout: a fresh copy, owned by the user (the files git sees, uncommitted
+  # edits included); the second member's, a copy of it.
+  rm -rf "$work" "$home/harness-home"
+  install -d -o "$user" -g "$(id -g "$user")" "$work"
+  git -C "$src" ls-files -z --cached --others --exclude-standard \
+    | tar -C "$src" --null -T - --ignore-failed-read -cf - 2>/dev/null \
+    | runuser -u "$user" -- tar -C "$work" -xf -
+  rm -rf "$home2/harness"; install -d -o "$user2" -g "$(id -g "$user2")" "$home2/harness"
+  runuser -u "$user" -- tar -C "$work" --exclude=./.venv -cf - . | runuser -u "$user2" -- tar -C "$home2/harness" -xf -
+  # The interpreters the committed locks pin, and a 3.12 for Harbor: where only root can run
+  # them (root's pyenv), the user gets a copy in ~/.pyenv/versions, as a researcher would have.
+  local versions
+  versions="$(cd "$src" && "$python_bin" -c 'import pathlib, tomllib
 print(" ".join(sorted({tomllib.loads(p.read_text())["python"]["version"] for p in pathlib.Path("locks").glob("*.lock.toml")})))' \
-  2>/dev/null || true)"
-( cd "$src" && [ -z "$versions" ] || "$python_bin" .ci/user_python.py "$home" $versions )
-[ ! -d "$home/.pyenv" ] || chown -R "$user:$(id -g "$user")" "$home/.pyenv"
+    2>/dev/null || true)"
+  ( cd "$src" && [ -z "$versions" ] || "$python_bin" .ci/user_python.py "$home" $versions )
+  if [ "${HARNESS_CI_USER_HARBOR:-1}" = 1 ]; then
+    ( cd "$src" && "$python_bin" .ci/user_python.py "$home" "$(ls "${PYENV_ROOT:-/root/.pyenv}/versions" | grep '^3\.12' | tail -n 1)" ) || true
+  fi
+  [ ! -d "$home/.pyenv" ] || chown -R "$user:$(id -g "$user")" "$home/.pyenv"
+}
+
+if [ "$steps" != --run ]; then
+  phase "prepare: users, group $lab, copies"
+  prepare
+  [ "$steps" = all ] || exit 0
+fi
+home="$(getent passwd "$user" | cut -d: -f6)"; work="$home/harness"
+home2="$(getent passwd "$user2" | cut -d: -f6)"
+[ -d "$work" ] && [ -d "$home2/harness" ] || { echo "ci: run .ci/as-user.sh --prepare first" >&2; exit 2; }
 
 # What reaches the package registry for root reaches it for the user too.
 passthrough=()
@@ -68,6 +101,7 @@ as_user() {
 }
 
 # 2. The README's main job.
+phase "the main job"
 echo "ci: as $user (uid $(id -u "$user")): bash scripts/example.sh"
 as_user "bash scripts/example.sh"
 
@@ -76,6 +110,7 @@ as_user "bash scripts/example.sh"
 #     new venv and an empty HARNESS_HOME. With Python downloads unreachable, the distribution's
 #     3.11.x stands in for the lock's CPython, and the audit says so.
 if [ -x /usr/bin/python3 ]; then
+  phase "the main job on a fresh machine"
   fresh="$home/fresh-machine"
   rm -rf "$fresh"; install -d -o "$user" -g "$(id -g "$user")" "$fresh" "$fresh/home"
   echo "ci: as $user, with only /usr/bin/python3 ($(/usr/bin/python3 --version 2>&1)) and an empty home: bash scripts/example.sh"
@@ -90,14 +125,7 @@ fi
 # 3. A lab's shared store: the first user makes the home of the main job a home group $lab
 #    shares; a second member realizes the same locks (nothing is built or downloaded again),
 #    runs the job from it, and cannot delete what the first registered.
-lab="${user}-lab"; user2="${user}-2"
-getent group "$lab" >/dev/null || groupadd "$lab"
-id -u "$user2" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user2"
-usermod -aG "$lab" "$user"; usermod -aG "$lab" "$user2"
-chmod o+x "$home"  # the second member reaches the shared home (and the first's harness) in it
-home2="$(getent passwd "$user2" | cut -d: -f6)"
-rm -rf "$home2/harness"; install -d -o "$user2" -g "$(id -g "$user2")" "$home2/harness"
-runuser -u "$user" -- tar -C "$work" --exclude=./.venv -cf - . | runuser -u "$user2" -- tar -C "$home2/harness" -xf -
+phase "a shared store"
 as_user ".venv/bin/harness store init --group '$lab'"
 echo "ci: as $user2: realize, run and gc in the home $user shares with group $lab"
 out="$(runuser -u "$user2" -- env -i HOME="$home2" PATH=/usr/bin:/bin LANG=C.UTF-8 HARNESS_HOME="$home/harness-home" \
@@ -109,13 +137,13 @@ echo "$out"
 as_user ".venv/bin/harness store verify --check-contents | tail -n 1"
 
 # 4. The store, realize, runtime and cache tests (those marked `root` skip, saying why).
+phase "tests"
 echo "ci: as $user: pytest $user_tests ${HARNESS_CI_USER_TESTS:-}"
 as_user ".venv/bin/python -m pytest -q -p no:randomly $user_tests ${HARNESS_CI_USER_TESTS:-}"
 
 # 5. Harbor as the user (a 3.12 venv of the user's own); HARNESS_CI_USER_HARBOR=0 turns it off.
 if [ "${HARNESS_CI_USER_HARBOR:-1}" = 1 ]; then
-  ( cd "$src" && "$python_bin" .ci/user_python.py "$home" "$(ls "${PYENV_ROOT:-/root/.pyenv}/versions" | grep '^3\.12' | tail -n 1)" ) || true
-  chown -R "$user:$(id -g "$user")" "$home/.pyenv" 2>/dev/null || true
+  phase "Harbor"
   py312="$(ls -d "$home"/.pyenv/versions/3.12*/bin/python3 /usr/bin/python3.12 2>/dev/null | head -n 1 || true)"
   if [ -n "$py312" ]; then
     as_user "'$py312' -m venv .venv-harbor && .venv-harbor/bin/python -m pip install --quiet -e '.[harbor,test]' \
@@ -124,3 +152,4 @@ if [ "${HARNESS_CI_USER_HARBOR:-1}" = 1 ]; then
     echo "ci: no Python 3.12 for $user: the Harbor tests did not run as the user" >&2
   fi
 fi
+phase "done"
