@@ -386,11 +386,12 @@ def _make_upstream(upstream: Path) -> None:
     subprocess.run(["chmod", "-R", "a+rX", str(upstream)], check=True)
 
 
-def test_a_git_mirror_one_member_made_serves_the_others(lab: tuple[User, User], home: Path) -> None:
-    """Member a locks a git source in the shared home, which makes its mirror; member b then
-    exports the locked commit from that mirror (as realize does, offline) and locks it again
-    offline through it: the mirror is the group's, not only its maker's. And online: b
-    fetches from a's repository, which git serves to b only with safe.directory set."""
+def test_each_member_locks_git_sources_through_mirrors_of_their_own(lab: tuple[User, User], home: Path) -> None:
+    """Member a locks a git source in the shared home; the mirror is a's own (in a's 0700
+    ``cache/git-<uid>``), so member b offline finds no mirror of b's (the lock says so), and
+    b's online lock makes b's own, pinning the same commit and files, which b then locks and
+    exports offline. b fetches from a's repository, which git serves to b only with
+    safe.directory set."""
     a, b = lab
     upstream = home.parent / "upstream"
 
@@ -400,50 +401,27 @@ def test_a_git_mirror_one_member_made_serves_the_others(lab: tuple[User, User], 
         return harness.resolve.git.lock_source(Source(repo=upstream.as_uri(), rev="main"), home / "cache")
 
     pin = as_user(a, lock_as_a)
-    mirror = harness.resolve.git.mirror_path(home / "cache", pin.repo)
-    assert mirror.stat().st_mode & 0o070 == 0o070, oct(mirror.stat().st_mode)
+    ours = harness.resolve.git.mirror_path(home.parent / "elsewhere" / "cache", pin.repo)  # only its name
+    folder = home / "cache" / f"git-{a.uid}"
+    assert folder.stat().st_mode & 0o777 == 0o700 and folder.stat().st_uid == a.uid
+    assert (folder / ours.name).is_dir()
 
     def use_as_b() -> Any:
+        try:
+            harness.resolve.git.lock_source(Source(repo=pin.repo, rev="main"), home / "cache", offline=True)
+            refused = ""
+        except HarnessError as exc:
+            refused = exc.message
+        online = harness.resolve.git.lock_source(Source(repo=pin.repo, rev="main"), home / "cache")
+        again = harness.resolve.git.lock_source(Source(repo=pin.repo, rev="main"), home / "cache", offline=True)
         out = home.parent / "exported-by-b"
         harness.resolve.git.export_source(pin, home / "cache", out, offline=True)
-        again = harness.resolve.git.lock_source(Source(repo=pin.repo, rev="main"), home / "cache", offline=True)
-        # Online too: b fetches from a's repository, which git calls "dubious ownership".
-        online = harness.resolve.git.lock_source(Source(repo=pin.repo, rev="main"), home / "cache")
-        return content_hash(out), again.commit, again.tree, online.commit
+        return refused, online.commit, online.tree, again.commit, content_hash(out)
 
-    assert as_user(b, use_as_b) == (pin.tree, pin.commit, pin.tree, pin.commit)
-
-
-def test_a_mirror_a_member_made_before_it_was_shared_is_refused_by_name_until_opened(
-    lab: tuple[User, User], home: Path
-) -> None:
-    """A mirror left 0700 by an older harness (or made before the home was shared) is its
-    maker's alone: another member gets an error naming the maker and the command that opens
-    it, not git's "permission denied"; once the maker runs ``store init --group`` again, the
-    other member locks through it."""
-    a, b = lab
-    upstream = home.parent / "upstream"
-
-    def lock_as_a_and_close() -> Any:
-        init_and_add(home)
-        _make_upstream(upstream)
-        pin = harness.resolve.git.lock_source(Source(repo=upstream.as_uri(), rev="main"), home / "cache")
-        mirror = harness.resolve.git.mirror_path(home / "cache", pin.repo)
-        subprocess.run(["chmod", "-R", "go-rwx", str(mirror)], check=True)  # as mirrors were made before
-        return pin
-
-    pin = as_user(a, lock_as_a_and_close)
-
-    def lock_as_b() -> Any:
-        try:
-            return harness.resolve.git.lock_source(Source(repo=pin.repo, rev="main"), home / "cache").commit
-        except HarnessError as exc:
-            return f"{exc.message} | {exc.hint}"
-
-    refused = as_user(b, lock_as_b)
-    assert f"is {a.name}'s and closed to you" in refused and "store init --group" in refused, refused
-    assert as_user(a, lambda: cli(home, "store", "init", "--group", GROUP)[0]) == 0
-    assert as_user(b, lock_as_b) == pin.commit
+    refused, online, tree, again, exported = as_user(b, use_as_b)
+    assert "has no local mirror to work offline from" in refused, refused
+    assert (online, tree, again, exported) == (pin.commit, pin.tree, pin.commit, pin.tree)
+    assert (home / "cache" / f"git-{b.uid}" / ours.name).is_dir()
 
 
 # --- attacks of one member on another (issue 29) -------------------------------------------------
@@ -1541,3 +1519,62 @@ def test_a_folder_another_member_made_under_a_members_deb_folder_name_costs_noth
     assert as_user(a, lambda: _realize_template(home, template.project)) == template.content
     assert len([r for r in template.archive.requests if r.endswith(".deb")]) == fetched + 1, "found again"
     assert list(cache.glob(f"debs-{a.uid}-*")) == [own]
+
+
+def test_a_member_cannot_plant_a_hook_a_setting_or_a_branch_in_a_git_mirror_another_fetches_into(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """Git runs a repository's hooks and reads its config and refs: in a mirror the group
+    could write, member b could plant a ``reference-transaction`` hook (run as member a by
+    a's next fetch), a ``url.<b's>.insteadOf`` setting (a's fetch then read b's repository:
+    a's lock pinned b's commit before each member had mirrors of their own) or move the
+    ``main`` an offline lock resolves. b can do none of it to a's mirror, and a's next locks,
+    offline and online, run no code of b's and pin upstream's commits."""
+    a, b = lab
+    upstream, theirs = home.parent / "upstream", home.parent / "bs-repo"
+    marker = home.parent / "hook-ran"
+
+    def lock_as_a() -> Any:
+        init_and_add(home)
+        _make_upstream(upstream)
+        pin = harness.resolve.git.lock_source(Source(repo=upstream.as_uri(), rev="main"), home / "cache")
+        return pin, str(harness.resolve.git.mirror_path(home / "cache", pin.repo))
+
+    pin, mirror_of_a = as_user(a, lock_as_a)
+
+    def plant_as_b() -> dict[str, str]:
+        _make_upstream(theirs)
+        (theirs / "setup.py").write_text("print('pwned')\n")
+        subprocess.run(["git", "commit", "-qam", "b's"], cwd=theirs, check=True)
+        subprocess.run(["chmod", "-R", "a+rX", str(theirs)], check=True)
+        mirror = Path(mirror_of_a)
+        theirs_head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=theirs, capture_output=True, check=True)
+
+        def hook() -> None:
+            (mirror / "hooks" / "reference-transaction").write_text(f"#!/bin/sh\ntouch {marker}\n")
+
+        def setting() -> None:
+            with open(mirror / "config", "a") as config:
+                config.write(f'[url "{theirs.as_uri()}"]\n\tinsteadOf = {upstream.as_uri()}\n')
+
+        def branch() -> None:
+            (mirror / "refs" / "heads" / "main").write_text(theirs_head.stdout.decode())
+
+        return _refusals({"hook": hook, "setting": setting, "branch": branch})
+
+    refused = as_user(b, plant_as_b)
+    assert all(refused.values()), f"b wrote into a's mirror: {refused}"
+
+    def lock_again_as_a() -> Any:
+        offline = harness.resolve.git.lock_source(
+            Source(repo=upstream.as_uri(), rev="main"), home / "cache", offline=True
+        )
+        (upstream / "setup.py").write_text("print('second')\n")
+        subprocess.run(["git", "commit", "-qam", "second"], cwd=upstream, check=True)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=upstream, capture_output=True, check=True)
+        online = harness.resolve.git.lock_source(Source(repo=upstream.as_uri(), rev="main"), home / "cache")
+        return offline.commit, online.commit, head.stdout.decode().strip()
+
+    offline, online, head = as_user(a, lock_again_as_a)
+    assert offline == pin.commit and online == head != pin.commit
+    assert not marker.exists(), "b's hook ran as a"

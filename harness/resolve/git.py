@@ -7,9 +7,10 @@ every byte entering the store is one the lock recorded (DESIGN invariant 3). Rea
 with ``check_tree=False``: the store hashes what it is given anyway (``Store.stage``) and
 the builder compares that hash with the lock's, so the files are read once, not twice.
 
-Each repository gets one bare mirror, ``<cache_dir>/git/<hash of its URL>.git``, that
-holds every branch and tag (and any commit fetched by id); it is only written under a file
-lock beside it, and offline work reads it alone. The system ``git`` binary does the work,
+Each repository gets one bare mirror, ``<cache_dir>/git/<hash of its URL>.git`` (in a
+shared home, in the member's own ``cache/git-<uid>``: :func:`mirrors_folder`), that holds
+every branch and tag (and any commit fetched by id); it is only written under a file lock
+beside it, and offline work reads it alone. The system ``git`` binary does the work,
 always with argument lists (never a shell) and never prompting.
 
 What is exported is the commit's tree exactly as git stores it: blob bytes as committed,
@@ -38,7 +39,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -124,10 +124,29 @@ def _stderr_line(stderr: bytes) -> str:
 # ------------------------------------------------------------------------------ the mirror
 
 
+def mirrors_folder(cache_dir: Path) -> Path:
+    """The folder of the mirrors of the home whose cache folder is ``cache_dir``: its
+    ``git/``, or, in a shared home, this member's own ``cache/git-<uid>`` (``0700``,
+    :func:`harness.store.shared.own_cache_folder`, made when missing).
+
+    Git runs a repository's hooks and reads its config and refs, so a mirror the group could
+    write would let any member run code as the next member to fetch into it (a
+    ``reference-transaction`` hook), redirect that fetch (``url.<x>.insteadOf``), or move the
+    branch an offline lock resolves, and replace its objects, which git does not check
+    against their names when it reads them. Each member fetches into mirrors of their own;
+    what they realize from them is still shared, as checked store paths."""
+    from harness.store.shared import is_shared, own_cache_folder
+
+    if cache_dir.name == "cache" and is_shared(cache_dir.parent):
+        return own_cache_folder(cache_dir.parent, "git")
+    return cache_dir / "git"
+
+
 def mirror_path(cache_dir: Path, repo: str) -> Path:
-    """Where the bare mirror of ``repo`` (its URL exactly as written) lives."""
+    """Where the bare mirror of ``repo`` (its URL exactly as written) lives
+    (in :func:`mirrors_folder`)."""
     digest = blake3.blake3(b"harness-git-mirror-v1\0" + repo.encode()).digest(length=20)
-    return cache_dir / "git" / f"{nix_base32(digest)}.git"
+    return mirrors_folder(cache_dir) / f"{nix_base32(digest)}.git"
 
 
 def fetch_url(repo: str, mirrors: Mapping[str, str] | None) -> str:
@@ -164,47 +183,16 @@ def _locked_mirror(cache_dir: Path, repo: str) -> Iterator[Path]:
     mirror.parent.mkdir(parents=True, exist_ok=True)
     from harness.store.store import lock_file
 
-    with lock_file(Path(f"{mirror}.lock")):  # group-writable: a shared home's members all open it
-        _check_usable(mirror, repo, write=False)
+    with lock_file(Path(f"{mirror}.lock")):
         yield mirror
 
 
-def _check_usable(mirror: Path, repo: str, *, write: bool) -> None:
-    """Raise a GitError saying whose the mirror is and what opens it, when it exists but this
-    user cannot read it (or, with ``write``, fetch into it): in a shared home, a mirror a
-    member made before harness opened mirrors to the group is theirs alone (0700)."""
-    wanted = os.R_OK | os.X_OK | (os.W_OK if write else 0)
-    try:
-        if not mirror.is_dir() or all(os.access(p, wanted) for p in (mirror, mirror / "objects", mirror / "refs")):
-            return
-        uid = mirror.stat().st_uid
-    except OSError:
-        return  # gone meanwhile: made again below
-    try:
-        import pwd
-
-        owner = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        owner = f"user {uid}"
-    raise GitError(
-        f"the git mirror of {repo} in this home ({mirror}) is {owner}'s and closed to you",
-        hint=f"{owner} can open it to the home's group by running `harness store init --group GROUP` in it once "
-        "more (it hands what they made before to the group), or remove that folder",
-    )
-
-
 def _create_mirror(mirror: Path, repo: str) -> None:
-    """Make an empty bare repository at ``mirror`` (created beside it, then renamed in).
-
-    Its folder gets the umask's mode (``mkdtemp``'s 0700 would shut a shared home's group out
-    of it). In a home a group shares (``store init --group``: the mirrors' folder is setgid)
-    the repository is the group's (git's ``core.sharedRepository=group``), so every member
-    reads it when realizing and fetches into it when locking, whoever made it."""
+    """Make an empty bare repository at ``mirror`` (created beside it, then renamed in)."""
     staging = mirror.parent / f".init-{os.getpid()}-{os.urandom(6).hex()}"
     staging.mkdir()
-    shared = bool(mirror.parent.stat().st_mode & stat.S_ISGID)
     try:
-        _git(["init", "--bare", "--quiet", *(["--shared=group"] if shared else []), str(staging)])
+        _git(["init", "--bare", "--quiet", str(staging)])
         # Recorded for people reading the cache; fetches always name the URL explicitly.
         _git(["config", "remote.origin.url", repo], git_dir=staging)
         os.rename(staging, mirror)
@@ -244,7 +232,6 @@ def _fetch(mirror: Path, repo: str, refspecs: Sequence[str]) -> subprocess.Compl
 
 def _update_mirror(mirror: Path, repo: str) -> None:
     """Create the mirror if needed and fetch every branch and tag of ``repo`` into it."""
-    _check_usable(mirror, repo, write=True)
     created = not mirror.exists()
     if created:
         _create_mirror(mirror, repo)
