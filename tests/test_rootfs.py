@@ -771,3 +771,31 @@ def test_provides_maps_docker_bases_to_templates(tmp_path: Path) -> None:
     (images / "other.toml").write_text('provides = ["debian:bookworm"]\n' + files)
     with pytest.raises(InputError, match=r"provides: 'debian:bookworm' is provided by .*lab.toml too"):
         bases(tmp_path)
+
+
+def test_a_packages_index_is_unpacked_within_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Packages index unpacks as its name says, stream after stream; one that unpacks past
+    the limit (a small file can unpack to gigabytes), one cut short and one that is not what
+    its name says are each an error naming the file, never a machine out of memory."""
+    import gzip
+    import lzma
+
+    import harness.resolve.debian as debian
+    from harness.errors import HarnessError
+
+    text = b"Package: a\nVersion: 1\n\n"
+    assert debian.unpacked_index("Packages", text, "w") == text
+    assert debian.unpacked_index("Packages.xz", lzma.compress(text) + lzma.compress(text), "w") == text * 2
+    assert debian.unpacked_index("Packages.gz", gzip.compress(text), "w") == text
+    monkeypatch.setattr(debian, "_MAX_INDEX", 1024)
+    bombs = {"Packages.xz": lzma.compress(b"\0" * 4096), "Packages.gz": gzip.compress(b"\0" * 4096)}
+    for name, bomb in bombs.items():
+        assert len(bomb) < 1024
+        with pytest.raises(HarnessError, match=f"^dists/{name}: unpacks to more than 0 MiB"):
+            debian.unpacked_index(name, bomb, f"dists/{name}")
+        with pytest.raises(HarnessError, match="ends before its end"):
+            debian.unpacked_index(
+                name, (lzma.compress(text) if name.endswith(".xz") else gzip.compress(text))[:-8], name
+            )
+        with pytest.raises(HarnessError, match="not a valid compressed index"):
+            debian.unpacked_index(name, b"not compressed at all", name)

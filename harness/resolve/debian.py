@@ -28,7 +28,6 @@ deb822 reader (:mod:`harness.resolve.deb822`) that ``Release`` files and ``contr
 
 from __future__ import annotations
 
-import gzip
 import lzma
 import re
 import urllib.error
@@ -318,6 +317,32 @@ def _compare_part(a: str, b: str) -> int:
     return 0
 
 
+def unpacked_index(name: str, data: bytes, where: str) -> bytes:
+    """A Packages index's bytes: ``data`` unpacked as its ``name`` says (``.xz``, ``.gz``, or
+    plain), one stream after another. Raises :class:`HarnessError` naming ``where`` for
+    bytes that are not such a file, one cut short, or one that unpacks to more than
+    :data:`_MAX_INDEX` (a small file can unpack to gigabytes: an archive read unsigned, or
+    one that signs such a file, must not exhaust the machine's memory)."""
+    import zlib
+
+    if not name.endswith((".xz", ".gz")):
+        return data
+    out = bytearray()
+    rest = data
+    try:
+        while rest:
+            unpacker = lzma.LZMADecompressor() if name.endswith(".xz") else zlib.decompressobj(wbits=31)
+            out += unpacker.decompress(rest, _MAX_INDEX + 1 - len(out))
+            if len(out) > _MAX_INDEX:
+                raise HarnessError(f"{where}: unpacks to more than {_MAX_INDEX >> 20} MiB")
+            if not unpacker.eof:
+                raise HarnessError(f"{where}: not a valid compressed index: it ends before its end")
+            rest = unpacker.unused_data
+    except (lzma.LZMAError, zlib.error) as exc:
+        raise HarnessError(f"{where}: not a valid compressed index: {exc}") from None
+    return bytes(out)
+
+
 # ------------------------------------------------------------------------------ the network
 
 
@@ -353,12 +378,5 @@ def read_index(
             from harness.resolve.debrelease import checked_index
 
             checked_index(release, f"{component}/binary-{architecture}/{name}", data, f"{folder}/{name}")
-        try:
-            if name.endswith(".xz"):
-                data = lzma.decompress(data)
-            elif name.endswith(".gz"):
-                data = gzip.decompress(data)
-        except (lzma.LZMAError, OSError, EOFError) as exc:
-            raise HarnessError(f"{folder}/{name}: not a valid compressed index: {exc}") from None
-        return parse_stanzas(data.decode("utf-8", errors="replace"))
+        return parse_stanzas(unpacked_index(name, data, f"{folder}/{name}").decode("utf-8", errors="replace"))
     raise HarnessError(f"no Packages index under {folder} ({'; '.join(problems)})")
