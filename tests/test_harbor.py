@@ -815,9 +815,13 @@ def test_dockerfile_translation_lists_every_step_it_cannot_translate() -> None:
     for applied in ("COPY", "WORKDIR", "USER", "ENV"):  # each trial applies these (issue 33)
         assert applied not in steps, (applied, steps)
     assert (out.workdir, out.user) == ("/app", "agent")
-    other = translate("FROM ubuntu:22.04\nRUN pip3 install flask\n")
+    # System packages: a trial applies apt-get install on a rootfs template that pins them.
+    apt = [step for step in out.untranslated if "apt-get install" in step]
+    assert len(apt) == 1 and "come from a rootfs template" in apt[0] and "host" not in apt[0], apt
+    other = translate("FROM ubuntu:22.04\nRUN pip3 install flask\nRUN apk add --no-cache git\n")
     assert other.python is None and other.requirements == ["flask"]
     assert "not a python:X base" in other.untranslated[0]
+    assert "RUN apk add --no-cache git: a trial refuses this" in "\n".join(other.untranslated), other.untranslated
 
 
 def test_init_writes_manifest_and_harness_toml(tmp_path: Path) -> None:

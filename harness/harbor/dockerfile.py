@@ -178,12 +178,19 @@ def translate(text: str, read: Callable[[str], str | None] = lambda _name: None)
 def _run(out: Translation, line: int, command: str, copied: dict[str, str], read: Callable[[str], str | None]) -> None:
     match = _PIP.match(command)
     if not match:
-        if re.match(r"^(apt-get|apt|apk|yum|dnf)\b.*\binstall\b", command):
+        if re.match(r"^(apt-get|apt)\b.*\binstall\b", command):
             out.add(
                 line,
                 f"RUN {command}",
-                "system packages come from the host's /usr: install them there, "
-                "or run the task on a host that has them",
+                "system packages come from a rootfs template: a trial applies this line when FROM names one "
+                "(its label, or a base it provides) whose lock pins these packages",
+            )
+        elif re.match(r"^apk\s+add\b|^(yum|dnf|microdnf|zypper)\b.*\binstall\b", command):
+            out.add(
+                line,
+                f"RUN {command}",
+                "a trial refuses this: name these packages in a rootfs template (Debian packages) and FROM that "
+                "template instead",
             )
         elif re.match(r"^(apt-get|apt)\s+(update|clean)|^rm\s+-rf\s+/var/lib/apt", command):
             return  # housekeeping of a system package install, listed with it
