@@ -72,6 +72,7 @@ import packaging.utils  # noqa: F401  (chosen_file, in the children)
 from harness.cli import main
 from harness.errors import HarnessError
 from harness.manifests.model import Source
+from harness.runtime.broker import write_token
 from harness.store.hashing import content_hash
 from harness.store.store import BuildResult, Store, StoreError
 
@@ -1578,3 +1579,39 @@ def test_a_member_cannot_plant_a_hook_a_setting_or_a_branch_in_a_git_mirror_anot
     offline, online, head = as_user(a, lock_again_as_a)
     assert offline == pin.commit and online == head != pin.commit
     assert not marker.exists(), "b's hook ran as a"
+
+
+def test_sharing_a_home_keeps_its_makers_broker_token_and_run_records_theirs(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """Member a shares a home a already used: a running broker's token (0600 in its 0700
+    state folder) and a's run records were there. ``store init --group`` hands the home to
+    the group, but member b still can neither read the token (which would let b drive a's
+    services) nor change or add to a's run records; b reads the records, as audits do.
+    Before, the token became 0660 in a 2770 folder and the records group-writable."""
+    a, b = lab
+    record = home / "runs" / "20261206-000000-abcd"
+
+    def use_then_share_as_a() -> int:
+        os.umask(0o022)
+        write_token(home / "state" / "project-0123456789abcdef", "secret-token")
+        record.mkdir(parents=True)
+        (record / "config.json").write_text('{"agent": "a"}\n')
+        return cli(home, "store", "init", "--group", GROUP)[0]
+
+    assert as_user(a, use_then_share_as_a) == 0
+    token = home / "state" / "project-0123456789abcdef" / "broker.token"
+
+    def attempts_as_b() -> tuple[dict[str, str], str]:
+        refused = _refusals(
+            {
+                "read the token": token.read_text,
+                "change a record": lambda: (record / "config.json").write_text('{"agent": "b"}\n'),
+                "add to a record": lambda: (record / "result.json").write_text("{}\n"),
+            }
+        )
+        return refused, (record / "config.json").read_text()
+
+    refused, seen = as_user(b, attempts_as_b)
+    assert all(refused.values()), f"b went through: {refused}"
+    assert seen == '{"agent": "a"}\n'

@@ -192,10 +192,17 @@ def init_shared(home: Path, group: str) -> list[Path]:
     return folders
 
 
+#: Folders of a home whose entries are each member's own (run records, services' state): what
+#: a member had there before the home was shared is handed to the group to read, not to write.
+_OWN_TREES = ("runs", "state")
+
+
 def _give_existing(home: Path, gid: int) -> None:
     """Hand what the caller already has in the home to the group: folders become setgid and
-    group-writable, other files group-readable (group-writable when owner-writable). Store
-    paths keep their read-only modes; another user's files are left as they are."""
+    group-writable, other files group-readable (group-writable when owner-writable), except
+    inside :data:`_OWN_TREES`, where both become group-readable only. What only its owner
+    could reach (a broker's token, a member's own ``cache/<name>-<uid>`` folder) stays so,
+    and store paths keep their read-only modes; another user's files are left as they are."""
     store = home / "store"
     me = os.geteuid()
     for dirpath, dirnames, filenames in os.walk(home):
@@ -205,13 +212,15 @@ def _give_existing(home: Path, gid: int) -> None:
             if stat.S_ISLNK(st.st_mode) or (me != 0 and st.st_uid != me):
                 continue
             os.chown(path, -1, gid)
-            if _inside_object(path, store):
-                continue  # a store path (or inside one): read-only it stays
             mode = stat.S_IMODE(st.st_mode)
+            if _inside_object(path, store) or not mode & 0o077:
+                continue  # a store path (or inside one) stays read-only; an owner-only entry, its owner's
+            relative = path.relative_to(home).parts
+            writable = relative[0] not in _OWN_TREES or len(relative) == 1
             if stat.S_ISDIR(st.st_mode):
-                os.chmod(path, mode | 0o2070)
+                os.chmod(path, mode | (0o2070 if writable else 0o2050))
             else:
-                os.chmod(path, mode | 0o040 | (0o020 if mode & 0o200 else 0))
+                os.chmod(path, mode | 0o040 | (0o020 if mode & 0o200 and writable else 0))
 
 
 def _inside_object(path: Path, store: Path) -> bool:
