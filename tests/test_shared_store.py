@@ -48,6 +48,7 @@ import harness.store.entries
 import harness.store.gc
 import harness.store.launchcheck
 import harness.store.shared
+import harness.store.standins
 import harness.store.trust
 import harness.store.verify
 import harness.config
@@ -1615,3 +1616,46 @@ def test_sharing_a_home_keeps_its_makers_broker_token_and_run_records_theirs(
     refused, seen = as_user(b, attempts_as_b)
     assert all(refused.values()), f"b went through: {refused}"
     assert seen == '{"agent": "a"}\n'
+
+
+def test_a_stand_in_note_another_member_wrote_or_planted_never_takes_the_place_of_ones_own(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """Where a lock's interpreter cannot be had, each member's realize notes which host copy
+    stands in for it. In a home root made, member b's notes (b's own copy, and one b planted
+    where older harness versions kept a single note for everyone) point at b's paths, which
+    a does not trust: a's own note is a's, and b's never stand in for a, nor keep a from
+    noting a's own; b goes on using b's. Before, the first note was everyone's and sticky:
+    a's could not be written (a warning said so) and a found no interpreter standing in."""
+    a, b = lab
+    root = User("root", 0, 0, (grp.getgrnam(GROUP).gr_gid,))
+    python = "1" * 32 + "-cpython-3.11.7"
+    host_a, host_b = "2" * 32 + "-cpython-3.11.7-host", "3" * 32 + "-cpython-3.11.7-host"
+
+    def copy_of(text: str) -> Callable[[Path], BuildResult]:
+        def build(out: Path) -> BuildResult:
+            (out / "bin").mkdir(parents=True)
+            (out / "bin" / "python3").write_text(text)
+            return BuildResult(obtained="test")
+
+        return build
+
+    def note_as(user: str, host: str, *, plant: bool = False) -> Callable[[], tuple[str | None, str | None, str]]:
+        def note() -> tuple[str | None, str | None, str]:
+            harness.store.shared.apply_group_umask(home)
+            store = Store.in_home(home)
+            before = harness.store.standins.standin_for(store, python)
+            store.add(host, "python", copy_of(f"#!/bin/sh\necho {user}\n"))
+            harness.store.standins.remember_standin(store, python, host, f"{user}'s")
+            if plant:  # where older versions kept everyone's note
+                legacy = home / "store" / harness.store.standins.STANDINS / python
+                legacy.write_text(json.dumps({"host": host, "reason": "planted"}))
+            after = harness.store.standins.standin_for(store, python)
+            return before, after, harness.store.standins.standin_reason(store, python)
+
+        return note
+
+    assert as_user(root, lambda: cli(home, "store", "init", "--group", GROUP)[0]) == 0
+    assert as_user(b, note_as("b", host_b, plant=True))[:2] == (None, host_b)
+    assert as_user(a, note_as("a", host_a)) == (None, host_a, "a's")
+    assert as_user(b, lambda: harness.store.standins.standin_for(Store.in_home(home), python)) == host_b

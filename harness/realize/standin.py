@@ -12,7 +12,7 @@ instead. That copy is **not** the lock's interpreter, so it never takes the lock
 * the environment built on it is the lock's environment with that interpreter
   (:func:`harness.lock.storepaths.with_interpreter`): another path;
 * the store remembers, per lock interpreter, which host copy stands in for it on this machine
-  and why (``store/.standins/<lock interpreter name>``, ``harness/store/standins.py``). The
+  and why (``store/.standins/<uid>/<lock interpreter name>``, ``harness/store/standins.py``). The
   runtime, run records, ``store path`` and ``services`` read it through :func:`realized_lock`;
   ``gc`` keeps a stand-in and its environments alive while they stand in.
 

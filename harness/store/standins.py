@@ -1,14 +1,26 @@
 """The store's notes of which host interpreter copy stands in for a lock's own interpreter.
 
-``store/.standins/<interpreter store name>`` holds ``{"host": <host copy's store name>,
-"reason": <why the lock's own could not be had>}`` (JSON, written atomically): plain files
-beside the paths, like the rest of the store's bookkeeping. What a stand-in is and when
-realize makes one: ``harness/realize/standin.py``.
+``store/.standins/<uid>/<interpreter store name>`` holds ``{"host": <host copy's store
+name>, "reason": <why the lock's own could not be had>}`` (JSON, written atomically): plain
+files beside the paths, like the rest of the store's bookkeeping, in a folder of the user who
+wrote them. What a stand-in is and when realize makes one: ``harness/realize/standin.py``.
+
+In a shared home every member realizes, and each member's host Python may differ (another
+release, another copy): one note for all would let the first member's note (sticky: only
+they can replace it) stand in the way of everyone else's, and a note another member planted
+would leave a member without an interpreter. So a member reads their own note first, then
+any other note (another member's, or the one folder-less note older harness versions wrote)
+whose copy is registered *for them* (:meth:`harness.store.store.Store.is_registered`: made
+by a member they trust, or checked to be their own build). A note only points at a path;
+the path's own trust is what lets it be used.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
+from pathlib import Path
 
 from harness.store.store import Store
 
@@ -18,43 +30,82 @@ STANDINS = ".standins"
 
 def standin_for(store: Store, python_store: str) -> str | None:
     """The registered host copy standing in for interpreter ``python_store`` here, or None."""
-    name = _read(store, python_store).get("host", "")
-    return name if name and "/" not in name and store.is_registered(name) else None
+    note = _chosen(store, python_store)
+    return note.get("host") if note else None
 
 
 def standin_reason(store: Store, python_store: str) -> str:
     """Why a host copy stands in for ``python_store`` (as realize last found it), or ""."""
-    return _read(store, python_store).get("reason", "")
+    note = _chosen(store, python_store) or _read(_own_folder(store) / python_store)
+    return note.get("reason", "")
 
 
 def remember_standin(store: Store, python_store: str, host_store: str, reason: str) -> None:
-    """Note that ``host_store`` stands in for ``python_store`` in this store, and why."""
-    from harness.store.entries import BadEntry, write_entry
+    """Note that ``host_store`` stands in for ``python_store`` in this store, and why: in this
+    user's folder of notes (where another member planted something in its way, a warning
+    says so, and the stand-in is found again next time)."""
+    import sys
 
-    folder = store.root / STANDINS
-    folder.mkdir(parents=True, exist_ok=True)
+    from harness.store.entries import BadEntry, owner_of, write_entry
+
+    folder = _own_folder(store)
     data = json.dumps({"host": host_store, "reason": reason}, sort_keys=True) + "\n"
-    try:  # never through a link another member planted; theirs to replace in a sticky folder
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise BadEntry(folder, f"made by {owner_of(folder)}, not this user's folder of stand-in notes")
         write_entry(folder / python_store, data.encode("utf-8"))
-    except BadEntry as exc:
-        import sys
-
-        print(f"warning: {exc.message} (the stand-in is found again next time)", file=sys.stderr)
+    except (OSError, BadEntry) as exc:
+        print(
+            f"warning: cannot note the stand-in for {python_store} ({exc}); it is found again next time",
+            file=sys.stderr,
+        )
 
 
 def forget_standin(store: Store, python_store: str, host_store: str) -> None:
-    """Drop the note that ``host_store`` stands in for ``python_store``, if it says so (the
-    copy is being deleted again: the realize that registered it failed); a note naming
+    """Drop this user's note that ``host_store`` stands in for ``python_store``, if it says so
+    (the copy is being deleted again: the realize that registered it failed); a note naming
     another copy stays."""
-    if _read(store, python_store).get("host") == host_store:
-        (store.root / STANDINS / python_store).unlink(missing_ok=True)
+    path = _own_folder(store) / python_store
+    if _read(path).get("host") == host_store:
+        path.unlink(missing_ok=True)
+        try:
+            path.parent.rmdir()  # the folder this realize made for it, when it holds no other note
+        except OSError:
+            pass
 
 
-def _read(store: Store, python_store: str) -> dict[str, str]:
+def _own_folder(store: Store) -> Path:
+    return store.root / STANDINS / str(os.geteuid())
+
+
+def _chosen(store: Store, python_store: str) -> dict[str, str] | None:
+    """The first note, this user's own first (module doc), whose host copy is registered for
+    this user; None when there is none."""
+    folder = store.root / STANDINS
+    own = _own_folder(store)
+    try:
+        others = sorted(p for p in folder.iterdir() if p.name.isdigit() and p != own)
+    except OSError:
+        others = []
+    for path in (own / python_store, *(p / python_store for p in others), folder / python_store):
+        note = _read(path)
+        name = note.get("host", "")
+        if name and "/" not in name and store.is_registered(name):
+            return note
+    return None
+
+
+def _read(path: Path) -> dict[str, str]:
     from harness.store.entries import BadEntry, read_entry
 
     try:
-        raw, _ = read_entry(store.root / STANDINS / python_store)
+        raw, _ = read_entry(path)
         data = json.loads(raw.decode("utf-8"))
     except (OSError, BadEntry, UnicodeDecodeError, ValueError, RecursionError):
         return {}
