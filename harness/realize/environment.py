@@ -280,7 +280,9 @@ def build_environment(
         remote_wheels=remote_wheels,
     )
     inputs = dataclasses.replace(inputs, against=frozenset(canonicalize_name(n) for n in against_environment))
-    with tempfile.TemporaryDirectory(prefix="harness-env-") as tmp:
+    # Scratch beside ``out``: in the store's stage folder, on the store's file system, and
+    # removed with it when a killed realize leaves it (``Store.clean``), never in /tmp.
+    with tempfile.TemporaryDirectory(prefix="harness-env-", dir=out.parent) as tmp:
         scratch = dataclasses.replace(_prepare_scratch(Path(tmp), inputs.builds, hashes, cache_dir), online=not offline)
         count = f"{len(inputs.dists)} package(s)" + (f" and {len(inputs.sources)} source(s)" if inputs.sources else "")
         how = "taking" if offline else "downloading"
@@ -375,7 +377,7 @@ def build_sdist_wheel(
     for build in builds:
         if not build.is_wheel:
             raise HarnessError(f"{build.path}: build requirements must be wheels, got {build.filename}")
-    with tempfile.TemporaryDirectory(prefix="harness-wheel-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="harness-wheel-", dir=out.parent) as tmp:  # as build_environment's
         scratch = _prepare_scratch(Path(tmp), builds, hashes, cache_dir)
         [wheel], own, _ = _build_sdists(exe, [dist], scratch, hashes, interpreter_dir.parent)
         shutil.copyfile(wheel.path, out / wheel.filename)
