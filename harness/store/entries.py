@@ -150,6 +150,24 @@ def write_entry(path: Path, data: bytes, *, mode: int = 0o644) -> None:
         raise
 
 
+def own_folder(folder: Path, what: str) -> Path:
+    """``folder`` (a folder named for this user, in a sticky folder of the store), made now
+    when missing (``0755``, its parents as needed); a :class:`BadEntry` naming who made it
+    when another member made that name first, or it is not a folder. ``what`` says what
+    the folder holds, for that message."""
+    import stat
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(mode=0o755)
+    except FileExistsError:
+        pass
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise BadEntry(folder, f"made by {owner_of(folder)}, not this user's folder of {what}")
+    return folder
+
+
 class PathLock:
     """An exclusive ``flock`` on the lock file ``path``, for ``with`` or :meth:`acquire`.
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 from harness.store.store import Store
@@ -46,20 +45,11 @@ def remember_standin(store: Store, python_store: str, host_store: str, reason: s
     says so, and the stand-in is found again next time)."""
     import sys
 
-    from harness.store.entries import BadEntry, owner_of, write_entry
+    from harness.store.entries import BadEntry, own_folder, write_entry
 
-    folder = _own_folder(store)
     data = json.dumps({"host": host_store, "reason": reason}, sort_keys=True) + "\n"
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            folder.mkdir(mode=0o755)
-        except FileExistsError:
-            pass
-        st = os.lstat(folder)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            raise BadEntry(folder, f"made by {owner_of(folder)}, not this user's folder of stand-in notes")
-        write_entry(folder / python_store, data.encode("utf-8"))
+        write_entry(own_folder(_own_folder(store), "stand-in notes") / python_store, data.encode("utf-8"))
     except (OSError, BadEntry) as exc:
         print(
             f"warning: cannot note the stand-in for {python_store} ({exc}); it is found again next time",

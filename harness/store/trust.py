@@ -179,19 +179,11 @@ def vouch(store_root: Path, name: str, content: str) -> None:
     this process only (a warning says so: later commands check again)."""
     import sys
 
-    from harness.store.entries import BadEntry, owner_of, write_entry
+    from harness.store.entries import BadEntry, own_folder, write_entry
 
     _CHECKED[(os.fspath(store_root), name)] = content
     folder = _vouch_file(store_root, name).parent
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            folder.mkdir(mode=0o755)
-        except FileExistsError:
-            pass
-        st = os.lstat(folder)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            raise BadEntry(folder, f"made by {owner_of(folder)}, not this user's folder of checked paths")
-        write_entry(folder / name, (content + "\n").encode("utf-8"), mode=0o644)
+        write_entry(own_folder(folder, "checked paths") / name, (content + "\n").encode("utf-8"), mode=0o644)
     except (OSError, BadEntry) as exc:
         print(f"warning: cannot note that {name} was checked ({exc}); it is checked again next time", file=sys.stderr)
