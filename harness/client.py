@@ -29,6 +29,7 @@ Address: the ``address`` argument, else ``$HARNESS_BROKER`` (a URL), else
 ``<state_dir>/broker.json`` with ``state_dir`` from the argument or ``$HARNESS_STATE``.
 Token (the broker answers only its owner): the ``token`` argument, else
 ``$HARNESS_BROKER_TOKEN``, else ``<state_dir>/broker.token`` (readable by its owner only).
+The state folder's two files are read only when they are this user's own regular files.
 ``harness`` sets ``HARNESS_BROKER`` and ``HARNESS_BROKER_TOKEN`` for every service and
 agent it starts.
 
@@ -143,10 +144,27 @@ def _find_token(token: str | None, state_dir: str | os.PathLike[str] | None) -> 
     folder = state_dir or os.environ.get("HARNESS_STATE")
     if folder:
         try:
-            return (Path(folder).expanduser() / "broker.token").read_text().strip() or None
+            return _own_text(Path(folder).expanduser() / "broker.token").strip() or None
         except (OSError, UnicodeDecodeError):
             return None
     return None
+
+
+def _own_text(path: Path, limit: int = 64 * 1024) -> str:
+    """The text of ``path`` when it is a regular file of this user's, else OSError: in a
+    shared home another member can make a project's state folder before its owner first
+    uses it and plant a ``broker.json`` naming a broker of theirs (which would then get this
+    user's requests, and a token of this user's with them)."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            raise PermissionError(f"{path}: not this user's file")
+        return os.read(fd, limit).decode()
+    finally:
+        os.close(fd)
 
 
 def _find_address(address: str | None, state_dir: str | os.PathLike[str] | None) -> str:
@@ -159,9 +177,11 @@ def _find_address(address: str | None, state_dir: str | os.PathLike[str] | None)
     if folder:
         path = Path(folder).expanduser() / "broker.json"
         try:
-            return str(json.loads(path.read_text())["url"]).rstrip("/")
+            return str(json.loads(_own_text(path))["url"]).rstrip("/")
         except (OSError, ValueError, KeyError, TypeError):
-            raise BrokerUnavailable(f"no broker: {path} is missing or unreadable (is `harness up` running?)") from None
+            raise BrokerUnavailable(
+                f"no broker: {path} is missing, unreadable or not yours (is `harness up` running?)"
+            ) from None
     raise BrokerUnavailable(
         "no broker address: pass Client(address=...), set HARNESS_BROKER, or set HARNESS_STATE "
         "to the deploy's state folder"

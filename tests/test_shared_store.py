@@ -20,6 +20,7 @@ import pickle
 import posixpath
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import filelock
+import psutil
 import pytest
 
 # Everything the children use is imported here, before any fork: a child runs as a user who
@@ -1659,3 +1661,55 @@ def test_a_stand_in_note_another_member_wrote_or_planted_never_takes_the_place_o
     assert as_user(b, note_as("b", host_b, plant=True))[:2] == (None, host_b)
     assert as_user(a, note_as("a", host_a)) == (None, host_a, "a's")
     assert as_user(b, lambda: harness.store.standins.standin_for(Store.in_home(home), python)) == host_b
+
+
+def test_a_broker_another_member_plants_in_a_projects_state_folder_is_never_used(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """A project's state folder in a shared home has a fixed name, and another member can
+    make it before its owner first uses it: member b plants a ``broker.json`` naming a live
+    process of b's (a broker of b's would answer) and a token beside it. Member a's harness
+    and ``harness.client`` find no broker there, so a's runs never send their requests (and
+    a's token) to b. Before, both took b's."""
+    import harness.client
+    from harness.runtime.broker import STATE_MARKER, SharedBroker, read_state, read_token
+    from harness.runtime.session import default_state_dir
+
+    a, b = lab
+    state = default_state_dir(home, home.parent / "project-of-a", None)
+
+    def plant_as_b() -> int:
+        harness.store.shared.apply_group_umask(home)
+        sleeper = subprocess.Popen(["sleep", "120"], start_new_session=True)
+        state.mkdir(parents=True, mode=0o775)
+        state.chmod(0o775)
+        planted = {
+            "harness": STATE_MARKER,
+            "url": "http://127.0.0.1:9",
+            "pid": sleeper.pid,
+            "create_time": psutil.Process(sleeper.pid).create_time(),
+            "started": time.time(),
+            "services": [],
+        }
+        (state / "broker.json").write_text(json.dumps(planted))
+        (state / "broker.token").write_text("b's token\n")
+        for name in ("broker.json", "broker.token"):
+            (state / name).chmod(0o644)
+        return sleeper.pid
+
+    as_user(a, lambda: init_and_add(home))
+    pid = as_user(b, plant_as_b)
+    try:
+
+        def look_as_a() -> tuple[Any, ...]:
+            try:
+                address = harness.client._find_address(None, state)
+            except harness.client.BrokerUnavailable as exc:
+                address = str(exc)
+            return read_state(state), read_token(state), SharedBroker.find(state), address
+
+        found, token, broker, address = as_user(a, look_as_a)
+        assert (found, token, broker) == (None, None, None)
+        assert "not yours" in address, address
+    finally:
+        os.kill(pid, signal.SIGKILL)

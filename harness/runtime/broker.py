@@ -1467,11 +1467,17 @@ def read_state(state_dir: Path) -> dict[str, Any] | None:
     """The live broker's ``broker.json`` for ``state_dir``, or None.
 
     None when there is no file, it is not ours, or its process is gone (a broker killed
-    with SIGKILL leaves a stale file; its pid is checked with its create time).
+    with SIGKILL leaves a stale file; its pid is checked with its create time). Not ours: a
+    file this user did not write (another member of a shared home can make the state folder
+    of a project before its owner first uses it, and plant a ``broker.json`` naming a broker
+    of theirs, which this user's runs would then use), a link, or garbage.
     """
+    from harness.store.entries import read_own
+
+    raw = read_own(Path(state_dir) / STATE_FILE, limit=64 * 1024)
     try:
-        data = json.loads((Path(state_dir) / STATE_FILE).read_text())
-    except (OSError, ValueError):
+        data = json.loads(raw) if raw is not None else None
+    except ValueError:
         return None
     if not isinstance(data, dict) or data.get("harness") != STATE_MARKER:
         return None
@@ -1500,10 +1506,16 @@ def write_token(state_dir: Path, token: str) -> Path:
 
 
 def read_token(state_dir: Path) -> str | None:
-    """The token of the broker of ``state_dir`` (None when missing or not readable)."""
+    """The token of the broker of ``state_dir`` (None when missing, not readable, or not this
+    user's own file: :func:`read_state`)."""
+    from harness.store.entries import read_own
+
+    raw = read_own(Path(state_dir) / TOKEN_FILE, limit=4096)
+    if raw is None:
+        return None
     try:
-        return (Path(state_dir) / TOKEN_FILE).read_text().strip() or None
-    except (OSError, UnicodeDecodeError):
+        return raw.decode().strip() or None
+    except UnicodeDecodeError:
         return None
 
 
