@@ -1670,10 +1670,12 @@ def test_a_broker_another_member_plants_in_a_projects_state_folder_is_never_used
     make it before its owner first uses it: member b plants a ``broker.json`` naming a live
     process of b's (a broker of b's would answer) and a token beside it. Member a's harness
     and ``harness.client`` find no broker there, so a's runs never send their requests (and
-    a's token) to b. Before, both took b's."""
+    a's token) to b; nor does a's ``down`` act on a pid file b planted (it could name any
+    process of a's). Before, all of them took b's."""
     import harness.client
     from harness.runtime.broker import STATE_MARKER, SharedBroker, read_state, read_token
     from harness.runtime.session import default_state_dir
+    from harness.runtime.supervisor import PIDFILE_MARKER, read_pidfiles
 
     a, b = lab
     state = default_state_dir(home, home.parent / "project-of-a", None)
@@ -1693,7 +1695,11 @@ def test_a_broker_another_member_plants_in_a_projects_state_folder_is_never_used
         }
         (state / "broker.json").write_text(json.dumps(planted))
         (state / "broker.token").write_text("b's token\n")
-        for name in ("broker.json", "broker.token"):
+        (state / "pids").mkdir(mode=0o775)
+        (state / "pids").chmod(0o775)  # a pid file for a's `down` to act on
+        pidfile = {"harness": PIDFILE_MARKER, "name": "svc", "pid": os.getppid(), "pgid": os.getppid()}
+        (state / "pids" / "svc.json").write_text(json.dumps(pidfile))
+        for name in ("broker.json", "broker.token", "pids/svc.json"):
             (state / name).chmod(0o644)
         return sleeper.pid
 
@@ -1706,10 +1712,10 @@ def test_a_broker_another_member_plants_in_a_projects_state_folder_is_never_used
                 address = harness.client._find_address(None, state)
             except harness.client.BrokerUnavailable as exc:
                 address = str(exc)
-            return read_state(state), read_token(state), SharedBroker.find(state), address
+            return read_state(state), read_token(state), SharedBroker.find(state), address, read_pidfiles(state)
 
-        found, token, broker, address = as_user(a, look_as_a)
-        assert (found, token, broker) == (None, None, None)
+        found, token, broker, address, pids = as_user(a, look_as_a)
+        assert (found, token, broker, pids) == (None, None, None, [])
         assert "not yours" in address, address
     finally:
         os.kill(pid, signal.SIGKILL)

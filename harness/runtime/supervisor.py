@@ -603,15 +603,23 @@ def _examine(pid: int, pgid: int, create_time: float | None) -> tuple[bool, bool
 def read_pidfiles(state_dir: Path) -> list[PidRecord]:
     """Every harness pid file under ``state_dir``, sorted by name, with liveness.
 
-    Files without :data:`PIDFILE_MARKER` or that do not parse are skipped (never ours to act on).
+    Files without :data:`PIDFILE_MARKER`, that do not parse, or that are not this user's own
+    (a link, or a file another member of a shared home planted in a state folder they made
+    first, naming a process of this user's for ``down`` to stop) are skipped: never ours to
+    act on.
     """
+    from harness.store.entries import read_own
+
     records: list[PidRecord] = []
     folder = pid_dir(state_dir)
     if not folder.is_dir():
         return records
     for path in sorted(folder.glob("*.json")):
         try:
-            data = json.loads(path.read_text())
+            raw = read_own(path, limit=1024 * 1024)
+            if raw is None:
+                continue
+            data = json.loads(raw)
             if data.get("harness") != PIDFILE_MARKER:
                 continue
             pid, pgid = int(data["pid"]), int(data["pgid"])
