@@ -1671,11 +1671,11 @@ def test_a_broker_another_member_plants_in_a_projects_state_folder_is_never_used
     process of b's (a broker of b's would answer) and a token beside it. Member a's harness
     and ``harness.client`` find no broker there, so a's runs never send their requests (and
     a's token) to b; nor does a's ``down`` act on a pid file b planted (it could name any
-    process of a's). Before, all of them took b's."""
+    process of a's), nor start a broker in b's folder. Before, all of them took b's."""
     import harness.client
     from harness.runtime.broker import STATE_MARKER, SharedBroker, read_state, read_token
     from harness.runtime.session import default_state_dir
-    from harness.runtime.supervisor import PIDFILE_MARKER, read_pidfiles
+    from harness.runtime.supervisor import PIDFILE_MARKER, make_state_dir, read_pidfiles
 
     a, b = lab
     state = default_state_dir(home, home.parent / "project-of-a", None)
@@ -1712,10 +1712,18 @@ def test_a_broker_another_member_plants_in_a_projects_state_folder_is_never_used
                 address = harness.client._find_address(None, state)
             except harness.client.BrokerUnavailable as exc:
                 address = str(exc)
-            return read_state(state), read_token(state), SharedBroker.find(state), address, read_pidfiles(state)
+            try:
+                make_state_dir(state)
+                refused = ""
+            except HarnessError as exc:
+                refused = exc.message
+            found = read_state(state), read_token(state), SharedBroker.find(state), read_pidfiles(state)
+            return *found, address, refused
 
-        found, token, broker, address, pids = as_user(a, look_as_a)
+        found, token, broker, pids, address, refused = as_user(a, look_as_a)
         assert (found, token, broker, pids) == (None, None, None, [])
+        # Nor does a's `up` start a broker there: b could replace what it writes (its config).
+        assert f"this state folder is {b.name}'s, not a folder of yours" in refused, refused
         assert "not yours" in address, address
     finally:
         os.kill(pid, signal.SIGKILL)

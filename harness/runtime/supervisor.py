@@ -103,14 +103,19 @@ def make_state_dir(state_dir: Path) -> Path:
     """Create ``state_dir`` private to its owner (:func:`state_dir_mode`), its ``logs``
     folder 0700 (a service's output may show its secrets) and its launch-check log 0600 (so
     the store's appends to it keep that mode). A folder or file this user already has with
-    wider modes is narrowed; one another user owns is left as it is (what this user writes
-    there is still 0600). Returns ``state_dir``."""
+    wider modes is narrowed. Returns ``state_dir``.
+
+    Raises :class:`HarnessError` naming the owner when ``state_dir`` or its ``logs`` is a link
+    or another user's folder (in a shared home another member can make a project's state
+    folder before its owner first uses it): its owner could replace anything written there,
+    the broker's start settings (the services' commands) among them, so harness never uses it.
+    """
     from harness.store.launchcheck import LAUNCH_CHECKS
 
     state_dir = Path(state_dir)
     mode = state_dir_mode(state_dir)
     for folder, wanted in ((state_dir, mode), (state_dir / "logs", 0o700)):
-        if not folder.is_dir():
+        if not os.path.lexists(folder):
             folder.parent.mkdir(parents=True, exist_ok=True)
             try:
                 folder.mkdir(mode=wanted)  # created with it: never readable for a moment
@@ -118,6 +123,7 @@ def make_state_dir(state_dir: Path) -> Path:
                 os.chmod(folder, (folder.stat().st_mode & 0o7000) | wanted)
             except FileExistsError:
                 pass
+        _check_own_folder(folder)
         _narrow(folder, wanted)
     checks = state_dir / LAUNCH_CHECKS
     try:
@@ -126,6 +132,23 @@ def make_state_dir(state_dir: Path) -> Path:
         pass  # a link or another user's file: the store reports it when it appends
     _narrow(checks, 0o600)
     return state_dir
+
+
+def _check_own_folder(folder: Path) -> None:
+    """:func:`make_state_dir`'s check: ``folder`` is a folder of this user's, or a link this
+    user made to one (a home may hold links); anything else is a HarnessError naming whose."""
+    from harness.store.entries import owner_of
+
+    info = os.lstat(folder)
+    if stat.S_ISLNK(info.st_mode) and info.st_uid == os.geteuid():
+        info = os.stat(folder)
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+        return
+    raise HarnessError(
+        f"{folder}: this state folder is {owner_of(folder)}'s, not a folder of yours; harness keeps a broker's "
+        "token, its pid files and the services' start settings there, so it uses only your own",
+        hint="its owner can remove it; or give this deploy a state folder of yours (the deploy's `state` key)",
+    )
 
 
 def _narrow(path: Path, wanted: int) -> None:
