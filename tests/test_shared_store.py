@@ -1718,12 +1718,17 @@ def test_a_broker_another_member_plants_in_a_projects_state_folder_is_never_used
             except HarnessError as exc:
                 refused = exc.message
             found = read_state(state), read_token(state), SharedBroker.find(state), read_pidfiles(state)
-            return *found, address, refused
+            # a's own commands take a state folder of a's own instead, the same one each time.
+            own = default_state_dir(home, home.parent / "project-of-a", None)
+            made = make_state_dir(own)
+            again = default_state_dir(home, home.parent / "project-of-a", None)
+            return *found, address, refused, str(own), str(made), str(again), os.stat(own).st_uid
 
-        found, token, broker, pids, address, refused = as_user(a, look_as_a)
+        found, token, broker, pids, address, refused, own, made, again, owner = as_user(a, look_as_a)
         assert (found, token, broker, pids) == (None, None, None, [])
         # Nor does a's `up` start a broker there: b could replace what it writes (its config).
         assert f"this state folder is {b.name}'s, not a folder of yours" in refused, refused
+        assert own == made == again and own.startswith(f"{state}-") and owner == a.uid, (own, again, state)
         assert "not yours" in address, address
     finally:
         os.kill(pid, signal.SIGKILL)

@@ -195,7 +195,8 @@ class Deploy(Strict):
         description="The folder for the started services' logs, pid files and the broker's state (default: one "
         "per project under $HARNESS_HOME/state; `harness deploy write` writes one of its own for each deploy file, so "
         "two instances on one machine never share a broker). It must be a folder of the caller's own (or a link they "
-        "made to one): one another user owns is refused, since they could replace what harness writes there.",
+        "made to one): one another user owns is refused, since they could replace what harness writes there; the "
+        "default one, where another user has it first, is a folder of the caller's own beside it.",
     )
     gpus: list[int] | None = Field(
         default=None,

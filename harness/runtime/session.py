@@ -70,11 +70,16 @@ class _Intent:
 
 
 def default_state_dir(home: Path, project_root: Path, deploy: Deploy | None) -> Path:
-    """The deploy's ``state`` folder, else one per project under ``$HARNESS_HOME/state``."""
+    """The deploy's ``state`` folder, else one per project under ``$HARNESS_HOME/state``:
+    ``<project>-<key>``, or, where another user has that folder (a member of a shared home
+    made it first, or uses the same checkout), this user's own ``<project>-<key>-*``
+    (:func:`harness.runtime.supervisor.own_state_folder`)."""
+    from harness.runtime.supervisor import own_state_folder
+
     if deploy is not None and deploy.state:
         return Path(deploy.state).expanduser()
     key = hashlib.sha256(str(project_root.resolve()).encode()).hexdigest()[:16]
-    return home / "state" / f"{project_root.name}-{key}"
+    return own_state_folder(home / "state", f"{project_root.name}-{key}")
 
 
 def broker_options(deploy: Deploy | None) -> dict[str, float]:

@@ -134,6 +134,30 @@ def make_state_dir(state_dir: Path) -> Path:
     return state_dir
 
 
+def own_state_folder(parent: Path, name: str) -> Path:
+    """``parent/name`` unless another user has it (their folder, or their link): then this
+    user's own ``parent/name-<random>``, the one found again on every later call (the first,
+    sorted, of this user's folders so named), made now (``0700``) when there is none. So a
+    state folder another member took first never stands in this user's way."""
+    import glob
+    import tempfile
+
+    first = parent / name
+    try:
+        if os.lstat(first).st_uid == os.geteuid():
+            return first
+    except OSError:
+        return first  # none yet: make_state_dir makes it
+    for candidate in sorted(parent.glob(f"{glob.escape(name)}-*")):
+        try:
+            info = os.lstat(candidate)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+            return candidate
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=parent))
+
+
 def _check_own_folder(folder: Path) -> None:
     """:func:`make_state_dir`'s check: ``folder`` is a folder of this user's, or a link this
     user made to one (a home may hold links); anything else is a HarnessError naming whose."""
