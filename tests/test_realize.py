@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.lock.lockfile import read
+from harness.lock.objects import build_inputs, lock_objects
 from harness.realize.standin import realized_lock
 from harness.store.store import Store, remove_tree
 from harness.store.verify import verify_store
@@ -385,7 +386,19 @@ def test_realize_substitutes_from_a_signed_cache_without_upstreams(
     other = tmp_path / "home-b"
     result = run_harness_process("--project", str(project), "--home", str(other), "realize", env=env)
     assert result.returncode == 0, result.stderr
-    assert snapshot(other) == snapshot(realized)
+    # B took A's environment, built on the same host copy (same content, same name), from the
+    # cache instead of building it again: it holds A's runtime closure, and of A's package
+    # files only those the cache gave before the environment came (none were needed).
+    lock = read(project / "locks" / "svc.lock.toml")
+    assert lock_objects(realized_lock(Store.in_home(other), lock)) == lock_objects(
+        realized_lock(Store.in_home(realized), lock)
+    )
+    theirs, ours = snapshot(realized), snapshot(other)
+    assert {name: theirs.get(name) for name in ours} == ours
+    assert set(theirs) - set(ours) <= set(build_inputs(lock)) | set(
+        build_inputs(realized_lock(Store.in_home(realized), lock))
+    )
+    assert "installing" not in result.stderr and "built-wheel" not in result.stderr, result.stderr
     # Without the key, built paths (interpreter, environment) are refused and built locally,
     # while fixed-output paths are still taken on their lock hashes.
     third = tmp_path / "home-c"
@@ -394,6 +407,51 @@ def test_realize_substitutes_from_a_signed_cache_without_upstreams(
     assert result.returncode == 0, result.stderr
     assert "signature" in result.stderr or "trusted" in result.stderr
     assert snapshot(third) == snapshot(realized)
+
+
+def test_a_home_that_keeps_no_wheel_files_still_serves_another_through_its_cache(
+    project: Path, up: Upstreams, tmp_path: Path
+) -> None:
+    """Issue 30, step 3: with `[gc] keep-wheel-files = false` the pushing home holds no package
+    file, only the environment, built on a host copy (no interpreter downloads here). Another
+    home with the same host CPython, every upstream unreachable, makes its own copy, finds it
+    is the pushed one (same content, same name) and takes the environment on it from the
+    cache: nothing to fetch, nothing to build. Without the cache's key the environment is
+    refused and the wheels it would be built from are named."""
+    keys, cache, pusher = tmp_path / "keys", tmp_path / "cache", tmp_path / "home-a"
+    assert run_harness_process("store", "keygen", "lab", "--dir", str(keys)).returncode == 0
+    lean = {"HARNESS_GC_KEEP_WHEEL_FILES": "0"}
+    result = run_harness_process("--project", str(project), "--home", str(pusher), "realize", env=lean)
+    assert result.returncode == 0, result.stderr
+    lock = read(project / "locks" / "svc.lock.toml")
+    assert not any(Store.in_home(pusher).is_registered(name) for name in build_inputs(lock))
+    push = ("--project", str(project), "--home", str(pusher), "store", "push", str(cache))
+    assert run_harness_process(*push, "--key", str(keys / "lab.secret")).returncode == 0
+    env = {
+        **lean,
+        "HARNESS_SUBSTITUTERS": cache.as_uri(),
+        "HARNESS_TRUSTED_KEYS": (keys / "lab.public").read_text().strip(),
+        "HARNESS_INDEX_PYPI": "http://127.0.0.1:9/simple",
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "HARNESS_MODELSCOPE_ENDPOINT": "http://127.0.0.1:9",
+    }
+    other = tmp_path / "home-b"
+    result = run_harness_process("--project", str(project), "--home", str(other), "realize", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "fetching" not in result.stderr and "installing" not in result.stderr, result.stderr
+    theirs, ours = realized_lock(Store.in_home(pusher), lock), realized_lock(Store.in_home(other), lock)
+    assert ours.python.store != lock.python.store, "a host copy stands in"
+    assert lock_objects(ours) == lock_objects(theirs)
+    assert snapshot(other) == snapshot(pusher)
+    assert all(f.status == "ok" for f in verify_store(Store.in_home(other), check_contents=True))
+    # A second realize there is a no-op: the host copy is noted as standing in.
+    again = run_harness_process("--project", str(project), "--home", str(other), "realize", env=env)
+    assert again.returncode == 0 and "copying" not in again.stderr, again.stderr
+    third = tmp_path / "home-c"
+    untrusted = {**env, "HARNESS_TRUSTED_KEYS": ""}
+    result = run_harness_process("--project", str(project), "--home", str(third), "realize", env=untrusted)
+    assert result.returncode != 0
+    assert "127.0.0.1:9" in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_a_host_copy_left_under_a_locks_own_name_is_removed_with_what_was_built_on_it(tmp_path: Path) -> None:

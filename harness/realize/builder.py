@@ -326,9 +326,10 @@ def _fetch_and_prepare(ctx: Context, todo: list[Lock], run: _Realizing, *, fail_
     whole fetch fails, the builds stop at their next phase (all of it is dropped)."""
     ctx.store.clean()  # leftovers matter only to a build (Store.add clears its own path's anyway)
     prepared = run.prepared
+    interpreters_ready = _standins_from_caches(ctx, todo, prepared)
     _look_up_streamed(ctx, todo)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        staging = [pool.submit(_prepare_interpreters, ctx, todo, prepared)]
+        staging = [] if interpreters_ready else [pool.submit(_prepare_interpreters, ctx, todo, prepared)]
         staging.append(pool.submit(_prepare_sources, ctx, todo, prepared))
         try:
             _fetch_for_locks(ctx, todo, run.failures, fail_fast=fail_fast)
@@ -470,11 +471,7 @@ def _substitute(ctx: Context, locks: list[Lock]) -> None:
     """
     from harness.realize.standin import realized_lock
 
-    usable = [
-        url
-        for url in ctx.substituters
-        if not ctx.offline or not url.split("?", 1)[0].startswith(("http://", "https://", "s3://"))
-    ]
+    usable = _usable_substituters(ctx)
     # The lock's own paths first (a cache may hold the uv-managed interpreter and the
     # environment built on it, which replace a host copy standing in), then whatever the
     # paths realized here still lack: the runtime closure first, and only then the build
@@ -490,6 +487,64 @@ def _substitute(ctx: Context, locks: list[Lock]) -> None:
         return
     _substitute_names(ctx, usable, locks, [name for name in names if not ctx.store.is_registered(name)])
     _substitute_names(ctx, usable, locks, [name for lock in locks for name in missing(ctx.store, lock)])
+
+
+def _usable_substituters(ctx: Context) -> list[str]:
+    """The binary caches this realize may ask: all of them, or offline only those on this
+    machine (a directory)."""
+    return [
+        url
+        for url in ctx.substituters
+        if not ctx.offline or not url.split("?", 1)[0].startswith(("http://", "https://", "s3://"))
+    ]
+
+
+def _standins_from_caches(ctx: Context, todo: list[Lock], prepared: _Prepared) -> bool:
+    """Before the fetch: pull from the binary caches the environment built on a host copy
+    that is to stand in for the first time. True when the interpreters of ``todo`` were made
+    ready here (into ``prepared``), so the fetch phase does not make them again.
+
+    A host copy is named by its content (``standin.py``), so which environment a cache could
+    hold for it is known only once the copy is made, and :func:`_substitute` cannot ask for
+    it. Another home on a machine with the same host CPython (a cluster's nodes, the other
+    members of a lab) pushed exactly that copy and the environment on it: where binary caches
+    are configured and a lock's own interpreter is neither registered nor already stood in
+    for, the interpreters are made ready first (copied, hashed: not registered), the
+    environment on each new host copy and the rest of its closure are pulled, and a copy the
+    cache had is noted as standing in at once (its staged twin is dropped). The fetch then
+    leaves out the package files that environment needed, which the pushing home may not
+    have kept (``[gc] keep-wheel-files = false``). What the caches lack is built as before;
+    the cost is that the copy no longer overlaps the fetch in that first realize."""
+    usable = _usable_substituters(ctx)
+    if not usable:
+        return False
+    from harness.lock.storepaths import with_interpreter
+    from harness.realize.standin import own_interpreter_registered
+    from harness.store.standins import remember_standin, standin_for
+
+    store = ctx.store
+    first = [
+        lock
+        for lock in todo
+        if not own_interpreter_registered(store, lock) and standin_for(store, lock.python.store) is None
+    ]
+    if not first:
+        return False
+    _prepare_interpreters(ctx, todo, prepared)
+    for lock in first:
+        ready = prepared.interpreters.get(lock.python.store)
+        if ready is None or ready.error is not None or ready.reason is None:
+            continue  # the lock's own interpreter after all (uv installs it), or none at all
+        standin = with_interpreter(lock, ready.name)
+        _hold_standin(store, lock, ready.name)
+        _substitute_names(ctx, usable, [lock], list(lock_objects(standin)))
+    for python_store, ready in prepared.interpreters.items():
+        if ready.error is None and ready.reason is not None and store.is_registered(ready.name):
+            if ready.staged is not None:  # the cache's copy has the same content, hence name
+                ready.staged.discard()
+                ready.staged = None
+            remember_standin(store, python_store, ready.name, ready.reason)
+    return True
 
 
 def _substitute_names(ctx: Context, usable: list[str], locks: list[Lock], names: list[str]) -> None:
