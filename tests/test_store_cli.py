@@ -273,6 +273,38 @@ def test_repair_never_launders_a_changed_environment_file(run, project: Path, ho
     assert run("store", "verify", "--check-contents").code == 0
 
 
+def test_verify_names_the_changed_file_when_a_siblings_links_moved_every_files_ctime(
+    run, project: Path, home: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Another environment sharing the pool's files (realized beside, or collected) moves the
+    ctime of every file it shares: the stat fingerprint then names them all. The cheap verify
+    leaves out each file that is still one inode with the pool entry named by its bytes, so
+    the one file that changed is named, not buried behind ten unchanged ones."""
+    store = Store.in_home(home)
+    env = svc_lock(project, home).environment.store
+    assert run("store", "verify").code == 0
+    files = sorted(
+        p for p in store.path(env).rglob("*") if p.is_file() and not p.is_symlink() and p.stat().st_nlink > 1
+    )
+    assert len(files) > 10, files
+    sibling = home / "sibling"  # what an environment linking the same pool files does
+    sibling.mkdir()
+    for index, path in enumerate(files):
+        os.link(path, sibling / str(index))
+    shutil.rmtree(sibling)
+    [target] = [p for p in files if p.match("*/site-packages/delta/__init__.py")]
+    flip_one_byte(target)
+    quick = run("store", "verify")
+    assert quick.code == 1, quick.out
+    [line] = [line for line in quick.out.splitlines() if line.startswith(f"modified  {env}: changed since registered")]
+    # Named: the changed file, and every file of the environment that is one inode with it.
+    same = sorted(str(p.relative_to(store.root)) for p in files if p.stat().st_ino == target.stat().st_ino)
+    assert str(target.relative_to(store.root)) in same
+    assert f"changed since registered: {', '.join(same)};" in line, line
+    assert run("store", "verify", "--repair").code == 0
+    assert run("store", "verify", "--check-contents").code == 0
+
+
 def test_a_repair_that_cannot_restore_the_registered_content_registers_nothing(run, project: Path, home: Path) -> None:  # type: ignore[no-untyped-def]
     """A record that claims other content than the lock's inputs rebuild to (as a rebuild
     from changed inputs would give): the repair deletes what it rebuilt and names both hashes."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.store.store import Record, Store
@@ -65,7 +67,7 @@ def _check(store: Store, record: Record, *, check_contents: bool) -> Finding:
         try:
             check_path(store.root, record.name, record.content)
         except IntegrityError as exc:
-            return Finding(record.name, "modified", _changed(exc.files, exc.expected, exc.found))
+            return Finding(record.name, "modified", _changed(_other_bytes(store, exc.files), exc.expected, exc.found))
         return Finding(record.name, "ok")
     changed = changed_entries(store.root, record.name, record.content)
     try:
@@ -73,8 +75,45 @@ def _check(store: Store, record: Record, *, check_contents: bool) -> Finding:
     except HarnessError as exc:
         return Finding(record.name, "modified", exc.message)
     if digest.hash != record.content:
-        return Finding(record.name, "modified", _changed(changed or [], record.content, digest.hash))
+        return Finding(
+            record.name, "modified", _changed(_other_bytes(store, changed or []), record.content, digest.hash)
+        )
     return Finding(record.name, "ok")
+
+
+def _other_bytes(store: Store, files: list[str]) -> list[str]:
+    """Of ``files`` (entries, from the store's root, whose stat moved since registration), those
+    whose bytes may not be what was registered; all of them when that leaves none.
+
+    A file that is one inode with the pool entry named by the blake3 of its bytes now
+    (``.links/<hex>[x]``, ``Store._share_files``) holds bytes the store pooled under that
+    very name, so it is left out: another path linking or unlinking the same pool file (a
+    realize whose environment shares it, a gc that collects one) moves its ctime, and the
+    figures of an environment whose sibling came or went would otherwise bury the one file
+    that changed. Only read when a path is found modified."""
+    from harness.store.hashing import file_blake3
+
+    suspects: list[str] = []
+    for rel in files:
+        path = store.root / rel
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                digest = file_blake3(path)
+                if any(_same_inode(store.links_dir / f"{digest}{suffix}", st) for suffix in ("", "x")):
+                    continue
+        except OSError:
+            pass
+        suspects.append(rel)
+    return suspects or files
+
+
+def _same_inode(path: Path, st: os.stat_result) -> bool:
+    try:
+        other = os.lstat(path)
+    except OSError:
+        return False
+    return (other.st_ino, other.st_dev) == (st.st_ino, st.st_dev)
 
 
 def _changed(files: list[str], expected: str, found: str) -> str:
