@@ -272,15 +272,16 @@ def run_harness(
     *,
     lock_only: bool,
     timeout: float,
-    keep_wheel_files: bool = True,
+    keep_wheel_files: bool = False,
 ) -> None:
     harness = harness_command()
     project, home = base / "project", base / "home"
     pins = {"3.10": python_version_of(env, "3.10")} if seed.python == "3.10" else {}
     make_project(project, seed, pins)
     henv = {**env, "HARNESS_HOME": str(home), "UV_CACHE_DIR": str(base / "uv-cache-ignored")}
-    if not keep_wheel_files:  # `[gc] keep-wheel-files = false`: realize drops them (issue 30, step 3)
-        henv["HARNESS_GC_KEEP_WHEEL_FILES"] = "0"
+    # `[gc] keep-wheel-files`: false (harness's default) streams an index's wheels into the
+    # environment and keeps no package file (issue 30, step 3); true stores each one first.
+    henv["HARNESS_GC_KEEP_WHEEL_FILES"] = "1" if keep_wheel_files else "0"
     cmd = [*harness, "--project", str(project), "--home", str(home)]
     print(f"  harness lock {seed.name} …", flush=True)
     lock = step([*cmd, "lock", seed.name], base / "logs" / "harness-lock.log", env=henv, cwd=base, timeout=timeout)
@@ -500,10 +501,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--first", choices=("harness", "uv"), default="harness", help="who goes first in the first set")
     parser.add_argument(
-        "--drop-wheel-files",
+        "--keep-wheel-files",
         action="store_true",
-        help="realize with `[gc] keep-wheel-files = false`: the package files go once the environment is registered",
+        help="realize with `[gc] keep-wheel-files = true`: each package file is stored first and kept "
+        "(the default, false, streams an index's wheels into the environment and keeps none)",
     )
+    parser.add_argument("--drop-wheel-files", action="store_true", help="the default (kept for older command lines)")
     args = parser.parse_args()
     names = [n for n in args.sets.split(",") if n]
     lock_only = {n for n in args.lock_only.split(",") if n}
@@ -538,7 +541,7 @@ def main() -> int:
                 f"\n== {out.name}: {len(seed.requirements)} requirements, Python {seed.python}; {out.order} first; load {load()}",
                 flush=True,
             )
-            harness_side = functools.partial(run_harness, keep_wheel_files=not args.drop_wheel_files)
+            harness_side = functools.partial(run_harness, keep_wheel_files=args.keep_wheel_files)
             sides = [("harness", harness_side), ("uv", run_uv)]
             for who, side in sides if harness_first else sides[::-1]:
                 (base / who).mkdir()

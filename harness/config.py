@@ -365,27 +365,35 @@ class Settings:
             "missing-project-days = 30",
         ),
     )
-    #: ``[gc] keep-wheel-files``: false drops the package files (wheels, sdists, built wheels)
-    #: an environment was installed from once it is registered and verified.
+    #: ``[gc] keep-wheel-files``: true keeps the package files (wheels, sdists, built wheels) an
+    #: environment was installed from; false (the default) drops them once it is registered
+    #: and verified, and streams an index's wheels into the environment instead of storing them.
     gc_keep_wheel_files: bool = field(
-        default=True,
+        default=False,
         metadata=_doc(
             "gc",
             "keep-wheel-files",
             "boolean",
             "Whether the store keeps each package file an environment was installed from (the "
             "`.whl`, sdist and built-wheel store paths) once the environment is registered. "
-            "`false`: `realize` drops them right after it registered and verified the environment, "
-            "and `store gc` collects them, which saves their size on disk (the environment needs none "
-            "of them to run, verify, push or be audited). Online, a wheel from an index that the store "
-            "lacks is then not fetched into the store at all: the environment's `uv pip sync` downloads "
-            "it, checking its sha256 as it streams and unpacking it meanwhile, which makes a cold "
-            "realize faster (the environment's bytes are the same). A later environment that installs "
-            "one gets it the same way, from uv's cache where uv has it; offline, only from uv's cache "
-            "(harness notes each streamed wheel's address beside it), and a wheel the cache no longer "
-            "holds is refused, naming it.",
-            "keep-wheel-files = false",
-            default="`true`",
+            "By default (`false`) it does not, as uv keeps no `.whl` beside a venv: the environment "
+            "needs none of them to run, verify, push, be pulled or be audited. Online, a wheel from "
+            "an index that the store lacks is not fetched into the store at all: the environment's "
+            "`uv pip sync` downloads it, checking its sha256 as it streams and unpacking it meanwhile "
+            "(the environment's bytes are the same either way), and what a realize did fetch "
+            "(sdists, wheels from an index with credentials, build packages) is dropped once the "
+            "environment is registered and verified; `store gc` collects what is left. The wheels "
+            "built from sdists stay either way: making one again takes a build, and a second "
+            "environment installing the same sdist takes it, offline too. A later "
+            "environment that installs one of those wheels gets it from uv's cache (the member's "
+            "own, in a shared home) where uv has it, offline too (harness notes each streamed "
+            "wheel's address beside that cache); offline, a wheel the cache no longer holds is "
+            "refused, naming it. `true` keeps them as store paths: a second environment then builds "
+            "from the store offline whatever uv's cache holds, another member of a shared home "
+            "builds from them, and `store push` puts them in binary caches, for nodes whose host "
+            "CPython differs from the pushing machine's and that must build environments there.",
+            "keep-wheel-files = true",
+            default="`false`",
             env="`HARNESS_GC_KEEP_WHEEL_FILES` (`0`/`1`)",
         ),
     )

@@ -479,13 +479,13 @@ def test_gc_settings_and_their_bad_values(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.delenv("HARNESS_GC_KEEP_RUNS", raising=False)
     monkeypatch.delenv("HARNESS_GC_KEEP_WHEEL_FILES", raising=False)
-    assert load_settings(tmp_path).gc_keep_runs == 10 and load_settings(tmp_path).gc_keep_wheel_files is True
-    (tmp_path / "config.toml").write_text("[gc]\nkeep-runs = 3\nmissing-project-days = 0\nkeep-wheel-files = false\n")
+    assert load_settings(tmp_path).gc_keep_runs == 10 and load_settings(tmp_path).gc_keep_wheel_files is False
+    (tmp_path / "config.toml").write_text("[gc]\nkeep-runs = 3\nmissing-project-days = 0\nkeep-wheel-files = true\n")
     settings = load_settings(tmp_path)
     assert settings.gc_keep_runs == 3 and settings.gc_missing_project_days == 0
-    assert settings.gc_keep_wheel_files is False
-    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "1")
-    assert load_settings(tmp_path).gc_keep_wheel_files is True
+    assert settings.gc_keep_wheel_files is True
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "0")
+    assert load_settings(tmp_path).gc_keep_wheel_files is False
     monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "no")
     with pytest.raises(InputError, match="HARNESS_GC_KEEP_WHEEL_FILES"):
         load_settings(tmp_path)
@@ -602,19 +602,20 @@ def test_without_wheel_files_the_environment_runs_and_audits_and_a_second_one_fe
 
 
 def test_gc_collects_wheel_files_only_when_asked(project: Path, tmp_path: Path) -> None:
-    """By default a project's locks keep their package files (a second environment builds
-    offline from them); `HARNESS_GC_KEEP_WHEEL_FILES=0` (`[gc] keep-wheel-files`) lets gc
-    collect those of an environment that is registered, and nothing it runs from."""
+    """With `[gc] keep-wheel-files = true` (`HARNESS_GC_KEEP_WHEEL_FILES=1`) a project's locks
+    keep their package files (a second environment builds offline from them); at the default
+    (false) gc collects those of an environment that is registered, and nothing it runs from."""
     from harness.lock.objects import build_inputs, lock_objects
     from tests.conftest import run_harness_process
 
-    home = tmp_path / "home"
-    assert harness(project, home, "realize").returncode == 0
+    home, keep = tmp_path / "home", {"HARNESS_GC_KEEP_WHEEL_FILES": "1"}
+    realized = run_harness_process("--project", str(project), "--home", str(home), "realize", env=keep)
+    assert realized.returncode == 0, realized.stderr
     store = Store.in_home(home)
     lock = realized_lock(store, read(project / "locks" / "svc.lock.toml"))
     files = [name for name in build_inputs(lock) if store.is_registered(name)]
     assert files
-    kept = harness(project, home, "store", "gc")
+    kept = run_harness_process("--project", str(project), "--home", str(home), "store", "gc", env=keep)
     assert kept.returncode == 0 and all(store.is_registered(name) for name in files), kept.stdout
     drop = {"HARNESS_GC_KEEP_WHEEL_FILES": "0"}
     dry = run_harness_process("--project", str(project), "--home", str(home), "store", "gc", "--dry-run", env=drop)

@@ -416,12 +416,16 @@ def test_lock_says_what_changed(up: Upstreams, tmp_path: Path) -> None:
 # ------------------------------------------------------------------------ realize keeps going
 
 
-def test_realize_builds_every_lock_it_can_then_lists_each_failure(tmp_path: Path) -> None:
+@pytest.mark.parametrize("keep_wheel_files", ["1", "0"])
+def test_realize_builds_every_lock_it_can_then_lists_each_failure(tmp_path: Path, keep_wheel_files: str) -> None:
+    """Kept wheel files are fetched into the store before anything is built, so with
+    ``--fail-fast`` a bad one stops the realize before `one` is; streamed ones (the default)
+    fail in their environment's sync, each naming its file either way."""
     with LocalIndex(tmp_path / "index") as index:
         index.add_wheel("good", "1.0")
         index.add_wheel("bad", "1.0")
         index.add_wheel("worse", "1.0")
-        env = {"HARNESS_INDEX_PYPI": index.url}
+        env = {"HARNESS_INDEX_PYPI": index.url, "HARNESS_GC_KEEP_WHEEL_FILES": keep_wheel_files}
         root = make_project(
             tmp_path / "p", {"one": service(["good"]), "two": service(["bad"]), "three": service(["worse", "good"])}
         )
@@ -433,10 +437,12 @@ def test_realize_builds_every_lock_it_can_then_lists_each_failure(tmp_path: Path
             "--project", str(root), "--home", str(tmp_path / "fast"), "realize", "--fail-fast", env=env
         )
         assert fast.returncode == 1 and "Traceback" not in fast.stderr
+        assert "-1.0-py3-none-any.whl" in fast.stderr and "failed to realize" not in fast.stderr, fast.stderr
         one = read(root / "locks" / "one.lock.toml")
         fast_store = Store.in_home(tmp_path / "fast")
-        # No environment of `one` at all (its own, or one built on a host copy standing in).
-        assert not any(p.name.endswith("-one-env") for p in fast_store.root.iterdir() if fast_store.root.is_dir())
+        if keep_wheel_files == "1":
+            # No environment of `one` at all (its own, or one built on a host copy standing in).
+            assert not any(p.name.endswith("-one-env") for p in fast_store.root.iterdir() if fast_store.root.is_dir())
 
         result = run_harness_process("--project", str(root), "--home", str(tmp_path / "home"), "realize", env=env)
     assert result.returncode == 1, result.stderr

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.lock.lockfile import read
-from harness.lock.objects import build_inputs, lock_objects
+from harness.lock.objects import build_inputs, built_wheels, lock_objects
 from harness.realize.standin import realized_lock
 from harness.store.store import Store, remove_tree
 from harness.store.verify import verify_store
@@ -114,12 +114,15 @@ def test_build_inputs_are_needed_only_where_the_environment_must_be_built(projec
     assert sdist not in needed and wheel in needed
 
 
-def test_a_realized_environment_needs_none_of_its_wheel_files(project: Path, tmp_path: Path) -> None:
+def test_a_realized_environment_needs_none_of_its_wheel_files(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 30 step 3: the wheel files are build inputs, not part of the environment's runtime
     closure. With every one of them gone from the store (and no download left), an offline
     realize has nothing to do, the store verifies and the environment runs."""
     from harness.lock.objects import build_inputs, lock_objects
 
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "1")  # the package files as store paths
     home = tmp_path / "home"
     realize(project, home)
     store = Store.in_home(home)
@@ -357,9 +360,14 @@ def test_sigkill_during_realize_never_corrupts_the_store(project: Path, realized
 
 
 def test_realize_substitutes_from_a_signed_cache_without_upstreams(
-    project: Path, realized: Path, up: Upstreams, tmp_path: Path
+    project: Path, up: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Home A pushes to a directory cache; home B realizes from it with no index or hub."""
+    """Home A, which keeps its package files, pushes to a directory cache; home B realizes from
+    it with no index or hub, and so does home C, which does not trust the cache's key and
+    builds from the package files the cache carries."""
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "1")  # the package files as store paths
+    realized = tmp_path / "home-a"
+    realize(project, realized)
     keys, cache = tmp_path / "keys", tmp_path / "cache"
     assert run_harness_process("store", "keygen", "lab", "--dir", str(keys)).returncode == 0
     push = run_harness_process(
@@ -442,7 +450,11 @@ def test_a_home_that_keeps_no_wheel_files_still_serves_another_through_its_cache
     theirs, ours = realized_lock(Store.in_home(pusher), lock), realized_lock(Store.in_home(other), lock)
     assert ours.python.store != lock.python.store, "a host copy stands in"
     assert lock_objects(ours) == lock_objects(theirs)
-    assert snapshot(other) == snapshot(pusher)
+    # The pusher keeps the wheel it built from an sdist (making it again takes a build); the
+    # other home, which built nothing, needs none of it.
+    built = {name for _, name in built_wheels(theirs)}
+    assert built and all(Store.in_home(pusher).is_registered(name) for name in built)
+    assert snapshot(other) == {k: v for k, v in snapshot(pusher).items() if k not in built}
     assert all(f.status == "ok" for f in verify_store(Store.in_home(other), check_contents=True))
     # A second realize there is a no-op: the host copy is noted as standing in.
     again = run_harness_process("--project", str(project), "--home", str(other), "realize", env=env)
@@ -539,12 +551,16 @@ def _downloads(home: Path) -> set[str]:
     return {p.name for p in folder.iterdir() if len(p.name) == 64} if folder.is_dir() else set()
 
 
-def test_a_failed_environment_build_gives_back_what_the_lock_registered(up: Upstreams, tmp_path: Path) -> None:
+def test_a_failed_environment_build_gives_back_what_the_lock_registered(
+    up: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every kind of path (package files, the git source, weight sets, the weights view, the
     host interpreter copy) is registered before uv builds the environment; the sdist's build
     fails, so all of it is given up again: the store is as it was (empty), the downloads are
     back in the download cache, and the retry after the fix downloads nothing."""
     from tests.upstreams import svc_manifest
+
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "1")  # the package files as store paths
 
     toolchain = _needs_toolchain(up, tmp_path)
     manifest = svc_manifest(up).replace('"delta==1.0"', '"delta==1.0", "needstool==1.0"')
@@ -574,13 +590,17 @@ def test_a_failed_environment_build_gives_back_what_the_lock_registered(up: Upst
     assert _downloads(home) == set()  # the store holds them now
 
 
-def test_a_failed_realize_keeps_what_was_there_and_what_another_process_holds(up: Upstreams, tmp_path: Path) -> None:
+def test_a_failed_realize_keeps_what_was_there_and_what_another_process_holds(
+    up: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Paths registered before the failed realize (a wheel and the interpreter shared with a
     lock realized earlier) stay, and so does a path it registered that another process roots
     meanwhile; the rest of what it registered goes."""
     from harness.realize.builder import chosen_file
     from harness.store.roots import held
     from tests.upstreams import service
+
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "1")  # the package files as store paths
 
     toolchain = _needs_toolchain(up, tmp_path)
     project = _locked(
@@ -615,12 +635,16 @@ def test_a_failed_realize_keeps_what_was_there_and_what_another_process_holds(up
     assert store.is_registered(realized_lock(store, broken).environment.store)
 
 
-def test_what_a_failed_lock_shares_with_one_realized_beside_it_stays(up: Upstreams, tmp_path: Path) -> None:
+def test_what_a_failed_lock_shares_with_one_realized_beside_it_stays(
+    up: Upstreams, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two locks realized together into an empty store: the one that fails gives up only what
     the other (realized) does not use: the shared wheel and interpreter stay."""
     from harness.lock.objects import all_objects
     from harness.realize.builder import chosen_file
     from tests.upstreams import service
+
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "1")  # the package files as store paths
 
     _needs_toolchain(up, tmp_path)
     project = _locked(
@@ -808,7 +832,7 @@ def test_without_wheel_files_wheels_stream_into_environments_and_a_failed_lock_r
     from uv's cache (its address noted beside it), downloads nothing and leaves no package
     file."""
     from harness.lock.document import Lock, LockedFile
-    from harness.lock.objects import build_inputs, chosen_file
+    from harness.lock.objects import chosen_file
     from tests.upstreams import service
 
     toolchain = _needs_toolchain(up, tmp_path)
@@ -832,8 +856,11 @@ def test_without_wheel_files_wheels_stream_into_environments_and_a_failed_lock_r
     assert before == {file_of(broken, "needstool").sha256}, "harness downloaded the sdist alone"
     toolchain.write_text("")
     realize(project, home, "--offline", "broken")
-    assert store.is_registered(realized_lock(store, broken).environment.store)
-    assert not [n for n in build_inputs(realized_lock(store, broken)) if store.is_registered(n)]
+    realized = realized_lock(store, broken)
+    assert store.is_registered(realized.environment.store)
+    # Only the wheel built from the sdist stays: another environment takes it without a build.
+    [(_, built)] = built_wheels(realized)
+    assert [n for n in build_inputs(realized) if store.is_registered(n)] == [built]
     assert _downloads(home) <= before
     assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
 

@@ -156,12 +156,19 @@ def test_an_sdist_realizes_from_the_lock_alone_whatever_the_homes_history(index:
     assert ours == registered(fresh), "the same lock realizes to the same paths and bits"
 
 
+@pytest.mark.parametrize("keep_wheel_files", ["0", "1"])
 def test_a_wheel_built_from_an_sdist_is_a_store_path_built_once_and_carried_by_a_cache(
-    index: LocalIndex, tmp_path: Path
+    index: LocalIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_wheel_files: str
 ) -> None:
     """The wheel an sdist builds is a store path of its own (kind ``built-wheel``): a second
     environment installing the same sdist takes it instead of building again, a binary cache
-    carries it (signed, as any built path), and a home that pulled it builds no wheel."""
+    carries it (signed, as any built path), and a home that pulled it builds no wheel. So
+    whether the store keeps the downloaded package files or not (the default): it always keeps
+    the wheels it built. Where it keeps the downloads too, the second environment (its other
+    wheel included) realizes offline."""
+    monkeypatch.setenv("HARNESS_GC_KEEP_WHEEL_FILES", keep_wheel_files)
+    # Without the downloads kept, svc2's other wheel (tinyhelper) comes from the index.
+    offline = ["--offline"] if keep_wheel_files == "1" else []
     project = make_project(
         tmp_path / "p", {"svc": service(["sdonly==1.0"]), "svc2": service(["sdonly==1.0", "tinyhelper==1.0"])}
     )
@@ -179,8 +186,9 @@ def test_a_wheel_built_from_an_sdist_is_a_store_path_built_once_and_carried_by_a
     assert collected.returncode == 0, collected.stderr
     assert store.is_registered(wheel.name), collected.stdout + collected.stderr
 
-    result = harness("--project", str(project), "realize", "svc2", "--offline", home=home)
+    result = harness("--project", str(project), "realize", "svc2", *offline, home=home)
     assert result.returncode == 0, result.stderr
+    assert "building" not in result.stderr, result.stderr
     assert [r for r in store.records() if r.kind == "built-wheel"] == [wheel], "built once per store"
     for name in ("svc", "svc2"):
         [venv] = [p for p in store.root.iterdir() if p.name.endswith(f"-{name}-env")]
@@ -198,8 +206,9 @@ def test_a_wheel_built_from_an_sdist_is_a_store_path_built_once_and_carried_by_a
     trusted = (keys / "ci-1.public").read_text().strip()
     pulled = harness("store", "pull", str(cache), "--all", "--trusted-key", trusted, home=other)
     assert pulled.returncode == 0, pulled.stderr
-    result = harness("--project", str(project), "realize", "svc2", "--offline", home=other)
+    result = harness("--project", str(project), "realize", "svc2", *offline, home=other)
     assert result.returncode == 0, result.stderr
+    assert "building" not in result.stderr, result.stderr
     [theirs] = [r for r in Store.in_home(other).records() if r.kind == "built-wheel"]
     assert theirs.name == wheel.name and theirs.content == wheel.content
     assert theirs.obtained.startswith("cache "), theirs.obtained

@@ -54,6 +54,9 @@ def fast_env(up: Upstreams) -> Iterator[None]:
     # No Python download can succeed here: say so up front rather than let uv try first.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("UV_PYTHON_DOWNLOADS", "never")
+        # The store commands are shown on a store that holds package files too
+        # (`[gc] keep-wheel-files = true`): ls lists them, verify and repair mend them, gc roots them.
+        mp.setenv("HARNESS_GC_KEEP_WHEEL_FILES", "1")
         yield
 
 

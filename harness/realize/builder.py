@@ -61,7 +61,14 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from harness.config import Settings
 from harness.errors import HarnessError
-from harness.lock.objects import all_objects, build_inputs, chosen_file, lock_objects, needed_build_inputs
+from harness.lock.objects import (
+    all_objects,
+    build_inputs,
+    built_wheels,
+    chosen_file,
+    lock_objects,
+    needed_build_inputs,
+)
 from harness.progress import Reporter, Stopped, reporter, write_line
 from harness.store.store import INTERRUPTS, BuildResult, Staged, Store
 
@@ -403,9 +410,13 @@ def _root_realized(ctx: Context, locks: list[Lock], failures: dict[str, HarnessE
     from harness.realize.standin import realized_lock
     from harness.store.gc import register_project
 
-    # With `[gc] keep-wheel-files = false` the package files are not the project's to keep
-    # (:func:`_drop_package_files`): only the runtime closure is recorded.
-    objects = all_objects if ctx.settings.gc_keep_wheel_files else lock_objects
+    # With `[gc] keep-wheel-files = false` the downloaded package files are not the project's
+    # to keep (:func:`_drop_package_files`): the runtime closure is recorded, and the wheels
+    # built from sdists.
+    def runtime_and_built(lock: Lock) -> list[str]:
+        return [*lock_objects(lock), *(name for _, name in built_wheels(lock))]
+
+    objects = all_objects if ctx.settings.gc_keep_wheel_files else runtime_and_built
     realized: dict[str, Iterable[str]] = {
         lock.name: objects(realized_lock(ctx.store, lock)) for lock in locks if lock.name not in failures
     }
@@ -414,12 +425,15 @@ def _root_realized(ctx: Context, locks: list[Lock], failures: dict[str, HarnessE
 
 
 def _drop_package_files(ctx: Context, locks: list[Lock], failures: dict[str, HarnessError]) -> None:
-    """With ``[gc] keep-wheel-files = false``: delete the package files (wheels, sdists, built
-    wheels) of each lock whose environment is registered and passes the launch check, once no
-    other root keeps them (:func:`harness.store.gc.discard_unused`, under the gc lock: another
-    process's realize or project that still needs one keeps it). A lock of this realize whose
-    environment is not there (it failed) keeps its own. A later environment that installs one
-    fetches it again (binary caches first); an offline realize is refused naming it."""
+    """With ``[gc] keep-wheel-files = false`` (the default): delete the downloaded package files
+    (wheels, sdists, build packages) of each lock whose environment is registered and passes
+    the launch check, once no other root keeps them (:func:`harness.store.gc.discard_unused`,
+    under the gc lock: another process's realize or project that still needs one keeps it). A
+    lock of this realize whose environment is not there (it failed) keeps its own. The wheels
+    built from sdists stay: making one again takes a build (a compiler, minutes for some), and
+    a second environment installing the same sdist takes it, offline too. A later environment
+    that installs a dropped file fetches it again (binary caches first); offline it is refused,
+    naming it."""
     if ctx.settings.gc_keep_wheel_files:
         return
     from harness.realize.standin import realized_lock
@@ -432,7 +446,8 @@ def _drop_package_files(ctx: Context, locks: list[Lock], failures: dict[str, Har
     keep: set[str] = set()
     for lock in locks:
         realized = realized_lock(store, lock)
-        inputs = {name for name in build_inputs(realized) if store.is_registered(name)}
+        built = {name for _, name in built_wheels(realized)}
+        inputs = {name for name in build_inputs(realized) if store.is_registered(name) and name not in built}
         if lock.name in failures or not store.is_registered(realized.environment.store):
             keep |= inputs
             continue
@@ -584,7 +599,6 @@ def _complete(ctx: Context, lock: Lock) -> Report:
 def built_wheel_notes(store: Store, realized: Lock) -> list[str]:
     """What a report says about the wheels built from sdists for ``realized`` (the lock as
     realized here): each compiled with this machine's toolchain, which the lock does not name."""
-    from harness.lock.objects import built_wheels
 
     notes = []
     for _, name in built_wheels(realized):
@@ -1502,7 +1516,6 @@ def _add_built_wheels(ctx: Context, lock: Lock) -> None:
     interpreter the environment is built on, offline from the lock's build packages alone
     (``realize/environment.py:build_sdist_wheel``). Once registered, every environment that
     installs it, in this store or one that pulls it from a binary cache, installs these bytes."""
-    from harness.lock.objects import built_wheels
 
     store = ctx.store
     needed = _needed(ctx, lock)  # none once the environment is there (but a repair's)

@@ -257,16 +257,18 @@ def _realized_here(store: Store, lock: Any) -> Any:
 def lock_roots(store: Store, lock: Any, *, keep_wheel_files: bool = True) -> set[str]:
     """The store paths a project's ``lock`` keeps alive: every path it names and the host copy
     standing in with the environment on it (:func:`standin_paths`). With ``keep_wheel_files``
-    false (``[gc] keep-wheel-files``) its package files (every wheel and sdist it lists) only
-    while the environment as realized here is not registered: then a realize needs them."""
+    false (``[gc] keep-wheel-files``) the files it downloads (every wheel and sdist it lists)
+    only while the environment as realized here is not registered: then a realize needs them.
+    The wheels built from its sdists stay either way: making one again takes a build, and a
+    second environment installing the same sdist takes it (``builder.py:_drop_package_files``)."""
     paths = lock_store_paths(lock) | standin_paths(store, lock)
     if keep_wheel_files:
         return paths
-    from harness.lock.objects import built_wheels, needed_build_inputs
+    from harness.lock.objects import needed_build_inputs
 
     files = {
         w.store for p in [*lock.packages, *lock.build_packages] for w in [*p.wheels, *([p.sdist] if p.sdist else [])]
-    } | {name for _, name in built_wheels(lock)}
+    }
     return (paths - files) | set(needed_build_inputs(_realized_here(store, lock), store.is_registered))
 
 
