@@ -127,10 +127,16 @@ with ThreadPoolExecutor(workers) as pool:  # workers > 1: as realize's fetch pha
 # ----------------------------------------------------------------------------------- helpers
 
 
+#: ``[gc] keep-wheel-files`` for harness's runs (``--keep-wheel-files``; harness's default, false,
+#: streams an index's wheels into the environment and keeps no downloaded package file).
+KEEP_WHEEL_FILES = {"HARNESS_GC_KEEP_WHEEL_FILES": "0"}
+
+
 def _env(**extra: str) -> dict[str, str]:
-    """The caller's environment without harness or uv settings that would change the result."""
+    """The caller's environment without harness or uv settings that would change the result
+    (but the ``[gc] keep-wheel-files`` this run measures)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "UV_"))}
-    return {**env, "UV_PYTHON_DOWNLOADS": "never", **extra}
+    return {**env, "UV_PYTHON_DOWNLOADS": "never", **KEEP_WHEEL_FILES, **extra}
 
 
 def run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
@@ -578,8 +584,14 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0, help="size of the synthetic weight set")
     parser.add_argument("--offline-only", action="store_true", help="only (d) and (e): no registry")
     parser.add_argument("--only-vlm", action="store_true", help="only (f), the VLM-like set of issue 17")
+    parser.add_argument(
+        "--keep-wheel-files",
+        action="store_true",
+        help="harness with `[gc] keep-wheel-files = true` (each package file stored first and kept)",
+    )
     parser.add_argument("--only-verify", action="store_true", help="only (d): no registry, no download")
     args = parser.parse_args()
+    KEEP_WHEEL_FILES["HARNESS_GC_KEEP_WHEEL_FILES"] = "1" if args.keep_wheel_files else "0"
     harness = harness_command()
     import harness as package
 

@@ -958,6 +958,61 @@ def test_offline_streamed_wheels_come_from_uvs_cache_and_one_it_lost_is_named(
     assert not store.is_registered(realized_lock(store, third).environment.store)
 
 
+def test_an_online_second_environment_takes_streamed_wheels_from_uvs_cache_without_the_index(
+    up: Upstreams, tmp_path: Path
+) -> None:
+    """By default (`[gc] keep-wheel-files = false`) a second environment whose wheels uv
+    streamed into a first one is built from uv's cache first, online too: no index page is
+    read, so it realizes with the index unreachable (as fast as from kept wheel files). Where
+    uv's cache has lost a wheel, the online realize reads the address from the index again and
+    builds the same environment."""
+    from harness.lock.objects import chosen_file
+    from tests.upstreams import service
+
+    project = _locked(tmp_path / "project", {name: service(["alpha==1.0"]) for name in ("first", "again", "third")})
+    first = read(project / "locks" / "first.lock.toml")
+    alpha = chosen_file(next(p for p in first.packages if p.name == "alpha"), first)
+    home = tmp_path / "home"
+    realize(project, home, "first")
+    store = Store.in_home(home)
+    assert not store.is_registered(alpha.store), "streamed: not a store path"
+
+    gone = {"HARNESS_INDEX_PYPI": "http://127.0.0.1:9/simple"}  # nothing answers there
+    again = run_harness_process("--project", str(project), "--home", str(home), "realize", "again", env=gone)
+    assert again.returncode == 0, again.stderr
+    assert "from uv's cache" in again.stderr, again.stderr
+    env = realized_lock(store, read(project / "locks" / "again.lock.toml")).environment.store
+    other = tmp_path / "other"
+    realize(project, other, "again")
+    assert snapshot(other)[env] == snapshot(home)[env], "the environment an online sync builds"
+
+    for bucket in (home / "cache").glob("*-v[0-9]*"):  # uv's cache loses its wheels, keeps the note
+        shutil.rmtree(bucket)
+    lost = run_harness_process("--project", str(project), "--home", str(home), "realize", "third", env=gone)
+    assert lost.returncode != 0 and "Traceback" not in lost.stderr
+    assert "127.0.0.1:9" in lost.stderr, lost.stderr
+    third = realize(project, home, "third")
+    assert "from uv's cache" in third.stderr and "downloading 1 of them" in third.stderr, third.stderr
+    assert store.is_registered(realized_lock(store, read(project / "locks" / "third.lock.toml")).environment.store)
+    assert all(f.status == "ok" for f in verify_store(store, check_contents=True))
+
+
+def test_a_wheel_uvs_cache_lost_is_recognized_however_uv_wraps_its_message() -> None:
+    """uv wraps its error to the terminal's width (``COLUMNS``), so the message that a wheel is
+    not in its cache may break anywhere between words: it is still the wheel, by name."""
+    from harness.realize.environment import NotCached, RemoteWheel, _remote_dist, not_cached
+
+    url = "http://127.0.0.1:37117/files/beta-1.0-py3-none-any.whl"
+    remote = [_remote_dist(RemoteWheel("beta-1.0-py3-none-any.whl", url, "0" * 64))]
+    for stderr in (
+        f"error: Failed to download `beta==1.0`\n  cause: Network connectivity is disabled, but the requested data wasn't found in the cache: {url}\n",
+        f"error: Failed to download `beta==1.0`\n  cause: Network connectivity is disabled, but the requested data wasn't found\n         in the cache: {url}\n",
+    ):
+        error = not_cached(stderr, remote)
+        assert isinstance(error, NotCached) and "beta-1.0-py3-none-any.whl" in error.message, stderr
+    assert not_cached("error: Failed to download `beta==1.0`: connection refused", remote) is None
+
+
 def test_a_download_others_can_write_is_copied_and_checked_again_not_linked(tmp_path: Path) -> None:
     """In a shared home ``cache/downloads`` is group-writable: a member may change a file's
     bytes after the fetch checked them. Taking a download there into a store build copies it

@@ -659,8 +659,8 @@ def _streamed(ctx: Context, realized: Lock) -> dict[str, tuple[str, str, LockedF
     (a binary cache, another lock, or a repair may have it). Offline, only those whose
     address is noted beside uv's cache (:attr:`Context.wheel_urls`): uv streamed them into
     an earlier environment and installs them from its cache. Empty otherwise."""
-    if ctx.settings.gc_keep_wheel_files or ctx.rebuild:
-        return {}
+    if ctx.settings.gc_keep_wheel_files or ctx.rebuild or ctx.store.is_registered(realized.environment.store):
+        return {}  # (a registered environment is not synced again: nothing to stream)
     from harness.download import split_credentials
 
     files = {chosen_file(p, realized).store for p in [*realized.build_packages, *_sources_build_set(realized)]}
@@ -1622,7 +1622,9 @@ def _look_up_streamed(ctx: Context, locks: list[Lock]) -> None:
     fails its own lock naming it. The thread is a daemon: an interrupt does not wait for it."""
     from harness.realize.standin import realized_lock
 
-    wanted = {item[2].file: item for lock in locks for item in _streamed(ctx, realized_lock(ctx.store, lock)).values()}
+    streams = [_streamed(ctx, realized_lock(ctx.store, lock)) for lock in locks]
+    # An environment built from uv's cache first needs none (:func:`_from_uv_cache_first`).
+    wanted = {item[2].file: item for s in streams if not _from_uv_cache_first(ctx, s) for item in s.values()}
     if not wanted or ctx.offline:
         return  # offline, the addresses are the noted ones (_remote_wheels)
 
@@ -1646,7 +1648,7 @@ def _remote_wheels(ctx: Context, streamed: list[tuple[str, str, LockedFile]]) ->
     from harness.realize.wheelurls import remember
 
     if ctx.offline:
-        return [RemoteWheel(file.file, ctx.wheel_urls[file.sha256], file.sha256) for _, _, file in streamed]
+        return _noted_wheels(ctx, streamed)
     for thread in ctx.lookups:
         thread.join()
     missing = [item for item in streamed if item[2].file not in ctx.file_urls]
@@ -1659,13 +1661,30 @@ def _remote_wheels(ctx: Context, streamed: list[tuple[str, str, LockedFile]]) ->
     return remote
 
 
+def _noted_wheels(ctx: Context, streamed: list[tuple[str, str, LockedFile]]) -> list[RemoteWheel]:
+    """Each wheel of ``streamed`` at the address noted beside uv's cache when uv streamed it
+    (``wheelurls.py``): uv's cache keeps it under that address."""
+    from harness.realize.environment import RemoteWheel
+
+    return [RemoteWheel(file.file, ctx.wheel_urls[file.sha256], file.sha256) for _, _, file in streamed]
+
+
+def _from_uv_cache_first(ctx: Context, streamed: dict[str, tuple[str, str, LockedFile]]) -> bool:
+    """Whether an online build of an environment that streams ``streamed`` takes them from uv's
+    cache first, as offline: each was streamed before and its address noted (a second
+    environment sharing the first one's wheels). Neither an index page is read nor an address
+    asked again; where uv's cache has lost one, the build goes to the index after all
+    (:func:`_add_environment`). Same bytes either way: uv checks each against the lock's sha256."""
+    return not ctx.offline and bool(streamed) and all(f.sha256 in ctx.wheel_urls for _, _, f in streamed.values())
+
+
 def _add_environment(ctx: Context, lock: Lock) -> None:
     """Build and register the lock's environment; then record the pycs compiled for it in the
     store's bytecode index, so the next environment on this interpreter takes them from the
     pool (``harness/store/bytecode.py``)."""
     from harness.lock.objects import built_wheel_path
     from harness.realize.bytecode import ReuseFrom, fresh_entries
-    from harness.realize.environment import EnvironmentBuild, build_environment, wheel_embedded_paths
+    from harness.realize.environment import EnvironmentBuild, NotCached, build_environment, wheel_embedded_paths
 
     store = ctx.store
     if store.is_registered(lock.environment.store):
@@ -1685,7 +1704,8 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
         return path
 
     streamed = _streamed(ctx, lock)
-    remote = _remote_wheels(ctx, list(streamed.values()))
+    from_cache = _from_uv_cache_first(ctx, streamed)
+    remote = _noted_wheels(ctx, list(streamed.values())) if from_cache else _remote_wheels(ctx, list(streamed.values()))
     wheels = [file_in_store(p) for p in lock.packages if chosen_file(p, lock).store not in streamed]
     build_wheels = [file_in_store(p) for p in _sources_build_set(lock)]
     from harness.lock.storepaths import source_folders
@@ -1721,7 +1741,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
             build_wheels=build_wheels,
             cache_dir=ctx.uv_cache_dir or ctx.cache_dir,
             remote_wheels=remote,
-            offline=ctx.offline,
+            offline=ctx.offline or from_cache,
             interpreter_store_name=lock.python.store,
             hashes=hashes,
             prompt=lock.name,
@@ -1735,14 +1755,27 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
         return BuildResult(obtained=f"uv {lock.uv}" + _not_reproducible(embedded))
 
     digests: dict[str, str] = {}
-    store.add(
-        lock.environment.store,
-        "environment",
-        build,
-        references=tuple(references),
-        progress=ctx.progress,
-        digests=digests,
-    )
+
+    def add() -> None:
+        store.add(
+            lock.environment.store,
+            "environment",
+            build,
+            references=tuple(references),
+            progress=ctx.progress,
+            digests=digests,
+        )
+
+    try:
+        add()
+    except NotCached:
+        if not from_cache:
+            raise
+        # uv's cache lost a wheel it streamed: read the addresses from the index, and sync online.
+        from_cache, remote = False, _remote_wheels(ctx, list(streamed.values()))
+        built.clear()
+        digests.clear()
+        add()
     # Registered: its pycs are in the pool now (the environment kind's files are shared),
     # under the digests the seal read them for.
     for result in built:

@@ -690,15 +690,23 @@ def hash_mismatch(stderr: str, remote: Sequence[_Dist]) -> HarnessError | None:
 _NOT_CACHED = "Network connectivity is disabled, but the requested data wasn't found in the cache"
 
 
+class NotCached(HarnessError):
+    """An offline sync wanted a streamed wheel that uv's cache no longer holds
+    (:func:`not_cached`): online, realize then reads its address from the index again."""
+
+
 def not_cached(stderr: str, remote: Sequence[_Dist]) -> HarnessError | None:
     """The error naming the wheels an offline sync wanted from uv's cache and did not find
-    there (uv names each by its address), when uv's ``stderr`` says so, else None. Pure."""
-    if _NOT_CACHED not in stderr:
+    there (uv names each by its address), when uv's ``stderr`` says so, else None. Pure.
+    uv wraps its messages to the terminal's width: they are read with each run of
+    whitespace as one space."""
+    flat = " ".join(stderr.split())
+    if _NOT_CACHED not in flat:
         return None
-    missing = sorted(d.filename for d in remote if d.url is not None and d.url in stderr)
+    missing = sorted(d.filename for d in remote if d.url is not None and d.url in flat)
     if not missing:
         return None
-    return HarnessError(
+    return NotCached(
         f"offline, and neither the store nor uv's cache holds {', '.join(missing)}: "
         "with `[gc] keep-wheel-files = false` the store keeps no wheel file, and uv's cache "
         "no longer has the one it streamed",
