@@ -1661,6 +1661,27 @@ def _remote_wheels(ctx: Context, streamed: list[tuple[str, str, LockedFile]]) ->
     return remote
 
 
+def _environment_sources(store: Store, lock: Lock) -> tuple[list[tuple[Path, str, str | None, bool]], list[str]]:
+    """The sources ``lock``'s environment installs (folder, install mode, subdirectory, build
+    isolation) and the environment's runtime references: the interpreter its ``bin/python``
+    links to and the editable and path sources its ``.pth`` files name. Wheels are copied in,
+    so they are build inputs, not references."""
+    from harness.lock.storepaths import source_folders
+
+    # A path source with links goes on sys.path as its view (harness/realize/views.py).
+    folders = source_folders(lock)
+    sources: list[tuple[Path, str, str | None, bool]] = [
+        (store.root / folder, s.install, s.subdirectory, s.build_isolation)
+        for s, folder in zip(lock.sources, folders, strict=True)
+        if s.install != "none"
+    ]
+    references = [
+        lock.python.store,
+        *[folder for s, folder in zip(lock.sources, folders, strict=True) if s.install in ("editable", "path")],
+    ]
+    return sources, references
+
+
 def _noted_wheels(ctx: Context, streamed: list[tuple[str, str, LockedFile]]) -> list[RemoteWheel]:
     """Each wheel of ``streamed`` at the address noted beside uv's cache when uv streamed it
     (``wheelurls.py``): uv's cache keeps it under that address."""
@@ -1708,22 +1729,7 @@ def _add_environment(ctx: Context, lock: Lock) -> None:
     remote = _noted_wheels(ctx, list(streamed.values())) if from_cache else _remote_wheels(ctx, list(streamed.values()))
     wheels = [file_in_store(p) for p in lock.packages if chosen_file(p, lock).store not in streamed]
     build_wheels = [file_in_store(p) for p in _sources_build_set(lock)]
-    from harness.lock.storepaths import source_folders
-
-    # A path source with links goes on sys.path as its view (harness/realize/views.py).
-    folders = source_folders(lock)
-    sources = [
-        (store.root / folder, s.install, s.subdirectory, s.build_isolation)
-        for s, folder in zip(lock.sources, folders, strict=True)
-        if s.install != "none"
-    ]
-    # Runtime references only: the interpreter its bin/python links to and the editable and
-    # path sources its .pth files name. Wheels are copied in, so they are build inputs, not refs.
-    references = [
-        lock.python.store,
-        *[folder for s, folder in zip(lock.sources, folders, strict=True) if s.install in ("editable", "path")],
-    ]
-
+    sources, references = _environment_sources(store, lock)
     hashes = {chosen_file(p, lock).file: chosen_file(p, lock).sha256 for p in [*lock.packages, *lock.build_packages]}
     hashes.update(built_hashes)
     major_minor = ".".join(lock.python.version.split(".")[:2])
