@@ -388,7 +388,8 @@ class Settings:
             "environment that installs one of those wheels gets it from uv's cache (the member's "
             "own, in a shared home) where uv has it, offline too (harness notes each streamed "
             "wheel's address beside that cache); offline, a wheel the cache no longer holds is "
-            "refused, naming it. `true` keeps them as store paths: a second environment then builds "
+            "refused, naming it, and so is `store verify --repair` of an environment (it rebuilds "
+            "with a fresh uv cache of its own). `true` keeps them as store paths: a second environment then builds "
             "from the store offline whatever uv's cache holds, another member of a shared home "
             "builds from them, and `store push` puts them in binary caches, for nodes whose host "
             "CPython differs from the pushing machine's and that must build environments there.",
