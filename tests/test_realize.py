@@ -43,6 +43,14 @@ def realize(project: Path, home: Path, *args: str, check: bool = True) -> subpro
     return result
 
 
+#: Every upstream (the index, both hubs) at a loopback port nothing answers on.
+NO_UPSTREAMS = {
+    "HARNESS_INDEX_PYPI": "http://127.0.0.1:9/simple",
+    "HF_ENDPOINT": "http://127.0.0.1:9",
+    "HARNESS_MODELSCOPE_ENDPOINT": "http://127.0.0.1:9",
+}
+
+
 def snapshot(home: Path) -> dict[str, str]:
     """Every registered path and its content hash: the store's state."""
     store = Store.in_home(home)
@@ -383,14 +391,8 @@ def test_realize_substitutes_from_a_signed_cache_without_upstreams(
     )
     assert push.returncode == 0, push.stderr
     public = (keys / "lab.public").read_text().strip()
-    env = {
-        "HARNESS_SUBSTITUTERS": cache.as_uri(),
-        "HARNESS_TRUSTED_KEYS": public,
-        # Every upstream unreachable: what B gets must come from the cache.
-        "HARNESS_INDEX_PYPI": "http://127.0.0.1:9/simple",
-        "HF_ENDPOINT": "http://127.0.0.1:9",
-        "HARNESS_MODELSCOPE_ENDPOINT": "http://127.0.0.1:9",
-    }
+    # Every upstream unreachable: what B gets must come from the cache.
+    env = {"HARNESS_SUBSTITUTERS": cache.as_uri(), "HARNESS_TRUSTED_KEYS": public, **NO_UPSTREAMS}
     other = tmp_path / "home-b"
     result = run_harness_process("--project", str(project), "--home", str(other), "realize", env=env)
     assert result.returncode == 0, result.stderr
@@ -435,14 +437,8 @@ def test_a_home_that_keeps_no_wheel_files_still_serves_another_through_its_cache
     assert not any(Store.in_home(pusher).is_registered(name) for name in build_inputs(lock))
     push = ("--project", str(project), "--home", str(pusher), "store", "push", str(cache))
     assert run_harness_process(*push, "--key", str(keys / "lab.secret")).returncode == 0
-    env = {
-        **lean,
-        "HARNESS_SUBSTITUTERS": cache.as_uri(),
-        "HARNESS_TRUSTED_KEYS": (keys / "lab.public").read_text().strip(),
-        "HARNESS_INDEX_PYPI": "http://127.0.0.1:9/simple",
-        "HF_ENDPOINT": "http://127.0.0.1:9",
-        "HARNESS_MODELSCOPE_ENDPOINT": "http://127.0.0.1:9",
-    }
+    public = (keys / "lab.public").read_text().strip()
+    env = {**lean, "HARNESS_SUBSTITUTERS": cache.as_uri(), "HARNESS_TRUSTED_KEYS": public, **NO_UPSTREAMS}
     other = tmp_path / "home-b"
     result = run_harness_process("--project", str(project), "--home", str(other), "realize", env=env)
     assert result.returncode == 0, result.stderr
