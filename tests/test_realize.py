@@ -462,6 +462,37 @@ def test_a_home_that_keeps_no_wheel_files_still_serves_another_through_its_cache
     assert "127.0.0.1:9" in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+def test_a_host_copy_is_made_before_the_fetch_only_where_it_is_known_to_stand_in(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy is made first (to pull the environment on it) only where no download of the
+    lock's interpreter will be tried: an interpreter uv may still download overlaps the fetch."""
+    from harness.config import Settings
+    from harness.realize.builder import Context, _standin_expected
+    from harness.realize.unreachable import download_key, remember_unreachable
+
+    lock = read(project / "locks" / "svc.lock.toml")
+    assert lock.python.source == "uv-managed"
+
+    def context(**kwargs: bool) -> Context:
+        return Context(
+            store=Store(tmp_path / "store"),
+            project_root=project,
+            settings=Settings(),
+            cache_dir=tmp_path / "cache",
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    monkeypatch.delenv("UV_PYTHON_DOWNLOADS", raising=False)
+    assert not _standin_expected(context(), lock), "uv may download it: it overlaps the fetch"
+    assert _standin_expected(context(offline=True), lock)
+    remember_unreachable(tmp_path / "cache", download_key(lock.python.store, Settings().python_download_env()), "x")
+    assert _standin_expected(context(), lock), "it failed a short while ago"
+    assert not _standin_expected(context(refresh=True), lock), "--refresh tries uv again"
+    monkeypatch.setenv("UV_PYTHON_DOWNLOADS", "never")
+    assert _standin_expected(context(refresh=True), lock)
+
+
 def test_a_host_copy_left_under_a_locks_own_name_is_removed_with_what_was_built_on_it(tmp_path: Path) -> None:
     """An older harness registered host copies under the lock's uv-managed name; realize drops
     such a path and the environments built on it before installing the real interpreter."""

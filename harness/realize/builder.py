@@ -529,7 +529,9 @@ def _standins_from_caches(ctx: Context, todo: list[Lock], prepared: _Prepared) -
     cache had is noted as standing in at once (its staged twin is dropped). The fetch then
     leaves out the package files that environment needed, which the pushing home may not
     have kept (``[gc] keep-wheel-files = false``). What the caches lack is built as before;
-    the cost is that the copy no longer overlaps the fetch in that first realize."""
+    the cost is that the copy no longer overlaps the fetch in that first realize. Only where
+    a host copy is known to stand in (:func:`_standin_expected`): an interpreter uv may still
+    download overlaps the fetch as before."""
     usable = _usable_substituters(ctx)
     if not usable:
         return False
@@ -541,7 +543,9 @@ def _standins_from_caches(ctx: Context, todo: list[Lock], prepared: _Prepared) -
     first = [
         lock
         for lock in todo
-        if not own_interpreter_registered(store, lock) and standin_for(store, lock.python.store) is None
+        if not own_interpreter_registered(store, lock)
+        and standin_for(store, lock.python.store) is None
+        and _standin_expected(ctx, lock)
     ]
     if not first:
         return False
@@ -560,6 +564,22 @@ def _standins_from_caches(ctx: Context, todo: list[Lock], prepared: _Prepared) -
                 ready.staged = None
             remember_standin(store, python_store, ready.name, ready.reason)
     return True
+
+
+def _standin_expected(ctx: Context, lock: Lock) -> bool:
+    """Whether a host copy is to stand in for ``lock``'s interpreter, known without asking uv
+    (the checks :func:`_stage_own_interpreter` makes before it does): a host lock, offline, uv's
+    downloads forbidden, or one that failed in this realize or a short while ago."""
+    from harness.realize.interpreter import why_no_download
+    from harness.realize.unreachable import download_key, remembered
+
+    python = lock.python
+    if python.source != "uv-managed" or ctx.offline or python.store in ctx.unavailable or why_no_download():
+        return True
+    if ctx.refresh:
+        return False
+    key = download_key(python.store, ctx.settings.python_download_env())
+    return remembered(ctx.cache_dir, key, minutes=ctx.settings.python_download_retry_minutes) is not None
 
 
 def _substitute_names(ctx: Context, usable: list[str], locks: list[Lock], names: list[str]) -> None:
@@ -599,7 +619,6 @@ def _complete(ctx: Context, lock: Lock) -> Report:
 def built_wheel_notes(store: Store, realized: Lock) -> list[str]:
     """What a report says about the wheels built from sdists for ``realized`` (the lock as
     realized here): each compiled with this machine's toolchain, which the lock does not name."""
-
     notes = []
     for _, name in built_wheels(realized):
         record = store.record(name)
@@ -1516,7 +1535,6 @@ def _add_built_wheels(ctx: Context, lock: Lock) -> None:
     interpreter the environment is built on, offline from the lock's build packages alone
     (``realize/environment.py:build_sdist_wheel``). Once registered, every environment that
     installs it, in this store or one that pulls it from a binary cache, installs these bytes."""
-
     store = ctx.store
     needed = _needed(ctx, lock)  # none once the environment is there (but a repair's)
     todo = [(package, name) for package, name in built_wheels(lock) if name in needed and not store.is_registered(name)]

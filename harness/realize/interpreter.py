@@ -246,7 +246,7 @@ def build_uv_managed(
     out = out.absolute()
     _check_empty(out)
     _check_cpython(python)
-    reason = _why_no_download()
+    reason = why_no_download()
     if reason is not None:
         raise DownloadUnavailable(reason)
     try:
@@ -284,7 +284,7 @@ def _check_cpython(python: LockedInterpreter) -> None:
         raise HarnessError(f"interpreter {python.implementation} {python.version}: harness builds CPython only")
 
 
-def _why_no_download() -> str | None:
+def why_no_download() -> str | None:
     """Why uv must not even try a download, or None. (An offline try still runs: uv then
     reads its archive cache and fails in milliseconds when the archive is not there.)"""
     if os.environ.get("UV_PYTHON_DOWNLOADS", "").lower() == "never":
