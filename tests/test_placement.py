@@ -8,6 +8,7 @@ only code run besides the planner is the CLI, in-process.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -559,10 +560,69 @@ def test_cli_deploy_write_gives_every_instance_ports_of_its_own(harness_cli, tmp
     states = [PROJECT.load_deploy(tmp_path / f"{name}.toml").state for name in ("first", "second")]
     assert states[0] != states[1], "and a state folder of its own: a broker, logs and pid files each"
     assert all(str(tmp_path / "home" / "state") in str(state) for state in states)
-    registry = json.loads((tmp_path / "home" / "state" / "ports.json").read_text())
+    registry = json.loads((tmp_path / "home" / "state" / "ports" / f"{os.geteuid()}.json").read_text())
     assert set(registry["deploys"]) == {str(tmp_path / "first.toml"), str(tmp_path / "second.toml")}
     (tmp_path / "first.toml").unlink()  # a deploy that is gone gives its ports back
     assert write("third") == first
+
+
+def test_deploy_write_keeps_the_reservations_of_the_earlier_single_registry_file(harness_cli, tmp_path: Path) -> None:
+    """A home whose ``state/ports.json`` an earlier harness wrote: its reservations still keep
+    a new deploy's ports apart, and its owner's move into their own file at the next write."""
+    home = tmp_path / "home"
+    (home / "state").mkdir(parents=True)
+    old, new = tmp_path / "old.toml", tmp_path / "new.toml"
+    old.write_text("# an earlier deploy\n")
+    result = harness_cli(
+        "--project", str(REPO), "--home", str(home), "deploy", "write", "-o", str(new), "--gpus", "1x24"
+    )
+    assert result.code == 0, result.err
+    ports = {n: s.port for n, s in PROJECT.load_deploy(new).services.items() if s.port is not None}
+    legacy = {"version": 1, "deploys": {str(old): dict(ports)}}  # what the old file held: these very ports
+    (home / "state" / "ports.json").write_text(json.dumps(legacy))
+    result = harness_cli(
+        "--project", str(REPO), "--home", str(home), "deploy", "write", "-o", str(new), "--gpus", "1x24", "--force"
+    )
+    assert result.code == 0, result.err
+    moved = {n: s.port for n, s in PROJECT.load_deploy(new).services.items() if s.port is not None}
+    assert not set(moved.values()) & set(ports.values()), "the earlier file's reservations were passed over"
+    assert not (home / "state" / "ports.json").exists()
+    registry = json.loads((home / "state" / "ports" / f"{os.geteuid()}.json").read_text())
+    assert registry["deploys"] == {str(old): ports, str(new): moved}
+
+
+def test_what_is_planted_in_the_port_registry_is_never_followed_nor_fails_a_deploy_write(
+    harness_cli, tmp_path: Path
+) -> None:
+    """A link as the registry's lock file and as this user's file, a fifo and garbage beside
+    them (what another member of a shared home could make there first): ``deploy write``
+    works, writes through none of them, and its reservation holds for the next write."""
+    home, victim = tmp_path / "home", tmp_path / "victim.txt"
+    victim.write_text("someone's file\n")
+    registry = home / "state" / "ports"
+    registry.mkdir(parents=True)
+    (registry / ".lock").symlink_to(victim)
+    (registry / f"{os.geteuid()}.json").symlink_to(victim)
+    os.mkfifo(registry / f"{os.geteuid() + 1}.json")
+    (registry / f"{os.geteuid() + 2}.json").write_text("{not json")
+
+    def write(name: str) -> dict[str, int]:
+        out = tmp_path / f"{name}.toml"
+        result = harness_cli(
+            "--project", str(REPO), "--home", str(home), "deploy", "write", "-o", str(out), "--gpus", "1x24"
+        )
+        assert result.code == 0 and "Traceback" not in result.err, result.err
+        return {n: s.port for n, s in PROJECT.load_deploy(out).services.items() if s.port is not None}
+
+    first, second = write("first"), write("second")
+    assert first and not set(first.values()) & set(second.values())
+    assert victim.read_text() == "someone's file\n"
+    assert (registry / f"{os.geteuid()}.json").is_symlink(), "the planted link is left as it is"
+    own = [p for p in registry.glob(f"{os.geteuid()}-*.json") if not p.is_symlink()]
+    assert len(own) == 1 and set(json.loads(own[0].read_text())["deploys"]) == {
+        str(tmp_path / "first.toml"),
+        str(tmp_path / "second.toml"),
+    }
 
 
 def test_cli_deploy_write(harness_cli, tmp_path: Path) -> None:

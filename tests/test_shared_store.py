@@ -1732,3 +1732,83 @@ def test_a_broker_another_member_plants_in_a_projects_state_folder_is_never_used
         assert "not yours" in address, address
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+def _deploy_project(root: Path) -> Path:
+    """A project of two services with ports, readable by both members."""
+    (root / "services").mkdir(parents=True)
+    for name, port in (("alpha", 9310), ("beta", 9311)):
+        (root / "services" / f"{name}.toml").write_text(
+            f'kind = "{name}"\nsummary = "a service"\ncommand = ["{{python}}", "-c", "pass"]\nport = {port}\n\n'
+            '[environment]\npython = "3.11"\nrequirements = []\n'
+        )
+    for folder in (root, root / "services"):
+        folder.chmod(0o755)
+    return root
+
+
+def _deploy_write(home: Path, project: Path, out: Path) -> tuple[int, str, dict[str, Any]]:
+    """``deploy write`` as the calling member (the CLI in-process): exit code, stderr, and the
+    deploy it wrote (its ``state`` and its services' ports)."""
+    import tomllib
+
+    harness.store.shared.apply_group_umask(home)
+    code, _, err = cli(home, "--project", str(project), "deploy", "write", "-o", str(out), "--gpus", "1x24")
+    written = tomllib.loads(out.read_text()) if code == 0 else {}
+    ports = {n: s["port"] for n, s in written.get("services", {}).items() if "port" in s}
+    return code, err, {"state": written.get("state"), "ports": ports}
+
+
+def test_no_member_can_move_plant_or_squat_what_another_members_deploys_keep_in_state(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """``state/`` and the port registry are sticky in a shared home: b cannot rename ``state/``,
+    a's state folder or a's reserved ports; what b plants there first (a link as the registry's
+    lock and as a's registry file, a's deploy's state folder under its name) fails nothing for
+    a, and nothing is written through it; a's deploy takes no port b's deploy reserved, and its
+    state folder is a's own. Before, ``state/`` was group-writable without the sticky bit."""
+    from harness.runtime.deploywrite import instance_state
+
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    project = _deploy_project(home.parent / "project")
+    victim = home.parent / "victim.txt"
+    victim.write_text("a's file\n")
+    victim.chmod(0o666)
+    a_out, b_out = home.parent / "a.toml", home.parent / "b.toml"
+
+    def member_b() -> dict[str, Any]:
+        registry = home / "state" / "ports"
+        (registry / ".lock").symlink_to(victim)
+        (registry / f"{a.uid}.json").symlink_to(victim)
+        squatted = instance_state(home, project, a_out)  # the name a's deploy will ask for
+        squatted.mkdir(mode=0o775)
+        code, err, written = _deploy_write(home, project, b_out)
+        return {"code": code, "err": err, "written": written, "squatted": str(squatted)}
+
+    seen_b = as_user(b, member_b)
+    assert seen_b["code"] == 0, seen_b["err"]
+    code, err, written = as_user(a, lambda: _deploy_write(home, project, a_out))
+    assert code == 0 and "Traceback" not in err, err
+    assert written["ports"] and not set(written["ports"].values()) & set(seen_b["written"]["ports"].values())
+    assert written["state"] != seen_b["squatted"] and os.stat(written["state"]).st_uid == a.uid, written
+    assert victim.read_text() == "a's file\n", "nothing was written through b's links"
+    a_files = [p for p in (home / "state" / "ports").glob(f"{a.uid}-*.json") if os.lstat(p).st_uid == a.uid]
+    assert len(a_files) == 1
+
+    def moves_of_b() -> dict[str, str]:
+        return _refusals(
+            {
+                "rename state": lambda: os.rename(home / "state", home / "state.old"),
+                "rename the registry": lambda: os.rename(home / "state" / "ports", home / "state" / "p"),
+                "rename a's state": lambda: os.rename(written["state"], home / "state" / "mine"),
+                "delete a's ports": lambda: a_files[0].unlink(),
+                "replace a's ports": lambda: os.rename(home / "state" / "ports" / f"{b.uid}.json", a_files[0]),
+            }
+        )
+
+    refused = as_user(b, moves_of_b)
+    assert all(refused.values()), refused
+    # b's next write still sees a's reservation.
+    code, err, again = as_user(b, lambda: _deploy_write(home, project, home.parent / "b2.toml"))
+    assert code == 0 and not set(again["ports"].values()) & set(written["ports"].values()), (err, again)

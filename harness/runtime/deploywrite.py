@@ -273,11 +273,14 @@ def instance_state(home: Path, project_root: Path, deploy: Path) -> Path:
     """The state folder of the instance that the deploy file ``deploy`` describes:
     ``$HARNESS_HOME/state/<project>-<deploy's stem>-<hash of both paths>``, so rewriting the
     same file keeps its folder (and a broker running there stays reachable) and no two
-    deploy files share one."""
+    deploy files share one; where another user has that name (a member of a shared home made
+    it first), this user's own ``…-<random>`` (:func:`~harness.runtime.supervisor.own_state_folder`)."""
+    from harness.runtime.supervisor import own_state_folder
+
     project, path = project_root.expanduser().resolve(), deploy.expanduser().resolve()
     key = hashlib.sha256(f"{project}\0{path}".encode()).hexdigest()[:12]
     stem = re.sub(r"[^A-Za-z0-9_-]", "-", path.stem).strip("-") or "deploy"
-    return home / "state" / f"{project.name}-{stem}-{key}"
+    return own_state_folder(home / "state", f"{project.name}-{stem}-{key}")
 
 
 def render(

@@ -17,9 +17,10 @@ that it holds on any local filesystem and on NFS:
   read-only, so no member can modify, rename or delete a path another registered. The
   store refuses such a removal up front with a message naming the owner
   (:meth:`Store.check_removable <harness.store.store.Store.check_removable>`);
-* the home itself, ``cache`` and ``runs`` are sticky as well (:data:`LAYOUT`): no member can
-  rename or delete the layout's folders or another member's cache folders and run records
-  (``runs prune`` passes other members' records by).
+* the home itself, ``cache``, ``runs`` and ``state`` are sticky as well (:data:`LAYOUT`): no
+  member can rename or delete the layout's folders or another member's cache folders, run
+  records, services' state folders or reserved ports (``runs prune`` passes other members'
+  records by).
 
 What another member *creates* there (a symlink, a fifo, garbage under a name harness will use)
 is opened without being followed and reported as that entry (``harness/store/entries.py``), and
@@ -43,10 +44,10 @@ from pathlib import Path
 from harness.errors import HarnessError, InputError
 
 #: Folders of a home, relative to it, that ``init`` creates; the sticky ones are marked.
-#: The home itself, ``cache`` and ``runs`` are sticky too: every member creates entries there
-#: (a run record, a cache folder), and no member may rename or delete the folders of the
-#: layout or another member's entries (``mv cache cache.old`` would break every member's
-#: commands). ``cache/downloads`` is not: a member must replace another's partial or wrong
+#: The home itself, ``cache``, ``runs`` and ``state`` are sticky too: every member creates
+#: entries there (a run record, a cache folder, a state folder), and no member may rename or
+#: delete the folders of the layout or another member's entries (``mv cache cache.old``
+#: would break every member's commands). ``cache/downloads`` is not: a member must replace another's partial or wrong
 #: download there (``harness/download.py``), and what it holds is checked against the lock
 #: again as it is taken (``builder.py:_take_download``); the folder itself cannot be moved.
 LAYOUT: tuple[tuple[str, bool], ...] = (
@@ -66,6 +67,8 @@ LAYOUT: tuple[tuple[str, bool], ...] = (
     ("cache", True),
     ("cache/downloads", False),
     ("runs", True),
+    ("state", True),  # each member's services' state folders, and the port registry
+    ("state/ports", True),  # one file of reserved ports per member (runtime/portregistry.py)
 )
 
 
