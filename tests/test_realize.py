@@ -416,6 +416,8 @@ def test_realize_substitutes_from_a_signed_cache_without_upstreams(
     result = run_harness_process("--project", str(project), "--home", str(third), "realize", env=env_untrusted)
     assert result.returncode == 0, result.stderr
     assert "signature" in result.stderr or "trusted" in result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: not substituted")]
+    assert warnings and len(warnings) == len(set(warnings)), "each refusal is said once"
     assert snapshot(third) == snapshot(realized)
 
 

@@ -162,6 +162,9 @@ class Context:
     #: The thread of that look-up, which phase 1 starts and does not wait for: only an
     #: environment's sync needs the addresses (:func:`_remote_wheels` joins it).
     lookups: list[threading.Thread] = field(default_factory=list, init=False, repr=False, compare=False)
+    #: The warnings the substitution passes printed: a path several passes ask for (the lock's
+    #: own, then those a stand-in still lacks) is refused once on the screen.
+    warned: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
     #: Build inputs (package files, built wheels) to register even where no environment
     #: needs them: what ``store verify --repair`` deleted (``harness/realize/repair.py``).
     rebuild: frozenset[str] = frozenset()
@@ -584,8 +587,6 @@ def _standin_expected(ctx: Context, lock: Lock) -> bool:
 
 def _substitute_names(ctx: Context, usable: list[str], locks: list[Lock], names: list[str]) -> None:
     """Pull ``names`` (those not registered) from the ``usable`` caches (:func:`_substitute`)."""
-    import sys
-
     from harness.cache.substitute import expected_from_locks, substitute
 
     names = list(dict.fromkeys(name for name in names if not ctx.store.is_registered(name)))
@@ -600,8 +601,16 @@ def _substitute_names(ctx: Context, usable: list[str], locks: list[Lock], names:
         cache_dir=ctx.cache_dir,
         jobs=ctx.jobs,
         show_progress=ctx.show_progress,
-        warn=lambda line: write_line(sys.stderr, f"warning: {line}"),
+        warn=lambda line: _warn_once(ctx, line),
     )
+
+
+def _warn_once(ctx: Context, line: str) -> None:
+    import sys
+
+    if line not in ctx.warned:
+        ctx.warned.add(line)
+        write_line(sys.stderr, f"warning: {line}")
 
 
 def _complete(ctx: Context, lock: Lock) -> Report:
