@@ -39,6 +39,7 @@ import pytest
 import harness.cli.commands.store
 import harness.cli.output
 import harness.lock.lockfile
+import harness.lock.stamp
 import harness.lock.storepaths
 import harness.realize.builder
 import harness.resolve.git
@@ -1048,11 +1049,11 @@ def test_another_members_answers_of_uv_are_passed_by(lab: tuple[User, User], hom
 
 
 def test_another_members_up_to_date_stamp_decides_nothing(lab: tuple[User, User], home: Path) -> None:
-    """The no-op realize's stamps (cache/up-to-date, group-writable) are each user's own: b
-    realizing the same project with a variant forced leaves a's stamp alone; b replacing a's
-    stamp with one that names P1 as the lock's environment (every path in it registered for
-    a) does not make a's realize report "up to date" with b's choice; nor does a link or a
-    fifo in its place hang or fail it."""
+    """The no-op realize's stamps (cache/up-to-date, sticky) are each user's own: b realizing
+    the same project with a variant forced leaves a's stamp alone; b cannot replace a's stamp,
+    and a stamp b makes under its name first, one that names P1 as the lock's environment
+    (every path in it registered for a), does not make a's realize report "up to date" with
+    b's choice; nor does a link or a fifo in its place hang or fail it."""
     a, b = lab
     project = _kinematics_project(home.parent / "kproject")
     as_user(a, lambda: init_and_add(home))
@@ -1080,14 +1081,21 @@ def test_another_members_up_to_date_stamp_decides_nothing(lab: tuple[User, User]
     [b_file, _] = as_user(b, b_forces_a_variant)
     assert b_file != a_file and (stamps / a_file).read_bytes() == before
 
-    def forge() -> None:
+    def forge() -> str:
         data = json.loads((stamps / a_file).read_text())
         data["locks"] = [dict(data["locks"][0], environment=P1, python=P1, objects=[P1])]
         forged = stamps / "forged"
         forged.write_text(json.dumps(data))
-        os.replace(forged, stamps / a_file)  # the folder is the group's: b can replace a's file
+        try:
+            os.replace(forged, stamps / a_file)
+        except PermissionError as exc:
+            return str(exc)  # the folder is sticky: b cannot replace a's file
+        return ""
 
-    as_user(b, forge)
+    assert as_user(b, forge)
+    # Where a's stamp is not there (a cleared it), b can make that name first.
+    as_user(a, lambda: (stamps / a_file).unlink())
+    as_user(b, lambda: os.replace(stamps / "forged", stamps / a_file))
     assert as_user(a, lambda: stamp(remember=False)[1]) is None, "b's stamp is not a's"
     for plant in (lambda p: p.symlink_to("/dev/zero"), os.mkfifo):
 
@@ -1097,6 +1105,43 @@ def test_another_members_up_to_date_stamp_decides_nothing(lab: tuple[User, User]
 
         as_user(b, replace)
         assert as_user(a, lambda: stamp(remember=False)[1]) is None
+
+
+def test_another_members_lock_stamp_decides_nothing_and_a_planted_one_hangs_nothing(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """The no-op re-lock's stamps (``cache/up-to-date/lock-*.json``, lock/stamp.py) are each
+    user's own, like the realize's: b's stamp of the same project is another file, and what b
+    plants under the name of a's (a fifo, a link to /dev/zero) makes a's ``lock --check``
+    neither hang nor fail: it answers as without a stamp. Before, both members shared one
+    name, read through whatever was there (a fifo blocked a's command for good)."""
+    a, b = lab
+    project = _kinematics_project(home.parent / "kproject")
+    as_user(a, lambda: init_and_add(home))
+    assert os.stat(home / "cache" / "up-to-date").st_mode & stat.S_ISVTX
+
+    def stamp_file() -> str:
+        return str(harness.lock.stamp.LockStamps(home / "cache", project, platform=None).file)
+
+    a_file, b_file = as_user(a, stamp_file), as_user(b, stamp_file)
+    assert a_file != b_file
+
+    def check() -> tuple[int, str, str]:
+        signal.alarm(60)  # a hang fails the test (the child dies) instead of blocking it
+        harness.store.shared.apply_group_umask(home)
+        return cli(home, "--project", str(project.root), "lock", "--check", "kinematics")
+
+    before = as_user(a, check)
+    assert before[0] == 0 and "up to date" in before[1], before
+    for plant in (os.mkfifo, lambda p: os.symlink("/dev/zero", p)):
+
+        def plant_as_b(plant: Callable[[str], Any] = plant) -> None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(a_file)
+            plant(a_file)
+
+        as_user(b, plant_as_b)
+        assert as_user(a, check) == before
 
 
 def test_settings_another_member_writes_into_the_shared_home_are_not_used(lab: tuple[User, User], home: Path) -> None:

@@ -3,7 +3,7 @@
 Re-locking unchanged inputs gives a byte-identical lock (DESIGN invariant 4), so once a lock
 is written, harness can remember what it was made from and, next time, answer "unchanged"
 without running uv, git or a hub client. After each lock that resolved, a stamp
-(``$HARNESS_HOME/cache/up-to-date/lock-<project>.json``) records per manifest a fingerprint
+(``$HARNESS_HOME/cache/up-to-date/lock-<project and user>.json``) records per manifest a fingerprint
 of every input of that lock:
 
 * the manifest's bytes and where it lives (``services/`` or ``benchmarks/``);
@@ -115,7 +115,9 @@ class LockStamps:
         self.project = project
         self.platform = platform
         self.cache_dir = cache_dir
-        key = _digest(str(project.root).encode())[:32]
+        # Each user's own: in a home a lab shares, another member's stamp (made from other
+        # settings, forged, or a fifo where this user's would be) decides nothing here.
+        key = _digest(f"{project.root}\0{os.geteuid()}".encode())[:32]
         self.file = cache_dir / "up-to-date" / f"lock-{key}.json"
 
     # --- fingerprints -------------------------------------------------------------------------
@@ -183,9 +185,12 @@ class LockStamps:
     # --- reading ------------------------------------------------------------------------------
 
     def _load(self) -> dict[str, Any]:
+        from harness.store.entries import read_own
+
+        raw = read_own(self.file, limit=16 << 20)  # a link, a fifo, a huge file or another's: none
         try:
-            data = json.loads(self.file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = json.loads(raw) if raw is not None else None
+        except ValueError:
             return {}
         if (
             not isinstance(data, dict)
@@ -283,6 +288,8 @@ class LockStamps:
         names = [n for n in locks if n in snapshot.stampable and _stampable_lock(locks[n])]
         if not names:
             return
+        from harness.store.entries import BadEntry, write_entry
+
         files = manifest_files(self.project)
         try:
             if files is None or self.common() != snapshot.common or self.project_digest(files) != snapshot.project:
@@ -305,10 +312,9 @@ class LockStamps:
                     "environment": locks[name].environment.store,
                 }
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            temp = self.file.with_name(f".{self.file.name}.{os.getpid()}")
-            temp.write_text(json.dumps({"version": STAMP_VERSION, "locks": entries}, sort_keys=True), encoding="utf-8")
-            os.replace(temp, self.file)
-        except (OSError, ValueError):
+            document = json.dumps({"version": STAMP_VERSION, "locks": entries}, sort_keys=True)
+            write_entry(self.file, document.encode())  # never through a planted link
+        except (OSError, ValueError, BadEntry):
             pass  # no stamp: the next lock resolves
 
 

@@ -66,6 +66,7 @@ LAYOUT: tuple[tuple[str, bool], ...] = (
     ("store/.roots/runs", True),
     ("cache", True),
     ("cache/downloads", False),
+    ("cache/up-to-date", True),  # each member's no-op stamps (lock/stamp.py, realize/install.py)
     ("runs", True),
     ("state", True),  # each member's services' state folders, and the port registry
     ("state/ports", True),  # one file of reserved ports per member (runtime/portregistry.py)
