@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import re
 import subprocess
@@ -128,6 +129,34 @@ def test_an_sdists_build_backend_and_its_dynamic_requirements_are_locked(index: 
     assert result.returncode == 0, result.stderr
     assert lock_file.read_bytes() == first
     assert planted.read_bytes() != b"not the sdist", "replaced by the checked download"
+
+
+def test_an_answer_cache_entry_that_is_not_this_users_file_is_asked_again_of_the_sdist(
+    index: LocalIndex, tmp_path: Path
+) -> None:
+    """The backend's cached answer (``cache/build-requires/<key>.json``) counts only as a file of
+    this user's (answercache.py): one another member of a shared home made, or a link planted
+    in its place, is passed by and the backend asked again, of the unpacked sdist. Before, the
+    entry's mere presence let the re-lock skip unpacking the sdist, and the backend was asked
+    in an empty folder: ``tinyhelper`` was lost from the build set."""
+    project = make_project(tmp_path / "p", {"svc": service(["sdonly==1.0"])})
+    home = tmp_path / "home"
+    assert harness("--project", str(project), "lock", home=home).returncode == 0
+    lock_file = project / "locks" / "svc.lock.toml"
+    first = lock_file.read_bytes()
+    answers = home / "cache" / "build-requires"
+    [dynamic] = [p for p in answers.glob("*.json") if not p.name.endswith("-static.json")]
+    elsewhere = tmp_path / "someone-elses-answer.json"
+    elsewhere.write_text("[]")  # says the backend asks for nothing more
+    dynamic.unlink()
+    dynamic.symlink_to(elsewhere)
+    result = harness("--project", str(project), "lock", "--refresh", home=home)
+    assert result.returncode == 0, result.stderr
+    assert lock_file.read_bytes() == first
+    assert elsewhere.read_text() == "[]", "never written through"
+    assert not dynamic.is_symlink() and json.loads(dynamic.read_text()) == ["tinyhelper==1.0"], (
+        "the answer, asked again"
+    )
 
 
 def test_an_sdist_realizes_from_the_lock_alone_whatever_the_homes_history(index: LocalIndex, tmp_path: Path) -> None:

@@ -91,10 +91,10 @@ def _sdist_answer(package: Package, sdist: DistFile, key: str, options: SdistOpt
     cache_dir = options.cache_dir
     static_cache = cache_dir / "build-requires" / f"{key}-static.json"
     static = _cached(static_cache)
-    # dynamic_build_requirements caches its answer under the same key: with both cached, the
-    # sdist is neither fetched nor unpacked.
+    # dynamic_build_requirements caches its answer under the same key: with both cached (as
+    # files of this user's, which alone it reads), the sdist is neither fetched nor unpacked.
     root = options.scratch
-    if static is None or not (cache_dir / "build-requires" / f"{key}.json").is_file():
+    if static is None or _cached(cache_dir / "build-requires" / f"{key}.json") is None:
         archive = _private_copy(
             fetch_sdist(package, sdist, settings=options.settings, cache_dir=cache_dir, offline=options.offline),
             sdist,
