@@ -123,19 +123,19 @@ def download(
     report = progress or _ignore
     sources = _sources(source, headers)
     label = label or f"{dest.name} from {sources[0].describe()}"
-    if dest.is_file():
-        if dest.stat().st_size == size and file_sha256(dest) == sha256:
+    if os.path.lexists(dest):
+        if _size(dest) == size and file_sha256(dest) == sha256:
             report(size)
             return
-        dest.unlink()
+        dest.unlink()  # other bytes, or not a file (a link: never followed)
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
 
-    resumed = part.exists() and part.stat().st_size > 0
+    resumed = _size(part) > 0
     digest, got = _fetch_from(sources, part, size, report, label)
     if resumed and (got, digest) != (size, sha256):
         # The held bytes may be stale (another version of the file, a torn write): one clean retry.
-        report(-(part.stat().st_size if part.exists() else 0))
+        report(-_size(part))
         part.unlink(missing_ok=True)
         digest, got = _fetch_from(sources, part, size, report, label)
     if (got, digest) != (size, sha256):
@@ -315,14 +315,19 @@ def _transfer(
     request from their end; a source that restarts from zero truncates ``part``. Stops early
     once ``expected_size`` is exceeded; the caller compares size and hash.
     """
+    from harness.store.entries import held_part, open_part, read_part
+
     for attempt in range(ATTEMPTS):
-        offset = part.stat().st_size if part.exists() else 0
+        try:
+            offset = held_part(part)  # a link or fifo planted there is removed, never followed
+        except OSError as exc:
+            raise _write_error(label, part, exc) from None
         if expected_size is not None and offset > expected_size:
             part.unlink()
             offset = 0
         digest = hashlib.sha256()
         if offset:
-            with open(part, "rb") as held:
+            with read_part(part) as held:
                 while chunk := held.read(CHUNK):
                     digest.update(chunk)
             progress(offset)
@@ -335,7 +340,7 @@ def _transfer(
         try:
             with stream:
                 try:
-                    out = open(part, "r+b" if start else "w+b")
+                    out = open_part(part, append=bool(start))
                 except OSError as exc:
                     raise _write_error(label, part, exc) from None
                 with out:
@@ -378,8 +383,17 @@ def _transfer(
                 raise HarnessError(
                     f"{label}: transfer from {source.describe()} failed {ATTEMPTS} times: {exc}"
                 ) from None
-            progress(-(part.stat().st_size if part.exists() else 0))  # re-reported on resume
+            progress(-_size(part))  # re-reported on resume
     raise AssertionError("unreachable")
+
+
+def _size(path: Path) -> int:
+    """The size of ``path`` when it is a regular file (not followed through a link), else 0."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
 #: Bytes moved per splice: the most a pipe holds for an unprivileged user by default

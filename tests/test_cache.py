@@ -765,6 +765,28 @@ def test_interrupted_pull_resumes_with_a_range_request(homes, served, harness_cl
     assert harness_cli("--home", str(home_b), "store", "verify", "--check-contents").code == 0
 
 
+def test_a_link_in_place_of_a_pulls_partial_archive_is_never_written_through(homes, served, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``cache/nar`` is the group's in a shared home: a link another member put where a pull's
+    ``.part`` goes (to a file of the puller's) is removed, not resumed into, and the archive
+    comes whole. Before, the pull appended the archive's bytes to the linked file."""
+    cache, server = served
+    home_a, home_b = homes
+    a = Store.in_home(home_a)
+    closure = populate(a, weight_bytes=1 << 20)
+    push(a, [closure.weights], open_backend(str(cache)), secret=KEY, cache_dir=home_a / "cache")
+    info = NarInfo.parse((cache / narinfo_key(closure.weights)).read_text(), "")
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"the puller's own file\n")
+    nar = home_b / "cache" / "nar"
+    nar.mkdir(parents=True)
+    (nar / f"{info.file_hash.removeprefix('blake3:')}.nar.zst.part").symlink_to(victim)
+    b = Store.in_home(home_b)
+    pulled = _pull(b, [server.url], [closure.weights], expected=closure.expected, cache_dir=home_b / "cache")
+    assert pulled.registered == [closure.weights], pulled.failed
+    assert victim.read_bytes() == b"the puller's own file\n"
+    assert "bytes=" not in " ".join(r for _, r in server.requests if r), "nothing was resumed"
+
+
 # --------------------------------------------------------------- export and import
 
 

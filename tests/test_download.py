@@ -218,6 +218,25 @@ def test_stale_part_is_replaced(server: Server, splices: list[int], tmp_path: Pa
     assert server.ranges == ["bytes=1000-", None]
 
 
+@pytest.mark.parametrize("plant", ["link", "fifo"])
+def test_what_is_planted_as_the_part_is_never_written_through(server: Server, tmp_path: Path, plant: str) -> None:
+    """A link (to a file of the user's) or a fifo where the ``.part`` goes: what another member
+    of a shared home can put in the group's download folder. The download neither writes
+    through the link nor hangs on the fifo: the entry is replaced and the file fetched whole."""
+    server.files["w.bin"] = DATA
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"the user's own file\n")
+    part = tmp_path / "w.bin.part"
+    if plant == "link":
+        part.symlink_to(victim)
+    else:
+        os.mkfifo(part)
+    download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA))
+    assert (tmp_path / "w.bin").read_bytes() == DATA
+    assert victim.read_bytes() == b"the user's own file\n"
+    assert not part.exists() and not part.is_symlink()
+
+
 def test_redirected_body_is_spliced_without_the_credentials(server: Server, splices: list[int], tmp_path: Path) -> None:
     server.files["w.bin"] = DATA
     download(

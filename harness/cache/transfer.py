@@ -810,6 +810,7 @@ def _download(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[
     off, so the next pull resumes with a ranged GET. The ``.part`` is deleted when the
     finished file does not match (it cannot be resumed into a right one).
     """
+    from harness.store.entries import held_part, open_part
     from harness.store.hashing import file_blake3
     from harness.store.store import lock_file
 
@@ -818,11 +819,13 @@ def _download(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[
     final = folder / f"{hex_hash}.nar.zst"
     part = folder / f"{hex_hash}.nar.zst.part"
     with lock_file(folder / f"{hex_hash}.lock"):
-        if final.is_file() and final.stat().st_size == info.file_size and file_blake3(final) == hex_hash:
+        # In a shared home this folder is the group's: a link or fifo another member put in
+        # place of either file is never followed (held_part, open_part, _regular_size).
+        if _regular_size(final) == info.file_size and file_blake3(final) == hex_hash:
             progress(info.file_size)
             return final
         for attempt in range(ATTEMPTS):
-            held = part.stat().st_size if part.exists() else 0
+            held = held_part(part)
             if held > info.file_size:
                 part.unlink()
                 held = 0
@@ -832,7 +835,7 @@ def _download(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[
             stream, start = sub.backend.open(info.url, held)
             progress(start)
             try:
-                with stream, open(part, "r+b" if start else "wb") as out:
+                with stream, open_part(part, append=bool(start)) as out:
                     out.seek(start)
                     out.truncate()
                     got = start
@@ -846,8 +849,8 @@ def _download(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[
             except CacheError:
                 if attempt == ATTEMPTS - 1:
                     raise
-                progress(-(part.stat().st_size if part.exists() else 0))  # re-reported on resume
-        got = part.stat().st_size if part.exists() else 0
+                progress(-_regular_size(part))  # re-reported on resume
+        got = _regular_size(part)
         if got != info.file_size or file_blake3(part) != hex_hash:
             part.unlink(missing_ok=True)
             raise CacheError(
@@ -856,6 +859,17 @@ def _download(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[
             )
         os.replace(part, final)
         return final
+
+
+def _regular_size(path: Path) -> int:
+    """The size of ``path`` when it is a regular file (not followed through a link), else 0."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
 def _register(

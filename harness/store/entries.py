@@ -24,6 +24,7 @@ import stat
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 from harness.errors import HarnessError
 
@@ -147,6 +148,54 @@ def write_entry(path: Path, data: bytes, *, mode: int = 0o644) -> None:
             raise BadEntry(path, f"made by {owner_of(path)}, and only they can replace it here") from None
     except BaseException:
         temp.unlink(missing_ok=True)
+        raise
+
+
+def held_part(path: Path) -> int:
+    """How many bytes the partial download ``path`` holds: its size when it is a regular file,
+    0 when there is nothing; anything else there (a link, a fifo: what another member of a
+    shared home can put in the group's download folder) is removed, never followed, and the
+    download starts from zero. OSError when it cannot be removed (a folder, a sticky one)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    if stat.S_ISREG(st.st_mode):
+        return st.st_size
+    os.unlink(path)  # the link itself, never what it names
+    return 0
+
+
+def open_part(path: Path, *, append: bool) -> BinaryIO:
+    """The partial download ``path`` opened to read and write (created when missing; emptied
+    unless ``append``), never through a link and never blocking on a fifo: an entry that is not
+    a regular file is an OSError (``ELOOP``, ``EISDIR``, ``EINVAL``). What such a file holds is
+    only ever kept once its hash matches, whoever wrote it."""
+    flags = os.O_RDWR | os.O_CREAT | _OPEN | (0 if append else os.O_TRUNC)
+    if not append:
+        held_part(path)  # a link or fifo in its place goes first (O_TRUNC would open a fifo)
+    fd = os.open(path, flags, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "r+b")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_part(path: Path) -> BinaryIO:
+    """The partial download ``path`` opened to read, never through a link nor blocking on a
+    fifo (an OSError for anything but a regular file)."""
+    fd = os.open(path, os.O_RDONLY | _OPEN)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
         raise
 
 
