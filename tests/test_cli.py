@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 import sys
 
 from harness import __version__
@@ -245,3 +246,31 @@ def test_an_example_with_an_unknown_option_fails_to_parse() -> None:
         ["harness", "lock"],
         ["harness", "realize"],
     ]
+
+
+def test_an_exit_with_threads_still_running_skips_only_the_interpreters_teardown(tmp_path: Path) -> None:
+    """``console_main`` ends a process whose command left daemon threads running (an
+    interrupted fetch's workers) without CPython's finalization, which crashed such exits with
+    SIGSEGV: the status is kept, atexit handlers run, a thread pool's pending work is finished
+    (non-daemon threads are joined) and buffered output is flushed."""
+    marker = tmp_path / "atexit-ran"
+    script = f"""
+import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+from harness.cli import _exit_past_running_threads
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+pool = ThreadPoolExecutor(1)
+pool.submit(lambda: (time.sleep(0.2), open({str(marker)!r} + ".pool", "w").close()))
+atexit.register(lambda: open({str(marker)!r}, "w").close())
+sys.stdout.write("buffered, not yet flushed")
+_exit_past_running_threads(3)
+print("never reached")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "buffered, not yet flushed"
+    assert marker.exists() and Path(f"{marker}.pool").exists()
+    # Without such a thread nothing happens: the caller goes on to exit as usual.
+    quiet = "from harness.cli import _exit_past_running_threads\n_exit_past_running_threads(3)\nprint('went on')"
+    done = subprocess.run([sys.executable, "-c", quiet], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "went on\n"
