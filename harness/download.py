@@ -127,7 +127,10 @@ def download(
         if _size(dest) == size and file_sha256(dest) == sha256:
             report(size)
             return
-        dest.unlink()  # other bytes, or not a file (a link: never followed)
+        try:
+            dest.unlink()  # other bytes, or not a file (a link: never followed)
+        except OSError as exc:
+            raise _in_the_way(label, dest, exc) from None
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
 
@@ -145,7 +148,21 @@ def download(
             f"got sha256 {digest} ({got} bytes)",
             hint="the upstream changed or the transfer was corrupted; retry, or re-lock if the change is intended",
         )
-    os.replace(part, dest)
+    try:
+        os.replace(part, dest)
+    except OSError as exc:
+        raise _in_the_way(label, dest, exc) from None
+
+
+def _in_the_way(label: str, dest: Path, exc: OSError) -> HarnessError:
+    """What stands where the finished file goes and cannot be replaced (in a shared home's
+    download folder, a folder another member made under its name), said as an error."""
+    from harness.store.entries import owner_of
+
+    return HarnessError(
+        f"{label}: cannot put the file at {dest}: {exc.strerror or exc} (made by {owner_of(dest)})",
+        hint="its maker (or root) can remove it; nothing was written through it",
+    )
 
 
 def measure(

@@ -785,6 +785,13 @@ def test_a_link_in_place_of_a_pulls_partial_archive_is_never_written_through(hom
     assert pulled.registered == [closure.weights], pulled.failed
     assert victim.read_bytes() == b"the puller's own file\n"
     assert "bytes=" not in " ".join(r for _, r in server.requests if r), "nothing was resumed"
+    # A folder (with a file in it) under the archive's own name: that path is not substituted,
+    # with a message naming the entry, and the pull goes on (realize builds it instead).
+    c = Store(tmp_path / "c" / "store")
+    blocked = tmp_path / "c-cache" / "nar" / f"{info.file_hash.removeprefix('blake3:')}.nar.zst"
+    (blocked / "inside").mkdir(parents=True)
+    pulled = _pull(c, [server.url], [closure.weights], expected=closure.expected, cache_dir=tmp_path / "c-cache")
+    assert pulled.registered == [] and "cannot keep the archive at" in pulled.failed[closure.weights], pulled.failed
 
 
 # --------------------------------------------------------------- export and import

@@ -237,6 +237,15 @@ def test_what_is_planted_as_the_part_is_never_written_through(server: Server, tm
     assert not part.exists() and not part.is_symlink()
 
 
+def test_a_folder_in_place_of_the_finished_file_is_a_clear_error(server: Server, tmp_path: Path) -> None:
+    """A folder (not empty) under the file's own name cannot be replaced: an error naming it
+    and who made it, never a traceback."""
+    server.files["w.bin"] = DATA
+    (tmp_path / "w.bin" / "inside").mkdir(parents=True)
+    with pytest.raises(HarnessError, match=r"cannot put the file at .*w\.bin: .*\(made by "):
+        download(server.url("w.bin"), tmp_path / "w.bin", sha256=sha(DATA), size=len(DATA))
+
+
 def test_redirected_body_is_spliced_without_the_credentials(server: Server, splices: list[int], tmp_path: Path) -> None:
     server.files["w.bin"] = DATA
     download(

@@ -808,8 +808,20 @@ def _download(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[
 
     Bytes go to ``<folder>/<hex>.nar.zst.part`` and are kept there when the transfer breaks
     off, so the next pull resumes with a ranged GET. The ``.part`` is deleted when the
-    finished file does not match (it cannot be resumed into a right one).
+    finished file does not match (it cannot be resumed into a right one). Whatever stands in
+    the way in the folder (in a shared home, a folder another member made under one of those
+    names) is a :class:`CacheError` for this path alone: it is not substituted, and realize
+    builds it as usual.
     """
+    try:
+        return _download_archive(sub, info, folder, progress)
+    except OSError as exc:
+        where = exc.filename or folder
+        raise CacheError(f"{sub.url}/{info.url}: cannot keep the archive at {where}: {exc.strerror or exc}") from None
+
+
+def _download_archive(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[[int], None]) -> Path:
+    """:func:`_download`, its OSErrors left to it."""
     from harness.store.entries import held_part, open_part
     from harness.store.hashing import file_blake3
     from harness.store.store import lock_file
