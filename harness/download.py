@@ -405,12 +405,9 @@ def _transfer(
 
 
 def _size(path: Path) -> int:
-    """The size of ``path`` when it is a regular file (not followed through a link), else 0."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return 0
-    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+    from harness.store.entries import regular_size
+
+    return regular_size(path)
 
 
 #: Bytes moved per splice: the most a pipe holds for an unprivileged user by default

@@ -740,13 +740,19 @@ def test_archive_deleted_from_a_directory_cache(homes, tmp_path: Path) -> None: 
     _assert_untouched(b)
 
 
+def _pushed_weights(homes: tuple[Path, Path], cache: Path, size: int) -> tuple[Closure, NarInfo]:
+    """Home a's weights path of ``size`` bytes pushed (signed) to the directory cache ``cache``,
+    and its narinfo there."""
+    a = Store.in_home(homes[0])
+    closure = populate(a, weight_bytes=size)
+    push(a, [closure.weights], open_backend(str(cache)), secret=KEY, cache_dir=homes[0] / "cache")
+    return closure, NarInfo.parse((cache / narinfo_key(closure.weights)).read_text(), "")
+
+
 def test_interrupted_pull_resumes_with_a_range_request(homes, served, harness_cli) -> None:  # type: ignore[no-untyped-def]
     cache, server = served
-    home_a, home_b = homes
-    a = Store.in_home(home_a)
-    closure = populate(a, weight_bytes=2 << 20)
-    push(a, [closure.weights], open_backend(str(cache)), secret=KEY, cache_dir=home_a / "cache")
-    info = NarInfo.parse((cache / narinfo_key(closure.weights)).read_text(), "")
+    _, home_b = homes
+    closure, info = _pushed_weights(homes, cache, 2 << 20)
     server.cut_after = 300_000
     b = Store.in_home(home_b)
     first = _pull(b, [server.url], [closure.weights], expected=closure.expected, cache_dir=home_b / "cache")
@@ -770,11 +776,8 @@ def test_a_link_in_place_of_a_pulls_partial_archive_is_never_written_through(hom
     ``.part`` goes (to a file of the puller's) is removed, not resumed into, and the archive
     comes whole. Before, the pull appended the archive's bytes to the linked file."""
     cache, server = served
-    home_a, home_b = homes
-    a = Store.in_home(home_a)
-    closure = populate(a, weight_bytes=1 << 20)
-    push(a, [closure.weights], open_backend(str(cache)), secret=KEY, cache_dir=home_a / "cache")
-    info = NarInfo.parse((cache / narinfo_key(closure.weights)).read_text(), "")
+    _, home_b = homes
+    closure, info = _pushed_weights(homes, cache, 1 << 20)
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"the puller's own file\n")
     nar = home_b / "cache" / "nar"

@@ -823,6 +823,7 @@ def _download(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[
 def _download_archive(sub: Substituter, info: NarInfo, folder: Path, progress: Callable[[int], None]) -> Path:
     """:func:`_download`, its OSErrors left to it."""
     from harness.store.entries import held_part, open_part
+    from harness.store.entries import regular_size as _regular_size
     from harness.store.hashing import file_blake3
     from harness.store.store import lock_file
 
@@ -871,17 +872,6 @@ def _download_archive(sub: Substituter, info: NarInfo, folder: Path, progress: C
             )
         os.replace(part, final)
         return final
-
-
-def _regular_size(path: Path) -> int:
-    """The size of ``path`` when it is a regular file (not followed through a link), else 0."""
-    import stat
-
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return 0
-    return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
 def _register(

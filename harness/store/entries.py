@@ -24,7 +24,7 @@ import stat
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from harness.errors import HarnessError
 
@@ -174,29 +174,35 @@ def open_part(path: Path, *, append: bool) -> BinaryIO:
     flags = os.O_RDWR | os.O_CREAT | _OPEN | (0 if append else os.O_TRUNC)
     if not append:
         held_part(path)  # a link or fifo in its place goes first (O_TRUNC would open a fifo)
-    fd = os.open(path, flags, 0o666)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "r+b")
-    except BaseException:
-        os.close(fd)
-        raise
+    return _regular(os.open(path, flags, 0o666), path, "r+b")
 
 
 def read_part(path: Path) -> BinaryIO:
     """The partial download ``path`` opened to read, never through a link nor blocking on a
     fifo (an OSError for anything but a regular file)."""
-    fd = os.open(path, os.O_RDONLY | _OPEN)
+    return _regular(os.open(path, os.O_RDONLY | _OPEN), path, "rb")
+
+
+def _regular(fd: int, path: Path, mode: str) -> BinaryIO:
+    """``fd`` (opened with ``O_NONBLOCK``) as a blocking file object in ``mode``; an OSError
+    (``EINVAL``), the descriptor closed, when it is not a regular file."""
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return cast(BinaryIO, os.fdopen(fd, mode))
     except BaseException:
         os.close(fd)
         raise
+
+
+def regular_size(path: Path) -> int:
+    """The size of ``path`` when it is a regular file (not followed through a link), else 0."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
 def own_folder(folder: Path, what: str) -> Path:
