@@ -1857,3 +1857,94 @@ def test_no_member_can_move_plant_or_squat_what_another_members_deploys_keep_in_
     # b's next write still sees a's reservation.
     code, err, again = as_user(b, lambda: _deploy_write(home, project, home.parent / "b2.toml"))
     assert code == 0 and not set(again["ports"].values()) & set(written["ports"].values()), (err, again)
+
+
+def _a_private_folder(home: Path) -> Path:
+    """As a member: a folder of theirs outside the home that only they can read."""
+    private = home.parent / "a-private"
+    private.mkdir(mode=0o700)
+    (private / "config.toml").write_text("token = 'a-secret'\n")
+    (private / "sub").mkdir()
+    (private / "sub" / "key").write_text("a's key\n")
+    return private
+
+
+def _intact(private: Path) -> list[str]:
+    return sorted(str(p.relative_to(private)) for p in private.rglob("*"))
+
+
+def test_no_member_can_make_another_delete_through_a_planted_trash_or_roots_folder(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """`runs prune` empties a trash folder and gc removes dead holders' roots files: b plants
+    links to a private folder of a's in their places (the roots folder as in a home shared by
+    an older harness, which had no such layout folder). a's commands delete nothing of it
+    and gc says what is wrong; `store init --group` again makes the folder anew. The roots
+    folders are sticky: b cannot remove the roots a live process of a's holds."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    for name in ("temp", "procs"):
+        assert stat.S_IMODE(os.stat(home / "store" / ".roots" / name).st_mode) == 0o3775, name
+    private = as_user(a, lambda: _a_private_folder(home))
+    before = _intact(private)
+    assert before == ["config.toml", "sub", "sub/key"]
+    os.rmdir(home / "store" / ".roots" / "temp")  # a home an older harness shared
+
+    def member_b() -> None:
+        os.symlink(private, home / "store" / ".roots" / "temp")
+        os.symlink(private, home / "runs" / f".trash-{a.uid}")
+        os.symlink(private, home / "runs" / ".trash")
+
+    as_user(b, member_b)
+
+    def member_a() -> dict[str, Any]:
+        harness.store.shared.apply_group_umask(home)
+        run_id = _a_run(home)
+        return {
+            "gc": cli(home, "store", "gc", "--dry-run"),
+            "prune": cli(home, "runs", "prune", "--older-than", "1"),
+            "run": run_id,
+        }
+
+    seen = as_user(a, member_a)
+    assert _intact(private) == before
+    code, out, err = seen["gc"]
+    assert code != 0 and "Traceback" not in err, err
+    assert "a link made by harness-lab-b" in err and "store init --group" in err, err
+    code, out, err = seen["prune"]
+    assert "Traceback" not in err and _intact(private) == before, err
+
+    code, _, err = as_user(a, lambda: cli(home, "store", "init", "--group", GROUP))
+    assert code == 0, err
+    assert stat.S_IMODE(os.stat(home / "store" / ".roots" / "temp").st_mode) == 0o3775
+
+    def member_a_again() -> dict[str, Any]:
+        harness.store.shared.apply_group_umask(home)
+        return {"gc": cli(home, "store", "gc", "--dry-run"), "prune": cli(home, "runs", "prune", "--older-than", "1")}
+
+    seen_again = as_user(a, member_a_again)
+    assert seen_again["gc"][0] == 0, seen_again["gc"]
+    code, out, err = seen_again["prune"]
+    assert code == 0 and f"removed run {seen['run']}" in out, (out, err)
+    assert _intact(private) == before and os.path.islink(home / "runs" / f".trash-{a.uid}")
+
+    # A live process of a's holds P1: b cannot remove its roots file.
+    ready, release = home.parent / "held", home.parent / "release"
+
+    def holder() -> None:
+        harness.store.shared.apply_group_umask(home)
+        with harness.store.roots.held(Store.in_home(home), [P1], "a's run") as roots:
+            ready.write_text(str(roots.path))
+            deadline = time.monotonic() + 60
+            while not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    finish = start_as_user(a, holder)
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    held_file = Path(ready.read_text())
+    refused = as_user(b, lambda: _refusals({"delete a's roots": lambda: os.unlink(held_file)}))
+    release.write_text("")
+    finish()
+    assert refused["delete a's roots"], refused

@@ -200,13 +200,23 @@ def _delete(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _own_trash(home: Path) -> list[Path]:
+    """This user's trash folders in ``runs/``: ``.trash-<uid>`` (and ``-*`` where another
+    member took that name first), and an older harness's ``.trash`` when this user made it.
+    Never a link nor another member's folder: what is in them is deleted."""
+    from harness.store.shared import is_own_folder, own_folders_in
+
+    legacy = runs_dir(home) / TRASH
+    return [*own_folders_in(runs_dir(home), TRASH), *([legacy] if is_own_folder(legacy) else [])]
+
+
 def empty_trash(home: Path) -> int:
-    """Delete what an interrupted prune left in ``runs/.trash``; the bytes freed."""
-    trash = runs_dir(home) / TRASH
+    """Delete what an interrupted prune left in this user's trash; the bytes freed."""
     freed = 0
-    for entry in sorted(trash.iterdir()) if trash.is_dir() else []:
-        freed += tree_bytes(entry)
-        _delete(entry)
+    for trash in _own_trash(home):
+        for entry in sorted(trash.iterdir()):
+            freed += tree_bytes(entry)
+            _delete(entry)
     return freed
 
 
@@ -217,8 +227,9 @@ def remove_runs(home: Path, candidates: list[Candidate]) -> list[Removed]:
     back; a record already gone (a second prune) is skipped. Returns what went, with the
     bytes each freed.
     """
-    trash = runs_dir(home) / TRASH
-    trash.mkdir(parents=True, exist_ok=True)
+    from harness.store.shared import own_folder_in
+
+    trash = own_folder_in(runs_dir(home), TRASH)
     removed: list[Removed] = []
     for candidate in candidates:
         target = trash / f"{candidate.id}.{secrets.token_hex(4)}"

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
 
-from harness.store.entries import BadEntry, read_entry
+from harness.errors import HarnessError
+from harness.store.entries import BadEntry, owner_of, read_entry
 from harness.store.store import Store
 
 
@@ -45,12 +46,56 @@ def _roots_dir(store: Store) -> Path:
     return store.roots_dir
 
 
-def _temp_dir(store: Store) -> Path:
-    return store.roots_dir / "temp"
+def _temp_dir(store: Store, *, make: bool = False) -> Path | None:
+    return _holders_folder(store, "temp", make=make)
 
 
-def _procs_dir(store: Store) -> Path:
-    return store.roots_dir / "procs"
+def _procs_dir(store: Store, *, make: bool = False) -> Path | None:
+    return _holders_folder(store, "procs", make=make)
+
+
+def _unsafe(folder: Path, reason: str) -> HarnessError:
+    return HarnessError(
+        f"{folder}: {reason}; nothing is collected or rooted through it",
+        hint="the home's owner (or root) runs `harness store init --group GROUP` again, which makes it anew",
+    )
+
+
+def _holders_folder(store: Store, name: str, *, make: bool) -> Path | None:
+    """``.roots/<name>``, where live processes keep their roots: None when missing (made now
+    with ``make``), else a folder that only its makers' entries can leave.
+
+    In a shared store it must be a sticky folder (a member may remove only the files they
+    made: their own roots) made by this user, root or the store's owner (whoever owns a
+    folder may remove every entry in it). Anything else there, a link first of all, is a
+    :class:`HarnessError` naming who made it: gc then deletes nothing, and no root is written
+    through it. ``store init --group`` lays these folders out."""
+    folder = store.roots_dir / name
+    if make:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        what = "a link" if stat.S_ISLNK(st.st_mode) else "not a folder"
+        raise _unsafe(folder, f"{what} made by {owner_of(folder)}, not the store's folder of roots")
+    if not os.stat(store.root).st_mode & stat.S_ISGID:
+        return folder  # a store of one user's
+    me = os.geteuid()
+    if st.st_uid not in (me, 0, os.stat(store.roots_dir).st_uid):
+        raise _unsafe(folder, f"made by {owner_of(folder)}, who could remove every member's roots from it")
+    if not st.st_mode & stat.S_ISVTX:
+        if st.st_uid != me:
+            raise _unsafe(
+                folder, f"made by {owner_of(folder)} without the sticky bit: any member could remove another's roots"
+            )
+        os.chmod(folder, stat.S_IMODE(st.st_mode) | 0o3070)
+    return folder
 
 
 @contextmanager
@@ -109,10 +154,11 @@ class TempRoots:
     def _open(self) -> IO[str]:
         """This holder's file, created and locked (under the shared gc lock) on first use."""
         if self._file is None:
-            folder = _temp_dir(self.store)
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = _temp_dir(self.store, make=True)
+            assert folder is not None
             path = folder / f"{os.getpid()}-{secrets.token_hex(4)}"
-            handle = open(path, "a", encoding="utf-8")  # held open: its flock is the liveness
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            handle = open(fd, "a", encoding="utf-8")  # held open: its flock is the liveness
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             handle.write(f"# {self.label} (pid {os.getpid()})\n")
             self._file, self.path = handle, path
@@ -203,8 +249,8 @@ def hold_for_process(store: Store, pid: int, names: Iterable[str], label: str) -
     import psutil
 
     started = psutil.Process(pid).create_time()
-    folder = _procs_dir(store)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _procs_dir(store, make=True)
+    assert folder is not None
     target = folder / f"{pid}-{secrets.token_hex(4)}.json"
     data = {"pid": pid, "started": started, "label": label, "paths": sorted(set(names))}
     temp = target.with_name(f".{target.name}")
@@ -254,14 +300,14 @@ def live_holders(store: Store) -> list[LiveHolder]:
     """
     found: list[LiveHolder] = []
     folder = _temp_dir(store)
-    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+    for path in sorted(folder.iterdir()) if folder is not None else []:
         if path.name.startswith("."):
             continue
         holder = _read_temp(path)
         if holder is not None:
             found.append(holder)
     folder = _procs_dir(store)
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    for path in sorted(folder.glob("*.json")) if folder is not None else []:
         try:
             raw, _ = read_entry(path)
             data: dict[str, Any] = json.loads(raw.decode("utf-8"))

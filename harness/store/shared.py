@@ -64,6 +64,8 @@ LAYOUT: tuple[tuple[str, bool], ...] = (
     ("store/.roots/projects", True),
     ("store/.roots/pins", True),
     ("store/.roots/runs", True),
+    ("store/.roots/temp", True),  # live processes' roots: only their makers may remove them
+    ("store/.roots/procs", True),  # roots held for a live process (a deploy's broker)
     ("cache", True),
     ("cache/downloads", False),
     ("cache/up-to-date", True),  # each member's no-op stamps (lock/stamp.py, realize/install.py)
@@ -108,23 +110,35 @@ def own_cache_folders(home: Path, name: str) -> list[Path]:
     """This user's own folders ``cache/<name>-<uid>`` and ``cache/<name>-<uid>-*`` (made when
     another member held the first name) that exist: folders of this user, never a link,
     whoever made the name."""
-    first = home / "cache" / f"{name}-{os.geteuid()}"
-    names = [first, *sorted(first.parent.glob(f"{first.name}-*"))] if first.parent.is_dir() else []
-    return [folder for folder in names if is_own_folder(folder)]
+    return own_folders_in(home / "cache", name)
 
 
 def own_cache_folder(home: Path, name: str) -> Path:
-    """This user's own folder of ``name`` in the home's ``cache/``: one it already has
-    (:func:`own_cache_folders`), else ``<name>-<uid>`` made now (``0700``), else (another member
-    made that name first: a folder open to all, a link) a fresh one no other member can have
-    named first. Raises :class:`HarnessError` when none can be made."""
+    """This user's own folder of ``name`` in the home's ``cache/`` (:func:`own_folder_in`)."""
+    return own_folder_in(home / "cache", name)
+
+
+def own_folders_in(parent: Path, name: str) -> list[Path]:
+    """This user's own folders ``<parent>/<name>-<uid>`` and ``<name>-<uid>-*`` (made when
+    another member held the first name) that exist: folders of this user, never a link,
+    whoever made the name."""
+    first = parent / f"{name}-{os.geteuid()}"
+    names = [first, *sorted(parent.glob(f"{first.name}-*"))] if parent.is_dir() else []
+    return [folder for folder in names if is_own_folder(folder)]
+
+
+def own_folder_in(parent: Path, name: str) -> Path:
+    """This user's own folder of ``name`` in ``parent`` (a folder every member writes in): one
+    it already has (:func:`own_folders_in`), else ``<name>-<uid>`` made now (``0700``), else
+    (another member made that name first: a folder open to all, a link) a fresh one no other
+    member can have named first. Raises :class:`HarnessError` when none can be made."""
     import contextlib
     import tempfile
 
-    existing = own_cache_folders(home, name)
+    existing = own_folders_in(parent, name)
     if existing:
         return existing[0]
-    own = home / "cache" / f"{name}-{os.geteuid()}"
+    own = parent / f"{name}-{os.geteuid()}"
     try:
         own.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):  # a folder, a link, a file: is_own_folder tells
@@ -183,6 +197,8 @@ def init_shared(home: Path, group: str) -> list[Path]:
     try:
         for relative, sticky in LAYOUT:
             folder = home / relative if relative else home
+            if relative:
+                _clear_the_way(folder, foreign=relative in _REMADE)
             folder.mkdir(parents=True, exist_ok=True)
             os.chown(folder, -1, gid)
             os.chmod(folder, 0o2775 | (stat.S_ISVTX if sticky else 0))
@@ -194,6 +210,26 @@ def init_shared(home: Path, group: str) -> list[Path]:
             hint="run it as the owner of the home folder (or root)",
         ) from None
     return folders
+
+
+#: Layout folders whose maker could remove every member's entries (roots of live processes):
+#: ``init`` makes them anew when another user made them.
+_REMADE = ("store/.roots/temp", "store/.roots/procs")
+
+
+def _clear_the_way(folder: Path, *, foreign: bool) -> None:
+    """Move aside what is in the place of a layout folder and must not be taken for it: a
+    link or a file (``chown``/``chmod`` would follow a link to whatever it names), and, with
+    ``foreign``, a folder another user made. It goes to ``.<name>.moved-<token>`` beside it."""
+    import secrets
+
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode) and not (foreign and st.st_uid != os.geteuid()):
+        return
+    os.rename(folder, folder.with_name(f".{folder.name}.moved-{secrets.token_hex(4)}"))
 
 
 #: Folders of a home whose entries are each member's own (run records, services' state): what
