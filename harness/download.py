@@ -332,7 +332,7 @@ def _transfer(
     request from their end; a source that restarts from zero truncates ``part``. Stops early
     once ``expected_size`` is exceeded; the caller compares size and hash.
     """
-    from harness.store.entries import held_part, open_part, read_part
+    from harness.store.entries import held_part, open_part, open_regular
 
     for attempt in range(ATTEMPTS):
         try:
@@ -344,7 +344,7 @@ def _transfer(
             offset = 0
         digest = hashlib.sha256()
         if offset:
-            with read_part(part) as held:
+            with open_regular(part) as held:
                 while chunk := held.read(CHUNK):
                     digest.update(chunk)
             progress(offset)

@@ -1948,3 +1948,64 @@ def test_no_member_can_make_another_delete_through_a_planted_trash_or_roots_fold
     release.write_text("")
     finish()
     assert refused["delete a's roots"], refused
+
+
+def test_a_planted_run_record_hangs_nothing_reads_nothing_of_a_members_and_is_never_their_latest(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """b makes a run folder dated years ahead, with fifos for its result and events, a link
+    to a's private file as its pin, and a closure naming a's private folder. a's `runs` lists
+    it without hanging; a's `runs pin latest` pins a's own newest run and writes nothing
+    through b's link; a's `audit` of b's run says the record is damaged, hashes nothing of
+    a's and does not hang; a's `report` of it writes only a file of its own."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    run_id = as_user(a, lambda: _a_run(home))
+    private = as_user(a, lambda: _a_private_folder(home))
+    secret = (private / "config.toml").read_text()
+    fake = "20991231-235959-999-ffff"
+    folder = home / "runs" / fake
+
+    def member_b() -> None:
+        folder.mkdir()
+        folder.chmod(0o777)
+        (folder / "config.json").write_text(json.dumps({"command": "run", "agent": "not an object"}))
+        os.mkfifo(folder / "result.json")
+        (folder / "services").mkdir()
+        os.mkfifo(folder / "services" / "events.jsonl")
+        os.symlink(private / "config.toml", folder / "pinned")
+        closure = {
+            "store_paths": [{"path": "../../a-private", "content": "blake3:00"}],
+            "project_files": {"../a-private/config.toml": "sha256:00"},
+        }
+        (folder / "lock.json").write_text(json.dumps(closure))
+        planted = folder / ".report.html.tmp"
+        planted.write_text("")
+        planted.chmod(0o666)
+
+    as_user(b, member_b)
+
+    def member_a() -> dict[str, Any]:
+        signal.alarm(120)  # a hang fails the test instead of blocking it
+        harness.store.shared.apply_group_umask(home)
+        return {
+            "runs": cli(home, "runs", "--json"),
+            "pin": cli(home, "runs", "pin", "latest"),
+            "audit": cli(home, "audit", fake),
+            "report": cli(home, "report", fake, "--no-audit"),
+        }
+
+    seen = as_user(a, member_a)
+    code, out, err = seen["runs"]
+    assert code == 0 and fake in out and run_id in out, (out, err)
+    code, out, err = seen["pin"]
+    assert code == 0 and run_id in out and fake not in out, (out, err)
+    assert (home / "runs" / run_id / "pinned").is_file()
+    assert (private / "config.toml").read_text() == secret
+    code, out, err = seen["audit"]
+    assert code != 0 and "Traceback" not in err, err
+    assert "the run record is damaged" in out + err, (out, err)
+    assert "config.toml" not in out + err.replace("../a-private/config.toml", ""), (out, err)
+    code, out, err = seen["report"]
+    assert "Traceback" not in err, err
+    assert (folder / ".report.html.tmp").read_text() == ""  # b's file: never written into

@@ -28,6 +28,7 @@ from typing import Any
 
 from harness.errors import HarnessError
 from harness.runs.record import read_json
+from harness.store.entries import is_regular
 from harness.store.store import FIXED_MTIME
 
 
@@ -94,13 +95,16 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
     config = read_json(run_dir / "config.json")
     launched = launch_verdicts(run_dir)
     items: list[AuditItem] = []
-    pinned = (run_dir / "pinned").is_file()
+    pinned = is_regular(run_dir / "pinned")
     gone = "not in the store: collected by `harness store gc` or deleted" + (
         "" if pinned else f" (pin a run to keep what it used: `harness runs pin {run_dir.name}`)"
     )
     names = [entry["path"] for entry in closure.get("store_paths", [])]
     contents = {entry["path"]: entry["content"] for entry in closure.get("store_paths", [])}
     for name in names + sorted(set(launched) - set(names)):
+        if not _store_path_name(name):
+            items.append(AuditItem(str(name), "modified", "not a store path's name: the run record is damaged"))
+            continue
         expected = contents.get(name) or launched[name][2]
         now = _store_now(store_root / name, expected)
         how, detail, _ = launched.get(name, ("", "", ""))
@@ -116,7 +120,9 @@ def audit_run(run_dir: Path, store_root: Path, project_root: Path | None) -> Aud
     root = Path(config.get("project", {}).get("root") or project_root or ".")
     for rel, expected in sorted(closure.get("project_files", {}).items()):
         file = root / rel
-        if not file.is_file():
+        if not _inside(rel):
+            items.append(AuditItem(str(rel), "modified", "not a path inside the project: the run record is damaged"))
+        elif not file.is_file():
             items.append(AuditItem(rel, "missing", f"project file not found under {root}"))
         elif "sha256:" + file_sha256(file) != expected:
             items.append(AuditItem(rel, "modified", f"project file changed since the run ({expected})"))
@@ -167,6 +173,21 @@ def describe_reset(reset: dict[str, Any]) -> str:
         f"{reset.get('client')} saw it fresh (incarnation {reset.get('previous_incarnation')} → "
         f"{reset.get('incarnation')})"
     )
+
+
+def _store_path_name(name: object) -> bool:
+    """Whether a record's ``name`` can only name an entry of the store (never ``..``, ``/``)."""
+    from harness.store.hashing import check_store_name
+
+    try:
+        return isinstance(name, str) and bool(check_store_name(name))
+    except ValueError:
+        return False
+
+
+def _inside(rel: object) -> bool:
+    """Whether a record's project file ``rel`` is a relative path that stays in the project."""
+    return isinstance(rel, str) and bool(rel) and not rel.startswith("/") and ".." not in Path(rel).parts
 
 
 def launch_verdicts(run_dir: Path) -> dict[str, tuple[str, str, str]]:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from harness import __version__
 from harness.errors import HarnessError
+from harness.store.entries import is_regular, read_regular
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -134,11 +135,13 @@ def refuse_foreign_dir(path: Path) -> None:
     )
 
 
-def open_record_file(path: Path, *, append: bool = False) -> BinaryIO:
+def open_record_file(path: Path, *, append: bool = False, fresh: bool = False) -> BinaryIO:
     """Open a run record's file for writing (or appending), created ``0644`` less the umask:
     readable by the group of a shared home, writable by this user only (its folder as
-    :func:`make_record_dir` makes one). Never through a link another user planted."""
+    :func:`make_record_dir` makes one). Never through a link another user planted; with
+    ``fresh``, never a file that is already there (whoever made it)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    flags |= os.O_EXCL if fresh else 0
     make_record_dir(path.parent)
     fd = os.open(path, flags, 0o644)
     return os.fdopen(fd, "ab") if append else os.fdopen(fd, "wb")
@@ -162,11 +165,16 @@ def write_json(path: Path, data: object) -> None:
 def read_json(path: Path) -> dict[str, Any]:
     """One JSON object of a run record; a missing file, bad JSON or another JSON value is a
     :class:`HarnessError` naming the file."""
+    from harness.store.entries import RUN_FILE_LIMIT, BadEntry, read_entry
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw, _ = read_entry(path, limit=RUN_FILE_LIMIT)  # never a link, a fifo, a huge file
+        data = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise HarnessError(f"{path} is missing: the run record is incomplete") from None
-    except ValueError as exc:
+    except BadEntry as exc:
+        raise HarnessError(f"{path}: {exc.reason}: the run record is damaged") from None
+    except (ValueError, RecursionError) as exc:
         raise HarnessError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise HarnessError(f"{path} holds a JSON {type(data).__name__}, not an object: the run record is damaged")
@@ -442,35 +450,53 @@ def list_runs(home: Path, last: int | None = None) -> list[dict[str, Any]]:
             continue  # a run still preparing, or not a run record at all
         config = _maybe(run / "config.json")
         result = _maybe(run / "result.json")
+        agent = config.get("agent")
         rows.append(
             {
                 "id": run.name,
                 "command": config.get("command"),
-                "agent": (config.get("agent") or {}).get("name"),
+                "agent": agent.get("name") if isinstance(agent, dict) else None,
                 "started": (result or config).get("started"),
                 "ended": (result or {}).get("ended"),
                 "exit_status": (result or {}).get("exit_status"),
                 "score": (result or {}).get("score"),
-                "pinned": (run / "pinned").is_file(),
+                "pinned": is_regular(run / "pinned"),
             }
         )
     return rows
 
 
 def _maybe(path: Path) -> dict[str, Any]:
+    """A record's JSON object, or {} for anything else there (missing, a link, a fifo, not
+    an object)."""
+    raw = read_regular(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(raw.decode("utf-8")) if raw is not None else {}
+    except (ValueError, RecursionError):
         return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _owner(path: Path) -> int:
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return -1
 
 
 def find_run(home: Path, run_id: str) -> Path:
-    """A run folder by id, unique id prefix, or ``latest``."""
+    """A run folder by id, unique id prefix, or ``latest``: this user's newest run (in a
+    shared home another member's run, or a folder named for a later date, is never it)."""
     runs = run_folders(home)[::-1]
     if run_id == "latest":
-        if not runs:
-            raise HarnessError("no runs recorded yet")
-        return runs[-1]
+        me = os.geteuid()
+        own = [run for run in runs if _owner(run) == me]
+        if not own:
+            raise HarnessError(
+                "no runs of yours recorded yet" if runs else "no runs recorded yet",
+                hint="name another member's run by its id (`harness runs` lists them)" if runs else None,
+            )
+        return own[-1]
     matches = [p for p in runs if p.name == run_id] or [p for p in runs if p.name.startswith(run_id)]
     if len(matches) != 1:
         raise HarnessError(

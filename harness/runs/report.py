@@ -15,6 +15,7 @@ cluster's shared folder alike, and every value is escaped.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -393,10 +394,10 @@ def _diff(data: ReportInput) -> str:
 
 def read_events(path: Path) -> list[dict[str, Any]]:
     """The events a run's broker left (one JSON object a line); [] when none; a torn line is skipped."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
+    from harness.store.entries import read_regular
+
+    raw = read_regular(path)  # never a link, a fifo, a huge file
+    lines = raw.decode("utf-8", errors="replace").splitlines() if raw is not None else []
     events = []
     for line in lines:
         try:
@@ -463,8 +464,9 @@ def write_report(
     page = render(gather(run_dir, store_root, audit=audit, diff_with=diff_with))
     from harness.runs.record import open_record_file
 
-    temp = target.with_name(f".{target.name}.tmp")
-    with open_record_file(temp) as sink:  # writable by this user only, in a shared home too
+    temp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    # Writable by this user only, in a shared home too, and never a file another user made.
+    with open_record_file(temp, fresh=True) as sink:
         sink.write(page.encode("utf-8"))
     temp.replace(target)
     return target

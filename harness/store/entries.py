@@ -117,6 +117,28 @@ def read_entry(path: Path, *, limit: int = RECORD_LIMIT) -> tuple[bytes, os.stat
         os.close(fd)
 
 
+#: The most a run record's file may hold (its closure, its events, its launch checks).
+RUN_FILE_LIMIT = 64 << 20
+
+
+def read_regular(path: Path, *, limit: int = RUN_FILE_LIMIT) -> bytes | None:
+    """The bytes of ``path`` when it is a regular file (read as :func:`read_entry` reads:
+    never through a link, never blocking on a fifo), else None: for what a report or a
+    listing shows when it is there, whoever made it."""
+    try:
+        return read_entry(path, limit=limit)[0]
+    except (OSError, BadEntry):
+        return None
+
+
+def is_regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file (a link to one is not)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def read_own(path: Path, *, limit: int = RECORD_LIMIT) -> bytes | None:
     """The bytes of ``path`` when it is a regular file of this user's (read as
     :func:`read_entry` reads), else None: for caches and notes that are only advice, where
@@ -177,9 +199,9 @@ def open_part(path: Path, *, append: bool) -> BinaryIO:
     return _regular(os.open(path, flags, 0o666), path, "r+b")
 
 
-def read_part(path: Path) -> BinaryIO:
-    """The partial download ``path`` opened to read, never through a link nor blocking on a
-    fifo (an OSError for anything but a regular file)."""
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened to read (a partial download, a directory cache's file), never through a
+    link nor blocking on a fifo (an OSError for anything but a regular file)."""
     return _regular(os.open(path, os.O_RDONLY | _OPEN), path, "rb")
 
 

@@ -149,7 +149,10 @@ def unpin(store: Store, name: str) -> None:
 
 def pin_run(run_dir: Path) -> None:
     """Keep what run ``run_dir`` used across every gc (``harness runs pin``)."""
-    (run_dir / "pinned").write_text(json.dumps({"pinned": time.time()}) + "\n", encoding="utf-8")
+    from harness.store.entries import write_entry
+
+    # Never through a link planted in the run's folder (another member's, in a shared home).
+    write_entry(run_dir / "pinned", (json.dumps({"pinned": time.time()}) + "\n").encode())
 
 
 def unpin_run(run_dir: Path) -> None:

@@ -166,11 +166,10 @@ def log_launch(
 
 def read_launches(state_dir: Path) -> Iterator[dict[str, Any]]:
     """The entries :func:`log_launch` wrote, oldest first (a torn last line is skipped)."""
-    try:
-        lines = (state_dir / LAUNCH_CHECKS).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return
-    for line in lines:
+    from harness.store.entries import read_regular
+
+    raw = read_regular(state_dir / LAUNCH_CHECKS)  # never a link, a fifo, a huge file
+    for line in raw.decode("utf-8", errors="replace").splitlines() if raw is not None else []:
         try:
             entry = json.loads(line)
         except ValueError:
