@@ -346,7 +346,8 @@ class Settings:
             "whole number ≥ 0",
             "`store gc` keeps every store path the last N run records name, so they stay auditable; "
             "`harness runs pin ID` keeps a run's paths whatever its age. N counts the records that exist: "
-            "once `harness runs prune` removed a record, the paths only it named may go.",
+            "once `harness runs prune` removed a record, the paths only it named may go. In a shared home "
+            "each member's last N count, by who made the run's folder.",
             "keep-runs = 10",
             env="`HARNESS_GC_KEEP_RUNS`",
         ),

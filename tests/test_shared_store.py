@@ -2009,3 +2009,57 @@ def test_a_planted_run_record_hangs_nothing_reads_nothing_of_a_members_and_is_ne
     code, out, err = seen["report"]
     assert "Traceback" not in err, err
     assert (folder / ".report.html.tmp").read_text() == ""  # b's file: never written into
+
+
+def test_no_member_can_push_another_members_runs_out_of_the_last_n_nor_block_their_gc(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """gc keeps what each member's last N runs used: b's ten folders dated years ahead do not
+    push a's run out, so P1, which only a's run names, stays. b's project roots with fields
+    of the wrong types and a fifo for a lock make a's gc neither fail nor hang; a missing
+    project of a's, which b may not forget, does not stop b's gc."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    content = Store.in_home(home).record(P1).content  # type: ignore[union-attr]
+
+    def member_a() -> str:
+        harness.store.shared.apply_group_umask(home)
+        run_id = _a_run(home)
+        closure = {"store_paths": [{"path": P1, "content": content}]}
+        harness.runs.record.write_json(home / "runs" / run_id / "lock.json", closure)
+        projects = home / "store" / ".roots" / "projects"
+        (projects / f"eeee-{a.uid}.json").write_text(
+            json.dumps({"root": "/nonexistent-a-project", "locks": {}, "code": {}, "missing_since": 1})
+        )
+        return run_id
+
+    run_id = as_user(a, member_a)
+
+    def member_b() -> tuple[int, str, str]:
+        harness.store.shared.apply_group_umask(home)
+        for i in range(10):
+            folder = home / "runs" / f"20991231-2359{i}9-000-b00{i}"
+            folder.mkdir()
+            (folder / "lock.json").write_text('{"store_paths": []}')
+        projects = home / "store" / ".roots" / "projects"
+        (projects / f"bbbb-{b.uid}.json").write_text(json.dumps({"root": "/nonexistent", "locks": [1]}))
+        (projects / f"cccc-{b.uid}.json").write_text(json.dumps({"root": "/nonexistent", "missing_since": "soon"}))
+        project = home.parent / "b-project"
+        (project / "locks").mkdir(parents=True)
+        os.mkfifo(project / "locks" / "x.lock.toml")
+        (projects / f"dddd-{b.uid}.json").write_text(json.dumps({"root": str(project), "locks": {}, "code": {}}))
+        return cli(home, "store", "gc", "--forget-missing")
+
+    code, out, err = as_user(b, member_b)
+    assert code == 0 and "Traceback" not in err, (out, err)
+    assert (home / "store" / ".roots" / "projects" / f"eeee-{a.uid}.json").is_file()
+
+    def member_a_gc() -> tuple[int, str, str]:
+        signal.alarm(120)  # a hang fails the test instead of blocking it
+        harness.store.shared.apply_group_umask(home)
+        return cli(home, "store", "gc")
+
+    code, out, err = as_user(a, member_a_gc)
+    assert code == 0 and "Traceback" not in err, (out, err)
+    assert P1 not in out and (home / "store" / P1).is_dir(), out
+    assert (home / "runs" / run_id / "lock.json").is_file()

@@ -66,8 +66,12 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 def read_bounded(path: Path, shown: str, limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of ``path``, refused (InputError) when over ``limit``: a regular file by its
-    size, before reading; anything else (a pipe, a device) after ``limit`` bytes."""
-    with open(path, "rb") as handle:
+    size, before reading; anything else (a pipe, a device) after ``limit`` bytes. A fifo
+    nobody writes to reads as empty rather than blocking (opened without waiting for a
+    writer: what another member of a shared home may leave in their project's ``locks/``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    os.set_blocking(fd, True)
+    with open(fd, "rb") as handle:
         info = os.fstat(handle.fileno())
         if stat.S_ISREG(info.st_mode) and info.st_size > limit:
             raise InputError(_too_big(shown, info.st_size, limit))

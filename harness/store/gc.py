@@ -31,9 +31,12 @@ of them nobody else has taken into use, under the same lock, by the same roots.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -73,7 +76,28 @@ def _read_project(path: Path) -> dict[str, Any] | None:
         # Older harness: the folder on the first line, then the store paths it realized.
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         return {"root": lines[0], "locks": {"(recorded)": lines[1:]}, "code": {}} if lines else None
-    return data if isinstance(data, dict) and isinstance(data.get("root"), str) else None
+    return _sane_project(data) if isinstance(data, dict) and isinstance(data.get("root"), str) else None
+
+
+def _sane_project(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with each field of the type gc reads it as: what is not (a list for the
+    locks, a word for a time, in a root file anyone could have written) counts as absent."""
+    locks, code, since = data.get("locks"), data.get("code"), data.get("missing_since")
+    data["locks"] = (
+        {
+            k: [p for p in v if isinstance(p, str)]
+            for k, v in locks.items()
+            if isinstance(k, str) and isinstance(v, list)
+        }
+        if isinstance(locks, dict)
+        else {}
+    )
+    data["code"] = (
+        {k: v for k, v in code.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(code, dict) else {}
+    )
+    if not isinstance(since, (int, float)) or isinstance(since, bool) or not math.isfinite(since):
+        data.pop("missing_since", None)
+    return data
 
 
 def _update_project(store: Store, project_root: Path, change: Any) -> None:
@@ -171,10 +195,34 @@ def _run_paths(run_dir: Path) -> frozenset[str] | None:
 
 
 def _runs(runs_dir: Path | None) -> list[Path]:
-    """Run folders with a closure, oldest first (ids sort by start time)."""
+    """Run folders (not links to one) with a closure, oldest first (ids sort by start time)."""
+    from harness.store.entries import is_regular
+
     if runs_dir is None or not runs_dir.is_dir():
         return []
-    return sorted(p for p in runs_dir.iterdir() if p.is_dir() and (p / "lock.json").is_file())
+    return sorted(p for p in runs_dir.iterdir() if _is_folder(p) and is_regular(p / "lock.json"))
+
+
+def _is_folder(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _recent(runs: list[Path], keep_runs: int) -> set[str]:
+    """The names of each member's last ``keep_runs`` of ``runs`` (oldest first), by who made
+    the folder: in a shared home no member's runs, nor folders named for a later date, push
+    another member's out of the last N."""
+    if keep_runs <= 0:
+        return set()
+    by_owner: dict[int, list[Path]] = {}
+    for run in runs:
+        try:
+            by_owner.setdefault(os.lstat(run).st_uid, []).append(run)
+        except OSError:
+            continue
+    return {run.name for theirs in by_owner.values() for run in theirs[-keep_runs:]}
 
 
 # ------------------------------------------------------------------------------ roots
@@ -350,7 +398,7 @@ def _project_root(
     # The folder is gone: keep what it last named, say so, and drop it only when asked.
     _add_recorded(detail, recorded_locks, recorded_code)
     since = float(data.get("missing_since") or now)
-    forgotten = forget_missing or (grace_days > 0 and now - since > grace_days * 86400)
+    forgotten = (forget_missing or (grace_days > 0 and now - since > grace_days * 86400)) and _may_forget(entry)
     out.missing.append(MissingProject(str(project), since, len(detail), forgotten))
     if forgotten:
         out.forgotten_files.append(entry)
@@ -375,6 +423,17 @@ def _add_template_locks(project: Path, detail: dict[str, str], recorded: Mapping
             paths = list(recorded.get(f"image:{label}", ()))
         for path in paths:
             detail.setdefault(path, f"lock image:{label}")
+
+
+def _may_forget(entry: Path) -> bool:
+    """Whether this user may remove the project root file ``entry``: one of theirs, or any
+    as root. Another member's missing project stays a root until they forget it (a shared
+    store's ``projects/`` is sticky: its file is not this user's to remove)."""
+    me = os.geteuid()
+    try:
+        return me == 0 or os.lstat(entry).st_uid == me
+    except OSError:
+        return False
 
 
 def _write_project_file(entry: Path, data: dict[str, Any]) -> None:
@@ -439,7 +498,7 @@ def gather_roots(
     for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
         out.roots.append(Root("pin", entry.name, frozenset({entry.name})))
     runs = _runs(runs_dir)
-    recent = {p.name for p in runs[len(runs) - keep_runs :]} if keep_runs > 0 else set()
+    recent = _recent(runs, keep_runs)
     for run in reversed(runs):
         paths = _run_paths(run)
         if paths is None:
@@ -543,7 +602,8 @@ def collect(
         result.dead = [(name, reasons[name]) for name in dead]
         if not dry_run:
             for entry in found.forgotten_files:
-                entry.unlink(missing_ok=True)
+                with contextlib.suppress(PermissionError):  # another member's: theirs to forget
+                    entry.unlink(missing_ok=True)
             for name in dead:
                 store.delete(name)
             store.clean()
