@@ -797,6 +797,32 @@ def test_a_link_in_place_of_a_pulls_partial_archive_is_never_written_through(hom
     assert pulled.registered == [] and "cannot keep the archive at" in pulled.failed[closure.weights], pulled.failed
 
 
+def test_a_directory_cache_never_reads_through_a_link_nor_waits_on_a_fifo(tmp_path: Path) -> None:
+    """A directory cache others can write in (a lab's, one inside a shared home): a link put
+    in place of a narinfo (to a file of the user's) is neither read nor counted as there,
+    so a push writes the narinfo again; a fifo is an error at once, for a read, an open and
+    the cache's description, never a wait."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    backend = open_backend(str(cache))
+    secret = tmp_path / "secret.toml"
+    secret.write_text("SECRET-TOKEN-abc123\n")
+    linked, piped = narinfo_key("0" * 32 + "-linked"), narinfo_key("1" * 32 + "-piped")
+    (cache / linked).symlink_to(secret)
+    os.mkfifo(cache / piped)
+    os.mkfifo(cache / "harness-cache-info")
+    assert not backend.exists(linked) and not backend.exists(piped)
+    assert list(backend.list()) == []
+    for key in (linked, piped, "harness-cache-info"):
+        with pytest.raises(CacheError) as refused:
+            backend.read_bytes(key)
+        assert "SECRET" not in str(refused.value)
+        with pytest.raises(CacheError):
+            backend.open(key)
+    backend.put_bytes(linked, b"StorePath: x\n")
+    assert backend.read_bytes(linked) == b"StorePath: x\n" and secret.read_text() == "SECRET-TOKEN-abc123\n"
+
+
 # --------------------------------------------------------------- export and import
 
 

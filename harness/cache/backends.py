@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from harness.cache.format import CacheConfigError, CacheError
+from harness.store.entries import is_regular, open_regular
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -187,9 +188,16 @@ class DirectoryBackend:
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
 
+    # Every file is opened without following a link and without blocking on a fifo: a cache
+    # folder others can write in (a lab's, a shared home's) may hold what another user put
+    # there in place of a file. What a cache holds is checked anyway (signatures, hashes);
+    # this keeps a planted link from reading one of the user's own files into an error, and
+    # a fifo from hanging a push or a pull.
+
     def read_bytes(self, key: str) -> bytes | None:
         try:
-            return self._path(key).read_bytes()
+            with open_regular(self._path(key)) as handle:
+                return handle.read()
         except FileNotFoundError:
             if not self.root.is_dir():
                 raise CacheError(f"cache {self.url}: no such directory") from None
@@ -199,7 +207,7 @@ class DirectoryBackend:
 
     def open(self, key: str, start: int = 0) -> tuple[ByteStream, int]:
         try:
-            handle = open(self._path(key), "rb")
+            handle = open_regular(self._path(key))
         except FileNotFoundError:
             raise CacheError(f"cache {self.url} has no {key} (deleted?)") from None
         except OSError as exc:
@@ -208,13 +216,13 @@ class DirectoryBackend:
         return handle, start
 
     def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
+        return is_regular(self._path(key))
 
     def list(self, prefix: str = "") -> Iterator[str]:
         if not self.root.is_dir():
             raise CacheError(f"cache {self.url}: no such directory")
         for entry in sorted(self.root.iterdir()):
-            if entry.is_file() and entry.name.startswith(prefix) and KEY.match(entry.name):
+            if is_regular(entry) and entry.name.startswith(prefix) and KEY.match(entry.name):
                 yield entry.name
 
     def staging_dir(self) -> Path:
