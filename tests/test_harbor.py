@@ -51,7 +51,7 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from collections.abc import Sequence
 from typing import Any
 
@@ -1414,9 +1414,11 @@ def test_verifier_phase_kills_everything_and_makes_the_folders_afresh(
     tmp_path: Path, project: tuple[Path, str], home: Path
 ) -> None:
     """Sandbox level (bubblewrap): in the agent phase /tests and /logs/verifier are read-only
-    even to the sandbox's root; a setsid'd background process and a link planted in place of
-    /logs do not survive begin_verifier_phase, after which both folders are empty, real and
-    writable; begin_agent_phase guards them again."""
+    even to the sandbox's root; a setsid'd background process, a link planted in place of
+    /logs and one in place of the folder above the store paths (which left the verifier
+    without a session: bubblewrap could not make its mount points) do not survive
+    begin_verifier_phase, after which both folders are empty, real and writable, and the
+    environment runs; begin_agent_phase guards them again."""
     pin = _realized_env(home, project)
     marker = f"{os.getpid() % 1000 + 7000}3"
     guarded = ["/tests", "/logs/verifier"]
@@ -1437,22 +1439,32 @@ def test_verifier_phase_kills_everything_and_makes_the_folders_afresh(
             refused = await box.exec("echo 1 > /logs/verifier/reward.txt || echo refused", cwd="/app", env=env)
             await box.exec(f"( setsid sleep {marker} >/dev/null 2>&1 & ) &", cwd="/app", env=env)
             moved = await box.exec("mv /logs /logs-moved && ln -s /app /logs && echo moved", cwd="/", env=env)
+            top = shlex.quote("/" + PurePosixPath(str(box.config.store_paths[0])).parts[1])
+            above = await box.exec(f"mv {top} {top}-moved && ln -s /nowhere {top} && echo moved", cwd="/", env=env)
             assert _processes_with(f"sleep {marker}")
             outcome = await box.begin_verifier_phase()
             after = await box.exec(
                 "[ -d /logs/verifier ] && [ ! -L /logs ] && ls -A /tests /logs/verifier && echo 1 > /tests/t && "
-                "echo writable",
+                "python -c 'print(1)' && echo writable",
                 cwd="/",
                 env=env,
             )
             await box.begin_agent_phase()
             again = await box.exec("echo x > /tests/u || echo refused; ls -A /tests", cwd="/", env=env)
-            return {"refused": refused, "moved": moved, "outcome": outcome, "after": after, "again": again}
+            return {
+                "refused": refused,
+                "moved": moved,
+                "above": above,
+                "outcome": outcome,
+                "after": after,
+                "again": again,
+            }
         finally:
             await box.stop(delete=False)
 
     out = asyncio.run(scenario())
     assert "refused" in (out["refused"].stdout or ""), out["refused"]
+    assert "moved" in (out["moved"].stdout or "") and "moved" in (out["above"].stdout or ""), out["above"]
     assert out["outcome"]["agent_processes_killed"] and out["outcome"]["survivors"] == 0, out["outcome"]
     assert not _processes_with(f"sleep {marker}")
     assert out["after"].return_code == 0 and out["after"].stdout.endswith("writable\n"), out["after"]

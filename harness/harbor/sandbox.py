@@ -713,13 +713,25 @@ class Sandbox:
 
     def _before_restart(self) -> None:
         """Ready the root for bubblewrap again: the links it made at the top (``/bin`` …), or
-        what replaced them, removed (it makes them afresh), the user namespace's fd closed."""
+        what replaced them, removed (it makes them afresh), the user namespace's fd closed;
+        and what an agent put in place of the folders above the store paths or of a store
+        path's mount point (a link, a file), removed, so that bubblewrap makes them again
+        instead of failing to start the verifier's session over them."""
         if self._userns is not None:
             os.close(self._userns)
             self._userns = None
         for name in TOP_LEVEL_LINKS:
             made = self.config.root / name
             if (Path("/") / name).is_symlink() and (made.is_symlink() or made.exists()):
+                if made.is_symlink() or not made.is_dir():
+                    made.unlink()
+                else:
+                    remove_root(made)
+        for store_path in self.config.store_paths:
+            for inside in [*reversed(PurePosixPath(store_path).parents[:-1]), PurePosixPath(store_path)]:
+                made = self.config.root / str(inside).lstrip("/")
+                if not made.is_symlink() and (not made.exists() or made.is_dir() == Path(store_path).is_dir()):
+                    continue
                 if made.is_symlink() or not made.is_dir():
                     made.unlink()
                 else:
