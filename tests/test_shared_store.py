@@ -1890,10 +1890,15 @@ def test_no_member_can_make_another_delete_through_a_planted_trash_or_roots_fold
     assert before == ["config.toml", "sub", "sub/key"]
     os.rmdir(home / "store" / ".roots" / "temp")  # a home an older harness shared
 
+    os.unlink(home / "store" / ".roots" / "gc.lock")  # nor the gc lock, which b makes first
+
     def member_b() -> None:
         os.symlink(private, home / "store" / ".roots" / "temp")
         os.symlink(private, home / "runs" / f".trash-{a.uid}")
         os.symlink(private, home / "runs" / ".trash")
+        fd = os.open(home / "store" / ".roots" / "gc.lock", os.O_CREAT | os.O_RDONLY, 0o644)
+        os.fchmod(fd, 0o644)  # as an older harness made it: every member could lock it
+        os.close(fd)
 
     as_user(b, member_b)
 
@@ -1917,6 +1922,7 @@ def test_no_member_can_make_another_delete_through_a_planted_trash_or_roots_fold
     code, _, err = as_user(a, lambda: cli(home, "store", "init", "--group", GROUP))
     assert code == 0, err
     assert stat.S_IMODE(os.stat(home / "store" / ".roots" / "temp").st_mode) == 0o3775
+    assert os.stat(home / "store" / ".roots" / "gc.lock").st_uid == a.uid  # b's could be deleted under a gc
 
     def member_a_again() -> dict[str, Any]:
         harness.store.shared.apply_group_umask(home)
@@ -1944,10 +1950,18 @@ def test_no_member_can_make_another_delete_through_a_planted_trash_or_roots_fold
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     held_file = Path(ready.read_text())
-    refused = as_user(b, lambda: _refusals({"delete a's roots": lambda: os.unlink(held_file)}))
+    refused = as_user(
+        b,
+        lambda: _refusals(
+            {
+                "delete a's roots": lambda: os.unlink(held_file),
+                "delete the gc lock": lambda: os.unlink(home / "store" / ".roots" / "gc.lock"),
+            }
+        ),
+    )
     release.write_text("")
     finish()
-    assert refused["delete a's roots"], refused
+    assert all(refused.values()), refused
 
 
 def test_a_planted_run_record_hangs_nothing_reads_nothing_of_a_members_and_is_never_their_latest(

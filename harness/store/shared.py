@@ -203,6 +203,7 @@ def init_shared(home: Path, group: str) -> list[Path]:
             os.chown(folder, -1, gid)
             os.chmod(folder, 0o2775 | (stat.S_ISVTX if sticky else 0))
             folders.append(folder)
+        _own_gc_lock(home / "store" / ".roots" / "gc.lock", gid)
         _give_existing(home, gid)
     except PermissionError as exc:
         raise HarnessError(
@@ -218,9 +219,9 @@ _REMADE = ("store/.roots/temp", "store/.roots/procs")
 
 
 def _clear_the_way(folder: Path, *, foreign: bool) -> None:
-    """Move aside what is in the place of a layout folder and must not be taken for it: a
-    link or a file (``chown``/``chmod`` would follow a link to whatever it names), and, with
-    ``foreign``, a folder another user made. It goes to ``.<name>.moved-<token>`` beside it."""
+    """Move aside what is in the place of a layout folder (or file) and must not be taken for
+    it: a link or a file (``chown``/``chmod`` would follow a link to whatever it names), and,
+    with ``foreign``, a folder another user made. It goes to ``.<name>.moved-<token>`` beside it."""
     import secrets
 
     try:
@@ -230,6 +231,26 @@ def _clear_the_way(folder: Path, *, foreign: bool) -> None:
     if stat.S_ISDIR(st.st_mode) and not (foreign and st.st_uid != os.geteuid()):
         return
     os.rename(folder, folder.with_name(f".{folder.name}.moved-{secrets.token_hex(4)}"))
+
+
+def _own_gc_lock(path: Path, gid: int) -> None:
+    """The store's gc lock file, made by the caller (the home's owner): every member locks
+    it (``flock`` on a read-only descriptor), and none may delete it, which would let a
+    realize root its paths on a new file while a gc holds the old one. Another user's file
+    (or a link) there goes aside first."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            _clear_the_way(path, foreign=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.fchown(fd, -1, gid)
+        os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
 
 
 #: Folders of a home whose entries are each member's own (run records, services' state): what
