@@ -31,6 +31,11 @@ universal resolution) and beside harness's lock of the first platform alone, col
 first. Sets: medium, large and the seed's sam3 set (``--platform-sets``). Goal (issue 30): two
 platforms at most 1.2x ``uv lock``.
 
+Where that time goes (``--part breakdown``), cold, interleaved, every command handed the same
+interpreter: ``uv lock``; the two ``uv pip compile`` runs harness makes, side by side, without
+harness; harness in a process that imported a lock's modules before the clock starts (what is
+left is its own work beside uv's); and harness as a user runs it.
+
 harness runs as a user's install has it (a wheel of this checkout in a new venv:
 ``benchproject.regular_install``); ``--editable`` runs this checkout's editable install
 instead, whose import finder adds to every start-up.
@@ -47,6 +52,7 @@ import compileall
 import os
 import platform
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -236,14 +242,114 @@ def bench_platforms(runs: int, harness: list[str], names: list[str]) -> None:
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
+#: What the preloaded harness runs once its parent says go: the modules a cold lock imports are
+#: already loaded, so the time left is harness's own work beside uv's.
+_PRELOADED = """
+import sys
+import harness.cli, harness.lock.generate, harness.manifests.project
+sys.stdout.write("ready\\n"); sys.stdout.flush(); sys.stdin.readline()
+sys.argv = ["harness", *sys.argv[1:]]
+harness.cli.console_main()
+"""
+
+
+def _preloaded(python: str, argv: list[str], *, cwd: Path, env: dict[str, str]) -> float:
+    """``harness ARGV`` in a process that imported a lock's modules first, timed from go to exit."""
+    process = subprocess.Popen(
+        [python, "-c", _PRELOADED, *argv], cwd=cwd, env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdin is not None and process.stdout is not None
+    if process.stdout.readline().strip() != "ready":
+        raise SystemExit(f"the preloaded harness did not start:\n{process.communicate()[1]}")
+    start = time.perf_counter()
+    process.stdin.write("go\n")
+    process.stdin.flush()
+    _, err = process.communicate()
+    elapsed = time.perf_counter() - start
+    if process.returncode != 0:
+        raise SystemExit(f"the preloaded harness failed:\n{err}")
+    return elapsed
+
+
+def breakdown_round(
+    scratch: Path, requirements: list[str], harness: list[str], python: str, turn: int
+) -> dict[str, float]:
+    """One cold round of the four commands, in an order that turns with ``turn``."""
+    project = make_project(scratch / "project", {"set": requirements})
+    listed = ", ".join(f'"{p}"' for p in PLATFORMS)
+    (project / "harness.toml").write_text(f'[lock]\nplatforms = [{listed}]\n\n[lock.python]\n"3.11" = "{PYTHON}"\n')
+    uv_work = scratch / "uv-lock"
+    uv_lock = _uv_lock_project(uv_work, requirements)
+    uv_lock[uv_lock.index("--python") + 1] = python
+    compiles = scratch / "compiles"
+    compiles.mkdir()
+    (compiles / "req.in").write_text("".join(r + "\n" for r in requirements))
+    side_by_side = " & ".join(
+        " ".join(shlex.quote(a) for a in _compile_argv(compiles, f"pylock.{i}.toml", "--python-platform", p, "--python", python))
+        for i, p in enumerate(PLATFORMS)
+    )  # fmt: skip
+    env_uv = uv_env(base=_env())
+    times: dict[str, float] = {}
+    home = iter(range(2))
+
+    def lock_argv() -> list[str]:
+        """A cold lock: a fresh home, and no previous lock to take pins from."""
+        shutil.rmtree(project / "locks", ignore_errors=True)
+        return ["--home", str(scratch / f"home-{next(home)}"), "--project", str(project), "lock"]
+
+    steps = {
+        "uv lock": lambda: timed(uv_lock, cwd=uv_work, env=env_uv),
+        "compiles": lambda: timed(["bash", "-c", f"{side_by_side} & wait"], cwd=compiles, env=env_uv),
+        "preloaded": lambda: _preloaded(python, lock_argv(), cwd=project, env=_env()),
+        "harness": lambda: timed([*harness, *lock_argv()], cwd=project, env=_env()),
+    }
+    order = list(steps)
+    for label in order[turn % 4 :] + order[: turn % 4]:
+        times[label] = steps[label]()
+    return times
+
+
+def bench_breakdown(runs: int, harness: list[str], python: str, names: list[str]) -> None:
+    """Where a cold two-platform lock's time goes beside ``uv lock`` (issue 30, step 4)."""
+    print(f"\nbreakdown, cold, every command handed {python} (no interpreter search on either side):")
+    print(
+        f"{'set':<8} {'uv lock s':>10} {'two compiles s':>15} {'preloaded s':>12} {'harness s':>10}   (each / uv lock)"
+    )
+    for name in names:
+        samples: dict[str, list[float]] = {}
+        with tempfile.TemporaryDirectory(prefix="harness-bench-breakdown-") as tmp:
+            for run in range(runs):
+                scratch = Path(tmp) / str(run)
+                for key, value in breakdown_round(scratch, PLATFORM_SETS[name], harness, python, run).items():
+                    samples.setdefault(key, []).append(value)
+                shutil.rmtree(scratch)
+        uv, compiles, preloaded, whole = (
+            statistics.median(samples[k]) for k in ("uv lock", "compiles", "preloaded", "harness")
+        )
+        print(
+            f"{name:<8} {uv:10.3f} {compiles:15.3f} {preloaded:12.3f} {whole:10.3f}   "
+            f"({compiles / uv:.2f}, {preloaded / uv:.2f}, {whole / uv:.2f})"
+        )
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def _interpreter(harness: list[str]) -> str:
+    """The harness command's own interpreter: its script's shebang, else the command itself."""
+    first = Path(harness[0])
+    line = first.read_text(errors="replace").partition("\n")[0] if first.is_file() else ""
+    return line[2:].strip() if line.startswith("#!") else harness[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument(
         "--part",
-        choices=("all", "single", "platforms"),
+        choices=("all", "single", "platforms", "breakdown"),
         default="all",
-        help="single: harness beside uv for one target; platforms: one lock for two platforms",
+        help="single: harness beside uv for one target; platforms: one lock for two platforms; breakdown: where "
+        "a cold two-platform lock's time goes (uv lock, the two compiles alone, harness with its modules loaded)",
     )
     parser.add_argument(
         "--harness", help="the harness command to run (default: a regular install of this checkout), e.g. a baseline's"
@@ -271,10 +377,7 @@ def main() -> None:
         harness = [str(regular_install(Path(installed.name)))]
     global HAS_REFRESH, UV_PYTHON
     if args.uv_python:
-        # The harness command's own interpreter: its script's shebang, else the command itself.
-        first = Path(harness[0])
-        line = first.read_text(errors="replace").partition("\n")[0] if first.is_file() else ""
-        UV_PYTHON = line[2:].strip() if line.startswith("#!") else harness[0]
+        UV_PYTHON = _interpreter(harness)
     HAS_REFRESH = (
         "--refresh"
         in subprocess.run(
@@ -294,7 +397,9 @@ def main() -> None:
     )
     if args.part in ("all", "platforms"):
         bench_platforms(args.runs, harness, args.platform_sets.split(","))
-    if args.part == "platforms":
+    if args.part == "breakdown":
+        bench_breakdown(args.runs, harness, _interpreter(harness), args.platform_sets.split(","))
+    if args.part in ("platforms", "breakdown"):
         return
     verdicts = []
     with tempfile.TemporaryDirectory(prefix="harness-bench-lock-") as tmp:
