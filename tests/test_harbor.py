@@ -1036,6 +1036,7 @@ async def main():
             "background": "nohup sleep 3217 >/dev/null 2>&1 & echo started",
             "tcp": "python -c \"import socket; s=socket.socket(); s.settimeout(3); print(s.connect_ex(('127.0.0.1', 9)))\"",
             "host_tree": "ls /work /home/* 2>&1 | head -3; cat /dev/sda 2>&1 | head -1",
+            "secrets": "cat /etc/shadow /etc/gshadow 2>&1 | head -2; echo done",
         }.items():
             r = await box.exec(cmd, cwd="/app", env=env, timeout=60)
             runs[name] = [r.return_code, r.stdout, r.stderr]
@@ -1093,6 +1094,7 @@ def test_landlock_proot_confinement_without_user_namespaces(
     assert runs["background"][:2] == [0, "started\n"]
     assert runs["tcp"][1].strip() == "13"  # EACCES: Landlock refuses the connection
     assert "No such file or directory" in runs["host_tree"][1]
+    assert runs["secrets"][:2] == [0, "done\n"], runs["secrets"]  # masked: empty, whoever runs harness
     assert (tmp_path / "root" / "app" / "uploaded.py").read_text() == _CONFINED_SCRIPT
     assert (tmp_path / "downloaded").read_text() == "ok\n"
     assert out["describe"]["landlock_abi"] >= 1 and out["describe"]["pid_namespace"] is False
@@ -1418,7 +1420,8 @@ def test_verifier_phase_kills_everything_and_makes_the_folders_afresh(
     /logs and one in place of the folder above the store paths (which left the verifier
     without a session: bubblewrap could not make its mount points) do not survive
     begin_verifier_phase, after which both folders are empty, real and writable, and the
-    environment runs; begin_agent_phase guards them again."""
+    environment runs; begin_agent_phase guards them again. The host's secrets in /etc read
+    as empty files."""
     pin = _realized_env(home, project)
     marker = f"{os.getpid() % 1000 + 7000}3"
     guarded = ["/tests", "/logs/verifier"]
@@ -1438,6 +1441,7 @@ def test_verifier_phase_kills_everything_and_makes_the_folders_afresh(
         try:
             refused = await box.exec("echo 1 > /logs/verifier/reward.txt || echo refused", cwd="/app", env=env)
             await box.exec(f"( setsid sleep {marker} >/dev/null 2>&1 & ) &", cwd="/app", env=env)
+            secrets = await box.exec("cat /etc/shadow /etc/gshadow 2>&1 | head -2; echo done", cwd="/", env=env)
             moved = await box.exec("mv /logs /logs-moved && ln -s /app /logs && echo moved", cwd="/", env=env)
             top = shlex.quote("/" + PurePosixPath(str(box.config.store_paths[0])).parts[1])
             above = await box.exec(f"mv {top} {top}-moved && ln -s /nowhere {top} && echo moved", cwd="/", env=env)
@@ -1458,12 +1462,16 @@ def test_verifier_phase_kills_everything_and_makes_the_folders_afresh(
                 "outcome": outcome,
                 "after": after,
                 "again": again,
+                "secrets": secrets,
             }
         finally:
             await box.stop(delete=False)
 
     out = asyncio.run(scenario())
     assert "refused" in (out["refused"].stdout or ""), out["refused"]
+    # The host's /etc/shadow and /etc/gshadow are masked: empty, whoever runs harness (as root
+    # the sandbox's root could read them).
+    assert out["secrets"].stdout == "done\n", out["secrets"]
     assert "moved" in (out["moved"].stdout or "") and "moved" in (out["above"].stdout or ""), out["above"]
     assert out["outcome"]["agent_processes_killed"] and out["outcome"]["survivors"] == 0, out["outcome"]
     assert not _processes_with(f"sleep {marker}")

@@ -52,6 +52,7 @@ from harness.harbor.ids import IdMap
 from harness.harbor.sandbox import (
     BASE_DIRS,
     TOP_LEVEL_LINKS,
+    host_secrets,
     ExecOutcome,
     OutputCallback,
     Sandbox,
@@ -463,6 +464,8 @@ class ConfinedSandbox(Sandbox):
         binds = ["-b", "/proc", "-b", "/dev", "-b", "/sys"]
         for path in c.read_only:
             binds += ["-b", path]
+        for secret in host_secrets(c.read_only):  # what only some users may read: masked
+            binds += ["-b", f"/dev/null:{secret}"]
         for host_path, inside in sorted(c.host_binds.items()):
             binds += ["-b", f"{host_path}:{inside}"]
         for name in TOP_LEVEL_LINKS:

@@ -74,7 +74,7 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -90,6 +90,64 @@ TOP_LEVEL_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 READ_ONLY = ("/usr", "/etc")
 #: Made as real (writable) folders of every root.
 BASE_DIRS = ("tmp", "root", "run", "var/tmp", "home")
+#: Of the read-only binds, those whose files only some users may read are masked (/usr is not
+#: walked: its files are the system's, readable by all, and there are too many of them).
+MASKED_IN = ("/etc",)
+
+
+def host_secrets(folders: Iterable[str], *, reachable_only: bool = False) -> list[str]:
+    """The regular files under ``folders`` (those in :data:`MASKED_IN`) that a user with no
+    particular rights could not read: not readable by others, or in a folder others cannot
+    enter or list (``/etc/shadow``, ``/etc/ssh/ssh_host_*_key``, ``/etc/munge/munge.key``).
+
+    The sandbox binds the host's ``/etc`` read-only, and its root is the host's root when
+    harness runs as root: each of these files is masked with ``/dev/null`` (bubblewrap's
+    ``--ro-bind``, PRoot's ``-b``), so an agent sees what any unprivileged user would, not
+    the host's secrets. ``reachable_only``: only those in folders this user may enter by
+    their modes alone, as the root of a user namespace maps it (bubblewrap can neither reach
+    the others to mask them nor let the sandbox read them). Links are not followed. Walked
+    once per process (0.1 s for /etc here)."""
+    return list(_host_secrets(tuple(folders), reachable_only))
+
+
+def _enterable(st: os.stat_result) -> bool:
+    """Whether this user may enter a folder by its modes (no capability counted)."""
+    if st.st_uid == os.geteuid():
+        return bool(st.st_mode & 0o100)
+    if st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        return bool(st.st_mode & 0o010)
+    return bool(st.st_mode & 0o001)
+
+
+@functools.cache
+def _host_secrets(folders: tuple[str, ...], reachable_only: bool) -> tuple[str, ...]:
+    found: list[str] = []
+    for top in folders:
+        if not any(top == masked or top.startswith(masked + "/") for masked in MASKED_IN):
+            continue
+        closed: set[str] = set()  # folders others cannot list or enter, and what is under them
+        for folder, dirs, files in os.walk(top):
+            try:
+                st = os.stat(folder)
+            except OSError:
+                continue
+            if reachable_only and not _enterable(st):
+                dirs.clear()
+                continue
+            hidden = os.path.dirname(folder) in closed or (st.st_mode & 0o005) != 0o005
+            if hidden:
+                closed.add(folder)
+            for name in files:
+                path = os.path.join(folder, name)
+                try:
+                    mode = os.lstat(path).st_mode
+                except OSError:
+                    continue
+                if stat.S_ISREG(mode) and (hidden or not mode & 0o004):
+                    found.append(path)
+    return tuple(sorted(found))
+
+
 #: What the sandbox's root may do where task users have ids of their own: Docker's default
 #: capabilities (own any file, change owners and modes, switch users, signal), never
 #: CAP_SYS_ADMIN (so nothing can remount the read-only binds) nor ptrace. Task users have none.
@@ -388,6 +446,8 @@ class Sandbox:
         args += ["--die-with-parent", "--cap-drop", "ALL", "--bind", str(c.root), "/"]
         for path in c.read_only:
             args += ["--ro-bind", path, path]
+        for secret in host_secrets(c.read_only, reachable_only=True):
+            args += ["--ro-bind", str(self._empty_file()), secret]  # /dev/null: a device, refused there
         for host, inside in sorted(c.host_binds.items()):
             args += ["--ro-bind", host, inside]
         for path in self.guarded_now:  # the verifier's folders, read-only to the agent phase
@@ -432,6 +492,16 @@ class Sandbox:
     def guarded_now(self) -> list[str]:
         """The folders commands may not write now: the guarded ones in the agent phase."""
         return list(self.config.guarded) if self.phase == "agent" else []
+
+    def _empty_file(self) -> Path:
+        """An empty read-only file beside the root, bound over the host's secrets in ``/etc``
+        (bubblewrap's binds are ``nodev``: ``/dev/null`` there could not be opened)."""
+        empty = self.etc_dir / "masked"
+        if not empty.is_file():
+            self.etc_dir.mkdir(parents=True, exist_ok=True)
+            empty.write_bytes(b"")
+            empty.chmod(0o444)
+        return empty
 
     @property
     def etc_dir(self) -> Path:
