@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import blake3
 import filelock
 import psutil
 import pytest
@@ -47,11 +48,13 @@ import harness.lock.objects
 import harness.realize.members
 import harness.realize.repair
 import harness.realize.unreachable
+import harness.store.bytecode
 import harness.store.entries
 import harness.store.gc
 import harness.store.launchcheck
 import harness.store.shared
 import harness.store.standins
+import harness.store.statfile
 import harness.store.trust
 import harness.store.verify
 import harness.config
@@ -2077,3 +2080,156 @@ def test_no_member_can_push_another_members_runs_out_of_the_last_n_nor_block_the
     assert code == 0 and "Traceback" not in err, (out, err)
     assert P1 not in out and (home / "store" / P1).is_dir(), out
     assert (home / "runs" / run_id / "lock.json").is_file()
+
+
+def test_another_members_bytecode_index_files_are_never_believed_nor_made_ones_own(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """b puts an index file mapping a source to b's pyc (with one damaged line) and a fifo in
+    the folder of an interpreter a uses. Before, a's gc rewrote b's file without the damaged
+    line, which made it a's and so believed: a's next environment got b's pyc. Now a's
+    lookup and gc leave b's files as they are, believe none, and do not hang on the fifo."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    assert os.stat(home / "store" / ".bytecode").st_mode & stat.S_ISVTX
+    interpreter = "2" * 32 + "-cpython-3.11.7"
+    key = harness.store.bytecode.entry_key(interpreter, "lib/victim.py", "0" * 64)
+    planted = home / "store" / ".bytecode" / interpreter / ("3" * 32 + "-b-env")
+
+    def member_b() -> None:
+        harness.store.shared.apply_group_umask(home)
+        data = b"b's pyc"
+        pyc = blake3.blake3(data).hexdigest()
+        (home / "store" / ".links" / pyc).write_bytes(data)
+        planted.parent.mkdir()
+        planted.parent.chmod(0o2777)
+        check = blake3.blake3(f"{key} {pyc}".encode()).hexdigest()[:16]
+        planted.write_text(f"{key} {pyc} {check}\ngarbage\n")
+        os.mkfifo(planted.parent / ("4" * 32 + "-b-fifo"))
+
+    as_user(b, member_b)
+
+    def member_a() -> tuple[str | None, str | None]:
+        signal.alarm(60)  # a hang fails the test instead of blocking it
+        before = harness.store.bytecode.BytecodeIndex(home / "store", interpreter).lookup(key)
+        harness.store.bytecode.prune(home / "store", [interpreter])
+        return before, harness.store.bytecode.BytecodeIndex(home / "store", interpreter).lookup(key)
+
+    assert as_user(a, member_a) == (None, None)
+    assert os.stat(planted).st_uid == b.uid and "garbage" in planted.read_text()
+
+
+def test_a_fingerprint_another_member_takes_of_their_own_path_is_not_believed(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """b changes a file of a path b registered (its owner may chmod it), resets its mtime and
+    takes the path's fingerprint again. Before, a's launch check believed the fingerprint of
+    the path's owner and took the changed bytes as checked; now only a fingerprint a (or root)
+    took counts: a re-hashes, and after that keeps one of its own beside b's."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    name = "5" * 32 + "-registered-by-b"
+
+    def member_b() -> str:
+        harness.store.shared.apply_group_umask(home)
+        store = Store.in_home(home)
+        record = store.add(name, "weights", build_tree)
+        data = store.root / name / "data.txt"
+        os.chmod(data, 0o644)
+        data.write_text("changed\n")
+        os.utime(data, (1, 1))
+        os.chmod(data, 0o444)
+        harness.store.statfile.write_fingerprint(store.root, name, record.content)
+        os.chmod(harness.store.statfile.fingerprint_path(store.root, name), 0o644)
+        return record.content
+
+    content = as_user(b, member_b)
+
+    def member_a() -> tuple[list[str] | None, bool, list[str] | None]:
+        root = home / "store"
+        first = harness.store.statfile.changed_entries(root, name, content)
+        wrote = harness.store.statfile.write_fingerprint(root, name, content)
+        return first, wrote, harness.store.statfile.changed_entries(root, name, content)
+
+    first, wrote, second = as_user(a, member_a)
+    assert first is None  # b's: not believed, so a re-hashes
+    assert wrote and second == []
+    assert (home / "store" / ".stat" / f"{name}.{a.uid}.json").is_file()
+
+
+def test_what_another_member_puts_in_the_file_pool_neither_hangs_nor_fails_a_build(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """b puts a fifo in the file pool under the name of one of the files a's environment
+    will hold, and a file anyone may write under another's. Before, a's build hung on the
+    fifo, and the writable file became a's file and then failed a's build; now a's
+    environment registers and verifies, with those files unshared."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    one, two = b"one of a's files\n", b"another of a's files\n"
+
+    def member_b() -> None:
+        harness.store.shared.apply_group_umask(home)
+        links = home / "store" / ".links"
+        os.mkfifo(links / blake3.blake3(one).hexdigest())
+        (links / blake3.blake3(two).hexdigest()).write_bytes(two)
+        (links / blake3.blake3(two).hexdigest()).chmod(0o666)
+
+    as_user(b, member_b)
+
+    def build(out: Path) -> BuildResult:
+        out.mkdir()
+        (out / "one.txt").write_bytes(one)
+        (out / "two.txt").write_bytes(two)
+        return BuildResult(obtained="test")
+
+    def member_a() -> list[Any]:
+        signal.alarm(60)  # a hang fails the test instead of blocking it
+        harness.store.shared.apply_group_umask(home)
+        store = Store.in_home(home)
+        store.add("6" * 32 + "-a-env", "environment", build)
+        return harness.store.verify.verify_store(store, check_contents=True)
+
+    findings = as_user(a, member_a)
+    assert all(f.status == "ok" for f in findings if f.name.endswith("-a-env")), findings
+
+
+def test_another_members_fifo_among_the_locks_or_huge_record_fails_no_command(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """A fifo b puts among the store's locks under the name of a's leftover build made a's gc
+    (and every realize, which tidies first) fail; a record of b's with a size no float holds
+    made a's `store ls` fail with an internal error. Both commands now go on."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    leftover = "7" * 32 + "-left"
+
+    def member_a_leaves() -> None:
+        harness.store.shared.apply_group_umask(home)
+        (home / "store" / ".tmp" / f"{leftover}.abcd").mkdir()
+
+    as_user(a, member_a_leaves)
+
+    def member_b() -> None:
+        harness.store.shared.apply_group_umask(home)
+        os.mkfifo(home / "store" / ".locks" / f"{leftover}Z.lock")
+        store = Store.in_home(home)
+        name = "8" * 32 + "-huge"
+        store.add(name, "weights", build_tree)
+        path = store.record_path(name)
+        data = json.loads(path.read_text())
+        data["nar_size"] = 10**400
+        path.chmod(0o644)
+        path.write_text(json.dumps(data))
+
+    as_user(b, member_b)
+
+    def member_a() -> dict[str, Any]:
+        signal.alarm(60)
+        harness.store.shared.apply_group_umask(home)
+        return {"gc": cli(home, "store", "gc"), "ls": cli(home, "store", "ls")}
+
+    seen = as_user(a, member_a)
+    assert seen["gc"][0] == 0, seen["gc"]
+    assert seen["ls"][0] == 0 and "internal error" not in seen["ls"][2], seen["ls"]
+

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Iterable
@@ -97,18 +98,11 @@ class BytecodeIndex:
             names = sorted(os.listdir(self.folder))
         except OSError:
             return entries
-        me = os.geteuid()
         for name in names:
             if name.startswith("."):
                 continue  # a file being written
-            try:
-                with open(self.folder / name, encoding="ascii", errors="replace") as handle:
-                    if os.fstat(handle.fileno()).st_uid not in (me, 0):
-                        continue  # another member's (module doc)
-                    text = handle.read()
-            except OSError:
-                continue
-            for key, pyc, check in _parse(text):
+            text = _read_own(self.folder / name)
+            for key, pyc, check in _parse(text or ""):
                 entries[key] = (pyc, check)
         return entries
 
@@ -124,9 +118,16 @@ class BytecodeIndex:
         return pyc if _check(key, pyc) == check else None
 
     def read(self, pyc: str) -> bytes | None:
-        """The bytes of pool file ``pyc`` when they hash to its name, else None."""
+        """The bytes of pool file ``pyc`` when they hash to its name and it is sealed (a
+        regular file nobody can write, the store's fixed mtime), else None."""
+        from harness.store.entries import open_regular
+        from harness.store.store import FIXED_MTIME_NS
+
         try:
-            with open(self.links / pyc, "rb") as handle:
+            with open_regular(self.links / pyc) as handle:  # never a link, never a fifo
+                st = os.fstat(handle.fileno())
+                if st.st_mode & 0o222 or st.st_mtime_ns != FIXED_MTIME_NS:
+                    return None  # not sealed as the store seals its files: someone can write it
                 data = handle.read()
         except OSError:
             return None
@@ -145,12 +146,34 @@ class BytecodeIndex:
             return 0
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
+            _sticky_if_shared(self.folder, self.store_root)
             _write_atomic(self.folder / path, "".join(lines).encode("ascii"))
         except OSError:
             return 0
         if self._entries is not None:
             self._entries.update((key, (pyc, check)) for key, pyc, check in _parse("".join(lines)))
         return len(lines)
+
+
+def _read_own(path: Path) -> str | None:
+    """The text of index file ``path`` when this user (or root) wrote it, else None: another
+    member's file, a link, a fifo (module doc). Read as :func:`harness.store.entries.read_entry`
+    reads (an environment of ten thousand files makes a file of 1.5 MB)."""
+    from harness.store.entries import BadEntry, read_entry
+
+    try:
+        raw, st = read_entry(path, limit=256 << 20)
+    except (OSError, BadEntry):
+        return None
+    return raw.decode("ascii", errors="replace") if st.st_uid in (os.geteuid(), 0) else None
+
+
+def _sticky_if_shared(folder: Path, store_root: Path) -> None:
+    """In a shared store (setgid), an interpreter's folder of this user's is made sticky: each
+    member writes their own index files there, and none may remove another's."""
+    st = os.lstat(folder)
+    if os.stat(store_root).st_mode & stat.S_ISGID and st.st_uid == os.geteuid() and not st.st_mode & stat.S_ISVTX:
+        os.chmod(folder, stat.S_IMODE(st.st_mode) | stat.S_ISVTX)
 
 
 def _write_atomic(target: Path, data: bytes) -> None:
@@ -179,17 +202,31 @@ def prune(store_root: Path, registered: Iterable[str]) -> int:
     links = store_root / ".links"
     keep = set(registered)
     removed = 0
+    me = os.geteuid()
     for folder in sorted(top.iterdir()):
+        try:
+            st = folder.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            continue  # a link or a file planted there: never followed
         if folder.name not in keep:
-            shutil.rmtree(folder, ignore_errors=True)
+            if st.st_uid in (me, 0) or me == 0:
+                shutil.rmtree(folder, ignore_errors=True)  # what is ours to remove in it goes
             continue
         for entry in sorted(folder.iterdir()):
             try:
                 if entry.name.startswith("."):  # a file being written, or left by a crash
-                    if time.time() - entry.lstat().st_mtime > 3600:
+                    if entry.lstat().st_uid == me and time.time() - entry.lstat().st_mtime > 3600:
                         entry.unlink()
                     continue
-                text = entry.read_text(encoding="ascii", errors="replace")
+                # Only this user's own files: rewriting another member's would make what
+                # they wrote this user's, and then believed (module doc).
+                if entry.lstat().st_uid != me:
+                    continue
+                text = _read_own(entry)
+                if text is None:
+                    continue
                 lines = text.splitlines()
                 alive = [
                     f"{key} {pyc} {check}\n"

@@ -60,6 +60,7 @@ LAYOUT: tuple[tuple[str, bool], ...] = (
     ("store/.vouched", True),  # per member: the other members' fixed-output paths they checked
     ("store/.standins", True),  # which host copy stands in for which interpreter
     ("store/.locks", True),  # lock files: a member's cannot be deleted or swapped by another
+    ("store/.bytecode", True),  # each member's bytecode index files (store/bytecode.py)
     ("store/.roots", True),
     ("store/.roots/projects", True),
     ("store/.roots/pins", True),

@@ -28,6 +28,19 @@ def fingerprint_path(store_root: Path, name: str) -> Path:
     return store_root / FINGERPRINT_DIR / f"{name}.json"
 
 
+def own_fingerprint_path(store_root: Path, name: str) -> Path:
+    """This user's fingerprint of ``name``: the path's own (``.stat/<name>.json``) when this
+    user registered it, else one of this user's (``.stat/<name>.<uid>.json``). Only a
+    fingerprint this user (or root) took is ever believed: another member's path is theirs
+    to change (its files are theirs to ``chmod``), and a fingerprint its owner took after a
+    change would pass the change off as the bytes this user checked."""
+    try:
+        mine = os.lstat(store_root / name).st_uid == os.geteuid()
+    except OSError:
+        mine = True
+    return fingerprint_path(store_root, name) if mine else store_root / FINGERPRINT_DIR / f"{name}.{os.geteuid()}.json"
+
+
 def write_fingerprint(
     store_root: Path, name: str, content: str, taken: tuple[int, dict[str, Entry]] | None = None
 ) -> bool:
@@ -42,7 +55,7 @@ def write_fingerprint(
     device, entries = taken if taken is not None else take_fingerprint(store_root / name)
     paths = sorted(entries)
     figures = array.array("q", (value for rel in paths for value in entries[rel]))
-    target = fingerprint_path(store_root, name)
+    target = own_fingerprint_path(store_root, name)
     temp = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -72,14 +85,14 @@ def write_fingerprint(
 def changed_entries(store_root: Path, name: str, content: str) -> list[str] | None:
     """Entries whose stat differs from the fingerprint ([] = none), or None without a usable one.
 
-    Usable means: a regular file (not followed through a link) that this user or the path's
-    owner wrote: in a shared store another member could plant one for a path they did not
-    register."""
+    Usable means: a regular file (not followed through a link) that this user (or root) wrote,
+    at :func:`own_fingerprint_path`: in a shared store another member could plant one for a
+    path they did not register, or take one of their own path after changing it."""
     from harness.store.entries import BadEntry, read_entry
 
     try:
-        raw, st = read_entry(fingerprint_path(store_root, name), limit=1 << 28)
-        if st.st_uid not in (os.geteuid(), os.lstat(store_root / name).st_uid):
+        raw, st = read_entry(own_fingerprint_path(store_root, name), limit=1 << 28)
+        if st.st_uid not in (os.geteuid(), 0):
             return None
         data = json.loads(raw.decode("utf-8"))
         if (

@@ -20,6 +20,7 @@ processes adding the same path serialize on its lock: it is built once and both 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -758,6 +759,9 @@ class Store:
             self.check_removable(name)
             self.record_path(name).unlink(missing_ok=True)
             (self.root / ".stat" / f"{name}.json").unlink(missing_ok=True)  # its launch-check fingerprint
+            for theirs in (self.root / ".stat").glob(f"{name}.*.json"):  # other members' of it
+                with contextlib.suppress(OSError):
+                    theirs.unlink()
             target = self.root / name
             if os.path.lexists(target):
                 remove_tree(target)
@@ -811,13 +815,18 @@ class Store:
             return False
 
     def _someone_building(self, name_prefix: str) -> bool:
+        """Whether a lock of a path named ``name_prefix…`` is held. An entry there that is no
+        lock file (a fifo or link another member planted) counts as held: what it guards is
+        left alone, and the command goes on."""
         from filelock import Timeout
+
+        from harness.store.entries import BadEntry
 
         for path in self.locks_dir.glob(f"{name_prefix}*.lock"):
             try:
                 with lock_file(path).acquire(timeout=0):
                     pass
-            except Timeout:
+            except (Timeout, BadEntry):
                 return True
         return False
 
@@ -911,6 +920,8 @@ class _Sharer:
         with os.scandir(self.links_dir) as entries:
             self.pooled = {entry.inode(): entry.name for entry in entries}
         self.device = os.stat(self.links_dir).st_dev
+        #: Inodes of this build put in the pool now: sealed with the rest of it, not yet.
+        self.linked: set[int] = set()
 
     def wants(self, path: str | bytes, st: os.stat_result) -> bool:
         if st.st_ino in self.pooled and st.st_dev == self.device:
@@ -927,19 +938,24 @@ class _Sharer:
         pool = self.links_dir / (digest + ("x" if st.st_mode & 0o111 else ""))
         try:
             os.link(path, pool)
+            self.linked.add(st.st_ino)
             return  # the first file with these bytes
         except FileExistsError:
             pass
         except OSError:
             return
         try:
-            held = os.stat(pool)
+            held = os.lstat(pool)
             if (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino):
                 return
-            if _same_bytes(path, pool):
-                _replace_with_link(pool, Path(path))
+            ours = held.st_ino in self.linked and held.st_dev == st.st_dev
+            if not (ours or _poolable(held)) or not _same_bytes(path, pool):
+                # A damaged pool file, or what another member put there (a link, a fifo, a
+                # file they can still write): ours is right. In a shared store's sticky
+                # .links another member's entry stays (PermissionError) and ours unshared.
+                _replace_with_link(Path(path), pool)
             else:
-                _replace_with_link(Path(path), pool)  # a damaged pool file: ours is right
+                _replace_with_link(pool, Path(path))
         except OSError:
             return
 
@@ -959,8 +975,16 @@ def _check_pooled(path: str, pool_name: str, out: Path) -> None:
         )
 
 
+def _poolable(st: os.stat_result) -> bool:
+    """Whether a pool entry is one a path's file may become another name of: a regular file
+    nobody can write, with the store's fixed mtime (as sealing leaves every store file)."""
+    return stat.S_ISREG(st.st_mode) and not st.st_mode & 0o222 and st.st_mtime_ns == FIXED_MTIME_NS
+
+
 def _same_bytes(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    with open(a, "rb") as first, open(b, "rb") as second:
+    from harness.store.entries import open_regular
+
+    with open(a, "rb") as first, open_regular(Path(b)) as second:
         if os.fstat(first.fileno()).st_size != os.fstat(second.fileno()).st_size:
             return False
         while True:

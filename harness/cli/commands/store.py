@@ -213,6 +213,8 @@ def _owner_name(names: dict[int, str], uid: int | None) -> str | None:
 
 
 def _size(n: int) -> str:
+    if not 0 <= n < 1 << 70:  # a record another member wrote by hand: say it as it is
+        return f"{n} B"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
