@@ -2233,3 +2233,34 @@ def test_another_members_fifo_among_the_locks_or_huge_record_fails_no_command(
     assert seen["gc"][0] == 0, seen["gc"]
     assert seen["ls"][0] == 0 and "internal error" not in seen["ls"][2], seen["ls"]
 
+
+def test_stand_in_notes_another_member_plants_in_ones_own_folder_or_for_no_interpreter_say_nothing(
+    lab: tuple[User, User], home: Path
+) -> None:
+    """b makes a's folder of stand-in notes before a does and puts a note there naming P1 (a
+    path a registered, weights) as the host copy standing in for an interpreter, and the same
+    note in b's own folder. Before, a took P1 for its interpreter; now a note counts only from
+    the member its folder is named for, and only for a registered interpreter."""
+    a, b = lab
+    as_user(a, lambda: init_and_add(home))
+    interpreter = "9" * 32 + "-cpython-3.11.7"
+    note = json.dumps({"host": P1, "reason": "planted by b"})
+
+    def member_b() -> None:
+        for uid in (a.uid, b.uid):
+            folder = home / "store" / ".standins" / str(uid)
+            folder.mkdir()
+            folder.chmod(0o755)
+            (folder / interpreter).write_text(note)
+            (folder / interpreter).chmod(0o644)
+
+    as_user(b, member_b)
+
+    def member_a() -> tuple[str | None, str]:
+        store = Store.in_home(home)
+        return (
+            harness.store.standins.standin_for(store, interpreter),
+            harness.store.standins.standin_reason(store, interpreter),
+        )
+
+    assert as_user(a, member_a) == (None, "")

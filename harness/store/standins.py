@@ -35,7 +35,7 @@ def standin_for(store: Store, python_store: str) -> str | None:
 
 def standin_reason(store: Store, python_store: str) -> str:
     """Why a host copy stands in for ``python_store`` (as realize last found it), or ""."""
-    note = _chosen(store, python_store) or _read(_own_folder(store) / python_store)
+    note = _chosen(store, python_store) or _read(_own_folder(store) / python_store, os.geteuid())
     return note.get("reason", "")
 
 
@@ -83,19 +83,39 @@ def _chosen(store: Store, python_store: str) -> dict[str, str] | None:
         others = sorted(p for p in folder.iterdir() if p.name.isdigit() and p != own)
     except OSError:
         others = []
-    for path in (own / python_store, *(p / python_store for p in others), folder / python_store):
-        note = _read(path)
+    me = os.geteuid()
+    # Each note is believed only from the member its folder is named for (a note another
+    # member planted in one's own folder, or one's own folder made by another, says nothing),
+    # and only for a host copy of an interpreter registered for this user.
+    notes = [
+        (own / python_store, me, True),
+        *((p / python_store, int(p.name), True) for p in others),
+        (folder / python_store, me, False),  # an older harness's note, not in a folder of its own
+    ]
+    for path, writer, in_own_folder in notes:
+        note = _read(path, writer, in_own_folder=in_own_folder)
         name = note.get("host", "")
-        if name and "/" not in name and store.is_registered(name):
+        if name and "/" not in name and store.is_registered(name) and _interpreter(store, name):
             return note
     return None
 
 
-def _read(path: Path) -> dict[str, str]:
+def _interpreter(store: Store, name: str) -> bool:
+    record = store.record(name)
+    return record is not None and record.kind == "python"
+
+
+def _read(path: Path, writer: int | None = None, *, in_own_folder: bool = True) -> dict[str, str]:
+    """A note's fields; {} for anything else there, or (``writer``) a note that user (or
+    root) did not write, in a folder of theirs unless not ``in_own_folder``."""
     from harness.store.entries import BadEntry, read_entry
 
     try:
-        raw, _ = read_entry(path)
+        raw, st = read_entry(path)
+        if writer is not None and (
+            st.st_uid not in (writer, 0) or (in_own_folder and os.lstat(path.parent).st_uid not in (writer, 0))
+        ):
+            return {}
         data = json.loads(raw.decode("utf-8"))
     except (OSError, BadEntry, UnicodeDecodeError, ValueError, RecursionError):
         return {}
