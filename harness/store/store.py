@@ -954,6 +954,7 @@ class _Sharer:
                 # file they can still write): ours is right. In a shared store's sticky
                 # .links another member's entry stays (PermissionError) and ours unshared.
                 _replace_with_link(Path(path), pool)
+                self.linked.add(st.st_ino)
             else:
                 _replace_with_link(pool, Path(path))
         except OSError:
