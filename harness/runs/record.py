@@ -477,20 +477,14 @@ def _maybe(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _owner(path: Path) -> int:
-    try:
-        return os.lstat(path).st_uid
-    except OSError:
-        return -1
-
-
 def find_run(home: Path, run_id: str) -> Path:
     """A run folder by id, unique id prefix, or ``latest``: this user's newest run (in a
     shared home another member's run, or a folder named for a later date, is never it)."""
     runs = run_folders(home)[::-1]
     if run_id == "latest":
-        me = os.geteuid()
-        own = [run for run in runs if _owner(run) == me]
+        from harness.store.shared import is_own_folder
+
+        own = [run for run in runs if is_own_folder(run)]
         if not own:
             raise HarnessError(
                 "no runs of yours recorded yet" if runs else "no runs recorded yet",

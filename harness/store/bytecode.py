@@ -216,13 +216,14 @@ def prune(store_root: Path, registered: Iterable[str]) -> int:
             continue
         for entry in sorted(folder.iterdir()):
             try:
-                if entry.name.startswith("."):  # a file being written, or left by a crash
-                    if entry.lstat().st_uid == me and time.time() - entry.lstat().st_mtime > 3600:
-                        entry.unlink()
-                    continue
+                held = entry.lstat()
                 # Only this user's own files: rewriting another member's would make what
                 # they wrote this user's, and then believed (module doc).
-                if entry.lstat().st_uid != me:
+                if held.st_uid != me:
+                    continue
+                if entry.name.startswith("."):  # a file being written, or left by a crash
+                    if time.time() - held.st_mtime > 3600:
+                        entry.unlink()
                     continue
                 text = _read_own(entry)
                 if text is None:

@@ -139,6 +139,15 @@ def is_regular(path: Path) -> bool:
         return False
 
 
+def removable(path: Path) -> bool:
+    """Whether this user may remove ``path`` from a (possibly shared, sticky) folder: an
+    entry of theirs, or any as root."""
+    try:
+        return os.geteuid() == 0 or os.lstat(path).st_uid == os.geteuid()
+    except FileNotFoundError:
+        return False
+
+
 def read_own(path: Path, *, limit: int = RECORD_LIMIT) -> bytes | None:
     """The bytes of ``path`` when it is a regular file of this user's (read as
     :func:`read_entry` reads), else None: for caches and notes that are only advice, where

@@ -31,7 +31,6 @@ of them nobody else has taken into use, under the same lock, by the same roots.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.store.entries import removable
 from harness.store.store import Store, StoreError
 
 #: Defaults of the ``[gc]`` settings.
@@ -398,7 +398,9 @@ def _project_root(
     # The folder is gone: keep what it last named, say so, and drop it only when asked.
     _add_recorded(detail, recorded_locks, recorded_code)
     since = float(data.get("missing_since") or now)
-    forgotten = (forget_missing or (grace_days > 0 and now - since > grace_days * 86400)) and _may_forget(entry)
+    # Another member's missing project stays a root until they forget it (a shared store's
+    # projects/ is sticky: its file is not this user's to remove).
+    forgotten = (forget_missing or (grace_days > 0 and now - since > grace_days * 86400)) and removable(entry)
     out.missing.append(MissingProject(str(project), since, len(detail), forgotten))
     if forgotten:
         out.forgotten_files.append(entry)
@@ -423,17 +425,6 @@ def _add_template_locks(project: Path, detail: dict[str, str], recorded: Mapping
             paths = list(recorded.get(f"image:{label}", ()))
         for path in paths:
             detail.setdefault(path, f"lock image:{label}")
-
-
-def _may_forget(entry: Path) -> bool:
-    """Whether this user may remove the project root file ``entry``: one of theirs, or any
-    as root. Another member's missing project stays a root until they forget it (a shared
-    store's ``projects/`` is sticky: its file is not this user's to remove)."""
-    me = os.geteuid()
-    try:
-        return me == 0 or os.lstat(entry).st_uid == me
-    except OSError:
-        return False
 
 
 def _write_project_file(entry: Path, data: dict[str, Any]) -> None:
@@ -602,8 +593,7 @@ def collect(
         result.dead = [(name, reasons[name]) for name in dead]
         if not dry_run:
             for entry in found.forgotten_files:
-                with contextlib.suppress(PermissionError):  # another member's: theirs to forget
-                    entry.unlink(missing_ok=True)
+                entry.unlink(missing_ok=True)
             for name in dead:
                 store.delete(name)
             store.clean()

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from harness import __version__
 from harness.errors import HarnessError
 from harness.progress import QUIET, Reporter, Stopped, format_bytes
+from harness.store.entries import removable
 from harness.store.entries import user_name  # callers import it from here too
 
 if TYPE_CHECKING:
@@ -782,7 +783,7 @@ class Store:
                 continue
             from filelock import Timeout
 
-            if not self._mine(entry):
+            if not removable(entry):
                 continue  # another member's leftover (shared store): theirs to clean
             try:
                 with self.lock(entry.name).acquire(timeout=0):
@@ -796,23 +797,15 @@ class Store:
         if self.tmp_dir.is_dir():
             for scratch in sorted(self.tmp_dir.iterdir()):
                 name_prefix = scratch.name.rsplit(".", 1)[0]
-                if not self._mine(scratch) or self._someone_building(name_prefix):
+                if not removable(scratch) or self._someone_building(name_prefix):
                     continue
                 remove_tree(scratch)
                 removed.append(f".tmp/{scratch.name}")
         for temp in sorted(self.meta_dir.glob(".*")) if self.meta_dir.is_dir() else []:
             # A record being written right now (under its path's lock) is not debris.
-            if self._mine(temp) and not self._someone_building(temp.name[1:].rsplit(".", 1)[0]):
+            if removable(temp) and not self._someone_building(temp.name[1:].rsplit(".", 1)[0]):
                 temp.unlink(missing_ok=True)
         return removed
-
-    @staticmethod
-    def _mine(path: Path) -> bool:
-        """Whether this process may remove ``path`` from a (possibly shared, sticky) folder."""
-        try:
-            return os.geteuid() == 0 or os.lstat(path).st_uid == os.geteuid()
-        except FileNotFoundError:
-            return False
 
     def _someone_building(self, name_prefix: str) -> bool:
         """Whether a lock of a path named ``name_prefix…`` is held. An entry there that is no
